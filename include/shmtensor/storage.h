@@ -1,0 +1,61 @@
+// Storage: the refcounted bytes behind one or more tensors.
+//
+// A Storage is a cheap handle (copies share the bytes). Its data pointer can move exactly
+// once, from private memory into shared memory, by share_memory_(): every handle and every
+// tensor view on it sees the new pointer afterwards. Shared storages live in a segment
+// (a memfd or a named /dev/shm object) at an offset, and are not resizable.
+//
+// Thread safety: handles may be copied and destroyed from any thread. share_memory_() may
+// race with other share_memory_() calls and with data() on the same storage; writing the
+// bytes while another thread calls share_memory_() is a data race (as in torch).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "shmtensor/sharing_strategy.h"
+
+namespace shmtensor {
+
+namespace internal {
+class StorageImpl;
+}
+
+class Storage {
+ public:
+  // A null storage (defined() is false).
+  Storage() = default;
+  // nbytes of private, uninitialised heap memory. nbytes may be 0.
+  static Storage allocate(std::size_t nbytes);
+  // nbytes directly in shared memory of the current strategy; never copied later.
+  static Storage allocate_shared(std::size_t nbytes);
+
+  bool defined() const noexcept { return impl_ != nullptr; }
+  void* data() const noexcept;
+  std::size_t nbytes() const noexcept;
+  bool is_shared() const noexcept;
+  // Private storages are resizable; shared ones are not.
+  bool resizable() const noexcept;
+  // The strategy of the segment holding a shared storage (unspecified if not shared).
+  SharingStrategy sharing_strategy() const noexcept;
+
+  // Moves the bytes into shared memory in place (see the header comment). A no-op when
+  // already shared; allocates nothing for 0 bytes. Returns *this. Throws SystemError or
+  // SharedMemoryFullError when no segment can be made; the storage is unchanged then.
+  Storage& share_memory_();
+
+  // Number of Storage handles (and tensors) on these bytes in this process.
+  long use_count() const noexcept { return impl_.use_count(); }
+  bool is_same(const Storage& other) const noexcept { return impl_ == other.impl_; }
+
+  // For the library's own layers.
+  explicit Storage(std::shared_ptr<internal::StorageImpl> impl) noexcept
+      : impl_(std::move(impl)) {}
+  const std::shared_ptr<internal::StorageImpl>& impl() const noexcept { return impl_; }
+
+ private:
+  std::shared_ptr<internal::StorageImpl> impl_;
+};
+
+}  // namespace shmtensor

@@ -1,0 +1,155 @@
+#include "memory/registry.h"
+
+#include <pthread.h>
+
+#include <map>
+#include <mutex>
+#include <unordered_map>
+
+#include "memory/segment.h"
+#include "memory/storage_impl.h"
+
+namespace shmtensor::internal {
+
+struct Registry::State {
+  std::mutex mu;
+  std::unordered_map<std::uint64_t, std::weak_ptr<Segment>> segments;
+  // Raw pointers alongside, for identity checks in remove_* (weak_ptr is expired by then).
+  std::unordered_map<std::uint64_t, const Segment*> segment_ptrs;
+  std::map<std::pair<std::uint64_t, std::size_t>,
+           std::pair<std::weak_ptr<StorageImpl>, const StorageImpl*>>
+      storages;
+};
+
+namespace {
+
+Registry::State* g_state = nullptr;
+
+// fork handlers. A forked child inherits every mapping, so it holds every named segment
+// the parent holds and must own a count of each in its refcount: otherwise its Segment
+// destructors would release the parent's counts. The counts are added in the parent
+// before fork (so no window exists where the parent alone could drop the last count while
+// the child still maps it) and taken back in the parent after fork. The registry mutex is
+// held across fork, so the child never inherits it locked by another thread.
+std::vector<std::shared_ptr<Segment>>* g_forking = nullptr;
+
+void prepare_fork();
+void parent_after_fork();
+void child_after_fork();
+
+}  // namespace
+
+Registry::Registry() : state_(new State) {
+  g_state = state_;
+  ::pthread_atfork(prepare_fork, parent_after_fork, child_after_fork);
+}
+
+Registry& Registry::instance() {
+  static Registry* r = new Registry();  // never destroyed: see state_
+  return *r;
+}
+
+namespace {
+
+void prepare_fork() {
+  g_state->mu.lock();
+  // Allocation here is fine: we are in the parent, before fork.
+  g_forking = new std::vector<std::shared_ptr<Segment>>();
+  for (auto& [uid, weak] : g_state->segments) {
+    if (auto seg = weak.lock()) {
+      if (seg->strategy() == SharingStrategy::kFileSystem) {
+        seg->header()->refcount.fetch_add(1, std::memory_order_relaxed);
+        g_forking->push_back(std::move(seg));
+      }
+    }
+  }
+}
+
+void parent_after_fork() {
+  auto* held = g_forking;
+  g_forking = nullptr;
+  g_state->mu.unlock();
+  // The parent keeps its own count; it gives back the one it added for the child. Cannot
+  // reach zero: the parent itself still holds a count (held keeps the segments alive).
+  for (auto& seg : *held) seg->header()->refcount.fetch_sub(1, std::memory_order_relaxed);
+  delete held;  // drops the temporary references outside the lock
+}
+
+void child_after_fork() {
+  // The child keeps the counts added for it. It drops the temporary shared_ptrs only
+  // after unlocking: a Segment destructor takes the registry lock.
+  auto* held = g_forking;
+  g_forking = nullptr;
+  g_state->mu.unlock();
+  delete held;
+}
+
+}  // namespace
+
+void Registry::add_segment(const std::shared_ptr<Segment>& segment) {
+  std::lock_guard lock(state_->mu);
+  state_->segments[segment->uid()] = segment;
+  state_->segment_ptrs[segment->uid()] = segment.get();
+}
+
+void Registry::remove_segment(std::uint64_t uid, const Segment* segment) noexcept {
+  std::lock_guard lock(state_->mu);
+  auto it = state_->segment_ptrs.find(uid);
+  if (it != state_->segment_ptrs.end() && it->second == segment) {
+    state_->segment_ptrs.erase(it);
+    state_->segments.erase(uid);
+  }
+}
+
+std::shared_ptr<Segment> Registry::find_segment(std::uint64_t uid) {
+  std::lock_guard lock(state_->mu);
+  auto it = state_->segments.find(uid);
+  return it == state_->segments.end() ? nullptr : it->second.lock();
+}
+
+void Registry::add_storage(std::uint64_t uid, std::size_t offset,
+                           const std::shared_ptr<StorageImpl>& s) {
+  std::lock_guard lock(state_->mu);
+  state_->storages[{uid, offset}] = {s, s.get()};
+}
+
+void Registry::remove_storage(std::uint64_t uid, std::size_t offset,
+                              const StorageImpl* s) noexcept {
+  std::lock_guard lock(state_->mu);
+  auto it = state_->storages.find({uid, offset});
+  if (it != state_->storages.end() && it->second.second == s) state_->storages.erase(it);
+}
+
+std::shared_ptr<StorageImpl> Registry::find_storage(std::uint64_t uid, std::size_t offset) {
+  std::lock_guard lock(state_->mu);
+  auto it = state_->storages.find({uid, offset});
+  return it == state_->storages.end() ? nullptr : it->second.first.lock();
+}
+
+std::vector<std::string> Registry::named_segments() {
+  // Live references are dropped after unlocking: the last one runs ~Segment, which locks.
+  std::vector<std::shared_ptr<Segment>> live;
+  {
+    std::lock_guard lock(state_->mu);
+    for (auto& [uid, weak] : state_->segments) {
+      if (auto seg = weak.lock()) live.push_back(std::move(seg));
+    }
+  }
+  std::vector<std::string> names;
+  for (auto& seg : live) {
+    if (!seg->name().empty()) names.push_back(seg->name());
+  }
+  return names;
+}
+
+std::size_t Registry::segment_count() {
+  std::lock_guard lock(state_->mu);
+  return state_->segments.size();
+}
+
+std::size_t Registry::storage_count() {
+  std::lock_guard lock(state_->mu);
+  return state_->storages.size();
+}
+
+}  // namespace shmtensor::internal

@@ -1,0 +1,46 @@
+// The per-process registry of mapped segments and shared storages. It gives the wire
+// layer identity: a storage reference (segment uid, offset, nbytes) that names a storage
+// this process already has resolves to that very storage, and a segment already mapped is
+// never mapped twice.
+//
+// Thread-safe (one mutex). Entries are weak: the registry never keeps anything alive.
+// Across fork, the child inherits the entries (its mappings are inherited too), and for
+// file_system segments the fork handlers give the child its own refcount (see registry.cc).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace shmtensor::internal {
+
+class Segment;
+class StorageImpl;
+
+class Registry {
+ public:
+  static Registry& instance();
+
+  void add_segment(const std::shared_ptr<Segment>& segment);
+  void remove_segment(std::uint64_t uid, const Segment* segment) noexcept;
+  std::shared_ptr<Segment> find_segment(std::uint64_t uid);
+
+  void add_storage(std::uint64_t uid, std::size_t offset, const std::shared_ptr<StorageImpl>& s);
+  void remove_storage(std::uint64_t uid, std::size_t offset, const StorageImpl* s) noexcept;
+  std::shared_ptr<StorageImpl> find_storage(std::uint64_t uid, std::size_t offset);
+
+  // Names of the file_system segments mapped now (for the manager and `shmtensor ls`).
+  std::vector<std::string> named_segments();
+  std::size_t segment_count();
+  std::size_t storage_count();
+
+ struct State;  // defined in registry.cc
+
+ private:
+  Registry();
+  State* state_;  // leaked on purpose: storages may die during static destruction
+};
+
+}  // namespace shmtensor::internal

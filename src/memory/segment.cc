@@ -1,0 +1,168 @@
+#include "memory/segment.h"
+
+#include <atomic>
+#include <cstring>
+#include <string>
+
+#include "manager/client.h"
+#include "memory/registry.h"
+#include "os/proc.h"
+#include "os/shm.h"
+#include "shmtensor/error.h"
+
+namespace shmtensor::internal {
+
+namespace {
+
+std::size_t round_up(std::size_t n, std::size_t a) { return (n + a - 1) / a * a; }
+
+// "/shmtensor_<pid>_<64 random bits hex>_<counter>": the random part is drawn once per
+// process (and again in a forked child, whose pid differs anyway), the counter per segment.
+std::string next_segment_name() {
+  static std::atomic<std::uint64_t> counter{0};
+  static std::atomic<pid_t> seeded_pid{0};
+  static std::atomic<std::uint64_t> random_part{0};
+  pid_t pid = current_pid();
+  if (seeded_pid.load(std::memory_order_acquire) != pid) {
+    random_part.store(random_u64(), std::memory_order_relaxed);
+    seeded_pid.store(pid, std::memory_order_release);
+  }
+  char buf[96];
+  std::snprintf(buf, sizeof buf, "/shmtensor_%d_%016llx_%llu", static_cast<int>(pid),
+                static_cast<unsigned long long>(random_part.load(std::memory_order_relaxed)),
+                static_cast<unsigned long long>(counter.fetch_add(1, std::memory_order_relaxed)));
+  return buf;
+}
+
+void write_header(SegmentHeader* h, std::size_t total, SegmentKind kind, std::int64_t refs) {
+  std::memset(static_cast<void*>(h), 0, sizeof *h);
+  h->layout_version = kSegmentLayoutVersion;
+  h->header_size = kSegmentHeaderSize;
+  h->total_size = total;
+  h->data_offset = kSegmentHeaderSize;
+  h->data_size = total - kSegmentHeaderSize;
+  h->uid = random_u64();
+  h->creator_pid = current_pid();
+  h->kind = static_cast<std::uint32_t>(kind);
+  h->creator_start_time = process_start_time(h->creator_pid);
+  h->refcount.store(refs, std::memory_order_relaxed);
+  // The magic last, with release: a reader that sees it sees the rest.
+  std::atomic_ref<std::uint64_t>(h->magic).store(kSegmentMagic, std::memory_order_release);
+}
+
+}  // namespace
+
+Segment::Segment(SharingStrategy strategy, UniqueFd fd, Mapping mapping, std::string name)
+    : strategy_(strategy), fd_(std::move(fd)), mapping_(std::move(mapping)), name_(std::move(name)) {}
+
+std::shared_ptr<Segment> Segment::create(SharingStrategy strategy, std::size_t payload_bytes,
+                                         SegmentKind kind) {
+  const std::size_t total = kSegmentHeaderSize + round_up(payload_bytes, kSegmentAlignment);
+  std::shared_ptr<Segment> seg;
+  if (strategy == SharingStrategy::kFileDescriptor) {
+    UniqueFd fd = create_sealed_memfd(total);
+    Mapping map = Mapping::map_shared(fd.get(), total, "memfd segment");
+    write_header(reinterpret_cast<SegmentHeader*>(map.data()), total, kind, 0);
+    seg = std::make_shared<Segment>(strategy, std::move(fd), std::move(map), std::string());
+  } else {
+    std::string name = next_segment_name();
+    manager::register_created(name);  // before the name exists: no unknown-name window
+    Mapping map;
+    try {
+      UniqueFd fd = create_named_shm(name, total);
+      map = Mapping::map_shared(fd.get(), total, name.c_str());
+    } catch (...) {
+      unlink_named_shm(name);
+      manager::release(name, true);
+      throw;
+    }
+    // The fd is not kept: the name is what travels, and the mapping keeps the pages.
+    write_header(reinterpret_cast<SegmentHeader*>(map.data()), total, kind, 1);
+    seg = std::make_shared<Segment>(strategy, UniqueFd(), std::move(map), std::move(name));
+  }
+  Registry::instance().add_segment(seg);
+  return seg;
+}
+
+void validate_segment_header(const SegmentHeader& h, std::size_t mapped_size,
+                             std::uint64_t expected_uid) {
+  auto fail = [](const std::string& what) {
+    throw ProtocolError("invalid shmtensor segment header: " + what);
+  };
+  std::uint64_t magic =
+      std::atomic_ref<const std::uint64_t>(h.magic).load(std::memory_order_acquire);
+  if (magic != kSegmentMagic) fail("bad magic (not a shmtensor segment, or not initialised)");
+  if (h.layout_version != kSegmentLayoutVersion)
+    fail("layout version " + std::to_string(h.layout_version) + ", this library reads " +
+         std::to_string(kSegmentLayoutVersion));
+  if (h.header_size != kSegmentHeaderSize) fail("header size " + std::to_string(h.header_size));
+  if (h.total_size != mapped_size)
+    fail("total size " + std::to_string(h.total_size) + " but the object has " +
+         std::to_string(mapped_size) + " bytes");
+  if (h.data_offset != kSegmentHeaderSize || h.data_size != h.total_size - h.data_offset)
+    fail("inconsistent data offset/size");
+  if (h.uid != expected_uid) fail("uid does not match the message");
+}
+
+std::shared_ptr<Segment> Segment::attach_fd(UniqueFd fd, std::uint64_t uid) {
+  FdFacts facts = inspect_fd(fd.get());
+  if (!facts.sealed_against_resize)
+    throw ProtocolError(
+        "received a segment fd that is not sealed against shrinking: refusing to map it "
+        "(a peer could truncate it and make this process SIGBUS)");
+  if (facts.size < kSegmentHeaderSize)
+    throw ProtocolError("received a segment fd of " + std::to_string(facts.size) +
+                        " bytes, smaller than a segment header");
+  Mapping map = Mapping::map_shared(fd.get(), facts.size, "received memfd segment");
+  validate_segment_header(*reinterpret_cast<const SegmentHeader*>(map.data()), facts.size, uid);
+  auto seg = std::make_shared<Segment>(SharingStrategy::kFileDescriptor, std::move(fd),
+                                       std::move(map), std::string());
+  Registry::instance().add_segment(seg);
+  return seg;
+}
+
+std::shared_ptr<Segment> Segment::attach_name(const std::string& name, std::uint64_t uid) {
+  UniqueFd fd = open_named_shm(name);
+  FdFacts facts = inspect_fd(fd.get());
+  if (facts.size < kSegmentHeaderSize)
+    throw ProtocolError("named segment " + name + " has " + std::to_string(facts.size) +
+                        " bytes, smaller than a segment header");
+  Mapping map = Mapping::map_shared(fd.get(), facts.size, name.c_str());
+  validate_segment_header(*reinterpret_cast<const SegmentHeader*>(map.data()), facts.size, uid);
+  manager::register_opened(name);
+  auto seg = std::make_shared<Segment>(SharingStrategy::kFileSystem, UniqueFd(), std::move(map),
+                                       name);
+  Registry::instance().add_segment(seg);
+  return seg;
+}
+
+void release_named_segment_count(SegmentHeader* header, const std::string& name) noexcept {
+  // acq_rel: whoever reaches zero must see all other holders' releases before unlinking.
+  if (header->refcount.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+    bool unlinked = unlink_named_shm(name);
+    manager::release(name, unlinked);
+  } else {
+    manager::release(name, false);
+  }
+}
+
+void Segment::add_in_flight_count() noexcept {
+  if (strategy_ == SharingStrategy::kFileSystem)
+    header()->refcount.fetch_add(1, std::memory_order_relaxed);
+}
+
+void Segment::drop_in_flight_count() noexcept {
+  if (strategy_ == SharingStrategy::kFileSystem)
+    if (header()->refcount.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      // Cannot happen while this process holds the segment; kept for robustness.
+      unlink_named_shm(name_);
+    }
+}
+
+Segment::~Segment() {
+  if (!mapping_) return;
+  Registry::instance().remove_segment(header()->uid, this);
+  if (strategy_ == SharingStrategy::kFileSystem) release_named_segment_count(header(), name_);
+}
+
+}  // namespace shmtensor::internal

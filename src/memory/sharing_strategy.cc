@@ -1,0 +1,44 @@
+#include <atomic>
+#include <stdexcept>
+#include <string>
+
+#include "shmtensor/sharing_strategy.h"
+
+namespace shmtensor {
+
+namespace {
+// relaxed: the strategy is an independent setting; no other data is published with it.
+std::atomic<SharingStrategy> g_strategy{SharingStrategy::kFileDescriptor};
+}  // namespace
+
+std::string_view to_string(SharingStrategy strategy) {
+  switch (strategy) {
+    case SharingStrategy::kFileDescriptor:
+      return "file_descriptor";
+    case SharingStrategy::kFileSystem:
+      return "file_system";
+  }
+  return "unknown";
+}
+
+std::vector<SharingStrategy> get_all_sharing_strategies() {
+  return {SharingStrategy::kFileDescriptor, SharingStrategy::kFileSystem};
+}
+
+SharingStrategy get_sharing_strategy() { return g_strategy.load(std::memory_order_relaxed); }
+
+void set_sharing_strategy(SharingStrategy strategy) {
+  if (strategy != SharingStrategy::kFileDescriptor && strategy != SharingStrategy::kFileSystem)
+    throw std::invalid_argument("invalid sharing strategy value");
+  g_strategy.store(strategy, std::memory_order_relaxed);
+}
+
+void set_sharing_strategy(std::string_view name) {
+  for (SharingStrategy s : get_all_sharing_strategies()) {
+    if (to_string(s) == name) return set_sharing_strategy(s);
+  }
+  throw std::invalid_argument("invalid sharing strategy \"" + std::string(name) +
+                              "\": valid values are \"file_descriptor\" and \"file_system\"");
+}
+
+}  // namespace shmtensor

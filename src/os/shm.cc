@@ -1,0 +1,113 @@
+#include "os/shm.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <sstream>
+
+#include "os/syscall.h"
+
+namespace shmtensor::internal {
+
+namespace {
+std::string human_bytes(std::uint64_t n) {
+  std::ostringstream os;
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(n);
+  int u = 0;
+  while (v >= 1024 && u < 4) {
+    v /= 1024;
+    ++u;
+  }
+  os.precision(u == 0 ? 0 : 1);
+  os << std::fixed << v << ' ' << units[u];
+  return os.str();
+}
+}  // namespace
+
+UniqueFd create_sealed_memfd(std::size_t size) {
+  UniqueFd fd(check_syscall("memfd_create", "size=" + std::to_string(size), [&] {
+    return ::memfd_create("shmtensor", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  }));
+  check_syscall("ftruncate", "memfd, size=" + std::to_string(size),
+                [&] { return ::ftruncate(fd.get(), static_cast<off_t>(size)); });
+  // F_SEAL_SEAL too: nobody (us included) can later add F_SEAL_WRITE or remove these.
+  check_syscall("fcntl", "F_ADD_SEALS", [&] {
+    return ::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
+  });
+  return fd;
+}
+
+FdFacts inspect_fd(int fd) {
+  struct stat st {};
+  check_syscall("fstat", "received fd", [&] { return ::fstat(fd, &st); });
+  FdFacts facts;
+  facts.size = static_cast<std::size_t>(st.st_size);
+  int seals = ::fcntl(fd, F_GET_SEALS);
+  facts.sealed_against_resize =
+      seals != -1 && (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) == (F_SEAL_SHRINK | F_SEAL_GROW);
+  return facts;
+}
+
+ShmSpace dev_shm_space() {
+  struct statvfs vfs {};
+  check_syscall("statvfs", "/dev/shm", [&] { return ::statvfs("/dev/shm", &vfs); });
+  return {static_cast<std::uint64_t>(vfs.f_blocks) * vfs.f_frsize,
+          static_cast<std::uint64_t>(vfs.f_bavail) * vfs.f_frsize};
+}
+
+UniqueFd create_named_shm(const std::string& name, std::size_t size) {
+  UniqueFd fd(check_syscall("shm_open", name + ", O_CREAT|O_EXCL", [&] {
+    return ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+  }));
+  // posix_fallocate returns the error instead of setting errno, and retries EINTR itself
+  // only partially, so loop here.
+  int rc;
+  do {
+    rc = ::posix_fallocate(fd.get(), 0, static_cast<off_t>(size));
+  } while (rc == EINTR);
+  if (rc != 0) {
+    ::shm_unlink(name.c_str());
+    if (rc == ENOSPC || rc == EFBIG) {
+      ShmSpace space{};
+      try {
+        space = dev_shm_space();
+      } catch (const SystemError&) {
+      }
+      throw SharedMemoryFullError(
+          "/dev/shm is too small for a file_system segment: asked for " + human_bytes(size) +
+              " (" + std::to_string(size) + " bytes), " + human_bytes(space.free) + " free of " +
+              human_bytes(space.total) +
+              ". Fix: enlarge /dev/shm (docker run --shm-size=8g, or mount -o "
+              "remount,size=8G /dev/shm), or call set_sharing_strategy(\"file_descriptor\"), "
+              "whose memfd segments are not limited by /dev/shm",
+          size, space.free);
+    }
+    throw_system_error(rc, "posix_fallocate", name + ", size=" + std::to_string(size));
+  }
+  return fd;
+}
+
+UniqueFd open_named_shm(const std::string& name) {
+  return UniqueFd(check_syscall("shm_open", name, [&] {
+    return ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600);
+  }));
+}
+
+bool unlink_named_shm(const std::string& name) noexcept {
+  return ::shm_unlink(name.c_str()) == 0;
+}
+
+std::uint64_t random_u64() {
+  std::uint64_t v = 0;
+  check_syscall("getrandom", "8 bytes", [&] {
+    return static_cast<int>(::getrandom(&v, sizeof v, 0));
+  });
+  return v;
+}
+
+}  // namespace shmtensor::internal

@@ -1,0 +1,44 @@
+// Shared-memory objects: memfd (file_descriptor strategy) and named POSIX shm
+// (file_system strategy), plus the facts a receiver checks before mapping a peer's fd.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "os/unique_fd.h"
+
+namespace shmtensor::internal {
+
+// memfd_create(MFD_CLOEXEC|MFD_ALLOW_SEALING), sized to `size`, then sealed with
+// F_SEAL_SHRINK|F_SEAL_GROW|F_SEAL_SEAL so no holder can make another one SIGBUS.
+// The pages are not reserved: tmpfs-backed memfds are not bound by /dev/shm's size.
+UniqueFd create_sealed_memfd(std::size_t size);
+
+struct FdFacts {
+  std::size_t size = 0;
+  bool sealed_against_resize = false;  // F_SEAL_SHRINK and F_SEAL_GROW are set
+};
+// fstat + F_GET_SEALS. Throws SystemError.
+FdFacts inspect_fd(int fd);
+
+// shm_open(name, O_CREAT|O_EXCL|O_RDWR|O_CLOEXEC, 0600), then posix_fallocate of `size`
+// so that a full /dev/shm is an error now (SharedMemoryFullError naming the size, the free
+// space and the fix), never a SIGBUS later. On failure nothing is left behind.
+UniqueFd create_named_shm(const std::string& name, std::size_t size);
+// shm_open(name, O_RDWR|O_CLOEXEC). Throws SystemError (ENOENT when it is gone).
+UniqueFd open_named_shm(const std::string& name);
+// shm_unlink; returns false if it was already gone.
+bool unlink_named_shm(const std::string& name) noexcept;
+
+// Free and total bytes of the filesystem behind /dev/shm.
+struct ShmSpace {
+  std::uint64_t total = 0;
+  std::uint64_t free = 0;
+};
+ShmSpace dev_shm_space();
+
+// 64 random bits from getrandom.
+std::uint64_t random_u64();
+
+}  // namespace shmtensor::internal

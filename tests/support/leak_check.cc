@@ -1,0 +1,135 @@
+#include "leak_check.h"
+
+#include <dirent.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <thread>
+
+namespace shmtensor::testing {
+
+std::set<int> open_fds() {
+  std::set<int> fds;
+  DIR* d = ::opendir("/proc/self/fd");
+  if (d == nullptr) return fds;
+  int self = ::dirfd(d);
+  while (dirent* e = ::readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    int fd = std::atoi(e->d_name);
+    if (fd != self) fds.insert(fd);
+  }
+  ::closedir(d);
+  return fds;
+}
+
+std::vector<std::string> shmtensor_mappings() {
+  std::vector<std::string> out;
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line)) {
+    if (line.find("memfd:shmtensor") != std::string::npos ||
+        line.find("/dev/shm/shmtensor_") != std::string::npos)
+      out.push_back(line);
+  }
+  return out;
+}
+
+std::size_t mapping_count() {
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  std::size_t n = 0;
+  while (std::getline(maps, line)) ++n;
+  return n;
+}
+
+std::set<std::string> shm_names() {
+  std::set<std::string> names;
+  DIR* d = ::opendir("/dev/shm");
+  if (d == nullptr) return names;
+  while (dirent* e = ::readdir(d)) {
+    std::string n = e->d_name;
+    if (n.rfind("shmtensor_", 0) == 0) names.insert(n);
+  }
+  ::closedir(d);
+  return names;
+}
+
+std::set<std::string> shm_names_of(pid_t pid) {
+  std::set<std::string> out;
+  std::string prefix = "shmtensor_" + std::to_string(pid) + "_";
+  for (auto& n : shm_names())
+    if (n.rfind(prefix, 0) == 0) out.insert(n);
+  return out;
+}
+
+pid_t fork_child(const std::function<void()>& fn) {
+  std::fflush(nullptr);
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    int code = 0;
+    try {
+      fn();
+      if (::testing::Test::HasFailure()) code = 1;
+    } catch (const std::exception& e) {
+      std::cerr << "child " << ::getpid() << " threw: " << e.what() << std::endl;
+      code = 1;
+    } catch (...) {
+      std::cerr << "child " << ::getpid() << " threw a non-std exception" << std::endl;
+      code = 1;
+    }
+    std::fflush(nullptr);
+    ::_exit(code);
+  }
+  return pid;
+}
+
+int wait_child(pid_t pid) {
+  int status = 0;
+  while (::waitpid(pid, &status, 0) == -1 && errno == EINTR) {
+  }
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return -1;
+}
+
+int run_in_child(const std::function<void()>& fn) { return wait_child(fork_child(fn)); }
+
+void LeakCheckedTest::SetUp() {
+  fds_ = open_fds();
+  names_ = shm_names();
+  st_mappings_ = shmtensor_mappings().size();
+}
+
+void LeakCheckedTest::TearDown() {
+  // Names of exited children may take a moment to go (the manager sweeps them).
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  std::set<std::string> extra;
+  for (;;) {
+    extra.clear();
+    for (auto& n : shm_names())
+      if (!names_.count(n)) extra.insert(n);
+    if (extra.empty() || std::chrono::steady_clock::now() > deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  for (auto& n : extra) ADD_FAILURE() << "leaked /dev/shm name: " << n;
+  for (int fd : open_fds()) {
+    if (!fds_.count(fd)) {
+      char path[64], target[512] = {};
+      std::snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+      ssize_t n = ::readlink(path, target, sizeof target - 1);
+      (void)n;
+      ADD_FAILURE() << "leaked fd " << fd << " -> " << target;
+    }
+  }
+  auto maps = shmtensor_mappings();
+  if (maps.size() > st_mappings_) {
+    for (auto& m : maps) ADD_FAILURE() << "shmtensor mapping left: " << m;
+  }
+}
+
+}  // namespace shmtensor::testing
