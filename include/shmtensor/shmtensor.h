@@ -1,0 +1,8 @@
+// The whole public API of shmtensor.
+#pragma once
+
+#include "shmtensor/dtype.h"
+#include "shmtensor/error.h"
+#include "shmtensor/sharing_strategy.h"
+#include "shmtensor/storage.h"
+#include "shmtensor/tensor.h"

@@ -1,0 +1,259 @@
+// Tensor: a typed, strided n-d view over a Storage.
+//
+// A Tensor is a small handle: a Storage (refcounted bytes), an offset into it in elements,
+// sizes, strides (in elements, never negative) and a dtype. Copying a Tensor is cheap and the
+// copy shares the bytes; views (view, select, slice, transpose, ...) share them too. Only
+// clone(), contiguous() of a non-contiguous tensor, reshape() that cannot be a view, to() and
+// the factories allocate.
+//
+// The data pointer is never cached: every access reads the storage's current data(), so a
+// view made before share_memory_() sees the shared bytes afterwards.
+//
+// Thread safety: like std::shared_ptr. Distinct Tensor objects, even on the same storage,
+// may be used from different threads; one Tensor object must not be assigned in one thread
+// while used in another. The bytes themselves are unsynchronised: concurrent writes, or a
+// write concurrent with a read, of the same elements are data races.
+//
+// Errors: violated preconditions (wrong shape, bad dimension, wrong dtype for data_ptr<T>,
+// use of an undefined tensor) throw std::invalid_argument; indices out of range throw
+// std::out_of_range. Allocation failures throw std::bad_alloc, or, for shared memory,
+// SystemError / SharedMemoryFullError.
+#pragma once
+
+#include <complex>
+#include <cstddef>
+#include <cstdint>
+#include <iosfwd>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "shmtensor/dtype.h"
+#include "shmtensor/storage.h"
+
+namespace shmtensor {
+
+class Tensor {
+ public:
+  // An undefined tensor: defined() is false; only defined(), to_string() and assignment are
+  // meaningful, anything touching elements throws std::invalid_argument.
+  Tensor() = default;
+
+  // ---- factories (private heap memory unless the name says _shared) ------------------------
+  // Sizes must be non-negative and numel * element_size must fit in int64, else
+  // std::invalid_argument. empty() leaves the bytes uninitialised.
+  static Tensor empty(std::vector<std::int64_t> sizes, DType dtype = DType::kFloat32);
+  static Tensor zeros(std::vector<std::int64_t> sizes, DType dtype = DType::kFloat32);
+  static Tensor ones(std::vector<std::int64_t> sizes, DType dtype = DType::kFloat32);
+  // Every element is `value` converted to dtype (see fill_).
+  static Tensor full(std::vector<std::int64_t> sizes, double value,
+                     DType dtype = DType::kFloat32);
+  static Tensor full(std::vector<std::int64_t> sizes, std::complex<double> value,
+                     DType dtype = DType::kComplex64);
+  // 1-d [0, 1, ..., n-1]; n >= 0.
+  static Tensor arange(std::int64_t n, DType dtype = DType::kInt64);
+  // A copy of `values` with dtype dtype_of_v<T>. Empty `sizes` means 1-d of values.size();
+  // otherwise the product of sizes must equal values.size(), else std::invalid_argument.
+  template <class T>
+  static Tensor from_vector(std::vector<T> values, std::vector<std::int64_t> sizes = {});
+  // Allocated directly in shared memory of the current strategy (Storage::allocate_shared):
+  // is_shared() is true from birth and the bytes are never copied by share_memory_().
+  static Tensor empty_shared(std::vector<std::int64_t> sizes, DType dtype = DType::kFloat32);
+  static Tensor zeros_shared(std::vector<std::int64_t> sizes, DType dtype = DType::kFloat32);
+  // Same sizes and dtype as `other`, contiguous, private memory.
+  static Tensor empty_like(const Tensor& other);
+  static Tensor zeros_like(const Tensor& other);
+
+  // A view over an existing storage. Offset, sizes and strides are in elements. May be fed
+  // values from an untrusted peer: it validates everything with checked arithmetic and throws
+  // std::invalid_argument (undefined storage, negative size or stride, sizes/strides differing
+  // in length, misaligned storage) or std::out_of_range (negative offset, any reachable
+  // element - or, for an empty tensor, the offset - lying beyond storage.nbytes(), overflow).
+  // A tensor it returns never reaches outside the storage.
+  static Tensor from_storage(Storage storage, std::int64_t storage_offset,
+                             std::vector<std::int64_t> sizes, std::vector<std::int64_t> strides,
+                             DType dtype);
+
+  // ---- metadata ---------------------------------------------------------------------------
+  bool defined() const noexcept { return storage_.defined(); }
+  DType dtype() const noexcept { return dtype_; }
+  std::int64_t dim() const noexcept { return static_cast<std::int64_t>(sizes_.size()); }
+  const std::vector<std::int64_t>& sizes() const noexcept { return sizes_; }
+  const std::vector<std::int64_t>& strides() const noexcept { return strides_; }
+  // Negative dims count from the end, as in torch; out of range throws std::out_of_range.
+  std::int64_t size(std::int64_t dim) const;
+  std::int64_t stride(std::int64_t dim) const;
+  std::int64_t storage_offset() const noexcept { return storage_offset_; }
+  std::int64_t numel() const noexcept;
+  std::size_t element_size() const { return shmtensor::element_size(dtype_); }
+  // numel() * element_size().
+  std::size_t nbytes() const;
+  // Row-major with no gaps (dims of size 1 may have any stride; numel 0 is contiguous).
+  bool is_contiguous() const noexcept;
+
+  // ---- data -------------------------------------------------------------------------------
+  // Address of element 0: storage().data() + storage_offset() * element_size(), read afresh
+  // on each call. T must be the C++ type of dtype() (dtype_of_v<T>), else
+  // std::invalid_argument. Valid while some handle keeps the storage alive and until
+  // share_memory_() moves the bytes.
+  template <class T>
+  T* data_ptr();
+  template <class T>
+  const T* data_ptr() const;
+  void* raw_data();
+  const void* raw_data() const;
+  // The single element (numel() must be 1) converted to T, as torch's item<T>(): integral T
+  // throws std::out_of_range when the value does not fit (or is NaN/inf); complex to real
+  // takes the real part; to bool is value != 0.
+  template <class T>
+  T item() const;
+  Storage storage() const { return storage_; }
+
+  // ---- views (share the storage) ----------------------------------------------------------
+  // At most one size may be -1 (inferred). Throws std::invalid_argument if numel differs or
+  // the strides do not allow a view ("view size is not compatible ...": use reshape()).
+  Tensor view(std::vector<std::int64_t> sizes) const;
+  // view() when possible, else a contiguous private copy.
+  Tensor reshape(std::vector<std::int64_t> sizes) const;
+  // Removes dimension dim, taking index i (negative i counts from the end).
+  Tensor select(std::int64_t dim, std::int64_t index) const;
+  Tensor operator[](std::int64_t index) const { return select(0, index); }
+  // Python slicing start:end:step along dim: negative start/end count from the end, both
+  // clamp to [0, size]; step must be > 0. Use kSliceEnd for "to the end".
+  static constexpr std::int64_t kSliceEnd = std::numeric_limits<std::int64_t>::max();
+  Tensor slice(std::int64_t dim, std::int64_t start, std::int64_t end = kSliceEnd,
+               std::int64_t step = 1) const;
+  // Elements [start, start + length) along dim; start may be negative; no clamping.
+  Tensor narrow(std::int64_t dim, std::int64_t start, std::int64_t length) const;
+  Tensor transpose(std::int64_t dim0, std::int64_t dim1) const;
+  // dims must be a permutation of [0, dim()).
+  Tensor permute(std::vector<std::int64_t> dims) const;
+  // Inserts a size-1 dim at position dim in [-dim()-1, dim()].
+  Tensor unsqueeze(std::int64_t dim) const;
+  // Removes every size-1 dim / dim `dim` if its size is 1 (else returns an equal view).
+  Tensor squeeze() const;
+  Tensor squeeze(std::int64_t dim) const;
+  // Broadcast view: size-1 dims (and new leading dims) expand with stride 0; -1 keeps a size.
+  Tensor expand(std::vector<std::int64_t> sizes) const;
+  // 1-d reshape.
+  Tensor flatten() const { return reshape({-1}); }
+
+  // ---- copies -----------------------------------------------------------------------------
+  // *this if contiguous, else clone().
+  Tensor contiguous() const;
+  // A contiguous copy in private (non-shared) memory: how data leaves shared memory.
+  Tensor clone() const;
+  // A contiguous private copy converted to dtype, or *this if dtype() == dtype.
+  Tensor to(DType dtype) const;
+
+  // ---- in-place (write the bytes; return *this) --------------------------------------------
+  // src must broadcast to sizes() (see expand); its values are converted to dtype(). src may
+  // overlap *this. Throws std::invalid_argument on shape mismatch.
+  Tensor& copy_(const Tensor& src);
+  // value converted to dtype(): to bool is value != 0; to an integer truncates toward zero
+  // and saturates (NaN gives 0); to complex has imaginary part 0.
+  Tensor& fill_(double value);
+  Tensor& fill_(std::complex<double> value);
+  // Adds value to every element. Integer dtypes need an integral value (else
+  // std::invalid_argument) and wrap around on overflow; bool computes x || value != 0.
+  Tensor& add_(double value);
+
+  // ---- comparison and printing -------------------------------------------------------------
+  // Same sizes, dtype and values (NaN differs from everything). Two undefined tensors are
+  // equal; an undefined one equals no defined one.
+  bool equal(const Tensor& other) const;
+  // Like torch's repr: "tensor([[1., 2.],\n        [3., 4.]], dtype=float32)". Tensors with
+  // more than 1000 elements are summarised with "..." (3 items at each edge).
+  std::string to_string() const;
+
+  // ---- sharing ----------------------------------------------------------------------------
+  bool is_shared() const noexcept { return storage_.is_shared(); }
+  // Moves the storage into shared memory in place (Storage::share_memory_): values are kept,
+  // every tensor on the storage sees the new pointer. Throws as Storage::share_memory_.
+  Tensor& share_memory_();
+
+ private:
+  Tensor(Storage storage, std::int64_t storage_offset, std::vector<std::int64_t> sizes,
+         std::vector<std::int64_t> strides, DType dtype) noexcept
+      : storage_(std::move(storage)),
+        storage_offset_(storage_offset),
+        sizes_(std::move(sizes)),
+        strides_(std::move(strides)),
+        dtype_(dtype) {}
+  void check_defined(const char* op) const;
+  void check_dtype(DType requested, const char* op) const;
+  // The single element (numel must be 1) in the widest type of its kind.
+  bool item_bool() const;
+  std::int64_t item_int64(std::int64_t min, std::uint64_t max) const;
+  double item_double() const;
+  std::complex<double> item_complex() const;
+
+  Storage storage_;
+  std::int64_t storage_offset_ = 0;
+  std::vector<std::int64_t> sizes_;
+  std::vector<std::int64_t> strides_;
+  DType dtype_ = DType::kFloat32;
+};
+
+// Stacks equally-sized tensors of one dtype along a new dimension dim (in [-d-1, d]) into a
+// new contiguous private tensor. Throws std::invalid_argument for an empty list or a
+// mismatch of sizes or dtypes.
+Tensor stack(const std::vector<Tensor>& tensors, std::int64_t dim = 0);
+// The same into `out`, which must already have the stacked sizes (any dtype: values are
+// converted; any memory, e.g. empty_shared). Returns out.
+Tensor& stack_into(const std::vector<Tensor>& tensors, Tensor& out, std::int64_t dim = 0);
+
+std::ostream& operator<<(std::ostream& os, const Tensor& tensor);
+
+// ---- template definitions -------------------------------------------------------------------
+
+template <class T>
+Tensor Tensor::from_vector(std::vector<T> values, std::vector<std::int64_t> sizes) {
+  if (sizes.empty()) sizes.push_back(static_cast<std::int64_t>(values.size()));
+  Tensor t = empty(std::move(sizes), dtype_of_v<T>);
+  if (static_cast<std::size_t>(t.numel()) != values.size()) {
+    throw std::invalid_argument("Tensor::from_vector: " + std::to_string(values.size()) +
+                                " values do not fill sizes of numel " +
+                                std::to_string(t.numel()));
+  }
+  T* out = t.data_ptr<T>();
+  // Element by element: std::vector<bool> has no data().
+  for (std::size_t i = 0; i < values.size(); ++i) out[i] = values[i];
+  return t;
+}
+
+template <class T>
+T* Tensor::data_ptr() {
+  check_dtype(dtype_of_v<std::remove_cv_t<T>>, "data_ptr");
+  return static_cast<T*>(raw_data());
+}
+
+template <class T>
+const T* Tensor::data_ptr() const {
+  check_dtype(dtype_of_v<std::remove_cv_t<T>>, "data_ptr");
+  return static_cast<const T*>(raw_data());
+}
+
+template <class T>
+T Tensor::item() const {
+  if constexpr (std::is_same_v<T, bool>) {
+    return item_bool();
+  } else if constexpr (std::is_integral_v<T>) {
+    return static_cast<T>(item_int64(
+        static_cast<std::int64_t>(std::numeric_limits<T>::min()),
+        static_cast<std::uint64_t>(std::numeric_limits<T>::max())));
+  } else if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
+    return T(static_cast<float>(item_double()));
+  } else if constexpr (std::is_floating_point_v<T>) {
+    return static_cast<T>(item_double());
+  } else {
+    static_assert(std::is_same_v<T, std::complex<float>> ||
+                      std::is_same_v<T, std::complex<double>>,
+                  "item<T>: T must be an element type");
+    return T(item_complex());
+  }
+}
+
+}  // namespace shmtensor
