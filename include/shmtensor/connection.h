@@ -1,0 +1,100 @@
+// Connection: a duplex, point-to-point channel between two processes that carries
+// encodable values (see codec.h). pipe() makes a connected pair; give one end to a child
+// (fork inherits it; it can also be sent over another connection or queue, and passed to
+// a child started with the exec start method).
+//
+// Tensors travel by reference: send() moves an unshared storage into shared memory in
+// place, then only a descriptor travels; the received tensor is a view of the same memory.
+// With file_descriptor the segment fds ride on the same message (SCM_RIGHTS), so the sender
+// may exit right after send().
+//
+// Thread safety: send() and recv() may be called concurrently from several threads; each
+// message is delivered whole to one recv(). close() must not race with other calls.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <utility>
+
+#include "shmtensor/codec.h"
+
+namespace shmtensor {
+
+// recv() on a connection whose peer closed (or that was closed here).
+class ConnectionClosed : public Error {
+ public:
+  explicit ConnectionClosed(const std::string& what) : Error(what) {}
+};
+
+class Connection {
+ public:
+  Connection() = default;  // not connected: valid() is false
+  Connection(Connection&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+  Connection& operator=(Connection&& other) noexcept {
+    if (this != &other) {
+      close();
+      fd_ = std::exchange(other.fd_, -1);
+    }
+    return *this;
+  }
+  Connection(const Connection&) = delete;
+  Connection& operator=(const Connection&) = delete;
+  ~Connection() { close(); }
+
+  template <class T>
+  void send(const T& value) {
+    Encoder e;
+    e.encode(value);
+    send_encoded(std::move(e));
+  }
+  // Blocks until a message arrives. Throws ConnectionClosed at EOF, ProtocolError for a
+  // malformed message (the connection stays usable for the next one).
+  template <class T>
+  T recv() {
+    Decoder d = recv_encoded(std::nullopt);
+    T value = d.decode<T>();
+    d.finish();
+    return value;
+  }
+  // Like recv() but gives up after `timeout`, returning nullopt.
+  template <class T>
+  std::optional<T> try_recv(std::chrono::nanoseconds timeout) {
+    std::optional<Decoder> d = try_recv_encoded(timeout);
+    if (!d) return std::nullopt;
+    T value = d->decode<T>();
+    d->finish();
+    return value;
+  }
+  // True when a message (or EOF) is ready; waits up to timeout (nullopt = forever).
+  bool poll(std::optional<std::chrono::nanoseconds> timeout = std::chrono::nanoseconds(0)) const;
+  void close() noexcept;
+  bool valid() const noexcept { return fd_ >= 0; }
+
+  // The socket fd (owned by this object).
+  int native_handle() const noexcept { return fd_; }
+  // Takes ownership of a connected SOCK_SEQPACKET unix socket.
+  static Connection adopt(int fd) noexcept;
+  // Gives up ownership of the socket.
+  int release() noexcept;
+
+  void send_encoded(Encoder&& encoder);
+  Decoder recv_encoded(std::optional<std::chrono::nanoseconds> timeout);
+  std::optional<Decoder> try_recv_encoded(std::chrono::nanoseconds timeout);
+
+ private:
+  explicit Connection(int fd) noexcept : fd_(fd) {}
+  int fd_ = -1;
+};
+
+// A connected pair of duplex connections.
+std::pair<Connection, Connection> pipe();
+
+// A Connection travels as a duplicate of its socket.
+template <>
+struct Codec<Connection> {
+  static void encode(Encoder& e, const Connection& c);
+  static Connection decode(Decoder& d);
+};
+
+}  // namespace shmtensor

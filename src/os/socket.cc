@@ -1,0 +1,120 @@
+#include "os/socket.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#include <cstring>
+
+#include "os/syscall.h"
+#include "shmtensor/error.h"
+
+namespace shmtensor::internal {
+
+std::pair<UniqueFd, UniqueFd> seqpacket_pair() {
+  int sv[2];
+  check_syscall("socketpair", "AF_UNIX, SOCK_SEQPACKET",
+                [&] { return ::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv); });
+  UniqueFd a(sv[0]), b(sv[1]);
+  // Larger send buffers: each datagram costs its truesize (~1 KiB for a small one) against
+  // the sender's SO_SNDBUF. SO_SNDBUFFORCE works for root; otherwise SO_SNDBUF is capped at
+  // net.core.wmem_max. Failure only means a smaller buffer, so it is ignored.
+  int size = 8 << 20;
+  for (int fd : {a.get(), b.get()}) {
+    if (::setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &size, sizeof size) != 0)
+      ::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &size, sizeof size);
+  }
+  return {std::move(a), std::move(b)};
+}
+
+bool send_message(int sock, std::span<const std::span<const std::byte>> parts,
+                  std::span<const int> fds, bool nonblocking) {
+  iovec iov[8];
+  if (parts.size() > 8) throw Error("send_message: too many parts");
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    iov[i].iov_base = const_cast<std::byte*>(parts[i].data());
+    iov[i].iov_len = parts[i].size();
+  }
+  if (fds.size() > kMaxFdsPerMessage)
+    throw Error("a message may carry at most 253 fds, this one needs " +
+                std::to_string(fds.size()));
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFdsPerMessage)];
+  msghdr msg{};
+  msg.msg_iov = iov;
+  msg.msg_iovlen = parts.size();
+  if (!fds.empty()) {
+    msg.msg_control = control;
+    msg.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+    std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
+  }
+  int flags = MSG_NOSIGNAL | (nonblocking ? MSG_DONTWAIT : 0);
+  ssize_t n = retry_eintr([&] { return ::sendmsg(sock, &msg, flags); });
+  if (n == -1) {
+    if (nonblocking && (errno == EAGAIN || errno == EWOULDBLOCK)) return false;
+    throw_system_error(errno, "sendmsg", "shmtensor message with " + std::to_string(fds.size()) +
+                                             " fds");
+  }
+  return true;
+}
+
+Received receive_message(int sock, std::span<std::byte> buffer, bool nonblocking) {
+  iovec iov{buffer.data(), buffer.size()};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFdsPerMessage)];
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  int flags = MSG_CMSG_CLOEXEC | (nonblocking ? MSG_DONTWAIT : 0);
+  ssize_t n = retry_eintr([&] { return ::recvmsg(sock, &msg, flags); });
+  Received r;
+  if (n == -1) {
+    if (nonblocking && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      r.would_block = true;
+      return r;
+    }
+    throw_system_error(errno, "recvmsg", "shmtensor message");
+  }
+  // Take ownership of every fd that arrived before judging the message, so none leaks.
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+      std::size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (std::size_t i = 0; i < count; ++i) {
+        int fd;
+        std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
+        r.fds.emplace_back(fd);
+      }
+    }
+  }
+  if (msg.msg_flags & MSG_CTRUNC) {
+    throw ProtocolError(
+        "a received message lost some of its file descriptors (MSG_CTRUNC): this process is "
+        "at its open-file limit. Raise it with `ulimit -n` (see `shmtensor doctor`), or call "
+        "set_sharing_strategy(\"file_system\") in the sending process, which passes no fds");
+  }
+  if (msg.msg_flags & MSG_TRUNC)
+    throw ProtocolError("a received message was larger than the " +
+                        std::to_string(buffer.size()) + "-byte frame limit");
+  r.size = static_cast<std::size_t>(n);
+  r.eof = (n == 0);
+  return r;
+}
+
+bool wait_readable(int fd, std::optional<std::chrono::nanoseconds> timeout) {
+  pollfd p{fd, POLLIN, 0};
+  int ms = -1;
+  if (timeout) {
+    auto t = std::chrono::ceil<std::chrono::milliseconds>(*timeout).count();
+    ms = t < 0 ? 0 : (t > 0x7fffffff ? 0x7fffffff : static_cast<int>(t));
+  }
+  int rc = check_syscall("poll", "message socket", [&] { return ::poll(&p, 1, ms); });
+  return rc > 0;
+}
+
+void shutdown_write(int sock) noexcept { ::shutdown(sock, SHUT_WR); }
+
+}  // namespace shmtensor::internal

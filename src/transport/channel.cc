@@ -1,0 +1,36 @@
+#include "transport/channel.h"
+
+#include <vector>
+
+#include "os/socket.h"
+#include "wire/wire.h"
+
+namespace shmtensor::internal {
+
+bool send_value(int sock, Encoder&& encoder, bool nonblocking) {
+  OutgoingFrame frame = finish_frame(std::move(encoder));
+  return send_frame(sock, frame, nonblocking);
+}
+
+RecvResult recv_value(int sock, std::optional<std::chrono::nanoseconds> timeout) {
+  // One buffer per thread: a datagram is at most kMaxInlineFrame bytes.
+  thread_local std::vector<std::byte> buffer(kMaxInlineFrame);
+  using Clock = std::chrono::steady_clock;
+  const auto deadline = timeout ? Clock::now() + *timeout : Clock::time_point::max();
+  for (;;) {
+    if (timeout) {
+      auto left = deadline - Clock::now();
+      if (!wait_readable(sock, left > left.zero() ? left : left.zero()))
+        return {RecvStatus::kTimeout, std::nullopt};
+    }
+    // With a timeout, receive without blocking: another receiver may have taken the
+    // message between poll and recvmsg, in which case we wait again.
+    Received r = receive_message(sock, buffer, timeout.has_value());
+    if (r.would_block) continue;
+    if (r.eof) return {RecvStatus::kEof, std::nullopt};
+    return {RecvStatus::kOk,
+            parse_frame(std::span<const std::byte>(buffer.data(), r.size), std::move(r.fds))};
+  }
+}
+
+}  // namespace shmtensor::internal

@@ -1,0 +1,242 @@
+#include <cstring>
+
+#include "memory/registry.h"
+#include "memory/storage_impl.h"
+#include "os/mapping.h"
+#include "os/shm.h"
+#include "os/socket.h"
+#include "wire/wire.h"
+
+namespace shmtensor {
+
+Decoder::Decoder(std::unique_ptr<internal::DecoderState> state) : state_(std::move(state)) {}
+Decoder::~Decoder() = default;
+Decoder::Decoder(Decoder&&) noexcept = default;
+Decoder& Decoder::operator=(Decoder&&) noexcept = default;
+
+namespace {
+[[noreturn]] void bad(const std::string& what) {
+  throw ProtocolError("malformed shmtensor message: " + what);
+}
+constexpr std::uint32_t kEmptyTensor = 0xfffffffeu;
+}  // namespace
+
+void Decoder::read_bytes(void* out, std::size_t n) {
+  auto& st = *state_;
+  if (n > st.payload.size() - st.cursor) bad("value runs past the end of the payload");
+  if (n > 0) std::memcpy(out, st.payload.data() + st.cursor, n);
+  st.cursor += n;
+}
+
+std::size_t Decoder::remaining() const noexcept {
+  return state_->payload.size() - state_->cursor;
+}
+
+std::size_t Decoder::read_size(std::size_t min_element_bytes) {
+  auto n = read_pod<std::uint64_t>();
+  std::size_t per = min_element_bytes == 0 ? 1 : min_element_bytes;
+  if (n > remaining() / per) bad("length " + std::to_string(n) + " exceeds the message");
+  return static_cast<std::size_t>(n);
+}
+
+Tensor Decoder::read_tensor() {
+  if (read_pod<std::uint8_t>() == 0) return Tensor();
+  auto dtype_raw = read_pod<std::uint8_t>();
+  if (dtype_raw >= kNumDTypes) bad("unknown dtype " + std::to_string(dtype_raw));
+  auto dtype = static_cast<DType>(dtype_raw);
+  auto ndim = read_pod<std::uint8_t>();
+  read_pod<std::uint8_t>();
+  if (ndim > 64) bad("tensor with " + std::to_string(ndim) + " dimensions");
+  auto index = read_pod<std::uint32_t>();
+  auto offset = read_pod<std::int64_t>();
+  std::vector<std::int64_t> sizes(ndim), strides(ndim);
+  for (auto& s : sizes) s = read_pod<std::int64_t>();
+  for (auto& s : strides) s = read_pod<std::int64_t>();
+  for (auto s : sizes)
+    if (s < 0) bad("negative tensor size");
+  if (index == kEmptyTensor) {
+    bool has_zero = ndim > 0 && std::find(sizes.begin(), sizes.end(), 0) != sizes.end();
+    if (!has_zero) bad("tensor without storage has elements");
+    return Tensor::empty(std::move(sizes), dtype);
+  }
+  if (index >= state_->storages.size()) bad("storage index out of range");
+  try {
+    // from_storage checks every reachable element lies inside the storage.
+    return Tensor::from_storage(state_->storages[index], offset, std::move(sizes),
+                                std::move(strides), dtype);
+  } catch (const std::exception& e) {
+    bad(std::string("tensor outside its storage: ") + e.what());
+  }
+}
+
+int Decoder::take_fd() {
+  auto& st = *state_;
+  if (st.next_object_fd >= st.object_fds.size()) bad("value refers to a missing fd");
+  return st.object_fds[st.next_object_fd++].release();
+}
+
+void Decoder::finish() {
+  if (remaining() != 0) bad(std::to_string(remaining()) + " trailing bytes after the value");
+}
+
+namespace internal {
+
+bool is_valid_segment_name(std::string_view name) noexcept {
+  // "/shmtensor_<digits>_<16 hex>_<digits>"
+  constexpr std::string_view prefix = "/shmtensor_";
+  if (name.size() > kMaxNameLength || name.substr(0, prefix.size()) != prefix) return false;
+  std::string_view rest = name.substr(prefix.size());
+  auto digits = [](std::string_view s) {
+    if (s.empty() || s.size() > 20) return false;
+    for (char c : s)
+      if (c < '0' || c > '9') return false;
+    return true;
+  };
+  auto p1 = rest.find('_');
+  if (p1 == std::string_view::npos || !digits(rest.substr(0, p1))) return false;
+  rest = rest.substr(p1 + 1);
+  if (rest.size() < 18 || rest[16] != '_') return false;
+  for (char c : rest.substr(0, 16))
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  return digits(rest.substr(17));
+}
+
+namespace {
+
+// Reads fixed-size records from the body, bounds-checked.
+struct BodyReader {
+  std::span<const std::byte> body;
+  std::size_t pos = 0;
+  template <class T>
+  T take() {
+    if (sizeof(T) > body.size() - pos) bad("tables run past the end of the body");
+    T v;
+    std::memcpy(&v, body.data() + pos, sizeof v);
+    pos += sizeof v;
+    return v;
+  }
+  std::string_view take_name(std::size_t n) {
+    std::size_t padded = (n + 7) / 8 * 8;
+    if (padded > body.size() - pos) bad("segment name runs past the end of the body");
+    std::string_view s(reinterpret_cast<const char*>(body.data() + pos), n);
+    pos += padded;
+    return s;
+  }
+};
+
+std::shared_ptr<Segment> resolve_segment(const SegmentEntry& e, std::string_view name,
+                                         std::vector<UniqueFd>& fds) {
+  if (e.strategy == 0) {
+    if (e.fd_index < 0 || static_cast<std::size_t>(e.fd_index) >= fds.size() ||
+        !fds[e.fd_index].valid())
+      bad("segment fd index out of range");
+    UniqueFd fd = std::move(fds[e.fd_index]);
+    if (auto seg = Registry::instance().find_segment(e.uid)) {
+      // Already mapped here (possibly our own segment): reuse it; the fd closes now.
+      if (seg->mapped_size() != e.total_size) bad("segment size disagrees with its mapping");
+      return seg;
+    }
+    auto seg = Segment::attach_fd(std::move(fd), e.uid);
+    if (seg->mapped_size() != e.total_size) bad("segment size disagrees with its fd");
+    return seg;
+  }
+  if (e.strategy != 1) bad("unknown segment strategy");
+  if (!is_valid_segment_name(name)) bad("invalid segment name");
+  std::string n(name);
+  if (auto seg = Registry::instance().find_segment(e.uid)) {
+    // We hold a count already; give back the one the sender added for this message.
+    seg->drop_in_flight_count();
+    if (seg->mapped_size() != e.total_size || seg->name() != n)
+      bad("named segment disagrees with its mapping");
+    return seg;
+  }
+  auto seg = Segment::attach_name(n, e.uid);  // adopts the in-flight count
+  if (seg->mapped_size() != e.total_size) bad("named segment size disagrees with the message");
+  return seg;
+}
+
+}  // namespace
+
+Decoder parse_frame(std::span<const std::byte> datagram, std::vector<UniqueFd> fds) {
+  if (datagram.size() < sizeof(FrameHeader)) bad("shorter than a frame header");
+  FrameHeader h;
+  std::memcpy(&h, datagram.data(), sizeof h);
+  if (h.magic != kFrameMagic) bad("bad magic");
+  if (h.version != kWireVersion)
+    bad("wire version " + std::to_string(h.version) + ", this library speaks " +
+        std::to_string(kWireVersion));
+  if ((h.flags & ~kFlagBlob) != 0) bad("unknown flags");
+  if (h.fd_count != fds.size())
+    bad("header announces " + std::to_string(h.fd_count) + " fds but " +
+        std::to_string(fds.size()) + " arrived");
+  auto st = std::make_unique<DecoderState>();
+  std::span<const std::byte> body;
+  std::size_t fixed_fds = h.object_fd_count + ((h.flags & kFlagBlob) ? 1 : 0);
+  if (fixed_fds > fds.size()) bad("object fd count exceeds the fds attached");
+  if (h.flags & kFlagBlob) {
+    if (datagram.size() != sizeof(FrameHeader)) bad("blob frame with an inline body");
+    UniqueFd blob = std::move(fds.back());
+    fds.pop_back();
+    FdFacts facts = inspect_fd(blob.get());
+    if (!facts.sealed_against_resize) bad("message blob is not sealed");
+    if (h.body_size > kMaxBlob || facts.size != h.body_size || h.body_size == 0)
+      bad("message blob size disagrees with the header");
+    auto map = std::make_shared<Mapping>(
+        Mapping::map_shared(blob.get(), static_cast<std::size_t>(h.body_size), "message blob"));
+    body = {map->data(), map->size()};
+    st->blob = map;
+  } else {
+    if (h.body_size != datagram.size() - sizeof(FrameHeader))
+      bad("body size disagrees with the datagram");
+    body = datagram.subspan(sizeof(FrameHeader));
+  }
+  // Object fds are the last ones (before the blob).
+  std::size_t first_object = fds.size() - h.object_fd_count;
+  for (std::size_t i = first_object; i < fds.size(); ++i) st->object_fds.push_back(std::move(fds[i]));
+  fds.resize(first_object);
+
+  BodyReader r{body};
+  if (h.segment_count > kMaxFdsPerMessage * 64 || h.segment_count > body.size() / sizeof(SegmentEntry))
+    bad("segment count exceeds the body");
+  std::vector<std::shared_ptr<Segment>> segments;
+  segments.reserve(h.segment_count);
+  for (std::uint32_t i = 0; i < h.segment_count; ++i) {
+    auto e = r.take<SegmentEntry>();
+    std::string_view name;
+    if (e.strategy == 1) {
+      if (e.name_length == 0 || e.name_length > kMaxNameLength) bad("bad segment name length");
+      name = r.take_name(e.name_length);
+    }
+    segments.push_back(resolve_segment(e, name, fds));
+  }
+  for (auto& fd : fds)
+    if (fd.valid()) bad("fd attached to the message that no segment uses");
+  if (h.storage_count > (body.size() - r.pos) / sizeof(StorageEntry))
+    bad("storage count exceeds the body");
+  st->storages.reserve(h.storage_count);
+  for (std::uint32_t i = 0; i < h.storage_count; ++i) {
+    auto e = r.take<StorageEntry>();
+    if (e.segment_index >= segments.size()) bad("storage refers to a missing segment");
+    const auto& seg = segments[e.segment_index];
+    if (e.nbytes == 0 || e.offset > seg->payload_size() || e.nbytes > seg->payload_size() - e.offset)
+      bad("storage lies outside its segment");
+    auto impl = Registry::instance().find_storage(seg->uid(), e.offset);
+    if (impl) {
+      if (impl->nbytes() != e.nbytes) bad("storage size disagrees with the one already here");
+    } else {
+      impl = std::make_shared<StorageImpl>(seg, e.offset, e.nbytes);
+      Registry::instance().add_storage(seg->uid(), e.offset, impl);
+    }
+    st->storages.emplace_back(std::move(impl));
+  }
+  if (st->blob == nullptr) {
+    st->body.assign(body.begin() + static_cast<std::ptrdiff_t>(r.pos), body.end());
+    st->payload = st->body;
+  } else {
+    st->payload = body.subspan(r.pos);
+  }
+  return Decoder(std::move(st));
+}
+
+}  // namespace internal
+}  // namespace shmtensor

@@ -1,0 +1,159 @@
+#include <algorithm>
+#include <cstring>
+#include <unordered_map>
+
+#include "memory/storage_impl.h"
+#include "os/mapping.h"
+#include "os/shm.h"
+#include "os/socket.h"
+#include "wire/wire.h"
+
+namespace shmtensor {
+
+Encoder::Encoder() : state_(std::make_unique<internal::EncoderState>()) {}
+Encoder::~Encoder() = default;
+Encoder::Encoder(Encoder&&) noexcept = default;
+Encoder& Encoder::operator=(Encoder&&) noexcept = default;
+
+namespace {
+constexpr std::uint32_t kEmptyTensor = 0xfffffffeu;
+constexpr std::uint8_t kMaxDims = 64;
+}  // namespace
+
+void Encoder::write_tensor(const Tensor& t) {
+  // Layout: u8 defined, u8 dtype, u8 ndim, u8 pad, u32 storage index (or kEmptyTensor),
+  // i64 storage_offset, i64 sizes[ndim], i64 strides[ndim].
+  write_pod<std::uint8_t>(t.defined() ? 1 : 0);
+  if (!t.defined()) return;
+  if (t.dim() > kMaxDims) throw Error("cannot send a tensor with more than 64 dimensions");
+  write_pod<std::uint8_t>(static_cast<std::uint8_t>(t.dtype()));
+  write_pod<std::uint8_t>(static_cast<std::uint8_t>(t.dim()));
+  write_pod<std::uint8_t>(0);
+  std::uint32_t index = kEmptyTensor;
+  if (t.numel() > 0) {
+    // Moves the storage into shared memory in place, if it is not there yet.
+    Storage storage = t.storage();
+    storage.share_memory_();
+    const auto& impl = storage.impl();
+    auto& storages = state_->storages;
+    auto it = std::find(storages.begin(), storages.end(), impl);
+    if (it == storages.end()) {
+      storages.push_back(impl);
+      it = storages.end() - 1;
+    }
+    index = static_cast<std::uint32_t>(it - storages.begin());
+  }
+  write_pod<std::uint32_t>(index);
+  write_pod<std::int64_t>(t.numel() > 0 ? t.storage_offset() : 0);
+  for (auto s : t.sizes()) write_pod<std::int64_t>(s);
+  for (auto s : t.strides()) write_pod<std::int64_t>(t.numel() > 0 ? s : 0);
+}
+
+void Encoder::write_fd(int fd) { state_->object_fds.push_back(internal::dup_cloexec(fd)); }
+
+namespace internal {
+
+OutgoingFrame::~OutgoingFrame() {
+  if (!sent)
+    for (auto& seg : in_flight) seg->drop_in_flight_count();
+}
+
+OutgoingFrame finish_frame(Encoder&& encoder) {
+  EncoderState& st = encoder.state();
+  OutgoingFrame frame;
+  std::vector<std::byte>& body = frame.body;
+
+  // Segment table: one entry per distinct segment.
+  std::vector<std::uint32_t> storage_segment(st.storages.size());
+  std::vector<int> segment_fds;
+  for (std::size_t i = 0; i < st.storages.size(); ++i) {
+    const auto& seg = st.storages[i]->segment();
+    auto it = std::find(frame.segments.begin(), frame.segments.end(), seg);
+    if (it == frame.segments.end()) {
+      frame.segments.push_back(seg);
+      it = frame.segments.end() - 1;
+    }
+    storage_segment[i] = static_cast<std::uint32_t>(it - frame.segments.begin());
+  }
+  auto append = [&body](const void* p, std::size_t n) {
+    const auto* b = static_cast<const std::byte*>(p);
+    body.insert(body.end(), b, b + n);
+  };
+  for (const auto& seg : frame.segments) {
+    SegmentEntry e{};
+    e.uid = seg->uid();
+    e.total_size = seg->mapped_size();
+    if (seg->strategy() == SharingStrategy::kFileDescriptor) {
+      e.strategy = 0;
+      e.fd_index = static_cast<std::int32_t>(segment_fds.size());
+      segment_fds.push_back(seg->fd());
+      append(&e, sizeof e);
+    } else {
+      e.strategy = 1;
+      e.fd_index = -1;
+      e.name_length = static_cast<std::uint16_t>(seg->name().size());
+      append(&e, sizeof e);
+      append(seg->name().data(), seg->name().size());
+      body.resize((body.size() + 7) / 8 * 8);
+    }
+  }
+  for (std::size_t i = 0; i < st.storages.size(); ++i) {
+    StorageEntry e{};
+    e.segment_index = storage_segment[i];
+    e.offset = st.storages[i]->offset();
+    e.nbytes = st.storages[i]->nbytes();
+    append(&e, sizeof e);
+  }
+  append(encoder.payload().data(), encoder.payload().size());
+
+  frame.fds = std::move(segment_fds);
+  for (auto& fd : st.object_fds) {
+    frame.fds.push_back(fd.get());
+    frame.owned_fds.push_back(std::move(fd));
+  }
+  FrameHeader& h = frame.header;
+  h.magic = kFrameMagic;
+  h.version = kWireVersion;
+  h.body_size = body.size();
+  h.segment_count = static_cast<std::uint32_t>(frame.segments.size());
+  h.storage_count = static_cast<std::uint32_t>(st.storages.size());
+  h.object_fd_count = static_cast<std::uint32_t>(st.object_fds.size());
+  if (sizeof(FrameHeader) + body.size() > kMaxInlineFrame) {
+    // Too big for one datagram: the body goes into a sealed memfd sent along.
+    UniqueFd blob = create_sealed_memfd(body.size());
+    Mapping map = Mapping::map_shared(blob.get(), body.size(), "message blob");
+    std::memcpy(map.data(), body.data(), body.size());
+    body.clear();
+    body.shrink_to_fit();
+    h.flags |= kFlagBlob;
+    frame.fds.push_back(blob.get());
+    frame.owned_fds.push_back(std::move(blob));
+  }
+  h.fd_count = static_cast<std::uint32_t>(frame.fds.size());
+  if (frame.fds.size() > kMaxFdsPerMessage)
+    throw Error("a message can carry at most 253 fds but this one needs " +
+                std::to_string(frame.fds.size()) +
+                " (too many distinct file_descriptor segments): send fewer tensors per "
+                "message, or use set_sharing_strategy(\"file_system\")");
+  // In-flight counts last: nothing above can fail after them.
+  for (const auto& seg : frame.segments) {
+    if (seg->strategy() == SharingStrategy::kFileSystem) {
+      seg->add_in_flight_count();
+      frame.in_flight.push_back(seg);
+    }
+  }
+  return frame;
+}
+
+bool send_frame(int sock, OutgoingFrame& frame, bool nonblocking) {
+  std::span<const std::byte> parts[2] = {
+      {reinterpret_cast<const std::byte*>(&frame.header), sizeof frame.header},
+      {frame.body.data(), frame.body.size()}};
+  bool ok = send_message(sock, std::span(parts, frame.body.empty() ? 1 : 2), frame.fds,
+                         nonblocking);
+  if (ok) frame.sent = true;  // the receiver now owns the in-flight counts
+  return ok;
+}
+
+}  // namespace internal
+}  // namespace shmtensor

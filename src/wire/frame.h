@@ -1,0 +1,87 @@
+// The wire format of one message (docs/wire_format.md is its prose twin).
+//
+//   FrameHeader                      32 bytes
+//   body (inline, or in a memfd "blob" attached as the last fd when it is large):
+//     SegmentEntry × segment_count   each followed by its name, padded to 8 bytes
+//     StorageEntry × storage_count
+//     payload                        the encoded value
+//   fds: one per file_descriptor segment (SegmentEntry::fd_index), then object fds
+//        (Connection / Queue), then the blob fd if kFlagBlob.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "os/unique_fd.h"
+
+namespace shmtensor::internal {
+
+class Segment;
+class StorageImpl;
+
+inline constexpr std::uint32_t kFrameMagic = 0x31575453;  // "STW1"
+inline constexpr std::uint16_t kWireVersion = 1;
+inline constexpr std::uint16_t kFlagBlob = 1;
+// A datagram is at most this big; larger bodies travel in a blob.
+inline constexpr std::size_t kMaxInlineFrame = 64 * 1024;
+// A blob is at most this big (a hostile peer cannot make us map more).
+inline constexpr std::size_t kMaxBlob = std::size_t{1} << 34;
+inline constexpr std::size_t kMaxNameLength = 64;
+inline constexpr std::uint32_t kNoSegment = 0xffffffffu;
+
+struct FrameHeader {
+  std::uint32_t magic;
+  std::uint16_t version;
+  std::uint16_t flags;
+  std::uint64_t body_size;        // bytes of the body (inline after the header, or the blob)
+  std::uint32_t segment_count;
+  std::uint32_t storage_count;
+  std::uint32_t fd_count;         // fds attached, blob included
+  std::uint32_t object_fd_count;  // of which belong to encoded Connection/Queue objects
+};
+static_assert(sizeof(FrameHeader) == 32);
+
+struct SegmentEntry {
+  std::uint64_t uid;
+  std::uint64_t total_size;  // the segment's size; checked against the fd / object
+  std::uint8_t strategy;     // 0 file_descriptor, 1 file_system
+  std::uint8_t reserved;
+  std::uint16_t name_length;  // file_system: bytes of the name that follows
+  std::int32_t fd_index;      // file_descriptor: index into the fds; -1 otherwise
+};
+static_assert(sizeof(SegmentEntry) == 24);
+
+struct StorageEntry {
+  std::uint32_t segment_index;
+  std::uint32_t reserved;
+  std::uint64_t offset;  // from the segment's payload start
+  std::uint64_t nbytes;
+};
+static_assert(sizeof(StorageEntry) == 24);
+
+// An encoded message ready to send: the header, the body (empty if in a blob), the fds
+// it borrows (kept open by `keep_alive`) and the fds it owns.
+struct OutgoingFrame {
+  FrameHeader header{};
+  std::vector<std::byte> body;  // inline body; empty with kFlagBlob
+  std::vector<int> fds;         // in wire order
+  std::vector<std::shared_ptr<Segment>> segments;  // keep segment fds open until sent
+  std::vector<UniqueFd> owned_fds;                 // object dups and the blob
+  // file_system segments whose in-flight count was added; dropped if never sent.
+  std::vector<std::shared_ptr<Segment>> in_flight;
+  bool sent = false;
+  ~OutgoingFrame();
+  OutgoingFrame() = default;
+  OutgoingFrame(OutgoingFrame&&) = default;
+  OutgoingFrame& operator=(OutgoingFrame&&) = default;
+};
+
+// Checks that `name` is one of ours: "/shmtensor_<digits>_<16 hex>_<digits>". A peer
+// cannot make us open any other object.
+bool is_valid_segment_name(std::string_view name) noexcept;
+
+}  // namespace shmtensor::internal
