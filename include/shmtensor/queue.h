@@ -72,7 +72,10 @@ class Queue {
   // Blocks while the queue is full. Throws QueueClosed if closed.
   void put(const T& value) { core_->put(encode(value), std::nullopt); }
   // Blocks while empty. Throws QueueClosed when closed and drained.
-  T get() { return decode(*core_->get(std::nullopt)); }
+  T get() {
+    auto d = core_->get(std::nullopt);
+    return decode(*d);
+  }
   // Waits up to timeout for room; false if none came.
   template <class Rep = std::int64_t, class Period = std::ratio<1>>
   bool try_put(const T& value, std::chrono::duration<Rep, Period> timeout = {}) {

@@ -1,0 +1,285 @@
+// Queues and connections across real forked processes, for both sharing strategies.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <set>
+#include <thread>
+
+#include "support/leak_check.h"
+#include "shmtensor/connection.h"
+#include "shmtensor/queue.h"
+
+namespace shmtensor {
+namespace {
+
+using testing::fork_child;
+using testing::wait_child;
+
+class TransportTest : public testing::LeakCheckedTest,
+                      public ::testing::WithParamInterface<SharingStrategy> {
+ protected:
+  void SetUp() override {
+    LeakCheckedTest::SetUp();
+    saved_ = get_sharing_strategy();
+    set_sharing_strategy(GetParam());
+  }
+  void TearDown() override {
+    set_sharing_strategy(saved_);
+    LeakCheckedTest::TearDown();
+  }
+  SharingStrategy saved_{};
+};
+
+TEST_P(TransportTest, TensorSentOverPipeIsZeroCopyAndWritableBothWays) {
+  auto [a, b] = pipe();
+  pid_t child = fork_child([&, &b = b] {
+    a.close();
+    Tensor t = b.recv<Tensor>();
+    EXPECT_TRUE(t.is_shared());
+    EXPECT_EQ(t.data_ptr<float>()[3], 3.0f);
+    t.data_ptr<float>()[0] = 42.0f;  // visible in the parent
+    b.send(std::string("written"));
+  });
+  b.close();
+  Tensor t = Tensor::arange(8, DType::kFloat32);
+  EXPECT_FALSE(t.is_shared());
+  a.send(t);
+  EXPECT_TRUE(t.is_shared());  // moved into shared memory in place
+  EXPECT_EQ(a.recv<std::string>(), "written");
+  EXPECT_EQ(t.data_ptr<float>()[0], 42.0f);
+  EXPECT_EQ(wait_child(child), 0);
+}
+
+TEST_P(TransportTest, IdentityIsPreservedWithinAMessageAndOnTheWayBack) {
+  auto [a, b] = pipe();
+  pid_t child = fork_child([&, &b = b] {
+    a.close();
+    auto [x, y, z] = b.recv<std::tuple<Tensor, Tensor, Tensor>>();
+    // Views of one storage arrive as views of one storage.
+    EXPECT_TRUE(x.storage().is_same(y.storage()));
+    EXPECT_FALSE(x.storage().is_same(z.storage()));
+    EXPECT_EQ(y.data_ptr<std::int64_t>()[0], 5);
+    Tensor again = b.recv<Tensor>();
+    EXPECT_TRUE(again.storage().is_same(x.storage()));  // sent twice: one storage
+    b.send(std::make_pair(x, z));                        // back to the creator
+  });
+  b.close();
+  Tensor base = Tensor::arange(10);
+  Tensor other = Tensor::ones({3}, DType::kFloat64);
+  a.send(std::make_tuple(base, base.slice(0, 5, 10), other));
+  a.send(base);
+  auto [back_base, back_other] = a.recv<std::pair<Tensor, Tensor>>();
+  EXPECT_TRUE(back_base.storage().is_same(base.storage()));
+  EXPECT_EQ(back_base.data_ptr<std::int64_t>(), base.data_ptr<std::int64_t>());
+  EXPECT_TRUE(back_other.storage().is_same(other.storage()));
+  EXPECT_EQ(wait_child(child), 0);
+}
+
+TEST_P(TransportTest, NonContiguousViewsTravelAsViewsAndEmptyTensorsNeedNoSharedMemory) {
+  auto [a, b] = pipe();
+  pid_t child = fork_child([&, &b = b] {
+    a.close();
+    auto v = b.recv<std::vector<Tensor>>();
+    EXPECT_EQ(v.size(), 2u);
+    EXPECT_FALSE(v[0].is_contiguous());
+    EXPECT_EQ(v[0].sizes(), (std::vector<std::int64_t>{3, 2}));
+    EXPECT_EQ(v[0].select(0, 0).select(0, 0).item<std::int32_t>(), 0);
+    EXPECT_EQ(v[0].select(0, 2).select(0, 1).item<std::int32_t>(), 5);
+    EXPECT_EQ(v[1].numel(), 0);
+    EXPECT_EQ(v[1].sizes(), (std::vector<std::int64_t>{0, 4}));
+    EXPECT_EQ(v[1].dtype(), DType::kFloat16);
+  });
+  b.close();
+  Tensor m = Tensor::arange(6, DType::kInt32).view({2, 3}).transpose(0, 1);
+  Tensor empty = Tensor::empty({0, 4}, DType::kFloat16);
+  a.send(std::vector<Tensor>{m, empty});
+  EXPECT_FALSE(empty.is_shared() && empty.storage().nbytes() > 0);
+  EXPECT_EQ(wait_child(child), 0);
+}
+
+TEST_P(TransportTest, EveryDTypeRoundTrips) {
+  auto [a, b] = pipe();
+  pid_t child = fork_child([&, &b = b] {
+    a.close();
+    for (int i = 0; i < kNumDTypes; ++i) {
+      Tensor t = b.recv<Tensor>();
+      EXPECT_EQ(static_cast<int>(t.dtype()), i);
+      Tensor expect = Tensor::arange(5, static_cast<DType>(i));
+      EXPECT_TRUE(t.equal(expect)) << to_string(static_cast<DType>(i));
+    }
+  });
+  b.close();
+  for (int i = 0; i < kNumDTypes; ++i) a.send(Tensor::arange(5, static_cast<DType>(i)));
+  EXPECT_EQ(wait_child(child), 0);
+}
+
+struct Sample {
+  Tensor image;
+  std::int64_t label = 0;
+  std::string path;
+  std::optional<std::map<std::string, double>> meta;
+  std::variant<int, std::string> tag;
+  SHMTENSOR_FIELDS(image, label, path, meta, tag)
+};
+
+TEST_P(TransportTest, PlainDataAndOptInStructs) {
+  auto [a, b] = pipe();
+  pid_t child = fork_child([&, &b = b] {
+    a.close();
+    auto s = b.recv<Sample>();
+    EXPECT_EQ(s.label, 7);
+    EXPECT_EQ(s.path, "/data/cat.png");
+    ASSERT_TRUE(s.meta.has_value());
+    EXPECT_EQ(s.meta->at("scale"), 0.5);
+    EXPECT_EQ(std::get<std::string>(s.tag), "train");
+    EXPECT_TRUE(s.image.equal(Tensor::zeros({2, 2})));
+  });
+  b.close();
+  Sample s;
+  s.image = Tensor::zeros({2, 2});
+  s.label = 7;
+  s.path = "/data/cat.png";
+  s.meta = std::map<std::string, double>{{"scale", 0.5}};
+  s.tag = std::string("train");
+  a.send(s);
+  EXPECT_EQ(wait_child(child), 0);
+}
+
+TEST_P(TransportTest, LargePlainPayloadTravelsInABlob) {
+  auto [a, b] = pipe();
+  std::vector<double> big(100000);
+  for (std::size_t i = 0; i < big.size(); ++i) big[i] = static_cast<double>(i) * 0.5;
+  pid_t child = fork_child([&, &b = b] {
+    a.close();
+    auto v = b.recv<std::vector<double>>();
+    EXPECT_EQ(v, big);
+  });
+  b.close();
+  a.send(big);
+  EXPECT_EQ(wait_child(child), 0);
+}
+
+TEST_P(TransportTest, SenderMayExitRightAfterPut) {
+  Queue<Tensor> q;
+  pid_t child = fork_child([&] {
+    for (int i = 0; i < 50; ++i) q.put(Tensor::full({16}, i, DType::kInt32));
+  });
+  EXPECT_EQ(wait_child(child), 0);  // the producer is gone before anything is received
+  for (int i = 0; i < 50; ++i) {
+    Tensor t = q.get();
+    EXPECT_EQ(t.data_ptr<std::int32_t>()[15], i);
+  }
+}
+
+TEST_P(TransportTest, ManyProducersManyConsumersEveryItemExactlyOnce) {
+  constexpr int kProducers = 3, kConsumers = 3, kPerProducer = 300;
+  Queue<std::pair<int, Tensor>> q(16);
+  Queue<std::vector<int>> results;
+  std::vector<pid_t> pids;
+  for (int p = 0; p < kProducers; ++p)
+    pids.push_back(fork_child([&, p] {
+      for (int i = 0; i < kPerProducer; ++i) {
+        int id = p * kPerProducer + i;
+        q.put({id, Tensor::full({4}, id, DType::kInt64)});
+      }
+    }));
+  for (int c = 0; c < kConsumers; ++c)
+    pids.push_back(fork_child([&] {
+      std::vector<int> got;
+      for (;;) {
+        auto [id, t] = q.get();
+        if (id < 0) break;
+        EXPECT_EQ(t.data_ptr<std::int64_t>()[3], id);
+        got.push_back(id);
+      }
+      results.put(got);
+    }));
+  for (int p = 0; p < kProducers; ++p) EXPECT_EQ(wait_child(pids[p]), 0);
+  for (int c = 0; c < kConsumers; ++c) q.put({-1, Tensor()});
+  std::vector<int> all;
+  for (int c = 0; c < kConsumers; ++c) {
+    auto got = results.get();
+    all.insert(all.end(), got.begin(), got.end());
+  }
+  for (int c = 0; c < kConsumers; ++c) EXPECT_EQ(wait_child(pids[kProducers + c]), 0);
+  std::sort(all.begin(), all.end());
+  ASSERT_EQ(all.size(), static_cast<std::size_t>(kProducers * kPerProducer));
+  for (int i = 0; i < kProducers * kPerProducer; ++i) EXPECT_EQ(all[i], i);
+}
+
+TEST_P(TransportTest, MaxsizeBlocksAndTimeoutsExpire) {
+  Queue<int> q(2);
+  EXPECT_TRUE(q.try_put(1));
+  EXPECT_TRUE(q.try_put(2));
+  EXPECT_FALSE(q.try_put(3, std::chrono::milliseconds(50)));
+  EXPECT_EQ(q.size(), 2u);
+  pid_t child = fork_child([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    EXPECT_EQ(q.get(), 1);
+  });
+  q.put(3);  // blocks until the child took one
+  EXPECT_EQ(wait_child(child), 0);
+  EXPECT_EQ(q.get(), 2);
+  EXPECT_EQ(q.get(), 3);
+  EXPECT_FALSE(q.try_get(std::chrono::milliseconds(30)).has_value());
+}
+
+TEST_P(TransportTest, CloseDrainsThenThrowsQueueClosed) {
+  Queue<int> q;
+  q.put(1);
+  q.put(2);
+  pid_t child = fork_child([&] {
+    EXPECT_EQ(q.get(), 1);
+    EXPECT_EQ(q.get(), 2);
+    EXPECT_THROW(q.get(), QueueClosed);  // woken by close() in the parent
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  q.close();
+  EXPECT_EQ(wait_child(child), 0);
+  EXPECT_THROW(q.put(3), QueueClosed);
+}
+
+TEST_P(TransportTest, QueuesAndConnectionsAreThemselvesEncodable) {
+  auto [a, b] = pipe();
+  Queue<Tensor> data;
+  pid_t child = fork_child([&, &b = b] {
+    a.close();
+    auto [reply, q] = b.recv<std::pair<Connection, Queue<Tensor>>>();
+    Tensor t = q.get();
+    reply.send(t.item<double>() * 2);
+  });
+  b.close();
+  auto [mine, theirs] = pipe();
+  a.send(std::make_pair(std::move(theirs), data));
+  theirs.close();
+  data.put(Tensor::full({1}, 21.0, DType::kFloat64));
+  EXPECT_EQ(mine.recv<double>(), 42.0);
+  EXPECT_EQ(wait_child(child), 0);
+}
+
+TEST_P(TransportTest, ReceivedTensorForwardedToAThirdProcessWithoutCopy) {
+  Queue<Tensor> q1, q2;
+  Queue<std::string> done;
+  pid_t relay = fork_child([&] { q2.put(q1.get()); });
+  pid_t sink = fork_child([&] {
+    Tensor t = q2.get();
+    t.data_ptr<float>()[0] = -1.0f;
+    done.put("ok");
+  });
+  Tensor t = Tensor::zeros({4});
+  q1.put(t);
+  EXPECT_EQ(done.get(), "ok");
+  EXPECT_EQ(t.data_ptr<float>()[0], -1.0f);
+  EXPECT_EQ(wait_child(relay), 0);
+  EXPECT_EQ(wait_child(sink), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Strategies, TransportTest,
+                         ::testing::Values(SharingStrategy::kFileDescriptor,
+                                           SharingStrategy::kFileSystem),
+                         [](const auto& info) { return std::string(to_string(info.param)); });
+
+}  // namespace
+}  // namespace shmtensor
