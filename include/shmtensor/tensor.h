@@ -48,8 +48,7 @@ class Tensor {
   static Tensor zeros(std::vector<std::int64_t> sizes, DType dtype = DType::kFloat32);
   static Tensor ones(std::vector<std::int64_t> sizes, DType dtype = DType::kFloat32);
   // Every element is `value` converted to dtype (see fill_).
-  static Tensor full(std::vector<std::int64_t> sizes, double value,
-                     DType dtype = DType::kFloat32);
+  static Tensor full(std::vector<std::int64_t> sizes, double value, DType dtype = DType::kFloat32);
   static Tensor full(std::vector<std::int64_t> sizes, std::complex<double> value,
                      DType dtype = DType::kComplex64);
   // 1-d [0, 1, ..., n-1]; n >= 0.
@@ -182,6 +181,11 @@ class Tensor {
         sizes_(std::move(sizes)),
         strides_(std::move(strides)),
         dtype_(dtype) {}
+  // A view on this tensor's storage. The caller guarantees that every element it reaches is
+  // reachable from *this; an empty result keeps this tensor's offset, so that the offset of an
+  // empty tensor always lies within the storage too.
+  Tensor make_view(std::int64_t storage_offset, std::vector<std::int64_t> sizes,
+                   std::vector<std::int64_t> strides) const;
   void check_defined(const char* op) const;
   void check_dtype(DType requested, const char* op) const;
   // The single element (numel must be 1) in the widest type of its kind.
@@ -215,8 +219,7 @@ Tensor Tensor::from_vector(std::vector<T> values, std::vector<std::int64_t> size
   Tensor t = empty(std::move(sizes), dtype_of_v<T>);
   if (static_cast<std::size_t>(t.numel()) != values.size()) {
     throw std::invalid_argument("Tensor::from_vector: " + std::to_string(values.size()) +
-                                " values do not fill sizes of numel " +
-                                std::to_string(t.numel()));
+                                " values do not fill sizes of numel " + std::to_string(t.numel()));
   }
   T* out = t.data_ptr<T>();
   // Element by element: std::vector<bool> has no data().
@@ -241,16 +244,14 @@ T Tensor::item() const {
   if constexpr (std::is_same_v<T, bool>) {
     return item_bool();
   } else if constexpr (std::is_integral_v<T>) {
-    return static_cast<T>(item_int64(
-        static_cast<std::int64_t>(std::numeric_limits<T>::min()),
-        static_cast<std::uint64_t>(std::numeric_limits<T>::max())));
+    return static_cast<T>(item_int64(static_cast<std::int64_t>(std::numeric_limits<T>::min()),
+                                     static_cast<std::uint64_t>(std::numeric_limits<T>::max())));
   } else if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
     return T(static_cast<float>(item_double()));
   } else if constexpr (std::is_floating_point_v<T>) {
     return static_cast<T>(item_double());
   } else {
-    static_assert(std::is_same_v<T, std::complex<float>> ||
-                      std::is_same_v<T, std::complex<double>>,
+    static_assert(std::is_same_v<T, std::complex<float>> || std::is_same_v<T, std::complex<double>>,
                   "item<T>: T must be an element type");
     return T(item_complex());
   }
