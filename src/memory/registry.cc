@@ -2,6 +2,8 @@
 
 #include <pthread.h>
 
+#include <cerrno>
+
 #include <map>
 #include <mutex>
 #include <unordered_map>
@@ -29,9 +31,14 @@ Registry::State* g_state = nullptr;
 // the parent holds and must own a count of each in its refcount: otherwise its Segment
 // destructors would release the parent's counts. The counts are added in the parent
 // before fork (so no window exists where the parent alone could drop the last count while
-// the child still maps it) and taken back in the parent after fork. The registry mutex is
-// held across fork, so the child never inherits it locked by another thread.
+// the child still maps it); from then on they are the child's. Only if the fork failed
+// does the parent take them back. The registry mutex is held across fork, so the child
+// never inherits it locked by another thread.
 std::vector<std::shared_ptr<Segment>>* g_forking = nullptr;
+// The caller's errno at prepare time. prepare_fork leaves errno at 0 so that
+// parent_after_fork can tell a failed fork: glibc runs the parent handlers in both cases,
+// and only a failed fork sets errno (to EAGAIN, ENOMEM or ENOSYS).
+int g_errno_before_fork = 0;
 
 void prepare_fork();
 void parent_after_fork();
@@ -63,16 +70,26 @@ void prepare_fork() {
       }
     }
   }
+  g_errno_before_fork = errno;
+  errno = 0;
 }
 
 void parent_after_fork() {
+  const int err = errno;
+  const bool fork_failed = err == EAGAIN || err == ENOMEM || err == ENOSYS;
   auto* held = g_forking;
   g_forking = nullptr;
   g_state->mu.unlock();
-  // The parent keeps its own count; it gives back the one it added for the child. Cannot
-  // reach zero: the parent itself still holds a count (held keeps the segments alive).
-  for (auto& seg : *held) seg->header()->refcount.fetch_sub(1, std::memory_order_relaxed);
+  // On success the counts added in prepare_fork belong to the child: the parent keeps its
+  // own and gives nothing back. On failure no child exists, so the parent takes them back;
+  // this cannot reach zero: the parent itself still holds a count (held keeps the segments
+  // alive). (A prepare handler that runs after ours and leaves errno at one of these
+  // values would make us take back a live child's count; none that we know of does.)
+  if (fork_failed) {
+    for (auto& seg : *held) seg->header()->refcount.fetch_sub(1, std::memory_order_relaxed);
+  }
   delete held;  // drops the temporary references outside the lock
+  errno = fork_failed ? err : g_errno_before_fork;
 }
 
 void child_after_fork() {
@@ -82,6 +99,7 @@ void child_after_fork() {
   g_forking = nullptr;
   g_state->mu.unlock();
   delete held;
+  errno = g_errno_before_fork;
 }
 
 }  // namespace
