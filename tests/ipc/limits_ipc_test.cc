@@ -1,0 +1,210 @@
+// Limits of the machine, hit for real in a child process: a tiny /dev/shm (in a private
+// mount namespace), the open-file limit, an impossible mapping. Each must be a clear
+// exception that says what to do, with nothing left behind — never a SIGBUS.
+#include <dirent.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sched.h>
+#include <sys/mount.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "shmtensor/error.h"
+#include "shmtensor/sharing_strategy.h"
+#include "shmtensor/storage.h"
+#include "support/leak_check.h"
+
+namespace shmtensor {
+namespace {
+
+using testing::LeakCheckedTest;
+
+constexpr int kSkipExit = 77;
+constexpr std::size_t kMiB = 1 << 20;
+
+bool contains(const std::string& text, const std::string& words) {
+  return text.find(words) != std::string::npos;
+}
+
+// Entries of /dev/shm (as this process's mount namespace sees it), "." and ".." excluded.
+std::vector<std::string> dev_shm_entries() {
+  std::vector<std::string> out;
+  if (DIR* d = ::opendir("/dev/shm")) {
+    while (dirent* e = ::readdir(d))
+      if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0)
+        out.push_back(e->d_name);
+    ::closedir(d);
+  }
+  return out;
+}
+
+class LimitsTest : public LeakCheckedTest {
+ protected:
+  void TearDown() override {
+    set_sharing_strategy(SharingStrategy::kFileDescriptor);
+    LeakCheckedTest::TearDown();
+  }
+
+  // Runs fn in a forked child. The child may call skip(reason): the parent then skips the
+  // test with that reason.
+  void run_or_skip(const std::function<void()>& fn) {
+    ASSERT_EQ(::pipe2(reason_pipe_, O_CLOEXEC), 0);
+    int rc = testing::run_in_child(fn);
+    ::close(reason_pipe_[1]);
+    char buf[512] = {};
+    ssize_t n = ::read(reason_pipe_[0], buf, sizeof buf - 1);
+    ::close(reason_pipe_[0]);
+    if (rc == kSkipExit) GTEST_SKIP() << std::string(buf, n > 0 ? static_cast<size_t>(n) : 0);
+    EXPECT_EQ(rc, 0) << "the child failed; its messages are above";
+  }
+  [[noreturn]] void skip(const std::string& reason) {
+    ssize_t ignored = ::write(reason_pipe_[1], reason.data(), reason.size());
+    (void)ignored;
+    ::_exit(kSkipExit);
+  }
+
+ private:
+  int reason_pipe_[2] = {-1, -1};
+};
+
+// A private mount namespace with a 1 MiB tmpfs on /dev/shm, as in a container started
+// with a small --shm-size.
+TEST_F(LimitsTest, TinyDevShmIsAClearErrorNotASigbus) {
+  run_or_skip([&] {
+    auto fail_or_skip = [&](const char* what) {
+      int err = errno;
+      std::string reason = std::string(what) + ": " + std::strerror(err) +
+                           " (needs CAP_SYS_ADMIN, e.g. root outside an unprivileged container)";
+      if (err == EPERM || err == EACCES) skip(reason);
+      FAIL() << reason;
+    };
+    if (::unshare(CLONE_NEWNS) != 0) return fail_or_skip("unshare(CLONE_NEWNS)");
+    // Private propagation: the tmpfs below must not appear in the parent's namespace.
+    if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0)
+      return fail_or_skip("mount(MS_REC|MS_PRIVATE)");
+    if (::mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=1777") != 0)
+      return fail_or_skip("mount tmpfs on /dev/shm");
+    ASSERT_TRUE(dev_shm_entries().empty());
+
+    set_sharing_strategy("file_system");
+    {
+      // The control: what fits, works (and is unlinked when dropped).
+      Storage small = Storage::allocate_shared(256 * 1024);
+      std::memset(small.data(), 1, small.nbytes());
+      EXPECT_EQ(dev_shm_entries().size(), 1u);
+    }
+    EXPECT_TRUE(dev_shm_entries().empty());
+
+    try {
+      Storage big = Storage::allocate_shared(4 * kMiB);
+      std::memset(big.data(), 1, big.nbytes());  // would be the SIGBUS without fallocate
+      ADD_FAILURE() << "4 MiB fit in a 1 MiB /dev/shm";
+    } catch (const SharedMemoryFullError& e) {
+      const std::string what = e.what();
+      EXPECT_GE(e.requested(), 4 * kMiB);
+      EXPECT_LT(e.requested(), 4 * kMiB + 4096);  // the payload plus the segment header
+      EXPECT_EQ(e.available(), 1 * kMiB);
+      EXPECT_TRUE(contains(what, "4.0 MiB")) << what;
+      EXPECT_TRUE(contains(what, std::to_string(e.requested()))) << what;
+      EXPECT_TRUE(contains(what, "1.0 MiB free")) << what;
+      EXPECT_TRUE(contains(what, "--shm-size")) << what;
+      EXPECT_TRUE(contains(what, "file_descriptor")) << what;
+    }
+    // share_memory_ fails the same way and leaves the storage private and intact.
+    Storage priv = Storage::allocate(4 * kMiB);
+    std::memset(priv.data(), 9, priv.nbytes());
+    void* before = priv.data();
+    EXPECT_THROW(priv.share_memory_(), SharedMemoryFullError);
+    EXPECT_FALSE(priv.is_shared());
+    EXPECT_EQ(priv.data(), before);
+    EXPECT_EQ(static_cast<unsigned char*>(priv.data())[4 * kMiB - 1], 9);
+    EXPECT_TRUE(dev_shm_entries().empty()) << "a failed allocation left a name behind";
+
+    // memfd segments do not live in /dev/shm: the same 4 MiB works with file_descriptor.
+    set_sharing_strategy("file_descriptor");
+    Storage big = Storage::allocate_shared(4 * kMiB);
+    std::memset(big.data(), 3, big.nbytes());  // touch every page
+    EXPECT_EQ(static_cast<unsigned char*>(big.data())[4 * kMiB - 1], 3);
+    priv.share_memory_();
+    EXPECT_TRUE(priv.is_shared());
+    EXPECT_EQ(static_cast<unsigned char*>(priv.data())[4 * kMiB - 1], 9);
+    EXPECT_TRUE(dev_shm_entries().empty());
+  });
+}
+
+TEST_F(LimitsTest, OutOfFdsIsASystemErrorWithAdvice) {
+  run_or_skip([&] {
+    rlimit rl{};
+    ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &rl), 0);
+    rl.rlim_cur = 64;
+    ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &rl), 0) << std::strerror(errno);
+    std::vector<int> filler;
+    for (;;) {
+      int fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+      if (fd < 0) {
+        ASSERT_EQ(errno, EMFILE);
+        break;
+      }
+      filler.push_back(fd);
+      ASSERT_LT(filler.size(), 100u);
+    }
+
+    try {
+      Storage s = Storage::allocate_shared(4096);
+      ADD_FAILURE() << "allocated a memfd segment with no fd left";
+    } catch (const SystemError& e) {
+      EXPECT_EQ(e.error_code(), EMFILE);
+      EXPECT_EQ(e.syscall(), "memfd_create");
+      EXPECT_TRUE(contains(e.what(), "memfd_create(")) << e.what();
+      EXPECT_TRUE(contains(e.what(), "ulimit -n")) << e.what();
+    }
+    Storage priv = Storage::allocate(4096);
+    std::memset(priv.data(), 5, 4096);
+    EXPECT_THROW(priv.share_memory_(), SystemError);
+    EXPECT_FALSE(priv.is_shared());
+    EXPECT_EQ(static_cast<unsigned char*>(priv.data())[4095], 5);
+
+    // file_system needs an fd for a moment too (shm_open); nothing is left behind.
+    set_sharing_strategy("file_system");
+    try {
+      Storage s = Storage::allocate_shared(4096);
+      ADD_FAILURE() << "allocated a named segment with no fd left";
+    } catch (const SystemError& e) {
+      EXPECT_EQ(e.error_code(), EMFILE);
+      EXPECT_TRUE(contains(e.what(), "ulimit -n")) << e.what();
+    }
+    EXPECT_TRUE(testing::shm_names_of(::getpid()).empty());
+
+    // Once fds are free again, everything works.
+    for (int fd : filler) ::close(fd);
+    set_sharing_strategy("file_descriptor");
+    priv.share_memory_();
+    EXPECT_TRUE(priv.is_shared());
+    EXPECT_EQ(static_cast<unsigned char*>(priv.data())[4095], 5);
+  });
+}
+
+// A size no address space can map: ftruncate of the memfd succeeds (it is sparse), mmap
+// fails. The error carries ENOMEM and the advice, and the memfd is closed again.
+TEST_F(LimitsTest, UnmappableSizeIsASystemError) {
+  const std::size_t huge = std::size_t{1} << 48;  // 256 TiB > the x86-64/arm64 user space
+  try {
+    Storage s = Storage::allocate_shared(huge);
+    ADD_FAILURE() << "mapped 256 TiB";
+  } catch (const SystemError& e) {
+    EXPECT_EQ(e.error_code(), ENOMEM);
+    EXPECT_EQ(e.syscall(), "mmap");
+    EXPECT_TRUE(contains(e.what(), "vm.max_map_count")) << e.what();
+  }
+  // file_system reserves the space first: the same size is a full /dev/shm.
+  set_sharing_strategy("file_system");
+  EXPECT_THROW(Storage::allocate_shared(huge), SharedMemoryFullError);
+}
+
+}  // namespace
+}  // namespace shmtensor

@@ -1,0 +1,337 @@
+// Shared segments across real processes: writes are seen both ways, named segments live
+// exactly as long as some process holds them (fork handlers in registry.cc), and no fd the
+// library creates survives exec.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstring>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "memory/segment.h"
+#include "memory/storage_impl.h"
+#include "shmtensor/sharing_strategy.h"
+#include "shmtensor/storage.h"
+#include "support/leak_check.h"
+
+namespace shmtensor {
+namespace {
+
+using testing::LeakCheckedTest;
+using testing::fork_child;
+using testing::wait_child;
+
+// One-way byte channel between a parent and a forked child.
+class Pipe {
+ public:
+  Pipe() { EXPECT_EQ(::pipe2(fds_, O_CLOEXEC), 0) << std::strerror(errno); }
+  Pipe(const Pipe&) = delete;
+  Pipe& operator=(const Pipe&) = delete;
+  ~Pipe() {
+    for (int fd : fds_)
+      if (fd >= 0) ::close(fd);
+  }
+  void send(char c = 'x') { ASSERT_EQ(::write(fds_[1], &c, 1), 1) << std::strerror(errno); }
+  // Returns the byte, or 0 at EOF (the other side died).
+  char receive() {
+    char c = 0;
+    ssize_t n;
+    do n = ::read(fds_[0], &c, 1);
+    while (n == -1 && errno == EINTR);
+    return n == 1 ? c : 0;
+  }
+
+ private:
+  int fds_[2] = {-1, -1};
+};
+
+bool name_exists(const std::string& name) { return ::access(("/dev/shm" + name).c_str(), F_OK) == 0; }
+
+std::int64_t refcount_of(const Storage& s) {
+  return s.impl()->segment()->header()->refcount.load();
+}
+
+class SegmentIpcTest : public LeakCheckedTest,
+                       public ::testing::WithParamInterface<SharingStrategy> {
+ protected:
+  void SetUp() override {
+    LeakCheckedTest::SetUp();
+    set_sharing_strategy(GetParam());
+  }
+  void TearDown() override {
+    set_sharing_strategy(SharingStrategy::kFileDescriptor);
+    LeakCheckedTest::TearDown();
+  }
+};
+
+// Values written after the fork, in turns, by each side: only shared pages can carry them.
+TEST_P(SegmentIpcTest, WritesAreSeenBothWays) {
+  constexpr int kRounds = 50;
+  constexpr std::size_t kInts = 1 << 16;
+  Storage moved = Storage::allocate(kInts * sizeof(std::int32_t));  // share_memory_ path
+  std::memset(moved.data(), 0, moved.nbytes());
+  moved.share_memory_();
+  Storage direct = Storage::allocate_shared(kInts * sizeof(std::int32_t));  // no-copy path
+  std::memset(direct.data(), 0, direct.nbytes());
+
+  Pipe to_child, to_parent;
+  pid_t pid = fork_child([&] {
+    for (int r = 1; r <= kRounds; ++r) {
+      ASSERT_EQ(to_child.receive(), 'x');
+      auto* m = static_cast<std::int32_t*>(moved.data());
+      auto* d = static_cast<std::int32_t*>(direct.data());
+      for (std::size_t i = 0; i < kInts; i += 1000) {
+        ASSERT_EQ(m[i], 2 * r - 1) << "round " << r << " index " << i;
+        ASSERT_EQ(d[i], -(2 * r - 1));
+      }
+      for (std::size_t i = 0; i < kInts; i += 1000) {
+        m[i] = 2 * r;
+        d[i] = -2 * r;
+      }
+      to_parent.send();
+    }
+    // A forked child holds a count of every named segment it inherited: give it back.
+    moved = Storage();
+    direct = Storage();
+  });
+  for (int r = 1; r <= kRounds; ++r) {
+    auto* m = static_cast<std::int32_t*>(moved.data());
+    auto* d = static_cast<std::int32_t*>(direct.data());
+    for (std::size_t i = 0; i < kInts; i += 1000) {
+      m[i] = 2 * r - 1;
+      d[i] = -(2 * r - 1);
+    }
+    to_child.send();
+    ASSERT_EQ(to_parent.receive(), 'x') << "child died in round " << r;
+    for (std::size_t i = 0; i < kInts; i += 1000) {
+      ASSERT_EQ(m[i], 2 * r);
+      ASSERT_EQ(d[i], -2 * r);
+    }
+  }
+  EXPECT_EQ(wait_child(pid), 0);
+}
+
+// The control that shows the test above can fail: private bytes are copied on fork.
+TEST_P(SegmentIpcTest, PrivateStorageIsNotShared) {
+  Storage priv = Storage::allocate(4096);
+  std::memset(priv.data(), 1, 4096);
+  EXPECT_EQ(testing::run_in_child([&] { std::memset(priv.data(), 2, 4096); }), 0);
+  EXPECT_EQ(static_cast<unsigned char*>(priv.data())[100], 1);
+
+  Storage shared = Storage::allocate(4096);
+  std::memset(shared.data(), 1, 4096);
+  shared.share_memory_();
+  EXPECT_EQ(testing::run_in_child([&] {
+              std::memset(shared.data(), 2, 4096);
+              shared = Storage();
+            }),
+            0);
+  EXPECT_EQ(static_cast<unsigned char*>(shared.data())[100], 2);
+}
+
+// A segment a child creates after the fork is its own; dropping it there frees it.
+TEST_P(SegmentIpcTest, ChildCreatesAndDropsItsOwnSegments) {
+  EXPECT_EQ(testing::run_in_child([&] {
+              std::vector<Storage> v;
+              for (int i = 0; i < 8; ++i) v.push_back(Storage::allocate_shared(10000));
+              if (GetParam() == SharingStrategy::kFileSystem)
+                EXPECT_EQ(testing::shm_names_of(::getpid()).size(), 8u);
+              v.clear();
+              EXPECT_TRUE(testing::shm_names_of(::getpid()).empty());
+              EXPECT_TRUE(testing::shmtensor_mappings().empty());
+            }),
+            0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Strategies, SegmentIpcTest,
+                         ::testing::Values(SharingStrategy::kFileDescriptor,
+                                           SharingStrategy::kFileSystem),
+                         [](const auto& info) { return std::string(to_string(info.param)); });
+
+// ---- named segment lifetime across fork -------------------------------------------------
+
+class NamedLifetimeTest : public LeakCheckedTest {
+ protected:
+  void SetUp() override {
+    LeakCheckedTest::SetUp();
+    set_sharing_strategy(SharingStrategy::kFileSystem);
+  }
+  void TearDown() override {
+    set_sharing_strategy(SharingStrategy::kFileDescriptor);
+    LeakCheckedTest::TearDown();
+  }
+};
+
+TEST_F(NamedLifetimeTest, ParentDropsFirstChildUnlinks) {
+  Storage s = Storage::allocate_shared(1 << 20);
+  const std::string name = s.impl()->segment()->name();
+  ASSERT_TRUE(name_exists(name));
+  EXPECT_EQ(refcount_of(s), 1);
+
+  Pipe ready, dropped;
+  pid_t pid = fork_child([&] {
+    ready.send();
+    ASSERT_EQ(dropped.receive(), 'x');
+    // The parent is gone from the count; this process still maps and holds the name.
+    EXPECT_TRUE(name_exists(name));
+    EXPECT_EQ(refcount_of(s), 1);
+    static_cast<char*>(s.data())[0] = 42;
+    s = Storage();
+    EXPECT_FALSE(name_exists(name)) << "the last holder must unlink " << name;
+  });
+  ASSERT_EQ(ready.receive(), 'x');
+  EXPECT_EQ(refcount_of(s), 2);  // the child got its own count at fork
+  s = Storage();
+  EXPECT_TRUE(name_exists(name)) << "unlinked while the child still holds it";
+  dropped.send();
+  EXPECT_EQ(wait_child(pid), 0);
+  EXPECT_FALSE(name_exists(name));
+}
+
+TEST_F(NamedLifetimeTest, ChildDropsFirstParentUnlinks) {
+  Storage s = Storage::allocate(1 << 20);
+  std::memset(s.data(), 7, s.nbytes());
+  s.share_memory_();
+  const std::string name = s.impl()->segment()->name();
+  pid_t pid = fork_child([&] {
+    EXPECT_EQ(refcount_of(s), 2);
+    s = Storage();
+    EXPECT_TRUE(name_exists(name)) << "the child unlinked a name the parent holds";
+  });
+  EXPECT_EQ(wait_child(pid), 0);
+  EXPECT_TRUE(name_exists(name));
+  EXPECT_EQ(refcount_of(s), 1);
+  EXPECT_EQ(static_cast<unsigned char*>(s.data())[12345], 7);
+  s = Storage();
+  EXPECT_FALSE(name_exists(name));
+}
+
+// Several children and a grandchild, dropping in an order unrelated to the fork order.
+TEST_F(NamedLifetimeTest, ManyHoldersLastOneUnlinks) {
+  Storage s = Storage::allocate_shared(4096);
+  Storage other = Storage::allocate_shared(4096);  // a second segment, dropped at once
+  const std::string name = s.impl()->segment()->name();
+  constexpr int kChildren = 4;
+  std::vector<Pipe> go(kChildren);
+  Pipe done;
+  std::vector<pid_t> pids;
+  for (int i = 0; i < kChildren; ++i) {
+    pids.push_back(fork_child([&, i] {
+      other = Storage();
+      pid_t grandchild = -1;
+      if (i == 0) {
+        // Fork handlers run in a forked child's own forks too.
+        grandchild = fork_child([&] {
+          ASSERT_EQ(go[0].receive(), 'x');
+          s = Storage();
+          done.send();
+        });
+      }
+      ASSERT_EQ(go[i].receive(), 'x');
+      s = Storage();
+      done.send();
+      if (grandchild > 0) EXPECT_EQ(wait_child(grandchild), 0);
+    }));
+  }
+  other = Storage();
+  // Parent + 4 children + 1 grandchild; a child's fork_child may still be running, so wait.
+  for (int tries = 0; refcount_of(s) != 1 + kChildren + 1 && tries < 500; ++tries)
+    ::usleep(2000);
+  EXPECT_EQ(refcount_of(s), 1 + kChildren + 1);
+  s = Storage();  // the parent first
+  for (int i = kChildren - 1; i >= 0; --i) {
+    EXPECT_TRUE(name_exists(name)) << "gone before child " << i << " dropped it";
+    go[i].send();
+    if (i == 0) go[0].send();  // child 0 and the grandchild both read go[0]
+    ASSERT_EQ(done.receive(), 'x');
+    if (i == 0) ASSERT_EQ(done.receive(), 'x');
+  }
+  for (pid_t pid : pids) EXPECT_EQ(wait_child(pid), 0);
+  EXPECT_FALSE(name_exists(name));
+}
+
+// ---- close-on-exec ----------------------------------------------------------------------
+
+// Runs `ls -l /proc/self/fd` in an exec'd child and returns what it printed: the fds that
+// survived exec, with their targets.
+//
+// posix_spawn, not fork+exec: glibc's posix_spawn runs no pthread_atfork handlers, so the
+// library does not give the child a count of each file_system segment. A fork+exec'd
+// child would get those counts and never give them back (exec drops the mappings without
+// running destructors): the names would stay until the manager daemon sweeps them (see
+// docs/shm_layout.md, "Known gaps"). Close-on-exec is a property of execve either way.
+std::string fds_after_exec() {
+  int out[2];
+  EXPECT_EQ(::pipe2(out, O_CLOEXEC), 0);
+  posix_spawn_file_actions_t actions;
+  ::posix_spawn_file_actions_init(&actions);
+  ::posix_spawn_file_actions_adddup2(&actions, out[1], STDOUT_FILENO);
+  const char* argv[] = {"/bin/ls", "-l", "/proc/self/fd", nullptr};
+  pid_t pid = -1;
+  int rc = ::posix_spawn(&pid, argv[0], &actions, nullptr, const_cast<char* const*>(argv),
+                         environ);
+  ::posix_spawn_file_actions_destroy(&actions);
+  ::close(out[1]);
+  EXPECT_EQ(rc, 0) << std::strerror(rc);
+  std::string text;
+  char buf[4096];
+  ssize_t n;
+  while ((n = ::read(out[0], buf, sizeof buf)) > 0 || (n == -1 && errno == EINTR))
+    if (n > 0) text.append(buf, static_cast<std::size_t>(n));
+  ::close(out[0]);
+  if (rc == 0) EXPECT_EQ(wait_child(pid), 0) << text;
+  return text;
+}
+
+std::vector<std::string> shmtensor_lines(const std::string& text) {
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);)
+    if (line.find("shmtensor") != std::string::npos) lines.push_back(line);
+  return lines;
+}
+
+class CloseOnExecTest : public LeakCheckedTest {
+ protected:
+  void TearDown() override {
+    set_sharing_strategy(SharingStrategy::kFileDescriptor);
+    LeakCheckedTest::TearDown();
+  }
+};
+
+TEST_F(CloseOnExecTest, EveryLibraryFdIsCloseOnExec) {
+  std::vector<Storage> keep;
+  for (SharingStrategy strategy : get_all_sharing_strategies()) {
+    set_sharing_strategy(strategy);
+    keep.push_back(Storage::allocate_shared(4096));
+    keep.push_back(Storage::allocate(4096).share_memory_());
+  }
+  set_sharing_strategy(SharingStrategy::kFileDescriptor);
+  int memfd = keep[0].impl()->segment()->fd();
+  ASSERT_GE(memfd, 0);
+
+  // Control: an fd we make inheritable on purpose must show up, or the check proves nothing.
+  int inheritable = ::fcntl(memfd, F_DUPFD, 200);
+  ASSERT_GE(inheritable, 0);
+  std::string listing = fds_after_exec();
+  auto lines = shmtensor_lines(listing);
+  ASSERT_EQ(lines.size(), 1u) << listing;
+  EXPECT_NE(lines[0].find(" " + std::to_string(inheritable) + " -> /memfd:shmtensor"),
+            std::string::npos)
+      << listing;
+  ::close(inheritable);
+
+  listing = fds_after_exec();
+  EXPECT_TRUE(shmtensor_lines(listing).empty()) << listing;
+  EXPECT_EQ(listing.find("/dev/shm/"), std::string::npos) << listing;
+  // And the library's own fds are still open here, unaffected.
+  EXPECT_TRUE(::fcntl(memfd, F_GETFD) & FD_CLOEXEC);
+}
+
+}  // namespace
+}  // namespace shmtensor
