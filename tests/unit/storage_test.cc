@@ -180,12 +180,13 @@ TEST_P(StorageTest, ConcurrentShareMemoryMakesOneSegment) {
   for (int round = 0; round < kRounds; ++round) {
     std::size_t segs = Registry::instance().segment_count();
     std::size_t maps = testing::shmtensor_mappings().size();
-    Storage s = Storage::allocate(64 * 1024);
+    Storage s = Storage::allocate(std::size_t{64} * 1024);
     fill_pattern(s, static_cast<std::uint8_t>(round));
 
     std::latch start(kThreads);
     std::vector<void*> seen(kThreads, nullptr);
     std::vector<std::thread> threads;
+    threads.reserve(kThreads);
     for (int i = 0; i < kThreads; ++i) {
       threads.emplace_back([&, i] {
         Storage mine = s;  // each thread has its own handle, as tensors on it would

@@ -1,0 +1,89 @@
+# shmtensor — the commands a new user and CI need.
+#
+#   make run     install missing Debian packages, build, run the flagship demo
+#   make test    install missing Debian packages, build, run every test
+#   make asan    the same tests built with AddressSanitizer + UndefinedBehaviorSanitizer
+#   make tsan    the same tests built with ThreadSanitizer
+#   make format  clang-format every C++ file in place
+#   make clean   remove every build directory
+#
+# Works as root on a fresh Debian bookworm machine, and in CI (no stdin). As another user
+# it installs with sudo when sudo exists, and otherwise prints what to install.
+
+BUILD_TYPE  ?= RelWithDebInfo
+JOBS        ?= $(shell nproc)
+CTEST_JOBS  ?= 2
+CMAKE       := cmake -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) -DCMAKE_EXPORT_COMPILE_COMMANDS=ON
+CTEST       := ctest --output-on-failure -j$(CTEST_JOBS)
+
+# What each package is for: docs/dependencies.md.
+DEB_PACKAGES := g++ make cmake ninja-build pkg-config \
+                libgtest-dev libgmock-dev googletest libbenchmark-dev libcli11-dev \
+                clang libclang-rt-14-dev
+
+# Sanitizer builds skip benchmarks and examples: CI has 2 cores and 90 minutes.
+LEAN := -DSHMTENSOR_BUILD_BENCHMARKS=OFF -DSHMTENSOR_BUILD_EXAMPLES=OFF
+
+# detect_leaks: LeakSanitizer at exit. abort_on_error: a crash a test can see (not exit 1).
+export ASAN_OPTIONS  ?= detect_leaks=1:abort_on_error=1:strict_string_checks=1
+export UBSAN_OPTIONS ?= print_stacktrace=1:halt_on_error=1
+# die_after_fork=0: the tests fork from a process that already has threads (gtest's death
+# tests, our own threads). TSan's default is to kill such a child, because only
+# async-signal-safe calls are safe there in general; our children run library code on
+# purpose (that is the fork start method) and the library's fork handlers keep its locks
+# consistent, so we let them run and TSan keeps checking them.
+export TSAN_OPTIONS  ?= die_after_fork=0:halt_on_error=1:second_deadlock_stack=1
+
+.PHONY: all run test asan tsan deps format clean
+
+# cmake is re-run every time (a second or two): it picks up new files and options.
+all: deps
+	$(CMAKE) -S . -B build
+	cmake --build build -j$(JOBS)
+
+run: all
+	./build/examples/demo
+
+test: all
+	$(CTEST) --test-dir build
+
+asan: deps
+	$(CMAKE) -S . -B build-asan -DSHMTENSOR_SANITIZE=address,undefined $(LEAN)
+	cmake --build build-asan -j$(JOBS)
+	$(CTEST) --test-dir build-asan
+
+# setarch -R: ThreadSanitizer (GCC 12) cannot place its shadow memory when the kernel
+# randomizes mmap with more bits than it expects (vm.mmap_rnd_bits > 28, common on recent
+# kernels: "FATAL: ThreadSanitizer: unexpected memory mapping"). Without ASLR it always can.
+tsan: deps
+	$(CMAKE) -S . -B build-tsan -DSHMTENSOR_SANITIZE=thread $(LEAN)
+	cmake --build build-tsan -j$(JOBS)
+	setarch $$(uname -m) -R $(CTEST) --test-dir build-tsan
+
+# Installs only what is missing (checked with dpkg-query), so a second run is instant.
+deps:
+	@missing=""; \
+	if ! command -v dpkg-query >/dev/null; then \
+	  echo "not a Debian system: make sure these (or their equivalents) are installed:"; \
+	  echo "  $(DEB_PACKAGES)"; exit 0; \
+	fi; \
+	for p in $(DEB_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'install ok installed' \
+	    || missing="$$missing $$p"; \
+	done; \
+	[ -z "$$missing" ] && exit 0; \
+	if [ "$$(id -u)" = 0 ]; then sudo=""; \
+	elif command -v sudo >/dev/null; then sudo="sudo"; \
+	else echo "missing Debian packages; as root, run:"; \
+	     echo "  apt-get update && apt-get install -y --no-install-recommends$$missing"; \
+	     exit 1; \
+	fi; \
+	echo "installing:$$missing"; \
+	$$sudo env DEBIAN_FRONTEND=noninteractive apt-get update && \
+	$$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $$missing
+
+format:
+	git ls-files '*.h' '*.cc' | xargs clang-format -i
+
+clean:
+	rm -rf build build-asan build-tsan build-fuzz
