@@ -1,0 +1,243 @@
+// Process: one child process running a callable, like Python's multiprocessing.Process.
+//
+//   shmtensor::Process p(work, 42, std::string("x"));  // runs work(42, "x") in a child
+//   p.start();
+//   p.join();
+//   if (p.exitcode() != 0) std::cerr << p.error();
+//
+// The start method decides how the child begins (see start_method.h):
+//  - kFork (default): any copyable callable; the callable and its arguments are copied
+//    into the forked child together with the rest of the address space.
+//  - kExec: a plain function or a captureless lambda (it is named by its offset in the
+//    executable, which is the same in the re-executed program); its arguments must be
+//    encodable values and travel over a connection. Other callables fail at start().
+//
+// In the child: an exception that escapes the callable is reported to the parent as
+// "<type>: <what()>" (error()) and the child exits with code 1; otherwise it exits 0. Either
+// way it flushes its stdio and ends with _exit: the parent's atexit handlers and static
+// destructors never run in the child. The child is SIGKILLed when the thread that started
+// it ends (PR_SET_PDEATHSIG: normally the main thread, so: when the parent dies).
+//
+// Thread safety: a Process is used by one thread at a time.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "shmtensor/error.h"
+#include "shmtensor/start_method.h"
+
+namespace shmtensor {
+
+// Timeouts and grace periods, in seconds; any std::chrono duration converts implicitly.
+using Duration = std::chrono::duration<double>;
+
+namespace internal {
+class ProcessState;
+}
+
+namespace detail {
+
+// What kExec runs: `entry` (an instantiation of exec_entry below, in the caller's binary)
+// is called in the re-executed child with the address of the user's function, the child's
+// index and the fd of its end of the argument connection (-1 when there are no arguments).
+using ExecEntry = void (*)(std::uintptr_t fn, int index, int args_fd);
+
+// Sends a child's arguments. Made before fork; child_fd() is inherited by the child;
+// after_fork() runs in the parent once the child exists (it drops the parent's copy of the
+// child's end and sends).
+class ExecArgs {
+ public:
+  virtual ~ExecArgs() = default;
+  virtual int child_fd() const = 0;
+  virtual void after_fork() = 0;
+};
+
+struct LaunchSpec {
+  std::function<void()> fork_body;  // kFork: runs in the forked child
+  ExecEntry exec_entry = nullptr;   // kExec; null when the callable cannot cross exec
+  std::uintptr_t exec_fn = 0;
+  int index = 0;
+  std::function<std::unique_ptr<ExecArgs>()> exec_args;  // empty: no arguments
+  std::string exec_unavailable;  // why kExec cannot run this callable
+};
+
+// Function-pointer traits (noexcept or not).
+template <class T>
+struct FnTraits {
+  static constexpr bool kIsFunction = false;
+};
+template <class R, class... P>
+struct FnTraits<R (*)(P...)> {
+  static constexpr bool kIsFunction = true;
+  using Params = std::tuple<std::decay_t<P>...>;
+  static constexpr std::size_t kArity = sizeof...(P);
+};
+template <class R, class... P>
+struct FnTraits<R (*)(P...) noexcept> : FnTraits<R (*)(P...)> {};
+
+// The function pointer a plain function or captureless lambda converts to; void if none.
+template <class F, class = void>
+struct FnPointerOf {
+  using type = void;
+};
+template <class F>
+struct FnPointerOf<F, std::void_t<decltype(+std::declval<std::decay_t<F>&>())>> {
+  using P = decltype(+std::declval<std::decay_t<F>&>());
+  using type = std::conditional_t<FnTraits<P>::kIsFunction, P, void>;
+};
+
+// Tuple of the parameters after the first `skip` ones.
+template <std::size_t skip, class Tuple, class Seq>
+struct TupleTailImpl;
+template <std::size_t skip, class Tuple, std::size_t... I>
+struct TupleTailImpl<skip, Tuple, std::index_sequence<I...>> {
+  using type = std::tuple<std::tuple_element_t<skip + I, Tuple>...>;
+};
+template <std::size_t skip, class Tuple>
+using TupleTail = typename TupleTailImpl<skip, Tuple,
+                                         std::make_index_sequence<std::tuple_size_v<Tuple> - skip>>::type;
+
+// Receives the argument tuple in a re-executed child (arguments need connection.h).
+template <class Tuple>
+Tuple receive_exec_args(int args_fd) {
+  if constexpr (std::tuple_size_v<Tuple> == 0) {
+    (void)args_fd;
+    return Tuple{};
+  } else {
+    static_assert(std::tuple_size_v<Tuple> == 0,
+                  "arguments for the exec start method are not supported yet");
+    return Tuple{};
+  }
+}
+
+// Runs in the re-executed child: calls fn(index, args...) (kIndexed) or fn(args...).
+template <class FnPtr, bool kIndexed>
+void exec_entry(std::uintptr_t fn_address, int index, int args_fd) {
+  FnPtr fn = reinterpret_cast<FnPtr>(fn_address);
+  using Params = typename FnTraits<FnPtr>::Params;
+  if constexpr (kIndexed) {
+    auto args = receive_exec_args<TupleTail<1, Params>>(args_fd);
+    std::apply([&](auto&... a) { fn(index, std::move(a)...); }, args);
+  } else {
+    auto args = receive_exec_args<Params>(args_fd);
+    std::apply([&](auto&... a) { fn(std::move(a)...); }, args);
+  }
+}
+
+// Builds what Process::start needs for both start methods. With kIndexed the callable is
+// called as fn(index, args...), otherwise fn(args...).
+template <bool kIndexed, class F, class... Args>
+LaunchSpec make_launch(int index, F&& fn, Args&&... args) {
+  LaunchSpec spec;
+  spec.index = index;
+  using FnPtr = typename FnPointerOf<F>::type;
+  if constexpr (!std::is_void_v<FnPtr>) {
+    constexpr std::size_t kArity = FnTraits<FnPtr>::kArity;
+    constexpr std::size_t kGiven = sizeof...(Args) + (kIndexed ? 1 : 0);
+    if constexpr (kArity != kGiven) {
+      spec.exec_unavailable = "the function takes " + std::to_string(kArity) +
+                              " parameters but is called with " + std::to_string(kGiven);
+    } else if constexpr (kGiven - (kIndexed ? 1 : 0) > 0) {
+      spec.exec_unavailable =
+          "arguments (other than the index) for the exec start method are not supported "
+          "yet: pass none, or use StartMethod::kFork";
+    } else {
+      spec.exec_entry = &exec_entry<FnPtr, kIndexed>;
+      spec.exec_fn = reinterpret_cast<std::uintptr_t>(+fn);
+    }
+  } else {
+    spec.exec_unavailable =
+        "the exec start method runs a plain function or a captureless lambda (it finds it "
+        "again by its offset in the executable); this callable has state (captures, or is "
+        "a functor or generic lambda): use StartMethod::kFork or a plain function";
+  }
+  if constexpr (kIndexed) {
+    spec.fork_body = [fn = std::decay_t<F>(std::forward<F>(fn)),
+                      args = std::make_tuple(std::forward<Args>(args)...), index]() mutable {
+      std::apply([&](auto&... a) { fn(index, a...); }, args);
+    };
+  } else {
+    spec.fork_body = [fn = std::decay_t<F>(std::forward<F>(fn)),
+                      args = std::make_tuple(std::forward<Args>(args)...)]() mutable {
+      std::apply([&](auto&... a) { fn(a...); }, args);
+    };
+  }
+  return spec;
+}
+
+struct ProcessAccess;
+
+}  // namespace detail
+
+class Process {
+ public:
+  // Copies fn and args; nothing runs until start(). fn(args...) must be callable.
+  template <class F, class... Args>
+    requires(!std::is_same_v<std::remove_cvref_t<F>, Process> &&
+             std::is_invocable_v<std::decay_t<F>&, std::decay_t<Args>&...>)
+  explicit Process(F&& fn, Args&&... args)
+      : Process(detail::make_launch<false>(0, std::forward<F>(fn), std::forward<Args>(args)...)) {}
+
+  Process(Process&&) noexcept;
+  Process& operator=(Process&&) noexcept;
+  Process(const Process&) = delete;
+  Process& operator=(const Process&) = delete;
+  // A child still running is waited for, or, for a daemon, sent SIGTERM and after 5 s
+  // SIGKILL; then reaped. Never throws; never leaves a zombie.
+  ~Process();
+
+  // Starts the child. Throws Error (a callable kExec cannot run, start() called twice) or
+  // SystemError (fork, pipe). Called once.
+  void start();
+  // Waits until the child ends or `timeout` passes. True if it has ended. Throws Error if
+  // the process was never started.
+  bool join(std::optional<Duration> timeout = std::nullopt);
+  // Started and not yet ended.
+  bool is_alive();
+  // nullopt while running or before start; the exit code once ended, or minus the signal
+  // number that killed it (-9 for SIGKILL), as in Python.
+  std::optional<int> exitcode();
+  // The child's pid. Throws Error before start().
+  int pid() const;
+  // SIGTERM / SIGKILL to the child if it is still running (no-op otherwise).
+  void terminate();
+  void kill();
+
+  // A daemon child is terminated, not waited for, when its Process is destroyed.
+  bool daemon() const noexcept { return daemon_; }
+  void set_daemon(bool daemon);
+  StartMethod start_method() const noexcept { return start_method_; }
+  void set_start_method(StartMethod method);
+
+  // After the child ended: "<exception type>: <what()>" of what escaped the callable (or
+  // why a kExec child never ran it); empty if nothing did.
+  std::string error() const;
+
+ private:
+  explicit Process(detail::LaunchSpec spec);
+  friend struct detail::ProcessAccess;
+  friend class ProcessContext;
+
+  detail::LaunchSpec spec_;
+  bool daemon_ = false;
+  StartMethod start_method_ = StartMethod::kFork;
+  std::unique_ptr<internal::ProcessState> state_;
+};
+
+namespace detail {
+struct ProcessAccess {
+  static Process make(LaunchSpec spec) { return Process(std::move(spec)); }
+  static internal::ProcessState* state(Process& p) noexcept { return p.state_.get(); }
+};
+}  // namespace detail
+
+}  // namespace shmtensor

@@ -1,0 +1,260 @@
+#include "os/child.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+
+#include "os/syscall.h"
+
+extern char** environ;  // NOLINT: POSIX global
+
+namespace shmtensor::internal {
+
+namespace {
+
+int decode_status(int status) noexcept {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return -WTERMSIG(status);
+  return 255;
+}
+
+// pidfd_open has no glibc wrapper before 2.36 and may be missing from the kernel (< 5.3)
+// or refused by an old seccomp profile. Without it we fall back to polling: correct, but
+// a dead child is noticed after a short interval instead of at once.
+UniqueFd open_pidfd(pid_t pid) {
+#ifdef SYS_pidfd_open
+  long fd = ::syscall(SYS_pidfd_open, pid, 0);
+  if (fd >= 0) {
+    // pidfd_open sets O_CLOEXEC on the fd it returns (PIDFD_NONBLOCK aside, no flags).
+    return UniqueFd(static_cast<int>(fd));
+  }
+  int err = errno;
+  if (err == ENOSYS || err == EPERM || err == EACCES) return UniqueFd();
+  throw_system_error(err, "pidfd_open", "pid=" + std::to_string(pid));
+#else
+  (void)pid;
+  return UniqueFd();
+#endif
+}
+
+}  // namespace
+
+ChildProcess::ChildProcess(pid_t pid) : pid_(pid) {
+  try {
+    pidfd_ = open_pidfd(pid);
+  } catch (...) {
+    kill_and_reap();
+    throw;
+  }
+}
+
+ChildProcess& ChildProcess::operator=(ChildProcess&& o) noexcept {
+  if (this != &o) {
+    kill_and_reap();
+    pid_ = std::exchange(o.pid_, -1);
+    pidfd_ = std::move(o.pidfd_);
+    exitcode_ = std::exchange(o.exitcode_, std::nullopt);
+  }
+  return *this;
+}
+
+std::optional<int> ChildProcess::poll() {
+  if (pid_ <= 0 || exitcode_) return exitcode_;
+  int status = 0;
+  pid_t rc = retry_eintr([&] { return ::waitpid(pid_, &status, WNOHANG); });
+  if (rc == 0) return std::nullopt;
+  if (rc == -1) {
+    // ECHILD: someone else reaped it (SIGCHLD set to SIG_IGN, or a waitpid(-1) elsewhere);
+    // its status is lost. Report it as a failure rather than hang or throw here.
+    if (errno != ECHILD) throw_system_error(errno, "waitpid", "pid=" + std::to_string(pid_));
+    exitcode_ = 255;
+  } else {
+    exitcode_ = decode_status(status);
+  }
+  pidfd_.reset();
+  return exitcode_;
+}
+
+int ChildProcess::wait() {
+  if (pid_ <= 0) return 255;
+  if (exitcode_) return *exitcode_;
+  int status = 0;
+  pid_t rc = retry_eintr([&] { return ::waitpid(pid_, &status, 0); });
+  if (rc == -1) {
+    if (errno != ECHILD) throw_system_error(errno, "waitpid", "pid=" + std::to_string(pid_));
+    exitcode_ = 255;
+  } else {
+    exitcode_ = decode_status(status);
+  }
+  pidfd_.reset();
+  return *exitcode_;
+}
+
+bool ChildProcess::send_signal(int sig) noexcept {
+  if (pid_ <= 0 || exitcode_) return false;
+  // Safe against pid reuse: an unreaped child (even a zombie) keeps its pid.
+  return ::kill(pid_, sig) == 0;
+}
+
+bool ChildProcess::terminate() noexcept { return send_signal(SIGTERM); }
+bool ChildProcess::kill() noexcept { return send_signal(SIGKILL); }
+
+void ChildProcess::kill_and_reap() noexcept {
+  if (pid_ <= 0 || exitcode_) return;
+  ::kill(pid_, SIGKILL);
+  int status = 0;
+  while (::waitpid(pid_, &status, 0) == -1 && errno == EINTR) {
+  }
+  exitcode_ = decode_status(status);
+  pidfd_.reset();
+}
+
+pid_t fork_process() {
+  std::fflush(nullptr);
+  pid_t pid = ::fork();
+  if (pid == -1) throw_system_error(errno, "fork", "starting a child process",
+                                    errno == EAGAIN ? "the process limit (ulimit -u) or "
+                                                      "pid limit is reached"
+                                                    : "");
+  return pid;
+}
+
+std::pair<UniqueFd, UniqueFd> make_report_pipe() {
+  int fds[2];
+  check_syscall("pipe2", "O_CLOEXEC", [&] { return ::pipe2(fds, O_CLOEXEC); });
+  UniqueFd r(fds[0]), w(fds[1]);
+  // Only the parent's end is non-blocking: the parent drains pipes while it waits on many
+  // children; the child writes its report with ordinary blocking writes.
+  int flags = check_syscall("fcntl", "F_GETFL", [&] { return ::fcntl(r.get(), F_GETFL); });
+  check_syscall("fcntl", "F_SETFL O_NONBLOCK",
+                [&] { return ::fcntl(r.get(), F_SETFL, flags | O_NONBLOCK); });
+  return {std::move(r), std::move(w)};
+}
+
+bool read_available(int fd, std::string& out, std::size_t limit) {
+  char buf[4096];
+  for (;;) {
+    ssize_t n = retry_eintr([&] { return ::read(fd, buf, sizeof buf); });
+    if (n > 0) {
+      std::size_t room = limit > out.size() ? limit - out.size() : 0;
+      out.append(buf, std::min(room, static_cast<std::size_t>(n)));
+      continue;
+    }
+    if (n == 0) return false;
+    return errno == EAGAIN || errno == EWOULDBLOCK;
+  }
+}
+
+std::vector<std::size_t> wait_readable(std::span<const int> fds,
+                                       std::optional<std::chrono::nanoseconds> timeout) {
+  using clock = std::chrono::steady_clock;
+  std::vector<pollfd> pfds;
+  std::vector<std::size_t> index;
+  for (std::size_t i = 0; i < fds.size(); ++i) {
+    if (fds[i] < 0) continue;
+    pfds.push_back(pollfd{fds[i], POLLIN, 0});
+    index.push_back(i);
+  }
+  auto deadline = timeout ? clock::now() + *timeout : clock::time_point::max();
+  for (;;) {
+    int ms = -1;
+    if (timeout) {
+      auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - clock::now());
+      ms = static_cast<int>(std::clamp<std::int64_t>(left.count(), 0, 1 << 30));
+    }
+    int rc = ::poll(pfds.data(), pfds.size(), ms);
+    if (rc == -1) {
+      if (errno == EINTR) continue;
+      throw_system_error(errno, "poll", std::to_string(pfds.size()) + " fds");
+    }
+    std::vector<std::size_t> ready;
+    for (std::size_t i = 0; i < pfds.size(); ++i)
+      if (pfds[i].revents != 0) ready.push_back(index[i]);
+    return ready;
+  }
+}
+
+std::string signal_name(int sig) {
+  // sigabbrev_np (glibc >= 2.32) gives "ABRT" for SIGABRT (never the alias "IOT").
+  if (const char* abbrev = ::sigabbrev_np(sig)) return std::string("SIG") + abbrev;
+  if (sig >= SIGRTMIN && sig <= SIGRTMAX) return "SIGRTMIN+" + std::to_string(sig - SIGRTMIN);
+  return "<Unknown signal " + std::to_string(sig) + ">";
+}
+
+void set_cloexec(int fd, bool on) {
+  int flags = check_syscall("fcntl", "F_GETFD fd=" + std::to_string(fd),
+                            [&] { return ::fcntl(fd, F_GETFD); });
+  int want = on ? (flags | FD_CLOEXEC) : (flags & ~FD_CLOEXEC);
+  if (want != flags)
+    check_syscall("fcntl", "F_SETFD fd=" + std::to_string(fd),
+                  [&] { return ::fcntl(fd, F_SETFD, want); });
+}
+
+bool fd_is_open(int fd) noexcept { return fd >= 0 && ::fcntl(fd, F_GETFD) != -1; }
+
+std::vector<std::string> self_cmdline() {
+  std::ifstream in("/proc/self/cmdline", std::ios::binary);
+  std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<std::string> args;
+  std::size_t start = 0;
+  while (start < all.size()) {
+    std::size_t end = all.find('\0', start);
+    if (end == std::string::npos) end = all.size();
+    args.emplace_back(all, start, end - start);
+    start = end + 1;
+  }
+  return args;
+}
+
+std::vector<std::string> environment() {
+  std::vector<std::string> env;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) env.emplace_back(*e);
+  return env;
+}
+
+pid_t self_pid() noexcept { return ::getpid(); }
+pid_t parent_pid() noexcept { return ::getppid(); }
+
+void die_with_parent(pid_t expected_parent) noexcept {
+  ::prctl(PR_SET_PDEATHSIG, static_cast<unsigned long>(SIGKILL));
+  // The parent may have died between fork and prctl; then no signal will ever come and we
+  // have been re-parented (to init or a subreaper).
+  if (::getppid() != expected_parent) ::_exit(1);
+}
+
+bool clear_cloexec_raw(int fd) noexcept {
+  int flags = ::fcntl(fd, F_GETFD);
+  return flags != -1 && ::fcntl(fd, F_SETFD, flags & ~FD_CLOEXEC) != -1;
+}
+
+void write_all_raw(int fd, const char* data, std::size_t n) noexcept {
+  while (n > 0) {
+    ssize_t w = ::write(fd, data, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return;
+    }
+    data += w;
+    n -= static_cast<std::size_t>(w);
+  }
+}
+
+int exec_self(char* const* argv, char* const* envp) noexcept {
+  ::execve("/proc/self/exe", argv, envp);
+  return errno;
+}
+
+void exit_now(int code) noexcept { ::_exit(code); }
+
+}  // namespace shmtensor::internal

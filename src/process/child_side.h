@@ -1,0 +1,38 @@
+// What runs inside a child before and after the user's function: reporting an escaped
+// exception through the report pipe, flushing stdio, and the exec child's hand-over.
+//
+// Report pipe protocol (child -> parent, one pipe per child, bytes until EOF):
+//   [kStartedMarker]            written by an exec child once init() has taken over
+//   [kErrorMarker <text>]       "<type>: <what()>" of the exception that ended the child
+#pragma once
+
+#include <functional>
+#include <string>
+
+namespace shmtensor::internal {
+
+inline constexpr char kStartedMarker = 'S';
+inline constexpr char kErrorMarker = 'E';
+// The environment variable that tells a re-executed process what to run.
+inline constexpr const char* kExecChildEnv = "SHMTENSOR_EXEC_CHILD";
+
+// "<demangled type>: <what()>" of the exception being handled (call inside a catch).
+std::string describe_current_exception();
+
+// Writes kErrorMarker + text to the report pipe.
+void report_error(int report_fd, const std::string& text) noexcept;
+
+// Flushes C and C++ stdio of this process.
+void flush_stdio() noexcept;
+
+// In a forked child: arms the parent-death signal, runs body, reports an escaped exception,
+// flushes stdio and _exits (0, or 1 after an exception).
+[[noreturn]] void run_forked_child(const std::function<void()>& body, int report_fd,
+                                   int parent_pid) noexcept;
+
+// Called when a process is about to start a child while it is itself an exec child whose
+// init() never ran (the program does not call shmtensor::init at the top of main): reports
+// that to its own parent and exits, so the program cannot re-execute itself without end.
+[[noreturn]] void fail_exec_child_without_init() noexcept;
+
+}  // namespace shmtensor::internal
