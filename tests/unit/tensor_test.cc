@@ -1,0 +1,276 @@
+// Tensor metadata, data_ptr, item, from_storage validation (including hostile values from a
+// peer), and share_memory_() moving every view's bytes in place.
+#include "shmtensor/tensor.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <iterator>
+#include <limits>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "support/leak_check.h"
+#include "unit/tensor_test_util.h"
+
+namespace shmtensor {
+namespace {
+
+using testing::ints;
+constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+
+TEST(TensorTest, DefaultIsUndefined) {
+  Tensor t;
+  EXPECT_FALSE(t.defined());
+  EXPECT_FALSE(t.is_shared());
+  EXPECT_EQ(t.to_string(), "tensor(undefined)");
+  EXPECT_THROW(t.raw_data(), std::invalid_argument);
+  EXPECT_THROW(t.data_ptr<float>(), std::invalid_argument);
+  EXPECT_THROW(t.item<float>(), std::invalid_argument);
+  EXPECT_THROW(t.clone(), std::invalid_argument);
+  EXPECT_THROW(t.view({1}), std::invalid_argument);
+  EXPECT_THROW(t.share_memory_(), std::invalid_argument);
+}
+
+TEST(TensorTest, Metadata) {
+  Tensor t = Tensor::empty({2, 3, 4}, DType::kInt16);
+  EXPECT_TRUE(t.defined());
+  EXPECT_EQ(t.dtype(), DType::kInt16);
+  EXPECT_EQ(t.dim(), 3);
+  EXPECT_EQ(t.sizes(), (std::vector<std::int64_t>{2, 3, 4}));
+  EXPECT_EQ(t.strides(), (std::vector<std::int64_t>{12, 4, 1}));
+  EXPECT_EQ(t.size(0), 2);
+  EXPECT_EQ(t.size(-1), 4);
+  EXPECT_EQ(t.size(-3), 2);
+  EXPECT_EQ(t.stride(1), 4);
+  EXPECT_EQ(t.stride(-1), 1);
+  EXPECT_THROW(t.size(3), std::out_of_range);
+  EXPECT_THROW(t.stride(-4), std::out_of_range);
+  EXPECT_EQ(t.storage_offset(), 0);
+  EXPECT_EQ(t.numel(), 24);
+  EXPECT_EQ(t.element_size(), 2u);
+  EXPECT_EQ(t.nbytes(), 48u);
+  EXPECT_EQ(t.storage().nbytes(), 48u);
+  EXPECT_TRUE(t.is_contiguous());
+  EXPECT_FALSE(t.is_shared());
+}
+
+TEST(TensorTest, ZeroDimTensor) {
+  Tensor t = Tensor::full({}, 7.0, DType::kInt32);
+  EXPECT_EQ(t.dim(), 0);
+  EXPECT_EQ(t.numel(), 1);
+  EXPECT_EQ(t.nbytes(), 4u);
+  EXPECT_TRUE(t.is_contiguous());
+  EXPECT_EQ(t.item<int>(), 7);
+  EXPECT_THROW(t.size(0), std::out_of_range);
+  EXPECT_THROW(t.select(0, 0), std::out_of_range);
+}
+
+TEST(TensorTest, CopiesShareTheStorage) {
+  Tensor a = Tensor::zeros({4});
+  Tensor b = a;
+  EXPECT_TRUE(b.storage().is_same(a.storage()));
+  EXPECT_EQ(a.storage().use_count(), 3);  // a, b, and the temporary returned by storage()
+  b.data_ptr<float>()[2] = 5.0f;
+  EXPECT_EQ(a.data_ptr<float>()[2], 5.0f);
+}
+
+TEST(TensorTest, DataPtrTypeMismatchThrows) {
+  Tensor t = Tensor::zeros({3}, DType::kFloat32);
+  EXPECT_NO_THROW(t.data_ptr<float>());
+  try {
+    t.data_ptr<double>();
+    FAIL() << "expected std::invalid_argument";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("float64"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("float32"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(t.data_ptr<std::int32_t>(), std::invalid_argument);
+  const Tensor& c = t;
+  EXPECT_THROW(c.data_ptr<Half>(), std::invalid_argument);
+  EXPECT_EQ(c.data_ptr<float>(), t.raw_data());
+}
+
+TEST(TensorTest, DataPtrIncludesTheOffset) {
+  Tensor t = Tensor::arange(10, DType::kInt64);
+  Tensor s = t.slice(0, 3);
+  EXPECT_EQ(s.storage_offset(), 3);
+  EXPECT_EQ(s.data_ptr<std::int64_t>(), t.data_ptr<std::int64_t>() + 3);
+  EXPECT_EQ(*s.data_ptr<std::int64_t>(), 3);
+}
+
+TEST(TensorTest, ItemConvertsLikeTorch) {
+  EXPECT_EQ(Tensor::full({1}, 2.7).item<std::int64_t>(), 2);
+  EXPECT_EQ(Tensor::full({1}, -2.7).item<int>(), -2);
+  EXPECT_EQ(Tensor::full({1, 1}, 42, DType::kUInt8).item<double>(), 42.0);
+  EXPECT_EQ(Tensor::full({}, 0.5, DType::kFloat16).item<float>(), 0.5f);
+  EXPECT_EQ(Tensor::full({}, 3.0, DType::kBFloat16).item<Half>().bits, 0x4200);
+  EXPECT_TRUE(Tensor::full({}, 0.1).item<bool>());
+  EXPECT_FALSE(Tensor::full({}, 0.0, DType::kInt64).item<bool>());
+  EXPECT_EQ(Tensor::full({}, 1.0, DType::kBool).item<int>(), 1);
+  const auto c = Tensor::full({}, std::complex<double>(1.5, -2.0), DType::kComplex128);
+  EXPECT_EQ(c.item<std::complex<double>>(), std::complex<double>(1.5, -2.0));
+  EXPECT_EQ(c.item<std::complex<float>>(), std::complex<float>(1.5f, -2.0f));
+  EXPECT_EQ(c.item<double>(), 1.5);  // real part
+  EXPECT_EQ(Tensor::full({}, 3.0, DType::kInt16).item<std::complex<double>>(),
+            std::complex<double>(3.0, 0.0));
+  const std::int64_t big = std::int64_t{1} << 40;
+  EXPECT_EQ(Tensor::from_vector<std::int64_t>({big + 1}).item<std::int64_t>(), big + 1);
+}
+
+TEST(TensorTest, ItemRejectsOverflowAndManyElements) {
+  EXPECT_THROW(Tensor::full({}, 300, DType::kInt32).item<std::int8_t>(), std::out_of_range);
+  EXPECT_THROW(Tensor::full({}, -1, DType::kInt32).item<std::uint8_t>(), std::out_of_range);
+  EXPECT_THROW(Tensor::full({}, 1e30).item<std::int64_t>(), std::out_of_range);
+  EXPECT_THROW(Tensor::full({}, std::nan("")).item<int>(), std::out_of_range);
+  EXPECT_THROW(Tensor::full({}, 9223372036854775808.0, DType::kFloat64).item<std::int64_t>(),
+               std::out_of_range);
+  EXPECT_EQ(Tensor::full({}, 255, DType::kInt32).item<std::uint8_t>(), 255);
+  EXPECT_THROW(Tensor::zeros({2}).item<float>(), std::invalid_argument);
+  EXPECT_THROW(Tensor::zeros({0}).item<float>(), std::invalid_argument);
+}
+
+// ---- from_storage ----------------------------------------------------------------------------
+
+TEST(TensorFromStorageTest, MakesAViewOverTheStorage) {
+  Tensor base = Tensor::arange(12, DType::kInt32);
+  Tensor t = Tensor::from_storage(base.storage(), 2, {2, 3}, {4, 1}, DType::kInt32);
+  EXPECT_TRUE(t.storage().is_same(base.storage()));
+  EXPECT_EQ(ints(t), (std::vector<std::int64_t>{2, 3, 4, 6, 7, 8}));
+  t.data_ptr<std::int32_t>()[0] = -1;
+  EXPECT_EQ(base.data_ptr<std::int32_t>()[2], -1);
+  // The last element exactly fills the storage; stride 0 and empty tensors are fine.
+  EXPECT_NO_THROW(Tensor::from_storage(base.storage(), 11, {1}, {1}, DType::kInt32));
+  EXPECT_NO_THROW(Tensor::from_storage(base.storage(), 0, {1000}, {0}, DType::kInt32));
+  EXPECT_NO_THROW(Tensor::from_storage(base.storage(), 12, {0}, {1}, DType::kInt32));
+  EXPECT_NO_THROW(Tensor::from_storage(base.storage(), 0, {}, {}, DType::kInt32));
+  // Reinterpreting the bytes as another dtype is allowed when it fits.
+  EXPECT_NO_THROW(Tensor::from_storage(base.storage(), 0, {6}, {1}, DType::kFloat64));
+}
+
+TEST(TensorFromStorageTest, RejectsHostileValues) {
+  Storage s = Storage::allocate(48);  // 6 float64
+  const auto make = [&](std::int64_t offset, std::vector<std::int64_t> sizes,
+                        std::vector<std::int64_t> strides, DType dtype = DType::kFloat64) {
+    return Tensor::from_storage(s, offset, std::move(sizes), std::move(strides), dtype);
+  };
+  EXPECT_THROW(make(0, {7}, {1}), std::out_of_range);   // one element too many
+  EXPECT_THROW(make(6, {1}, {1}), std::out_of_range);   // offset at the end
+  EXPECT_THROW(make(7, {0}, {1}), std::out_of_range);   // empty, but offset beyond
+  EXPECT_THROW(make(-1, {1}, {1}), std::out_of_range);  // negative offset
+  EXPECT_THROW(make(0, {2}, {6}), std::out_of_range);   // stride reaches past end
+  EXPECT_THROW(make(0, {4}, {1}, DType::kComplex128), std::out_of_range);
+  EXPECT_THROW(make(0, {-1}, {1}), std::invalid_argument);  // negative size
+  EXPECT_THROW(make(0, {2, -2}, {1, 1}), std::invalid_argument);
+  EXPECT_THROW(make(0, {2}, {-1}), std::invalid_argument);             // negative stride
+  EXPECT_THROW(make(0, {2}, {1, 1}), std::invalid_argument);           // ranks differ
+  EXPECT_THROW(make(0, {2}, {kMax}), std::out_of_range);               // last index + 1 overflows
+  EXPECT_THROW(make(0, {3}, {kMax}), std::out_of_range);               // 2*kMax overflows
+  EXPECT_THROW(make(0, {2, 2}, {kMax, kMax}), std::out_of_range);      // sum overflows
+  EXPECT_THROW(make(kMax, {1}, {1}), std::out_of_range);               // offset + 1 overflows
+  EXPECT_THROW(make(kMax / 4, {1}, {1}), std::out_of_range);           // bytes overflow
+  EXPECT_THROW(make(0, {kMax}, {0}), std::invalid_argument);           // numel * 8 overflows
+  EXPECT_THROW(make(0, {kMax, kMax}, {0, 0}), std::invalid_argument);  // numel overflows
+  EXPECT_THROW(make(0, {1}, {1}, static_cast<DType>(99)), std::invalid_argument);
+  EXPECT_THROW(Tensor::from_storage(Storage(), 0, {}, {}, DType::kFloat32), std::invalid_argument);
+  // A zero-byte storage holds only empty tensors at offset 0.
+  Storage none = Storage::allocate(0);
+  EXPECT_NO_THROW(Tensor::from_storage(none, 0, {0, 5}, {5, 1}, DType::kFloat32));
+  EXPECT_THROW(Tensor::from_storage(none, 0, {}, {}, DType::kFloat32), std::out_of_range);
+  EXPECT_THROW(Tensor::from_storage(none, 1, {0}, {1}, DType::kFloat32), std::out_of_range);
+}
+
+// Property: whatever from_storage accepts addresses only bytes inside the storage, and every
+// view made from it too.
+TEST(TensorFromStorageTest, AcceptedValuesStayInBounds) {
+  const std::int64_t edge[] = {
+      0,        1,        2,        3,  5,
+      7,        8,        63,       64, kMax,
+      kMax - 1, kMax / 2, kMax / 8, -1, std::numeric_limits<std::int64_t>::min()};
+  std::mt19937_64 rng(12345);
+  auto pick = [&] { return edge[rng() % std::size(edge)]; };
+  Storage s = Storage::allocate(64);
+  int accepted = 0;
+  for (int iter = 0; iter < 20000; ++iter) {
+    const std::size_t nd = rng() % 4;
+    std::vector<std::int64_t> sizes(nd);
+    std::vector<std::int64_t> strides(nd);
+    for (std::size_t d = 0; d < nd; ++d) {
+      sizes[d] = pick();
+      strides[d] = pick();
+    }
+    const auto dtype = static_cast<DType>(rng() % kNumDTypes);
+    Tensor t;
+    try {
+      t = Tensor::from_storage(s, pick(), sizes, strides, dtype);
+    } catch (const std::invalid_argument&) {
+      continue;
+    } catch (const std::out_of_range&) {
+      continue;
+    }
+    ++accepted;
+    const auto elsize = static_cast<__int128>(element_size(dtype));
+    ASSERT_LE(static_cast<__int128>(t.storage_offset()) * elsize, 64);
+    if (t.numel() == 0) continue;
+    __int128 last = t.storage_offset();
+    for (std::size_t d = 0; d < nd; ++d) last += static_cast<__int128>(sizes[d] - 1) * strides[d];
+    ASSERT_LE((last + 1) * elsize, 64) << t.to_string();
+    // Reading every element must stay within the storage (ASan would catch it otherwise).
+    // Stride-0 dims can make numel huge; read only the small ones.
+    if (t.numel() <= 4096) EXPECT_NO_THROW(t.clone());
+  }
+  EXPECT_GT(accepted, 100);
+}
+
+// ---- share_memory_ ---------------------------------------------------------------------------
+
+class TensorShareTest : public testing::LeakCheckedTest {};
+
+TEST_F(TensorShareTest, ShareMemoryKeepsValuesAndMovesEveryView) {
+  Tensor t = Tensor::arange(12, DType::kFloat32).view({3, 4});
+  Tensor row = t[1];
+  Tensor col = t.select(1, 2);
+  const void* before = t.raw_data();
+  EXPECT_FALSE(t.is_shared());
+  EXPECT_EQ(&t.share_memory_(), &t);
+  EXPECT_TRUE(t.is_shared());
+  EXPECT_TRUE(row.is_shared());
+  EXPECT_TRUE(col.is_shared());
+  EXPECT_NE(t.raw_data(), before);
+  EXPECT_EQ(row.data_ptr<float>(), t.data_ptr<float>() + 4);
+  EXPECT_EQ(testing::doubles(t), testing::doubles(Tensor::arange(12, DType::kFloat32)));
+  EXPECT_EQ(testing::doubles(col), (std::vector<double>{2, 6, 10}));
+  row.fill_(-1);
+  EXPECT_EQ(t.data_ptr<float>()[5], -1.0f);
+  // Sharing again is a no-op.
+  const void* shared = t.raw_data();
+  t.share_memory_();
+  EXPECT_EQ(t.raw_data(), shared);
+}
+
+TEST_F(TensorShareTest, EmptySharedIsSharedFromBirth) {
+  Tensor t = Tensor::empty_shared({2, 5}, DType::kInt64);
+  EXPECT_TRUE(t.is_shared());
+  EXPECT_TRUE(t.storage().is_shared());
+  const void* p = t.raw_data();
+  t.share_memory_();
+  EXPECT_EQ(t.raw_data(), p);
+  Tensor z = Tensor::zeros_shared({3}, DType::kComplex64);
+  EXPECT_TRUE(z.is_shared());
+  EXPECT_TRUE(z.equal(Tensor::zeros({3}, DType::kComplex64)));
+  EXPECT_TRUE(Tensor::empty_shared({0}).is_shared());
+}
+
+TEST_F(TensorShareTest, CloneLeavesSharedMemory) {
+  Tensor t = Tensor::full({4}, 2.5).share_memory_();
+  Tensor c = t.clone();
+  EXPECT_TRUE(t.is_shared());
+  EXPECT_FALSE(c.is_shared());
+  c.fill_(1);
+  EXPECT_EQ(testing::doubles(t), (std::vector<double>{2.5, 2.5, 2.5, 2.5}));
+}
+
+}  // namespace
+}  // namespace shmtensor
