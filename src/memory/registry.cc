@@ -144,6 +144,23 @@ std::shared_ptr<StorageImpl> Registry::find_storage(std::uint64_t uid, std::size
   return it == state_->storages.end() ? nullptr : it->second.first.lock();
 }
 
+std::shared_ptr<StorageImpl> Registry::find_or_add_storage(
+    std::uint64_t uid, std::size_t offset,
+    const std::function<std::shared_ptr<StorageImpl>()>& make) {
+  std::shared_ptr<StorageImpl> found;
+  {
+    std::lock_guard lock(state_->mu);
+    auto& slot = state_->storages[{uid, offset}];
+    found = slot.first.lock();
+    if (!found) {
+      // make() only constructs (no registry calls), so it may run under the lock.
+      found = make();
+      slot = {found, found.get()};
+    }
+  }
+  return found;
+}
+
 std::vector<std::string> Registry::named_segments() {
   // Live references are dropped after unlocking: the last one runs ~Segment, which locks.
   std::vector<std::shared_ptr<Segment>> live;

@@ -30,6 +30,11 @@ class Registry {
   void add_storage(std::uint64_t uid, std::size_t offset, const std::shared_ptr<StorageImpl>& s);
   void remove_storage(std::uint64_t uid, std::size_t offset, const StorageImpl* s) noexcept;
   std::shared_ptr<StorageImpl> find_storage(std::uint64_t uid, std::size_t offset);
+  // The registered storage at (uid, offset), or a new one from make() registered now, under
+  // one lock: two threads decoding the same reference get one storage.
+  std::shared_ptr<StorageImpl> find_or_add_storage(
+      std::uint64_t uid, std::size_t offset,
+      const std::function<std::shared_ptr<StorageImpl>()>& make);
 
   // Names of the file_system segments mapped now (for the manager and `shmtensor ls`).
   std::vector<std::string> named_segments();

@@ -220,13 +220,13 @@ Decoder parse_frame(std::span<const std::byte> datagram, std::vector<UniqueFd> f
     const auto& seg = segments[e.segment_index];
     if (e.nbytes == 0 || e.offset > seg->payload_size() || e.nbytes > seg->payload_size() - e.offset)
       bad("storage lies outside its segment");
-    auto impl = Registry::instance().find_storage(seg->uid(), e.offset);
-    if (impl) {
-      if (impl->nbytes() != e.nbytes) bad("storage size disagrees with the one already here");
-    } else {
-      impl = std::make_shared<StorageImpl>(seg, e.offset, e.nbytes);
-      Registry::instance().add_storage(seg->uid(), e.offset, impl);
-    }
+    bool made = false;
+    auto impl = Registry::instance().find_or_add_storage(seg->uid(), e.offset, [&] {
+      made = true;
+      return std::make_shared<StorageImpl>(seg, e.offset, e.nbytes);
+    });
+    if (!made && impl->nbytes() != e.nbytes)
+      bad("storage size disagrees with the one already here");
     st->storages.emplace_back(std::move(impl));
   }
   if (st->blob == nullptr) {
