@@ -32,6 +32,8 @@
 #include <utility>
 #include <vector>
 
+#include "shmtensor/codec.h"
+#include "shmtensor/connection.h"
 #include "shmtensor/error.h"
 #include "shmtensor/start_method.h"
 
@@ -106,18 +108,54 @@ template <std::size_t skip, class Tuple>
 using TupleTail = typename TupleTailImpl<skip, Tuple,
                                          std::make_index_sequence<std::tuple_size_v<Tuple> - skip>>::type;
 
-// Receives the argument tuple in a re-executed child (arguments need connection.h).
+// Receives the argument tuple in a re-executed child, from its end of the connection the
+// parent sent it on (ExecArgsOver::after_fork).
 template <class Tuple>
 Tuple receive_exec_args(int args_fd) {
   if constexpr (std::tuple_size_v<Tuple> == 0) {
     (void)args_fd;
     return Tuple{};
   } else {
-    static_assert(std::tuple_size_v<Tuple> == 0,
-                  "arguments for the exec start method are not supported yet");
-    return Tuple{};
+    if (args_fd < 0) throw Error("exec child: arguments expected but no connection was passed");
+    Connection connection = Connection::adopt(args_fd);
+    return connection.recv<Tuple>();
   }
 }
+
+// The arguments of one exec child: encoded and sent over a fresh connection once the child
+// exists. The message (tensors by reference, queue and connection fds attached) waits in
+// the socket until the re-executed child reads it, so the parent does not wait for it.
+template <class Tuple>
+class ExecArgsOver final : public ExecArgs {
+ public:
+  explicit ExecArgsOver(const Tuple& args) : args_(args) {
+    auto ends = shmtensor::pipe();
+    mine_ = std::move(ends.first);
+    theirs_ = std::move(ends.second);
+  }
+  int child_fd() const override { return theirs_.native_handle(); }
+  void after_fork() override {
+    theirs_.close();
+    mine_.send(args_);
+    mine_.close();
+  }
+
+ private:
+  Tuple args_;
+  Connection mine_;
+  Connection theirs_;
+};
+
+// Whether Codec<T> is defined (top level only: a container of something unencodable still
+// fails to compile when the exec path is instantiated).
+template <class T, class = void>
+struct HasCodec : std::false_type {};
+template <class T>
+struct HasCodec<T, std::void_t<decltype(&Codec<T>::encode)>> : std::true_type {};
+template <class Tuple>
+struct AllHaveCodec;
+template <class... T>
+struct AllHaveCodec<std::tuple<T...>> : std::bool_constant<(HasCodec<T>::value && ...)> {};
 
 // Runs in the re-executed child: calls fn(index, args...) (kIndexed) or fn(args...).
 template <class FnPtr, bool kIndexed>
@@ -143,16 +181,25 @@ LaunchSpec make_launch(int index, F&& fn, Args&&... args) {
   if constexpr (!std::is_void_v<FnPtr>) {
     constexpr std::size_t kArity = FnTraits<FnPtr>::kArity;
     constexpr std::size_t kGiven = sizeof...(Args) + (kIndexed ? 1 : 0);
+    using Params = typename FnTraits<FnPtr>::Params;
+    using Sent = std::conditional_t<kIndexed, TupleTail<(kArity > 0 ? 1 : 0), Params>, Params>;
     if constexpr (kArity != kGiven) {
       spec.exec_unavailable = "the function takes " + std::to_string(kArity) +
                               " parameters but is called with " + std::to_string(kGiven);
-    } else if constexpr (kGiven - (kIndexed ? 1 : 0) > 0) {
+    } else if constexpr (!std::is_constructible_v<Sent, const std::decay_t<Args>&...>) {
+      spec.exec_unavailable = "the arguments do not convert to the function's parameter types";
+    } else if constexpr (!AllHaveCodec<Sent>::value) {
       spec.exec_unavailable =
-          "arguments (other than the index) for the exec start method are not supported "
-          "yet: pass none, or use StartMethod::kFork";
+          "a parameter type is not encodable (see codec.h), so it cannot be sent to a "
+          "re-executed child: use StartMethod::kFork or an encodable type";
     } else {
       spec.exec_entry = &exec_entry<FnPtr, kIndexed>;
       spec.exec_fn = reinterpret_cast<std::uintptr_t>(+fn);
+      if constexpr (std::tuple_size_v<Sent> > 0) {
+        spec.exec_args = [sent = Sent(args...)]() -> std::unique_ptr<ExecArgs> {
+          return std::make_unique<ExecArgsOver<Sent>>(sent);
+        };
+      }
     }
   } else {
     spec.exec_unavailable =

@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
@@ -20,6 +21,7 @@
 
 #include "support/leak_check.h"
 #include "os/mapping.h"
+#include "shmtensor/queue.h"
 
 namespace spawn_test {
 
@@ -47,9 +49,10 @@ void no_core_dump() {
 
 void success_func(int) {}
 
-template <int kFailing>
-void exception_single_func(int i) {
-  if (i == kFailing) throw ValueError("legitimate exception from process " + std::to_string(i));
+void success_single_arg_func(int i, shmtensor::Queue<int> q) { q.put(i); }
+
+void exception_single_func(int i, int arg) {
+  if (i == arg) throw ValueError("legitimate exception from process " + std::to_string(i));
   sleep_for(1000ms);
 }
 
@@ -67,9 +70,8 @@ void terminate_signal_func(int i) {
   sleep_for(1000ms);
 }
 
-template <int kCode>
-void terminate_exit_func(int i) {
-  if (i == 0) std::_Exit(kCode);
+void terminate_exit_func(int i, int arg) {
+  if (i == 0) std::_Exit(arg);
   sleep_for(1500ms);
 }
 
@@ -147,7 +149,7 @@ TEST_P(SpawnTest, SuccessNonBlocking) {
 }
 
 TEST_P(SpawnTest, RepeatedJoinWithTimeoutEventuallyTrue) {
-  auto ctx = shmtensor::spawn(exception_single_func<-1>, 2, options(/*join=*/false));
+  auto ctx = shmtensor::spawn(exception_single_func, 2, options(/*join=*/false), -1);
   EXPECT_FALSE(ctx.join(0s));          // both sleep 1 s
   EXPECT_FALSE(ctx.join(50ms));
   int calls = 0;
@@ -159,10 +161,7 @@ TEST_P(SpawnTest, RepeatedJoinWithTimeoutEventuallyTrue) {
 TEST_P(SpawnTest, ExceptionSingle) {
   for (int i = 0; i < 2; ++i) {
     try {
-      if (i == 0)
-        shmtensor::spawn(exception_single_func<0>, 2, options());
-      else
-        shmtensor::spawn(exception_single_func<1>, 2, options());
+      shmtensor::spawn(exception_single_func, 2, options(), i);
       ADD_FAILURE() << "no exception for process " << i;
     } catch (const ProcessRaisedException& e) {
       std::string expected = "legitimate exception from process " + std::to_string(i);
@@ -201,7 +200,7 @@ TEST_P(SpawnTest, TerminateSignal) {
 }
 
 TEST_P(SpawnTest, TerminateExitTerminatesTheOthersWithAWarning) {
-  auto ctx = shmtensor::spawn(terminate_exit_func<123>, 2, options(/*join=*/false));
+  auto ctx = shmtensor::spawn(terminate_exit_func, 2, options(/*join=*/false), 123);
   auto pids = ctx.pids();
   ASSERT_EQ(pids.size(), 2u);
   ::testing::internal::CaptureStderr();
@@ -224,7 +223,7 @@ TEST_P(SpawnTest, TerminateExitTerminatesTheOthersWithAWarning) {
 }
 
 TEST_P(SpawnTest, TerminateExitWithGracePeriodLetsTheOthersFinish) {
-  auto ctx = shmtensor::spawn(terminate_exit_func<123>, 2, options(/*join=*/false));
+  auto ctx = shmtensor::spawn(terminate_exit_func, 2, options(/*join=*/false), 123);
   ::testing::internal::CaptureStderr();
   try {
     while (!ctx.join(std::nullopt, /*grace_period=*/20s)) {
@@ -249,7 +248,6 @@ TEST_P(SpawnTest, SigkillAfterTheGracePeriod) {
     }
     for (;;) sleep_for(1000ms);
   };
-  if (method() == StartMethod::kExec) GTEST_SKIP() << "covered for fork; same code path";
   auto ctx = shmtensor::spawn(ignore_term, 2, options(/*join=*/false));
   auto pids = ctx.pids();
   ::testing::internal::CaptureStderr();
@@ -343,13 +341,11 @@ TEST_P(SpawnTest, ChildrenDieWithTheirParent) {
 }
 
 TEST_P(SpawnTest, FirstArgumentIsTheIndex) {
-  if (method() == StartMethod::kExec)
-    GTEST_SKIP() << "needs a Queue argument (exec arguments travel over a Connection)";
-  auto shared = shmtensor::internal::Mapping::map_anonymous_shared(4096);
-  auto* seen = reinterpret_cast<volatile int*>(shared.data());
-  for (int i = 0; i < 4; ++i) seen[i] = -1;
-  shmtensor::spawn([seen](int i) { seen[i] = i; }, 4, options());
-  for (int i = 0; i < 4; ++i) EXPECT_EQ(seen[i], i);
+  shmtensor::Queue<int> q;
+  shmtensor::spawn(success_single_arg_func, 2, options(), q);
+  std::vector<int> got{q.get(), q.get()};
+  std::sort(got.begin(), got.end());
+  EXPECT_EQ(got, (std::vector<int>{0, 1}));
 }
 
 INSTANTIATE_TEST_SUITE_P(StartMethods, SpawnTest,
