@@ -57,6 +57,18 @@ decltype(auto) dispatch(DType dtype, F&& f) {
   throw std::invalid_argument("invalid DType value " + std::to_string(static_cast<int>(dtype)));
 }
 
+// Reads element o of p. A bool is read through its byte: the bytes may come from another
+// process or from uninitialised memory, and loading a byte other than 0 or 1 as bool is
+// undefined behaviour; any nonzero byte reads as true.
+template <class T>
+T load(const T* p, std::int64_t o) {
+  if constexpr (std::is_same_v<T, bool>) {
+    return reinterpret_cast<const unsigned char*>(p)[o] != 0;
+  } else {
+    return p[o];
+  }
+}
+
 // Float to integer: a plain static_cast is undefined behaviour out of range, so saturate
 // (NaN gives 0) and truncate toward zero otherwise.
 template <class To>

@@ -216,7 +216,7 @@ R read_single(const Tensor& t, F&& f) {
   }
   return internal::dispatch(t.dtype(), [&](auto tag) -> R {
     using T = typename decltype(tag)::type;
-    return f(*static_cast<const T*>(t.raw_data()));
+    return f(internal::load(static_cast<const T*>(t.raw_data()), 0));
   });
 }
 

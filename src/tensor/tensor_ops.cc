@@ -54,9 +54,10 @@ Tensor& Tensor::copy_(const Tensor& src) {
       using From = typename decltype(src_tag)::type;
       To* out = static_cast<To*>(raw_data());
       const From* in = static_cast<const From*>(source.raw_data());
-      internal::for_each_offset2(
-          sizes_, strides_, source.strides_,
-          [&](std::int64_t o, std::int64_t i) { out[o] = internal::convert<To>(in[i]); });
+      internal::for_each_offset2(sizes_, strides_, source.strides_,
+                                 [&](std::int64_t o, std::int64_t i) {
+                                   out[o] = internal::convert<To>(internal::load(in, i));
+                                 });
     });
   });
   return *this;
@@ -111,7 +112,8 @@ Tensor& Tensor::add_(double value) {
     using T = typename decltype(tag)::type;
     T* data = static_cast<T*>(raw_data());
     auto apply = [&](auto&& op) {
-      internal::for_each_offset(sizes_, strides_, [&](std::int64_t o) { data[o] = op(data[o]); });
+      internal::for_each_offset(sizes_, strides_,
+                                [&](std::int64_t o) { data[o] = op(internal::load(data, o)); });
     };
     if constexpr (std::is_same_v<T, bool>) {
       if (value != 0) apply([](bool) { return true; });
@@ -144,12 +146,13 @@ bool Tensor::equal(const Tensor& other) const {
     using Compare = std::conditional_t<internal::kIsReducedFloat<T>, float, T>;
     const T* a = static_cast<const T*>(raw_data());
     const T* b = static_cast<const T*>(other.raw_data());
-    internal::for_each_offset2(
-        sizes_, strides_, other.strides_, [&](std::int64_t i, std::int64_t j) {
-          if (same && !(internal::convert<Compare>(a[i]) == internal::convert<Compare>(b[j]))) {
-            same = false;
-          }
-        });
+    internal::for_each_offset2(sizes_, strides_, other.strides_,
+                               [&](std::int64_t i, std::int64_t j) {
+                                 if (same && !(internal::convert<Compare>(internal::load(a, i)) ==
+                                               internal::convert<Compare>(internal::load(b, j)))) {
+                                   same = false;
+                                 }
+                               });
   });
   return same;
 }

@@ -20,6 +20,8 @@ namespace {
 
 using testing::ints;
 constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+// Wide enough that the bounds below cannot overflow.
+__extension__ typedef __int128 Int128;
 
 TEST(TensorTest, DefaultIsUndefined) {
   Tensor t;
@@ -182,6 +184,21 @@ TEST(TensorFromStorageTest, RejectsHostileValues) {
   EXPECT_THROW(Tensor::from_storage(none, 1, {0}, {1}, DType::kFloat32), std::out_of_range);
 }
 
+// Bytes from a peer may hold any value; a bool byte other than 0 or 1 reads as true, never as
+// undefined behaviour.
+TEST(TensorFromStorageTest, BoolBytesOtherThanZeroOrOneReadAsTrue) {
+  Storage s = Storage::allocate(3);
+  auto* bytes = static_cast<unsigned char*>(s.data());
+  bytes[0] = 0;
+  bytes[1] = 2;
+  bytes[2] = 0xBE;
+  Tensor t = Tensor::from_storage(s, 0, {3}, {1}, DType::kBool);
+  EXPECT_EQ(ints(t), (std::vector<std::int64_t>{0, 1, 1}));
+  EXPECT_TRUE(t[2].item<bool>());
+  EXPECT_TRUE(t.equal(Tensor::from_vector(std::vector<bool>{false, true, true})));
+  EXPECT_EQ(t.to_string(), "tensor([False,  True,  True], dtype=bool)");
+}
+
 // Property: whatever from_storage accepts addresses only bytes inside the storage, and every
 // view made from it too.
 TEST(TensorFromStorageTest, AcceptedValuesStayInBounds) {
@@ -211,15 +228,17 @@ TEST(TensorFromStorageTest, AcceptedValuesStayInBounds) {
       continue;
     }
     ++accepted;
-    const auto elsize = static_cast<__int128>(element_size(dtype));
-    ASSERT_LE(static_cast<__int128>(t.storage_offset()) * elsize, 64);
+    const auto elsize = static_cast<Int128>(element_size(dtype));
+    ASSERT_LE(static_cast<Int128>(t.storage_offset()) * elsize, 64);
     if (t.numel() == 0) continue;
-    __int128 last = t.storage_offset();
-    for (std::size_t d = 0; d < nd; ++d) last += static_cast<__int128>(sizes[d] - 1) * strides[d];
+    Int128 last = t.storage_offset();
+    for (std::size_t d = 0; d < nd; ++d) last += static_cast<Int128>(sizes[d] - 1) * strides[d];
     ASSERT_LE((last + 1) * elsize, 64) << t.to_string();
     // Reading every element must stay within the storage (ASan would catch it otherwise).
     // Stride-0 dims can make numel huge; read only the small ones.
-    if (t.numel() <= 4096) EXPECT_NO_THROW(t.clone());
+    if (t.numel() <= 4096) {
+      EXPECT_NO_THROW(t.clone());
+    }
   }
   EXPECT_GT(accepted, 100);
 }
