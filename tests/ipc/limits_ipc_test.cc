@@ -138,6 +138,13 @@ TEST_F(LimitsTest, TinyDevShmIsAClearErrorNotASigbus) {
 }
 
 TEST_F(LimitsTest, OutOfFdsIsASystemErrorWithAdvice) {
+#if defined(__SANITIZE_ADDRESS__)
+  // Our ASan build is ASan+UBSan. UBSan's vptr check probes memory through a pipe
+  // (sanitizer_common's IsAccessibleMemoryRange in GCC 12), so at the fd limit it reports
+  // every virtual object as invalid, the SystemError being thrown included. The plain and
+  // TSan builds run this test.
+  GTEST_SKIP() << "UBSan's vptr check needs free fds; runs in the plain and TSan builds";
+#endif
   run_or_skip([&] {
     rlimit rl{};
     ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &rl), 0);

@@ -3,6 +3,7 @@
 #include "shmtensor/storage.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <cstring>
@@ -153,7 +154,7 @@ TEST_P(StorageTest, AllocateSharedNeedsNoCopy) {
 
 TEST_P(StorageTest, EmptyStorageSharesWithoutAllocating) {
   auto fds = testing::open_fds();
-  auto names = testing::shm_names();
+  auto names = testing::shm_names_of(::getpid());
   std::size_t maps = testing::mapping_count();
   std::size_t segs = Registry::instance().segment_count();
 
@@ -170,7 +171,7 @@ TEST_P(StorageTest, EmptyStorageSharesWithoutAllocating) {
   EXPECT_EQ(testing::open_fds(), fds);
   EXPECT_EQ(testing::mapping_count(), maps);
   EXPECT_EQ(Registry::instance().segment_count(), segs);
-  EXPECT_EQ(testing::shm_names(), names);
+  EXPECT_EQ(testing::shm_names_of(::getpid()), names);
   EXPECT_TRUE(testing::shmtensor_mappings().empty());
 }
 
