@@ -3,13 +3,13 @@
 // other's writes in the same bytes. Once for each sharing strategy.
 //
 // Run it with `make run`, or ./build/examples/demo.
+#include <shmtensor/shmtensor.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
-#include <shmtensor/shmtensor.h>
 
 namespace st = shmtensor;
 
@@ -20,7 +20,7 @@ bool demo(st::SharingStrategy strategy) {
   std::cout << "== sharing strategy: " << st::to_string(strategy) << " ==\n";
 
   st::Tensor t = st::Tensor::zeros({2, 4});
-  st::Tensor row1 = t[1];  // a view, made before sharing
+  st::Tensor row1 = t[1];       // a view, made before sharing
   st::Tensor priv = t.clone();  // a private copy, for contrast
   std::cout << "before share_memory_(): is_shared=" << t.is_shared() << "  data=" << t.raw_data()
             << "\n";
@@ -37,8 +37,8 @@ bool demo(st::SharingStrategy strategy) {
   if (pid == 0) {
     char c;
     if (::read(to_child[0], &c, 1) != 1) ::_exit(1);
-    std::cout << "  child  " << ::getpid() << ": sees row 0 = " << t[0].to_string()
-              << " at " << t.raw_data() << ", written by the parent after the fork\n";
+    std::cout << "  child  " << ::getpid() << ": sees row 0 = " << t[0].to_string() << " at "
+              << t.raw_data() << ", written by the parent after the fork\n";
     row1.fill_(2.0);
     priv.fill_(2.0);
     std::cout << "  child  " << ::getpid() << ": wrote 2s into row 1 (and into its private copy)\n";
@@ -65,8 +65,9 @@ bool demo(st::SharingStrategy strategy) {
             << priv << "\n";
   const bool shared_ok = t.equal(st::Tensor::from_vector<float>({1, 1, 1, 1, 2, 2, 2, 2}, {2, 4}));
   const bool private_ok = priv.equal(st::Tensor::zeros({2, 4}));
-  std::cout << (shared_ok && private_ok ? "OK: both processes wrote the same bytes, zero copies\n\n"
-                                        : "FAILED: the processes did not see each other's writes\n\n");
+  std::cout << (shared_ok && private_ok
+                    ? "OK: both processes wrote the same bytes, zero copies\n\n"
+                    : "FAILED: the processes did not see each other's writes\n\n");
   return ok && shared_ok && private_ok;
 }
 

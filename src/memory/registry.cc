@@ -3,7 +3,6 @@
 #include <pthread.h>
 
 #include <cerrno>
-
 #include <map>
 #include <mutex>
 #include <unordered_map>

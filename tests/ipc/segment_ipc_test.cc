@@ -22,8 +22,8 @@
 namespace shmtensor {
 namespace {
 
-using testing::LeakCheckedTest;
 using testing::fork_child;
+using testing::LeakCheckedTest;
 using testing::wait_child;
 
 // One-way byte channel between a parent and a forked child.
@@ -50,7 +50,9 @@ class Pipe {
   int fds_[2] = {-1, -1};
 };
 
-bool name_exists(const std::string& name) { return ::access(("/dev/shm" + name).c_str(), F_OK) == 0; }
+bool name_exists(const std::string& name) {
+  return ::access(("/dev/shm" + name).c_str(), F_OK) == 0;
+}
 
 std::int64_t refcount_of(const Storage& s) {
   return s.impl()->segment()->header()->refcount.load();
@@ -240,8 +242,7 @@ TEST_F(NamedLifetimeTest, ManyHoldersLastOneUnlinks) {
   }
   other = Storage();
   // Parent + 4 children + 1 grandchild; a child's fork_child may still be running, so wait.
-  for (int tries = 0; refcount_of(s) != 1 + kChildren + 1 && tries < 500; ++tries)
-    ::usleep(2000);
+  for (int tries = 0; refcount_of(s) != 1 + kChildren + 1 && tries < 500; ++tries) ::usleep(2000);
   EXPECT_EQ(refcount_of(s), 1 + kChildren + 1);
   s = Storage();  // the parent first
   for (int i = kChildren - 1; i >= 0; --i) {
@@ -273,8 +274,7 @@ std::string fds_after_exec() {
   ::posix_spawn_file_actions_adddup2(&actions, out[1], STDOUT_FILENO);
   const char* argv[] = {"/bin/ls", "-l", "/proc/self/fd", nullptr};
   pid_t pid = -1;
-  int rc = ::posix_spawn(&pid, argv[0], &actions, nullptr, const_cast<char* const*>(argv),
-                         environ);
+  int rc = ::posix_spawn(&pid, argv[0], &actions, nullptr, const_cast<char* const*>(argv), environ);
   ::posix_spawn_file_actions_destroy(&actions);
   ::close(out[1]);
   EXPECT_EQ(rc, 0) << std::strerror(rc);

@@ -13,11 +13,11 @@
 #include <stdexcept>
 #include <string>
 
-#include "support/leak_check.h"
 #include "memory/segment.h"
 #include "memory/storage_impl.h"
 #include "shmtensor/error.h"
 #include "shmtensor/storage.h"
+#include "support/leak_check.h"
 
 namespace shmtensor {
 namespace {
@@ -148,9 +148,8 @@ TEST_F(SharingStrategyTest, FileDescriptorSegmentsAreSealedCloexecMemfds) {
   EXPECT_GE(seg->payload_size(), 12345u);
   EXPECT_EQ(seg->payload_size() % internal::kSegmentAlignment, 0u);
   char link[256] = {};
-  ASSERT_GT(::readlink(("/proc/self/fd/" + std::to_string(seg->fd())).c_str(), link,
-                       sizeof link - 1),
-            0);
+  ASSERT_GT(
+      ::readlink(("/proc/self/fd/" + std::to_string(seg->fd())).c_str(), link, sizeof link - 1), 0);
   EXPECT_EQ(std::string(link).rfind("/memfd:shmtensor", 0), 0u) << link;
 }
 
@@ -258,8 +257,7 @@ TEST_F(SegmentValidationTest, AttachFdValidatesTheHeaderAndUnmapsOnFailure) {
   hdr.h().uid = uid;
   auto make = [&](const HeaderCopy& h) {
     auto fd = test_memfd(seg->mapped_size(), /*seal=*/false);
-    EXPECT_EQ(::pwrite(fd.get(), h.bytes, sizeof h.bytes, 0),
-              static_cast<ssize_t>(sizeof h.bytes));
+    EXPECT_EQ(::pwrite(fd.get(), h.bytes, sizeof h.bytes, 0), static_cast<ssize_t>(sizeof h.bytes));
     EXPECT_EQ(::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW), 0);
     return fd;
   };

@@ -11,10 +11,10 @@
 #include <thread>
 #include <vector>
 
-#include "support/leak_check.h"
 #include "memory/registry.h"
 #include "memory/storage_impl.h"
 #include "shmtensor/sharing_strategy.h"
+#include "support/leak_check.h"
 
 namespace shmtensor {
 namespace {
