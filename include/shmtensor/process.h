@@ -80,6 +80,7 @@ struct FnTraits {
 template <class R, class... P>
 struct FnTraits<R (*)(P...)> {
   static constexpr bool kIsFunction = true;
+  using Result = R;
   using Params = std::tuple<std::decay_t<P>...>;
   static constexpr std::size_t kArity = sizeof...(P);
 };

@@ -29,6 +29,10 @@ Process::~Process() { internal::shutdown_processes(std::span<Process>(this, 1));
 void Process::start() {
   if (state_) throw Error("Process::start: a process can be started only once");
   state_ = internal::ProcessState::start(spec_, start_method_);
+  // Like Python's Process.start: drop the callable and its arguments. Whatever they hold
+  // (a connection end meant for the child, a large buffer) is released here rather than
+  // kept, and inherited by later children, for the Process's lifetime.
+  spec_ = detail::LaunchSpec{};
 }
 
 bool Process::join(std::optional<Duration> timeout) {

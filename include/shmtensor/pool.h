@@ -1,0 +1,311 @@
+// Pool: a fixed set of worker processes that run tasks, like multiprocessing.Pool.
+//
+//   Tensor double_it(Tensor t) { return t.mul(2); }
+//   shmtensor::Pool pool(4);
+//   std::vector<Tensor> out = pool.map(double_it, inputs);  // results in input order
+//   std::future<int> f = pool.apply_async(add, 1, 2);
+//   for (Tensor t : pool.imap_unordered(double_it, inputs)) { ... }
+//   pool.close();
+//   pool.join();
+//
+// Rules:
+//  - A task is a plain function or a captureless lambda (the workers exist before the task
+//    does, so the function is named by its address, or for kExec workers by its offset in
+//    the executable). Its parameter and result types must be encodable (codec.h).
+//  - Arguments and results travel as encoded messages: tensors by reference through shared
+//    memory (moved there in place on first send), never copied.
+//  - An exception thrown by a task is rethrown by get() / map() / the result stream as
+//    TaskError, whose what() is "<exception type>: <what()>".
+//  - A worker that dies while running a task fails that task with ProcessExitedException
+//    and is replaced. Workers are daemons: SIGKILLed with their parent (the thread that
+//    started them), terminated by terminate() and by the destructor.
+//
+// Thread safety: apply_async/map/imap/imap_unordered may be called from several threads.
+// close(), join() and terminate() by one thread. A dispatcher thread in the parent sends
+// tasks to idle workers (one task per worker at a time) and delivers results.
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <future>
+#include <iterator>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "shmtensor/codec.h"
+#include "shmtensor/error.h"
+#include "shmtensor/process.h"
+#include "shmtensor/spawn.h"
+#include "shmtensor/start_method.h"
+
+namespace shmtensor {
+
+// A task threw in a worker. what() is "<type>: <message>".
+class TaskError : public Error {
+ public:
+  // `text` is "<type>: <message>" as reported by the worker.
+  TaskError(const std::string& text, int pid);
+  const std::string& type_name() const noexcept { return type_name_; }
+  const std::string& message() const noexcept { return message_; }
+  int pid() const noexcept { return pid_; }  // the worker that ran the task
+
+ private:
+  std::string type_name_;
+  std::string message_;
+  int pid_;
+};
+
+struct PoolOptions {
+  StartMethod start_method = StartMethod::kFork;
+};
+
+namespace internal {
+class PoolCore;
+}
+
+namespace detail {
+
+// Runs in a worker: decodes the arguments, calls the function, encodes its result.
+using PoolEntry = void (*)(std::uintptr_t fn, Decoder& args, Encoder& reply);
+
+template <class FnPtr>
+void pool_entry(std::uintptr_t fn_address, Decoder& d, Encoder& reply) {
+  FnPtr fn = reinterpret_cast<FnPtr>(fn_address);
+  using Params = typename FnTraits<FnPtr>::Params;
+  auto args = d.template decode<Params>();
+  d.finish();
+  using R = typename FnTraits<FnPtr>::Result;
+  if constexpr (std::is_void_v<R>) {
+    std::apply([&](auto&... a) { fn(a...); }, args);
+    reply.encode(std::monostate{});
+  } else {
+    reply.encode(std::apply([&](auto&... a) -> decltype(auto) { return fn(a...); }, args));
+  }
+}
+
+struct PoolTask {
+  PoolEntry entry = nullptr;
+  std::uintptr_t fn = 0;
+  std::function<void(Encoder&)> encode_args;  // called once, inside Pool::submit
+  std::function<void(Decoder&)> on_result;    // in the dispatcher thread; may throw
+  std::function<void(std::exception_ptr)> on_error;
+};
+
+template <class F>
+using PoolFn = typename FnPointerOf<F>::type;
+
+template <class F>
+constexpr void check_pool_fn() {
+  static_assert(!std::is_void_v<PoolFn<F>>,
+                "Pool runs plain functions or captureless lambdas (they are named by address "
+                "across processes); a capturing lambda or functor cannot be sent to a worker");
+}
+
+template <class F>
+using PoolResult = std::decay_t<typename FnTraits<PoolFn<F>>::Result>;
+
+}  // namespace detail
+
+// The results of imap / imap_unordered, as they arrive. next() blocks for the next one
+// (in input order for imap, in completion order for imap_unordered), returns nullopt after
+// the last, and rethrows a task's error in its place. Also an input range:
+//   for (auto& r : stream) ...
+// Used by one thread at a time; valid after the Pool is gone (its remaining results then
+// fail with an Error).
+template <class R>
+class ResultStream {
+  struct State {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::map<std::size_t, std::variant<R, std::exception_ptr>> ready;
+    std::size_t total = 0;
+    std::size_t next_index = 0;  // imap: the index handed out next
+    std::size_t delivered = 0;
+    bool ordered = true;
+  };
+
+ public:
+  std::optional<R> next() {
+    std::unique_lock lock(state_->mu);
+    if (state_->delivered == state_->total) return std::nullopt;
+    auto it = state_->ready.end();
+    state_->cv.wait(lock, [&] {
+      it = state_->ordered ? state_->ready.find(state_->next_index) : state_->ready.begin();
+      return it != state_->ready.end();
+    });
+    auto outcome = std::move(it->second);
+    state_->ready.erase(it);
+    ++state_->next_index;
+    ++state_->delivered;
+    lock.unlock();
+    if (auto* e = std::get_if<std::exception_ptr>(&outcome)) std::rethrow_exception(*e);
+    return std::move(std::get<R>(outcome));
+  }
+  std::size_t size() const noexcept { return state_->total; }
+
+  class iterator {
+   public:
+    using value_type = R;
+    using difference_type = std::ptrdiff_t;
+    iterator() = default;
+    explicit iterator(ResultStream* s) : stream_(s) { ++*this; }
+    R& operator*() { return *current_; }
+    iterator& operator++() {
+      current_ = stream_->next();
+      return *this;
+    }
+    void operator++(int) { ++*this; }
+    bool operator==(std::default_sentinel_t) const { return !current_.has_value(); }
+
+   private:
+    ResultStream* stream_ = nullptr;
+    std::optional<R> current_;
+  };
+  iterator begin() { return iterator(this); }
+  std::default_sentinel_t end() const { return {}; }
+
+ private:
+  friend class Pool;
+  ResultStream(std::size_t total, bool ordered) : state_(std::make_shared<State>()) {
+    state_->total = total;
+    state_->ordered = ordered;
+  }
+  // Delivery callbacks for task `index`, run in the dispatcher thread.
+  std::function<void(Decoder&)> on_result(std::size_t index) const {
+    return [s = state_, index](Decoder& d) {
+      R value = d.template decode<R>();
+      d.finish();
+      std::lock_guard lock(s->mu);
+      s->ready.emplace(index, std::move(value));
+      s->cv.notify_all();
+    };
+  }
+  std::function<void(std::exception_ptr)> on_error(std::size_t index) const {
+    return [s = state_, index](std::exception_ptr e) {
+      std::lock_guard lock(s->mu);
+      s->ready.emplace(index, e);
+      s->cv.notify_all();
+    };
+  }
+  std::shared_ptr<State> state_;
+};
+
+class Pool {
+ public:
+  // Starts `processes` workers (0: one per CPU). Throws SystemError / Error when a worker
+  // cannot be started (the others are then stopped).
+  explicit Pool(int processes = 0, PoolOptions options = {});
+  Pool(const Pool&) = delete;
+  Pool& operator=(const Pool&) = delete;
+  // terminate() unless join() already ran. Never throws.
+  ~Pool();
+
+  // Runs fn(args...) in a worker. The arguments are encoded now (errors throw here).
+  template <class F, class... Args>
+  std::future<detail::PoolResult<F>> apply_async(F&& fn, Args&&... args) {
+    detail::check_pool_fn<F>();
+    using FnPtr = detail::PoolFn<F>;
+    using Params = typename detail::FnTraits<FnPtr>::Params;
+    using R = detail::PoolResult<F>;
+    auto promise = std::make_shared<std::promise<R>>();
+    auto future = promise->get_future();
+    Params params(std::forward<Args>(args)...);
+    detail::PoolTask task;
+    task.entry = &detail::pool_entry<FnPtr>;
+    task.fn = reinterpret_cast<std::uintptr_t>(+fn);
+    task.encode_args = [&params](Encoder& e) { e.encode(params); };
+    task.on_result = [promise](Decoder& d) {
+      if constexpr (std::is_void_v<R>) {
+        d.template decode<std::monostate>();
+        d.finish();
+        promise->set_value();
+      } else {
+        R value = d.template decode<R>();
+        d.finish();
+        promise->set_value(std::move(value));
+      }
+    };
+    task.on_error = [promise](std::exception_ptr e) { promise->set_exception(e); };
+    submit(std::move(task));
+    return future;
+  }
+  // apply_async(...).get().
+  template <class F, class... Args>
+  detail::PoolResult<F> apply(F&& fn, Args&&... args) {
+    return apply_async(std::forward<F>(fn), std::forward<Args>(args)...).get();
+  }
+
+  // fn(x) for every x of `inputs`; results in input order. Throws the first failed task's
+  // error (in input order) once the tasks before it have finished.
+  template <class F, class Range>
+  std::vector<detail::PoolResult<F>> map(F&& fn, const Range& inputs) {
+    auto stream = imap(std::forward<F>(fn), inputs);
+    std::vector<detail::PoolResult<F>> out;
+    out.reserve(stream.size());
+    while (auto r = stream.next()) out.push_back(std::move(*r));
+    return out;
+  }
+  template <class F, class Range>
+  ResultStream<detail::PoolResult<F>> imap(F&& fn, const Range& inputs) {
+    return stream(std::forward<F>(fn), inputs, /*ordered=*/true);
+  }
+  template <class F, class Range>
+  ResultStream<detail::PoolResult<F>> imap_unordered(F&& fn, const Range& inputs) {
+    return stream(std::forward<F>(fn), inputs, /*ordered=*/false);
+  }
+
+  // No more tasks; workers exit once the submitted ones are done.
+  void close();
+  // Waits for the workers to exit. Requires close() or terminate() first (throws Error).
+  void join();
+  // Stops now: workers get SIGTERM (SIGKILL after 5 s); unfinished tasks fail with Error.
+  void terminate();
+
+  int processes() const noexcept;
+  // The current workers' pids (a worker that died is replaced by a new pid).
+  std::vector<int> pids() const;
+
+ private:
+  template <class F, class Range>
+  ResultStream<detail::PoolResult<F>> stream(F&& fn, const Range& inputs, bool ordered) {
+    detail::check_pool_fn<F>();
+    using FnPtr = detail::PoolFn<F>;
+    using R = detail::PoolResult<F>;
+    static_assert(!std::is_void_v<R>, "map/imap need a function that returns a value");
+    static_assert(detail::FnTraits<FnPtr>::kArity == 1, "map/imap call fn with one argument");
+    using Param = std::tuple_element_t<0, typename detail::FnTraits<FnPtr>::Params>;
+    std::size_t n = static_cast<std::size_t>(std::distance(std::begin(inputs), std::end(inputs)));
+    ResultStream<R> results(n, ordered);
+    std::size_t index = 0;
+    for (const auto& input : inputs) {
+      std::tuple<Param> params(input);
+      detail::PoolTask task;
+      task.entry = &detail::pool_entry<FnPtr>;
+      task.fn = reinterpret_cast<std::uintptr_t>(+fn);
+      task.encode_args = [&params](Encoder& e) { e.encode(params); };
+      task.on_result = results.on_result(index);
+      task.on_error = results.on_error(index);
+      submit(std::move(task));
+      ++index;
+    }
+    return results;
+  }
+
+  // Encodes the task (in this thread) and queues it for the dispatcher. Throws Error after
+  // close() / terminate().
+  void submit(detail::PoolTask task);
+
+  std::unique_ptr<internal::PoolCore> core_;
+};
+
+}  // namespace shmtensor

@@ -1,0 +1,472 @@
+// Pool: workers (Processes running pool_worker_main) and the parent's dispatcher thread.
+//
+// Protocol, one duplex Connection per worker, one message per task each way:
+//   parent -> worker: u64 id, str entry module, u64 entry offset, str fn module,
+//                     u64 fn offset, then the argument tuple (decoded by the entry)
+//                     id 0 (kStop) alone: exit
+//   worker -> parent: u64 id, u8 1, result   |   u64 id, u8 0, str "<type>: <message>"
+// A worker runs one task at a time. The dispatcher is the only thread that touches the
+// parent's ends of the connections and the workers after construction; other threads hand
+// it tasks through pending_ (under mu_) and wake it through an eventfd.
+#include "shmtensor/pool.h"
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <deque>
+#include <thread>
+#include <unordered_map>
+
+#include "os/child.h"
+#include "os/code_address.h"
+#include "os/event_fd.h"
+#include "process/child_side.h"
+#include "process/process_state.h"
+#include "process/shutdown.h"
+#include "shmtensor/connection.h"
+
+namespace shmtensor {
+
+namespace internal {
+// A worker's end of its connection, as the argument of pool_worker_main: copyable (a
+// Process copies its arguments) and encodable (kExec sends it; the socket fd travels).
+struct WorkerChannel {
+  std::shared_ptr<Connection> connection;
+};
+}  // namespace internal
+
+template <>
+struct Codec<internal::WorkerChannel> {
+  static void encode(Encoder& e, const internal::WorkerChannel& c) { e.encode(*c.connection); }
+  static internal::WorkerChannel decode(Decoder& d) {
+    return {std::make_shared<Connection>(d.decode<Connection>())};
+  }
+};
+
+TaskError::TaskError(const std::string& text, int pid) : Error(text), pid_(pid) {
+  auto colon = text.find(": ");
+  type_name_ = text.substr(0, colon);
+  message_ = colon == std::string::npos ? std::string() : text.substr(colon + 2);
+}
+
+namespace internal {
+
+namespace {
+
+constexpr std::uint64_t kStop = 0;
+using Clock = std::chrono::steady_clock;
+
+// ---- worker side -------------------------------------------------------------------------
+
+void worker_loop(Connection& connection) {
+  std::map<std::pair<std::string, std::uint64_t>, std::uintptr_t> resolved;
+  auto resolve = [&](std::string module, std::uint64_t offset) {
+    auto key = std::make_pair(std::move(module), offset);
+    auto it = resolved.find(key);
+    if (it != resolved.end()) return it->second;
+    std::uintptr_t address = resolve_code_address(CodeAddress{key.first, offset});
+    resolved.emplace(std::move(key), address);
+    return address;
+  };
+  for (;;) {
+    std::optional<Decoder> d;
+    try {
+      d.emplace(connection.recv_encoded(std::nullopt));
+    } catch (const ConnectionClosed&) {
+      return;  // the parent is gone or gave up on us
+    }
+    auto id = d->decode<std::uint64_t>();
+    if (id == kStop) return;
+    auto entry_module = d->decode<std::string>();
+    auto entry_offset = d->decode<std::uint64_t>();
+    auto fn_module = d->decode<std::string>();
+    auto fn_offset = d->decode<std::uint64_t>();
+    Encoder reply;
+    reply.encode(id);
+    reply.encode(std::uint8_t{1});
+    try {
+      auto entry = reinterpret_cast<detail::PoolEntry>(resolve(entry_module, entry_offset));
+      std::uintptr_t fn = resolve(fn_module, fn_offset);
+      entry(fn, *d, reply);
+    } catch (...) {
+      // The partial reply may hold half a result: start over with the error.
+      std::string text = describe_current_exception();
+      reply = Encoder();
+      reply.encode(id);
+      reply.encode(std::uint8_t{0});
+      reply.encode(text);
+    }
+    d.reset();  // drop the arguments (and their shared memory) before replying
+    connection.send_encoded(std::move(reply));
+  }
+}
+
+}  // namespace
+
+// The worker process's function (a plain function, so kExec workers can run it too).
+void pool_worker_main(int /*index*/, WorkerChannel channel) { worker_loop(*channel.connection); }
+
+// ---- parent side -------------------------------------------------------------------------
+
+class PoolCore {
+ public:
+  PoolCore(int processes, PoolOptions options);
+  ~PoolCore();
+
+  void submit(detail::PoolTask task);
+  void close();
+  void join();
+  void terminate();
+  int processes() const noexcept { return static_cast<int>(workers_.size()); }
+  std::vector<int> pids() const {
+    std::lock_guard lock(mu_);
+    return pids_;
+  }
+
+ private:
+  struct Task {
+    std::uint64_t id = 0;
+    Encoder message;
+    std::function<void(Decoder&)> on_result;
+    std::function<void(std::exception_ptr)> on_error;
+  };
+  struct Worker {
+    Process process;
+    Connection connection;  // the parent's end
+    std::optional<Task> running;
+    bool alive = true;
+    bool stopped = false;  // kStop sent
+    std::size_t completed = 0;
+  };
+
+  Worker start_worker(int index);
+  void run() noexcept;
+  void dispatch();
+  void read_replies(std::size_t i);
+  void handle_reply(Worker& w, Decoder& d);
+  void handle_death(std::size_t i);
+  void fail_everything(const std::exception_ptr& error);
+  const CodeAddress& address_of(std::uintptr_t address);
+
+  PoolOptions options_;
+  std::vector<Worker> workers_;
+  UniqueFd wake_;
+  std::thread thread_;
+  std::atomic<std::uint64_t> next_id_{1};
+
+  mutable std::mutex mu_;  // guards the fields below
+  std::deque<Task> pending_;
+  std::vector<int> pids_;
+  bool closed_ = false;
+  bool terminating_ = false;
+  bool joined_ = false;
+  std::exception_ptr broken_;  // set when no worker is left; fails later submissions
+  std::unordered_map<std::uintptr_t, CodeAddress> addresses_;
+};
+
+PoolCore::PoolCore(int processes, PoolOptions options) : options_(options) {
+  if (processes < 0) throw Error("Pool: processes must be >= 0, got " + std::to_string(processes));
+  if (processes == 0) processes = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  wake_ = make_event_fd();
+  try {
+    for (int i = 0; i < processes; ++i) {
+      workers_.push_back(start_worker(i));
+      pids_.push_back(workers_.back().process.pid());
+    }
+  } catch (...) {
+    for (Worker& w : workers_) w.process.kill();
+    workers_.clear();
+    throw;
+  }
+  thread_ = std::thread([this] { run(); });
+}
+
+PoolCore::~PoolCore() {
+  try {
+    if (!joined_) terminate();
+  } catch (...) {
+  }
+}
+
+PoolCore::Worker PoolCore::start_worker(int index) {
+  auto [mine, theirs] = shmtensor::pipe();
+  WorkerChannel channel{std::make_shared<Connection>(std::move(theirs))};
+  Process process =
+      detail::ProcessAccess::make(detail::make_launch<true>(index, pool_worker_main, channel));
+  channel.connection.reset();
+  process.set_daemon(true);
+  process.set_start_method(options_.start_method);
+  // start() drops the callable and its arguments: afterwards only the worker holds its end,
+  // so its death is an EOF here.
+  process.start();
+  return Worker{std::move(process), std::move(mine), std::nullopt};
+}
+
+const CodeAddress& PoolCore::address_of(std::uintptr_t address) {
+  std::lock_guard lock(mu_);
+  auto it = addresses_.find(address);
+  if (it == addresses_.end()) it = addresses_.emplace(address, code_address_of(address)).first;
+  return it->second;
+}
+
+void PoolCore::submit(detail::PoolTask task) {
+  {
+    std::lock_guard lock(mu_);
+    if (closed_ || terminating_) throw Error("Pool: no tasks can be added after close() or terminate()");
+    if (broken_) std::rethrow_exception(broken_);
+  }
+  CodeAddress entry = address_of(reinterpret_cast<std::uintptr_t>(task.entry));
+  CodeAddress fn = address_of(task.fn);
+  Task t;
+  t.id = next_id_.fetch_add(1, std::memory_order_relaxed);
+  t.message.encode(t.id);
+  t.message.encode(entry.module);
+  t.message.encode(static_cast<std::uint64_t>(entry.offset));
+  t.message.encode(fn.module);
+  t.message.encode(static_cast<std::uint64_t>(fn.offset));
+  task.encode_args(t.message);
+  t.on_result = std::move(task.on_result);
+  t.on_error = std::move(task.on_error);
+  {
+    std::lock_guard lock(mu_);
+    if (closed_ || terminating_) throw Error("Pool: no tasks can be added after close() or terminate()");
+    pending_.push_back(std::move(t));
+  }
+  signal_event_fd(wake_.get());
+}
+
+void PoolCore::close() {
+  {
+    std::lock_guard lock(mu_);
+    closed_ = true;
+  }
+  signal_event_fd(wake_.get());
+}
+
+void PoolCore::join() {
+  {
+    std::lock_guard lock(mu_);
+    if (!closed_ && !terminating_) throw Error("Pool::join: call close() or terminate() first");
+  }
+  if (thread_.joinable()) thread_.join();
+  for (Worker& w : workers_) w.process.join();
+  joined_ = true;
+}
+
+void PoolCore::terminate() {
+  {
+    std::lock_guard lock(mu_);
+    terminating_ = true;
+  }
+  signal_event_fd(wake_.get());
+  if (thread_.joinable()) thread_.join();
+  std::vector<Process> processes;
+  for (Worker& w : workers_) processes.push_back(std::move(w.process));
+  terminate_processes(processes, std::chrono::seconds(5), /*warn=*/false);
+  workers_.clear();
+  joined_ = true;
+}
+
+void PoolCore::fail_everything(const std::exception_ptr& error) {
+  std::deque<Task> pending;
+  {
+    std::lock_guard lock(mu_);
+    pending.swap(pending_);
+  }
+  for (Task& t : pending) t.on_error(error);
+  for (Worker& w : workers_)
+    if (w.running) {
+      w.running->on_error(error);
+      w.running.reset();
+    }
+}
+
+void PoolCore::dispatch() {
+  for (std::size_t i = 0; i < workers_.size(); ++i) {
+    Worker& w = workers_[i];
+    if (!w.alive || w.stopped || w.running) continue;
+    std::optional<Task> task;
+    {
+      std::lock_guard lock(mu_);
+      if (pending_.empty()) return;
+      task.emplace(std::move(pending_.front()));
+      pending_.pop_front();
+    }
+    w.running = std::move(task);
+    try {
+      w.connection.send_encoded(std::move(w.running->message));
+    } catch (...) {
+      // The worker is gone (EPIPE): the task fails as one its worker died running.
+      handle_death(i);
+    }
+  }
+}
+
+void PoolCore::handle_reply(Worker& w, Decoder& d) {
+  auto id = d.decode<std::uint64_t>();
+  auto ok = d.decode<std::uint8_t>();
+  if (!w.running || w.running->id != id || ok > 1)
+    throw ProtocolError("Pool: worker " + std::to_string(w.process.pid()) +
+                        " replied to a task it was not running");
+  Task task = std::move(*w.running);
+  w.running.reset();
+  ++w.completed;
+  if (ok == 1) {
+    try {
+      task.on_result(d);
+    } catch (...) {
+      task.on_error(std::current_exception());
+    }
+  } else {
+    std::string text = d.decode<std::string>();
+    d.finish();
+    task.on_error(std::make_exception_ptr(TaskError(text, w.process.pid())));
+  }
+}
+
+void PoolCore::read_replies(std::size_t i) {
+  Worker& w = workers_[i];
+  while (w.alive && w.connection.poll(std::chrono::nanoseconds(0))) {
+    try {
+      Decoder d = w.connection.recv_encoded(std::chrono::nanoseconds(0));
+      handle_reply(w, d);
+    } catch (const ConnectionClosed&) {
+      handle_death(i);
+    } catch (...) {
+      // A malformed reply: this worker cannot be trusted any more.
+      w.process.kill();
+      handle_death(i);
+    }
+  }
+}
+
+void PoolCore::handle_death(std::size_t i) {
+  Worker& w = workers_[i];
+  if (!w.alive) return;
+  w.alive = false;
+  w.connection.close();
+  if (!w.process.join(std::chrono::seconds(5))) {
+    w.process.kill();  // its connection closed but it lingers: it is of no use any more
+    w.process.join();
+  }
+  const int pid = w.process.pid();
+  const int code = w.process.exitcode().value_or(255);
+  if (w.running) {
+    std::string how = code < 0 ? "signal " + signal_name(-code) : "exit code " + std::to_string(code);
+    std::string msg = "pool worker " + std::to_string(i) + " (pid " + std::to_string(pid) +
+                      ") terminated with " + how + " while running this task";
+    w.running->on_error(std::make_exception_ptr(ProcessExitedException(
+        msg, static_cast<int>(i), pid, code, code < 0 ? signal_name(-code) : std::string())));
+    w.running.reset();
+  } else if (w.stopped) {
+    return;  // exited as asked
+  } else if (w.completed == 0) {
+    // It died before doing anything: starting another would likely fail the same way.
+    std::string error = w.process.error();
+    std::lock_guard lock(mu_);
+    if (!broken_)
+      broken_ = std::make_exception_ptr(Error(
+          "Pool: worker " + std::to_string(pid) + " ended before running a task (" +
+          (code < 0 ? signal_name(-code) : "exit code " + std::to_string(code)) + ")" +
+          (error.empty() ? std::string() : ": " + error)));
+    return;
+  }
+  {
+    std::lock_guard lock(mu_);
+    if (terminating_) return;
+  }
+  try {
+    workers_[i] = start_worker(static_cast<int>(i));
+    std::lock_guard lock(mu_);
+    pids_[i] = workers_[i].process.pid();
+  } catch (...) {
+    std::lock_guard lock(mu_);
+    if (!broken_) broken_ = std::current_exception();
+  }
+}
+
+void PoolCore::run() noexcept {
+  try {
+    for (;;) {
+      bool closed;
+      {
+        std::lock_guard lock(mu_);
+        if (terminating_) break;
+        closed = closed_;
+      }
+      dispatch();
+      bool any_alive = false, any_running = false;
+      for (Worker& w : workers_) {
+        any_alive = any_alive || (w.alive && !w.stopped);
+        any_running = any_running || w.running.has_value();
+      }
+      bool pending_empty;
+      {
+        std::lock_guard lock(mu_);
+        pending_empty = pending_.empty();
+      }
+      if (!any_alive) {
+        std::exception_ptr error;
+        {
+          std::lock_guard lock(mu_);
+          if (!broken_) broken_ = std::make_exception_ptr(Error("Pool: no worker is left"));
+          error = broken_;
+        }
+        fail_everything(error);
+        if (closed) break;
+      } else if (closed && pending_empty && !any_running) {
+        for (Worker& w : workers_) {
+          if (!w.alive || w.stopped) continue;
+          Encoder stop;
+          stop.encode(kStop);
+          try {
+            w.connection.send_encoded(std::move(stop));
+          } catch (...) {
+          }
+          w.stopped = true;
+        }
+        break;
+      }
+
+      std::vector<int> fds{wake_.get()};
+      bool polling = false;
+      for (Worker& w : workers_) {
+        if (!w.alive) continue;
+        ProcessState* s = detail::ProcessAccess::state(w.process);
+        fds.push_back(w.connection.native_handle());
+        fds.push_back(s->pidfd());
+        polling = polling || s->needs_polling();
+      }
+      std::optional<std::chrono::nanoseconds> timeout;
+      if (polling) timeout = std::chrono::milliseconds(10);
+      wait_readable(fds, timeout);
+      drain_event_fd(wake_.get());
+      for (std::size_t i = 0; i < workers_.size(); ++i) {
+        read_replies(i);
+        // A reply sent just before death was read above; now the death itself.
+        if (workers_[i].alive && !workers_[i].process.is_alive()) {
+          read_replies(i);
+          handle_death(i);
+        }
+      }
+    }
+  } catch (...) {
+    std::lock_guard lock(mu_);
+    if (!broken_) broken_ = std::current_exception();
+  }
+  fail_everything(std::make_exception_ptr(Error("Pool: terminated before this task finished")));
+}
+
+}  // namespace internal
+
+Pool::Pool(int processes, PoolOptions options)
+    : core_(std::make_unique<internal::PoolCore>(processes, options)) {}
+Pool::~Pool() = default;
+void Pool::submit(detail::PoolTask task) { core_->submit(std::move(task)); }
+void Pool::close() { core_->close(); }
+void Pool::join() { core_->join(); }
+void Pool::terminate() { core_->terminate(); }
+int Pool::processes() const noexcept { return core_->processes(); }
+std::vector<int> Pool::pids() const { return core_->pids(); }
+
+}  // namespace shmtensor

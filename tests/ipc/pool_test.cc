@@ -1,0 +1,251 @@
+// Pool for both start methods: map/imap/imap_unordered/apply_async, tensors both ways
+// through shared memory (torch's test_fd_pool / test_fs_pool), task errors, a worker dying
+// mid-task, close/join/terminate, and nothing left behind.
+#include "shmtensor/pool.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <numeric>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "shmtensor/sharing_strategy.h"
+#include "shmtensor/tensor.h"
+#include "support/leak_check.h"
+
+namespace pool_test {
+
+using namespace std::chrono_literals;
+using shmtensor::DType;
+using shmtensor::Pool;
+using shmtensor::PoolOptions;
+using shmtensor::SharingStrategy;
+using shmtensor::StartMethod;
+using shmtensor::Tensor;
+using ::testing::HasSubstr;
+
+int square(int x) { return x * x; }
+std::string join_words(std::string a, std::string b, int times) {
+  std::string out;
+  for (int i = 0; i < times; ++i) out += a + b;
+  return out;
+}
+void do_nothing(int) {}
+int fail_on_odd(int x) {
+  if (x % 2 == 1) throw std::invalid_argument("odd input " + std::to_string(x));
+  return x;
+}
+int die_on(int x) {
+  if (x == 3) ::raise(SIGKILL);
+  return x;
+}
+int sleep_ms(int ms) {
+  std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+  return ms;
+}
+int my_pid(int) { return static_cast<int>(::getpid()); }
+
+// torch's pool tests: the worker writes into the tensor it was given (visible in the
+// parent: same memory) and returns a new tensor (it arrives shared, not copied).
+Tensor add_one_and_double(Tensor t) {
+  t.add_(1.0);
+  Tensor out = t.clone();            // private memory in the worker
+  out.add_(t.data_ptr<float>()[0]);  // out = 2 * t for a constant tensor
+  return out;
+}
+
+using Param = std::tuple<StartMethod, SharingStrategy>;
+
+class PoolTest : public shmtensor::testing::LeakCheckedTest,
+                 public ::testing::WithParamInterface<Param> {
+ protected:
+  void SetUp() override {
+    LeakCheckedTest::SetUp();
+    saved_ = shmtensor::get_sharing_strategy();
+    shmtensor::set_sharing_strategy(std::get<1>(GetParam()));
+  }
+  void TearDown() override {
+    shmtensor::set_sharing_strategy(saved_);
+    int status = 0;
+    EXPECT_EQ(::waitpid(-1, &status, WNOHANG), -1) << "a child was left behind";
+    LeakCheckedTest::TearDown();
+  }
+  PoolOptions options() const { return PoolOptions{.start_method = std::get<0>(GetParam())}; }
+
+ private:
+  SharingStrategy saved_{};
+};
+
+std::string name_of(const ::testing::TestParamInfo<Param>& info) {
+  return std::string(std::get<0>(info.param) == StartMethod::kFork ? "Fork" : "Exec") +
+         (std::get<1>(info.param) == SharingStrategy::kFileDescriptor ? "Fd" : "Fs");
+}
+
+TEST_P(PoolTest, MapKeepsInputOrder) {
+  Pool pool(3, options());
+  std::vector<int> inputs(50);
+  std::iota(inputs.begin(), inputs.end(), 0);
+  std::vector<int> out = pool.map(square, inputs);
+  ASSERT_EQ(out.size(), inputs.size());
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(out[i], i * i);
+  pool.close();
+  pool.join();
+}
+
+TEST_P(PoolTest, MapTensorsBothWays) {
+  Pool pool(2, options());
+  std::vector<Tensor> inputs;
+  for (int i = 0; i < 8; ++i) inputs.push_back(Tensor::full({5, 5}, i, DType::kFloat32));
+  std::vector<Tensor> out = pool.map(add_one_and_double, inputs);
+  ASSERT_EQ(out.size(), inputs.size());
+  for (int i = 0; i < 8; ++i) {
+    EXPECT_TRUE(inputs[i].is_shared());
+    EXPECT_TRUE(inputs[i].equal(Tensor::full({5, 5}, i + 1, DType::kFloat32)))
+        << "the worker's in-place write is not visible: " << inputs[i].to_string();
+    EXPECT_TRUE(out[i].is_shared());
+    EXPECT_TRUE(out[i].equal(Tensor::full({5, 5}, 2 * (i + 1), DType::kFloat32)))
+        << out[i].to_string();
+  }
+  pool.close();
+  pool.join();
+}
+
+TEST_P(PoolTest, ApplyAsyncWithSeveralArguments) {
+  Pool pool(2, options());
+  auto f = pool.apply_async(join_words, std::string("ab"), std::string("c"), 3);
+  auto g = pool.apply_async(do_nothing, 1);
+  EXPECT_EQ(f.get(), "abcabcabc");
+  g.get();
+  EXPECT_EQ(pool.apply(square, 12), 144);
+  auto lambda = [](long a, long b) { return a - b; };
+  EXPECT_EQ(pool.apply(lambda, 10L, 3L), 7);
+  pool.close();
+  pool.join();
+}
+
+TEST_P(PoolTest, TaskExceptionIsRethrownAndThePoolGoesOn) {
+  Pool pool(2, options());
+  auto f = pool.apply_async(fail_on_odd, 7);
+  try {
+    f.get();
+    ADD_FAILURE() << "no exception";
+  } catch (const shmtensor::TaskError& e) {
+    EXPECT_STREQ(e.what(), "std::invalid_argument: odd input 7");
+    EXPECT_EQ(e.type_name(), "std::invalid_argument");
+    EXPECT_EQ(e.message(), "odd input 7");
+    auto pids = pool.pids();
+    EXPECT_NE(std::find(pids.begin(), pids.end(), e.pid()), pids.end());
+  }
+  EXPECT_THROW(pool.map(fail_on_odd, std::vector<int>{0, 2, 3, 4}), shmtensor::TaskError);
+  EXPECT_EQ(pool.apply(fail_on_odd, 8), 8);
+  pool.close();
+  pool.join();
+}
+
+TEST_P(PoolTest, ImapOrderedAndUnordered) {
+  Pool pool(3, options());
+  std::vector<int> inputs{60, 0, 30, 10, 0, 20};
+  std::vector<int> ordered;
+  for (int r : pool.imap(sleep_ms, inputs)) ordered.push_back(r);
+  EXPECT_EQ(ordered, inputs);
+  auto stream = pool.imap_unordered(sleep_ms, inputs);
+  std::vector<int> unordered;
+  while (auto r = stream.next()) unordered.push_back(*r);
+  EXPECT_FALSE(stream.next().has_value());
+  std::sort(unordered.begin(), unordered.end());
+  std::vector<int> sorted = inputs;
+  std::sort(sorted.begin(), sorted.end());
+  EXPECT_EQ(unordered, sorted);
+  pool.close();
+  pool.join();
+}
+
+TEST_P(PoolTest, WorkerDeathFailsItsTaskAndIsReplaced) {
+  Pool pool(2, options());
+  EXPECT_EQ(pool.apply(square, 2), 4);  // both workers are up
+  auto before = pool.pids();
+  auto f = pool.apply_async(die_on, 3);
+  try {
+    f.get();
+    ADD_FAILURE() << "no exception";
+  } catch (const shmtensor::ProcessExitedException& e) {
+    EXPECT_THAT(e.what(), HasSubstr("terminated with signal SIGKILL while running this task"));
+    EXPECT_EQ(e.signal_name(), "SIGKILL");
+  }
+  std::vector<int> inputs{1, 2, 4, 5, 6};
+  EXPECT_EQ(pool.map(die_on, inputs), inputs);
+  auto after = pool.pids();
+  EXPECT_NE(before, after);
+  pool.close();
+  pool.join();
+}
+
+TEST_P(PoolTest, UsesAllWorkers) {
+  Pool pool(3, options());
+  EXPECT_EQ(pool.processes(), 3);
+  std::vector<int> inputs(30, 0);
+  // Each task is slow enough that one worker cannot take them all.
+  auto slow_pid = [](int) {
+    std::this_thread::sleep_for(5ms);
+    return static_cast<int>(::getpid());
+  };
+  auto pids = pool.map(slow_pid, inputs);
+  std::sort(pids.begin(), pids.end());
+  pids.erase(std::unique(pids.begin(), pids.end()), pids.end());
+  auto workers = pool.pids();
+  std::sort(workers.begin(), workers.end());
+  EXPECT_EQ(pids, workers);
+  pool.close();
+  pool.join();
+}
+
+TEST_P(PoolTest, CloseThenJoinFinishesSubmittedTasks) {
+  Pool pool(2, options());
+  auto f = pool.apply_async(sleep_ms, 200);
+  EXPECT_THROW(pool.join(), shmtensor::Error);  // not closed yet
+  pool.close();
+  EXPECT_THROW(pool.apply_async(square, 1), shmtensor::Error);
+  pool.join();
+  EXPECT_EQ(f.get(), 200);
+}
+
+TEST_P(PoolTest, TerminateFailsUnfinishedTasks) {
+  Pool pool(1, options());
+  auto running = pool.apply_async(sleep_ms, 10000);
+  auto queued = pool.apply_async(square, 3);
+  std::this_thread::sleep_for(100ms);
+  auto t0 = std::chrono::steady_clock::now();
+  pool.terminate();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 4s);
+  EXPECT_THROW(running.get(), shmtensor::Error);
+  EXPECT_THROW(queued.get(), shmtensor::Error);
+  pool.join();
+}
+
+TEST_P(PoolTest, DestructorStopsTheWorkers) {
+  std::vector<int> pids;
+  {
+    Pool pool(2, options());
+    pids = pool.pids();
+    (void)pool.apply_async(sleep_ms, 10000);
+  }
+  for (int pid : pids) EXPECT_EQ(::kill(pid, 0), -1) << "worker " << pid << " survived";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    StartMethodsAndStrategies, PoolTest,
+    ::testing::Combine(::testing::Values(StartMethod::kFork, StartMethod::kExec),
+                       ::testing::Values(SharingStrategy::kFileDescriptor,
+                                         SharingStrategy::kFileSystem)),
+    name_of);
+
+}  // namespace pool_test
