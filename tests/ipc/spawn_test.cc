@@ -22,6 +22,7 @@
 #include "support/leak_check.h"
 #include "os/mapping.h"
 #include "shmtensor/queue.h"
+#include "shmtensor/start_method.h"
 
 namespace spawn_test {
 
@@ -380,6 +381,30 @@ TEST_F(SpawnForkTest, CapturingLambdaCannotUseExec) {
   } catch (const shmtensor::Error& e) {
     EXPECT_THAT(e.what(), HasSubstr("plain function or a captureless lambda"));
   }
+}
+
+TEST_F(SpawnForkTest, ExecChildWithoutInitCannotStartChildren) {
+  // A re-executed program that never calls init() runs main again; when it then starts a
+  // child it must report that to its parent and exit instead of re-executing without end.
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  ::testing::internal::CaptureStderr();
+  pid_t pid = shmtensor::testing::fork_child([&] {
+    ::close(fds[0]);
+    std::string value = "1:0:" + std::to_string(fds[1]) + ":-1:0:0::";
+    ::setenv("SHMTENSOR_EXEC_CHILD", value.c_str(), 1);
+    ASSERT_TRUE(shmtensor::is_exec_child());
+    shmtensor::spawn(success_func, 1);
+    ADD_FAILURE() << "spawn returned";
+  });
+  ::close(fds[1]);
+  std::string report;
+  char buf[512];
+  for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;) report.append(buf, n);
+  ::close(fds[0]);
+  EXPECT_EQ(shmtensor::testing::wait_child(pid), 1);
+  EXPECT_THAT(report, HasSubstr("shmtensor::init(argc, argv) was not called"));
+  EXPECT_THAT(::testing::internal::GetCapturedStderr(), HasSubstr("was not called"));
 }
 
 TEST_F(SpawnForkTest, NprocsMustBePositive) {
