@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -304,7 +305,31 @@ class CloseOnExecTest : public LeakCheckedTest {
   }
 };
 
+// fd numbers listed by `ls -l /proc/self/fd`, except ls's own handle on that directory.
+std::set<int> listed_fds(const std::string& text) {
+  std::set<int> fds;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    auto arrow = line.find(" -> ");
+    if (arrow == std::string::npos) continue;
+    std::string target = line.substr(arrow + 4);
+    if (target.rfind("/proc/", 0) == 0 && target.size() > 3 &&
+        target.compare(target.size() - 3, 3, "/fd") == 0)
+      continue;
+    auto space = line.rfind(' ', arrow - 1);
+    fds.insert(std::stoi(line.substr(space + 1, arrow - space - 1)));
+  }
+  return fds;
+}
+
 TEST_F(CloseOnExecTest, EveryLibraryFdIsCloseOnExec) {
+  // fds this process had before the library made any; those without FD_CLOEXEC (stdio,
+  // whatever ctest passed down) are the only ones an exec'd child may inherit.
+  const std::set<int> before = testing::open_fds();
+  std::set<int> may_inherit;
+  for (int fd : before)
+    if (!(::fcntl(fd, F_GETFD) & FD_CLOEXEC)) may_inherit.insert(fd);
+
   std::vector<Storage> keep;
   for (SharingStrategy strategy : get_all_sharing_strategies()) {
     set_sharing_strategy(strategy);
@@ -315,7 +340,17 @@ TEST_F(CloseOnExecTest, EveryLibraryFdIsCloseOnExec) {
   int memfd = keep[0].impl()->segment()->fd();
   ASSERT_GE(memfd, 0);
 
-  // Control: an fd we make inheritable on purpose must show up, or the check proves nothing.
+  // Every fd the library opened here (memfds; a manager daemon's socket, if any) is
+  // FD_CLOEXEC...
+  for (int fd : testing::open_fds()) {
+    if (before.count(fd)) continue;
+    char target[256] = {};
+    (void)::readlink(("/proc/self/fd/" + std::to_string(fd)).c_str(), target, sizeof target - 1);
+    EXPECT_TRUE(::fcntl(fd, F_GETFD) & FD_CLOEXEC) << "fd " << fd << " -> " << target;
+  }
+
+  // ... and a real exec proves it. The control: an fd made inheritable on purpose must show
+  // up in the child, or the check proves nothing.
   int inheritable = ::fcntl(memfd, F_DUPFD, 200);
   ASSERT_GE(inheritable, 0);
   std::string listing = fds_after_exec();
@@ -324,12 +359,16 @@ TEST_F(CloseOnExecTest, EveryLibraryFdIsCloseOnExec) {
   EXPECT_NE(lines[0].find(" " + std::to_string(inheritable) + " -> /memfd:shmtensor"),
             std::string::npos)
       << listing;
+  EXPECT_TRUE(listed_fds(listing).count(inheritable)) << listing;
   ::close(inheritable);
 
   listing = fds_after_exec();
   EXPECT_TRUE(shmtensor_lines(listing).empty()) << listing;
   EXPECT_EQ(listing.find("/dev/shm/"), std::string::npos) << listing;
-  // And the library's own fds are still open here, unaffected.
+  for (int fd : listed_fds(listing))
+    EXPECT_TRUE(may_inherit.count(fd) || fd == STDOUT_FILENO) << "fd " << fd << " survived exec:\n"
+                                                              << listing;
+  // The library's own fds are still open here, unaffected.
   EXPECT_TRUE(::fcntl(memfd, F_GETFD) & FD_CLOEXEC);
 }
 
