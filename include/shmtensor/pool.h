@@ -3,7 +3,7 @@
 //   Tensor double_it(Tensor t) { return t.mul(2); }
 //   shmtensor::Pool pool(4);
 //   std::vector<Tensor> out = pool.map(double_it, inputs);  // results in input order
-//   std::future<int> f = pool.apply_async(add, 1, 2);
+//   shmtensor::AsyncResult<int> f = pool.apply_async(add, 1, 2);  // f.get() == 3
 //   for (Tensor t : pool.imap_unordered(double_it, inputs)) { ... }
 //   pool.close();
 //   pool.join();
@@ -14,7 +14,7 @@
 //    the executable). Its parameter and result types must be encodable (codec.h).
 //  - Arguments and results travel as encoded messages: tensors by reference through shared
 //    memory (moved there in place on first send), never copied.
-//  - An exception thrown by a task is rethrown by get() / map() / the result stream as
+//  - An exception thrown by a task is thrown by get() / map() / the result stream as
 //    TaskError, whose what() is "<exception type>: <what()>".
 //  - A worker that dies while running a task fails that task with ProcessExitedException
 //    and is replaced. Workers are daemons: SIGKILLed with their parent (the thread that
@@ -93,12 +93,27 @@ void pool_entry(std::uintptr_t fn_address, Decoder& d, Encoder& reply) {
   }
 }
 
+// Why a task failed, as data. The exception is made (by throw_task_failure) in the thread
+// that asks for the result, so that exception objects never cross threads: their
+// reference counts live in uninstrumented libstdc++, which ThreadSanitizer cannot see.
+struct TaskFailure {
+  enum class Kind : std::uint8_t { kRaised, kWorkerDied, kError };
+  Kind kind = Kind::kError;
+  std::string text;  // kRaised: "<type>: <message>"; otherwise the whole message
+  int pid = 0;
+  int index = 0;  // kWorkerDied: the worker's slot
+  int exit_code = 0;
+  std::string signal_name;
+};
+// kRaised: TaskError; kWorkerDied: ProcessExitedException; kError: Error.
+[[noreturn]] void throw_task_failure(const TaskFailure& failure);
+
 struct PoolTask {
   PoolEntry entry = nullptr;
   std::uintptr_t fn = 0;
   std::function<void(Encoder&)> encode_args;  // called once, inside Pool::submit
   std::function<void(Decoder&)> on_result;    // in the dispatcher thread; may throw
-  std::function<void(std::exception_ptr)> on_error;
+  std::function<void(TaskFailure)> on_error;  // in the dispatcher thread
 };
 
 template <class F>
@@ -127,7 +142,7 @@ class ResultStream {
   struct State {
     std::mutex mu;
     std::condition_variable cv;
-    std::map<std::size_t, std::variant<R, std::exception_ptr>> ready;
+    std::map<std::size_t, std::variant<R, detail::TaskFailure>> ready;
     std::size_t total = 0;
     std::size_t next_index = 0;  // imap: the index handed out next
     std::size_t delivered = 0;
@@ -148,8 +163,8 @@ class ResultStream {
     ++state_->next_index;
     ++state_->delivered;
     lock.unlock();
-    if (auto* e = std::get_if<std::exception_ptr>(&outcome)) std::rethrow_exception(*e);
-    return std::move(std::get<R>(outcome));
+    if (auto* f = std::get_if<detail::TaskFailure>(&outcome)) detail::throw_task_failure(*f);
+    return std::move(std::get<0>(outcome));
   }
   std::size_t size() const noexcept { return state_->total; }
 
@@ -186,18 +201,50 @@ class ResultStream {
       R value = d.template decode<R>();
       d.finish();
       std::lock_guard lock(s->mu);
-      s->ready.emplace(index, std::move(value));
+      s->ready.emplace(std::piecewise_construct, std::forward_as_tuple(index),
+                       std::forward_as_tuple(std::in_place_index<0>, std::move(value)));
       s->cv.notify_all();
     };
   }
-  std::function<void(std::exception_ptr)> on_error(std::size_t index) const {
-    return [s = state_, index](std::exception_ptr e) {
+  std::function<void(detail::TaskFailure)> on_error(std::size_t index) const {
+    return [s = state_, index](detail::TaskFailure f) {
       std::lock_guard lock(s->mu);
-      s->ready.emplace(index, e);
+      s->ready.emplace(std::piecewise_construct, std::forward_as_tuple(index),
+                       std::forward_as_tuple(std::in_place_index<1>, std::move(f)));
       s->cv.notify_all();
     };
   }
   std::shared_ptr<State> state_;
+};
+
+// The pending result of Pool::apply_async (Python's AsyncResult; a std::future-like
+// handle). get() blocks until the task finished and returns its result, or throws:
+// TaskError (the task threw), ProcessExitedException (its worker died running it), Error
+// (the pool was terminated or has no worker left). get() may be called once.
+template <class R>
+class AsyncResult {
+  using Stored = std::conditional_t<std::is_void_v<R>, std::monostate, R>;
+  using Outcome = std::variant<Stored, detail::TaskFailure>;
+
+ public:
+  AsyncResult() = default;
+  R get() {
+    Outcome outcome = future_.get();
+    if (auto* f = std::get_if<detail::TaskFailure>(&outcome)) detail::throw_task_failure(*f);
+    if constexpr (!std::is_void_v<R>) return std::move(std::get<0>(outcome));
+  }
+  void wait() const { future_.wait(); }
+  // True once the task has finished (successfully or not).
+  bool wait_for(Duration timeout) const {
+    return future_.wait_for(timeout) == std::future_status::ready;
+  }
+  bool ready() const { return wait_for(Duration::zero()); }
+  bool valid() const noexcept { return future_.valid(); }
+
+ private:
+  friend class Pool;
+  explicit AsyncResult(std::future<Outcome> future) : future_(std::move(future)) {}
+  std::future<Outcome> future_;
 };
 
 class Pool {
@@ -212,32 +259,30 @@ class Pool {
 
   // Runs fn(args...) in a worker. The arguments are encoded now (errors throw here).
   template <class F, class... Args>
-  std::future<detail::PoolResult<F>> apply_async(F&& fn, Args&&... args) {
+  AsyncResult<detail::PoolResult<F>> apply_async(F&& fn, Args&&... args) {
     detail::check_pool_fn<F>();
     using FnPtr = detail::PoolFn<F>;
     using Params = typename detail::FnTraits<FnPtr>::Params;
     using R = detail::PoolResult<F>;
-    auto promise = std::make_shared<std::promise<R>>();
-    auto future = promise->get_future();
+    using Stored = std::conditional_t<std::is_void_v<R>, std::monostate, R>;
+    using Outcome = std::variant<Stored, detail::TaskFailure>;
+    auto promise = std::make_shared<std::promise<Outcome>>();
+    AsyncResult<R> result(promise->get_future());
     Params params(std::forward<Args>(args)...);
     detail::PoolTask task;
     task.entry = &detail::pool_entry<FnPtr>;
     task.fn = reinterpret_cast<std::uintptr_t>(+fn);
     task.encode_args = [&params](Encoder& e) { e.encode(params); };
     task.on_result = [promise](Decoder& d) {
-      if constexpr (std::is_void_v<R>) {
-        d.template decode<std::monostate>();
-        d.finish();
-        promise->set_value();
-      } else {
-        R value = d.template decode<R>();
-        d.finish();
-        promise->set_value(std::move(value));
-      }
+      Stored value = d.template decode<Stored>();
+      d.finish();
+      promise->set_value(Outcome(std::in_place_index<0>, std::move(value)));
     };
-    task.on_error = [promise](std::exception_ptr e) { promise->set_exception(e); };
+    task.on_error = [promise](detail::TaskFailure f) {
+      promise->set_value(Outcome(std::in_place_index<1>, std::move(f)));
+    };
     submit(std::move(task));
-    return future;
+    return result;
   }
   // apply_async(...).get().
   template <class F, class... Args>

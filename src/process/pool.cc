@@ -49,6 +49,20 @@ TaskError::TaskError(const std::string& text, int pid) : Error(text), pid_(pid) 
   message_ = colon == std::string::npos ? std::string() : text.substr(colon + 2);
 }
 
+namespace detail {
+void throw_task_failure(const TaskFailure& f) {
+  switch (f.kind) {
+    case TaskFailure::Kind::kRaised:
+      throw TaskError(f.text, f.pid);
+    case TaskFailure::Kind::kWorkerDied:
+      throw ProcessExitedException(f.text, f.index, f.pid, f.exit_code, f.signal_name);
+    case TaskFailure::Kind::kError:
+      break;
+  }
+  throw Error(f.text);
+}
+}  // namespace detail
+
 namespace internal {
 
 namespace {
@@ -128,7 +142,7 @@ class PoolCore {
     std::uint64_t id = 0;
     Encoder message;
     std::function<void(Decoder&)> on_result;
-    std::function<void(std::exception_ptr)> on_error;
+    std::function<void(detail::TaskFailure)> on_error;
   };
   struct Worker {
     Process process;
@@ -145,7 +159,8 @@ class PoolCore {
   void read_replies(std::size_t i);
   void handle_reply(Worker& w, Decoder& d);
   void handle_death(std::size_t i);
-  void fail_everything(const std::exception_ptr& error);
+  void fail_everything(const detail::TaskFailure& failure);
+  void set_broken(std::string why);
   const CodeAddress& address_of(std::uintptr_t address);
 
   PoolOptions options_;
@@ -160,7 +175,7 @@ class PoolCore {
   bool closed_ = false;
   bool terminating_ = false;
   bool joined_ = false;
-  std::exception_ptr broken_;  // set when no worker is left; fails later submissions
+  std::optional<std::string> broken_;  // why no worker is left; fails later submissions
   std::unordered_map<std::uintptr_t, CodeAddress> addresses_;
 };
 
@@ -213,7 +228,7 @@ void PoolCore::submit(detail::PoolTask task) {
   {
     std::lock_guard lock(mu_);
     if (closed_ || terminating_) throw Error("Pool: no tasks can be added after close() or terminate()");
-    if (broken_) std::rethrow_exception(broken_);
+    if (broken_) throw Error(*broken_);
   }
   CodeAddress entry = address_of(reinterpret_cast<std::uintptr_t>(task.entry));
   CodeAddress fn = address_of(task.fn);
@@ -267,19 +282,33 @@ void PoolCore::terminate() {
   joined_ = true;
 }
 
-void PoolCore::fail_everything(const std::exception_ptr& error) {
+void PoolCore::fail_everything(const detail::TaskFailure& failure) {
   std::deque<Task> pending;
   {
     std::lock_guard lock(mu_);
     pending.swap(pending_);
   }
-  for (Task& t : pending) t.on_error(error);
+  for (Task& t : pending) t.on_error(failure);
   for (Worker& w : workers_)
     if (w.running) {
-      w.running->on_error(error);
+      w.running->on_error(failure);
       w.running.reset();
     }
 }
+
+void PoolCore::set_broken(std::string why) {
+  std::lock_guard lock(mu_);
+  if (!broken_) broken_ = std::move(why);
+}
+
+namespace {
+detail::TaskFailure error_failure(std::string text) {
+  detail::TaskFailure f;
+  f.kind = detail::TaskFailure::Kind::kError;
+  f.text = std::move(text);
+  return f;
+}
+}  // namespace
 
 void PoolCore::dispatch() {
   for (std::size_t i = 0; i < workers_.size(); ++i) {
@@ -315,12 +344,17 @@ void PoolCore::handle_reply(Worker& w, Decoder& d) {
     try {
       task.on_result(d);
     } catch (...) {
-      task.on_error(std::current_exception());
+      // The result could not be decoded (a malformed message): the task fails with why.
+      task.on_error(error_failure("Pool: the result of a task could not be received: " +
+                                  describe_current_exception()));
     }
   } else {
-    std::string text = d.decode<std::string>();
+    detail::TaskFailure f;
+    f.kind = detail::TaskFailure::Kind::kRaised;
+    f.text = d.decode<std::string>();
+    f.pid = w.process.pid();
     d.finish();
-    task.on_error(std::make_exception_ptr(TaskError(text, w.process.pid())));
+    task.on_error(std::move(f));
   }
 }
 
@@ -355,20 +389,23 @@ void PoolCore::handle_death(std::size_t i) {
     std::string how = code < 0 ? "signal " + signal_name(-code) : "exit code " + std::to_string(code);
     std::string msg = "pool worker " + std::to_string(i) + " (pid " + std::to_string(pid) +
                       ") terminated with " + how + " while running this task";
-    w.running->on_error(std::make_exception_ptr(ProcessExitedException(
-        msg, static_cast<int>(i), pid, code, code < 0 ? signal_name(-code) : std::string())));
+    detail::TaskFailure f;
+    f.kind = detail::TaskFailure::Kind::kWorkerDied;
+    f.text = std::move(msg);
+    f.pid = pid;
+    f.index = static_cast<int>(i);
+    f.exit_code = code;
+    if (code < 0) f.signal_name = signal_name(-code);
+    w.running->on_error(std::move(f));
     w.running.reset();
   } else if (w.stopped) {
     return;  // exited as asked
   } else if (w.completed == 0) {
     // It died before doing anything: starting another would likely fail the same way.
     std::string error = w.process.error();
-    std::lock_guard lock(mu_);
-    if (!broken_)
-      broken_ = std::make_exception_ptr(Error(
-          "Pool: worker " + std::to_string(pid) + " ended before running a task (" +
-          (code < 0 ? signal_name(-code) : "exit code " + std::to_string(code)) + ")" +
-          (error.empty() ? std::string() : ": " + error)));
+    set_broken("Pool: worker " + std::to_string(pid) + " ended before running a task (" +
+               (code < 0 ? signal_name(-code) : "exit code " + std::to_string(code)) + ")" +
+               (error.empty() ? std::string() : ": " + error));
     return;
   }
   {
@@ -380,8 +417,7 @@ void PoolCore::handle_death(std::size_t i) {
     std::lock_guard lock(mu_);
     pids_[i] = workers_[i].process.pid();
   } catch (...) {
-    std::lock_guard lock(mu_);
-    if (!broken_) broken_ = std::current_exception();
+    set_broken("Pool: cannot start a replacement worker: " + describe_current_exception());
   }
 }
 
@@ -406,13 +442,13 @@ void PoolCore::run() noexcept {
         pending_empty = pending_.empty();
       }
       if (!any_alive) {
-        std::exception_ptr error;
+        set_broken("Pool: no worker is left");
+        std::string why;
         {
           std::lock_guard lock(mu_);
-          if (!broken_) broken_ = std::make_exception_ptr(Error("Pool: no worker is left"));
-          error = broken_;
+          why = *broken_;
         }
-        fail_everything(error);
+        fail_everything(error_failure(why));
         if (closed) break;
       } else if (closed && pending_empty && !any_running) {
         for (Worker& w : workers_) {
@@ -451,10 +487,9 @@ void PoolCore::run() noexcept {
       }
     }
   } catch (...) {
-    std::lock_guard lock(mu_);
-    if (!broken_) broken_ = std::current_exception();
+    set_broken("Pool: the dispatcher failed: " + describe_current_exception());
   }
-  fail_everything(std::make_exception_ptr(Error("Pool: terminated before this task finished")));
+  fail_everything(error_failure("Pool: terminated before this task finished"));
 }
 
 }  // namespace internal

@@ -1,5 +1,6 @@
 #include "shmtensor/process.h"
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdio>
@@ -42,7 +43,9 @@ bool Process::join(std::optional<Duration> timeout) {
     return true;
   }
   using clock = std::chrono::steady_clock;
-  auto deadline = clock::now() + std::chrono::duration_cast<clock::duration>(*timeout);
+  // Clamped so that an absurdly long timeout cannot overflow the clock's representation.
+  const Duration limit = std::min(std::max(*timeout, Duration::zero()), Duration(3.0e7));
+  auto deadline = clock::now() + std::chrono::duration_cast<clock::duration>(limit);
   for (;;) {
     if (state_->poll()) return true;
     auto left = deadline - clock::now();
