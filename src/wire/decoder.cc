@@ -171,7 +171,9 @@ Decoder parse_frame(std::span<const std::byte> datagram, std::vector<UniqueFd> f
         std::to_string(fds.size()) + " arrived");
   auto st = std::make_unique<DecoderState>();
   std::span<const std::byte> body;
-  std::size_t fixed_fds = h.object_fd_count + ((h.flags & kFlagBlob) ? 1 : 0);
+  // size_t arithmetic: a hostile object_fd_count of 0xffffffff must not wrap to 0.
+  std::size_t fixed_fds =
+      static_cast<std::size_t>(h.object_fd_count) + ((h.flags & kFlagBlob) ? 1u : 0u);
   if (fixed_fds > fds.size()) bad("object fd count exceeds the fds attached");
   if (h.flags & kFlagBlob) {
     if (datagram.size() != sizeof(FrameHeader)) bad("blob frame with an inline body");

@@ -67,9 +67,24 @@ std::set<std::string> shm_names_of(pid_t pid) {
   return out;
 }
 
+namespace {
+// Processes this test process forked: their names count as ours in the leak check, names
+// of unrelated processes (other test binaries under ctest -j) do not.
+std::set<pid_t>& our_pids() {
+  static std::set<pid_t> pids;
+  return pids;
+}
+bool is_ours(const std::string& name) {
+  // "shmtensor_<pid>_..."
+  pid_t pid = static_cast<pid_t>(std::atoi(name.c_str() + 10));
+  return pid == ::getpid() || our_pids().count(pid) > 0;
+}
+}  // namespace
+
 pid_t fork_child(const std::function<void()>& fn) {
   std::fflush(nullptr);
   pid_t pid = ::fork();
+  if (pid > 0) our_pids().insert(pid);
   if (pid == 0) {
     int code = 0;
     try {
@@ -112,7 +127,7 @@ void LeakCheckedTest::TearDown() {
   for (;;) {
     extra.clear();
     for (auto& n : shm_names())
-      if (!names_.count(n)) extra.insert(n);
+      if (!names_.count(n) && is_ours(n)) extra.insert(n);
     if (extra.empty() || std::chrono::steady_clock::now() > deadline) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
