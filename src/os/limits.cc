@@ -1,0 +1,101 @@
+#include "os/limits.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <sys/resource.h>
+#include <sys/statvfs.h>
+#include <sys/utsname.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
+
+namespace shmtensor::internal {
+
+namespace {
+
+std::optional<std::uint64_t> read_number(const char* path) {
+  std::ifstream in(path);
+  std::uint64_t v = 0;
+  if (in >> v) return v;
+  return std::nullopt;
+}
+
+// "always within_size advise [never] deny force" -> "never".
+std::string selected_value(const char* path) {
+  std::ifstream in(path);
+  std::string line;
+  if (!std::getline(in, line)) return {};
+  auto open = line.find('[');
+  auto close = line.find(']', open);
+  if (open == std::string::npos || close == std::string::npos) return line;
+  return line.substr(open + 1, close - open - 1);
+}
+
+std::uint64_t rlim_value(rlim_t v) {
+  return v == RLIM_INFINITY ? UINT64_MAX : static_cast<std::uint64_t>(v);
+}
+
+}  // namespace
+
+SystemLimits read_system_limits() {
+  SystemLimits l;
+  utsname u{};
+  if (::uname(&u) == 0) {
+    l.kernel_release = u.release;
+    l.kernel_version = u.version;
+  }
+  int fd = ::memfd_create("shmtensor-doctor", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd >= 0) {
+    l.memfd = true;
+    l.memfd_sealing = ::ftruncate(fd, 4096) == 0 &&
+                      ::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) == 0;
+    ::close(fd);
+  } else {
+    fd = ::memfd_create("shmtensor-doctor", MFD_CLOEXEC);
+    if (fd >= 0) {
+      l.memfd = true;
+      ::close(fd);
+    }
+  }
+  int pfd = static_cast<int>(::syscall(SYS_pidfd_open, ::getpid(), 0));
+  if (pfd >= 0) {
+    l.pidfd = true;
+    ::close(pfd);
+  }
+  struct statvfs vfs {};
+  if (::statvfs("/dev/shm", &vfs) == 0) {
+    l.dev_shm_total = static_cast<std::uint64_t>(vfs.f_blocks) * vfs.f_frsize;
+    l.dev_shm_free = static_cast<std::uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+  }
+  l.max_map_count = read_number("/proc/sys/vm/max_map_count");
+  {
+    std::ifstream maps("/proc/self/maps");
+    std::string line;
+    std::uint64_t n = 0;
+    while (std::getline(maps, line)) ++n;
+    if (n > 0) l.map_count = n;
+  }
+  rlimit rl{};
+  if (::getrlimit(RLIMIT_NOFILE, &rl) == 0) {
+    l.nofile_soft = rlim_value(rl.rlim_cur);
+    l.nofile_hard = rlim_value(rl.rlim_max);
+  }
+  l.thp_shmem = selected_value("/sys/kernel/mm/transparent_hugepage/shmem_enabled");
+  {
+    std::ifstream mi("/proc/meminfo");
+    std::string key;
+    std::uint64_t kib = 0;
+    std::string unit;
+    while (mi >> key >> kib >> unit) {
+      if (key == "MemTotal:") {
+        l.mem_total = kib * 1024;
+        break;
+      }
+    }
+  }
+  return l;
+}
+
+}  // namespace shmtensor::internal

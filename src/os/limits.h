@@ -1,0 +1,30 @@
+// The machine's limits that matter for sharing memory between processes, as read from the
+// kernel (for `shmtensor doctor`). Each reader reports what it could not read instead of
+// throwing.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace shmtensor::internal {
+
+struct SystemLimits {
+  std::string kernel_release;  // uname -r
+  std::string kernel_version;  // uname -v
+  bool memfd = false;          // memfd_create works
+  bool memfd_sealing = false;  // MFD_ALLOW_SEALING + F_ADD_SEALS work
+  bool pidfd = false;          // pidfd_open works (kernel >= 5.3)
+  std::optional<std::uint64_t> dev_shm_total;  // bytes; nullopt if /dev/shm is missing
+  std::optional<std::uint64_t> dev_shm_free;
+  std::optional<std::uint64_t> max_map_count;  // /proc/sys/vm/max_map_count
+  std::optional<std::uint64_t> map_count;      // mappings of this process now
+  std::uint64_t nofile_soft = 0;               // RLIMIT_NOFILE; UINT64_MAX = unlimited
+  std::uint64_t nofile_hard = 0;
+  std::string thp_shmem;  // the selected value of .../transparent_hugepage/shmem_enabled, or ""
+  std::optional<std::uint64_t> mem_total;  // bytes, from /proc/meminfo
+};
+
+SystemLimits read_system_limits();
+
+}  // namespace shmtensor::internal

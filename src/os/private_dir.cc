@@ -1,0 +1,57 @@
+#include "os/private_dir.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include "os/syscall.h"
+
+namespace shmtensor::internal {
+
+void ensure_private_dir(const std::string& path) {
+  if (::mkdir(path.c_str(), 0700) == -1 && errno != EEXIST)
+    throw_system_error(errno, "mkdir", path + ", mode 0700",
+                       "set SHMTENSOR_MANAGER_DIR to a directory this user may create");
+  struct stat st {};
+  check_syscall("lstat", path, [&] { return ::lstat(path.c_str(), &st); });
+  auto refuse = [&](const std::string& why) {
+    throw Error("shmtensor-manager directory " + path + " " + why +
+                "; refusing to use it (another user could impersonate the manager). Remove it, "
+                "or set SHMTENSOR_MANAGER_DIR to a private directory");
+  };
+  if (!S_ISDIR(st.st_mode)) refuse("is not a directory");
+  if (st.st_uid != ::geteuid())
+    refuse("belongs to uid " + std::to_string(st.st_uid) + ", not " + std::to_string(::geteuid()));
+  if ((st.st_mode & 077) != 0) {
+    // Ours but too open (e.g. made with a permissive umask by an old version): tighten it.
+    check_syscall("chmod", path + ", 0700", [&] { return ::chmod(path.c_str(), 0700); });
+  }
+}
+
+bool is_own_directory(const std::string& path) noexcept {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid == ::geteuid();
+}
+
+UniqueFd try_lock_file(const std::string& path) {
+  UniqueFd fd(check_syscall("open", path + ", O_CREAT", [&] {
+    return ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+  }));
+  if (retry_eintr([&] { return ::flock(fd.get(), LOCK_EX | LOCK_NB); }) == -1) {
+    if (errno == EWOULDBLOCK) return UniqueFd();
+    throw_system_error(errno, "flock", path);
+  }
+  return fd;
+}
+
+bool remove_file(const std::string& path) noexcept { return ::unlink(path.c_str()) == 0; }
+
+bool file_exists(const std::string& path) noexcept {
+  struct stat st {};
+  return ::lstat(path.c_str(), &st) == 0;
+}
+
+}  // namespace shmtensor::internal

@@ -1,0 +1,29 @@
+// A directory only its owner may enter, and lock files in it: where the manager daemon
+// keeps its socket, and how two daemons of one group agree on who serves.
+#pragma once
+
+#include <string>
+
+#include "os/unique_fd.h"
+
+namespace shmtensor::internal {
+
+// Creates `path` (one level; the parent must exist) with mode 0700 if it is missing. Then
+// checks that it is a real directory (not a symlink), owned by this effective uid, with no
+// group/other permissions. Throws Error naming the path and what is wrong: a directory
+// someone else made is never used (it could let them impersonate the daemon).
+void ensure_private_dir(const std::string& path);
+
+// True when `path` is a directory owned by this effective uid.
+bool is_own_directory(const std::string& path) noexcept;
+
+// Opens (creating, 0600) `path` and takes flock(LOCK_EX|LOCK_NB) on it. Returns the fd,
+// which holds the lock until closed (or the process dies), or an invalid fd when another
+// process holds it. Throws SystemError for anything else.
+UniqueFd try_lock_file(const std::string& path);
+
+// unlink(); false if it did not exist (or could not be removed).
+bool remove_file(const std::string& path) noexcept;
+bool file_exists(const std::string& path) noexcept;
+
+}  // namespace shmtensor::internal
