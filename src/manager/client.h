@@ -2,8 +2,20 @@
 // for file_system segments. Every name is registered before it is created, so no crash
 // window exists in which a name is unknown to the manager.
 //
-// Thread-safe. After fork the child uses its own connection (the parent's is never shared).
+// Thread-safe (one mutex). A process is connected while it holds names, and disconnects
+// when it holds none (so an idle process keeps no fd and the daemon can exit). Messages
+// are one-way except the hello that opens a connection: registering a name costs one
+// send(). A daemon that died is noticed by the next send (EPIPE, never SIGPIPE) and
+// replaced: the client starts a new one, reconnects and re-registers what it holds.
+//
+// fork: the child never uses its parent's connection. pthread_atfork handlers announce the
+// fork (the parent sends kForkBegin before it; the child sends kForkChild, one non-blocking
+// send of a preformatted message, on the inherited socket and closes it), so the daemon
+// knows that the child holds every name its parent held, even if the child never calls
+// the library again. The child connects on its own when it next needs to.
 #pragma once
+
+#include <sys/types.h>
 
 #include <string>
 
@@ -11,11 +23,21 @@ namespace shmtensor::internal::manager {
 
 // Before shm_open(O_CREAT|O_EXCL) of `name` (e.g. "/shmtensor_12_ab..._3").
 // Starts the daemon if none runs. Throws Error saying why and where it looked if the
-// daemon cannot be started.
+// daemon cannot be started (SystemError when a system call failed, e.g. EMFILE).
 void register_created(const std::string& name);
-// After this process opened (mapped) an existing name it did not create.
-void register_opened(const std::string& name);
-// After this process unmapped `name` (and, if it was the last holder, unlinked it).
-void release(const std::string& name, bool unlinked);
+// After this process opened (mapped) an existing name it did not create. Never throws: if
+// the daemon cannot be reached the name is still released by its refcount, and a later
+// daemon's sweep covers a crash.
+void register_opened(const std::string& name) noexcept;
+// After this process released its count of `name` (and unlinked it if it was the last).
+void release(const std::string& name, bool unlinked) noexcept;
+
+// Waits until the daemon has processed every message this process sent and made its
+// decisions (for tests and tools). Connects (starting a daemon) if needed. Throws Error.
+void sync();
+// The pid of the daemon this process is connected to, 0 when not connected.
+pid_t connected_daemon_pid() noexcept;
+// The number of names this process holds as far as the manager client knows.
+std::size_t held_name_count() noexcept;
 
 }  // namespace shmtensor::internal::manager

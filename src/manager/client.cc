@@ -1,0 +1,313 @@
+#include "manager/client.h"
+
+#include <pthread.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <mutex>
+#include <thread>
+#include <unordered_set>
+#include <vector>
+
+#include "manager/paths.h"
+#include "manager/protocol.h"
+#include "os/daemonize.h"
+#include "os/private_dir.h"
+#include "os/proc.h"
+#include "os/proc_scan.h"
+#include "os/syscall.h"
+#include "os/unix_socket.h"
+#include "shmtensor/error.h"
+
+namespace shmtensor::internal::manager {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// A daemon that takes longer than this to start, to answer a hello or to take a message is
+// treated as broken (its socket buffer is ~200 KiB: a live daemon never makes us wait).
+constexpr int kIoTimeoutMs = 10000;
+constexpr auto kConnectDeadline = std::chrono::seconds(20);
+
+struct Client {
+  std::mutex mu;
+  UniqueFd fd;
+  pid_t daemon_pid = 0;
+  // Names this process holds a count of and has registered: what a new connection
+  // re-registers, and what a forked child inherits (as a copy of this memory).
+  std::unordered_set<std::string> held;
+  std::uint64_t fork_seq = 0;
+  bool fork_announced = false;
+};
+
+void prepare_fork() noexcept;
+void parent_after_fork() noexcept;
+void child_after_fork() noexcept;
+
+Client& client() {
+  // Leaked: segments may be released during static destruction.
+  static Client* c = [] {
+    auto* p = new Client;
+    ::pthread_atfork(prepare_fork, parent_after_fork, child_after_fork);
+    return p;
+  }();
+  return *c;
+}
+
+void disconnect(Client& c) noexcept {
+  c.fd.reset();
+  c.daemon_pid = 0;
+}
+
+[[noreturn]] void cannot_start(const std::string& tried) {
+  throw Error(
+      "cannot start shmtensor-manager, the daemon that removes file_system shared memory "
+      "left by crashed processes. Looked for it at:" +
+      tried +
+      "\nBuild the shmtensor-manager target, install shmtensor, or set SHMTENSOR_MANAGER to "
+      "its path — or use set_sharing_strategy(\"file_descriptor\"), which needs no daemon");
+}
+
+// Starts a daemon for `loc` and waits until it serves (or says another one does).
+void start_daemon(const ManagerLocation& loc) {
+  std::string tried;
+  for (const auto& path : manager_program_candidates()) {
+    if (!file_exists(path)) {
+      tried += "\n  " + path + " (does not exist)";
+      continue;
+    }
+    UniqueFd report = spawn_detached(
+        path, {"--dir", loc.dir, "--group", loc.group, "--notify-fd",
+               std::to_string(kDaemonNotifyFd), "--grace-ms", std::to_string(manager_grace_ms())});
+    bool timed_out = false;
+    std::string line = read_line(report.get(), kIoTimeoutMs, &timed_out);
+    if (line.rfind("OK", 0) == 0 || line == "EXISTS") return;
+    if (line.rfind("EXEC ", 0) == 0) {
+      int err = std::atoi(line.c_str() + 5);
+      tried += "\n  " + path + " (cannot execute: " + std::strerror(err) + ")";
+      continue;
+    }
+    if (line.rfind("ERROR ", 0) == 0)
+      throw Error("shmtensor-manager (" + path + ") could not start: " + line.substr(6));
+    throw Error("shmtensor-manager (" + path + ") " +
+                (timed_out ? "did not report within " + std::to_string(kIoTimeoutMs / 1000) + " s"
+                           : std::string("exited without reporting")) +
+                "; see its log " + loc.log_path);
+  }
+  cannot_start(tried);
+}
+
+// Sends every name this process holds on a fresh connection. False if the daemon went away.
+bool reregister(Client& c) {
+  if (c.held.empty()) return true;
+  std::vector<std::string> names(c.held.begin(), c.held.end());
+  for (const auto& msg : encode_names(MessageType::kRegisterHeld, names))
+    if (send_packet(c.fd.get(), msg.data(), msg.size(), false) != 0) return false;
+  return true;
+}
+
+void connect_locked(Client& c) {
+  const ManagerLocation loc = manager_location();
+  ensure_private_dir(loc.dir);
+  const auto deadline = Clock::now() + kConnectDeadline;
+  for (;;) {
+    int err = 0;
+    UniqueFd fd = seqpacket_connect(loc.socket_path, &err);
+    if (!fd) {
+      if (err != ENOENT && err != ECONNREFUSED)
+        throw_system_error(err, "connect", "shmtensor-manager at " + loc.socket_path);
+      start_daemon(loc);
+      if (Clock::now() > deadline)
+        throw Error("shmtensor-manager started but " + loc.socket_path + " does not accept");
+      continue;
+    }
+    set_socket_timeouts(fd.get(), kIoTimeoutMs);
+    MessageHeader hello{};
+    // Who we are, as the daemon may read it only after we are gone (a short-lived process):
+    // our start time (to tell us from a later process with our pid) and process group (to
+    // keep names we sent in messages while our relatives live).
+    encode_header(MessageType::kHello, process_start_time(own_pid()),
+                  static_cast<std::uint64_t>(own_process_group()), &hello);
+    if (send_packet(fd.get(), &hello, sizeof hello, false) == 0) {
+      char buf[1024];
+      RecvResult r = recv_packet(fd.get(), buf, sizeof buf, false);
+      if (r.size < 0 && (r.error == EAGAIN || r.error == EWOULDBLOCK))
+        throw Error("shmtensor-manager at " + loc.socket_path + " did not answer within " +
+                    std::to_string(kIoTimeoutMs / 1000) + " s (is it stopped?)");
+      if (r.size > 0 && !r.truncated) {
+        Message m = decode(buf, static_cast<std::size_t>(r.size));
+        if (m.type == MessageType::kRefused)
+          throw Error("shmtensor-manager at " + loc.socket_path + " refused this process: " +
+                      m.text);
+        if (m.type != MessageType::kHelloAck)
+          throw ProtocolError("shmtensor-manager answered a hello with message type " +
+                              std::to_string(static_cast<int>(m.type)));
+        c.fd = std::move(fd);
+        c.daemon_pid = static_cast<pid_t>(m.a);
+        if (reregister(c)) return;
+        disconnect(c);
+      }
+    }
+    // End of stream before the answer: that daemon is exiting (it closed its listener with
+    // us in the backlog). The next connect finds no socket and starts a new one.
+    if (Clock::now() > deadline)
+      throw Error("could not connect to shmtensor-manager at " + loc.socket_path +
+                  ": it keeps closing connections");
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+bool daemon_gone(int err) {
+  return err == EPIPE || err == ECONNRESET || err == ENOTCONN || err == ECONNREFUSED;
+}
+
+// Sends one message, connecting first if needed. If the daemon died, reconnects (which
+// starts a new one and re-registers every held name) and sends again, unless `reconnect`
+// is false: then the message is dropped.
+void send_locked(Client& c, const void* data, std::size_t size, bool reconnect) {
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    if (!c.fd) {
+      if (attempt > 0 && !reconnect) return;
+      connect_locked(c);
+    }
+    int err = send_packet(c.fd.get(), data, size, false);
+    if (err == 0) return;
+    disconnect(c);
+    if (err == EAGAIN || err == EWOULDBLOCK)
+      throw Error("shmtensor-manager did not take a message within " +
+                  std::to_string(kIoTimeoutMs / 1000) + " s (is it stopped?)");
+    if (!daemon_gone(err)) throw_system_error(err, "send", "to shmtensor-manager");
+  }
+  throw Error("shmtensor-manager keeps closing the connection");
+}
+
+void send_locked(Client& c, const std::string& msg, bool reconnect) {
+  send_locked(c, msg.data(), msg.size(), reconnect);
+}
+
+std::string one_name(MessageType type, const std::string& name, std::uint64_t a = 0) {
+  return encode(Message{type, a, 0, {name}, {}});
+}
+
+// ---- fork ------------------------------------------------------------------------------
+// errno is preserved by every handler: the memory layer's handlers use it to tell a failed
+// fork from a successful one.
+
+void prepare_fork() noexcept {
+  const int saved = errno;
+  Client& c = client();
+  c.mu.lock();  // held across fork: the child must not inherit it locked by another thread
+  c.fork_announced = false;
+  if (!c.held.empty()) {
+    try {
+      MessageHeader h{};
+      encode_header(MessageType::kForkBegin, ++c.fork_seq, 0, &h);
+      // A process that inherited names and never connected connects now (we are in the
+      // parent, before fork: a normal context).
+      send_locked(c, &h, sizeof h, true);
+      c.fork_announced = true;
+    } catch (...) {
+      // The daemon then learns of the child when it connects, or never (its counts stay,
+      // and the name is kept until every process that held it is gone).
+    }
+  }
+  errno = saved;
+}
+
+void parent_after_fork() noexcept {
+  const int saved = errno;
+  client().mu.unlock();
+  errno = saved;
+}
+
+void child_after_fork() noexcept {
+  // Async-signal-safe only: one non-blocking send of a fixed-size message, and close.
+  const int saved = errno;
+  Client& c = client();
+  if (c.fd) {
+    if (c.fork_announced) {
+      MessageHeader h{};
+      encode_header(MessageType::kForkChild, c.fork_seq, static_cast<std::uint64_t>(own_pid()),
+                    &h);
+      send_packet(c.fd.get(), &h, sizeof h, true);
+    }
+    c.fd.reset();  // the parent's connection stays the parent's: its end tells of its death
+  }
+  c.daemon_pid = 0;
+  c.fork_announced = false;
+  c.mu.unlock();
+  errno = saved;
+}
+
+}  // namespace
+
+void register_created(const std::string& name) {
+  Client& c = client();
+  std::lock_guard lock(c.mu);
+  send_locked(c, one_name(MessageType::kRegisterCreated, name), true);
+  c.held.insert(name);
+}
+
+void register_opened(const std::string& name) noexcept {
+  Client& c = client();
+  std::lock_guard lock(c.mu);
+  try {
+    send_locked(c, one_name(MessageType::kRegisterOpened, name), true);
+    c.held.insert(name);
+  } catch (...) {
+    if (c.held.empty()) disconnect(c);
+  }
+}
+
+void release(const std::string& name, bool unlinked) noexcept {
+  Client& c = client();
+  std::lock_guard lock(c.mu);
+  const bool was_held = c.held.erase(name) > 0;
+  try {
+    // The daemon must hear of a count we gave back while the name lives on: otherwise it
+    // would take that count off again when this process dies. A name we unlinked needs no
+    // word unless we are connected anyway (the daemon then forgets it at once).
+    if (c.fd || (was_held && !unlinked)) {
+      send_locked(c, one_name(MessageType::kRelease, name, unlinked ? 1 : 0),
+                  was_held && !unlinked);
+    }
+  } catch (...) {
+  }
+  if (c.held.empty()) disconnect(c);
+}
+
+void sync() {
+  Client& c = client();
+  std::lock_guard lock(c.mu);
+  static std::uint64_t token = 0;
+  MessageHeader h{};
+  encode_header(MessageType::kSync, ++token, 0, &h);
+  send_locked(c, &h, sizeof h, true);
+  for (;;) {
+    char buf[1024];
+    RecvResult r = recv_packet(c.fd.get(), buf, sizeof buf, false);
+    if (r.size <= 0 || r.truncated) {
+      disconnect(c);
+      throw Error("shmtensor-manager closed the connection during a sync");
+    }
+    Message m = decode(buf, static_cast<std::size_t>(r.size));
+    if (m.type == MessageType::kSyncAck && m.a == token) break;
+  }
+  if (c.held.empty()) disconnect(c);
+}
+
+pid_t connected_daemon_pid() noexcept {
+  Client& c = client();
+  std::lock_guard lock(c.mu);
+  return c.fd ? c.daemon_pid : 0;
+}
+
+std::size_t held_name_count() noexcept {
+  Client& c = client();
+  std::lock_guard lock(c.mu);
+  return c.held.size();
+}
+
+}  // namespace shmtensor::internal::manager

@@ -1,0 +1,394 @@
+#include "manager/daemon.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <map>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "manager/protocol.h"
+#include "manager/segments.h"
+#include "manager/tracker.h"
+#include "os/daemonize.h"
+#include "os/private_dir.h"
+#include "os/proc_scan.h"
+#include "os/shm.h"
+#include "os/unix_socket.h"
+#include "shmtensor/error.h"
+
+namespace shmtensor::internal::manager {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// How often liveness is polled for processes without a pidfd (kernels before 5.3).
+constexpr int kPollIntervalMs = 250;
+// How long a starting daemon waits for an exiting one to release the lock.
+constexpr auto kLockWait = std::chrono::seconds(10);
+
+void log(const char* fmt, auto... args) {
+  char when[32];
+  std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  ::localtime_r(&now, &tm);
+  std::strftime(when, sizeof when, "%F %T", &tm);
+  std::fprintf(stderr, "%s shmtensor-manager[%d]: ", when, static_cast<int>(own_pid()));
+  if constexpr (sizeof...(args) == 0) {
+    std::fputs(fmt, stderr);
+  } else {
+    std::fprintf(stderr, fmt, args...);
+  }
+  std::fputc('\n', stderr);
+  std::fflush(stderr);
+}
+
+class SystemEnvironment : public Tracker::Environment {
+ public:
+  bool alive(const ProcessId& p) override { return is_alive(p); }
+  ProcessId identify(pid_t pid) override { return identify_process(pid); }
+  std::unordered_map<std::string, std::vector<ProcessId>> scan_mappers() override {
+    return scan_shm_mappers("shmtensor_", own_pid());
+  }
+  SegmentFacts facts(const std::string& name) override { return read_segment_facts(name); }
+  pid_t process_group(pid_t pid) override { return read_process_status(pid).process_group; }
+  bool group_alive(pid_t pgid) override { return process_group_exists(pgid); }
+  void drop_count(const std::string& name) override { drop_count_of_dead_holder(name); }
+  void unlink(const std::string& name) override {
+    if (unlink_named_shm(name)) log("removed %s (no live process holds it)", name.c_str());
+  }
+};
+
+struct Connection {
+  UniqueFd fd;
+  ProcessId peer;   // pid from SO_PEERCRED; start time from the hello
+  pid_t group = 0;  // from the hello
+  bool greeted = false;
+  bool closed = false;
+};
+
+bool socket_answers(const std::string& path) {
+  int err = 0;
+  try {
+    return seqpacket_connect(path, &err).valid();
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+}  // namespace
+
+struct Daemon::Impl {
+  explicit Impl(DaemonOptions o) : options(std::move(o)), tracker(env) {}
+
+  DaemonOptions options;
+  SystemEnvironment env;
+  Tracker tracker;
+  UniqueFd lock;
+  UniqueFd listener;
+  UniqueFd signals;
+  std::vector<std::unique_ptr<Connection>> conns;
+  std::map<pid_t, std::pair<ProcessId, UniqueFd>> pidfds;  // watched, with a pidfd
+  std::map<pid_t, ProcessId> polled;                      // watched, without one
+  std::vector<pid_t> groups;  // watched process groups (polled)
+  bool draining = false;
+  bool unclean_predecessor = false;
+
+  void notify(const std::string& line) {
+    if (options.notify_fd < 0) return;
+    write_all_noexcept(options.notify_fd, line + "\n");
+    UniqueFd(options.notify_fd).reset();
+    options.notify_fd = -1;
+  }
+
+  // Returns 0 when this process now serves, else run()'s result.
+  int start() {
+    const ManagerLocation& loc = options.location;
+    ensure_private_dir(loc.dir);
+    if (options.log_to_file) redirect_stderr_to_log(loc.log_path, 1 << 20);
+    const auto deadline = Clock::now() + kLockWait;
+    for (;;) {
+      lock = try_lock_file(loc.lock_path);
+      if (lock) break;
+      if (socket_answers(loc.socket_path)) {
+        notify("EXISTS");
+        return kExitAlreadyRunning;
+      }
+      if (Clock::now() > deadline)
+        throw Error("another shmtensor-manager holds " + loc.lock_path + " but does not answer on " +
+                    loc.socket_path);
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    // We hold the lock, so a socket file left here belongs to a daemon that was killed
+    // (one that exits removes it first): what it tracked is lost, so sweep.
+    unclean_predecessor = remove_file(loc.socket_path);
+    listener = seqpacket_listen(loc.socket_path, 128);
+    signals = termination_signal_fd();
+    notify("OK " + std::to_string(own_pid()));
+    log("serving %s (grace %d ms)", loc.socket_path.c_str(), options.grace_ms);
+    return 0;
+  }
+
+  void sweep(const char* when) {
+    try {
+      SweepReport r = sweep_orphans(false, own_pid());
+      for (const auto& s : r.removed)
+        log("%s sweep removed %s (creator %d gone, no process maps it)", when, s.name.c_str(),
+            static_cast<int>(s.facts.creator_pid));
+      for (const auto& s : r.kept) tracker.adopt(s.name);
+    } catch (const Error& e) {
+      log("%s sweep failed: %s", when, e.what());
+    }
+  }
+
+  void close_connection(Connection& c) {
+    if (c.closed) return;
+    c.closed = true;
+    c.fd.reset();
+    if (c.greeted && !is_alive(c.peer)) tracker.died(c.peer);
+  }
+
+  void reply(Connection& c, MessageType type, std::uint64_t a) {
+    MessageHeader h{};
+    encode_header(type, a, 0, &h);
+    if (send_packet(c.fd.get(), &h, sizeof h, true) != 0) close_connection(c);
+  }
+
+  void refuse(UniqueFd fd, const std::string& why) {
+    std::string msg = encode(Message{MessageType::kRefused, 0, 0, {}, why});
+    send_packet(fd.get(), msg.data(), msg.size(), true);
+    log("refused a connection: %s", why.c_str());
+  }
+
+  void accept_all() {
+    for (;;) {
+      UniqueFd fd = accept_connection(listener.get());
+      if (!fd) return;
+      PeerCredentials cred;
+      try {
+        cred = peer_credentials(fd.get());
+      } catch (const Error&) {
+        continue;
+      }
+      if (cred.uid != effective_uid()) {
+        refuse(std::move(fd), "peer uid " + std::to_string(cred.uid) +
+                                  " is not this manager's uid " + std::to_string(effective_uid()));
+        continue;
+      }
+      if (cred.pid <= 0) {
+        refuse(std::move(fd), "peer pid not visible (another pid namespace)");
+        continue;
+      }
+      // The peer may be gone already (a short-lived process): its messages still count.
+      auto c = std::make_unique<Connection>();
+      c->fd = std::move(fd);
+      c->peer = {cred.pid, 0};
+      conns.push_back(std::move(c));
+    }
+  }
+
+  void dispatch(Connection& c, const Message& m) {
+    if (!c.greeted && m.type != MessageType::kHello)
+      throw ProtocolError("first message is not a hello");
+    switch (m.type) {
+      case MessageType::kHello:
+        if (c.greeted) throw ProtocolError("second hello");
+        // A forked child announces itself (kForkChild) on its parent's connection before
+        // it can connect on its own: read everything already queued elsewhere first, so
+        // that the announcement is applied before anything the child says itself.
+        if (!draining) {
+          draining = true;
+          for (auto& other : conns)
+            if (other.get() != &c) service(*other);
+          draining = false;
+        }
+        c.greeted = true;
+        // The start time it claims (same uid: trusted) identifies it even if it is gone and
+        // its pid reused by now; an old client that sends none is identified from /proc.
+        c.peer.start_time = m.a != 0 ? m.a : identify_process(c.peer.pid).start_time;
+        if (c.peer.start_time == 0) c.peer.start_time = UINT64_MAX;  // gone, unknown: dead
+        c.group = static_cast<pid_t>(m.b);
+        reply(c, MessageType::kHelloAck, static_cast<std::uint64_t>(own_pid()));
+        break;
+      case MessageType::kRegisterCreated:
+      case MessageType::kRegisterOpened:
+      case MessageType::kRegisterHeld: {
+        auto how = m.type == MessageType::kRegisterCreated  ? Tracker::Registration::kCreated
+                   : m.type == MessageType::kRegisterOpened ? Tracker::Registration::kOpened
+                                                            : Tracker::Registration::kHeld;
+        for (const auto& n : m.names) tracker.registered(c.peer, n, how, c.group);
+        break;
+      }
+      case MessageType::kRelease:
+        tracker.released(c.peer, m.names[0], m.a == 1);
+        break;
+      case MessageType::kForkBegin:
+        tracker.fork_begin(c.peer, m.a);
+        break;
+      case MessageType::kForkChild:
+        tracker.fork_child(c.peer, m.a, static_cast<pid_t>(m.b));
+        break;
+      case MessageType::kSync:
+        settle();
+        reply(c, MessageType::kSyncAck, m.a);
+        break;
+      default:
+        throw ProtocolError("a client sent a daemon's message type " +
+                            std::to_string(static_cast<int>(m.type)));
+    }
+  }
+
+  // Reads every message queued on `c` now.
+  void service(Connection& c) {
+    static thread_local char buf[kMaxMessageSize + 1];
+    while (!c.closed) {
+      RecvResult r = recv_packet(c.fd.get(), buf, sizeof buf, true);
+      if (r.size < 0 && (r.error == EAGAIN || r.error == EWOULDBLOCK)) return;
+      if (r.size <= 0) {  // end of stream (the process exited or disconnected), or an error
+        close_connection(c);
+        return;
+      }
+      try {
+        if (r.truncated) throw ProtocolError("message over " + std::to_string(kMaxMessageSize));
+        dispatch(c, decode(buf, static_cast<std::size_t>(r.size)));
+      } catch (const ProtocolError& e) {
+        log("dropping the connection of pid %d: %s", static_cast<int>(c.peer.pid), e.what());
+        close_connection(c);
+      }
+    }
+  }
+
+  void settle() {
+    tracker.settle();  // SystemEnvironment::unlink logs each removal
+  }
+
+  // Keeps one pidfd (or a polling entry) per watched process.
+  void update_watches() {
+    std::vector<ProcessId> want = tracker.watched();
+    std::vector<ProcessId> dead;
+    std::map<pid_t, std::pair<ProcessId, UniqueFd>> next;
+    std::map<pid_t, ProcessId> next_polled;
+    for (const auto& p : want) {
+      if (auto it = pidfds.find(p.pid); it != pidfds.end() && it->second.first == p) {
+        next.emplace(p.pid, std::move(it->second));
+        continue;
+      }
+      bool unsupported = false;
+      UniqueFd fd = open_pidfd(p.pid, &unsupported);
+      if (unsupported) {
+        next_polled.emplace(p.pid, p);
+      } else if (!fd || !is_alive(p)) {
+        dead.push_back(p);  // checked after opening: no exit can slip between
+      } else {
+        next.emplace(p.pid, std::make_pair(p, std::move(fd)));
+      }
+    }
+    pidfds = std::move(next);
+    polled = std::move(next_polled);
+    for (const auto& p : dead) tracker.died(p);
+    groups = tracker.watched_groups();
+  }
+
+  void serve() {
+    std::optional<Clock::time_point> idle_since;
+    for (;;) {
+      std::erase_if(conns, [](const auto& c) { return c->closed; });
+      settle();
+      update_watches();
+      if (tracker.needs_settle()) continue;  // deaths found while updating the watches
+
+      int timeout = -1;
+      if (conns.empty() && tracker.idle()) {
+        if (!idle_since) idle_since = Clock::now();
+        auto left = options.grace_ms - std::chrono::duration_cast<std::chrono::milliseconds>(
+                                           Clock::now() - *idle_since)
+                                           .count();
+        if (left <= 0) return;
+        timeout = static_cast<int>(left);
+      } else {
+        idle_since.reset();
+      }
+      if (!polled.empty() || !groups.empty())
+        timeout = timeout < 0 ? kPollIntervalMs : std::min(timeout, kPollIntervalMs);
+
+      std::vector<PollEntry> entries;
+      entries.push_back({signals.get()});
+      entries.push_back({listener.get()});
+      for (auto& c : conns) entries.push_back({c->fd.get()});
+      std::vector<ProcessId> pid_order;
+      for (auto& [pid, w] : pidfds) {
+        entries.push_back({w.second.get()});
+        pid_order.push_back(w.first);
+      }
+      wait_readable(entries, timeout);
+
+      if (entries[0].readable) {
+        int sig = read_signal(signals.get());
+        log("signal %d: exiting", sig);
+        return;
+      }
+      if (entries[1].readable) accept_all();
+      const std::size_t nconns = entries.size() - 2 - pid_order.size();
+      for (std::size_t i = 0; i < nconns; ++i) {
+        const PollEntry& e = entries[2 + i];
+        if (e.readable || e.hangup) service(*conns[i]);
+      }
+      for (std::size_t i = 0; i < pid_order.size(); ++i) {
+        if (entries[2 + nconns + i].readable) {
+          tracker.died(pid_order[i]);
+          pidfds.erase(pid_order[i].pid);
+        }
+      }
+      for (const auto& [pid, p] : polled)
+        if (!is_alive(p)) tracker.died(p);
+      for (pid_t g : groups) {
+        if (!process_group_exists(g)) {
+          tracker.group_ended();
+          break;
+        }
+      }
+    }
+  }
+
+  void shut_down() {
+    // First the socket, so that a client arriving now starts a new daemon (which waits for
+    // our lock) instead of queueing on a listener nobody will accept from. Clients in the
+    // backlog get EOF before their hello is answered, and retry.
+    remove_file(options.location.socket_path);
+    listener.reset();
+    for (auto& c : conns) c->fd.reset();
+    conns.clear();
+    log("exiting");
+  }
+};
+
+Daemon::Daemon(DaemonOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}
+Daemon::~Daemon() = default;
+
+int Daemon::run() noexcept {
+  try {
+    int rc = impl_->start();
+    if (rc != 0) return rc;
+  } catch (const std::exception& e) {
+    log("cannot start: %s", e.what());
+    impl_->notify(std::string("ERROR ") + e.what());
+    return 1;
+  }
+  try {
+    if (impl_->options.sweep && impl_->unclean_predecessor) impl_->sweep("start");
+    impl_->serve();
+  } catch (const std::exception& e) {
+    log("fatal: %s", e.what());
+  }
+  try {
+    impl_->shut_down();
+  } catch (const std::exception& e) {
+    log("shutting down: %s", e.what());
+  }
+  return 0;
+}
+
+}  // namespace shmtensor::internal::manager

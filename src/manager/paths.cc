@@ -1,0 +1,108 @@
+#include "manager/paths.h"
+
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+
+#include "os/private_dir.h"
+#include "os/proc_scan.h"
+#include "os/shm_list.h"
+#include "os/unix_socket.h"
+#include "shmtensor/error.h"
+
+#ifndef SHMTENSOR_BUILD_BINDIR
+#define SHMTENSOR_BUILD_BINDIR ""
+#endif
+#ifndef SHMTENSOR_INSTALL_BINDIR
+#define SHMTENSOR_INSTALL_BINDIR ""
+#endif
+
+namespace shmtensor::internal::manager {
+
+namespace {
+
+std::string env(const char* name) {
+  const char* v = std::getenv(name);
+  return v == nullptr ? std::string() : std::string(v);
+}
+
+// The directory of the running program, from /proc/self/exe.
+std::string program_dir() {
+  char buf[4096];
+  char* real = ::realpath("/proc/self/exe", buf);
+  std::string exe = real == nullptr ? std::string() : std::string(real);
+  auto slash = exe.rfind('/');
+  return slash == std::string::npos ? std::string() : exe.substr(0, slash);
+}
+
+}  // namespace
+
+bool is_valid_group(const std::string& group) noexcept {
+  if (group.empty() || group.size() > 64) return false;
+  for (char c : group) {
+    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '_' || c == '.' || c == '-';
+    if (!ok) return false;
+  }
+  return group != "." && group != "..";
+}
+
+std::string default_manager_dir() {
+  std::string dir = env("SHMTENSOR_MANAGER_DIR");
+  if (!dir.empty()) return dir;
+  std::string xdg = env("XDG_RUNTIME_DIR");
+  if (!xdg.empty() && xdg[0] == '/' && is_own_directory(xdg)) return xdg + "/shmtensor";
+  return "/tmp/shmtensor-" + std::to_string(effective_uid());
+}
+
+ManagerLocation manager_location(const std::string& dir, const std::string& group) {
+  if (!is_valid_group(group))
+    throw Error("invalid shmtensor-manager group \"" + group +
+                "\" (SHMTENSOR_MANAGER_GROUP): use 1 to 64 characters of A-Z a-z 0-9 _ . -");
+  char dev[32];
+  std::snprintf(dev, sizeof dev, "%llx", static_cast<unsigned long long>(dev_shm_device()));
+  std::string base = dir + "/" + group + "-" + dev;
+  ManagerLocation loc{dir, group, base + ".sock", base + ".lock", base + ".log"};
+  if (loc.socket_path.size() > max_unix_socket_path())
+    throw Error("the shmtensor-manager socket path " + loc.socket_path + " is " +
+                std::to_string(loc.socket_path.size()) + " bytes, more than the " +
+                std::to_string(max_unix_socket_path()) +
+                " a unix socket address holds: set SHMTENSOR_MANAGER_DIR to a shorter directory "
+                "(or a shorter SHMTENSOR_MANAGER_GROUP)");
+  return loc;
+}
+
+ManagerLocation manager_location() {
+  std::string group = env("SHMTENSOR_MANAGER_GROUP");
+  return manager_location(default_manager_dir(), group.empty() ? "default" : group);
+}
+
+std::vector<std::string> manager_program_candidates() {
+  std::string over = env("SHMTENSOR_MANAGER");
+  if (!over.empty()) return {over};
+  std::vector<std::string> out;
+  auto add = [&](const std::string& dir) {
+    if (dir.empty()) return;
+    std::string p = dir + "/shmtensor-manager";
+    for (const auto& q : out)
+      if (q == p) return;
+    out.push_back(p);
+  };
+  add(SHMTENSOR_BUILD_BINDIR);
+  add(SHMTENSOR_INSTALL_BINDIR);
+  add(program_dir());
+  return out;
+}
+
+int manager_grace_ms() {
+  std::string v = env("SHMTENSOR_MANAGER_GRACE_MS");
+  if (v.empty()) return 2000;
+  char* end = nullptr;
+  long ms = std::strtol(v.c_str(), &end, 10);
+  if (end == v.c_str() || *end != '\0') return 2000;
+  if (ms < 0) ms = 0;
+  if (ms > 600000) ms = 600000;
+  return static_cast<int>(ms);
+}
+
+}  // namespace shmtensor::internal::manager
