@@ -1,0 +1,311 @@
+// The manager daemon with real processes: it starts on first file_system use in a session
+// of its own, removes the names of SIGKILLed processes while others live on, is replaced
+// when killed (and the new one sweeps), is not displaced by a second daemon, drops only
+// the connection that sends garbage, and refuses other uids.
+#include <sys/fsuid.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+
+#include <cstring>
+#include <set>
+
+#include "ipc/manager_test_util.h"
+#include "manager/protocol.h"
+#include "memory/segment.h"
+#include "memory/storage_impl.h"
+#include "os/private_dir.h"
+#include "shmtensor/storage.h"
+
+namespace shmtensor {
+namespace {
+
+using internal::Segment;
+using testing::fork_child;
+using testing::wait_child;
+using namespace testing::manager_test;
+namespace mgr = internal::manager;
+
+std::string segment_name(const Storage& s) { return s.impl()->segment()->name(); }
+std::int64_t refcount_of(const Storage& s) {
+  return s.impl()->segment()->header()->refcount.load();
+}
+
+// A raw client socket connected to the daemon's socket (no hello sent).
+int raw_connect(const std::string& path) {
+  int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof addr.sun_path - 1);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  timeval tv{5, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  return fd;
+}
+
+// recv on a raw connection: the bytes, "" at EOF, "TIMEOUT" if nothing came.
+std::string raw_recv(int fd) {
+  char buf[2048];
+  ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+  if (n < 0) return errno == EAGAIN ? "TIMEOUT" : "ERROR";
+  return std::string(buf, static_cast<std::size_t>(n));
+}
+
+// In a child: creates `count` named segments, reports their names, then waits for SIGKILL.
+pid_t child_holding_segments(int count, Pipe& names, std::vector<Storage>* inherited = nullptr) {
+  return fork_child([&names, count, inherited] {
+    if (inherited) inherited->clear();  // not these: the test wants only the new ones held
+    std::vector<Storage> keep;
+    for (int i = 0; i < count; ++i) {
+      keep.push_back(Storage::allocate_shared(4096 * (i + 1)));
+      std::memset(keep.back().data(), i + 1, keep.back().nbytes());
+      names.send_line(segment_name(keep.back()));
+    }
+    for (;;) ::pause();
+  });
+}
+
+std::vector<std::string> receive_names(Pipe& p, int count) {
+  std::vector<std::string> out;
+  for (int i = 0; i < count; ++i) out.push_back(p.receive_line());
+  return out;
+}
+
+TEST_F(ManagerTest, StartsOnFirstUseInASessionOfItsOwnAndExitsWhenIdle) {
+  const auto loc = location();
+  ASSERT_FALSE(internal::file_exists(loc.socket_path)) << "a daemon of this group runs already";
+  EXPECT_EQ(mgr::connected_daemon_pid(), 0);
+  pid_t daemon = 0;
+  {
+    Storage s = Storage::allocate_shared(4096);
+    daemon = mgr::connected_daemon_pid();
+    ASSERT_GT(daemon, 0);
+    EXPECT_TRUE(process_lives(daemon));
+    EXPECT_NE(::getsid(daemon), ::getsid(0)) << "the daemon must leave the caller's session";
+    EXPECT_NE(::getpgid(daemon), ::getpgid(0)) << "and its process group (Ctrl-C)";
+    EXPECT_NE(internal::read_process_status(daemon).parent, ::getpid());
+    struct stat st {};
+    ASSERT_EQ(::stat(loc.dir.c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 0777, 0700u);
+    EXPECT_EQ(st.st_uid, ::geteuid());
+    ASSERT_EQ(::stat(loc.socket_path.c_str(), &st), 0);
+    EXPECT_TRUE(S_ISSOCK(st.st_mode));
+    EXPECT_EQ(mgr::held_name_count(), 1u);
+  }
+  EXPECT_EQ(mgr::connected_daemon_pid(), 0) << "a process holding nothing disconnects";
+  // Grace 300 ms: it exits, and removes its socket.
+  EXPECT_TRUE(eventually([&] { return !process_lives(daemon); })) << "daemon " << daemon;
+  EXPECT_FALSE(internal::file_exists(loc.socket_path));
+}
+
+TEST_F(ManagerTest, NamesOfASigkilledChildGoWhileTheParentLivesOn) {
+  Storage mine = Storage::allocate_shared(8192);
+  std::memset(mine.data(), 5, mine.nbytes());
+  const std::string my_name = segment_name(mine);
+  Pipe names;
+  pid_t child = child_holding_segments(3, names);
+  auto theirs = receive_names(names, 3);
+  for (const auto& n : theirs) ASSERT_TRUE(name_exists(n)) << n;
+  EXPECT_EQ(refcount_of(mine), 2) << "the child got its own count at fork";
+
+  ::kill(child, SIGKILL);
+  EXPECT_EQ(wait_child(child), 128 + SIGKILL);
+  for (const auto& n : theirs)
+    EXPECT_TRUE(eventually([&] { return !name_exists(n); }, std::chrono::seconds(3)))
+        << n << " outlived its SIGKILLed creator by 3 s";
+  // Ours lives on, with the dead child's count taken back.
+  mgr::sync();
+  EXPECT_TRUE(name_exists(my_name));
+  EXPECT_EQ(refcount_of(mine), 1);
+  EXPECT_EQ(static_cast<unsigned char*>(mine.data())[8191], 5);
+  mine = Storage();
+  EXPECT_FALSE(name_exists(my_name)) << "our drop was the last count: we unlink at once";
+}
+
+TEST_F(ManagerTest, ChildThatExitsWithoutReleasingDoesNotPinTheParentsSegment) {
+  Storage s = Storage::allocate_shared(4096);
+  const std::string name = segment_name(s);
+  // _exit with the inherited storage alive: its count is never given back by the child.
+  EXPECT_EQ(testing::run_in_child([] {}), 0);
+  s = Storage();
+  EXPECT_TRUE(eventually([&] { return !name_exists(name); }, std::chrono::seconds(3)))
+      << name << " stayed after its last live holder dropped it";
+}
+
+TEST_F(ManagerTest, SegmentSharedWithAKilledChildIsKeptWhileTheParentMapsIt) {
+  Storage s = Storage::allocate_shared(4096);
+  std::memset(s.data(), 9, s.nbytes());
+  const std::string name = segment_name(s);
+  Pipe ready;
+  pid_t child = fork_child([&] {
+    static_cast<char*>(s.data())[0] = 1;
+    ready.send();
+    for (;;) ::pause();
+  });
+  ASSERT_EQ(ready.receive(), 'x');
+  ::kill(child, SIGKILL);
+  wait_child(child);
+  mgr::sync();
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  mgr::sync();
+  EXPECT_TRUE(name_exists(name)) << "the daemon removed a name the parent still maps";
+  EXPECT_EQ(static_cast<char*>(s.data())[0], 1);
+}
+
+TEST_F(ManagerTest, KilledDaemonIsReplacedAndTheNewOneSweepsOrphans) {
+  Pipe names;
+  pid_t child = child_holding_segments(2, names);
+  auto theirs = receive_names(names, 2);
+  // Ours is made after the fork: the child does not hold it (a count leaked while no
+  // daemon runs would keep the name until its creator, this process, exits).
+  Storage mine = Storage::allocate_shared(4096);
+  const std::string my_name = segment_name(mine);
+  const pid_t first = mgr::connected_daemon_pid();
+  ASSERT_GT(first, 0);
+  // The daemon first, then the holder: nobody is left to notice the holder's death.
+  ::kill(first, SIGKILL);
+  ASSERT_TRUE(eventually([&] { return !process_lives(first); }));
+  ::kill(child, SIGKILL);
+  wait_child(child);
+
+  // Our next use finds the daemon gone (EPIPE, not SIGPIPE), starts a new one, which
+  // sweeps the orphans (unless a daemon of another group swept them first: sweeps cover
+  // every name of the user); our own names are re-registered.
+  Storage more = Storage::allocate_shared(4096);
+  const pid_t second = mgr::connected_daemon_pid();
+  EXPECT_GT(second, 0);
+  EXPECT_NE(second, first);
+  mgr::sync();
+  for (const auto& n : theirs) EXPECT_FALSE(name_exists(n)) << n << " survived the sweep";
+  EXPECT_TRUE(name_exists(my_name));
+  EXPECT_TRUE(name_exists(segment_name(more)));
+  EXPECT_EQ(mgr::held_name_count(), 2u);
+  mine = Storage();
+  EXPECT_FALSE(name_exists(my_name));
+}
+
+TEST_F(ManagerTest, SecondDaemonDoesNotStealTheFirstOnesClients) {
+  Storage s = Storage::allocate_shared(4096);
+  const pid_t first = mgr::connected_daemon_pid();
+  const auto loc = location();
+  const auto candidates = mgr::manager_program_candidates();
+  ASSERT_FALSE(candidates.empty());
+  pid_t second = ::fork();
+  if (second == 0) {
+    ::execl(candidates[0].c_str(), "shmtensor-manager", "--dir", loc.dir.c_str(), "--group",
+            loc.group.c_str(), static_cast<char*>(nullptr));
+    ::_exit(99);
+  }
+  EXPECT_EQ(wait_child(second), 3) << "a second daemon must exit with 3 (already running)";
+  EXPECT_TRUE(process_lives(first));
+  EXPECT_TRUE(internal::file_exists(loc.socket_path));
+  // The first one still serves: a killed child's names still go.
+  Storage more = Storage::allocate_shared(4096);
+  EXPECT_EQ(mgr::connected_daemon_pid(), first);
+  Pipe names;
+  pid_t child = child_holding_segments(1, names);
+  auto theirs = receive_names(names, 1);
+  ::kill(child, SIGKILL);
+  wait_child(child);
+  EXPECT_TRUE(eventually([&] { return !name_exists(theirs[0]); }, std::chrono::seconds(3)));
+}
+
+TEST_F(ManagerTest, GarbageDropsOnlyThatConnection) {
+  Storage s = Storage::allocate_shared(4096);
+  const pid_t daemon = mgr::connected_daemon_pid();
+  const auto loc = location();
+  {
+    int fd = raw_connect(loc.socket_path);
+    ASSERT_GE(fd, 0);
+    const char junk[] = "GET / HTTP/1.0\r\n\r\n";
+    ASSERT_EQ(::send(fd, junk, sizeof junk, MSG_NOSIGNAL), static_cast<ssize_t>(sizeof junk));
+    EXPECT_EQ(raw_recv(fd), "") << "garbage must close the connection";
+    ::close(fd);
+  }
+  {
+    // A well-formed hello, then a name that tries to leave /dev/shm.
+    int fd = raw_connect(loc.socket_path);
+    ASSERT_GE(fd, 0);
+    mgr::MessageHeader h{};
+    mgr::encode_header(mgr::MessageType::kHello, 1, 0, &h);
+    ASSERT_EQ(::send(fd, &h, sizeof h, MSG_NOSIGNAL), static_cast<ssize_t>(sizeof h));
+    std::string ack = raw_recv(fd);
+    ASSERT_EQ(ack.size(), sizeof h);
+    std::string bad(reinterpret_cast<const char*>(&h), sizeof h);
+    reinterpret_cast<mgr::MessageHeader*>(bad.data())->type =
+        static_cast<std::uint16_t>(mgr::MessageType::kRegisterCreated);
+    bad += std::string("/shmtensor_../../etc/passwd") + '\0';
+    ASSERT_EQ(::send(fd, bad.data(), bad.size(), MSG_NOSIGNAL), static_cast<ssize_t>(bad.size()));
+    EXPECT_EQ(raw_recv(fd), "");
+    ::close(fd);
+  }
+  // The daemon and our connection are fine.
+  EXPECT_TRUE(process_lives(daemon));
+  Storage more = Storage::allocate_shared(4096);
+  EXPECT_EQ(mgr::connected_daemon_pid(), daemon);
+  mgr::sync();
+  Pipe names;
+  pid_t child = child_holding_segments(1, names);
+  auto theirs = receive_names(names, 1);
+  ::kill(child, SIGKILL);
+  wait_child(child);
+  EXPECT_TRUE(eventually([&] { return !name_exists(theirs[0]); }, std::chrono::seconds(3)));
+}
+
+TEST_F(ManagerTest, PeerOfAnotherUidIsRefused) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to act as another uid";
+  Storage s = Storage::allocate_shared(4096);
+  const auto loc = location();
+  Pipe result;
+  pid_t child = fork_child([&] {
+    // euid 65534 (what SO_PEERCRED reports), fsuid 0 (so the 0700 directory can still be
+    // entered: this tests the daemon's check, not the directory's).
+    ASSERT_EQ(::setresuid(0, 65534, 0), 0) << std::strerror(errno);
+    ::setfsuid(0);
+    int fd = raw_connect(loc.socket_path);
+    ASSERT_GE(fd, 0) << std::strerror(errno);
+    std::string reply = raw_recv(fd);
+    ::close(fd);
+    ASSERT_GE(reply.size(), sizeof(mgr::MessageHeader));
+    mgr::Message m = mgr::decode(reply.data(), reply.size());
+    result.send_line(std::to_string(static_cast<int>(m.type)) + " " + m.text);
+  });
+  std::string line = result.receive_line();
+  EXPECT_EQ(wait_child(child), 0);
+  EXPECT_EQ(line.substr(0, line.find(' ')),
+            std::to_string(static_cast<int>(mgr::MessageType::kRefused)))
+      << line;
+  EXPECT_NE(line.find("uid 65534"), std::string::npos) << line;
+}
+
+TEST_F(ManagerTest, ReceiverThatOpensANameIsAHolderToo) {
+  // A child opens the parent's name as a receiver does (adopting a message's count) and is
+  // SIGKILLed: its count is taken back, so the parent's drop unlinks at once.
+  Pipe message, ready;
+  pid_t child = fork_child([&] {
+    std::string name = message.receive_line();
+    std::uint64_t uid = std::stoull(message.receive_line());
+    auto opened = Segment::attach_name(name, uid);
+    ready.send();
+    for (;;) ::pause();
+  });
+  auto seg = Segment::create(SharingStrategy::kFileSystem, 4096);
+  const std::string name = seg->name();
+  seg->add_in_flight_count();  // the count the "message" carries; the child adopts it
+  message.send_line(name);
+  message.send_line(std::to_string(seg->uid()));
+  ASSERT_EQ(ready.receive(), 'x');
+  EXPECT_EQ(seg->header()->refcount.load(), 2);
+  ::kill(child, SIGKILL);
+  wait_child(child);
+  ASSERT_TRUE(eventually([&] { return seg->header()->refcount.load() == 1; }))
+      << "refcount " << seg->header()->refcount.load();
+  seg.reset();
+  EXPECT_FALSE(name_exists(name));
+}
+
+}  // namespace
+}  // namespace shmtensor

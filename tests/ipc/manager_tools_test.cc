@@ -1,0 +1,150 @@
+// `shmtensor ls` and `shmtensor gc` against real segments: ls shows a live segment with its
+// creator and holders; gc --dry-run lists orphans and removes nothing; gc removes them and
+// leaves what a live process holds.
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <cstring>
+
+#include "ipc/manager_test_util.h"
+#include "manager/report.h"
+#include "manager/segments.h"
+#include "memory/storage_impl.h"
+#include "shmtensor/storage.h"
+
+namespace shmtensor {
+namespace {
+
+using testing::fork_child;
+using testing::wait_child;
+using namespace testing::manager_test;
+namespace mgr = internal::manager;
+
+const mgr::SegmentInfo* find(const std::vector<mgr::SegmentInfo>& v, const std::string& name) {
+  for (const auto& s : v)
+    if (s.name == name) return &s;
+  return nullptr;
+}
+
+// Output and exit status of the `shmtensor` program next to shmtensor-manager in the
+// build tree; nullopt when it is not there (an installed library).
+std::optional<std::pair<std::string, int>> run_tool(const std::string& args) {
+  std::string manager = mgr::manager_program_candidates().at(0);
+  std::string tool = manager.substr(0, manager.rfind('/')) + "/shmtensor";
+  if (::access(tool.c_str(), X_OK) != 0) return std::nullopt;
+  std::FILE* p = ::popen((tool + " " + args + " 2>&1").c_str(), "r");
+  if (p == nullptr) return std::nullopt;
+  std::string out;
+  char buf[4096];
+  while (std::size_t n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  int status = ::pclose(p);
+  return std::make_pair(out, WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+}
+
+// Leaves a named segment whose creator is dead and whose daemon was killed first: what the
+// manager cannot clean up by itself until a new daemon (or gc) sweeps. The child uses a
+// daemon group of its own, so that no daemon of the test's group is affected (a new one
+// would sweep the orphan before gc sees it).
+std::string make_orphan(const std::string& group) {
+  static int counter = 0;
+  const std::string orphan_group = group + "-o" + std::to_string(counter++);
+  Pipe report;
+  pid_t child = fork_child([&] {
+    ::setenv("SHMTENSOR_MANAGER_GROUP", orphan_group.c_str(), 1);
+    Storage s = Storage::allocate_shared(64 * 1024);
+    report.send_line(s.impl()->segment()->name());
+    report.send_line(std::to_string(mgr::connected_daemon_pid()));
+    for (;;) ::pause();
+  });
+  std::string name = report.receive_line();
+  pid_t daemon = std::stoi(report.receive_line());
+  ::kill(daemon, SIGKILL);
+  EXPECT_TRUE(eventually([&] { return !process_lives(daemon); }));
+  ::kill(child, SIGKILL);
+  wait_child(child);
+  auto loc = mgr::manager_location(mgr::default_manager_dir(), orphan_group);
+  for (const auto& f : {loc.socket_path, loc.lock_path, loc.log_path}) ::unlink(f.c_str());
+  return name;
+}
+
+TEST_F(ManagerTest, LsShowsALiveSegmentWithItsCreatorAndHolders) {
+  Storage s = Storage::allocate_shared(100000);
+  const std::string name = s.impl()->segment()->name();
+  auto segments = mgr::list_segments();
+  const auto* info = find(segments, name);
+  ASSERT_NE(info, nullptr) << name;
+  EXPECT_EQ(info->facts.creator_pid, ::getpid());
+  EXPECT_TRUE(info->creator_alive);
+  EXPECT_TRUE(info->facts.header_valid);
+  EXPECT_EQ(info->facts.refcount, 1);
+  EXPECT_GE(info->facts.size, 100000u);
+  EXPECT_EQ(info->holders, std::vector<pid_t>{::getpid()});
+
+  std::string table = mgr::format_segments(segments);
+  EXPECT_NE(table.find(name), std::string::npos) << table;
+  std::string json = mgr::segments_json(segments);
+  EXPECT_NE(json.find("\"name\": \"" + name + "\""), std::string::npos) << json;
+  EXPECT_NE(json.find("\"creator_pid\": " + std::to_string(::getpid())), std::string::npos);
+
+  if (auto r = run_tool("ls --json")) {
+    EXPECT_EQ(r->second, 0) << r->first;
+    EXPECT_NE(r->first.find("\"name\": \"" + name + "\""), std::string::npos) << r->first;
+    EXPECT_NE(r->first.find("\"holders\": [" + std::to_string(::getpid()) + "]"),
+              std::string::npos)
+        << r->first;
+  }
+}
+
+TEST_F(ManagerTest, GcDryRunListsOrphansAndRemovesNothing) {
+  Storage live = Storage::allocate_shared(4096);
+  const std::string live_name = live.impl()->segment()->name();
+  const std::string orphan = make_orphan(group_);
+  ASSERT_TRUE(name_exists(orphan));
+  auto report = mgr::sweep_orphans(/*dry_run=*/true);
+  EXPECT_NE(find(report.removed, orphan), nullptr);
+  EXPECT_EQ(find(report.removed, live_name), nullptr);
+  EXPECT_NE(find(report.kept, live_name), nullptr);
+  EXPECT_TRUE(name_exists(orphan)) << "--dry-run removed it";
+  std::string text = mgr::format_sweep(report, true);
+  EXPECT_NE(text.find("would remove " + orphan), std::string::npos) << text;
+  EXPECT_NE(text.find("nothing was removed"), std::string::npos) << text;
+  if (auto r = run_tool("gc --dry-run")) {
+    EXPECT_EQ(r->second, 0);
+    EXPECT_NE(r->first.find("would remove " + orphan), std::string::npos) << r->first;
+    EXPECT_TRUE(name_exists(orphan));
+  }
+  mgr::sweep_orphans(false);  // no leftovers for the leak check
+  EXPECT_FALSE(name_exists(orphan));
+}
+
+TEST_F(ManagerTest, GcRemovesOrphansAndKeepsWhatLiveProcessesHold) {
+  Storage live = Storage::allocate_shared(4096);
+  const std::string live_name = live.impl()->segment()->name();
+  // Mapped by a live process that did not create it: kept too.
+  Pipe ready;
+  pid_t mapper = fork_child([&] {
+    ready.send();
+    for (;;) ::pause();
+  });
+  ASSERT_EQ(ready.receive(), 'x');
+  const std::string orphan = make_orphan(group_);
+  const std::string orphan2 = make_orphan(group_);
+  std::optional<std::pair<std::string, int>> tool = run_tool("gc");
+  mgr::SweepReport report;
+  if (!tool) report = mgr::sweep_orphans(false);
+  EXPECT_FALSE(name_exists(orphan));
+  EXPECT_FALSE(name_exists(orphan2));
+  EXPECT_TRUE(name_exists(live_name));
+  if (tool) {
+    EXPECT_EQ(tool->second, 0);
+    EXPECT_NE(tool->first.find("removed " + orphan), std::string::npos) << tool->first;
+    EXPECT_NE(tool->first.find("removed " + orphan2), std::string::npos) << tool->first;
+  } else {
+    EXPECT_NE(find(report.removed, orphan), nullptr);
+  }
+  ::kill(mapper, SIGKILL);
+  wait_child(mapper);
+}
+
+}  // namespace
+}  // namespace shmtensor
