@@ -56,6 +56,7 @@ class SystemEnvironment : public Tracker::Environment {
   SegmentFacts facts(const std::string& name) override { return read_segment_facts(name); }
   pid_t process_group(pid_t pid) override { return read_process_status(pid).process_group; }
   bool group_alive(pid_t pgid) override { return process_group_exists(pgid); }
+  bool maps(pid_t pid, const std::string& name) override { return process_maps_shm(pid, name); }
   void drop_count(const std::string& name) override { drop_count_of_dead_holder(name); }
   void unlink(const std::string& name) override {
     if (unlink_named_shm(name)) log("removed %s (no live process holds it)", name.c_str());
@@ -148,7 +149,7 @@ struct Daemon::Impl {
     if (c.closed) return;
     c.closed = true;
     c.fd.reset();
-    if (c.greeted && !is_alive(c.peer)) tracker.died(c.peer);
+    if (c.greeted) tracker.connection_closed(c.peer);
   }
 
   void reply(Connection& c, MessageType type, std::uint64_t a) {
@@ -211,6 +212,7 @@ struct Daemon::Impl {
         c.peer.start_time = m.a != 0 ? m.a : identify_process(c.peer.pid).start_time;
         if (c.peer.start_time == 0) c.peer.start_time = UINT64_MAX;  // gone, unknown: dead
         c.group = static_cast<pid_t>(m.b);
+        tracker.connection_opened(c.peer);
         reply(c, MessageType::kHelloAck, static_cast<std::uint64_t>(own_pid()));
         break;
       case MessageType::kRegisterCreated:

@@ -92,7 +92,49 @@ void Tracker::released(const ProcessId& p, const std::string& name, bool unlinke
   auto nit = names_.find(name);
   if (nit == names_.end()) return;  // a count of a name we never heard of: not ours to decide
   nit->second.holders.erase(p.pid);
-  if (nit->second.holders.empty()) dirty_.insert(name);
+  check_silent_holders(name);
+}
+
+bool Tracker::connected(pid_t pid) const {
+  auto it = connections_.find(pid);
+  return it != connections_.end() && it->second > 0;
+}
+
+void Tracker::check_silent_holders(const std::string& name) {
+  auto nit = names_.find(name);
+  if (nit == names_.end()) return;
+  NameState& ns = nit->second;
+  std::vector<pid_t> gone;
+  for (pid_t h : ns.holders) {
+    // A connected holder may not map it yet (a creator between register and mmap).
+    if (!connected(h) && !env_.maps(h, name)) gone.push_back(h);
+  }
+  for (pid_t h : gone) {
+    ns.holders.erase(h);
+    if (!ns.adopted) env_.drop_count(name);
+    auto p = procs_.find(h);
+    if (p != procs_.end()) {
+      p->second.holds.erase(name);
+      erase_if_unused(h);
+    }
+  }
+  if (ns.holders.empty()) dirty_.insert(name);
+}
+
+void Tracker::connection_opened(const ProcessId& p) { ++connections_[p.pid]; }
+
+void Tracker::connection_closed(const ProcessId& p) {
+  auto it = connections_.find(p.pid);
+  if (it != connections_.end() && --it->second <= 0) connections_.erase(it);
+  if (connected(p.pid)) return;
+  if (!env_.alive(p)) {
+    died(p);
+    return;
+  }
+  auto pit = procs_.find(p.pid);
+  if (pit == procs_.end() || !(pit->second.id == p)) return;
+  std::vector<std::string> names(pit->second.holds.begin(), pit->second.holds.end());
+  for (const auto& name : names) check_silent_holders(name);
 }
 
 void Tracker::fork_begin(const ProcessId& parent, std::uint64_t seq) {

@@ -54,6 +54,7 @@ class Tracker {
     virtual std::unordered_map<std::string, std::vector<ProcessId>> scan_mappers() = 0;
     virtual SegmentFacts facts(const std::string& name) = 0;
     virtual pid_t process_group(pid_t pid) = 0;  // 0 if unknown
+    virtual bool maps(pid_t pid, const std::string& name) = 0;
     virtual bool group_alive(pid_t pgid) = 0;
     virtual void drop_count(const std::string& name) = 0;  // drop_count_of_dead_holder
     virtual void unlink(const std::string& name) = 0;
@@ -71,6 +72,14 @@ class Tracker {
   void released(const ProcessId& p, const std::string& name, bool unlinked);
   void fork_begin(const ProcessId& parent, std::uint64_t seq);
   void fork_child(const ProcessId& parent, std::uint64_t seq, pid_t child);
+  // Connections of `p` opened (after its hello) and closed. A holder with no connection
+  // (a forked child that never connected, or a process that exec'd: exec closes the
+  // connection and drops every mapping without releasing) that no longer maps a name it
+  // holds has let go of it without saying so: the tracker then takes its count back. This
+  // is checked when such a process disconnects alive, and when another holder releases.
+  // A closed connection whose process is gone reports its death (died()).
+  void connection_opened(const ProcessId& p);
+  void connection_closed(const ProcessId& p);
   // `p` has exited (its pidfd fired, or its connection closed and it is not alive).
   // Idempotent; ignored when p is not the process the tracker knows under that pid.
   void died(const ProcessId& p);
@@ -120,12 +129,16 @@ class Tracker {
   void hold(ProcState& proc, const std::string& name, bool adopted);
   void forget(const std::string& name);
   void erase_if_unused(pid_t pid);
+  // Takes back the counts of holders of `name` without a connection that do not map it.
+  void check_silent_holders(const std::string& name);
+  bool connected(pid_t pid) const;
 
   Environment& env_;
   std::map<std::string, NameState> names_;
   std::map<pid_t, ProcState> procs_;
   std::set<std::string> dirty_;    // names to decide at the next settle()
   std::set<std::string> pending_;  // names nobody holds that something keeps
+  std::map<pid_t, int> connections_;
 };
 
 }  // namespace shmtensor::internal::manager

@@ -134,6 +134,20 @@ std::unordered_map<std::string, std::vector<ProcessId>> scan_shm_mappers(const s
   return out;
 }
 
+bool process_maps_shm(pid_t pid, const std::string& name) {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%d/maps", static_cast<int>(pid));
+  std::string maps;
+  if (!read_proc_file(AT_FDCWD, path, maps)) return false;
+  const std::string needle = "/dev/shm" + name;
+  for (std::size_t pos = maps.find(needle); pos != std::string::npos;
+       pos = maps.find(needle, pos + 1)) {
+    char after = pos + needle.size() < maps.size() ? maps[pos + needle.size()] : '\n';
+    if (after == '\n' || after == ' ') return true;  // not a longer name with this prefix
+  }
+  return false;
+}
+
 bool process_group_exists(pid_t pgid) noexcept {
   if (pgid <= 0) return false;
   // EPERM: it exists but belongs to someone else.

@@ -41,6 +41,10 @@ bool is_alive(const ProcessId& id) noexcept;
 std::unordered_map<std::string, std::vector<ProcessId>> scan_shm_mappers(const std::string& prefix,
                                                                          pid_t exclude);
 
+// True when process `pid` maps the /dev/shm object `name` ("/shmtensor_..."), from its
+// /proc/<pid>/maps. False when it does not, or cannot be read.
+bool process_maps_shm(pid_t pid, const std::string& name);
+
 // True while some process (a zombie included) is in process group `pgid`: kill(-pgid, 0).
 bool process_group_exists(pid_t pgid) noexcept;
 

@@ -135,6 +135,24 @@ TEST_F(ManagerTest, ChildThatExitsWithoutReleasingDoesNotPinTheParentsSegment) {
       << name << " stayed after its last live holder dropped it";
 }
 
+TEST_F(ManagerTest, ChildThatExecsDoesNotPinTheParentsSegment) {
+  // exec drops the child's mappings (and the count it got at fork) without a word, and the
+  // child lives on as another program.
+  Storage s = Storage::allocate_shared(4096);
+  const std::string name = segment_name(s);
+  pid_t child = fork_child([] { ::execl("/bin/sleep", "sleep", "30", static_cast<char*>(nullptr)); });
+  ASSERT_TRUE(eventually([&] {
+    return internal::process_maps_shm(child, name) == false &&
+           internal::read_process_status(child).exists;
+  }));
+  s = Storage();
+  EXPECT_TRUE(eventually([&] { return !name_exists(name); }, std::chrono::seconds(3)))
+      << name << " stayed while an exec'd child that does not map it lives";
+  EXPECT_TRUE(process_lives(child));
+  ::kill(child, SIGKILL);
+  wait_child(child);
+}
+
 TEST_F(ManagerTest, SegmentSharedWithAKilledChildIsKeptWhileTheParentMapsIt) {
   Storage s = Storage::allocate_shared(4096);
   std::memset(s.data(), 9, s.nbytes());

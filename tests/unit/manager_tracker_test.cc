@@ -21,7 +21,7 @@ class World : public Tracker::Environment {
   std::map<pid_t, ProcessId> live;  // pid -> identity
   std::map<pid_t, pid_t> group_of;
   std::map<std::string, Seg> segs;
-  std::map<std::string, std::set<pid_t>> maps;  // name -> pids mapping it
+  std::map<std::string, std::set<pid_t>> mapped;  // name -> pids mapping it
   std::vector<std::string> unlinked;
   int scans = 0;
 
@@ -33,7 +33,7 @@ class World : public Tracker::Environment {
   }
   void kill(pid_t pid) {
     live.erase(pid);
-    for (auto& [n, pids] : maps) pids.erase(pid);
+    for (auto& [n, pids] : mapped) pids.erase(pid);
   }
 
   bool alive(const ProcessId& p) override {
@@ -47,7 +47,7 @@ class World : public Tracker::Environment {
   std::unordered_map<std::string, std::vector<ProcessId>> scan_mappers() override {
     ++scans;
     std::unordered_map<std::string, std::vector<ProcessId>> out;
-    for (auto& [n, pids] : maps)
+    for (auto& [n, pids] : mapped)
       for (pid_t p : pids)
         if (live.count(p)) out[n].push_back(live[p]);
     return out;
@@ -64,6 +64,9 @@ class World : public Tracker::Environment {
     return f;
   }
   pid_t process_group(pid_t pid) override { return live.count(pid) ? group_of[pid] : 0; }
+  bool maps(pid_t pid, const std::string& name) override {
+    return live.count(pid) && mapped[name].count(pid);
+  }
   bool group_alive(pid_t pgid) override {
     for (auto& [pid, id] : live)
       if (group_of[pid] == pgid) return true;
@@ -87,7 +90,7 @@ class ManagerTrackerTest : public ::testing::Test {
   // `creator` creates and maps n (refcount 1).
   void create(const ProcessId& creator) {
     world.segs[n] = {1, creator};
-    world.maps[n].insert(creator.pid);
+    world.mapped[n].insert(creator.pid);
     tracker.registered(creator, n, Tracker::Registration::kCreated);
   }
   bool exists() const { return world.segs.count(n) != 0; }
@@ -111,7 +114,7 @@ TEST_F(ManagerTrackerTest, NameIsKeptWhileAnotherHolderLives) {
   ProcessId a = world.spawn(10), b = world.spawn(11);
   create(a);
   ++world.segs[n].refcount;  // b opened it
-  world.maps[n].insert(11);
+  world.mapped[n].insert(11);
   tracker.registered(b, n, Tracker::Registration::kOpened);
   world.kill(10);
   tracker.died(a);
@@ -129,7 +132,7 @@ TEST_F(ManagerTrackerTest, InFlightNameWaitsForTheSendersGroup) {
   create(sender);
   ++world.segs[n].refcount;             // in flight
   --world.segs[n].refcount;             // the sender drops its own count...
-  world.maps[n].erase(10);
+  world.mapped[n].erase(10);
   tracker.released(sender, n, false);   // ...and says so
   world.kill(10);
   tracker.died(sender);
@@ -149,7 +152,7 @@ TEST_F(ManagerTrackerTest, InFlightNameGoesWithTheWholeGroup) {
   ProcessId other = world.spawn(9, 9);
   ProcessId sender = world.spawn(10, 9);
   create(sender);
-  world.maps[n].erase(10);
+  world.mapped[n].erase(10);
   tracker.released(sender, n, false);  // refcount stays 1: a message in flight
   tracker.settle();
   EXPECT_TRUE(exists()) << "the sender lives";
@@ -170,7 +173,7 @@ TEST_F(ManagerTrackerTest, MapperKeepsAZeroCountName) {
   ProcessId a = world.spawn(10);
   create(a);
   world.spawn(12);
-  world.maps[n].insert(12);
+  world.mapped[n].insert(12);
   world.kill(10);
   tracker.died(a);
   tracker.settle();
@@ -190,7 +193,7 @@ TEST_F(ManagerTrackerTest, ForkedChildHoldsItsParentsNames) {
   tracker.fork_begin(parent, 1);
   ++world.segs[n].refcount;  // the memory layer's count for the child
   ProcessId child = world.spawn(20);
-  world.maps[n].insert(20);
+  world.mapped[n].insert(20);
   tracker.fork_child(parent, 1, 20);
   EXPECT_EQ(tracker.holders_of(n), (std::vector<pid_t>{10, 20}));
   // The child _exits without releasing; the parent drops its count normally.
@@ -236,6 +239,47 @@ TEST_F(ManagerTrackerTest, AdoptedNameGoesWhenItsCreatorDiesUnmapped) {
   tracker.died(creator);
   tracker.settle();
   EXPECT_FALSE(exists()) << "an adopted name ignores its (untrusted) refcount";
+}
+
+TEST_F(ManagerTrackerTest, HolderThatExecdLetsGoOfItsNames) {
+  // The parent creates; a forked child is announced (it holds a count, no connection);
+  // the child execs: its mappings and its connection-less count vanish without a word.
+  ProcessId parent = world.spawn(10);
+  tracker.connection_opened(parent);
+  create(parent);
+  tracker.fork_begin(parent, 1);
+  ++world.segs[n].refcount;
+  ProcessId child = world.spawn(20);
+  world.mapped[n].insert(20);
+  tracker.fork_child(parent, 1, 20);
+  world.mapped[n].erase(20);  // exec
+  // The parent drops its count (2 -> 1) and says so: the child is found not to map it.
+  --world.segs[n].refcount;
+  world.mapped[n].erase(10);
+  tracker.released(parent, n, false);
+  EXPECT_EQ(world.segs[n].refcount, 0) << "the exec'd child's count is taken back";
+  tracker.settle();
+  EXPECT_FALSE(exists());
+  EXPECT_TRUE(world.alive(child));
+}
+
+TEST_F(ManagerTrackerTest, ConnectedHolderIsNotCheckedForMappings) {
+  // A creator registers before it maps: while connected it is never judged by its maps.
+  ProcessId a = world.spawn(10), b = world.spawn(11);
+  tracker.connection_opened(a);
+  tracker.connection_opened(b);
+  world.segs[n] = {2, a};
+  tracker.registered(a, n, Tracker::Registration::kCreated);  // not mapped yet
+  tracker.registered(b, n, Tracker::Registration::kOpened);
+  --world.segs[n].refcount;
+  tracker.released(b, n, false);  // b unmapped it
+  EXPECT_EQ(world.segs[n].refcount, 1);
+  EXPECT_EQ(tracker.holders_of(n), std::vector<pid_t>{10});
+  // Once it disconnects alive without mapping it (it exec'd), it is.
+  tracker.connection_closed(a);
+  EXPECT_EQ(world.segs[n].refcount, 0);
+  tracker.settle();
+  EXPECT_FALSE(exists());
 }
 
 TEST_F(ManagerTrackerTest, NameThatVanishedIsForgotten) {
