@@ -139,8 +139,8 @@ void connect_locked(Client& c) {
       if (r.size > 0 && !r.truncated) {
         Message m = decode(buf, static_cast<std::size_t>(r.size));
         if (m.type == MessageType::kRefused)
-          throw Error("shmtensor-manager at " + loc.socket_path + " refused this process: " +
-                      m.text);
+          throw Error("shmtensor-manager at " + loc.socket_path +
+                      " refused this process: " + m.text);
         if (m.type != MessageType::kHelloAck)
           throw ProtocolError("shmtensor-manager answered a hello with message type " +
                               std::to_string(static_cast<int>(m.type)));
@@ -229,8 +229,7 @@ void child_after_fork() noexcept {
   if (c.fd) {
     if (c.fork_announced) {
       MessageHeader h{};
-      encode_header(MessageType::kForkChild, c.fork_seq, static_cast<std::uint64_t>(own_pid()),
-                    &h);
+      encode_header(MessageType::kForkChild, c.fork_seq, static_cast<std::uint64_t>(own_pid()), &h);
       send_packet(c.fd.get(), &h, sizeof h, true);
     }
     c.fd.reset();  // the parent's connection stays the parent's: its end tells of its death

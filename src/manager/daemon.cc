@@ -93,8 +93,8 @@ struct Daemon::Impl {
   UniqueFd signals;
   std::vector<std::unique_ptr<Connection>> conns;
   std::map<pid_t, std::pair<ProcessId, UniqueFd>> pidfds;  // watched, with a pidfd
-  std::map<pid_t, ProcessId> polled;                      // watched, without one
-  std::vector<pid_t> groups;  // watched process groups (polled)
+  std::map<pid_t, ProcessId> polled;                       // watched, without one
+  std::vector<pid_t> groups;                               // watched process groups (polled)
   bool draining = false;
   bool unclean_predecessor = false;
 
@@ -119,8 +119,8 @@ struct Daemon::Impl {
         return kExitAlreadyRunning;
       }
       if (Clock::now() > deadline)
-        throw Error("another shmtensor-manager holds " + loc.lock_path + " but does not answer on " +
-                    loc.socket_path);
+        throw Error("another shmtensor-manager holds " + loc.lock_path +
+                    " but does not answer on " + loc.socket_path);
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
     // We hold the lock, so a socket file left here belongs to a daemon that was killed

@@ -25,7 +25,8 @@ bool is_valid_segment_name(std::string_view name) noexcept {
   if (name.size() <= kNamePrefix.size() || name.size() > kMaxNameLength) return false;
   if (name.substr(0, kNamePrefix.size()) != kNamePrefix) return false;
   for (char c : name.substr(kNamePrefix.size())) {
-    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
+    bool ok =
+        (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
     if (!ok) return false;
   }
   return true;

@@ -63,8 +63,7 @@ std::string encode(const Message& m);
 // Encodes `names` as one or more messages of type `type`, each within kMaxMessageSize.
 std::vector<std::string> encode_names(MessageType type, const std::vector<std::string>& names);
 // A header-only message into `out` without allocating (async-signal-safe).
-void encode_header(MessageType type, std::uint64_t a, std::uint64_t b,
-                   MessageHeader* out) noexcept;
+void encode_header(MessageType type, std::uint64_t a, std::uint64_t b, MessageHeader* out) noexcept;
 // Parses and validates one received message. Throws ProtocolError saying what is wrong.
 Message decode(const void* data, std::size_t size);
 

@@ -16,10 +16,18 @@ std::string json_string(const std::string& s) {
   std::string out = "\"";
   for (char c : s) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
       default:
         if (static_cast<unsigned char>(c) < 0x20) {
           char buf[8];
@@ -42,7 +50,9 @@ std::string join_pids(const std::vector<pid_t>& pids, const char* sep) {
   return out;
 }
 
-std::string limit_text(std::uint64_t v) { return v == UINT64_MAX ? "unlimited" : std::to_string(v); }
+std::string limit_text(std::uint64_t v) {
+  return v == UINT64_MAX ? "unlimited" : std::to_string(v);
+}
 
 }  // namespace
 
@@ -65,8 +75,9 @@ std::vector<Check> doctor_checks(const SystemLimits& l) {
     Check c{"kernel", l.kernel_release, "ok", ""};
     if (!l.pidfd) {
       c.verdict = "low";
-      c.fix = "no pidfds (Linux < 5.3): the manager polls /proc every 250 ms instead of learning "
-              "of a process's death at once; upgrade the kernel";
+      c.fix =
+          "no pidfds (Linux < 5.3): the manager polls /proc every 250 ms instead of learning "
+          "of a process's death at once; upgrade the kernel";
     }
     out.push_back(c);
   }
@@ -75,8 +86,9 @@ std::vector<Check> doctor_checks(const SystemLimits& l) {
             "ok", ""};
     if (!l.memfd || !l.memfd_sealing) {
       c.verdict = "missing";
-      c.fix = "the file_descriptor strategy needs memfd_create with sealing (Linux >= 3.17, "
-              "not blocked by seccomp); use set_sharing_strategy(\"file_system\")";
+      c.fix =
+          "the file_descriptor strategy needs memfd_create with sealing (Linux >= 3.17, "
+          "not blocked by seccomp); use set_sharing_strategy(\"file_system\")";
     }
     out.push_back(c);
   }
@@ -90,16 +102,18 @@ std::vector<Check> doctor_checks(const SystemLimits& l) {
     Check size{"/dev/shm size", human_size(*l.dev_shm_total), "ok", ""};
     if (*l.dev_shm_total < want) {
       size.verdict = "low";
-      size.fix = "file_system segments live in /dev/shm: enlarge it (docker run --shm-size=8g, "
-                 "or mount -o remount,size=8G /dev/shm), or keep the default file_descriptor "
-                 "strategy, which /dev/shm does not limit";
+      size.fix =
+          "file_system segments live in /dev/shm: enlarge it (docker run --shm-size=8g, "
+          "or mount -o remount,size=8G /dev/shm), or keep the default file_descriptor "
+          "strategy, which /dev/shm does not limit";
     }
     out.push_back(size);
     Check free{"/dev/shm free", human_size(*l.dev_shm_free), "ok", ""};
     if (*l.dev_shm_free < 256 * kMiB || *l.dev_shm_free < *l.dev_shm_total / 10) {
       free.verdict = "low";
-      free.fix = "see what fills it: `shmtensor ls` (and `shmtensor gc` to remove what crashed "
-                 "processes left), `ls -la /dev/shm` for other programs";
+      free.fix =
+          "see what fills it: `shmtensor ls` (and `shmtensor gc` to remove what crashed "
+          "processes left), `ls -la /dev/shm` for other programs";
     }
     out.push_back(free);
   }
@@ -131,8 +145,9 @@ std::vector<Check> doctor_checks(const SystemLimits& l) {
             ""};
     if (l.thp_shmem == "never" || l.thp_shmem == "deny") {
       c.verdict = "low";
-      c.fix = "large shared tensors use 4 KiB pages (more page faults and TLB misses): echo "
-              "within_size > /sys/kernel/mm/transparent_hugepage/shmem_enabled";
+      c.fix =
+          "large shared tensors use 4 KiB pages (more page faults and TLB misses): echo "
+          "within_size > /sys/kernel/mm/transparent_hugepage/shmem_enabled";
     }
     out.push_back(c);
   }

@@ -62,8 +62,7 @@ std::optional<std::int64_t> drop_count_of_dead_holder(const std::string& name) n
     if (inspect_fd(fd.get()).size < kSegmentHeaderSize) return std::nullopt;
     Mapping map = Mapping::map_shared(fd.get(), kSegmentHeaderSize, name.c_str());
     auto* h = reinterpret_cast<SegmentHeader*>(map.data());
-    if (std::atomic_ref<std::uint64_t>(h->magic).load(std::memory_order_acquire) !=
-            kSegmentMagic ||
+    if (std::atomic_ref<std::uint64_t>(h->magic).load(std::memory_order_acquire) != kSegmentMagic ||
         h->layout_version != kSegmentLayoutVersion)
       return std::nullopt;
     // acq_rel, as every release of a count: a decision made on the result sees the other

@@ -269,7 +269,8 @@ std::vector<pid_t> Tracker::watched_groups() const {
   std::set<pid_t> out;
   for (const auto& name : pending_) {
     auto it = names_.find(name);
-    if (it != names_.end()) out.insert(it->second.keeper_groups.begin(), it->second.keeper_groups.end());
+    if (it != names_.end())
+      out.insert(it->second.keeper_groups.begin(), it->second.keeper_groups.end());
   }
   return {out.begin(), out.end()};
 }

@@ -67,8 +67,7 @@ class Tracker {
   // Events, as they arrive from the process `p` (identified by its connection). `group` is
   // p's process group as it said in its hello (0: ask the environment, which fails once p
   // is gone).
-  void registered(const ProcessId& p, const std::string& name, Registration how,
-                  pid_t group = 0);
+  void registered(const ProcessId& p, const std::string& name, Registration how, pid_t group = 0);
   void released(const ProcessId& p, const std::string& name, bool unlinked);
   void fork_begin(const ProcessId& parent, std::uint64_t seq);
   void fork_child(const ProcessId& parent, std::uint64_t seq, pid_t child);

@@ -146,9 +146,8 @@ UniqueFd termination_signal_fd() {
   ::signal(SIGTERM, SIG_DFL);
   ::signal(SIGINT, SIG_DFL);
   ::signal(SIGHUP, SIG_DFL);
-  return UniqueFd(check_syscall("signalfd", "SIGTERM|SIGINT|SIGHUP", [&] {
-    return ::signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
-  }));
+  return UniqueFd(check_syscall("signalfd", "SIGTERM|SIGINT|SIGHUP",
+                                [&] { return ::signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK); }));
 }
 
 int read_signal(int signal_fd) noexcept {

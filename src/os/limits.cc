@@ -2,9 +2,9 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
-#include <sys/syscall.h>
 #include <sys/resource.h>
 #include <sys/statvfs.h>
+#include <sys/syscall.h>
 #include <sys/utsname.h>
 #include <unistd.h>
 
@@ -49,8 +49,8 @@ SystemLimits read_system_limits() {
   int fd = ::memfd_create("shmtensor-doctor", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd >= 0) {
     l.memfd = true;
-    l.memfd_sealing = ::ftruncate(fd, 4096) == 0 &&
-                      ::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) == 0;
+    l.memfd_sealing =
+        ::ftruncate(fd, 4096) == 0 && ::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) == 0;
     ::close(fd);
   } else {
     fd = ::memfd_create("shmtensor-doctor", MFD_CLOEXEC);

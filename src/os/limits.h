@@ -10,11 +10,11 @@
 namespace shmtensor::internal {
 
 struct SystemLimits {
-  std::string kernel_release;  // uname -r
-  std::string kernel_version;  // uname -v
-  bool memfd = false;          // memfd_create works
-  bool memfd_sealing = false;  // MFD_ALLOW_SEALING + F_ADD_SEALS work
-  bool pidfd = false;          // pidfd_open works (kernel >= 5.3)
+  std::string kernel_release;                  // uname -r
+  std::string kernel_version;                  // uname -v
+  bool memfd = false;                          // memfd_create works
+  bool memfd_sealing = false;                  // MFD_ALLOW_SEALING + F_ADD_SEALS work
+  bool pidfd = false;                          // pidfd_open works (kernel >= 5.3)
   std::optional<std::uint64_t> dev_shm_total;  // bytes; nullopt if /dev/shm is missing
   std::optional<std::uint64_t> dev_shm_free;
   std::optional<std::uint64_t> max_map_count;  // /proc/sys/vm/max_map_count

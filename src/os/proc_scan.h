@@ -15,7 +15,7 @@
 namespace shmtensor::internal {
 
 struct ProcessStatus {
-  bool exists = false;  // /proc/<pid> exists and is not a zombie (exited, not yet reaped)
+  bool exists = false;           // /proc/<pid> exists and is not a zombie (exited, not yet reaped)
   std::uint64_t start_time = 0;  // field 22 of /proc/<pid>/stat
   pid_t parent = 0;
   pid_t process_group = 0;

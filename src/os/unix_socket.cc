@@ -43,9 +43,8 @@ UniqueFd seqpacket_listen(const std::string& path, int backlog) {
 
 UniqueFd seqpacket_connect(const std::string& path, int* err) {
   sockaddr_un addr = make_address(path);
-  UniqueFd fd(check_syscall("socket", "AF_UNIX, SOCK_SEQPACKET", [&] {
-    return ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-  }));
+  UniqueFd fd(check_syscall("socket", "AF_UNIX, SOCK_SEQPACKET",
+                            [&] { return ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0); }));
   // connect() on a unix socket completes at once (or fails); EINTR before that is retried.
   int rc = retry_eintr(
       [&] { return ::connect(fd.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof addr); });
@@ -58,9 +57,8 @@ UniqueFd seqpacket_connect(const std::string& path, int* err) {
 }
 
 UniqueFd accept_connection(int listen_fd) {
-  int fd = retry_eintr([&] {
-    return ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-  });
+  int fd = retry_eintr(
+      [&] { return ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK); });
   return UniqueFd(fd);  // -1 (invalid) on EAGAIN, ECONNABORTED, EMFILE...
 }
 
@@ -113,8 +111,10 @@ int wait_readable(std::vector<PollEntry>& entries, int timeout_ms) {
   // Not retried on EINTR: the caller's loop recomputes its timeout anyway.
   int n = ::poll(pfds.data(), pfds.size(), timeout_ms);
   if (n < 0) {
-    if (errno == EINTR) n = 0;
-    else throw_system_error(errno, "poll", std::to_string(pfds.size()) + " fds");
+    if (errno == EINTR)
+      n = 0;
+    else
+      throw_system_error(errno, "poll", std::to_string(pfds.size()) + " fds");
   }
   for (std::size_t i = 0; i < entries.size(); ++i) {
     entries[i].readable = (pfds[i].revents & POLLIN) != 0;

@@ -140,7 +140,8 @@ TEST_F(ManagerTest, ChildThatExecsDoesNotPinTheParentsSegment) {
   // child lives on as another program.
   Storage s = Storage::allocate_shared(4096);
   const std::string name = segment_name(s);
-  pid_t child = fork_child([] { ::execl("/bin/sleep", "sleep", "30", static_cast<char*>(nullptr)); });
+  pid_t child =
+      fork_child([] { ::execl("/bin/sleep", "sleep", "30", static_cast<char*>(nullptr)); });
   ASSERT_TRUE(eventually([&] {
     return internal::process_maps_shm(child, name) == false &&
            internal::read_process_status(child).exists;

@@ -41,9 +41,7 @@ inline bool eventually(const std::function<bool()>& pred,
 }
 
 // A process (not necessarily our child) that lives and is not a zombie.
-inline bool process_lives(pid_t pid) {
-  return internal::identify_process(pid).start_time != 0;
-}
+inline bool process_lives(pid_t pid) { return internal::identify_process(pid).start_time != 0; }
 
 // One-way channel between a parent and a forked child, for bytes and lines.
 class Pipe {

@@ -89,8 +89,7 @@ TEST_F(ManagerTest, LsShowsALiveSegmentWithItsCreatorAndHolders) {
   if (auto r = run_tool("ls --json")) {
     EXPECT_EQ(r->second, 0) << r->first;
     EXPECT_NE(r->first.find("\"name\": \"" + name + "\""), std::string::npos) << r->first;
-    EXPECT_NE(r->first.find("\"holders\": [" + std::to_string(::getpid()) + "]"),
-              std::string::npos)
+    EXPECT_NE(r->first.find("\"holders\": [" + std::to_string(::getpid()) + "]"), std::string::npos)
         << r->first;
   }
 }

@@ -173,7 +173,8 @@ int run_job(int rounds, const std::string& group, int pid_fd) {
                "lost %lld\n",
                rounds, daemon_kills, static_cast<long long>(stats->put.load()),
                static_cast<long long>(stats->received.load()),
-               static_cast<long long>(stats->bad.load()), static_cast<long long>(stats->lost.load()));
+               static_cast<long long>(stats->bad.load()),
+               static_cast<long long>(stats->lost.load()));
   if (stats->bad.load() != 0) return 2;
   if (stats->received.load() == 0) return 3;
   return 0;

@@ -63,7 +63,8 @@ TEST(ManagerProtocolTest, ReleaseCarriesOneNameAndAFlag) {
 
 TEST(ManagerProtocolTest, LongNameListsAreSplitIntoMessagesThatFit) {
   std::vector<std::string> names;
-  for (int i = 0; i < 1000; ++i) names.push_back("/shmtensor_99_0123456789abcdef_" + std::to_string(i));
+  for (int i = 0; i < 1000; ++i)
+    names.push_back("/shmtensor_99_0123456789abcdef_" + std::to_string(i));
   auto msgs = encode_names(MessageType::kRegisterHeld, names);
   EXPECT_GT(msgs.size(), 1u);
   std::vector<std::string> back;

@@ -130,10 +130,10 @@ TEST_F(ManagerTrackerTest, InFlightNameWaitsForTheSendersGroup) {
   ProcessId parent = world.spawn(9, 9);
   ProcessId sender = world.spawn(10, 9);
   create(sender);
-  ++world.segs[n].refcount;             // in flight
-  --world.segs[n].refcount;             // the sender drops its own count...
+  ++world.segs[n].refcount;  // in flight
+  --world.segs[n].refcount;  // the sender drops its own count...
   world.mapped[n].erase(10);
-  tracker.released(sender, n, false);   // ...and says so
+  tracker.released(sender, n, false);  // ...and says so
   world.kill(10);
   tracker.died(sender);
   tracker.settle();

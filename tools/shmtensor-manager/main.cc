@@ -44,11 +44,16 @@ int main(int argc, char** argv) {
     }
     const char* v = value();
     if (v == nullptr) return usage(("missing value for " + arg).c_str());
-    if (arg == "--dir") dir = v;
-    else if (arg == "--group") group = v;
-    else if (arg == "--grace-ms") grace_ms = std::atoi(v);
-    else if (arg == "--notify-fd") notify_fd = std::atoi(v);
-    else return usage(("unknown argument " + arg).c_str());
+    if (arg == "--dir")
+      dir = v;
+    else if (arg == "--group")
+      group = v;
+    else if (arg == "--grace-ms")
+      grace_ms = std::atoi(v);
+    else if (arg == "--notify-fd")
+      notify_fd = std::atoi(v);
+    else
+      return usage(("unknown argument " + arg).c_str());
   }
   if (group.empty()) {
     const char* g = std::getenv("SHMTENSOR_MANAGER_GROUP");

@@ -12,8 +12,8 @@ namespace {
 
 const bool registered = register_command([](CLI::App& app) {
   auto dry_run = std::make_shared<bool>(false);
-  auto* cmd = app.add_subcommand(
-      "gc", "Remove named shmtensor segments that no live process holds");
+  auto* cmd =
+      app.add_subcommand("gc", "Remove named shmtensor segments that no live process holds");
   cmd->add_flag("-n,--dry-run", *dry_run, "Only list what would be removed");
   cmd->callback([dry_run] {
     auto report = internal::manager::sweep_orphans(*dry_run);
