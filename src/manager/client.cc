@@ -70,8 +70,10 @@ void disconnect(Client& c) noexcept {
       "its path — or use set_sharing_strategy(\"file_descriptor\"), which needs no daemon");
 }
 
-// Starts a daemon for `loc` and waits until it serves (or says another one does).
-void start_daemon(const ManagerLocation& loc) {
+// Starts a daemon for `loc` and waits until it serves (or says another one does): returns
+// "". A daemon that died before it reported (killed while starting) is no reason to give
+// up: returns what happened, and the caller tries again. Throws for what will not change.
+std::string start_daemon(const ManagerLocation& loc) {
   std::string tried;
   for (const auto& path : manager_program_candidates()) {
     if (!file_exists(path)) {
@@ -83,7 +85,7 @@ void start_daemon(const ManagerLocation& loc) {
                std::to_string(kDaemonNotifyFd), "--grace-ms", std::to_string(manager_grace_ms())});
     bool timed_out = false;
     std::string line = read_line(report.get(), kIoTimeoutMs, &timed_out);
-    if (line.rfind("OK", 0) == 0 || line == "EXISTS") return;
+    if (line.rfind("OK", 0) == 0 || line == "EXISTS") return {};
     if (line.rfind("EXEC ", 0) == 0) {
       int err = std::atoi(line.c_str() + 5);
       tried += "\n  " + path + " (cannot execute: " + std::strerror(err) + ")";
@@ -91,10 +93,10 @@ void start_daemon(const ManagerLocation& loc) {
     }
     if (line.rfind("ERROR ", 0) == 0)
       throw Error("shmtensor-manager (" + path + ") could not start: " + line.substr(6));
-    throw Error("shmtensor-manager (" + path + ") " +
-                (timed_out ? "did not report within " + std::to_string(kIoTimeoutMs / 1000) + " s"
-                           : std::string("exited without reporting")) +
-                "; see its log " + loc.log_path);
+    if (timed_out)
+      throw Error("shmtensor-manager (" + path + ") did not report within " +
+                  std::to_string(kIoTimeoutMs / 1000) + " s; see its log " + loc.log_path);
+    return "shmtensor-manager (" + path + ") exited without reporting; see its log " + loc.log_path;
   }
   cannot_start(tried);
 }
@@ -118,9 +120,11 @@ void connect_locked(Client& c) {
     if (!fd) {
       if (err != ENOENT && err != ECONNREFUSED)
         throw_system_error(err, "connect", "shmtensor-manager at " + loc.socket_path);
-      start_daemon(loc);
+      std::string failure = start_daemon(loc);
       if (Clock::now() > deadline)
-        throw Error("shmtensor-manager started but " + loc.socket_path + " does not accept");
+        throw Error(failure.empty() ? "shmtensor-manager started but " + loc.socket_path +
+                                          " does not accept connections"
+                                    : failure);
       continue;
     }
     set_socket_timeouts(fd.get(), kIoTimeoutMs);

@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "manager/journal.h"
 #include "manager/protocol.h"
 #include "manager/segments.h"
 #include "manager/tracker.h"
@@ -48,6 +49,8 @@ void log(const char* fmt, auto... args) {
 
 class SystemEnvironment : public Tracker::Environment {
  public:
+  Journal journal;
+
   bool alive(const ProcessId& p) override { return is_alive(p); }
   ProcessId identify(pid_t pid) override { return identify_process(pid); }
   std::unordered_map<std::string, std::vector<ProcessId>> scan_mappers() override {
@@ -61,7 +64,17 @@ class SystemEnvironment : public Tracker::Environment {
   void unlink(const std::string& name) override {
     if (unlink_named_shm(name)) log("removed %s (no live process holds it)", name.c_str());
   }
+  void noted_hold(const std::string& name, const ProcessId& p, pid_t group) override {
+    journal.hold(name, p, group);
+  }
+  void noted_release(const std::string& name, pid_t pid) override { journal.release(name, pid); }
+  void noted_adopt(const std::string& name) override { journal.adopt(name); }
+  void noted_group(const std::string& name, pid_t group) override { journal.group(name, group); }
+  void forgotten(const std::string& name) override { journal.gone(name); }
 };
+
+// The journal is rewritten from the tracker's state when its appends pass this size.
+constexpr std::size_t kJournalCompactBytes = 1 << 20;
 
 struct Connection {
   UniqueFd fd;
@@ -95,6 +108,7 @@ struct Daemon::Impl {
   std::map<pid_t, std::pair<ProcessId, UniqueFd>> pidfds;  // watched, with a pidfd
   std::map<pid_t, ProcessId> polled;                       // watched, without one
   std::vector<pid_t> groups;                               // watched process groups (polled)
+  std::map<pid_t, JournaledHolder> clients;                // that said hello (for the journal)
   bool draining = false;
   bool unclean_predecessor = false;
 
@@ -126,6 +140,8 @@ struct Daemon::Impl {
     // We hold the lock, so a socket file left here belongs to a daemon that was killed
     // (one that exits removes it first): what it tracked is lost, so sweep.
     unclean_predecessor = remove_file(loc.socket_path);
+    // One that exited on a signal while it still tracked names left them in its journal.
+    if (file_exists(loc.journal_path)) unclean_predecessor = true;
     listener = seqpacket_listen(loc.socket_path, 128);
     signals = termination_signal_fd();
     notify("OK " + std::to_string(own_pid()));
@@ -133,16 +149,43 @@ struct Daemon::Impl {
     return 0;
   }
 
-  void sweep(const char* when) {
-    try {
-      SweepReport r = sweep_orphans(false, own_pid());
-      for (const auto& s : r.removed)
-        log("%s sweep removed %s (creator %d gone, no process maps it)", when, s.name.c_str(),
-            static_cast<int>(s.facts.creator_pid));
-      for (const auto& s : r.kept) tracker.adopt(s.name);
-    } catch (const Error& e) {
-      log("%s sweep failed: %s", when, e.what());
+  // Opens the journal. After a killed predecessor, first carries on from its journal (its
+  // holders that died meanwhile give their counts back), then sweeps the names it did not
+  // know: orphans go, the rest is adopted.
+  void recover() {
+    const std::string& path = options.location.journal_path;
+    JournalState prior;
+    if (unclean_predecessor) prior = read_journal(path);
+    env.journal = Journal(path);  // appends to the predecessor's: restore() writes to it
+    for (const auto& [pid, h] : prior.processes)
+      if (is_alive(h.id)) clients.emplace(pid, h);
+    if (unclean_predecessor) {
+      tracker.restore(prior);
+      if (!prior.names.empty())
+        log("carried on with %zu names from the journal", prior.names.size());
+      if (options.sweep) {
+        try {
+          std::set<std::string> known;
+          for (const auto& [name, j] : prior.names) known.insert(name);
+          SweepReport r = sweep_orphans(false, own_pid(), segment_groups(prior), known);
+          for (const auto& s : r.removed)
+            log("start sweep removed %s (creator %d gone, no process maps it)", s.name.c_str(),
+                static_cast<int>(s.facts.creator_pid));
+          for (const auto& s : r.kept)
+            tracker.adopt(s.name, {s.live_groups.begin(), s.live_groups.end()});
+        } catch (const Error& e) {
+          log("start sweep failed: %s", e.what());
+        }
+      }
     }
+    compact_journal();
+  }
+
+  void compact_journal() {
+    JournalState state = tracker.snapshot();
+    std::erase_if(clients, [](const auto& c) { return !is_alive(c.second.id); });
+    state.processes = clients;
+    env.journal.compact(state);
   }
 
   void close_connection(Connection& c) {
@@ -213,6 +256,9 @@ struct Daemon::Impl {
         if (c.peer.start_time == 0) c.peer.start_time = UINT64_MAX;  // gone, unknown: dead
         c.group = static_cast<pid_t>(m.b);
         tracker.connection_opened(c.peer);
+        // Durable before the answer: whatever it registers next, a successor knows its group.
+        clients[c.peer.pid] = {c.peer, c.group};
+        env.journal.process(c.peer, c.group);
         reply(c, MessageType::kHelloAck, static_cast<std::uint64_t>(own_pid()));
         break;
       case MessageType::kRegisterCreated:
@@ -300,6 +346,8 @@ struct Daemon::Impl {
       std::erase_if(conns, [](const auto& c) { return c->closed; });
       settle();
       update_watches();
+      env.journal.flush();
+      if (env.journal.size() > kJournalCompactBytes) compact_journal();
       if (tracker.needs_settle()) continue;  // deaths found while updating the watches
 
       int timeout = -1;
@@ -363,6 +411,13 @@ struct Daemon::Impl {
     listener.reset();
     for (auto& c : conns) c->fd.reset();
     conns.clear();
+    // Whatever is still tracked (only after a signal) goes on in the journal for the next
+    // daemon; after an idle exit nothing is tracked, and the journal goes.
+    if (tracker.name_count() == 0) {
+      env.journal.remove();
+    } else {
+      compact_journal();
+    }
     log("exiting");
   }
 };
@@ -380,7 +435,7 @@ int Daemon::run() noexcept {
     return 1;
   }
   try {
-    if (impl_->options.sweep && impl_->unclean_predecessor) impl_->sweep("start");
+    impl_->recover();
     impl_->serve();
   } catch (const std::exception& e) {
     log("fatal: %s", e.what());

@@ -62,7 +62,7 @@ ManagerLocation manager_location(const std::string& dir, const std::string& grou
   char dev[32];
   std::snprintf(dev, sizeof dev, "%llx", static_cast<unsigned long long>(dev_shm_device()));
   std::string base = dir + "/" + group + "-" + dev;
-  ManagerLocation loc{dir, group, base + ".sock", base + ".lock", base + ".log"};
+  ManagerLocation loc{dir, group, base + ".sock", base + ".lock", base + ".log", base + ".journal"};
   if (loc.socket_path.size() > max_unix_socket_path())
     throw Error("the shmtensor-manager socket path " + loc.socket_path + " is " +
                 std::to_string(loc.socket_path.size()) + " bytes, more than the " +

@@ -21,9 +21,10 @@ namespace shmtensor::internal::manager {
 struct ManagerLocation {
   std::string dir;
   std::string group;
-  std::string socket_path;  // <dir>/<group>-<dev>.sock
-  std::string lock_path;    // <dir>/<group>-<dev>.lock
-  std::string log_path;     // <dir>/<group>-<dev>.log
+  std::string socket_path;   // <dir>/<group>-<dev>.sock
+  std::string lock_path;     // <dir>/<group>-<dev>.lock
+  std::string log_path;      // <dir>/<group>-<dev>.log
+  std::string journal_path;  // <dir>/<group>-<dev>.journal (journal.h)
 };
 
 // From the environment (see above). Throws Error for an invalid group name or a socket

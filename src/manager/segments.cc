@@ -94,12 +94,15 @@ std::vector<SegmentInfo> list_segments() {
   return out;
 }
 
-SweepReport sweep_orphans(bool dry_run, pid_t exclude) {
+SweepReport sweep_orphans(bool dry_run, pid_t exclude,
+                          const std::map<std::string, std::set<pid_t>>& groups,
+                          const std::set<std::string>& skip) {
   SweepReport report;
   auto entries = list_shm(kListPrefix, effective_uid());
   if (entries.empty()) return report;
   auto mappers = scan_shm_mappers(kListPrefix, exclude);
   for (const auto& e : entries) {
+    if (skip.count(e.name) != 0) continue;
     SegmentInfo info;
     info.name = e.name;
     info.mtime = e.mtime;
@@ -108,7 +111,10 @@ SweepReport sweep_orphans(bool dry_run, pid_t exclude) {
     info.creator_alive = creator_alive(info.facts);
     if (auto it = mappers.find(e.name); it != mappers.end())
       for (const auto& id : it->second) info.holders.push_back(id.pid);
-    bool orphan = !info.creator_alive && info.holders.empty();
+    if (auto g = groups.find(e.name); g != groups.end())
+      for (pid_t pgid : g->second)
+        if (process_group_exists(pgid)) info.live_groups.push_back(pgid);
+    bool orphan = !info.creator_alive && info.holders.empty() && info.live_groups.empty();
     if (orphan && (dry_run || unlink_named_shm(e.name)))
       report.removed.push_back(std::move(info));
     else if (!orphan)

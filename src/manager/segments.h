@@ -6,7 +6,9 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -41,7 +43,8 @@ struct SegmentInfo {
   std::string name;
   SegmentFacts facts;
   bool creator_alive = false;
-  std::vector<pid_t> holders;  // live processes that map it
+  std::vector<pid_t> holders;      // live processes that map it
+  std::vector<pid_t> live_groups;  // (sweep) process groups that keep it for a receiver
   std::int64_t mtime = 0;
 };
 // Every named shmtensor segment of this user, with holders from one scan of /proc.
@@ -51,9 +54,13 @@ struct SweepReport {
   std::vector<SegmentInfo> removed;  // (or, with dry_run, what would be)
   std::vector<SegmentInfo> kept;
 };
-// Removes every segment whose creator is gone and that no live process maps: the rule the
-// manager applies at start and at exit, and `shmtensor gc`. With dry_run removes nothing.
-// `exclude` is left out of the holder scan (the caller itself, e.g. the daemon).
-SweepReport sweep_orphans(bool dry_run, pid_t exclude = 0);
+// Removes every segment whose creator is gone, that no live process maps, and none of whose
+// `groups` (process groups of its past holders, from the managers' journals) has a live
+// member: the rule a daemon applies when it replaces a killed one, and `shmtensor gc`.
+// With dry_run removes nothing. `exclude` is left out of the holder scan (the caller);
+// names in `skip` are neither removed nor reported.
+SweepReport sweep_orphans(bool dry_run, pid_t exclude = 0,
+                          const std::map<std::string, std::set<pid_t>>& groups = {},
+                          const std::set<std::string>& skip = {});
 
 }  // namespace shmtensor::internal::manager

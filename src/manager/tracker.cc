@@ -42,8 +42,9 @@ Tracker::NameState& Tracker::name_state(const std::string& name, bool adopted) {
 
 void Tracker::hold(ProcState& proc, const std::string& name, bool adopted) {
   NameState& ns = name_state(name, adopted);
+  if (adopted && ns.holders.empty() && ns.ex_holders.empty()) env_.noted_adopt(name);
   proc.holds.insert(name);
-  ns.holders.insert(proc.id.pid);
+  if (ns.holders.insert(proc.id.pid).second) env_.noted_hold(name, proc.id, proc.group);
   add_unique(ns.ex_holders, proc.id);
   if (proc.group > 0) ns.groups.insert(proc.group);
   ns.keepers.clear();
@@ -57,6 +58,7 @@ void Tracker::forget(const std::string& name) {
   if (it == names_.end()) return;
   std::set<pid_t> holders = std::move(it->second.holders);
   names_.erase(it);
+  env_.forgotten(name);
   dirty_.erase(name);
   pending_.erase(name);
   for (pid_t pid : holders) {
@@ -91,7 +93,7 @@ void Tracker::released(const ProcessId& p, const std::string& name, bool unlinke
   }
   auto nit = names_.find(name);
   if (nit == names_.end()) return;  // a count of a name we never heard of: not ours to decide
-  nit->second.holders.erase(p.pid);
+  if (nit->second.holders.erase(p.pid) != 0) env_.noted_release(name, p.pid);
   check_silent_holders(name);
 }
 
@@ -111,6 +113,7 @@ void Tracker::check_silent_holders(const std::string& name) {
   }
   for (pid_t h : gone) {
     ns.holders.erase(h);
+    env_.noted_release(name, h);
     if (!ns.adopted) env_.drop_count(name);
     auto p = procs_.find(h);
     if (p != procs_.end()) {
@@ -181,6 +184,7 @@ void Tracker::died(const ProcessId& p) {
       auto n = names_.find(name);
       if (n == names_.end()) continue;
       n->second.holders.erase(p.pid);
+      env_.noted_release(name, p.pid);
       // Its count would never be released: take it off, so that the refcount again counts
       // live holders plus messages in flight.
       if (!n->second.adopted) env_.drop_count(name);
@@ -191,9 +195,56 @@ void Tracker::died(const ProcessId& p) {
   dirty_.insert(pending_.begin(), pending_.end());
 }
 
-void Tracker::adopt(const std::string& name) {
-  name_state(name, true);
+void Tracker::adopt(const std::string& name, const std::set<pid_t>& groups) {
+  const bool fresh = names_.count(name) == 0;
+  NameState& ns = name_state(name, true);
+  if (fresh) env_.noted_adopt(name);
+  for (pid_t g : groups)
+    if (ns.groups.insert(g).second) env_.noted_group(name, g);
   dirty_.insert(name);
+}
+
+JournalState Tracker::snapshot() const {
+  JournalState out;
+  for (const auto& [name, ns] : names_) {
+    JournaledName& j = out.names[name];
+    j.adopted = ns.adopted;
+    j.groups = ns.groups;
+    auto group_of = [&](pid_t pid) {
+      auto p = procs_.find(pid);
+      return p == procs_.end() ? pid_t{0} : p->second.group;
+    };
+    for (const auto& p : ns.ex_holders) j.ex_holders.push_back({p, group_of(p.pid)});
+    for (pid_t pid : ns.holders) {
+      auto p = procs_.find(pid);
+      if (p == procs_.end()) continue;
+      JournaledHolder h{p->second.id, p->second.group};
+      j.holders.push_back(h);
+      if (std::find(ns.ex_holders.begin(), ns.ex_holders.end(), h.id) == ns.ex_holders.end())
+        j.ex_holders.push_back(h);
+    }
+  }
+  return out;
+}
+
+void Tracker::restore(const JournalState& state) {
+  for (const auto& [name, j] : state.names) {
+    NameState& ns = names_[name];
+    ns.adopted = j.adopted;
+    ns.groups.insert(j.groups.begin(), j.groups.end());
+    for (const auto& h : j.ex_holders) add_unique(ns.ex_holders, h.id);
+    for (const auto& h : j.holders) {
+      ProcState& p = process(h.id, h.group);
+      p.holds.insert(name);
+      ns.holders.insert(h.id.pid);
+    }
+    dirty_.insert(name);
+  }
+  // Holders that ended while no daemon watched: as if we had seen them go.
+  std::vector<ProcessId> ids;
+  for (const auto& [pid, p] : procs_) ids.push_back(p.id);
+  for (const auto& id : ids)
+    if (!env_.alive(id)) died(id);
 }
 
 void Tracker::group_ended() { dirty_.insert(pending_.begin(), pending_.end()); }
@@ -237,7 +288,7 @@ std::vector<std::string> Tracker::settle() {
       if (!mappers) mappers = env_.scan_mappers();
       if (auto m = mappers->find(name); m != mappers->end()) keep = m->second;
     }
-    if (keep.empty() && in_flight) {
+    if (keep.empty() && (in_flight || ns.adopted)) {
       for (pid_t g : ns.groups)
         if (env_.group_alive(g)) keep_groups.push_back(g);
     }

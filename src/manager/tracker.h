@@ -22,7 +22,8 @@
 //        may exit right after put(); its receiver still gets the value;
 //      * "adopted" names (found by the start-up sweep, or first heard of in a
 //        kRegisterHeld after the previous daemon died; their counts are unknown): unlink
-//        once no live process maps it and its creator is dead.
+//        once no live process maps it, its creator is dead, and no process group the
+//        predecessor's journal had for it has a member.
 //    Otherwise the name stays "pending" and what keeps it is watched: the death of a
 //    watched process, or the end of a watched process group, re-decides every pending name.
 //
@@ -36,6 +37,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "manager/journal.h"
 #include "manager/segments.h"
 #include "os/proc_scan.h"
 
@@ -58,6 +60,13 @@ class Tracker {
     virtual bool group_alive(pid_t pgid) = 0;
     virtual void drop_count(const std::string& name) = 0;  // drop_count_of_dead_holder
     virtual void unlink(const std::string& name) = 0;
+    // What changed, for the journal (journal.h). noted_release comes before the count is
+    // taken back (drop_count), so that a journal never makes a successor take it twice.
+    virtual void noted_hold(const std::string&, const ProcessId&, pid_t /*group*/) {}
+    virtual void noted_release(const std::string&, pid_t) {}
+    virtual void noted_adopt(const std::string&) {}
+    virtual void noted_group(const std::string&, pid_t) {}
+    virtual void forgotten(const std::string&) {}
   };
 
   enum class Registration { kCreated, kOpened, kHeld };
@@ -82,8 +91,9 @@ class Tracker {
   // `p` has exited (its pidfd fired, or its connection closed and it is not alive).
   // Idempotent; ignored when p is not the process the tracker knows under that pid.
   void died(const ProcessId& p);
-  // A name found at start-up that the sweep did not remove.
-  void adopt(const std::string& name);
+  // A name found at start-up that the sweep did not remove, with the process groups a
+  // killed predecessor's journal had for it.
+  void adopt(const std::string& name, const std::set<pid_t>& groups = {});
   // A watched process group has ended: re-decide the pending names.
   void group_ended();
 
@@ -106,6 +116,10 @@ class Tracker {
   std::size_t name_count() const { return names_.size(); }
   bool tracks(const std::string& name) const { return names_.count(name) != 0; }
   std::vector<pid_t> holders_of(const std::string& name) const;
+  // Everything tracked, for the journal; and back. restore() is for a daemon replacing a
+  // killed one: holders that died meanwhile are handled as by died().
+  JournalState snapshot() const;
+  void restore(const JournalState& state);
 
  private:
   struct NameState {

@@ -1,11 +1,13 @@
 #include "os/private_dir.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 
 #include "os/syscall.h"
 
@@ -45,6 +47,63 @@ UniqueFd try_lock_file(const std::string& path) {
     throw_system_error(errno, "flock", path);
   }
   return fd;
+}
+
+UniqueFd open_for_append(const std::string& path) noexcept {
+  return UniqueFd(
+      ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600));
+}
+
+bool write_fully(int fd, const std::string& data) noexcept {
+  std::size_t off = 0;
+  while (off < data.size()) {
+    ssize_t n = retry_eintr([&] { return ::write(fd, data.data() + off, data.size() - off); });
+    if (n <= 0) return false;
+    off += static_cast<std::size_t>(n);
+  }
+  return true;
+}
+
+std::string read_small_file(const std::string& path) noexcept {
+  std::string out;
+  try {
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) return out;
+    char buf[65536];
+    for (;;) {
+      ssize_t n = retry_eintr([&] { return ::read(fd, buf, sizeof buf); });
+      if (n <= 0) break;
+      out.append(buf, static_cast<std::size_t>(n));
+    }
+    ::close(fd);
+  } catch (...) {
+    out.clear();
+  }
+  return out;
+}
+
+bool replace_file(const std::string& path, const std::string& content) noexcept {
+  const std::string tmp = path + ".tmp";
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0) return false;
+  bool ok = write_fully(fd, content);
+  ::close(fd);
+  return ok && ::rename(tmp.c_str(), path.c_str()) == 0;
+}
+
+std::vector<std::string> list_directory(const std::string& dir) noexcept {
+  std::vector<std::string> out;
+  try {
+    DIR* d = ::opendir(dir.c_str());
+    if (d == nullptr) return out;
+    while (dirent* e = ::readdir(d)) {
+      std::string n = e->d_name;
+      if (n != "." && n != "..") out.push_back(std::move(n));
+    }
+    ::closedir(d);
+  } catch (...) {
+  }
+  return out;
 }
 
 bool remove_file(const std::string& path) noexcept { return ::unlink(path.c_str()) == 0; }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "os/unique_fd.h"
 
@@ -21,6 +22,18 @@ bool is_own_directory(const std::string& path) noexcept;
 // which holds the lock until closed (or the process dies), or an invalid fd when another
 // process holds it. Throws SystemError for anything else.
 UniqueFd try_lock_file(const std::string& path);
+
+// Small files in that directory (the daemon's journal). None of these throws.
+// open(O_WRONLY|O_CREAT|O_APPEND|O_CLOEXEC, 0600); invalid fd on failure.
+UniqueFd open_for_append(const std::string& path) noexcept;
+// write() until all of `data` is written; false on error.
+bool write_fully(int fd, const std::string& data) noexcept;
+// The whole file ("" if it is missing or unreadable).
+std::string read_small_file(const std::string& path) noexcept;
+// Writes `content` to path.tmp and renames it over `path`.
+bool replace_file(const std::string& path, const std::string& content) noexcept;
+// Names of the entries of `dir` (not "." and ".."); empty if it cannot be read.
+std::vector<std::string> list_directory(const std::string& dir) noexcept;
 
 // unlink(); false if it did not exist (or could not be removed).
 bool remove_file(const std::string& path) noexcept;

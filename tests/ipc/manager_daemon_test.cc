@@ -15,7 +15,9 @@
 #include "memory/segment.h"
 #include "memory/storage_impl.h"
 #include "os/private_dir.h"
+#include "shmtensor/queue.h"
 #include "shmtensor/storage.h"
+#include "shmtensor/tensor.h"
 
 namespace shmtensor {
 namespace {
@@ -204,6 +206,29 @@ TEST_F(ManagerTest, KilledDaemonIsReplacedAndTheNewOneSweepsOrphans) {
   EXPECT_EQ(mgr::held_name_count(), 2u);
   mine = Storage();
   EXPECT_FALSE(name_exists(my_name));
+}
+
+TEST_F(ManagerTest, MessageInFlightSurvivesItsSendersExitAndADaemonKill) {
+  Queue<Tensor> q;
+  Pipe daemon_pid;
+  pid_t child = fork_child([&] {
+    Tensor t = Tensor::full({1024}, 3.0, DType::kFloat32);
+    q.put(t);
+    daemon_pid.send_line(std::to_string(mgr::connected_daemon_pid()));
+  });  // drops t and exits with the message still queued
+  const pid_t daemon = std::stoi(daemon_pid.receive_line());
+  EXPECT_EQ(wait_child(child), 0);
+  ASSERT_GT(daemon, 0);
+  ::kill(daemon, SIGKILL);
+  ASSERT_TRUE(eventually([&] { return !process_lives(daemon); }));
+  // A new daemon carries on from the killed one's journal: the sender is gone, but this
+  // process (its process group) may still receive the message.
+  Storage other = Storage::allocate_shared(4096);
+  EXPECT_NE(mgr::connected_daemon_pid(), daemon);
+  mgr::sync();
+  Tensor t = q.get();
+  ASSERT_EQ(t.numel(), 1024);
+  EXPECT_EQ(t.data_ptr<float>()[1023], 3.0f);
 }
 
 TEST_F(ManagerTest, SecondDaemonDoesNotStealTheFirstOnesClients) {

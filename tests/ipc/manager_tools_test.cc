@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "ipc/manager_test_util.h"
+#include "manager/journal.h"
 #include "manager/report.h"
 #include "manager/segments.h"
 #include "memory/storage_impl.h"
@@ -42,14 +43,27 @@ std::optional<std::pair<std::string, int>> run_tool(const std::string& args) {
 }
 
 // Leaves a named segment whose creator is dead and whose daemon was killed first: what the
-// manager cannot clean up by itself until a new daemon (or gc) sweeps. The child uses a
-// daemon group of its own, so that no daemon of the test's group is affected (a new one
-// would sweep the orphan before gc sees it).
-std::string make_orphan(const std::string& group) {
+// manager cannot clean up by itself until a new daemon (or gc) sweeps. The child is a job
+// of its own (a process group: while a job lives, a message carrying its names may still
+// reach one of its processes, so gc keeps them) and uses a daemon group of its own, so that
+// no daemon of the test's group is affected (a new one would clean up before gc runs).
+class ManagerToolsTest : public ManagerTest {
+ protected:
+  void TearDown() override {
+    for (const auto& f : journals_) ::unlink(f.c_str());
+    ManagerTest::TearDown();
+  }
+  std::string make_orphan(bool own_job = true);
+  std::vector<std::string> journals_;
+};
+
+std::string ManagerToolsTest::make_orphan(bool own_job) {
+  const std::string& group = group_;
   static int counter = 0;
   const std::string orphan_group = group + "-o" + std::to_string(counter++);
   Pipe report;
   pid_t child = fork_child([&] {
+    if (own_job) ::setpgid(0, 0);
     ::setenv("SHMTENSOR_MANAGER_GROUP", orphan_group.c_str(), 1);
     Storage s = Storage::allocate_shared(64 * 1024);
     report.send_line(s.impl()->segment()->name());
@@ -64,10 +78,11 @@ std::string make_orphan(const std::string& group) {
   wait_child(child);
   auto loc = mgr::manager_location(mgr::default_manager_dir(), orphan_group);
   for (const auto& f : {loc.socket_path, loc.lock_path, loc.log_path}) ::unlink(f.c_str());
+  journals_.push_back(loc.journal_path);  // gc reads it
   return name;
 }
 
-TEST_F(ManagerTest, LsShowsALiveSegmentWithItsCreatorAndHolders) {
+TEST_F(ManagerToolsTest, LsShowsALiveSegmentWithItsCreatorAndHolders) {
   Storage s = Storage::allocate_shared(100000);
   const std::string name = s.impl()->segment()->name();
   auto segments = mgr::list_segments();
@@ -94,10 +109,10 @@ TEST_F(ManagerTest, LsShowsALiveSegmentWithItsCreatorAndHolders) {
   }
 }
 
-TEST_F(ManagerTest, GcDryRunListsOrphansAndRemovesNothing) {
+TEST_F(ManagerToolsTest, GcDryRunListsOrphansAndRemovesNothing) {
   Storage live = Storage::allocate_shared(4096);
   const std::string live_name = live.impl()->segment()->name();
-  const std::string orphan = make_orphan(group_);
+  const std::string orphan = make_orphan();
   ASSERT_TRUE(name_exists(orphan));
   auto report = mgr::sweep_orphans(/*dry_run=*/true);
   EXPECT_NE(find(report.removed, orphan), nullptr);
@@ -116,7 +131,7 @@ TEST_F(ManagerTest, GcDryRunListsOrphansAndRemovesNothing) {
   EXPECT_FALSE(name_exists(orphan));
 }
 
-TEST_F(ManagerTest, GcRemovesOrphansAndKeepsWhatLiveProcessesHold) {
+TEST_F(ManagerToolsTest, GcRemovesOrphansAndKeepsWhatLiveProcessesHold) {
   Storage live = Storage::allocate_shared(4096);
   const std::string live_name = live.impl()->segment()->name();
   // Mapped by a live process that did not create it: kept too.
@@ -126,8 +141,8 @@ TEST_F(ManagerTest, GcRemovesOrphansAndKeepsWhatLiveProcessesHold) {
     for (;;) ::pause();
   });
   ASSERT_EQ(ready.receive(), 'x');
-  const std::string orphan = make_orphan(group_);
-  const std::string orphan2 = make_orphan(group_);
+  const std::string orphan = make_orphan();
+  const std::string orphan2 = make_orphan();
   std::optional<std::pair<std::string, int>> tool = run_tool("gc");
   mgr::SweepReport report;
   if (!tool) report = mgr::sweep_orphans(false);
@@ -143,6 +158,23 @@ TEST_F(ManagerTest, GcRemovesOrphansAndKeepsWhatLiveProcessesHold) {
   }
   ::kill(mapper, SIGKILL);
   wait_child(mapper);
+}
+
+TEST_F(ManagerToolsTest, GcKeepsANameThatALiveJobMayStillReceive) {
+  // Its creator is dead and nobody maps it, but its job (this process's group) lives: a
+  // message carrying it may be in a queue. The killed daemon's journal tells gc so.
+  const std::string name = make_orphan(/*own_job=*/false);
+  if (auto r = run_tool("gc")) {
+    EXPECT_EQ(r->second, 0);
+    EXPECT_EQ(r->first.find(name), std::string::npos) << r->first;
+    EXPECT_TRUE(name_exists(name));
+  }
+  auto groups = mgr::segment_groups(mgr::read_all_journals(mgr::default_manager_dir()));
+  EXPECT_EQ(mgr::sweep_orphans(true, 0, groups).removed.size(), 0u);
+  // Without the journals (the old rule) it would go; clean up that way.
+  auto report = mgr::sweep_orphans(false);
+  EXPECT_NE(find(report.removed, name), nullptr);
+  EXPECT_FALSE(name_exists(name));
 }
 
 }  // namespace

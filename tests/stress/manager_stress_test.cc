@@ -98,8 +98,10 @@ pid_t start_consumer(Queue<Item> q, Stats* stats) {
         item = q.get();
       } catch (const QueueClosed&) {
         return;
-      } catch (const Error&) {
+      } catch (const Error& e) {
         stats->lost.fetch_add(1);
+        if (std::getenv("SHMTENSOR_STRESS_KEEP_LOG") != nullptr)
+          std::fprintf(stderr, "lost: %s\n", e.what());
         continue;
       }
       stats->received.fetch_add(1);
@@ -114,9 +116,11 @@ pid_t start_consumer(Queue<Item> q, Stats* stats) {
   });
 }
 
+// Kills and reaps; counts a process that had ended by itself (it threw: a failure).
+int failures = 0;
 void kill_and_reap(pid_t pid) {
   ::kill(pid, SIGKILL);
-  testing::wait_child(pid);
+  if (testing::wait_child(pid) != 128 + SIGKILL) ++failures;
 }
 
 // The whole run, in a process group of its own (it is a "job"): returns its exit status.
@@ -177,6 +181,10 @@ int run_job(int rounds, const std::string& group, int pid_fd) {
                static_cast<long long>(stats->lost.load()));
   if (stats->bad.load() != 0) return 2;
   if (stats->received.load() == 0) return 3;
+  if (failures != 0) {
+    std::fprintf(stderr, "stress job: %d producers/consumers failed on their own\n", failures);
+    return 4;
+  }
   return 0;
 }
 
@@ -216,7 +224,8 @@ TEST(ManagerStressTest, SigkillProducersConsumersAndTheDaemonWhileTensorsFlow) {
       pos = nl + 1;
     }
   }
-  EXPECT_EQ(testing::wait_child(job), 0) << "the job saw a corrupted value (2) or none (3)";
+  EXPECT_EQ(testing::wait_child(job), 0)
+      << "the job saw a corrupted value (2), none (3), or a process that failed (4)";
 
   // Every name any process of the job created is gone within a few seconds.
   auto leftovers = [&] {
@@ -252,7 +261,9 @@ TEST(ManagerStressTest, SigkillProducersConsumersAndTheDaemonWhileTensorsFlow) {
   ::unsetenv("SHMTENSOR_MANAGER_GROUP");
   ::unsetenv("SHMTENSOR_MANAGER_GRACE_MS");
   if (pid_t d = find_daemon(group)) ::kill(d, SIGTERM);
-  for (const auto& f : {loc.socket_path, loc.lock_path, loc.log_path}) ::unlink(f.c_str());
+  if (std::getenv("SHMTENSOR_STRESS_KEEP_LOG") == nullptr)  // to read the daemon's log
+    for (const auto& f : {loc.socket_path, loc.lock_path, loc.log_path, loc.journal_path})
+      ::unlink(f.c_str());
 }
 
 }  // namespace

@@ -282,6 +282,43 @@ TEST_F(ManagerTrackerTest, ConnectedHolderIsNotCheckedForMappings) {
   EXPECT_FALSE(exists());
 }
 
+TEST_F(ManagerTrackerTest, RestoredStateTakesBackTheCountsOfHoldersThatDiedMeanwhile) {
+  // A killed daemon's journal: n held by 10 (alive) and 20 (died while no daemon ran).
+  ProcessId a = world.spawn(10);
+  ProcessId dead{20, 1020};
+  world.segs[n] = {2, a};
+  world.mapped[n] = {10};
+  JournalState state;
+  state.names[n].holders = {{a, 10}, {dead, 10}};
+  state.names[n].ex_holders = state.names[n].holders;
+  state.names[n].groups = {10};
+  tracker.restore(state);
+  EXPECT_EQ(world.segs[n].refcount, 1) << "the dead holder's count, once";
+  EXPECT_EQ(tracker.holders_of(n), std::vector<pid_t>{10});
+  tracker.settle();
+  EXPECT_TRUE(exists());
+  // And the tracker carries on as if it had never stopped.
+  world.kill(10);
+  tracker.died(a);
+  tracker.settle();
+  EXPECT_FALSE(exists());
+}
+
+TEST_F(ManagerTrackerTest, SnapshotRestoresToTheSameDecisions) {
+  ProcessId a = world.spawn(10, 3), b = world.spawn(11, 3);
+  create(a);
+  ++world.segs[n].refcount;
+  tracker.registered(b, n, Tracker::Registration::kOpened);
+  JournalState s = tracker.snapshot();
+  ASSERT_EQ(s.names.count(n), 1u);
+  EXPECT_EQ(s.names[n].holders.size(), 2u);
+  EXPECT_EQ(s.names[n].groups, std::set<pid_t>{3});
+  Tracker successor(world);
+  successor.restore(s);
+  EXPECT_EQ(successor.holders_of(n), (std::vector<pid_t>{10, 11}));
+  EXPECT_EQ(world.segs[n].refcount, 2) << "live holders keep their counts";
+}
+
 TEST_F(ManagerTrackerTest, NameThatVanishedIsForgotten) {
   ProcessId a = world.spawn(10);
   create(a);

@@ -4,6 +4,8 @@
 #include <iostream>
 
 #include "command.h"
+#include "manager/journal.h"
+#include "manager/paths.h"
 #include "manager/report.h"
 #include "manager/segments.h"
 
@@ -16,7 +18,11 @@ const bool registered = register_command([](CLI::App& app) {
       app.add_subcommand("gc", "Remove named shmtensor segments that no live process holds");
   cmd->add_flag("-n,--dry-run", *dry_run, "Only list what would be removed");
   cmd->callback([dry_run] {
-    auto report = internal::manager::sweep_orphans(*dry_run);
+    // Names whose past holders' process groups live on (a receiver may still get them)
+    // are kept: the managers' journals know those groups.
+    auto groups = internal::manager::segment_groups(
+        internal::manager::read_all_journals(internal::manager::default_manager_dir()));
+    auto report = internal::manager::sweep_orphans(*dry_run, 0, groups);
     std::cout << internal::manager::format_sweep(report, *dry_run);
   });
 });
