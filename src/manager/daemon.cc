@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <map>
 #include <optional>
@@ -110,6 +111,8 @@ struct Daemon::Impl {
   std::vector<pid_t> groups;                               // watched process groups (polled)
   std::map<pid_t, JournaledHolder> clients;                // that said hello (for the journal)
   bool draining = false;
+  // SHMTENSOR_MANAGER_DEBUG=1: log every message.
+  const bool debug = std::getenv("SHMTENSOR_MANAGER_DEBUG") != nullptr;
   bool unclean_predecessor = false;
 
   void notify(const std::string& line) {
@@ -235,6 +238,10 @@ struct Daemon::Impl {
   }
 
   void dispatch(Connection& c, const Message& m) {
+    if (debug)
+      log("pid %d: type %d a=%llu b=%llu %s", static_cast<int>(c.peer.pid),
+          static_cast<int>(m.type), static_cast<unsigned long long>(m.a),
+          static_cast<unsigned long long>(m.b), m.names.empty() ? "" : m.names[0].c_str());
     if (!c.greeted && m.type != MessageType::kHello)
       throw ProtocolError("first message is not a hello");
     switch (m.type) {

@@ -45,6 +45,7 @@ void Tracker::hold(ProcState& proc, const std::string& name, bool adopted) {
   if (adopted && ns.holders.empty() && ns.ex_holders.empty()) env_.noted_adopt(name);
   proc.holds.insert(name);
   if (ns.holders.insert(proc.id.pid).second) env_.noted_hold(name, proc.id, proc.group);
+  ns.released_by.erase(proc.id.pid);
   add_unique(ns.ex_holders, proc.id);
   if (proc.group > 0) ns.groups.insert(proc.group);
   ns.keepers.clear();
@@ -94,6 +95,7 @@ void Tracker::released(const ProcessId& p, const std::string& name, bool unlinke
   auto nit = names_.find(name);
   if (nit == names_.end()) return;  // a count of a name we never heard of: not ours to decide
   if (nit->second.holders.erase(p.pid) != 0) env_.noted_release(name, p.pid);
+  nit->second.released_by.insert(p.pid);
   check_silent_holders(name);
 }
 
@@ -286,7 +288,9 @@ std::vector<std::string> Tracker::settle() {
     }
     if (keep.empty()) {
       if (!mappers) mappers = env_.scan_mappers();
-      if (auto m = mappers->find(name); m != mappers->end()) keep = m->second;
+      if (auto m = mappers->find(name); m != mappers->end())
+        for (const auto& p : m->second)
+          if (ns.released_by.count(p.pid) == 0) keep.push_back(p);
     }
     if (keep.empty() && (in_flight || ns.adopted)) {
       for (pid_t g : ns.groups)

@@ -125,7 +125,10 @@ class Tracker {
   struct NameState {
     std::set<pid_t> holders;
     std::vector<ProcessId> ex_holders;  // live ones (the dead are pruned)
-    std::set<pid_t> groups;             // process groups of every ex-holder, dead or alive
+    // Processes that released their count and hold none: one may still map the name for a
+    // moment (it releases before it unmaps), which must not keep it.
+    std::set<pid_t> released_by;
+    std::set<pid_t> groups;  // process groups of every ex-holder, dead or alive
     bool adopted = false;
     std::vector<ProcessId> keepers;  // when pending: who keeps it
     std::vector<pid_t> keeper_groups;

@@ -7,8 +7,11 @@
 #include <sys/stat.h>
 #include <sys/un.h>
 
+#include <atomic>
 #include <cstring>
+#include <fstream>
 #include <set>
+#include <thread>
 
 #include "ipc/manager_test_util.h"
 #include "manager/protocol.h"
@@ -144,13 +147,17 @@ TEST_F(ManagerTest, ChildThatExecsDoesNotPinTheParentsSegment) {
   const std::string name = segment_name(s);
   pid_t child =
       fork_child([] { ::execl("/bin/sleep", "sleep", "30", static_cast<char*>(nullptr)); });
+  // Exec done: /proc/<pid>/comm is set after the old address space is gone.
   ASSERT_TRUE(eventually([&] {
-    return internal::process_maps_shm(child, name) == false &&
-           internal::read_process_status(child).exists;
+    std::ifstream comm("/proc/" + std::to_string(child) + "/comm");
+    std::string c;
+    return std::getline(comm, c) && c == "sleep";
   }));
+  ASSERT_FALSE(internal::process_maps_shm(child, name));
   s = Storage();
   EXPECT_TRUE(eventually([&] { return !name_exists(name); }, std::chrono::seconds(3)))
-      << name << " stayed while an exec'd child that does not map it lives";
+      << name << " stayed while an exec'd child that does not map it lives; journal:\n"
+      << internal::read_small_file(location().journal_path);
   EXPECT_TRUE(process_lives(child));
   ::kill(child, SIGKILL);
   wait_child(child);
@@ -349,6 +356,51 @@ TEST_F(ManagerTest, ReceiverThatOpensANameIsAHolderToo) {
       << "refcount " << seg->header()->refcount.load();
   seg.reset();
   EXPECT_FALSE(name_exists(name));
+}
+
+TEST_F(ManagerTest, DaemonThatCannotBeFoundIsAnErrorSayingWhereItLooked) {
+  const std::string bogus = "/nonexistent/bin/shmtensor-manager";
+  int rc = testing::run_in_child([&] {
+    ::setenv("SHMTENSOR_MANAGER", bogus.c_str(), 1);
+    try {
+      Storage s = Storage::allocate_shared(4096);
+      ADD_FAILURE() << "created a named segment without a manager";
+    } catch (const Error& e) {
+      std::string what = e.what();
+      EXPECT_NE(what.find("cannot start shmtensor-manager"), std::string::npos) << what;
+      EXPECT_NE(what.find(bogus + " (does not exist)"), std::string::npos) << what;
+      EXPECT_NE(what.find("SHMTENSOR_MANAGER"), std::string::npos) << what;
+      EXPECT_NE(what.find("file_descriptor"), std::string::npos) << what;
+    }
+    EXPECT_TRUE(testing::shm_names_of(::getpid()).empty()) << "a name was created anyway";
+    EXPECT_EQ(mgr::held_name_count(), 0u);
+  });
+  EXPECT_EQ(rc, 0);
+}
+
+TEST_F(ManagerTest, ThreadsCreatingAndForkingConcurrentlyLeaveNothing) {
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      try {
+        for (int i = 0; i < 100; ++i) {
+          Storage s = Storage::allocate_shared(4096 + 64 * t);
+          static_cast<char*>(s.data())[0] = static_cast<char>(i);
+          if (t == 0 && i % 10 == 0) {
+            // Forks while the other threads register and release.
+            if (testing::run_in_child([] {}) != 0) ++failures;
+          }
+        }
+      } catch (const std::exception& e) {
+        ++failures;
+        ADD_FAILURE() << e.what();
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(mgr::held_name_count(), 0u);
 }
 
 }  // namespace

@@ -98,8 +98,9 @@ class ManagerTest : public LeakCheckedTest {
     // The group is this test's alone: its files go (a daemon still in its grace period
     // keeps its open lock and exits by itself).
     const auto loc = location();
-    for (const auto& f : {loc.socket_path, loc.lock_path, loc.log_path, loc.journal_path})
-      ::unlink(f.c_str());
+    if (std::getenv("SHMTENSOR_TEST_KEEP_MANAGER_FILES") == nullptr)  // to read its log
+      for (const auto& f : {loc.socket_path, loc.lock_path, loc.log_path, loc.journal_path})
+        ::unlink(f.c_str());
     ::unsetenv("SHMTENSOR_MANAGER_GROUP");
     ::unsetenv("SHMTENSOR_MANAGER_GRACE_MS");
   }

@@ -319,6 +319,23 @@ TEST_F(ManagerTrackerTest, SnapshotRestoresToTheSameDecisions) {
   EXPECT_EQ(world.segs[n].refcount, 2) << "live holders keep their counts";
 }
 
+TEST_F(ManagerTrackerTest, ReleaserThatStillMapsForAMomentDoesNotKeepIt) {
+  // A process gives its count back before it unmaps, and the daemon may scan in between.
+  ProcessId a = world.spawn(10);
+  tracker.connection_opened(a);
+  create(a);
+  tracker.fork_begin(a, 1);
+  ++world.segs[n].refcount;  // the forked child's count
+  world.spawn(20);
+  tracker.fork_child(a, 1, 20);   // the child then exec'd: it does not map n
+  --world.segs[n].refcount;       // a drops its count (2 -> 1)...
+  tracker.released(a, n, false);  // ...says so, and still maps n for a moment
+  ASSERT_TRUE(world.mapped[n].count(10));
+  EXPECT_EQ(world.segs[n].refcount, 0) << "the exec'd child's count is taken back";
+  tracker.settle();
+  EXPECT_FALSE(exists()) << "kept because its releaser had not unmapped yet";
+}
+
 TEST_F(ManagerTrackerTest, NameThatVanishedIsForgotten) {
   ProcessId a = world.spawn(10);
   create(a);
