@@ -177,7 +177,8 @@ void Tracker::fork_child(const ProcessId& parent, std::uint64_t seq, pid_t child
   erase_if_unused(child);
 }
 
-void Tracker::died(const ProcessId& p) {
+void Tracker::died(const ProcessId& dead) {
+  const ProcessId p = dead;  // `dead` may refer into procs_, erased below
   auto it = procs_.find(p.pid);
   if (it != procs_.end() && it->second.id == p) {
     std::set<std::string> holds = std::move(it->second.holds);
