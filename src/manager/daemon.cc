@@ -320,6 +320,14 @@ struct Daemon::Impl {
     tracker.settle();  // SystemEnvironment::unlink logs each removal
   }
 
+  // A watched process has exited. What it sent before it died is read first: a release it
+  // made must be seen before the daemon takes its counts back, or a count would go twice.
+  void process_died(const ProcessId& p) {
+    for (auto& c : conns)
+      if (!c->closed && c->peer.pid == p.pid) service(*c);
+    tracker.died(p);
+  }
+
   // Keeps one pidfd (or a polling entry) per watched process.
   void update_watches() {
     std::vector<ProcessId> want = tracker.watched();
@@ -343,7 +351,7 @@ struct Daemon::Impl {
     }
     pidfds = std::move(next);
     polled = std::move(next_polled);
-    for (const auto& p : dead) tracker.died(p);
+    for (const auto& p : dead) process_died(p);
     groups = tracker.watched_groups();
   }
 
@@ -395,12 +403,12 @@ struct Daemon::Impl {
       }
       for (std::size_t i = 0; i < pid_order.size(); ++i) {
         if (entries[2 + nconns + i].readable) {
-          tracker.died(pid_order[i]);
+          process_died(pid_order[i]);
           pidfds.erase(pid_order[i].pid);
         }
       }
       for (const auto& [pid, p] : polled)
-        if (!is_alive(p)) tracker.died(p);
+        if (!is_alive(p)) process_died(p);
       for (pid_t g : groups) {
         if (!process_group_exists(g)) {
           tracker.group_ended();
