@@ -170,7 +170,10 @@ struct Daemon::Impl {
         try {
           std::set<std::string> known;
           for (const auto& [name, j] : prior.names) known.insert(name);
-          SweepReport r = sweep_orphans(false, own_pid(), segment_groups(prior), known);
+          // Every group's journal: a name another group's daemon keeps for a live job
+          // (its creator dead, a message in flight) is kept here too.
+          JournalState all = read_all_journals(options.location.dir);
+          SweepReport r = sweep_orphans(false, own_pid(), segment_groups(all), known);
           for (const auto& s : r.removed)
             log("start sweep removed %s (creator %d gone, no process maps it)", s.name.c_str(),
                 static_cast<int>(s.facts.creator_pid));
