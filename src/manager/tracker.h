@@ -10,10 +10,12 @@
 //
 //  - A "holder" of a name is a process that told the daemon it holds a count (it created
 //    or opened the name, held it when it reconnected, or was forked by a holder). When a
-//    holder dies without releasing, the tracker takes its count off the refcount.
+//    holder dies without releasing, the tracker takes its count off the refcount; so it
+//    does for a holder without a connection that no longer maps the name (it exec'd).
 //  - A name nobody holds is decided from the header, liveness, and (only when that does not
 //    settle it) one scan of /proc/*/maps:
-//      * header refcount <= 0 (or no valid header): unlink unless a live process maps it;
+//      * header refcount <= 0 (or no valid header): unlink unless a live process maps it
+//        (one that released its count and still maps the name for a moment does not count);
 //      * refcount > 0: messages carrying the name are in flight (or a count leaked in a
 //        crash window). Keep it while a process that ever held it ("ex-holder": the senders)
 //        lives, or a live process maps it, or the process group of an ex-holder still has
