@@ -260,7 +260,10 @@ TEST(ManagerStressTest, SigkillProducersConsumersAndTheDaemonWhileTensorsFlow) {
   const auto loc = mgr::manager_location();
   ::unsetenv("SHMTENSOR_MANAGER_GROUP");
   ::unsetenv("SHMTENSOR_MANAGER_GRACE_MS");
-  if (pid_t d = find_daemon(group)) ::kill(d, SIGTERM);
+  if (pid_t d = find_daemon(group)) {
+    ::kill(d, SIGTERM);  // it may rewrite its journal on the way out: unlink after
+    EXPECT_TRUE(eventually([&] { return !process_lives(d); }));
+  }
   if (std::getenv("SHMTENSOR_STRESS_KEEP_LOG") == nullptr)  // to read the daemon's log
     for (const auto& f : {loc.socket_path, loc.lock_path, loc.log_path, loc.journal_path})
       ::unlink(f.c_str());
