@@ -1,5 +1,7 @@
 #include "manager/report.h"
 
+#include "os/shm.h"
+
 #include <cstdint>
 #include <cstdio>
 #include <ctime>
@@ -56,18 +58,7 @@ std::string limit_text(std::uint64_t v) {
 
 }  // namespace
 
-std::string human_size(std::uint64_t n) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = static_cast<double>(n);
-  int u = 0;
-  while (v >= 1024 && u < 4) {
-    v /= 1024;
-    ++u;
-  }
-  char buf[32];
-  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", v, units[u]);
-  return buf;
-}
+std::string human_size(std::uint64_t n) { return internal::human_bytes(n); }
 
 std::vector<Check> doctor_checks(const SystemLimits& l) {
   std::vector<Check> out;

@@ -13,7 +13,6 @@
 
 namespace shmtensor::internal {
 
-namespace {
 std::string human_bytes(std::uint64_t n) {
   std::ostringstream os;
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
@@ -27,7 +26,6 @@ std::string human_bytes(std::uint64_t n) {
   os << std::fixed << v << ' ' << units[u];
   return os.str();
 }
-}  // namespace
 
 UniqueFd create_sealed_memfd(std::size_t size) {
   UniqueFd fd(check_syscall("memfd_create", "size=" + std::to_string(size), [&] {

@@ -38,6 +38,9 @@ struct ShmSpace {
 };
 ShmSpace dev_shm_space();
 
+// "1.5 MiB": a size for messages to people (B, KiB, MiB, GiB, TiB; one decimal).
+std::string human_bytes(std::uint64_t n);
+
 // 64 random bits from getrandom.
 std::uint64_t random_u64();
 
