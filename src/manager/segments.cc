@@ -1,5 +1,6 @@
 #include "manager/segments.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -45,6 +46,7 @@ SegmentFacts read_segment_facts(const std::string& name) noexcept {
     f.creator_pid = h.creator_pid;
     f.creator_start_time = h.creator_start_time;
     f.refcount = h.refcount.load(std::memory_order_relaxed);
+    f.creator_pgid = h.creator_pgid;
   } else {
     f.creator_pid = creator_pid_from_name(name);
   }
@@ -114,6 +116,16 @@ SweepReport sweep_orphans(bool dry_run, pid_t exclude,
     if (auto g = groups.find(e.name); g != groups.end())
       for (pid_t pgid : g->second)
         if (process_group_exists(pgid)) info.live_groups.push_back(pgid);
+    // Counts left on a name whose creator is dead and that nobody maps are messages in
+    // flight (or counts of holders that died unseen): the creator's relatives may still
+    // receive them. Keeping the name until that job ends costs little; removing it loses
+    // the message.
+    const pid_t creator_group = info.facts.creator_pgid;
+    if (info.facts.header_valid && info.facts.refcount > 0 && creator_group > 0 &&
+        std::find(info.live_groups.begin(), info.live_groups.end(), creator_group) ==
+            info.live_groups.end() &&
+        process_group_exists(creator_group))
+      info.live_groups.push_back(creator_group);
     bool orphan = !info.creator_alive && info.holders.empty() && info.live_groups.empty();
     if (orphan && (dry_run || unlink_named_shm(e.name)))
       report.removed.push_back(std::move(info));

@@ -23,6 +23,7 @@ struct SegmentFacts {
   pid_t creator_pid = 0;  // from the header, or from the name when the header is not valid
   std::uint64_t creator_start_time = 0;  // 0 when the header is not valid
   std::int64_t refcount = 0;             // meaningful only when header_valid
+  pid_t creator_pgid = 0;                // 0 when the header is not valid
 };
 SegmentFacts read_segment_facts(const std::string& name) noexcept;
 
@@ -54,9 +55,10 @@ struct SweepReport {
   std::vector<SegmentInfo> removed;  // (or, with dry_run, what would be)
   std::vector<SegmentInfo> kept;
 };
-// Removes every segment whose creator is gone, that no live process maps, and none of whose
+// Removes every segment whose creator is gone, that no live process maps, none of whose
 // `groups` (process groups of its past holders, from the managers' journals) has a live
-// member: the rule a daemon applies when it replaces a killed one, and `shmtensor gc`.
+// member, and that has no count left while its creator's process group (from the header)
+// has a live member (a message in flight that no journal recorded): the rule a daemon applies when it replaces a killed one, and `shmtensor gc`.
 // With dry_run removes nothing. `exclude` is left out of the holder scan (the caller);
 // names in `skip` are neither removed nor reported.
 SweepReport sweep_orphans(bool dry_run, pid_t exclude = 0,

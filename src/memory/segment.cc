@@ -46,6 +46,7 @@ void write_header(SegmentHeader* h, std::size_t total, SegmentKind kind, std::in
   h->kind = static_cast<std::uint32_t>(kind);
   h->creator_start_time = process_start_time(h->creator_pid);
   h->refcount.store(refs, std::memory_order_relaxed);
+  h->creator_pgid = current_process_group();
   // The magic last, with release: a reader that sees it sees the rest.
   std::atomic_ref<std::uint64_t>(h->magic).store(kSegmentMagic, std::memory_order_release);
 }

@@ -10,7 +10,7 @@
 namespace shmtensor::internal {
 
 inline constexpr std::uint64_t kSegmentMagic = 0x314745535453484dULL;  // "MHSTSEG1" LE
-inline constexpr std::uint32_t kSegmentLayoutVersion = 1;
+inline constexpr std::uint32_t kSegmentLayoutVersion = 2;
 inline constexpr std::size_t kSegmentHeaderSize = 128;
 // Payload alignment inside a segment (cache line; tensors need at most 16).
 inline constexpr std::size_t kSegmentAlignment = 64;
@@ -32,12 +32,17 @@ struct SegmentHeader {
   // The process that takes it to 0 unlinks the name. acq_rel: the unlinker must see every
   // other holder's release.
   std::atomic<std::int64_t> refcount;
-  std::uint8_t reserved[kSegmentHeaderSize - 72];
+  // The creator's process group at creation. A daemon that never learned of the name (it was
+  // killed before reading the registration) keeps a name with counts left while this group
+  // lives: its receivers are the creator's relatives (docs/cleanup.md, G5).
+  std::int32_t creator_pgid;
+  std::uint8_t reserved[kSegmentHeaderSize - 76];
 };
 
 static_assert(std::is_standard_layout_v<SegmentHeader>);
 static_assert(sizeof(SegmentHeader) == kSegmentHeaderSize);
 static_assert(std::atomic<std::int64_t>::is_always_lock_free);
 static_assert(offsetof(SegmentHeader, refcount) == 64);
+static_assert(offsetof(SegmentHeader, creator_pgid) == 72);
 
 }  // namespace shmtensor::internal
