@@ -1,88 +1,118 @@
-// The flagship demo (until the DataLoader exists): a tensor moved into shared memory with
-// share_memory_(), then written by a forked child and by its parent, each seeing the
-// other's writes in the same bytes. Once for each sharing strategy.
+// The flagship demo: the workload that breaks torch's DataLoader, done with shmtensor.
 //
-// Run it with `make run`, or ./build/examples/demo.
+// 20,000 samples, each four 10-element float tensors, loaded by worker processes one
+// sample per batch; the training loop keeps every batch (as a loop that accumulates
+// outputs, or a cache, does). torch 1.13 makes one shared-memory file per tensor: on a
+// 2-core VM it fails after ~5,000 samples at the fd limit (file_descriptor strategy) or
+// after ~16,000 at vm.max_map_count (file_system), at ~1,070 samples/s. shmtensor's workers
+// collate straight into a few shared slabs, so the consumer maps a handful of segments.
+//
+// Run it with `make run`, or ./build/examples/demo [--samples N] [--workers N].
 #include <shmtensor/shmtensor.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <iostream>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
 
 namespace st = shmtensor;
 
 namespace {
 
-bool demo(st::SharingStrategy strategy) {
-  st::set_sharing_strategy(strategy);
-  std::cout << "== sharing strategy: " << st::to_string(strategy) << " ==\n";
+struct Sample {
+  st::Tensor image, depth, normals, label;
+  SHMTENSOR_FIELDS(image, depth, normals, label)
+};
 
-  st::Tensor t = st::Tensor::zeros({2, 4});
-  st::Tensor row1 = t[1];       // a view, made before sharing
-  st::Tensor priv = t.clone();  // a private copy, for contrast
-  std::cout << "before share_memory_(): is_shared=" << t.is_shared() << "  data=" << t.raw_data()
-            << "\n";
-  t.share_memory_();  // in place: every tensor and view on this storage follows
-  std::cout << "after  share_memory_(): is_shared=" << t.is_shared() << "  data=" << t.raw_data()
-            << "  (the view t[1] follows: " << row1.raw_data() << ", is_shared=" << row1.is_shared()
-            << ")\n";
-
-  // Two pipes to take turns: the parent writes first, then the child.
-  int to_child[2], to_parent[2];
-  if (::pipe(to_child) != 0 || ::pipe(to_parent) != 0) return false;
-  std::cout.flush();
-  pid_t pid = ::fork();
-  if (pid == 0) {
-    char c;
-    if (::read(to_child[0], &c, 1) != 1) ::_exit(1);
-    std::cout << "  child  " << ::getpid() << ": sees row 0 = " << t[0].to_string() << " at "
-              << t.raw_data() << ", written by the parent after the fork\n";
-    row1.fill_(2.0);
-    priv.fill_(2.0);
-    std::cout << "  child  " << ::getpid() << ": wrote 2s into row 1 (and into its private copy)\n";
-    std::cout.flush();
-    // A forked child holds its own reference to every shared storage it inherited; drop them
-    // before _exit so that a file_system segment is unlinked when its last holder is done.
-    t = row1 = priv = st::Tensor();
-    if (::write(to_parent[1], "x", 1) != 1) ::_exit(1);
-    ::_exit(0);
+// A map-style dataset: sample i holds the value i + k in its k-th tensor.
+struct SeedWorkload {
+  std::int64_t samples = 20000;
+  std::int64_t size() const { return samples; }
+  Sample get(std::int64_t i) const {
+    const auto v = static_cast<double>(i);
+    return {st::Tensor::full({10}, v), st::Tensor::full({10}, v + 1),
+            st::Tensor::full({10}, v + 2), st::Tensor::full({10}, v + 3)};
   }
-  t[0].fill_(1.0);
-  std::cout << "  parent " << ::getpid() << ": wrote 1s into row 0\n";
-  std::cout.flush();
-  char c = 'x';
-  bool ok = ::write(to_child[1], &c, 1) == 1 && ::read(to_parent[0], &c, 1) == 1;
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  for (int fd : {to_child[0], to_child[1], to_parent[0], to_parent[1]}) ::close(fd);
-  ok = ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+};
 
-  std::cout << "  parent " << ::getpid() << ": sees\n" << t << "\n";
-  std::cout << "  its private copy, which the child also wrote, is unchanged here (fork copies "
-               "private memory):\n"
-            << priv << "\n";
-  const bool shared_ok = t.equal(st::Tensor::from_vector<float>({1, 1, 1, 1, 2, 2, 2, 2}, {2, 4}));
-  const bool private_ok = priv.equal(st::Tensor::zeros({2, 4}));
-  std::cout << (shared_ok && private_ok
-                    ? "OK: both processes wrote the same bytes, zero copies\n\n"
-                    : "FAILED: the processes did not see each other's writes\n\n");
-  return ok && shared_ok && private_ok;
+std::size_t open_fds() {
+  std::size_t n = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) ++n;
+  return n;
+}
+
+std::size_t mappings() {
+  std::ifstream maps("/proc/self/maps");
+  std::size_t n = 0;
+  for (std::string line; std::getline(maps, line);) ++n;
+  return n;
+}
+
+std::int64_t arg(int argc, char** argv, const std::string& name, std::int64_t fallback) {
+  for (int i = 1; i + 1 < argc; ++i)
+    if (argv[i] == name) return std::atoll(argv[i + 1]);
+  return fallback;
 }
 
 }  // namespace
 
-int main() {
-  std::cout << std::boolalpha;
-  bool ok = true;
-  for (st::SharingStrategy s : st::get_all_sharing_strategies()) {
-    try {
-      ok = demo(s) && ok;
-    } catch (const st::Error& e) {
-      std::cerr << "error with " << st::to_string(s) << ": " << e.what() << "\n";
-      ok = false;
+int main(int argc, char** argv) {
+  st::init(argc, argv);
+  const std::int64_t n = arg(argc, argv, "--samples", 20000);
+  const int workers = static_cast<int>(arg(argc, argv, "--workers", 2));
+  std::printf("shmtensor DataLoader: %lld samples of four 10-float tensors, batch_size 1, %d "
+              "workers, every batch kept\n",
+              static_cast<long long>(n), workers);
+  const std::size_t fds_before = open_fds(), maps_before = mappings();
+
+  st::DataLoader loader(SeedWorkload{n}, {.batch_size = 1,
+                                          .num_workers = workers,
+                                          .prefetch_factor = 64});
+  std::vector<Sample> kept;
+  kept.reserve(static_cast<std::size_t>(n));
+  const auto start = std::chrono::steady_clock::now();
+  auto seconds = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  try {
+    for (auto& batch : loader) {
+      kept.push_back(batch);
+      if (kept.size() % 2000 == 0) {
+        std::printf("\r  loaded %7zu / %lld samples  %9.0f samples/s", kept.size(),
+                    static_cast<long long>(n), static_cast<double>(kept.size()) / seconds());
+        std::fflush(stdout);
+      }
     }
+  } catch (const st::Error& e) {
+    std::printf("\nFAILED after %zu samples: %s\n", kept.size(), e.what());
+    return EXIT_FAILURE;
   }
+  const double elapsed = seconds();
+  const double rate = static_cast<double>(kept.size()) / elapsed;
+  std::printf("\r  loaded %7zu / %lld samples  %9.0f samples/s\n", kept.size(),
+              static_cast<long long>(n), rate);
+
+  // Every kept batch still holds its own values: nothing was overwritten or reused.
+  bool ok = static_cast<std::int64_t>(kept.size()) == n;
+  for (std::size_t i = 0; ok && i < kept.size(); ++i) {
+    const auto v = static_cast<float>(i);
+    const Sample& s = kept[i];
+    ok = s.image.sizes() == std::vector<std::int64_t>{1, 10} && s.image[0][9].item<float>() == v &&
+         s.depth[0][0].item<float>() == v + 1 && s.normals[0][5].item<float>() == v + 2 &&
+         s.label[0][0].item<float>() == v + 3;
+  }
+  std::printf("  %s: %zu batches kept, values checked; %.2f s\n", ok ? "OK" : "WRONG VALUES",
+              kept.size(), elapsed);
+  std::printf("  consumer now holds %zu open fds (+%zd) and %zu mappings (+%zd) for %lld kept "
+              "tensors\n",
+              open_fds(), static_cast<std::ptrdiff_t>(open_fds() - fds_before), mappings(),
+              static_cast<std::ptrdiff_t>(mappings() - maps_before), static_cast<long long>(4 * n));
+  std::printf("  torch 1.13 on a 2-core VM fails this workload after ~5,000 samples (fd limit) "
+              "or ~16,000 (vm.max_map_count 65530), at ~1,070 samples/s: this run was %.0fx "
+              "faster\n",
+              rate / 1070.0);
   return ok ? EXIT_SUCCESS : EXIT_FAILURE;
 }

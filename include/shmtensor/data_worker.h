@@ -1,0 +1,357 @@
+// The worker side of a DataLoader: what a worker process runs, and what a dataset can ask
+// while running there (get_worker_info). Included by data_loader.h; the detail namespace is
+// not a stable API.
+//
+// Protocol (one duplex Connection per worker; docs/data_loader.md):
+//   main -> worker  u8 kTasks, u32 n, then n × (u64 id, u8 reset, vector<i64> indices)
+//                   | u8 kStop. EOF (the main process closed its end) also means stop.
+//   worker -> main  entries, each u64 id + u8 kind:
+//                     kBatch <batch> | kError/kInitError <i64 index, str stage, str text>
+//                     | kEnd (an iterable worker has nothing more this epoch)
+//                   closed by u64 0 + u8 kDone. One message carries several entries when the
+//                   worker finishes batches faster than the main process asks (it never
+//                   holds a finished batch back while it waits for work).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <iterator>
+#include <memory>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "shmtensor/codec.h"
+#include "shmtensor/collate.h"
+#include "shmtensor/connection.h"
+#include "shmtensor/process.h"
+
+namespace shmtensor {
+
+// Which worker this process is, in a DataLoader worker.
+struct WorkerInfo {
+  int id = 0;            // 0 .. num_workers - 1
+  int num_workers = 0;
+  std::uint64_t seed = 0;  // the loader's base seed + id
+};
+// The calling process's WorkerInfo in a DataLoader worker; nullopt in any other process.
+// An iterable dataset calls it (in begin()) to pick its share of the data.
+std::optional<WorkerInfo> get_worker_info();
+
+namespace detail {
+
+// ---- dataset and batch types ---------------------------------------------------------------
+
+template <class D, class = void>
+struct IsMapStyle : std::false_type {};
+template <class D>
+struct IsMapStyle<D, std::void_t<decltype(std::declval<D&>().size()),
+                                 decltype(std::declval<D&>().get(std::int64_t{0}))>>
+    : std::true_type {};
+template <class D, class = void>
+struct IsRange : std::false_type {};
+template <class D>
+struct IsRange<D, std::void_t<decltype(std::begin(std::declval<D&>())),
+                              decltype(std::end(std::declval<D&>()))>> : std::true_type {};
+
+template <class D>
+inline constexpr bool kMapStyle = IsMapStyle<D>::value;
+template <class D>
+inline constexpr bool kIterable = !kMapStyle<D> && IsRange<D>::value;
+
+template <class D, class = void>
+struct SampleOfImpl {
+  using type = void;
+};
+template <class D>
+struct SampleOfImpl<D, std::enable_if_t<kMapStyle<D>>> {
+  using type = std::decay_t<decltype(std::declval<D&>().get(std::int64_t{0}))>;
+};
+template <class D>
+struct SampleOfImpl<D, std::enable_if_t<kIterable<D>>> {
+  using type = std::decay_t<decltype(*std::begin(std::declval<D&>()))>;
+};
+template <class D>
+using SampleOf = typename SampleOfImpl<D>::type;
+template <class D, class C>
+using BatchOf = std::decay_t<std::invoke_result_t<C&, std::vector<SampleOf<D>>>>;
+
+// ---- worker plumbing (src/data/worker_port.cc) -----------------------------------------------
+
+// A worker's end of its connection: copyable (a Process copies its arguments) and
+// encodable (kExec sends it; the socket travels as an fd).
+struct WorkerLink {
+  std::shared_ptr<Connection> connection;
+};
+
+// A function named so that a re-executed worker finds it (module + offset).
+struct FunctionRef {
+  bool set = false;
+  std::string module;
+  std::uint64_t offset = 0;
+  SHMTENSOR_FIELDS(set, module, offset)
+};
+FunctionRef function_ref(const void* code);
+const void* resolve_function(const FunctionRef& ref);
+
+struct WorkerConfig {
+  int id = 0;
+  int num_workers = 0;
+  std::uint64_t base_seed = 0;
+  std::int64_t batch_size = 1;  // iterable datasets: the worker batches
+  bool drop_last = false;
+  FunctionRef collate_fn;  // kExec: a function-pointer collate_fn
+  FunctionRef init_fn;     // kExec: worker_init_fn
+  SHMTENSOR_FIELDS(id, num_workers, base_seed, batch_size, drop_last, collate_fn, init_fn)
+};
+
+enum class WorkerOp : std::uint8_t { kTasks = 0, kStop = 1 };
+enum class EntryKind : std::uint8_t { kBatch = 0, kError = 1, kEnd = 2, kInitError = 3, kDone = 255 };
+
+// What went wrong in a worker, as data: the index being loaded (-1 if none), the stage
+// ("get", "collate_fn", "iteration", "worker_init_fn", "sending the batch") and
+// "<exception type>: <what()>".
+struct WorkerFailure {
+  std::int64_t index = -1;
+  std::string stage;
+  std::string text;
+};
+// Describes the exception being handled (call inside a catch block).
+WorkerFailure current_failure(std::int64_t index, const char* stage);
+
+// The non-template part of a worker: reading tasks, sending replies.
+class WorkerPort {
+ public:
+  struct Task {
+    std::uint64_t id = 0;
+    bool reset = false;  // iterable: start the dataset's iteration over (a new epoch)
+    std::vector<std::int64_t> indices;
+  };
+  // Installs the WorkerInfo of this process.
+  WorkerPort(Connection& connection, const WorkerConfig& config);
+  ~WorkerPort();
+  WorkerPort(const WorkerPort&) = delete;
+  WorkerPort& operator=(const WorkerPort&) = delete;
+
+  const WorkerConfig& config() const noexcept;
+  // The next task, waiting for one if none is queued; nullopt when told to stop or when
+  // the main process is gone.
+  std::optional<Task> next_task();
+  // True when a task can be had without waiting (reads what has arrived).
+  bool task_ready();
+  void send(Encoder&& message);
+
+  struct State;
+
+ private:
+  std::unique_ptr<State> state_;
+};
+
+// Distinct storages referenced by an encoder so far (an upper bound on its fds).
+std::size_t encoded_storage_count(Encoder& encoder) noexcept;
+
+// Finished entries waiting to be sent; sends several per message (see the file comment).
+template <class Batch>
+class ReplyBuffer {
+ public:
+  explicit ReplyBuffer(WorkerPort& port) : port_(port) {}
+  bool empty() const noexcept { return entries_.empty(); }
+  bool due() const {
+    return entries_.size() >= kMaxEntries || std::chrono::steady_clock::now() - first_ >= kMaxDelay;
+  }
+  void add(std::uint64_t id, EntryKind kind, std::optional<Batch> batch = {}, WorkerFailure f = {}) {
+    if (entries_.empty()) first_ = std::chrono::steady_clock::now();
+    entries_.push_back(Entry{id, kind, std::move(batch), std::move(f)});
+  }
+  // Sends everything. A batch that cannot be encoded (its memory cannot be shared) is
+  // replaced by its failure and the message is encoded again.
+  void flush() {
+    std::size_t begin = 0;
+    while (begin < entries_.size()) {
+      Encoder e;
+      std::size_t i = begin;
+      try {
+        // fds per message are limited (253): stop adding batches well before.
+        for (; i < entries_.size() && (i == begin || encoded_storage_count(e) < kMaxStorages); ++i)
+          encode(e, entries_[i]);
+        e.encode(std::uint64_t{0});
+        e.encode(EntryKind::kDone);
+      } catch (...) {
+        Entry& bad = entries_[i];
+        bad.failure = current_failure(-1, "sending the batch");
+        bad.kind = EntryKind::kError;
+        bad.batch.reset();
+        continue;
+      }
+      port_.send(std::move(e));
+      begin = i;
+    }
+    entries_.clear();
+  }
+
+ private:
+  static constexpr std::size_t kMaxEntries = 64;
+  static constexpr std::size_t kMaxStorages = 64;
+  static constexpr std::chrono::microseconds kMaxDelay{500};
+  struct Entry {
+    std::uint64_t id;
+    EntryKind kind;
+    std::optional<Batch> batch;
+    WorkerFailure failure;
+  };
+  static void encode(Encoder& e, const Entry& entry) {
+    e.encode(entry.id);
+    e.encode(entry.kind);
+    if (entry.kind == EntryKind::kBatch) {
+      e.encode(*entry.batch);
+    } else if (entry.kind != EntryKind::kEnd) {
+      e.encode(entry.failure.index);
+      e.encode(entry.failure.stage);
+      e.encode(entry.failure.text);
+    }
+  }
+  WorkerPort& port_;
+  std::vector<Entry> entries_;
+  std::chrono::steady_clock::time_point first_;
+};
+
+// ---- the worker loop --------------------------------------------------------------------------
+
+// Where an iterable dataset's worker is in its iteration.
+template <class Dataset, bool = kIterable<Dataset>>
+struct IterationState {};
+template <class Dataset>
+struct IterationState<Dataset, true> {
+  std::optional<decltype(std::begin(std::declval<Dataset&>()))> it;
+  std::optional<decltype(std::end(std::declval<Dataset&>()))> end;
+  bool exhausted = false;
+};
+
+// Runs in a worker until told to stop: loads each task's samples, collates them and sends
+// the batch (or the failure) back. worker_init_fn failures end the worker after reporting.
+template <class Dataset, class Collate>
+void run_worker(Dataset& dataset, Collate& collate, const std::function<void(int)>& init_fn,
+                WorkerPort& port) {
+  using Sample = SampleOf<Dataset>;
+  using Batch = BatchOf<Dataset, Collate>;
+  ReplyBuffer<Batch> out(port);
+  if (init_fn) {
+    try {
+      init_fn(port.config().id);
+    } catch (...) {
+      out.add(0, EntryKind::kInitError, std::nullopt, current_failure(-1, "worker_init_fn"));
+      out.flush();
+      return;
+    }
+  }
+  IterationState<Dataset> iteration;
+  for (;;) {
+    // Never sit on finished batches while waiting for more work.
+    if (!out.empty() && (out.due() || !port.task_ready())) out.flush();
+    std::optional<WorkerPort::Task> task = port.next_task();
+    if (!task) return;
+    std::vector<Sample> samples;
+    if constexpr (kMapStyle<Dataset>) {
+      samples.reserve(task->indices.size());
+      std::int64_t at = -1;
+      try {
+        for (std::int64_t index : task->indices) {
+          at = index;
+          samples.push_back(dataset.get(index));
+        }
+      } catch (...) {
+        out.add(task->id, EntryKind::kError, std::nullopt, current_failure(at, "get"));
+        continue;
+      }
+    } else {
+      const auto batch_size = static_cast<std::size_t>(port.config().batch_size);
+      try {
+        if (task->reset || !iteration.it) {
+          iteration.it.reset();
+          iteration.end.reset();
+          iteration.exhausted = false;
+          iteration.it.emplace(std::begin(dataset));
+          iteration.end.emplace(std::end(dataset));
+        }
+        samples.reserve(batch_size);
+        while (!iteration.exhausted && samples.size() < batch_size) {
+          if (*iteration.it == *iteration.end) {
+            iteration.exhausted = true;
+            break;
+          }
+          samples.push_back(Sample(**iteration.it));
+          ++*iteration.it;
+        }
+      } catch (...) {
+        iteration.exhausted = true;  // the iterator's state is unknown: no more from it
+        out.add(task->id, EntryKind::kError, std::nullopt, current_failure(-1, "iteration"));
+        continue;
+      }
+      if (samples.empty() || (samples.size() < batch_size && port.config().drop_last)) {
+        out.add(task->id, EntryKind::kEnd);
+        continue;
+      }
+    }
+    try {
+      out.add(task->id, EntryKind::kBatch, std::optional<Batch>(collate(std::move(samples))));
+    } catch (...) {
+      out.add(task->id, EntryKind::kError, std::nullopt, current_failure(-1, "collate_fn"));
+    }
+  }
+}
+
+// ---- the exec start method ----------------------------------------------------------------------
+
+// A collate_fn that a re-executed worker can rebuild: a function pointer (found again by
+// module + offset) or an empty class (DefaultCollate, a captureless lambda).
+template <class C>
+inline constexpr bool kExecCollate =
+    std::is_pointer_v<C> || (std::is_empty_v<C> && std::is_default_constructible_v<C>);
+// A dataset that can be sent to a re-executed worker: encodable (codec.h, e.g.
+// SHMTENSOR_FIELDS), or empty and default-constructible.
+template <class D>
+inline constexpr bool kExecDataset =
+    HasCodec<D>::value || (std::is_empty_v<D> && std::is_default_constructible_v<D>);
+
+template <class D>
+struct DatasetBox {
+  D dataset;
+};
+
+template <class Dataset, class Collate>
+void exec_worker_main(int /*index*/, WorkerLink link, WorkerConfig config, DatasetBox<Dataset> box) {
+  Collate collate{};
+  if constexpr (std::is_pointer_v<Collate>)
+    collate = reinterpret_cast<Collate>(const_cast<void*>(resolve_function(config.collate_fn)));
+  std::function<void(int)> init_fn;
+  if (config.init_fn.set)
+    init_fn = reinterpret_cast<void (*)(int)>(const_cast<void*>(resolve_function(config.init_fn)));
+  WorkerPort port(*link.connection, config);
+  run_worker(box.dataset, collate, init_fn, port);
+}
+
+}  // namespace detail
+
+template <>
+struct Codec<detail::WorkerLink> {
+  static void encode(Encoder& e, const detail::WorkerLink& l) { e.encode(*l.connection); }
+  static detail::WorkerLink decode(Decoder& d) {
+    return {std::make_shared<Connection>(d.decode<Connection>())};
+  }
+};
+
+template <class D>
+struct Codec<detail::DatasetBox<D>> {
+  static void encode(Encoder& e, const detail::DatasetBox<D>& b) {
+    if constexpr (detail::HasCodec<D>::value) e.encode(b.dataset);
+  }
+  static detail::DatasetBox<D> decode(Decoder& d) {
+    if constexpr (detail::HasCodec<D>::value) return {d.decode<D>()};
+    else return {};
+  }
+};
+
+}  // namespace shmtensor

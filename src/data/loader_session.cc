@@ -1,0 +1,377 @@
+// The main process's side of a DataLoader's workers: tasks out, batches in, in order.
+//
+// One thread drives everything from next(): it tops up tasks (at most prefetch_factor per
+// worker not yet handed out), then waits in one poll() on every worker's socket and pidfd,
+// so a result and a death are both seen at once, with no polling interval. Task ids grow
+// across epochs; a reply for an id before the current epoch's first is decoded and dropped
+// (persistent workers finish the tasks of an abandoned epoch).
+#include <algorithm>
+#include <map>
+
+#include "data/loader_errors.h"
+#include "os/child.h"
+#include "process/child_side.h"
+#include "process/process_state.h"
+#include "process/shutdown.h"
+#include "transport/channel.h"
+
+namespace shmtensor::detail {
+
+using internal::Clock;
+
+namespace {
+// Workers get this long to exit by themselves once their connection is closed, then
+// SIGTERM, then this long again before SIGKILL.
+constexpr auto kStopGrace = std::chrono::seconds(1);
+// Without pidfds (kernels before 5.3) deaths are found by polling this often.
+constexpr auto kPollInterval = std::chrono::milliseconds(10);
+}  // namespace
+
+struct LoaderSession::State {
+  enum class Status { kPending, kReady, kFailed, kEnd };
+  struct Task {
+    int worker = 0;
+    Status status = Status::kPending;
+    WorkerFailure failure;
+  };
+  struct Worker {
+    Process process;
+    Connection connection;  // the main process's end
+    std::size_t load = 0;   // tasks of this epoch given to it and not handed out yet
+    bool active = true;     // iterable: has more this epoch
+    bool fresh_epoch = true;  // iterable: its next task starts the iteration over
+  };
+
+  SessionOptions options;
+  Decode decode;
+  std::vector<Worker> workers;
+  Source source;
+  bool source_done = true;
+  std::uint64_t next_id = 1;
+  std::uint64_t epoch_first = 1;
+  std::uint64_t next_out = 1;  // in_order: the id handed out next
+  std::map<std::uint64_t, Task> tasks;  // this epoch's, not yet handed out
+  std::size_t cursor = 0;  // round robin
+  bool broken = false;
+
+  void start(const Launch& launch);
+  void stop() noexcept;
+  void fill();
+  std::optional<std::uint64_t> take_ready();
+  void wait(std::optional<Clock::time_point> deadline);
+  void read(std::size_t w);
+  void handle(std::size_t w, Decoder& d);
+  [[noreturn]] void died(std::size_t w);
+  std::string loading(std::size_t w) const;
+};
+
+void LoaderSession::State::start(const Launch& launch) {
+  for (int i = 0; i < options.num_workers; ++i) {
+    auto [mine, theirs] = shmtensor::pipe();
+    WorkerLink link{std::make_shared<Connection>(std::move(theirs))};
+    LaunchSpec spec = launch(i, link);
+    if (spec.fork_body) {
+      // A forked worker inherits our ends of the earlier workers' connections: it closes
+      // them first, so that each worker's exit is seen as EOF by us alone.
+      spec.fork_body = [this, body = std::move(spec.fork_body)] {
+        for (Worker& w : workers) w.connection.close();
+        body();
+      };
+    }
+    Process p = ProcessAccess::make(std::move(spec));
+    // From here only the launch spec holds the worker's end; start() drops it, so the
+    // worker's exit reads as EOF on ours.
+    link.connection.reset();
+    p.set_daemon(true);
+    p.set_start_method(options.start_method);
+    p.start();
+    workers.push_back(Worker{std::move(p), std::move(mine)});
+  }
+}
+
+void LoaderSession::State::stop() noexcept {
+  // kStop, then EOF. kStop is needed as well because other children of this process
+  // (another loader's workers, a Pool) may hold copies of our ends, so that closing ours
+  // is not always an EOF for the worker. Never blocks: a full socket means a stuck worker,
+  // which SIGTERM ends below.
+  for (Worker& w : workers) {
+    if (!broken && w.connection.valid()) {
+      try {
+        Encoder e;
+        e.encode(WorkerOp::kStop);
+        internal::send_value(w.connection.native_handle(), std::move(e), /*nonblocking=*/true);
+      } catch (...) {
+      }
+    }
+    w.connection.close();
+  }
+  std::vector<Process> processes;
+  for (Worker& w : workers) processes.push_back(std::move(w.process));
+  workers.clear();
+  try {
+    if (!broken) {
+      const auto deadline = Clock::now() + kStopGrace;
+      while (!internal::all_ended(processes) && Clock::now() < deadline) {
+        internal::wait_any(processes, deadline);
+        internal::poll_processes(processes);
+      }
+    }
+    internal::terminate_processes(processes, kStopGrace, /*warn=*/false);
+  } catch (...) {
+    // The destructors below still SIGKILL and reap whatever is left.
+  }
+}
+
+void LoaderSession::State::fill() {
+  std::vector<std::vector<std::pair<std::uint64_t, std::vector<std::int64_t>>>> out(workers.size());
+  std::vector<std::int64_t> indices;
+  const std::size_t n = workers.size();
+  while (!source_done) {
+    std::optional<std::size_t> pick;
+    for (std::size_t k = 0; k < n; ++k) {
+      std::size_t w = (cursor + k) % n;
+      if (!workers[w].active) continue;
+      if (workers[w].load < static_cast<std::size_t>(options.prefetch_factor)) pick = w;
+      // in_order keeps a strict rotation: a busy worker is waited for, not skipped.
+      if (pick || options.in_order) break;
+    }
+    if (options.iterable && std::none_of(workers.begin(), workers.end(),
+                                         [](const Worker& w) { return w.active; })) {
+      source_done = true;
+      break;
+    }
+    if (!pick) break;
+    if (!options.iterable && !source(indices)) {
+      source_done = true;
+      break;
+    }
+    const std::uint64_t id = next_id++;
+    tasks.emplace(id, Task{static_cast<int>(*pick), Status::kPending, {}});
+    ++workers[*pick].load;
+    out[*pick].emplace_back(id, options.iterable ? std::vector<std::int64_t>{} : indices);
+    cursor = (*pick + 1) % n;
+  }
+  for (std::size_t w = 0; w < n; ++w) {
+    if (out[w].empty()) continue;
+    Encoder e;
+    e.encode(WorkerOp::kTasks);
+    e.encode(static_cast<std::uint32_t>(out[w].size()));
+    for (auto& [id, idx] : out[w]) {
+      e.encode(id);
+      e.encode(options.iterable && std::exchange(workers[w].fresh_epoch, false));
+      e.encode(idx);
+    }
+    try {
+      workers[w].connection.send_encoded(std::move(e));
+    } catch (const SystemError&) {
+      died(w);  // EPIPE: it is gone
+    }
+  }
+}
+
+std::optional<std::uint64_t> LoaderSession::State::take_ready() {
+  for (;;) {
+    auto it = options.in_order ? tasks.find(next_out)
+                               : std::find_if(tasks.begin(), tasks.end(), [](const auto& t) {
+                                   return t.second.status != Status::kPending;
+                                 });
+    if (it == tasks.end() || it->second.status == Status::kPending) return std::nullopt;
+    const std::uint64_t id = it->first;
+    Task task = std::move(it->second);
+    tasks.erase(it);
+    --workers[static_cast<std::size_t>(task.worker)].load;
+    if (options.in_order) ++next_out;
+    switch (task.status) {
+      case Status::kReady:
+        return id;
+      case Status::kFailed:
+        throw internal::worker_error(task.worker, workers[static_cast<std::size_t>(task.worker)].process.pid(),
+                                     task.failure);
+      default:
+        continue;  // kEnd: that worker had nothing for this slot
+    }
+  }
+}
+
+void LoaderSession::State::wait(std::optional<Clock::time_point> deadline) {
+  std::vector<int> fds;
+  bool polling = false;
+  for (Worker& w : workers) {
+    internal::ProcessState* s = ProcessAccess::state(w.process);
+    fds.push_back(w.connection.native_handle());
+    fds.push_back(s->pidfd());
+    polling = polling || s->needs_polling();
+  }
+  std::optional<std::chrono::nanoseconds> timeout;
+  if (deadline) timeout = std::max(*deadline - Clock::now(), Clock::duration::zero());
+  if (polling && (!timeout || *timeout > kPollInterval)) timeout = kPollInterval;
+  const std::vector<std::size_t> ready = internal::wait_readable(fds, timeout);
+  std::vector<bool> pidfd_ready(workers.size(), false);
+  for (std::size_t i : ready) {
+    if (i % 2 == 1) pidfd_ready[i / 2] = true;
+  }
+  for (std::size_t w = 0; w < workers.size(); ++w) {
+    read(w);
+    // A batch sent just before the end was read above; now the end itself.
+    if ((pidfd_ready[w] || polling) && !workers[w].process.is_alive()) died(w);
+  }
+}
+
+void LoaderSession::State::read(std::size_t w) {
+  Worker& worker = workers[w];
+  while (worker.connection.poll(std::chrono::nanoseconds(0))) {
+    std::optional<Decoder> d;
+    try {
+      d.emplace(worker.connection.recv_encoded(std::chrono::nanoseconds(0)));
+    } catch (const ConnectionClosed&) {
+      died(w);  // it closed its socket by exiting
+    }
+    try {
+      handle(w, *d);
+    } catch (const DataLoaderError&) {
+      throw;
+    } catch (...) {
+      // A malformed reply: nothing more from this worker can be trusted.
+      broken = true;
+      worker.process.kill();
+      throw DataLoaderError("DataLoader worker " + std::to_string(w) + " (pid " +
+                            std::to_string(worker.process.pid()) +
+                            ") sent a reply that could not be decoded: " +
+                            internal::describe_current_exception());
+    }
+  }
+}
+
+void LoaderSession::State::handle(std::size_t w, Decoder& d) {
+  for (;;) {
+    const auto id = d.decode<std::uint64_t>();
+    const auto kind = d.decode<EntryKind>();
+    if (kind == EntryKind::kDone) break;
+    auto it = id >= epoch_first ? tasks.find(id) : tasks.end();
+    const bool current = it != tasks.end() && it->second.worker == static_cast<int>(w) &&
+                         it->second.status == Status::kPending;
+    switch (kind) {
+      case EntryKind::kBatch:
+        decode(id, d, current);
+        if (current) it->second.status = Status::kReady;
+        break;
+      case EntryKind::kEnd:
+        if (current) {
+          it->second.status = Status::kEnd;
+          workers[w].active = false;
+        }
+        break;
+      case EntryKind::kError:
+      case EntryKind::kInitError: {
+        WorkerFailure f;
+        f.index = d.decode<std::int64_t>();
+        f.stage = d.decode<std::string>();
+        f.text = d.decode<std::string>();
+        if (kind == EntryKind::kInitError) {
+          broken = true;  // the worker ends after this
+          throw internal::worker_error(static_cast<int>(w), workers[w].process.pid(), f);
+        }
+        if (current) {
+          it->second.status = Status::kFailed;
+          it->second.failure = std::move(f);
+        }
+        break;
+      }
+      default:
+        throw ProtocolError("unknown reply kind");
+    }
+  }
+  d.finish();
+}
+
+std::string LoaderSession::State::loading(std::size_t w) const {
+  std::size_t pending = 0;
+  for (const auto& [id, t] : tasks)
+    if (t.worker == static_cast<int>(w) && t.status == Status::kPending) ++pending;
+  if (pending == 0) return {};
+  return std::to_string(pending) + (pending == 1 ? " batch" : " batches");
+}
+
+void LoaderSession::State::died(std::size_t w) {
+  broken = true;
+  Process& p = workers[w].process;
+  if (!p.join(kStopGrace)) {  // its socket closed, so it is on its way out
+    p.kill();
+    p.join();
+  }
+  throw internal::worker_died(static_cast<int>(w), p.pid(), p.exitcode().value_or(-9), loading(w),
+                              p.error());
+}
+
+LoaderSession::LoaderSession(SessionOptions options, const Launch& launch, Decode decode)
+    : state_(std::make_unique<State>()) {
+  state_->options = options;
+  state_->decode = std::move(decode);
+  try {
+    state_->start(launch);
+  } catch (...) {
+    state_->broken = true;
+    state_->stop();
+    throw;
+  }
+}
+
+LoaderSession::~LoaderSession() { state_->stop(); }
+
+void LoaderSession::begin_epoch(Source source) {
+  State& s = *state_;
+  s.source = std::move(source);
+  s.source_done = false;
+  s.tasks.clear();
+  s.epoch_first = s.next_out = s.next_id;
+  s.cursor = 0;
+  for (State::Worker& w : s.workers) {
+    w.load = 0;
+    w.active = true;
+    w.fresh_epoch = true;
+  }
+}
+
+std::optional<std::uint64_t> LoaderSession::next() {
+  State& s = *state_;
+  if (s.broken)
+    throw DataLoaderError("DataLoader: the workers were stopped after an error; begin a new epoch");
+  std::optional<Clock::time_point> deadline;
+  if (s.options.timeout.count() > 0)
+    deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(s.options.timeout);
+  // A death is reported at once, even when later batches are already here.
+  s.wait(Clock::now());
+  s.fill();
+  for (;;) {
+    if (auto id = s.take_ready()) {
+      s.fill();
+      return id;
+    }
+    if (s.source_done && s.tasks.empty()) return std::nullopt;
+    if (deadline && Clock::now() >= *deadline) {
+      s.broken = true;
+      std::string what = "a batch";
+      if (s.options.in_order) {
+        auto it = s.tasks.find(s.next_out);
+        if (it != s.tasks.end()) {
+          const auto w = static_cast<std::size_t>(it->second.worker);
+          what = "batch " + std::to_string(s.next_out - s.epoch_first) + " from worker " +
+                 std::to_string(w) + " (pid " + std::to_string(s.workers[w].process.pid()) + ")";
+        }
+      }
+      throw internal::loader_timeout(s.options.timeout.count(), what);
+    }
+    s.wait(deadline);
+    s.fill();
+  }
+}
+
+bool LoaderSession::broken() const noexcept { return state_->broken; }
+
+std::vector<int> LoaderSession::pids() const {
+  std::vector<int> out;
+  for (const State::Worker& w : state_->workers) out.push_back(w.process.pid());
+  return out;
+}
+
+}  // namespace shmtensor::detail

@@ -1,0 +1,113 @@
+// The worker's side of the DataLoader protocol (data_worker.h has the message layout) and
+// what a worker process knows about itself.
+#include <deque>
+#include <mutex>
+
+#include "os/code_address.h"
+#include "process/child_side.h"
+#include "shmtensor/data_worker.h"
+#include "wire/wire.h"
+
+namespace shmtensor {
+
+namespace {
+// Set once in a worker process (by its WorkerPort) before any dataset code runs there;
+// the process is single-threaded until then, and datasets only read it.
+std::optional<WorkerInfo> g_worker_info;
+}  // namespace
+
+std::optional<WorkerInfo> get_worker_info() { return g_worker_info; }
+
+namespace detail {
+
+FunctionRef function_ref(const void* code) {
+  internal::CodeAddress a = internal::code_address_of(reinterpret_cast<std::uintptr_t>(code));
+  return FunctionRef{true, std::move(a.module), static_cast<std::uint64_t>(a.offset)};
+}
+
+const void* resolve_function(const FunctionRef& ref) {
+  if (!ref.set) throw ProtocolError("DataLoader worker: no function was named");
+  return reinterpret_cast<const void*>(internal::resolve_code_address(
+      internal::CodeAddress{ref.module, static_cast<std::uintptr_t>(ref.offset)}));
+}
+
+WorkerFailure current_failure(std::int64_t index, const char* stage) {
+  return WorkerFailure{index, stage, internal::describe_current_exception()};
+}
+
+std::size_t encoded_storage_count(Encoder& encoder) noexcept {
+  return encoder.state().storages.size();
+}
+
+struct WorkerPort::State {
+  Connection& connection;
+  WorkerConfig config;
+  std::deque<Task> tasks;
+  bool stop = false;
+
+  void parse(Decoder& d) {
+    if (d.decode<WorkerOp>() == WorkerOp::kStop) {
+      stop = true;
+      return;
+    }
+    auto n = d.decode<std::uint32_t>();
+    for (std::uint32_t i = 0; i < n; ++i) {
+      Task t;
+      t.id = d.decode<std::uint64_t>();
+      t.reset = d.decode<bool>();
+      t.indices = d.decode<std::vector<std::int64_t>>();
+      tasks.push_back(std::move(t));
+    }
+    d.finish();
+  }
+  // Reads every message that has arrived, without waiting.
+  void drain() {
+    while (!stop) {
+      std::optional<Decoder> d;
+      try {
+        d = connection.try_recv_encoded(std::chrono::nanoseconds(0));
+      } catch (const ConnectionClosed&) {
+        stop = true;  // the main process closed its end: the loader is done with us
+        return;
+      }
+      if (!d) return;
+      parse(*d);
+    }
+  }
+};
+
+WorkerPort::WorkerPort(Connection& connection, const WorkerConfig& config)
+    : state_(std::make_unique<State>(State{connection, config, {}, false})) {
+  g_worker_info = WorkerInfo{config.id, config.num_workers, config.base_seed + static_cast<std::uint64_t>(config.id)};
+}
+
+WorkerPort::~WorkerPort() = default;
+
+const WorkerConfig& WorkerPort::config() const noexcept { return state_->config; }
+
+std::optional<WorkerPort::Task> WorkerPort::next_task() {
+  State& s = *state_;
+  if (s.tasks.empty()) s.drain();
+  while (s.tasks.empty() && !s.stop) {
+    try {
+      Decoder d = s.connection.recv_encoded(std::nullopt);
+      s.parse(d);
+    } catch (const ConnectionClosed&) {
+      s.stop = true;
+    }
+  }
+  if (s.stop) return std::nullopt;
+  Task t = std::move(s.tasks.front());
+  s.tasks.pop_front();
+  return t;
+}
+
+bool WorkerPort::task_ready() {
+  state_->drain();
+  return !state_->tasks.empty() || state_->stop;
+}
+
+void WorkerPort::send(Encoder&& message) { state_->connection.send_encoded(std::move(message)); }
+
+}  // namespace detail
+}  // namespace shmtensor
