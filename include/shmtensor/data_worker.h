@@ -8,9 +8,8 @@
 //   worker -> main  entries, each u64 id + u8 kind:
 //                     kBatch <batch> | kError/kInitError <i64 index, str stage, str text>
 //                     | kEnd (an iterable worker has nothing more this epoch)
-//                   closed by u64 0 + u8 kDone. One message carries several entries when the
-//                   worker finishes batches faster than the main process asks (it never
-//                   holds a finished batch back while it waits for work).
+//                   closed by u64 0 + u8 kDone (today one entry per message; the main
+//                   process accepts several).
 #pragma once
 
 #include <chrono>
@@ -140,8 +139,6 @@ class WorkerPort {
   // The next task, waiting for one if none is queued; nullopt when told to stop or when
   // the main process is gone.
   std::optional<Task> next_task();
-  // True when a task can be had without waiting (reads what has arrived).
-  bool task_ready();
   void send(Encoder&& message);
 
   struct State;
@@ -150,73 +147,32 @@ class WorkerPort {
   std::unique_ptr<State> state_;
 };
 
-// Distinct storages referenced by an encoder so far (an upper bound on its fds).
-std::size_t encoded_storage_count(Encoder& encoder) noexcept;
-
-// Finished entries waiting to be sent; sends several per message (see the file comment).
+// Sends one reply entry. A batch that cannot be encoded (its memory cannot be shared) is
+// replaced by that failure. One message per batch: the main process gets every batch as
+// soon as it is made (holding finished batches back to send several at once measured no
+// faster, and delays a batch behind a slow one).
 template <class Batch>
-class ReplyBuffer {
- public:
-  explicit ReplyBuffer(WorkerPort& port) : port_(port) {}
-  bool empty() const noexcept { return entries_.empty(); }
-  bool due() const {
-    return entries_.size() >= kMaxEntries || std::chrono::steady_clock::now() - first_ >= kMaxDelay;
-  }
-  void add(std::uint64_t id, EntryKind kind, std::optional<Batch> batch = {}, WorkerFailure f = {}) {
-    if (entries_.empty()) first_ = std::chrono::steady_clock::now();
-    entries_.push_back(Entry{id, kind, std::move(batch), std::move(f)});
-  }
-  // Sends everything. A batch that cannot be encoded (its memory cannot be shared) is
-  // replaced by its failure and the message is encoded again.
-  void flush() {
-    std::size_t begin = 0;
-    while (begin < entries_.size()) {
-      Encoder e;
-      std::size_t i = begin;
-      try {
-        // fds per message are limited (253): stop adding batches well before.
-        for (; i < entries_.size() && (i == begin || encoded_storage_count(e) < kMaxStorages); ++i)
-          encode(e, entries_[i]);
-        e.encode(std::uint64_t{0});
-        e.encode(EntryKind::kDone);
-      } catch (...) {
-        Entry& bad = entries_[i];
-        bad.failure = current_failure(-1, "sending the batch");
-        bad.kind = EntryKind::kError;
-        bad.batch.reset();
-        continue;
-      }
-      port_.send(std::move(e));
-      begin = i;
+void send_entry(WorkerPort& port, std::uint64_t id, EntryKind kind, const Batch* batch,
+                const WorkerFailure& failure) {
+  Encoder e;
+  try {
+    e.encode(id);
+    e.encode(kind);
+    if (kind == EntryKind::kBatch) {
+      e.encode(*batch);
+    } else if (kind != EntryKind::kEnd) {
+      e.encode(failure.index);
+      e.encode(failure.stage);
+      e.encode(failure.text);
     }
-    entries_.clear();
+  } catch (...) {
+    send_entry<Batch>(port, id, EntryKind::kError, nullptr, current_failure(-1, "sending the batch"));
+    return;
   }
-
- private:
-  static constexpr std::size_t kMaxEntries = 64;
-  static constexpr std::size_t kMaxStorages = 64;
-  static constexpr std::chrono::microseconds kMaxDelay{500};
-  struct Entry {
-    std::uint64_t id;
-    EntryKind kind;
-    std::optional<Batch> batch;
-    WorkerFailure failure;
-  };
-  static void encode(Encoder& e, const Entry& entry) {
-    e.encode(entry.id);
-    e.encode(entry.kind);
-    if (entry.kind == EntryKind::kBatch) {
-      e.encode(*entry.batch);
-    } else if (entry.kind != EntryKind::kEnd) {
-      e.encode(entry.failure.index);
-      e.encode(entry.failure.stage);
-      e.encode(entry.failure.text);
-    }
-  }
-  WorkerPort& port_;
-  std::vector<Entry> entries_;
-  std::chrono::steady_clock::time_point first_;
-};
+  e.encode(std::uint64_t{0});
+  e.encode(EntryKind::kDone);
+  port.send(std::move(e));
+}
 
 // ---- the worker loop --------------------------------------------------------------------------
 
@@ -237,20 +193,23 @@ void run_worker(Dataset& dataset, Collate& collate, const std::function<void(int
                 WorkerPort& port) {
   using Sample = SampleOf<Dataset>;
   using Batch = BatchOf<Dataset, Collate>;
-  ReplyBuffer<Batch> out(port);
+  auto reply = [&port](std::uint64_t id, EntryKind kind, WorkerFailure f = {}) {
+    send_entry<Batch>(port, id, kind, nullptr, f);
+  };
   if (init_fn) {
     try {
       init_fn(port.config().id);
     } catch (...) {
-      out.add(0, EntryKind::kInitError, std::nullopt, current_failure(-1, "worker_init_fn"));
-      out.flush();
+      reply(0, EntryKind::kInitError, current_failure(-1, "worker_init_fn"));
+      // Exiting now could make the main process read ECONNRESET instead of this report
+      // (tasks it sent would be unread): wait until it stops us.
+      while (port.next_task()) {
+      }
       return;
     }
   }
   IterationState<Dataset> iteration;
   for (;;) {
-    // Never sit on finished batches while waiting for more work.
-    if (!out.empty() && (out.due() || !port.task_ready())) out.flush();
     std::optional<WorkerPort::Task> task = port.next_task();
     if (!task) return;
     std::vector<Sample> samples;
@@ -263,7 +222,7 @@ void run_worker(Dataset& dataset, Collate& collate, const std::function<void(int
           samples.push_back(dataset.get(index));
         }
       } catch (...) {
-        out.add(task->id, EntryKind::kError, std::nullopt, current_failure(at, "get"));
+        reply(task->id, EntryKind::kError, current_failure(at, "get"));
         continue;
       }
     } else {
@@ -287,19 +246,22 @@ void run_worker(Dataset& dataset, Collate& collate, const std::function<void(int
         }
       } catch (...) {
         iteration.exhausted = true;  // the iterator's state is unknown: no more from it
-        out.add(task->id, EntryKind::kError, std::nullopt, current_failure(-1, "iteration"));
+        reply(task->id, EntryKind::kError, current_failure(-1, "iteration"));
         continue;
       }
       if (samples.empty() || (samples.size() < batch_size && port.config().drop_last)) {
-        out.add(task->id, EntryKind::kEnd);
+        reply(task->id, EntryKind::kEnd);
         continue;
       }
     }
+    std::optional<Batch> batch;
     try {
-      out.add(task->id, EntryKind::kBatch, std::optional<Batch>(collate(std::move(samples))));
+      batch.emplace(collate(std::move(samples)));
     } catch (...) {
-      out.add(task->id, EntryKind::kError, std::nullopt, current_failure(-1, "collate_fn"));
+      reply(task->id, EntryKind::kError, current_failure(-1, "collate_fn"));
+      continue;
     }
+    send_entry<Batch>(port, task->id, EntryKind::kBatch, &*batch, {});
   }
 }
 

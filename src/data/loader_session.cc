@@ -225,6 +225,8 @@ void LoaderSession::State::read(std::size_t w) {
       d.emplace(worker.connection.recv_encoded(std::chrono::nanoseconds(0)));
     } catch (const ConnectionClosed&) {
       died(w);  // it closed its socket by exiting
+    } catch (const SystemError&) {
+      died(w);  // ECONNRESET: it exited without reading every task we sent
     }
     try {
       handle(w, *d);

@@ -6,7 +6,6 @@
 #include "os/code_address.h"
 #include "process/child_side.h"
 #include "shmtensor/data_worker.h"
-#include "wire/wire.h"
 
 namespace shmtensor {
 
@@ -33,10 +32,6 @@ const void* resolve_function(const FunctionRef& ref) {
 
 WorkerFailure current_failure(std::int64_t index, const char* stage) {
   return WorkerFailure{index, stage, internal::describe_current_exception()};
-}
-
-std::size_t encoded_storage_count(Encoder& encoder) noexcept {
-  return encoder.state().storages.size();
 }
 
 struct WorkerPort::State {
@@ -69,6 +64,9 @@ struct WorkerPort::State {
       } catch (const ConnectionClosed&) {
         stop = true;  // the main process closed its end: the loader is done with us
         return;
+      } catch (const SystemError&) {
+        stop = true;  // ECONNRESET: the main process is gone
+        return;
       }
       if (!d) return;
       parse(*d);
@@ -94,17 +92,14 @@ std::optional<WorkerPort::Task> WorkerPort::next_task() {
       s.parse(d);
     } catch (const ConnectionClosed&) {
       s.stop = true;
+    } catch (const SystemError&) {
+      s.stop = true;
     }
   }
   if (s.stop) return std::nullopt;
   Task t = std::move(s.tasks.front());
   s.tasks.pop_front();
   return t;
-}
-
-bool WorkerPort::task_ready() {
-  state_->drain();
-  return !state_->tasks.empty() || state_->stop;
 }
 
 void WorkerPort::send(Encoder&& message) { state_->connection.send_encoded(std::move(message)); }

@@ -1,0 +1,260 @@
+// DataLoader failures: exceptions in a worker, a worker that dies (SIGKILL, SIGBUS, exit),
+// a stuck worker past the timeout, leaving an epoch early, invalid options. Each test
+// checks the exact exception type and the words of its message, and that no fd, mapping
+// or /dev/shm name is left behind. Nothing here depends on timing except the timeout test,
+// whose dataset blocks far longer than the timeout.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstdlib>
+#include <thread>
+
+#include "shmtensor/shmtensor.h"
+#include "support/leak_check.h"
+
+namespace shmtensor {
+namespace {
+
+class DataLoaderErrorsTest : public testing::LeakCheckedTest {};
+
+// Sample i is i, except: throws for `bad`, blocks for `stuck` and beyond, raises a signal or
+// exits for `fatal`.
+struct Troubled {
+  std::int64_t n = 10;
+  std::int64_t bad = -1;
+  std::int64_t stuck = -1;
+  std::int64_t fatal = -1;
+  int how = 0;  // 0: nothing; > 0: raise(how); < 0: _Exit(-how)
+  SHMTENSOR_FIELDS(n, bad, stuck, fatal, how)
+  std::int64_t size() const { return n; }
+  std::int64_t get(std::int64_t i) const {
+    if (i == bad) throw std::out_of_range("no sample " + std::to_string(i));
+    if (stuck >= 0 && i >= stuck) std::this_thread::sleep_for(std::chrono::seconds(60));
+    if (i == fatal) {
+      if (how > 0) std::raise(how);
+      std::_Exit(-how);
+    }
+    return i;
+  }
+};
+
+TEST_F(DataLoaderErrorsTest, ExceptionInGetCarriesWorkerIndexTypeAndMessageAndTheEpochGoesOn) {
+  DataLoader loader(Troubled{.bad = 7}, {.batch_size = 2, .num_workers = 2});
+  auto it = loader.begin();
+  EXPECT_EQ((*it)[0].item<std::int64_t>(), 0);
+  for (std::int64_t b = 1; b < 3; ++b) EXPECT_EQ((*++it)[0].item<std::int64_t>(), 2 * b);
+  try {
+    ++it;  // batch 3 = indices 6, 7: loaded by worker 3 % 2
+    FAIL() << "no exception";
+  } catch (const DataLoaderWorkerError& e) {
+    EXPECT_EQ(e.worker_id(), 1);
+    EXPECT_EQ(e.index(), 7);
+    EXPECT_EQ(e.stage(), "get");
+    EXPECT_EQ(e.type_name(), "std::out_of_range");
+    EXPECT_EQ(e.message(), "no sample 7");
+    EXPECT_EQ(e.pid(), loader.worker_pids()[1]);
+    EXPECT_EQ(std::string(e.what()), "DataLoader worker 1 (pid " + std::to_string(e.pid()) +
+                                         ") raised std::out_of_range in get(7): no sample 7");
+  }
+  ++it;
+  ASSERT_FALSE(it == loader.end());
+  EXPECT_EQ((*it)[1].item<std::int64_t>(), 9);
+  ++it;
+  EXPECT_TRUE(it == loader.end());
+}
+
+struct Ragged {
+  std::int64_t size() const { return 4; }
+  Tensor get(std::int64_t i) const { return Tensor::zeros({i + 1}); }
+};
+
+void failing_init(int id) { throw std::runtime_error("cannot open shard " + std::to_string(id)); }
+
+TEST_F(DataLoaderErrorsTest, CollateAndWorkerInitFailuresNameTheirStage) {
+  DataLoader ragged(Ragged{}, {.batch_size = 2, .num_workers = 1});
+  try {
+    ragged.begin();
+    FAIL() << "no exception";
+  } catch (const DataLoaderWorkerError& e) {
+    EXPECT_EQ(e.stage(), "collate_fn");
+    EXPECT_EQ(e.index(), -1);
+    EXPECT_EQ(e.type_name(), "std::invalid_argument");
+    EXPECT_NE(std::string(e.what()).find("raised std::invalid_argument in collate_fn"), std::string::npos);
+  }
+  for (StartMethod method : {StartMethod::kFork, StartMethod::kExec}) {
+    DataLoader init(Troubled{}, {.num_workers = 2, .worker_init_fn = &failing_init, .start_method = method});
+    try {
+      init.begin();
+      FAIL() << "no exception";
+    } catch (const DataLoaderWorkerError& e) {
+      EXPECT_EQ(e.stage(), "worker_init_fn");
+      EXPECT_EQ(e.type_name(), "std::runtime_error");
+      EXPECT_EQ(e.message(), "cannot open shard " + std::to_string(e.worker_id()));
+    }
+    EXPECT_TRUE(init.worker_pids().empty());  // the others were stopped
+  }
+}
+
+// Iterates until the loader throws; the dataset guarantees that it must.
+template <class Loader>
+void drain(Loader& loader) {
+  for (auto& batch : loader) (void)batch;
+}
+
+TEST_F(DataLoaderErrorsTest, WorkerKilledMidEpochIsReportedWithTheSignalName) {
+  // Index 4 and later block, so the loader must notice the death to get anywhere.
+  DataLoader loader(Troubled{.n = 8, .stuck = 4}, {.num_workers = 1});
+  auto it = loader.begin();
+  const int pid = loader.worker_pids().at(0);
+  ASSERT_EQ(::kill(pid, SIGKILL), 0);
+  try {
+    for (; !(it == loader.end()); ++it) {
+    }
+    FAIL() << "no exception";
+  } catch (const DataLoaderWorkerDied& e) {
+    EXPECT_EQ(e.worker_id(), 0);
+    EXPECT_EQ(e.pid(), pid);
+    EXPECT_EQ(e.exit_code(), -SIGKILL);
+    EXPECT_EQ(e.signal_name(), "SIGKILL");
+    EXPECT_NE(std::string(e.what()).find("DataLoader worker 0 (pid " + std::to_string(pid) +
+                                         ") was killed by signal SIGKILL"),
+              std::string::npos);
+  }
+  EXPECT_TRUE(loader.worker_pids().empty());
+  // A new epoch starts new workers (this one stops short of the blocking index).
+  int n = 0;
+  for (auto& batch : loader) {
+    if (++n == 3) break;
+    (void)batch;
+  }
+  EXPECT_EQ(n, 3);
+}
+
+TEST_F(DataLoaderErrorsTest, BusErrorExplainsSharedMemoryAndExitCodesAreReported) {
+  DataLoader bus(Troubled{.fatal = 3, .how = SIGBUS}, {.num_workers = 2});
+  try {
+    drain(bus);
+    FAIL() << "no exception";
+  } catch (const DataLoaderWorkerDied& e) {
+    EXPECT_EQ(e.worker_id(), 1);
+    EXPECT_EQ(e.signal_name(), "SIGBUS");
+    const std::string what = e.what();
+    EXPECT_NE(what.find("was killed by signal SIGBUS"), std::string::npos);
+    EXPECT_NE(what.find("ran out of shared memory"), std::string::npos);
+    EXPECT_NE(what.find("--shm-size"), std::string::npos);
+  }
+  DataLoader exits(Troubled{.fatal = 0, .how = -3}, {.num_workers = 1});
+  try {
+    drain(exits);
+    FAIL() << "no exception";
+  } catch (const DataLoaderWorkerDied& e) {
+    EXPECT_EQ(e.exit_code(), 3);
+    EXPECT_EQ(e.signal_name(), "");
+    EXPECT_NE(std::string(e.what()).find("exited unexpectedly with exit code 3 while loading"),
+              std::string::npos);
+  }
+}
+
+TEST_F(DataLoaderErrorsTest, StuckWorkerPastTheTimeoutIsATimeoutError) {
+  DataLoader loader(Troubled{.stuck = 2}, {.num_workers = 1, .timeout = std::chrono::milliseconds(300)});
+  auto it = loader.begin();
+  ++it;
+  EXPECT_EQ((*it).item<std::int64_t>(), 1);
+  const int pid = loader.worker_pids().at(0);
+  try {
+    ++it;
+    FAIL() << "no exception";
+  } catch (const DataLoaderTimeout& e) {
+    EXPECT_EQ(std::string(e.what()), "DataLoader timed out after 0.3 seconds waiting for batch 2 from "
+                                     "worker 0 (pid " + std::to_string(pid) + ")");
+  }
+  // The stuck worker was stopped (SIGTERM) and reaped.
+  EXPECT_TRUE(loader.worker_pids().empty());
+  EXPECT_EQ(::kill(pid, 0), -1);
+}
+
+TEST_F(DataLoaderErrorsTest, LeavingAnEpochEarlyStopsTheWorkers) {
+  for (StartMethod method : {StartMethod::kFork, StartMethod::kExec}) {
+    DataLoader loader(Troubled{.n = 1000}, {.batch_size = 3, .num_workers = 2, .start_method = method});
+    std::vector<int> pids;
+    int seen = 0;
+    for (auto& batch : loader) {
+      pids = loader.worker_pids();
+      EXPECT_EQ(batch[0].item<std::int64_t>(), 3 * seen);
+      if (++seen == 5) break;
+    }
+    EXPECT_TRUE(loader.worker_pids().empty());
+    for (int pid : pids) EXPECT_EQ(::kill(pid, 0), -1) << pid;  // reaped
+    // An exception thrown by the loop body does the same.
+    try {
+      for (auto& batch : loader) throw std::runtime_error(std::to_string(batch[0].item<std::int64_t>()));
+    } catch (const std::runtime_error& e) {
+      EXPECT_EQ(std::string(e.what()), "0");
+    }
+    EXPECT_TRUE(loader.worker_pids().empty());
+    // The loader is still usable: a whole epoch.
+    std::int64_t batches = 0;
+    for (auto& batch : loader) batches += batch.numel() > 0 ? 1 : 0;
+    EXPECT_EQ(batches, loader.size());
+  }
+}
+
+TEST_F(DataLoaderErrorsTest, DestroyingALoaderMidEpochStopsPersistentAndStuckWorkers) {
+  std::vector<int> pids;
+  {
+    DataLoader loader(Troubled{.n = 100, .stuck = 3}, {.num_workers = 2, .persistent_workers = true});
+    auto it = loader.begin();
+    ++it;
+    pids = loader.worker_pids();
+    ASSERT_EQ(pids.size(), 2u);
+  }
+  for (int pid : pids) EXPECT_EQ(::kill(pid, 0), -1) << pid;
+}
+
+auto capturing_collate(int k) {
+  return [k](std::vector<std::int64_t> s) { return static_cast<std::int64_t>(s.size()) + k; };
+}
+
+TEST_F(DataLoaderErrorsTest, InvalidOptionsAreRejectedUpFront) {
+  auto message = [](auto&& make) {
+    try {
+      make();
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("no exception");
+  };
+  EXPECT_EQ(message([] { DataLoader l(Troubled{}, {.batch_size = 0}); }),
+            "DataLoader: batch_size must be at least 1, got 0");
+  EXPECT_EQ(message([] { DataLoader l(Troubled{}, {.num_workers = -1}); }),
+            "DataLoader: num_workers option should be non-negative, got -1");
+  EXPECT_EQ(message([] { DataLoader l(Troubled{}, {.persistent_workers = true}); }),
+            "DataLoader: persistent_workers option needs num_workers > 0");
+  EXPECT_EQ(message([] {
+              DataLoader l(Troubled{}, {.shuffle = true, .sampler = std::vector<std::int64_t>{1}});
+            }),
+            "DataLoader: sampler option is mutually exclusive with shuffle");
+  EXPECT_EQ(message([] {
+              DataLoader l(Troubled{}, {.batch_size = 2, .batch_sampler = BatchSampler::Batches{{1}}});
+            }),
+            "DataLoader: batch_sampler option is mutually exclusive with batch_size, shuffle, "
+            "sampler, and drop_last");
+  const std::string exec = message([] {
+    DataLoader l(Troubled{}, DataLoaderOptions{.num_workers = 1, .start_method = StartMethod::kExec,
+                                               .collate_fn = capturing_collate(1)});
+  });
+  EXPECT_NE(exec.find("collate_fn must be a plain function or a captureless lambda"), std::string::npos);
+  const std::string init = message([] {
+    int k = 0;
+    DataLoader l(Troubled{}, {.num_workers = 1, .worker_init_fn = [k](int) { (void)k; },
+                              .start_method = StartMethod::kExec});
+  });
+  EXPECT_NE(init.find("worker_init_fn must hold a plain function pointer"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace shmtensor
