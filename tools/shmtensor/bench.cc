@@ -4,6 +4,9 @@
 //   pingpong         round trips of one tensor over a pipe (latency percentiles)
 //   retain           like queue_fresh, but consumers keep every tensor (reports how far it
 //                    got if a limit is hit)
+//   dataloader       a DataLoader with --workers over --samples samples of
+//                    --tensors-per-sample tensors of --bytes (bench_dataloader.cc); run
+//                    only when named
 // Prints a table, or with --json one object per line per scenario and strategy.
 #include <sys/wait.h>
 #include <unistd.h>
@@ -19,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_dataloader.h"
 #include "command.h"
 #include "shmtensor/connection.h"
 #include "shmtensor/queue.h"
@@ -34,6 +38,7 @@ struct BenchOptions {
   int producers = 1;
   int consumers = 1;
   bool json = false;
+  DataLoaderBenchOptions loader;
 };
 
 struct Report {  // what one consumer sends back
@@ -267,7 +272,19 @@ void print(const Result& r, bool json) {
   std::fflush(stdout);
 }
 
-void run_bench(const BenchOptions& o) {
+void run_bench(BenchOptions o) {
+  const auto named = std::find(o.scenarios.begin(), o.scenarios.end(), "dataloader");
+  if (named != o.scenarios.end()) {
+    o.scenarios.erase(named);
+    o.loader.json = o.json;
+    o.loader.bytes = o.bytes;
+    if (!o.json) print_dataloader_header();
+    for (const auto& strategy : o.strategies) {
+      set_sharing_strategy(strategy);
+      run_dataloader_bench(o.loader, strategy);
+    }
+    if (o.scenarios.empty()) return;
+  }
   if (!o.json)
     std::printf("%-16s %-16s %10s %10s %10s %14s %9s %9s %9s %6s %6s\n", "scenario", "strategy",
                 "bytes", "count", "completed", "tensors/s", "GB/s", "p50_us", "p99_us", "fds",
@@ -285,7 +302,7 @@ void run_bench(const BenchOptions& o) {
         r = run_queue(scenario, o);
       } else {
         throw Error("unknown scenario \"" + scenario +
-                    "\": valid are queue_fresh, queue_preshared, pingpong, retain");
+                    "\": valid are queue_fresh, queue_preshared, pingpong, retain, dataloader");
       }
       r.scenario = scenario;
       r.strategy = strategy;
@@ -298,7 +315,7 @@ const bool registered = register_command([](CLI::App& app) {
   auto o = std::make_shared<BenchOptions>();
   auto* cmd = app.add_subcommand("bench", "Cross-process benchmark scenarios");
   cmd->add_option("scenarios", o->scenarios,
-                  "queue_fresh, queue_preshared, pingpong, retain (default: all)");
+                  "queue_fresh, queue_preshared, pingpong, retain (default: all), dataloader");
   cmd->add_option("--strategy", o->strategies, "file_descriptor and/or file_system")
       ->check(CLI::IsMember({"file_descriptor", "file_system"}));
   cmd->add_option("--bytes", o->bytes, "bytes per tensor")->capture_default_str();
@@ -306,6 +323,17 @@ const bool registered = register_command([](CLI::App& app) {
   cmd->add_option("--producers", o->producers, "producer processes")->check(CLI::PositiveNumber);
   cmd->add_option("--consumers", o->consumers, "consumer processes")->check(CLI::PositiveNumber);
   cmd->add_flag("--json", o->json, "one JSON object per line");
+  cmd->add_option("--workers", o->loader.workers, "dataloader: worker processes")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
+  cmd->add_option("--samples", o->loader.samples, "dataloader: samples per epoch")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--tensors-per-sample", o->loader.tensors_per_sample,
+                  "dataloader: tensors in each sample")->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--batch-size", o->loader.batch_size, "dataloader: samples per batch")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--prefetch", o->loader.prefetch, "dataloader: prefetch_factor")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_flag("--keep", o->loader.keep, "dataloader: the consumer keeps every batch");
   cmd->callback([o] { run_bench(*o); });
 });
 
