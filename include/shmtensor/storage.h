@@ -58,4 +58,11 @@ class Storage {
   std::shared_ptr<internal::StorageImpl> impl_;
 };
 
+// Returns shared memory this process keeps for reuse to the OS: arena segments in which no
+// block is held (after taking back the holds of processes that died), cached large
+// segments, and the mappings kept of segments received recently. Like torch's
+// cuda.empty_cache(): never needed for correctness, useful before measuring what a process
+// maps. Thread-safe.
+void empty_cache();
+
 }  // namespace shmtensor

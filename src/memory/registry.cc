@@ -3,10 +3,14 @@
 #include <pthread.h>
 
 #include <cerrno>
+#include <algorithm>
+#include <deque>
 #include <map>
+#include <unordered_set>
 #include <mutex>
 #include <unordered_map>
 
+#include "memory/arena.h"
 #include "memory/segment.h"
 #include "memory/storage_impl.h"
 
@@ -20,7 +24,12 @@ struct Registry::State {
   std::map<std::pair<std::uint64_t, std::size_t>,
            std::pair<std::weak_ptr<StorageImpl>, const StorageImpl*>>
       storages;
+  std::deque<std::shared_ptr<Segment>> received;  // most recent first
 };
+
+namespace {
+constexpr std::size_t kReceivedCacheSize = 8;
+}  // namespace
 
 namespace {
 
@@ -28,12 +37,19 @@ Registry::State* g_state = nullptr;
 
 // fork handlers. A forked child inherits every mapping, so it holds every named segment
 // the parent holds and must own a count of each in its refcount: otherwise its Segment
-// destructors would release the parent's counts. The counts are added in the parent
-// before fork (so no window exists where the parent alone could drop the last count while
-// the child still maps it); from then on they are the child's. Only if the fork failed
-// does the parent take them back. The registry mutex is held across fork, so the child
-// never inherits it locked by another thread.
-std::vector<std::shared_ptr<Segment>>* g_forking = nullptr;
+// destructors would release the parent's counts. Likewise it inherits every storage, so
+// it must hold every block the parent holds. The counts are added in the parent before
+// fork (so no window exists where the parent alone could drop the last count while the
+// child still maps it); from then on they are the child's, and the child turns its block
+// counts into holds of its own slot (a SIGKILLed child's holds can then be reclaimed).
+// Only if the fork failed does the parent take them back. The arena and registry mutexes
+// are held across fork, so the child never inherits them locked by another thread.
+struct Forking {
+  std::vector<std::shared_ptr<Segment>> named;
+  std::vector<std::shared_ptr<StorageImpl>> storages;
+  std::vector<std::shared_ptr<Segment>> all;
+};
+Forking* g_forking = nullptr;
 // The caller's errno at prepare time. prepare_fork leaves errno at 0 so that
 // parent_after_fork can tell a failed fork: glibc runs the parent handlers in both cases,
 // and only a failed fork sets errno (to EAGAIN, ENOMEM or ENOSYS).
@@ -58,15 +74,23 @@ Registry& Registry::instance() {
 namespace {
 
 void prepare_fork() {
+  arena_prepare_fork();  // lock order: arena, then registry
   g_state->mu.lock();
   // Allocation here is fine: we are in the parent, before fork.
-  g_forking = new std::vector<std::shared_ptr<Segment>>();
+  g_forking = new Forking();
   for (auto& [uid, weak] : g_state->segments) {
     if (auto seg = weak.lock()) {
       if (seg->strategy() == SharingStrategy::kFileSystem) {
         seg->header()->refcount.fetch_add(1, std::memory_order_relaxed);
-        g_forking->push_back(std::move(seg));
+        g_forking->named.push_back(seg);
       }
+      g_forking->all.push_back(std::move(seg));
+    }
+  }
+  for (auto& [key, entry] : g_state->storages) {
+    if (auto impl = entry.first.lock()) {
+      impl->segment()->add_fork_count(impl->block());
+      g_forking->storages.push_back(std::move(impl));
     }
   }
   g_errno_before_fork = errno;
@@ -85,9 +109,11 @@ void parent_after_fork() {
   // alive). (A prepare handler that runs after ours and leaves errno at one of these
   // values would make us take back a live child's count; none that we know of does.)
   if (fork_failed) {
-    for (auto& seg : *held) seg->header()->refcount.fetch_sub(1, std::memory_order_relaxed);
+    for (auto& seg : held->named) seg->header()->refcount.fetch_sub(1, std::memory_order_relaxed);
+    for (auto& impl : held->storages) impl->segment()->take_back_fork_count(impl->block());
   }
-  delete held;  // drops the temporary references outside the lock
+  arena_parent_after_fork();
+  delete held;  // drops the temporary references outside the locks
   errno = fork_failed ? err : g_errno_before_fork;
 }
 
@@ -96,7 +122,16 @@ void child_after_fork() {
   // after unlocking: a Segment destructor takes the registry lock.
   auto* held = g_forking;
   g_forking = nullptr;
+  std::unordered_set<const Segment*> holding;
+  for (auto& impl : held->storages) holding.insert(impl->segment().get());
+  for (auto& seg : held->all) seg->reset_after_fork(holding.count(seg.get()) != 0);
+  for (auto& impl : held->storages) {
+    bool counted = true;
+    impl->segment()->convert_fork_hold(impl->block(), &counted);
+    impl->set_counted_after_fork(counted);
+  }
   g_state->mu.unlock();
+  arena_child_after_fork();
   delete held;
   errno = g_errno_before_fork;
 }
@@ -154,10 +189,33 @@ std::shared_ptr<StorageImpl> Registry::find_or_add_storage(
     if (!found) {
       // make() only constructs (no registry calls), so it may run under the lock.
       found = make();
-      slot = {found, found.get()};
+      if (found)
+        slot = {found, found.get()};
+      else
+        state_->storages.erase({uid, offset});
     }
   }
   return found;
+}
+
+void Registry::remember_received_segment(const std::shared_ptr<Segment>& segment) {
+  std::shared_ptr<Segment> evicted;  // destroyed after unlocking (~Segment locks)
+  std::lock_guard lock(state_->mu);
+  auto& r = state_->received;
+  if (!r.empty() && r.front() == segment) return;
+  auto it = std::find(r.begin(), r.end(), segment);
+  if (it != r.end()) r.erase(it);
+  r.push_front(segment);
+  if (r.size() > kReceivedCacheSize) {
+    evicted = std::move(r.back());
+    r.pop_back();
+  }
+}
+
+void Registry::forget_cached_segments() {
+  std::deque<std::shared_ptr<Segment>> dropped;
+  std::lock_guard lock(state_->mu);
+  dropped.swap(state_->received);
 }
 
 std::vector<std::string> Registry::named_segments() {

@@ -31,10 +31,17 @@ class Registry {
   void remove_storage(std::uint64_t uid, std::size_t offset, const StorageImpl* s) noexcept;
   std::shared_ptr<StorageImpl> find_storage(std::uint64_t uid, std::size_t offset);
   // The registered storage at (uid, offset), or a new one from make() registered now, under
-  // one lock: two threads decoding the same reference get one storage.
+  // one lock: two threads decoding the same reference get one storage. make() may return
+  // null (nothing is registered then, and null is returned).
   std::shared_ptr<StorageImpl> find_or_add_storage(
       std::uint64_t uid, std::size_t offset,
       const std::function<std::shared_ptr<StorageImpl>()>& make);
+
+  // Keeps the last few segments received from other processes mapped after their last
+  // storage here goes, so a stream of messages from one arena does not map and unmap it
+  // each time. forget_cached_segments() drops them (empty_cache()).
+  void remember_received_segment(const std::shared_ptr<Segment>& segment);
+  void forget_cached_segments();
 
   // Names of the file_system segments mapped now (for the manager and `shmtensor ls`).
   std::vector<std::string> named_segments();

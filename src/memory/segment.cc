@@ -1,12 +1,14 @@
 #include "memory/segment.h"
 
 #include <atomic>
+#include <stdexcept>
 #include <cstring>
 #include <string>
 
 #include "manager/client.h"
 #include "memory/registry.h"
 #include "os/proc.h"
+#include "os/proc_scan.h"
 #include "os/shm.h"
 #include "shmtensor/error.h"
 
@@ -34,19 +36,41 @@ std::string next_segment_name() {
   return buf;
 }
 
-void write_header(SegmentHeader* h, std::size_t total, SegmentKind kind, std::int64_t refs) {
+struct Layout {
+  std::size_t slots_offset, words_offset, data_offset, total;
+};
+
+// Header, slot table, block words, then the blocks (page-aligned when blocks are pages or
+// larger, so a large storage starts on a page).
+Layout layout_for(std::size_t block_size, std::uint32_t block_count) {
+  Layout l{};
+  l.slots_offset = kSegmentHeaderSize;
+  l.words_offset = l.slots_offset + kSlotCount * sizeof(std::uint64_t);
+  const std::size_t align = block_size >= 4096 ? 4096 : kSegmentAlignment;
+  l.data_offset = round_up(l.words_offset + block_count * sizeof(std::uint64_t), align);
+  l.total = l.data_offset + block_size * block_count;
+  return l;
+}
+
+void write_header(SegmentHeader* h, const Layout& l, std::size_t block_size,
+                  std::uint32_t block_count, SegmentKind kind, std::int64_t refs) {
+  // The object is fresh (zero-filled by the kernel): slots and words start at 0 (free).
   std::memset(static_cast<void*>(h), 0, sizeof *h);
   h->layout_version = kSegmentLayoutVersion;
   h->header_size = kSegmentHeaderSize;
-  h->total_size = total;
-  h->data_offset = kSegmentHeaderSize;
-  h->data_size = total - kSegmentHeaderSize;
+  h->total_size = l.total;
+  h->data_offset = l.data_offset;
+  h->data_size = block_size * block_count;
   h->uid = random_u64();
   h->creator_pid = current_pid();
   h->kind = static_cast<std::uint32_t>(kind);
   h->creator_start_time = process_start_time(h->creator_pid);
   h->refcount.store(refs, std::memory_order_relaxed);
-  h->creator_pgid = current_process_group();
+  h->creator_pgid = own_process_group();
+  h->block_count = block_count;
+  h->block_size = block_size;
+  h->slots_offset = l.slots_offset;
+  h->words_offset = l.words_offset;
   // The magic last, with release: a reader that sees it sees the rest.
   std::atomic_ref<std::uint64_t>(h->magic).store(kSegmentMagic, std::memory_order_release);
 }
@@ -54,33 +78,54 @@ void write_header(SegmentHeader* h, std::size_t total, SegmentKind kind, std::in
 }  // namespace
 
 Segment::Segment(SharingStrategy strategy, UniqueFd fd, Mapping mapping, std::string name)
-    : strategy_(strategy), fd_(std::move(fd)), mapping_(std::move(mapping)), name_(std::move(name)) {}
+    : strategy_(strategy), fd_(std::move(fd)), mapping_(std::move(mapping)), name_(std::move(name)) {
+  // Called only once the header was written here or validated: copy what we rely on.
+  const SegmentHeader* h = header();
+  uid_ = h->uid;
+  kind_ = static_cast<SegmentKind>(h->kind);
+  block_size_ = h->block_size;
+  block_count_ = h->block_count;
+  data_offset_ = h->data_offset;
+  slots_offset_ = h->slots_offset;
+  words_offset_ = h->words_offset;
+}
 
-std::shared_ptr<Segment> Segment::create(SharingStrategy strategy, std::size_t payload_bytes,
-                                         SegmentKind kind) {
-  const std::size_t total = kSegmentHeaderSize + round_up(payload_bytes, kSegmentAlignment);
+std::shared_ptr<Segment> Segment::create(SharingStrategy strategy, std::size_t block_size,
+                                         std::uint32_t block_count, SegmentKind kind) {
+  if (block_size == 0 || block_size % kSegmentAlignment != 0 || block_count == 0)
+    throw std::invalid_argument("Segment::create: bad block geometry");
+  const Layout l = layout_for(block_size, block_count);
   std::shared_ptr<Segment> seg;
+  FdFacts facts;
   if (strategy == SharingStrategy::kFileDescriptor) {
-    UniqueFd fd = create_sealed_memfd(total);
-    Mapping map = Mapping::map_shared(fd.get(), total, "memfd segment");
-    write_header(reinterpret_cast<SegmentHeader*>(map.data()), total, kind, 0);
+    UniqueFd fd = create_sealed_memfd(l.total);
+    facts = inspect_fd(fd.get());
+    Mapping map = Mapping::map_shared(fd.get(), l.total, "memfd segment");
+    write_header(reinterpret_cast<SegmentHeader*>(map.data()), l, block_size, block_count, kind,
+                 0);
     seg = std::make_shared<Segment>(strategy, std::move(fd), std::move(map), std::string());
   } else {
     std::string name = next_segment_name();
     manager::register_created(name);  // before the name exists: no unknown-name window
     Mapping map;
     try {
-      UniqueFd fd = create_named_shm(name, total);
-      map = Mapping::map_shared(fd.get(), total, name.c_str());
+      UniqueFd fd = create_named_shm(name, l.total);
+      facts = inspect_fd(fd.get());
+      map = Mapping::map_shared(fd.get(), l.total, name.c_str());
     } catch (...) {
       unlink_named_shm(name);
       manager::release(name, true);
       throw;
     }
     // The fd is not kept: the name is what travels, and the mapping keeps the pages.
-    write_header(reinterpret_cast<SegmentHeader*>(map.data()), total, kind, 1);
+    write_header(reinterpret_cast<SegmentHeader*>(map.data()), l, block_size, block_count, kind,
+                 1);
     seg = std::make_shared<Segment>(strategy, UniqueFd(), std::move(map), std::move(name));
   }
+  seg->device_ = facts.device;
+  seg->inode_ = facts.inode;
+  seg->claim_slot(/*creator=*/true);
+  seg->own_.store(true, std::memory_order_release);
   Registry::instance().add_segment(seg);
   return seg;
 }
@@ -100,9 +145,25 @@ void validate_segment_header(const SegmentHeader& h, std::size_t mapped_size,
   if (h.total_size != mapped_size)
     fail("total size " + std::to_string(h.total_size) + " but the object has " +
          std::to_string(mapped_size) + " bytes");
-  if (h.data_offset != kSegmentHeaderSize || h.data_size != h.total_size - h.data_offset)
-    fail("inconsistent data offset/size");
   if (h.uid != expected_uid) fail("uid does not match the message");
+  if (h.kind != static_cast<std::uint32_t>(SegmentKind::kArena) &&
+      h.kind != static_cast<std::uint32_t>(SegmentKind::kDedicated))
+    fail("unknown kind " + std::to_string(h.kind));
+  if (h.block_size == 0 || h.block_size % kSegmentAlignment != 0 || h.block_count == 0)
+    fail("block size " + std::to_string(h.block_size) + " / count " +
+         std::to_string(h.block_count));
+  // Only the layout this library writes is accepted: a peer cannot place slots, words or
+  // blocks anywhere else, nor make them overlap.
+  const Layout l = layout_for(1, h.block_count);
+  std::uint64_t data_size = 0;
+  if (__builtin_mul_overflow(h.block_size, std::uint64_t{h.block_count}, &data_size) ||
+      h.data_size != data_size)
+    fail("data size disagrees with the blocks");
+  if (h.slots_offset != l.slots_offset || h.words_offset != l.words_offset ||
+      h.data_offset % kSegmentAlignment != 0 ||
+      h.data_offset < h.words_offset + std::uint64_t{h.block_count} * sizeof(std::uint64_t) ||
+      h.data_offset > mapped_size || data_size > mapped_size - h.data_offset)
+    fail("slots, words or blocks lie outside the object");
 }
 
 std::shared_ptr<Segment> Segment::attach_fd(UniqueFd fd, std::uint64_t uid) {
@@ -118,6 +179,9 @@ std::shared_ptr<Segment> Segment::attach_fd(UniqueFd fd, std::uint64_t uid) {
   validate_segment_header(*reinterpret_cast<const SegmentHeader*>(map.data()), facts.size, uid);
   auto seg = std::make_shared<Segment>(SharingStrategy::kFileDescriptor, std::move(fd),
                                        std::move(map), std::string());
+  seg->device_ = facts.device;
+  seg->inode_ = facts.inode;
+  seg->claim_slot(/*creator=*/false);
   Registry::instance().add_segment(seg);
   return seg;
 }
@@ -133,6 +197,9 @@ std::shared_ptr<Segment> Segment::attach_name(const std::string& name, std::uint
   manager::register_opened(name);
   auto seg = std::make_shared<Segment>(SharingStrategy::kFileSystem, UniqueFd(), std::move(map),
                                        name);
+  seg->device_ = facts.device;
+  seg->inode_ = facts.inode;
+  seg->claim_slot(/*creator=*/false);
   Registry::instance().add_segment(seg);
   return seg;
 }
@@ -162,7 +229,8 @@ void Segment::drop_in_flight_count() noexcept {
 
 Segment::~Segment() {
   if (!mapping_) return;
-  Registry::instance().remove_segment(header()->uid, this);
+  Registry::instance().remove_segment(uid_, this);
+  release_slot();
   if (strategy_ == SharingStrategy::kFileSystem) release_named_segment_count(header(), name_);
 }
 

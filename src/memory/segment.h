@@ -1,14 +1,23 @@
 // Segment: one shared-memory object (memfd or named /dev/shm object), mapped once in this
-// process. Storages live in a segment at an offset; many may share one segment.
+// process, carved into equal blocks (docs/shm_layout.md). Storages live in blocks; an
+// arena segment holds many, a dedicated one (a large storage) exactly one.
 //
-// Lifetime: held by shared_ptr from the storages in it. For file_system segments each
-// process holds one count in the header's refcount while it maps the segment; the process
-// whose release takes it to zero unlinks the name. memfd segments are freed by the kernel
-// when the last fd and mapping are gone.
+// Lifetime: held by shared_ptr from the storages in it, from the arena that created it
+// and from the receive cache (registry.h). For file_system segments each process holds
+// one count in the header's refcount while it maps the segment; the process whose release
+// takes it to zero unlinks the name. memfd segments are freed by the kernel when the last
+// fd and mapping are gone.
 //
-// Thread-safe: the object is immutable after construction except for the atomic refcount.
+// Blocks have their own cross-process state: one atomic word per block (segment_header.h)
+// with a bit per holder slot and a count of messages in flight. The block operations below
+// are the only writers of those words; docs/design.md proves the protocol safe.
+//
+// Thread-safe: the geometry is copied out of the header once validated and never re-read
+// (a peer cannot change what this process believes); words and slots are atomics. slot_
+// and own_ change only in a forked child's fork handler, where one thread runs.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -22,10 +31,10 @@ namespace shmtensor::internal {
 
 class Segment {
  public:
-  // A new segment with room for `payload_bytes` (> 0) in the given strategy, registered in
-  // this process's SegmentRegistry.
-  static std::shared_ptr<Segment> create(SharingStrategy strategy, std::size_t payload_bytes,
-                                         SegmentKind kind = SegmentKind::kDedicated);
+  // A new segment of `block_count` blocks of `block_size` bytes (a multiple of 64), with
+  // this process in slot 0, registered in this process's Registry.
+  static std::shared_ptr<Segment> create(SharingStrategy strategy, std::size_t block_size,
+                                         std::uint32_t block_count, SegmentKind kind);
   // Maps a segment received as an fd (file_descriptor). Checks size and seals before
   // mapping and validates the header after; throws ProtocolError on any mismatch.
   // `uid` is what the message claimed; it must match the header.
@@ -39,14 +48,18 @@ class Segment {
   Segment& operator=(const Segment&) = delete;
 
   SharingStrategy strategy() const noexcept { return strategy_; }
-  std::uint64_t uid() const noexcept { return header()->uid; }
+  std::uint64_t uid() const noexcept { return uid_; }
+  SegmentKind kind() const noexcept { return kind_; }
   const SegmentHeader* header() const noexcept {
     return reinterpret_cast<const SegmentHeader*>(mapping_.data());
   }
   SegmentHeader* header() noexcept { return reinterpret_cast<SegmentHeader*>(mapping_.data()); }
-  std::byte* payload() const noexcept { return mapping_.data() + kSegmentHeaderSize; }
-  std::size_t payload_size() const noexcept { return mapping_.size() - kSegmentHeaderSize; }
+  // The data area: block i starts at payload() + i * block_size().
+  std::byte* payload() const noexcept { return mapping_.data() + data_offset_; }
+  std::size_t payload_size() const noexcept { return block_size_ * block_count_; }
   std::size_t mapped_size() const noexcept { return mapping_.size(); }
+  std::size_t block_size() const noexcept { return block_size_; }
+  std::uint32_t block_count() const noexcept { return block_count_; }
   // file_descriptor: the memfd (kept open to send it again). -1 for file_system.
   int fd() const noexcept { return fd_.get(); }
   // file_system: "/shmtensor_<pid>_<hex>_<n>". Empty for file_descriptor.
@@ -57,23 +70,91 @@ class Segment {
   void add_in_flight_count() noexcept;
   void drop_in_flight_count() noexcept;
 
+  // ---- blocks (segment_blocks.cc) ----
+  // The block that starts at payload offset `offset`, or -1 if none does.
+  std::int64_t block_at(std::uint64_t offset) const noexcept;
+  // This process's slot (-1: none was free; its holds are then counted in the word).
+  int slot() const noexcept { return slot_; }
+  // Whether this process's arena created the segment and may reuse its blocks.
+  bool own() const noexcept { return own_.load(std::memory_order_acquire); }
+  void disown() noexcept { own_.store(false, std::memory_order_release); }
+  // Creator only: takes a free block (word 0) for a new storage held by this process.
+  // False if the word was not 0 (a peer corrupted it; the block must not be used).
+  bool claim_free_block(std::uint32_t block) noexcept;
+  // The word of a block, read now (acquire).
+  std::uint64_t block_word(std::uint32_t block) const noexcept;
+  // A sender holding the block adds a count for a message that carries it. Throws Error
+  // when 65535 messages carrying it are in flight already.
+  void add_block_in_flight(std::uint32_t block);
+  // Gives back the count of a message that was never sent. True if the block became free.
+  bool drop_block_in_flight(std::uint32_t block) noexcept;
+  // Receiver: turns the message's count into this process's hold (its slot's bit, or the
+  // count itself without a slot, or when the bit is still set by a holder being
+  // destroyed). Sets *counted to how it holds. False if no count is in flight (a hostile
+  // or corrupt message): nothing changed then.
+  bool adopt_block_in_flight(std::uint32_t block, bool* counted) noexcept;
+  // Receiver that holds the block already: gives the message's count back. False if no
+  // count was in flight. *freed tells whether the block became free.
+  bool drop_duplicate_in_flight(std::uint32_t block, bool* freed) noexcept;
+  // Releases this process's hold. True if the block became free. A hold that is not in
+  // the word (a peer corrupted it) is reported on stderr and changes nothing.
+  bool release_block(std::uint32_t block, bool counted) noexcept;
+  // Clears the bits of slots whose process is dead, or lives but does not map the segment
+  // any more (it exec'd: its holds went with its address space), and frees those slots.
+  // Returns the number of blocks that became free. Called by the creator when it runs out
+  // of blocks, and by empty_cache().
+  std::size_t reclaim_dead_slots() noexcept;
+  // A forked child: forgets the parent's slot and ownership, and takes a slot of its own
+  // when it holds blocks here. Call before any block operation in the child.
+  void reset_after_fork(bool take_slot) noexcept;
+  // A forked child: turns a hold its parent counted for it at fork into its own.
+  // Sets *counted as adopt does.
+  void convert_fork_hold(std::uint32_t block, bool* counted) noexcept;
+  // Parent at fork: one count per held block for the child (take_back_fork_count if the
+  // fork failed).
+  void add_fork_count(std::uint32_t block) noexcept;
+  void take_back_fork_count(std::uint32_t block) noexcept;
+
   // Private: use the factories.
   Segment(SharingStrategy strategy, UniqueFd fd, Mapping mapping, std::string name);
 
  private:
+  void claim_slot(bool creator) noexcept;
+  void release_slot() noexcept;
+  std::uint64_t* word_ptr(std::uint32_t block) const noexcept;
+  std::uint64_t* slot_ptr(int slot) const noexcept;
+  void note_freed_by_other() noexcept;
+
   SharingStrategy strategy_;
   UniqueFd fd_;
   Mapping mapping_;
   std::string name_;
+  // Copied from the validated header, never re-read.
+  std::uint64_t uid_ = 0;
+  SegmentKind kind_ = SegmentKind::kArena;
+  std::size_t block_size_ = 0;
+  std::uint32_t block_count_ = 0;
+  std::size_t data_offset_ = 0;
+  std::size_t slots_offset_ = 0;
+  std::size_t words_offset_ = 0;
+  std::uint64_t device_ = 0;  // of the object, as /proc/<pid>/maps shows it
+  std::uint64_t inode_ = 0;
+  int slot_ = -1;
+  std::uint64_t slot_owner_ = 0;  // what slot_ holds (this process)
+  std::atomic<bool> own_{false};
 };
 
-// Checks a mapped header against what the mapping allows. Throws ProtocolError naming the
-// first bad field.
+// Checks a mapped header against what the mapping allows: magic, version, sizes, and that
+// slots, words and data lie inside the object without overlapping. Throws ProtocolError
+// naming the first bad field.
 void validate_segment_header(const SegmentHeader& h, std::size_t mapped_size,
                              std::uint64_t expected_uid);
 
 // Removes one count from a named segment's refcount, unlinking it at zero. Used by
 // Segment's destructor and for in-flight counts of messages that were never received.
 void release_named_segment_count(SegmentHeader* header, const std::string& name) noexcept;
+
+// This process's slot owner value (pid + start time), recomputed after fork.
+std::uint64_t current_slot_owner() noexcept;
 
 }  // namespace shmtensor::internal

@@ -10,12 +10,25 @@
 namespace shmtensor::internal {
 
 inline constexpr std::uint64_t kSegmentMagic = 0x314745535453484dULL;  // "MHSTSEG1" LE
-inline constexpr std::uint32_t kSegmentLayoutVersion = 2;
+inline constexpr std::uint32_t kSegmentLayoutVersion = 3;
 inline constexpr std::size_t kSegmentHeaderSize = 128;
 // Payload alignment inside a segment (cache line; tensors need at most 16).
 inline constexpr std::size_t kSegmentAlignment = 64;
 
+// Every segment is carved into `block_count` blocks of `block_size` bytes: an arena has
+// many small ones, a dedicated segment (a large storage) exactly one.
 enum class SegmentKind : std::uint32_t { kDedicated = 1, kArena = 2 };
+
+// Holder slots per segment: a process that holds blocks of a segment owns one slot, keyed
+// by pid + start time, and marks each block it holds with its slot's bit.
+inline constexpr std::uint32_t kSlotCount = 48;
+// A block's word (one atomic uint64 per block): bits 0..47 are the slots that hold it,
+// bits 48..63 count messages in flight that carry it plus holds of processes without a
+// slot. The block is free (its creator may reuse it) exactly when the word is 0.
+inline constexpr std::uint64_t kSlotBits = (std::uint64_t{1} << kSlotCount) - 1;
+inline constexpr std::uint64_t kCountUnit = std::uint64_t{1} << kSlotCount;
+inline constexpr std::uint64_t kCountMax = 0xffff;
+constexpr std::uint64_t block_count_of(std::uint64_t word) { return word >> kSlotCount; }
 
 struct SegmentHeader {
   std::uint64_t magic;               // kSegmentMagic; written last by the creator
@@ -36,7 +49,14 @@ struct SegmentHeader {
   // killed before reading the registration) keeps a name with counts left while this group
   // lives: its receivers are the creator's relatives (docs/cleanup.md, G5).
   std::int32_t creator_pgid;
-  std::uint8_t reserved[kSegmentHeaderSize - 76];
+  std::uint32_t block_count;     // blocks in the data area (>= 1)
+  std::uint64_t block_size;      // bytes per block (a multiple of 64)
+  std::uint64_t slots_offset;    // kSlotCount atomic uint64 slot owners, from the start
+  std::uint64_t words_offset;    // block_count atomic uint64 block words, from the start
+  // Bumped (release) by a process other than the creator each time it frees a block (takes
+  // its word to 0): the creator rescans a segment for free blocks only when it changed.
+  std::atomic<std::uint64_t> release_epoch;
+  std::uint8_t reserved[kSegmentHeaderSize - 112];
 };
 
 static_assert(std::is_standard_layout_v<SegmentHeader>);
@@ -44,5 +64,13 @@ static_assert(sizeof(SegmentHeader) == kSegmentHeaderSize);
 static_assert(std::atomic<std::int64_t>::is_always_lock_free);
 static_assert(offsetof(SegmentHeader, refcount) == 64);
 static_assert(offsetof(SegmentHeader, creator_pgid) == 72);
+static_assert(offsetof(SegmentHeader, block_size) == 80);
+static_assert(offsetof(SegmentHeader, release_epoch) == 104);
+
+// A slot owner: (pid << 32) | low 32 bits of the process start time; 0 when the slot is free.
+constexpr std::uint64_t slot_owner(std::int32_t pid, std::uint64_t start_time) {
+  return (static_cast<std::uint64_t>(static_cast<std::uint32_t>(pid)) << 32) |
+         (start_time & 0xffffffffu);
+}
 
 }  // namespace shmtensor::internal

@@ -1,5 +1,6 @@
 #include <cstring>
 
+#include "memory/arena.h"
 #include "memory/registry.h"
 #include "memory/storage_impl.h"
 #include "shmtensor/storage.h"
@@ -16,14 +17,18 @@ StorageImpl::StorageImpl(std::size_t nbytes) : nbytes_(nbytes) {
 }
 
 StorageImpl::StorageImpl(std::shared_ptr<Segment> segment, std::size_t offset,
-                         std::size_t nbytes)
-    : nbytes_(nbytes), segment_(std::move(segment)), offset_(offset) {
+                         std::size_t nbytes, std::uint32_t block, bool counted)
+    : nbytes_(nbytes), segment_(std::move(segment)), offset_(offset), block_(block),
+      counted_(counted) {
   data_.store(segment_->payload() + offset, std::memory_order_relaxed);
   shared_.store(true, std::memory_order_relaxed);
 }
 
 StorageImpl::~StorageImpl() {
-  if (segment_) Registry::instance().remove_storage(segment_->uid(), offset_, this);
+  if (!segment_) return;
+  Registry::instance().remove_storage(segment_->uid(), offset_, this);
+  if (segment_->release_block(block_, counted_) && segment_->own())
+    arena_block_freed(*segment_, block_);
 }
 
 void StorageImpl::share_memory_(SharingStrategy strategy) {
@@ -32,12 +37,14 @@ void StorageImpl::share_memory_(SharingStrategy strategy) {
   if (shared_.load(std::memory_order_relaxed)) return;  // another thread won
   if (nbytes_ > 0) {
     // The segment is made before anything changes, so a failure leaves us untouched.
-    auto segment = Segment::create(strategy, nbytes_);
-    std::memcpy(segment->payload(), private_.get(), nbytes_);
-    segment_ = std::move(segment);
-    offset_ = 0;
+    Block b = arena_allocate(strategy, nbytes_);
+    std::byte* dst = b.segment->payload() + b.offset;
+    std::memcpy(dst, private_.get(), nbytes_);
+    segment_ = std::move(b.segment);
+    offset_ = b.offset;
+    block_ = b.index;
     Registry::instance().add_storage(segment_->uid(), offset_, shared_from_this());
-    data_.store(segment_->payload(), std::memory_order_release);
+    data_.store(dst, std::memory_order_release);
     private_.reset();
   }
   shared_.store(true, std::memory_order_release);
@@ -45,9 +52,11 @@ void StorageImpl::share_memory_(SharingStrategy strategy) {
 
 std::shared_ptr<StorageImpl> allocate_shared_storage(std::size_t nbytes,
                                                      SharingStrategy strategy) {
-  auto segment = Segment::create(strategy, nbytes);
-  auto impl = std::make_shared<StorageImpl>(segment, 0, nbytes);
-  Registry::instance().add_storage(segment->uid(), 0, impl);
+  Block b = arena_allocate(strategy, nbytes);
+  const std::uint64_t uid = b.segment->uid();
+  auto impl = std::make_shared<StorageImpl>(std::move(b.segment), b.offset, nbytes, b.index,
+                                            /*counted=*/false);
+  Registry::instance().add_storage(uid, b.offset, impl);
   return impl;
 }
 
@@ -73,6 +82,11 @@ bool Storage::resizable() const noexcept { return impl_ && !impl_->is_shared(); 
 SharingStrategy Storage::sharing_strategy() const noexcept {
   return impl_ && impl_->is_shared() && impl_->segment() ? impl_->segment()->strategy()
                                                          : get_sharing_strategy();
+}
+
+void empty_cache() {
+  internal::Registry::instance().forget_cached_segments();
+  internal::arena_trim();
 }
 
 Storage& Storage::share_memory_() {

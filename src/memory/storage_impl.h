@@ -1,5 +1,7 @@
 // StorageImpl: what a Storage handle points at. Private bytes (heap) or a shared block
-// (segment + offset). The data pointer moves at most once, private → shared, under mu_.
+// (segment + block). The data pointer moves at most once, private → shared, under mu_.
+// A shared StorageImpl is this process's one hold on its block: it releases the block
+// when destroyed (segment.h). The registry makes it unique per (segment, offset).
 #pragma once
 
 #include <atomic>
@@ -15,8 +17,11 @@ class StorageImpl : public std::enable_shared_from_this<StorageImpl> {
  public:
   // Private heap memory of nbytes (uninitialised).
   explicit StorageImpl(std::size_t nbytes);
-  // A storage at `offset` of the payload of `segment`. The caller registers it.
-  StorageImpl(std::shared_ptr<Segment> segment, std::size_t offset, std::size_t nbytes);
+  // A storage in block `block` (at `offset` of the payload) of `segment`, which this
+  // process already holds (its slot's bit, or a count when `counted`). The caller
+  // registers it.
+  StorageImpl(std::shared_ptr<Segment> segment, std::size_t offset, std::size_t nbytes,
+              std::uint32_t block, bool counted);
   ~StorageImpl();
   StorageImpl(const StorageImpl&) = delete;
   StorageImpl& operator=(const StorageImpl&) = delete;
@@ -33,6 +38,9 @@ class StorageImpl : public std::enable_shared_from_this<StorageImpl> {
   // Valid once is_shared() returned true (immutable from then on).
   const std::shared_ptr<Segment>& segment() const noexcept { return segment_; }
   std::size_t offset() const noexcept { return offset_; }
+  std::uint32_t block() const noexcept { return block_; }
+  // A forked child's fork handler: how the child now holds the block.
+  void set_counted_after_fork(bool counted) noexcept { counted_ = counted; }
 
  private:
   std::mutex mu_;
@@ -42,6 +50,8 @@ class StorageImpl : public std::enable_shared_from_this<StorageImpl> {
   std::unique_ptr<std::byte[]> private_;
   std::shared_ptr<Segment> segment_;
   std::size_t offset_ = 0;
+  std::uint32_t block_ = 0;
+  bool counted_ = false;
 };
 
 // A shared storage of nbytes (> 0) in a new segment of the current strategy, registered.

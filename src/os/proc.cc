@@ -10,8 +10,6 @@ namespace shmtensor::internal {
 
 pid_t current_pid() noexcept { return ::getpid(); }
 
-pid_t current_process_group() noexcept { return ::getpgrp(); }
-
 std::uint64_t process_start_time(pid_t pid) noexcept {
   char path[64];
   std::snprintf(path, sizeof path, "/proc/%d/stat", static_cast<int>(pid));

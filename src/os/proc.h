@@ -7,8 +7,6 @@
 namespace shmtensor::internal {
 
 pid_t current_pid() noexcept;
-// The process group of this process.
-pid_t current_process_group() noexcept;
 // Field 22 of /proc/<pid>/stat (clock ticks since boot); 0 if the process does not exist.
 std::uint64_t process_start_time(pid_t pid) noexcept;
 // True when `pid` is alive and started at `start_time` (so it is not a recycled pid).

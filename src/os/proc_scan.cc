@@ -1,5 +1,7 @@
 #include "os/proc_scan.h"
 
+#include <sys/sysmacros.h>
+
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -146,6 +148,18 @@ bool process_maps_shm(pid_t pid, const std::string& name) {
     if (after == '\n' || after == ' ') return true;  // not a longer name with this prefix
   }
   return false;
+}
+
+bool process_maps_file(pid_t pid, std::uint64_t device, std::uint64_t inode) {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%d/maps", static_cast<int>(pid));
+  std::string maps;
+  if (!read_proc_file(AT_FDCWD, path, maps)) return false;
+  // "start-end perms offset MAJ:MIN inode path": the kernel prints major and minor in hex.
+  char want[64];
+  std::snprintf(want, sizeof want, " %02x:%02x %llu ", major(static_cast<dev_t>(device)),
+                minor(static_cast<dev_t>(device)), static_cast<unsigned long long>(inode));
+  return maps.find(want) != std::string::npos;
 }
 
 bool process_group_exists(pid_t pgid) noexcept {

@@ -45,6 +45,10 @@ std::unordered_map<std::string, std::vector<ProcessId>> scan_shm_mappers(const s
 // /proc/<pid>/maps. False when it does not, or cannot be read.
 bool process_maps_shm(pid_t pid, const std::string& name);
 
+// True when process `pid` maps the file with this device and inode (as fstat gives them),
+// from its /proc/<pid>/maps. False when it does not, or cannot be read.
+bool process_maps_file(pid_t pid, std::uint64_t device, std::uint64_t inode);
+
 // True while some process (a zombie included) is in process group `pgid`: kill(-pgid, 0).
 bool process_group_exists(pid_t pgid) noexcept;
 

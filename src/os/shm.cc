@@ -45,6 +45,8 @@ FdFacts inspect_fd(int fd) {
   check_syscall("fstat", "received fd", [&] { return ::fstat(fd, &st); });
   FdFacts facts;
   facts.size = static_cast<std::size_t>(st.st_size);
+  facts.device = st.st_dev;
+  facts.inode = st.st_ino;
   int seals = ::fcntl(fd, F_GET_SEALS);
   facts.sealed_against_resize =
       seals != -1 && (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) == (F_SEAL_SHRINK | F_SEAL_GROW);

@@ -18,6 +18,8 @@ UniqueFd create_sealed_memfd(std::size_t size);
 struct FdFacts {
   std::size_t size = 0;
   bool sealed_against_resize = false;  // F_SEAL_SHRINK and F_SEAL_GROW are set
+  std::uint64_t device = 0;            // st_dev and st_ino: what /proc/<pid>/maps shows
+  std::uint64_t inode = 0;
 };
 // fstat + F_GET_SEALS. Throws SystemError.
 FdFacts inspect_fd(int fd);

@@ -1,5 +1,6 @@
 #include <cstring>
 
+#include "memory/arena.h"
 #include "memory/registry.h"
 #include "memory/storage_impl.h"
 #include "os/mapping.h"
@@ -138,6 +139,7 @@ std::shared_ptr<Segment> resolve_segment(const SegmentEntry& e, std::string_view
     }
     auto seg = Segment::attach_fd(std::move(fd), e.uid);
     if (seg->mapped_size() != e.total_size) bad("segment size disagrees with its fd");
+    Registry::instance().remember_received_segment(seg);
     return seg;
   }
   if (e.strategy != 1) bad("unknown segment strategy");
@@ -152,6 +154,7 @@ std::shared_ptr<Segment> resolve_segment(const SegmentEntry& e, std::string_view
   }
   auto seg = Segment::attach_name(n, e.uid);  // adopts the in-flight count
   if (seg->mapped_size() != e.total_size) bad("named segment size disagrees with the message");
+  Registry::instance().remember_received_segment(seg);
   return seg;
 }
 
@@ -220,15 +223,27 @@ Decoder parse_frame(std::span<const std::byte> datagram, std::vector<UniqueFd> f
     auto e = r.take<StorageEntry>();
     if (e.segment_index >= segments.size()) bad("storage refers to a missing segment");
     const auto& seg = segments[e.segment_index];
-    if (e.nbytes == 0 || e.offset > seg->payload_size() || e.nbytes > seg->payload_size() - e.offset)
-      bad("storage lies outside its segment");
-    bool made = false;
+    const std::int64_t block = seg->block_at(e.offset);
+    if (block < 0 || e.nbytes == 0 || e.nbytes > seg->block_size())
+      bad("storage is not a block of its segment");
+    const auto b = static_cast<std::uint32_t>(block);
+    bool made = false, adopted = true;
     auto impl = Registry::instance().find_or_add_storage(seg->uid(), e.offset, [&] {
       made = true;
-      return std::make_shared<StorageImpl>(seg, e.offset, e.nbytes);
+      bool counted = false;
+      adopted = seg->adopt_block_in_flight(b, &counted);
+      return adopted ? std::make_shared<StorageImpl>(seg, e.offset, e.nbytes, b, counted)
+                     : nullptr;
     });
-    if (!made && impl->nbytes() != e.nbytes)
-      bad("storage size disagrees with the one already here");
+    if (made && !adopted) bad("storage's block carries no message count (stale or forged)");
+    if (!made) {
+      // We hold it already: give back the count the sender added for this message.
+      bool freed = false;
+      if (!seg->drop_duplicate_in_flight(b, &freed))
+        bad("storage's block carries no message count (stale or forged)");
+      if (freed && seg->own()) arena_block_freed(*seg, b);
+      if (impl->nbytes() != e.nbytes) bad("storage size disagrees with the one already here");
+    }
     st->storages.emplace_back(std::move(impl));
   }
   if (st->blob == nullptr) {

@@ -2,6 +2,7 @@
 #include <cstring>
 #include <unordered_map>
 
+#include "memory/arena.h"
 #include "memory/storage_impl.h"
 #include "os/mapping.h"
 #include "os/shm.h"
@@ -54,8 +55,13 @@ void Encoder::write_fd(int fd) { state_->object_fds.push_back(internal::dup_cloe
 namespace internal {
 
 OutgoingFrame::~OutgoingFrame() {
-  if (!sent)
-    for (auto& seg : in_flight) seg->drop_in_flight_count();
+  if (sent) return;
+  for (auto& impl : in_flight_blocks) {
+    const auto& seg = impl->segment();
+    if (seg->drop_block_in_flight(impl->block()) && seg->own())
+      arena_block_freed(*seg, impl->block());
+  }
+  for (auto& seg : in_flight) seg->drop_in_flight_count();
 }
 
 OutgoingFrame finish_frame(Encoder&& encoder) {
@@ -135,7 +141,12 @@ OutgoingFrame finish_frame(Encoder&& encoder) {
                 std::to_string(frame.fds.size()) +
                 " (too many distinct file_descriptor segments): send fewer tensors per "
                 "message, or use set_sharing_strategy(\"file_system\")");
-  // In-flight counts last: nothing above can fail after them.
+  // In-flight counts last: nothing above can fail after them. A block count can fail
+  // (65535 messages in flight); the frame's destructor then gives back those added.
+  for (const auto& impl : st.storages) {
+    impl->segment()->add_block_in_flight(impl->block());
+    frame.in_flight_blocks.push_back(impl);
+  }
   for (const auto& seg : frame.segments) {
     if (seg->strategy() == SharingStrategy::kFileSystem) {
       seg->add_in_flight_count();

@@ -73,6 +73,8 @@ struct OutgoingFrame {
   std::vector<UniqueFd> owned_fds;                 // object dups and the blob
   // file_system segments whose in-flight count was added; dropped if never sent.
   std::vector<std::shared_ptr<Segment>> in_flight;
+  // Storages whose block got a count for this message; given back if never sent.
+  std::vector<std::shared_ptr<StorageImpl>> in_flight_blocks;
   bool sent = false;
   ~OutgoingFrame();
   OutgoingFrame() = default;

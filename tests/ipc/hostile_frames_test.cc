@@ -10,6 +10,8 @@
 #include <cstring>
 
 #include "memory/segment.h"
+#include "memory/storage_impl.h"
+#include "shmtensor/storage.h"
 #include "os/socket.h"
 #include "shmtensor/connection.h"
 #include "support/leak_check.h"
@@ -123,17 +125,51 @@ TEST_F(HostileFramesTest, TrailingBytes) {
 }
 
 TEST_F(HostileFramesTest, StorageOutsideItsSegment) {
-  auto seg = internal::Segment::create(SharingStrategy::kFileDescriptor, 256);
+  auto seg = internal::Segment::create(SharingStrategy::kFileDescriptor, 256, 4,
+                                       internal::SegmentKind::kArena);
   SegmentEntry se{};
   se.uid = seg->uid() ^ 1;  // a segment this process has not mapped
   se.total_size = seg->mapped_size();
   se.fd_index = 0;
-  StorageEntry st{0, 0, 200, 100};  // 200 + 100 > 256
+  StorageEntry st{0, 0, 256, 300};  // block 1, but 300 > 256 bytes
   send_raw(bytes(header(sizeof se + sizeof st, 1, 1, 1), se, st), {seg->fd()});
   expect_protocol_error("uid does not match");
-  se.uid = seg->uid();  // mapped already: reused, but the storage is out of bounds
+  se.uid = seg->uid();  // mapped already: reused, but the storage is not a block
   send_raw(bytes(header(sizeof se + sizeof st, 1, 1, 1), se, st), {seg->fd()});
-  expect_protocol_error("storage lies outside its segment");
+  expect_protocol_error("storage is not a block of its segment");
+  st = StorageEntry{0, 0, 100, 16};  // inside, but not at a block's start
+  send_raw(bytes(header(sizeof se + sizeof st, 1, 1, 1), se, st), {seg->fd()});
+  expect_protocol_error("storage is not a block of its segment");
+  st = StorageEntry{0, 0, 4 * 256, 16};  // past the last block
+  send_raw(bytes(header(sizeof se + sizeof st, 1, 1, 1), se, st), {seg->fd()});
+  expect_protocol_error("storage is not a block of its segment");
+}
+
+TEST_F(HostileFramesTest, BlockWithoutAMessageCountIsRefusedAndItsHolderUntouched) {
+  // A real storage of ours, then frames that name its block without the count a sender
+  // adds (a forged or replayed reference): refused, and our hold stays as it was.
+  Storage mine = Storage::allocate_shared(200);
+  std::memset(mine.data(), 7, 200);
+  const auto& impl = mine.impl();
+  const auto& seg = impl->segment();
+  const std::uint64_t word = seg->block_word(impl->block());
+  SegmentEntry se{};
+  se.uid = seg->uid();
+  se.total_size = seg->mapped_size();
+  se.fd_index = 0;
+  StorageEntry st{0, 0, impl->offset(), 200};
+  send_raw(bytes(header(sizeof se + sizeof st, 1, 1, 1), se, st), {seg->fd()});
+  expect_protocol_error("carries no message count");
+  EXPECT_EQ(seg->block_word(impl->block()), word);
+  // A block of the same segment that nobody holds (free): refused the same way.
+  const std::uint32_t other = impl->block() + 1;
+  ASSERT_LT(other, seg->block_count());
+  ASSERT_EQ(seg->block_word(other), 0u);
+  st.offset = std::uint64_t{other} * seg->block_size();
+  send_raw(bytes(header(sizeof se + sizeof st, 1, 1, 1), se, st), {seg->fd()});
+  expect_protocol_error("carries no message count");
+  EXPECT_EQ(seg->block_word(other), 0u);
+  EXPECT_EQ(static_cast<unsigned char*>(mine.data())[199], 7);
 }
 
 TEST_F(HostileFramesTest, UnsealedOrTooSmallFd) {
@@ -182,7 +218,7 @@ TEST_F(HostileFramesTest, NamesThatAreNotOurs) {
 TEST_F(HostileFramesTest, ReceiverAtItsFdLimitGetsCtruncErrorNamingUlimit) {
   // A child lowers its fd limit so that the fds of an incoming message cannot be installed.
   int status = testing::run_in_child([&] {
-    auto seg = internal::Segment::create(SharingStrategy::kFileDescriptor, 64);
+    auto seg = internal::Segment::create(SharingStrategy::kFileDescriptor, 64, 1, internal::SegmentKind::kDedicated);
     auto fds_now = testing::open_fds();
     rlimit lim{static_cast<rlim_t>(*fds_now.rbegin() + 1), static_cast<rlim_t>(*fds_now.rbegin() + 1)};
     // Fill every free slot below the limit.

@@ -100,6 +100,7 @@ TEST_F(ManagerTest, StartsOnFirstUseInASessionOfItsOwnAndExitsWhenIdle) {
     EXPECT_TRUE(S_ISSOCK(st.st_mode));
     EXPECT_EQ(mgr::held_name_count(), 1u);
   }
+  empty_cache();  // the arena gives its segment back
   EXPECT_EQ(mgr::connected_daemon_pid(), 0) << "a process holding nothing disconnects";
   // Grace 300 ms: it exits, and removes its socket.
   EXPECT_TRUE(eventually([&] { return !process_lives(daemon); })) << "daemon " << daemon;
@@ -127,6 +128,7 @@ TEST_F(ManagerTest, NamesOfASigkilledChildGoWhileTheParentLivesOn) {
   EXPECT_EQ(refcount_of(mine), 1);
   EXPECT_EQ(static_cast<unsigned char*>(mine.data())[8191], 5);
   mine = Storage();
+  empty_cache();  // the arena gives its segment back
   EXPECT_FALSE(name_exists(my_name)) << "our drop was the last count: we unlink at once";
 }
 
@@ -136,6 +138,7 @@ TEST_F(ManagerTest, ChildThatExitsWithoutReleasingDoesNotPinTheParentsSegment) {
   // _exit with the inherited storage alive: its count is never given back by the child.
   EXPECT_EQ(testing::run_in_child([] {}), 0);
   s = Storage();
+  empty_cache();  // the arena gives its segment back
   EXPECT_TRUE(eventually([&] { return !name_exists(name); }, std::chrono::seconds(3)))
       << name << " stayed after its last live holder dropped it";
 }
@@ -155,6 +158,7 @@ TEST_F(ManagerTest, ChildThatExecsDoesNotPinTheParentsSegment) {
   }));
   ASSERT_FALSE(internal::process_maps_shm(child, name));
   s = Storage();
+  empty_cache();  // the arena gives its segment back
   EXPECT_TRUE(eventually([&] { return !name_exists(name); }, std::chrono::seconds(3)))
       << name << " stayed while an exec'd child that does not map it lives; journal:\n"
       << internal::read_small_file(location().journal_path);
@@ -202,7 +206,9 @@ TEST_F(ManagerTest, KilledDaemonIsReplacedAndTheNewOneSweepsOrphans) {
   // Our next use finds the daemon gone (EPIPE, not SIGPIPE), starts a new one, which
   // sweeps the orphans (unless a daemon of another group swept them first: sweeps cover
   // every name of the user); our own names are re-registered.
-  Storage more = Storage::allocate_shared(4096);
+  // (Large: a new segment of its own, which needs the daemon; a small one could come
+  // from the arena segment of `mine`.)
+  Storage more = Storage::allocate_shared(300 * 1024);
   const pid_t second = mgr::connected_daemon_pid();
   EXPECT_GT(second, 0);
   EXPECT_NE(second, first);
@@ -212,6 +218,7 @@ TEST_F(ManagerTest, KilledDaemonIsReplacedAndTheNewOneSweepsOrphans) {
   EXPECT_TRUE(name_exists(segment_name(more)));
   EXPECT_EQ(mgr::held_name_count(), 2u);
   mine = Storage();
+  empty_cache();
   EXPECT_FALSE(name_exists(my_name));
 }
 
@@ -343,7 +350,7 @@ TEST_F(ManagerTest, ReceiverThatOpensANameIsAHolderToo) {
     ready.send();
     for (;;) ::pause();
   });
-  auto seg = Segment::create(SharingStrategy::kFileSystem, 4096);
+  auto seg = Segment::create(SharingStrategy::kFileSystem, 4096, 1, internal::SegmentKind::kDedicated);
   const std::string name = seg->name();
   seg->add_in_flight_count();  // the count the "message" carries; the child adopts it
   message.send_line(name);
@@ -400,6 +407,7 @@ TEST_F(ManagerTest, ThreadsCreatingAndForkingConcurrentlyLeaveNothing) {
   }
   for (auto& th : threads) th.join();
   EXPECT_EQ(failures.load(), 0);
+  empty_cache();  // the children are gone: their holds are taken back, the segments go
   EXPECT_EQ(mgr::held_name_count(), 0u);
 }
 

@@ -137,14 +137,18 @@ TEST_P(SegmentIpcTest, PrivateStorageIsNotShared) {
   EXPECT_EQ(static_cast<unsigned char*>(shared.data())[100], 2);
 }
 
-// A segment a child creates after the fork is its own; dropping it there frees it.
+// A segment a child creates after the fork is its own arena's: eight storages share one
+// segment, and once they are dropped empty_cache() there frees it.
 TEST_P(SegmentIpcTest, ChildCreatesAndDropsItsOwnSegments) {
   EXPECT_EQ(testing::run_in_child([&] {
               std::vector<Storage> v;
               for (int i = 0; i < 8; ++i) v.push_back(Storage::allocate_shared(10000));
+              for (auto& st : v) EXPECT_EQ(st.impl()->segment(), v[0].impl()->segment());
               if (GetParam() == SharingStrategy::kFileSystem)
-                EXPECT_EQ(testing::shm_names_of(::getpid()).size(), 8u);
+                EXPECT_EQ(testing::shm_names_of(::getpid()).size(), 1u);
+              EXPECT_EQ(testing::shmtensor_mappings().size(), 1u);
               v.clear();
+              empty_cache();
               EXPECT_TRUE(testing::shm_names_of(::getpid()).empty());
               EXPECT_TRUE(testing::shmtensor_mappings().empty());
             }),
@@ -170,29 +174,38 @@ class NamedLifetimeTest : public LeakCheckedTest {
   }
 };
 
-TEST_F(NamedLifetimeTest, ParentDropsFirstChildUnlinks) {
+// A named segment goes when its creator's arena gives it back (empty_cache(), or the
+// creator's exit), which it does only once no process holds a block in it. Counts in the
+// header: one per mapping process, so a forked child gets its own.
+TEST_F(NamedLifetimeTest, CreatorKeepsTheSegmentWhileAChildHoldsItsBlock) {
   Storage s = Storage::allocate_shared(1 << 20);
   const std::string name = s.impl()->segment()->name();
   ASSERT_TRUE(name_exists(name));
   EXPECT_EQ(refcount_of(s), 1);
 
-  Pipe ready, dropped;
+  Pipe ready, dropped, child_done;
   pid_t pid = fork_child([&] {
     ready.send();
     ASSERT_EQ(dropped.receive(), 'x');
-    // The parent is gone from the count; this process still maps and holds the name.
     EXPECT_TRUE(name_exists(name));
-    EXPECT_EQ(refcount_of(s), 1);
     static_cast<char*>(s.data())[0] = 42;
     s = Storage();
-    EXPECT_FALSE(name_exists(name)) << "the last holder must unlink " << name;
+    empty_cache();
+    child_done.send();
   });
   ASSERT_EQ(ready.receive(), 'x');
   EXPECT_EQ(refcount_of(s), 2);  // the child got its own count at fork
+  auto seg = s.impl()->segment();
+  const std::uint32_t block = s.impl()->block();
   s = Storage();
-  EXPECT_TRUE(name_exists(name)) << "unlinked while the child still holds it";
+  empty_cache();
+  EXPECT_NE(seg->block_word(block), 0u) << "the child's hold is gone";
+  EXPECT_TRUE(name_exists(name)) << "unlinked while the child still holds a block";
+  seg.reset();
   dropped.send();
+  ASSERT_EQ(child_done.receive(), 'x');
   EXPECT_EQ(wait_child(pid), 0);
+  empty_cache();  // no block is held now: the segment goes, and with our count its name
   EXPECT_FALSE(name_exists(name));
 }
 
@@ -204,6 +217,7 @@ TEST_F(NamedLifetimeTest, ChildDropsFirstParentUnlinks) {
   pid_t pid = fork_child([&] {
     EXPECT_EQ(refcount_of(s), 2);
     s = Storage();
+    empty_cache();
     EXPECT_TRUE(name_exists(name)) << "the child unlinked a name the parent holds";
   });
   EXPECT_EQ(wait_child(pid), 0);
@@ -211,13 +225,14 @@ TEST_F(NamedLifetimeTest, ChildDropsFirstParentUnlinks) {
   EXPECT_EQ(refcount_of(s), 1);
   EXPECT_EQ(static_cast<unsigned char*>(s.data())[12345], 7);
   s = Storage();
+  empty_cache();
   EXPECT_FALSE(name_exists(name));
 }
 
-// Several children and a grandchild, dropping in an order unrelated to the fork order.
-TEST_F(NamedLifetimeTest, ManyHoldersLastOneUnlinks) {
+// Several children and a grandchild, dropping in an order unrelated to the fork order:
+// the creator's arena keeps the segment until the last of them dropped its block.
+TEST_F(NamedLifetimeTest, ManyHoldersLastOneFreesTheSegment) {
   Storage s = Storage::allocate_shared(4096);
-  Storage other = Storage::allocate_shared(4096);  // a second segment, dropped at once
   const std::string name = s.impl()->segment()->name();
   constexpr int kChildren = 4;
   std::vector<Pipe> go(kChildren);
@@ -225,35 +240,42 @@ TEST_F(NamedLifetimeTest, ManyHoldersLastOneUnlinks) {
   std::vector<pid_t> pids;
   for (int i = 0; i < kChildren; ++i) {
     pids.push_back(fork_child([&, i] {
-      other = Storage();
       pid_t grandchild = -1;
       if (i == 0) {
         // Fork handlers run in a forked child's own forks too.
         grandchild = fork_child([&] {
           ASSERT_EQ(go[0].receive(), 'x');
           s = Storage();
+          empty_cache();  // and the segments inherited from the parent's arena
           done.send();
         });
       }
       ASSERT_EQ(go[i].receive(), 'x');
       s = Storage();
+      empty_cache();
       done.send();
       if (grandchild > 0) EXPECT_EQ(wait_child(grandchild), 0);
     }));
   }
-  other = Storage();
   // Parent + 4 children + 1 grandchild; a child's fork_child may still be running, so wait.
   for (int tries = 0; refcount_of(s) != 1 + kChildren + 1 && tries < 500; ++tries) ::usleep(2000);
   EXPECT_EQ(refcount_of(s), 1 + kChildren + 1);
+  auto seg = s.impl()->segment();
+  const std::uint32_t block = s.impl()->block();
   s = Storage();  // the parent first
   for (int i = kChildren - 1; i >= 0; --i) {
+    empty_cache();
     EXPECT_TRUE(name_exists(name)) << "gone before child " << i << " dropped it";
+    EXPECT_NE(seg->block_word(block), 0u);
     go[i].send();
     if (i == 0) go[0].send();  // child 0 and the grandchild both read go[0]
     ASSERT_EQ(done.receive(), 'x');
     if (i == 0) ASSERT_EQ(done.receive(), 'x');
   }
+  EXPECT_EQ(seg->block_word(block), 0u) << "every holder dropped it";
+  seg.reset();
   for (pid_t pid : pids) EXPECT_EQ(wait_child(pid), 0);
+  empty_cache();
   EXPECT_FALSE(name_exists(name));
 }
 

@@ -11,6 +11,8 @@
 #include <iostream>
 #include <thread>
 
+#include "shmtensor/storage.h"
+
 namespace shmtensor::testing {
 
 std::set<int> open_fds() {
@@ -115,12 +117,15 @@ int wait_child(pid_t pid) {
 int run_in_child(const std::function<void()>& fn) { return wait_child(fork_child(fn)); }
 
 void LeakCheckedTest::SetUp() {
+  shmtensor::empty_cache();
   fds_ = open_fds();
   names_ = shm_names();
   st_mappings_ = shmtensor_mappings().size();
 }
 
 void LeakCheckedTest::TearDown() {
+  // What the arena keeps for reuse is not a leak; what empty_cache() cannot return is.
+  shmtensor::empty_cache();
   // Names of exited children may take a moment to go (the manager sweeps them).
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
   std::set<std::string> extra;

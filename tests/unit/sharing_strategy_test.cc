@@ -96,7 +96,10 @@ TEST_F(SharingStrategyTest, SwitchesAtRunTime) {
   EXPECT_EQ(n->fd(), -1);  // file_system keeps no fd: the name travels
   EXPECT_TRUE(m->name().empty());
   EXPECT_GE(m->fd(), 0);
-  EXPECT_NE(n->name(), named2.impl()->segment()->name());
+  // One arena per strategy: both file_system storages live in one segment, in two blocks.
+  EXPECT_EQ(n, named2.impl()->segment());
+  EXPECT_NE(named.impl()->offset(), named2.impl()->offset());
+  EXPECT_NE(n, m);
 
   // Every storage keeps working whatever the current strategy is.
   std::memset(named.data(), 1, 4096);
@@ -174,7 +177,7 @@ void expect_protocol_error(const SegmentHeader& h, std::size_t mapped, std::uint
 class SegmentValidationTest : public LeakCheckedTest {};
 
 TEST_F(SegmentValidationTest, HeaderValidationRejectsEachBadField) {
-  auto seg = Segment::create(SharingStrategy::kFileDescriptor, 4096);
+  auto seg = Segment::create(SharingStrategy::kFileDescriptor, 4096, 1, internal::SegmentKind::kDedicated);
   const std::size_t mapped = seg->mapped_size();
   const std::uint64_t uid = seg->uid();
   HeaderCopy good;
@@ -202,11 +205,29 @@ TEST_F(SegmentValidationTest, HeaderValidationRejectsEachBadField) {
   expect_protocol_error(c.h(), mapped, uid, "total size");
   expect_protocol_error(good.h(), mapped - 64, uid, "total size");
   c = good;
-  c.h().data_offset = 0;
-  expect_protocol_error(c.h(), mapped, uid, "data offset");
+  c.h().data_offset = 0;  // blocks over the header
+  expect_protocol_error(c.h(), mapped, uid, "lie outside the object");
+  c = good;
+  c.h().data_offset = mapped - 64;  // blocks past the end
+  expect_protocol_error(c.h(), mapped, uid, "lie outside the object");
+  c = good;
+  c.h().words_offset = 64;  // words over the header
+  expect_protocol_error(c.h(), mapped, uid, "lie outside the object");
   c = good;
   c.h().data_size = mapped;
-  expect_protocol_error(c.h(), mapped, uid, "data offset/size");
+  expect_protocol_error(c.h(), mapped, uid, "data size disagrees");
+  c = good;
+  c.h().block_size = 100;  // not a multiple of 64
+  expect_protocol_error(c.h(), mapped, uid, "block size");
+  c = good;
+  c.h().block_count = 0;
+  expect_protocol_error(c.h(), mapped, uid, "block size");
+  c = good;
+  c.h().block_count = 0x80000000u;  // words and blocks far past the object
+  expect_protocol_error(c.h(), mapped, uid, "data size disagrees");
+  c = good;
+  c.h().kind = 7;
+  expect_protocol_error(c.h(), mapped, uid, "unknown kind");
   expect_protocol_error(good.h(), mapped, uid + 1, "uid");
 }
 
@@ -250,7 +271,7 @@ TEST_F(SegmentValidationTest, AttachFdRejectsAnFdSmallerThanAHeader) {
 }
 
 TEST_F(SegmentValidationTest, AttachFdValidatesTheHeaderAndUnmapsOnFailure) {
-  auto seg = Segment::create(SharingStrategy::kFileDescriptor, 4096);
+  auto seg = Segment::create(SharingStrategy::kFileDescriptor, 4096, 1, internal::SegmentKind::kDedicated);
   HeaderCopy hdr;
   std::memcpy(hdr.bytes, seg->header(), sizeof hdr.bytes);
   const std::uint64_t uid = hdr.h().uid ^ 0x5a5a5a5a5a5a5a5aULL;  // not registered yet

@@ -1,0 +1,300 @@
+#include "memory/arena.h"
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <bit>
+#include <mutex>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "memory/segment.h"
+#include "shmtensor/error.h"
+
+namespace shmtensor::internal {
+
+namespace {
+
+constexpr std::size_t kSmallStep = 64;
+constexpr std::size_t kSmallLimit = 1024;  // classes of 64, 128, ..., 1024 bytes
+// Above: four classes per doubling (waste under 25%), up to kLargeThreshold.
+constexpr std::size_t kNumClasses = 16 + 4 * (std::bit_width(kLargeThreshold) - 1 - 10);
+constexpr std::size_t kFirstSegmentBytes = std::size_t{1} << 20;
+constexpr std::size_t kMaxSegmentBytes = std::size_t{64} << 20;
+constexpr std::uint32_t kMinBlocks = 4;
+// Freed large segments kept for reuse, at most this many and this many bytes.
+constexpr std::size_t kLargeCacheCount = 4;
+constexpr std::size_t kLargeCacheBytes = std::size_t{1} << 30;
+
+struct SizeClass {
+  std::size_t index;
+  std::size_t block_size;
+};
+
+SizeClass size_class(std::size_t n) {
+  if (n <= kSmallLimit) {
+    std::size_t i = (n + kSmallStep - 1) / kSmallStep;
+    return {i - 1, i * kSmallStep};
+  }
+  const std::size_t k = std::bit_width(n - 1) - 1;  // 2^k < n <= 2^(k+1)
+  const std::size_t step = (std::size_t{1} << k) / 4;
+  const std::size_t q = (n + step - 1) / step;  // 5..8
+  return {16 + (k - 10) * 4 + (q - 5), q * step};
+}
+
+// One of our segments and what only we know about its blocks.
+struct OwnSegment {
+  std::shared_ptr<Segment> seg;
+  std::vector<bool> handed_out;       // held by someone, as far as we know
+  std::vector<std::uint32_t> free;    // word 0, ready to claim
+  std::uint32_t bump = 0;             // blocks from here on were never used
+  std::uint32_t held = 0;             // blocks handed out
+  std::uint64_t seen_epoch = 0;
+  std::size_t block_size() const { return seg->block_size(); }
+};
+
+struct ClassArena {
+  std::vector<std::unique_ptr<OwnSegment>> segments;
+  std::size_t next_bytes = kFirstSegmentBytes;
+};
+
+struct StrategyArena {
+  std::array<ClassArena, kNumClasses> classes;
+  std::vector<std::unique_ptr<OwnSegment>> large;
+};
+
+struct State {
+  std::mutex mu;
+  std::array<StrategyArena, 2> by_strategy;
+  std::unordered_map<const Segment*, OwnSegment*> index;
+};
+
+State* g_state = new State;  // leaked: storages may be released during static destruction
+// A forked child's references to its parent's segments, dropped on its first arena call
+// (not in the fork handler: Segment destructors lock the registry and talk to the manager).
+std::atomic<std::vector<std::shared_ptr<Segment>>*> g_inherited{nullptr};
+
+void drop_inherited() {
+  delete g_inherited.exchange(nullptr, std::memory_order_acq_rel);
+}
+
+StrategyArena& arena_of(SharingStrategy s) {
+  return g_state->by_strategy[s == SharingStrategy::kFileSystem ? 1 : 0];
+}
+
+// Takes a block from the free list or the untouched tail. Blocks whose word a peer
+// corrupted are left marked as handed out: never reused.
+bool take(OwnSegment& os, std::uint32_t* out) {
+  while (!os.free.empty()) {
+    std::uint32_t i = os.free.back();
+    os.free.pop_back();
+    os.handed_out[i] = true;
+    ++os.held;
+    if (os.seg->claim_free_block(i)) {
+      *out = i;
+      return true;
+    }
+  }
+  while (os.bump < os.seg->block_count()) {
+    std::uint32_t i = os.bump++;
+    os.handed_out[i] = true;
+    ++os.held;
+    if (os.seg->claim_free_block(i)) {
+      *out = i;
+      return true;
+    }
+  }
+  return false;
+}
+
+// Moves a handed-out block whose word is 0 to the free list. Every path that frees does
+// it under the lock, and only here (claims happen under the lock too), so a block is
+// never listed twice nor listed while held.
+bool collect(OwnSegment& os, std::uint32_t i) {
+  if (!os.handed_out[i] || os.seg->block_word(i) != 0) return false;
+  os.handed_out[i] = false;
+  --os.held;
+  os.free.push_back(i);
+  return true;
+}
+
+bool rescan(OwnSegment& os, bool force) {
+  const std::uint64_t epoch = os.seg->header()->release_epoch.load(std::memory_order_acquire);
+  if (!force && epoch == os.seen_epoch) return false;
+  os.seen_epoch = epoch;
+  bool found = false;
+  for (std::uint32_t i = 0; i < os.bump; ++i) found |= collect(os, i);
+  return found;
+}
+
+OwnSegment& add_segment(std::vector<std::unique_ptr<OwnSegment>>& list,
+                        std::shared_ptr<Segment> seg) {
+  auto os = std::make_unique<OwnSegment>();
+  os->seg = std::move(seg);
+  os->handed_out.assign(os->seg->block_count(), false);
+  os->seen_epoch = os->seg->header()->release_epoch.load(std::memory_order_acquire);
+  g_state->index[os->seg.get()] = os.get();
+  list.push_back(std::move(os));
+  return *list.back();
+}
+
+Block block_of(OwnSegment& os, std::uint32_t i) {
+  return Block{os.seg, i, static_cast<std::size_t>(i) * os.block_size()};
+}
+
+Block allocate_small(SharingStrategy strategy, SizeClass sc) {
+  ClassArena& ca = arena_of(strategy).classes[sc.index];
+  std::uint32_t i = 0;
+  // Newest (largest) first.
+  for (auto it = ca.segments.rbegin(); it != ca.segments.rend(); ++it)
+    if (take(**it, &i)) return block_of(**it, i);
+  for (int pass = 0; pass < 2; ++pass) {
+    bool found = false;
+    for (auto& os : ca.segments) {
+      // Pass 1: blocks other processes freed. Pass 2: holds of dead processes.
+      if (pass == 1 && os->seg->reclaim_dead_slots() == 0) continue;
+      found |= rescan(*os, pass == 1);
+    }
+    if (found)
+      for (auto it = ca.segments.rbegin(); it != ca.segments.rend(); ++it)
+        if (take(**it, &i)) return block_of(**it, i);
+  }
+  const std::size_t bytes = std::max(ca.next_bytes, sc.block_size * kMinBlocks);
+  auto count = static_cast<std::uint32_t>(bytes / sc.block_size);
+  std::shared_ptr<Segment> seg;
+  for (;;) {
+    try {
+      seg = Segment::create(strategy, sc.block_size, count, SegmentKind::kArena);
+      break;
+    } catch (const SharedMemoryFullError&) {
+      // A small /dev/shm (Docker's 64 MB): a smaller segment may still fit. Only when not
+      // even one block fits does the caller get the error.
+      if (count == 1) throw;
+      count /= 2;
+      ca.next_bytes = std::max(kFirstSegmentBytes, count * sc.block_size);
+      continue;
+    }
+  }
+  ca.next_bytes = std::min(ca.next_bytes * 2, kMaxSegmentBytes);
+  OwnSegment& os = add_segment(ca.segments, std::move(seg));
+  if (!take(os, &i)) throw Error("a new arena segment has no free block");
+  return block_of(os, i);
+}
+
+// Drops cached free large segments beyond the cache's limits, oldest first.
+void limit_large_cache(StrategyArena& sa, std::vector<std::shared_ptr<Segment>>* dropped) {
+  std::size_t count = 0, bytes = 0;
+  std::vector<bool> drop(sa.large.size(), false);
+  for (std::size_t k = sa.large.size(); k-- > 0;) {  // newest first
+    OwnSegment& os = *sa.large[k];
+    if (os.held != 0) continue;
+    ++count;
+    bytes += os.seg->mapped_size();
+    drop[k] = count > kLargeCacheCount || bytes > kLargeCacheBytes;
+  }
+  std::size_t k = 0;
+  std::erase_if(sa.large, [&](std::unique_ptr<OwnSegment>& os) {
+    if (!drop[k++]) return false;
+    g_state->index.erase(os->seg.get());
+    dropped->push_back(std::move(os->seg));
+    return true;
+  });
+}
+
+Block allocate_large(SharingStrategy strategy, std::size_t nbytes,
+                     std::vector<std::shared_ptr<Segment>>* dropped) {
+  StrategyArena& sa = arena_of(strategy);
+  const std::size_t size = (nbytes + 4095) / 4096 * 4096;
+  OwnSegment* best = nullptr;
+  for (auto& os : sa.large) {
+    collect(*os, 0);
+    // Reuse one at most twice the size: its pages are faulted in already.
+    if (os->held == 0 && os->block_size() >= size && os->block_size() <= 2 * size &&
+        (best == nullptr || os->block_size() < best->block_size()))
+      best = os.get();
+  }
+  std::uint32_t i = 0;
+  if (best != nullptr && take(*best, &i)) return block_of(*best, i);
+  limit_large_cache(sa, dropped);
+  auto seg = Segment::create(strategy, size, 1, SegmentKind::kDedicated);
+  OwnSegment& os = add_segment(sa.large, std::move(seg));
+  if (!take(os, &i)) throw Error("a new dedicated segment has no free block");
+  return block_of(os, i);
+}
+
+}  // namespace
+
+Block arena_allocate(SharingStrategy strategy, std::size_t nbytes) {
+  if (g_inherited.load(std::memory_order_relaxed) != nullptr) drop_inherited();
+  std::vector<std::shared_ptr<Segment>> dropped;  // destroyed after unlocking
+  std::lock_guard lock(g_state->mu);
+  if (nbytes > kLargeThreshold) return allocate_large(strategy, nbytes, &dropped);
+  return allocate_small(strategy, size_class(nbytes));
+}
+
+void arena_block_freed(const Segment& segment, std::uint32_t block) noexcept {
+  std::vector<std::shared_ptr<Segment>> dropped;
+  std::lock_guard lock(g_state->mu);
+  auto it = g_state->index.find(&segment);
+  if (it == g_state->index.end()) return;  // trimmed, or not ours any more
+  OwnSegment& os = *it->second;
+  if (!collect(os, block)) return;
+  if (segment.kind() == SegmentKind::kDedicated) limit_large_cache(arena_of(segment.strategy()), &dropped);
+}
+
+std::size_t arena_trim() {
+  drop_inherited();
+  std::vector<std::shared_ptr<Segment>> dropped;
+  {
+    std::lock_guard lock(g_state->mu);
+    auto sweep = [&dropped](std::vector<std::unique_ptr<OwnSegment>>& list) {
+      std::erase_if(list, [&dropped](std::unique_ptr<OwnSegment>& os) {
+        os->seg->reclaim_dead_slots();
+        rescan(*os, true);
+        if (os->held != 0) return false;
+        g_state->index.erase(os->seg.get());
+        dropped.push_back(std::move(os->seg));
+        return true;
+      });
+    };
+    for (auto& sa : g_state->by_strategy) {
+      for (auto& ca : sa.classes) {
+        sweep(ca.segments);
+        if (ca.segments.empty()) ca.next_bytes = kFirstSegmentBytes;
+      }
+      sweep(sa.large);
+    }
+  }
+  return dropped.size();
+}
+
+ArenaStats arena_stats() {
+  std::lock_guard lock(g_state->mu);
+  ArenaStats st;
+  for (const auto& [seg, os] : g_state->index) {
+    ++st.segments;
+    st.bytes += seg->mapped_size();
+    st.blocks_held += os->held;
+    st.blocks_free += os->free.size() + (seg->block_count() - os->bump);
+  }
+  return st;
+}
+
+void arena_prepare_fork() noexcept { g_state->mu.lock(); }
+
+void arena_parent_after_fork() noexcept { g_state->mu.unlock(); }
+
+void arena_child_after_fork() noexcept {
+  // The registry's child handler already disowned every segment. The old state is leaked;
+  // its segments are released on the child's first arena call (see g_inherited).
+  State* old = g_state;
+  auto* inherited = g_inherited.load(std::memory_order_relaxed);
+  if (inherited == nullptr) inherited = new std::vector<std::shared_ptr<Segment>>;
+  for (auto& [seg, os] : old->index) inherited->push_back(std::move(os->seg));
+  g_state = new State;
+  g_inherited.store(inherited, std::memory_order_relaxed);
+  old->mu.unlock();
+}
+
+}  // namespace shmtensor::internal

@@ -1,0 +1,58 @@
+// The per-process arena: where this process's shared storages get their bytes.
+//
+// Small and medium storages (up to kLargeThreshold) come from arena segments, one series
+// per size class and strategy, each segment carved into blocks of the class's size; the
+// segments of a class grow 1 MiB → 64 MiB. Larger storages get a dedicated segment of one
+// block; freed ones are kept in a small cache and reused with their pages faulted in.
+//
+// A block is reused only by its creator, and only once its word is 0 (no process holds
+// it, no message carries it): see segment.h and docs/design.md. The creator learns of a
+// block freed by another process from the segment's release epoch, and rescans then.
+//
+// Thread-safe: one mutex per process. Lock order: arena, then registry.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "shmtensor/sharing_strategy.h"
+
+namespace shmtensor::internal {
+
+class Segment;
+
+inline constexpr std::size_t kLargeThreshold = 256 * 1024;
+
+struct Block {
+  std::shared_ptr<Segment> segment;
+  std::uint32_t index = 0;
+  std::size_t offset = 0;  // from the segment's payload
+};
+
+// A block of at least nbytes (> 0), held by this process (its slot's bit is set). Throws
+// SystemError / SharedMemoryFullError when a new segment is needed and cannot be made.
+Block arena_allocate(SharingStrategy strategy, std::size_t nbytes);
+
+// This process's release of `block` of `segment` (one of ours) took its word to 0.
+void arena_block_freed(const Segment& segment, std::uint32_t block) noexcept;
+
+// Returns to the OS every segment of ours in which no block is held (after clearing the
+// holds of dead processes). Returns how many segments went.
+std::size_t arena_trim();
+
+struct ArenaStats {
+  std::size_t segments = 0;      // segments this process's arena owns
+  std::size_t bytes = 0;         // their mapped size
+  std::size_t blocks_held = 0;   // blocks handed out and not known to be free
+  std::size_t blocks_free = 0;   // blocks in the free lists
+};
+ArenaStats arena_stats();
+
+// Fork handlers (called by the registry's, in lock order).
+void arena_prepare_fork() noexcept;
+void arena_parent_after_fork() noexcept;
+// The child owns no arena: its parent's segments stay the parent's.
+void arena_child_after_fork() noexcept;
+
+}  // namespace shmtensor::internal

@@ -1,0 +1,231 @@
+// Block words and holder slots of a segment: the cross-process half of the arena protocol.
+// docs/design.md ("Block refcounts") states the invariants and proves them; in short:
+//   I1  A block's word is non-zero while any process holds it or a message carries it.
+//   I2  Only a holder adds to a word (a count for a message, or for a forked child), so a
+//       word at 0 stays 0 until the creator claims it again (under its arena's lock).
+//   I3  A slot's bit is set and cleared only by the slot's owner, except that the creator
+//       clears the bits of an owner that is dead (same pid *and* start time gone).
+// Memory orders: every release of a hold is acq_rel (the holder's writes to the block
+// happen before the creator's reuse, which claims with acquire); adding a count needs no
+// order (the adder holds the block, so the word cannot be 0 meanwhile).
+#include <cstdio>
+
+#include "memory/segment.h"
+#include "os/proc.h"
+#include "os/proc_scan.h"
+#include "shmtensor/error.h"
+
+namespace shmtensor::internal {
+
+namespace {
+
+using WordRef = std::atomic_ref<std::uint64_t>;
+
+bool owner_alive(std::uint64_t owner) noexcept {
+  const auto pid = static_cast<pid_t>(owner >> 32);
+  if (pid <= 0) return false;
+  const std::uint64_t start = process_start_time(pid);
+  return start != 0 && (start & 0xffffffffu) == (owner & 0xffffffffu);
+}
+
+void report_corruption(const char* what, std::uint32_t block, std::uint64_t word) noexcept {
+  std::fprintf(stderr,
+               "shmtensor: corrupted block word in shared memory (%s; block %u, word 0x%llx): "
+               "the block is left alone and never reused\n",
+               what, block, static_cast<unsigned long long>(word));
+}
+
+}  // namespace
+
+std::uint64_t current_slot_owner() noexcept {
+  static std::atomic<std::uint64_t> cached{0};
+  static std::atomic<pid_t> cached_pid{0};
+  const pid_t pid = current_pid();
+  if (cached_pid.load(std::memory_order_acquire) != pid) {
+    cached.store(slot_owner(pid, process_start_time(pid)), std::memory_order_relaxed);
+    cached_pid.store(pid, std::memory_order_release);
+  }
+  return cached.load(std::memory_order_relaxed);
+}
+
+std::uint64_t* Segment::word_ptr(std::uint32_t block) const noexcept {
+  return reinterpret_cast<std::uint64_t*>(mapping_.data() + words_offset_) + block;
+}
+
+std::uint64_t* Segment::slot_ptr(int slot) const noexcept {
+  return reinterpret_cast<std::uint64_t*>(mapping_.data() + slots_offset_) + slot;
+}
+
+std::int64_t Segment::block_at(std::uint64_t offset) const noexcept {
+  if (offset % block_size_ != 0) return -1;
+  const std::uint64_t i = offset / block_size_;
+  return i < block_count_ ? static_cast<std::int64_t>(i) : -1;
+}
+
+void Segment::claim_slot(bool creator) noexcept {
+  const std::uint64_t me = current_slot_owner();
+  // The creator takes slot 0 of its fresh segment; others the first free one. A slot
+  // whose owner is dead is not taken here: its bits may still be set (the creator clears
+  // them first, in reclaim_dead_slots).
+  for (int s = 0; s < static_cast<int>(kSlotCount); ++s) {
+    std::uint64_t expected = 0;
+    if (WordRef(*slot_ptr(s)).compare_exchange_strong(expected, me, std::memory_order_acq_rel)) {
+      slot_ = s;
+      slot_owner_ = me;
+      return;
+    }
+    if (creator) break;
+  }
+  slot_ = -1;
+  slot_owner_ = 0;
+}
+
+void Segment::release_slot() noexcept {
+  if (slot_ < 0) return;
+  // Every hold of ours is gone (each storage keeps this Segment alive). CAS, not a store:
+  // if the creator judged us dead (it cannot, we live) the slot is no longer ours.
+  std::uint64_t expected = slot_owner_;
+  WordRef(*slot_ptr(slot_)).compare_exchange_strong(expected, 0, std::memory_order_acq_rel);
+  slot_ = -1;
+}
+
+std::uint64_t Segment::block_word(std::uint32_t block) const noexcept {
+  return WordRef(*word_ptr(block)).load(std::memory_order_acquire);
+}
+
+bool Segment::claim_free_block(std::uint32_t block) noexcept {
+  std::uint64_t expected = 0;
+  const std::uint64_t held = slot_ >= 0 ? std::uint64_t{1} << slot_ : kCountUnit;
+  if (WordRef(*word_ptr(block)).compare_exchange_strong(expected, held,
+                                                        std::memory_order_acquire))
+    return true;
+  report_corruption("a free block is held", block, expected);
+  return false;
+}
+
+void Segment::add_block_in_flight(std::uint32_t block) {
+  const std::uint64_t prev = WordRef(*word_ptr(block)).fetch_add(kCountUnit, std::memory_order_relaxed);
+  if (block_count_of(prev) >= kCountMax) {
+    WordRef(*word_ptr(block)).fetch_sub(kCountUnit, std::memory_order_relaxed);
+    throw Error("a shared storage is carried by 65535 messages that were not received yet: "
+                "receive some before sending it again");
+  }
+}
+
+void Segment::note_freed_by_other() noexcept {
+  if (!own()) header()->release_epoch.fetch_add(1, std::memory_order_release);
+}
+
+bool Segment::drop_block_in_flight(std::uint32_t block) noexcept {
+  const std::uint64_t prev = WordRef(*word_ptr(block)).fetch_sub(kCountUnit, std::memory_order_acq_rel);
+  if (block_count_of(prev) == 0) {
+    WordRef(*word_ptr(block)).fetch_add(kCountUnit, std::memory_order_relaxed);
+    report_corruption("a count to drop is missing", block, prev);
+    return false;
+  }
+  const bool freed = prev == kCountUnit;
+  if (freed) note_freed_by_other();
+  return freed;
+}
+
+bool Segment::adopt_block_in_flight(std::uint32_t block, bool* counted) noexcept {
+  WordRef w(*word_ptr(block));
+  std::uint64_t cur = w.load(std::memory_order_relaxed);
+  for (;;) {
+    if (block_count_of(cur) == 0) return false;
+    const std::uint64_t bit = slot_ >= 0 ? std::uint64_t{1} << slot_ : 0;
+    // Without a slot, or with our bit still set by a storage of ours being destroyed on
+    // another thread, the message's count becomes our hold as it is.
+    if (bit == 0 || (cur & bit) != 0) {
+      *counted = true;
+      return true;
+    }
+    if (w.compare_exchange_weak(cur, (cur - kCountUnit) | bit, std::memory_order_acq_rel)) {
+      *counted = false;
+      return true;
+    }
+  }
+}
+
+bool Segment::drop_duplicate_in_flight(std::uint32_t block, bool* freed) noexcept {
+  WordRef w(*word_ptr(block));
+  std::uint64_t cur = w.load(std::memory_order_relaxed);
+  do {
+    if (block_count_of(cur) == 0) return false;
+  } while (!w.compare_exchange_weak(cur, cur - kCountUnit, std::memory_order_acq_rel));
+  *freed = cur == kCountUnit;
+  if (*freed) note_freed_by_other();
+  return true;
+}
+
+bool Segment::release_block(std::uint32_t block, bool counted) noexcept {
+  WordRef w(*word_ptr(block));
+  std::uint64_t prev;
+  if (counted) {
+    prev = w.fetch_sub(kCountUnit, std::memory_order_acq_rel);
+    if (block_count_of(prev) == 0) {
+      w.fetch_add(kCountUnit, std::memory_order_relaxed);
+      report_corruption("our counted hold is missing", block, prev);
+      return false;
+    }
+    if (prev != kCountUnit) return false;
+  } else {
+    const std::uint64_t bit = std::uint64_t{1} << slot_;
+    prev = w.fetch_and(~bit, std::memory_order_acq_rel);
+    if ((prev & bit) == 0) {
+      report_corruption("our slot's bit is missing", block, prev);
+      return false;
+    }
+    if (prev != bit) return false;
+  }
+  note_freed_by_other();
+  return true;
+}
+
+std::size_t Segment::reclaim_dead_slots() noexcept {
+  std::size_t freed = 0;
+  for (int s = 0; s < static_cast<int>(kSlotCount); ++s) {
+    if (s == slot_) continue;
+    const std::uint64_t owner = WordRef(*slot_ptr(s)).load(std::memory_order_acquire);
+    if (owner == 0) continue;
+    // A live holder always maps the segment (it takes its slot after mapping, and gives it
+    // back before unmapping): one that does not exec'd, and its holds are void.
+    if (owner_alive(owner) &&
+        (inode_ == 0 || process_maps_file(static_cast<pid_t>(owner >> 32), device_, inode_)))
+      continue;
+    // Gone: nobody else sets this bit (I3), and nobody takes the slot before we free it.
+    const std::uint64_t bit = std::uint64_t{1} << s;
+    for (std::uint32_t b = 0; b < block_count_; ++b) {
+      WordRef w(*word_ptr(b));
+      if ((w.load(std::memory_order_relaxed) & bit) == 0) continue;
+      if (w.fetch_and(~bit, std::memory_order_acq_rel) == bit) ++freed;
+    }
+    std::uint64_t expected = owner;
+    WordRef(*slot_ptr(s)).compare_exchange_strong(expected, 0, std::memory_order_acq_rel);
+  }
+  return freed;
+}
+
+void Segment::reset_after_fork(bool take_slot) noexcept {
+  // The parent's slot stays the parent's: the child must neither clear its bits nor free it.
+  slot_ = -1;
+  slot_owner_ = 0;
+  own_.store(false, std::memory_order_relaxed);
+  if (take_slot) claim_slot(/*creator=*/false);
+}
+
+void Segment::add_fork_count(std::uint32_t block) noexcept {
+  WordRef(*word_ptr(block)).fetch_add(kCountUnit, std::memory_order_relaxed);
+}
+
+void Segment::take_back_fork_count(std::uint32_t block) noexcept {
+  // The parent still holds the block, so this cannot free it.
+  WordRef(*word_ptr(block)).fetch_sub(kCountUnit, std::memory_order_relaxed);
+}
+
+void Segment::convert_fork_hold(std::uint32_t block, bool* counted) noexcept {
+  // The count the parent added for us is exactly a message's count: adopt it.
+  if (!adopt_block_in_flight(block, counted)) *counted = true;
+}
+
+}  // namespace shmtensor::internal
