@@ -5,12 +5,14 @@
 #include <signal.h>
 #include <sys/signalfd.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
 #include <climits>
+#include <cstdint>
 
 #include "os/syscall.h"
 
@@ -19,6 +21,22 @@ extern char** environ;
 namespace shmtensor::internal {
 
 namespace {
+
+// The children of spawn_detached make raw system calls through syscall(2) instead of the
+// libc wrappers (only _Fork stays: it resets libc's own per-thread state in the child).
+// The reason is sanitizers. _Fork, unlike fork(), runs no pthread_atfork handler (see
+// daemonize.h), and so it also skips what a sanitizer runtime does around fork(): GCC 12's
+// TSan intercepts fork() and takes its internal locks across it, but it does not intercept
+// _Fork. A child of a multithreaded caller can then inherit a sanitizer lock that another
+// thread held, and its first intercepted call blocks on it for ever. Seen under `make tsan`:
+// the intermediate child hung in TSan's _exit interceptor, which finalizes and locks the
+// thread registry (ManagerTest.ThreadsCreatingAndForkingConcurrentlyLeaveNothing).
+// open, dup2, close, write and sigprocmask are intercepted too; syscall(2) is not. Without a
+// sanitizer this changes nothing: the wrappers make the same system calls.
+[[noreturn]] void raw_exit(int status) {
+  ::syscall(SYS_exit_group, status);
+  __builtin_unreachable();
+}
 
 // Async-signal-safe: the decimal digits of v into buf (which has room for 24).
 int format_uint(unsigned v, char* buf) {
@@ -36,34 +54,34 @@ int format_uint(unsigned v, char* buf) {
   char msg[40] = "EXEC ";
   int n = 5 + format_uint(static_cast<unsigned>(err), msg + 5);
   msg[n++] = '\n';
-  ssize_t ignored = ::write(notify_fd, msg, static_cast<size_t>(n));
-  (void)ignored;
-  ::_exit(127);
+  ::syscall(SYS_write, notify_fd, msg, static_cast<size_t>(n));
+  raw_exit(127);
 }
 
-// In the grandchild: everything here is async-signal-safe.
+// In the grandchild: everything here is async-signal-safe, and a raw system call.
 [[noreturn]] void exec_daemon(int notify_w, const char* path, char* const* argv) {
-  // The notify pipe goes to fd 3 (dup2 clears close-on-exec on the copy).
+  // The notify pipe goes to fd 3 (dup3 clears close-on-exec on the copy).
   if (notify_w == kDaemonNotifyFd) {
-    ::fcntl(kDaemonNotifyFd, F_SETFD, 0);
-  } else if (::dup2(notify_w, kDaemonNotifyFd) == -1) {
+    ::syscall(SYS_fcntl, kDaemonNotifyFd, F_SETFD, 0);
+  } else if (::syscall(SYS_dup3, notify_w, kDaemonNotifyFd, 0) == -1) {
     child_fail(notify_w, errno);
   }
   // stdio to /dev/null: the daemon must not hold the caller's pipes (a test runner
   // waiting for EOF on a test's stdout would wait for the daemon's whole life).
-  int null_fd = ::open("/dev/null", O_RDWR);
+  int null_fd = static_cast<int>(::syscall(SYS_openat, AT_FDCWD, "/dev/null", O_RDWR));
   if (null_fd < 0) child_fail(kDaemonNotifyFd, errno);
   for (int fd = 0; fd < 3; ++fd) {
-    if (null_fd != fd && ::dup2(null_fd, fd) == -1) child_fail(kDaemonNotifyFd, errno);
+    if (null_fd != fd && ::syscall(SYS_dup3, null_fd, fd, 0) == -1)
+      child_fail(kDaemonNotifyFd, errno);
   }
   // Every other inherited fd (the caller's sockets, pipes, files without O_CLOEXEC).
-  if (::close_range(kDaemonNotifyFd + 1, ~0U, 0) == -1) {
-    for (int fd = kDaemonNotifyFd + 1; fd < 65536; ++fd) ::close(fd);
+  if (::syscall(SYS_close_range, kDaemonNotifyFd + 1, ~0U, 0) == -1) {
+    for (int fd = kDaemonNotifyFd + 1; fd < 65536; ++fd) ::syscall(SYS_close, fd);
   }
-  sigset_t none;
-  sigemptyset(&none);
-  ::sigprocmask(SIG_SETMASK, &none, nullptr);
-  ::execve(path, argv, environ);
+  // The kernel's sigset_t is _NSIG bits (glibc's is larger); an empty one unblocks all.
+  std::uint64_t none[(_NSIG + 63) / 64] = {};
+  ::syscall(SYS_rt_sigprocmask, SIG_SETMASK, none, nullptr, static_cast<size_t>(_NSIG / 8));
+  ::syscall(SYS_execve, path, argv, environ);
   child_fail(kDaemonNotifyFd, errno);
 }
 
@@ -86,11 +104,11 @@ UniqueFd spawn_detached(const std::string& path, const std::vector<std::string>&
   pid_t child = ::_Fork();
   if (child == -1) throw_system_error(errno, "fork", "starting " + path);
   if (child == 0) {
-    ::setsid();
+    ::syscall(SYS_setsid);
     pid_t grandchild = ::_Fork();
     if (grandchild == -1) child_fail(write_end.get(), errno);
     if (grandchild == 0) exec_daemon(write_end.get(), path.c_str(), argv.data());
-    ::_exit(0);
+    raw_exit(0);
   }
   write_end.reset();
   int status = 0;

@@ -21,7 +21,8 @@ inline constexpr int kDaemonNotifyFd = 3;
 //    pipe at kDaemonNotifyFd, signal mask emptied, then execve with the caller's environ.
 // The intermediate child is reaped before returning. Returns the pipe's read end: the
 // daemon reports on it; if execve fails, the child writes "EXEC <errno>\n" there.
-// Only async-signal-safe calls happen between fork and exec. Throws SystemError.
+// Only async-signal-safe calls happen between fork and exec, all of them raw system calls
+// (daemonize.cc says why). Throws SystemError.
 UniqueFd spawn_detached(const std::string& path, const std::vector<std::string>& args);
 
 // Reads one line (without '\n') from `fd`, waiting at most timeout_ms in total.
