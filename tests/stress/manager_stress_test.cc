@@ -7,6 +7,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -15,7 +16,6 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
-#include <fstream>
 #include <random>
 #include <set>
 #include <string>
@@ -24,6 +24,7 @@
 
 #include "ipc/manager_test_util.h"
 #include "os/mapping.h"
+#include "os/private_dir.h"
 #include "shmtensor/queue.h"
 #include "shmtensor/tensor.h"
 
@@ -54,15 +55,18 @@ bool intact(std::int64_t id, Tensor& t) {
   return true;
 }
 
-// The pid of the daemon serving `group`, from /proc/*/cmdline (0 if none runs).
+// The pid of the daemon serving `group`, from /proc/*/cmdline (0 if none runs). Not an
+// ifstream read through istreambuf_iterator: a process that exits between the open and the
+// read makes read() fail with ESRCH, which libstdc++'s filebuf throws as ios_base::failure
+// ("basic_filebuf::underflow error reading the file: No such process"); that ended a
+// `make asan` run's job early. read_small_file returns "" then.
 pid_t find_daemon(const std::string& group) {
   pid_t found = 0;
   DIR* d = ::opendir("/proc");
   while (dirent* e = ::readdir(d)) {
     pid_t pid = std::atoi(e->d_name);
     if (pid <= 0) continue;
-    std::ifstream f("/proc/" + std::string(e->d_name) + "/cmdline");
-    std::string cmd((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    std::string cmd = internal::read_small_file("/proc/" + std::string(e->d_name) + "/cmdline");
     if (cmd.find("shmtensor-manager") != std::string::npos &&
         cmd.find(std::string("--group") + '\0' + group + '\0') != std::string::npos &&
         process_lives(pid)) {
@@ -210,12 +214,29 @@ TEST(ManagerStressTest, SigkillProducersConsumersAndTheDaemonWhileTensorsFlow) {
   }
   ::close(pids[1]);
   std::set<pid_t> started{job};
+  int job_status = -1;
   {
+    // Read the pids until EOF. Every producer and consumer inherits the write end (fork
+    // keeps O_CLOEXEC fds), so a job that ends without killing them (it threw, or a
+    // sanitizer aborted it) would leave them running and this read waiting for ever: once
+    // the job has exited, SIGKILL what is left of its process group.
     std::string text;
     char buf[4096];
-    ssize_t n;
-    while ((n = ::read(pids[0], buf, sizeof buf)) > 0 || (n < 0 && errno == EINTR))
-      if (n > 0) text.append(buf, static_cast<std::size_t>(n));
+    for (;;) {
+      pollfd p{pids[0], POLLIN, 0};
+      int ready = ::poll(&p, 1, 100);
+      if (ready > 0) {
+        ssize_t n = ::read(pids[0], buf, sizeof buf);
+        if (n == 0) break;
+        if (n > 0) text.append(buf, static_cast<std::size_t>(n));
+        if (n < 0 && errno != EINTR) break;
+      }
+      int status = 0;
+      if (job_status < 0 && ::waitpid(job, &status, WNOHANG) == job) {
+        job_status = status;
+        ::kill(-job, SIGKILL);
+      }
+    }
     ::close(pids[0]);
     std::size_t pos = 0;
     while (pos < text.size()) {
@@ -224,8 +245,11 @@ TEST(ManagerStressTest, SigkillProducersConsumersAndTheDaemonWhileTensorsFlow) {
       pos = nl + 1;
     }
   }
-  EXPECT_EQ(testing::wait_child(job), 0)
-      << "the job saw a corrupted value (2), none (3), or a process that failed (4)";
+  const int job_rc = job_status < 0          ? testing::wait_child(job)
+                     : WIFEXITED(job_status) ? WEXITSTATUS(job_status)
+                                             : 128 + WTERMSIG(job_status);
+  EXPECT_EQ(job_rc, 0)
+      << "the job threw (1), saw a corrupted value (2), none (3), or a process that failed (4)";
 
   // Every name any process of the job created is gone within a few seconds.
   auto leftovers = [&] {
