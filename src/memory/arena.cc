@@ -4,6 +4,8 @@
 #include <array>
 #include <atomic>
 #include <bit>
+#include <iterator>
+#include <new>
 #include <mutex>
 #include <unordered_map>
 #include <utility>
@@ -64,8 +66,16 @@ struct StrategyArena {
   std::vector<std::unique_ptr<OwnSegment>> large;
 };
 
+struct PrivateBuffer {
+  std::byte* data;
+  std::size_t capacity;
+};
+constexpr std::size_t kPrivateCacheCount = 4;
+constexpr std::size_t kPrivateCacheBytes = std::size_t{512} << 20;
+
 struct State {
   std::mutex mu;
+  std::vector<PrivateBuffer> private_cache;  // most recently freed last
   std::array<StrategyArena, 2> by_strategy;
   std::unordered_map<const Segment*, OwnSegment*> index;
 };
@@ -248,6 +258,8 @@ std::size_t arena_trim() {
   std::vector<std::shared_ptr<Segment>> dropped;
   {
     std::lock_guard lock(g_state->mu);
+    for (const auto& b : g_state->private_cache) ::operator delete(b.data);
+    g_state->private_cache.clear();
     auto sweep = [&dropped](std::vector<std::unique_ptr<OwnSegment>>& list) {
       std::erase_if(list, [&dropped](std::unique_ptr<OwnSegment>& os) {
         os->seg->reclaim_dead_slots();
@@ -267,6 +279,41 @@ std::size_t arena_trim() {
     }
   }
   return dropped.size();
+}
+
+std::byte* private_allocate(std::size_t nbytes, std::size_t* capacity) {
+  if (nbytes >= kLargeThreshold) {
+    std::lock_guard lock(g_state->mu);
+    auto& cache = g_state->private_cache;
+    for (auto it = cache.rbegin(); it != cache.rend(); ++it) {
+      if (it->capacity >= nbytes && it->capacity <= 2 * nbytes) {
+        PrivateBuffer b = *it;
+        cache.erase(std::next(it).base());
+        *capacity = b.capacity;
+        return b.data;
+      }
+    }
+  }
+  *capacity = nbytes;
+  return static_cast<std::byte*>(::operator new(nbytes));
+}
+
+void private_free(std::byte* data, std::size_t capacity) noexcept {
+  if (data == nullptr) return;
+  if (capacity >= kLargeThreshold) {
+    std::lock_guard lock(g_state->mu);
+    auto& cache = g_state->private_cache;
+    cache.push_back({data, capacity});
+    std::size_t bytes = 0;
+    for (const auto& b : cache) bytes += b.capacity;
+    while (!cache.empty() && (cache.size() > kPrivateCacheCount || bytes > kPrivateCacheBytes)) {
+      bytes -= cache.front().capacity;
+      ::operator delete(cache.front().data);
+      cache.erase(cache.begin());
+    }
+    return;
+  }
+  ::operator delete(data);
 }
 
 ArenaStats arena_stats() {
@@ -293,6 +340,7 @@ void arena_child_after_fork() noexcept {
   if (inherited == nullptr) inherited = new std::vector<std::shared_ptr<Segment>>;
   for (auto& [seg, os] : old->index) inherited->push_back(std::move(os->seg));
   g_state = new State;
+  g_state->private_cache = std::move(old->private_cache);  // private memory: ours now
   g_inherited.store(inherited, std::memory_order_relaxed);
   old->mu.unlock();
 }

@@ -49,6 +49,14 @@ struct ArenaStats {
 };
 ArenaStats arena_stats();
 
+// Private (not yet shared) buffers for storages. Large ones (>= kLargeThreshold) that a
+// storage frees are kept, a few at most, and handed to the next private storage of a
+// similar size with their pages faulted in: a loop that makes a fresh large tensor and
+// sends it (share_memory_ copies it into a cached shared segment) then runs at memcpy
+// speed instead of page-fault speed. empty_cache() frees them.
+std::byte* private_allocate(std::size_t nbytes, std::size_t* capacity);
+void private_free(std::byte* data, std::size_t capacity) noexcept;
+
 // Fork handlers (called by the registry's, in lock order).
 void arena_prepare_fork() noexcept;
 void arena_parent_after_fork() noexcept;

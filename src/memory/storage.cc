@@ -1,4 +1,5 @@
 #include <cstring>
+#include <utility>
 
 #include "memory/arena.h"
 #include "memory/registry.h"
@@ -11,8 +12,8 @@ namespace internal {
 
 StorageImpl::StorageImpl(std::size_t nbytes) : nbytes_(nbytes) {
   if (nbytes > 0) {
-    private_.reset(new std::byte[nbytes]);
-    data_.store(private_.get(), std::memory_order_relaxed);
+    private_ = private_allocate(nbytes, &private_capacity_);
+    data_.store(private_, std::memory_order_relaxed);
   }
 }
 
@@ -25,6 +26,7 @@ StorageImpl::StorageImpl(std::shared_ptr<Segment> segment, std::size_t offset,
 }
 
 StorageImpl::~StorageImpl() {
+  private_free(private_, private_capacity_);
   if (!segment_) return;
   Registry::instance().remove_storage(segment_->uid(), offset_, this);
   if (segment_->release_block(block_, counted_) && segment_->own())
@@ -39,13 +41,13 @@ void StorageImpl::share_memory_(SharingStrategy strategy) {
     // The segment is made before anything changes, so a failure leaves us untouched.
     Block b = arena_allocate(strategy, nbytes_);
     std::byte* dst = b.segment->payload() + b.offset;
-    std::memcpy(dst, private_.get(), nbytes_);
+    std::memcpy(dst, private_, nbytes_);
     segment_ = std::move(b.segment);
     offset_ = b.offset;
     block_ = b.index;
     Registry::instance().add_storage(segment_->uid(), offset_, shared_from_this());
     data_.store(dst, std::memory_order_release);
-    private_.reset();
+    private_free(std::exchange(private_, nullptr), private_capacity_);
   }
   shared_.store(true, std::memory_order_release);
 }

@@ -47,7 +47,8 @@ class StorageImpl : public std::enable_shared_from_this<StorageImpl> {
   std::atomic<std::byte*> data_{nullptr};
   std::atomic<bool> shared_{false};
   std::size_t nbytes_;
-  std::unique_ptr<std::byte[]> private_;
+  std::byte* private_ = nullptr;  // from private_allocate()
+  std::size_t private_capacity_ = 0;
   std::shared_ptr<Segment> segment_;
   std::size_t offset_ = 0;
   std::uint32_t block_ = 0;

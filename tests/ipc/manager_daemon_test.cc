@@ -228,6 +228,10 @@ TEST_F(ManagerTest, MessageInFlightSurvivesItsSendersExitAndADaemonKill) {
   pid_t child = fork_child([&] {
     Tensor t = Tensor::full({1024}, 3.0, DType::kFloat32);
     q.put(t);
+    // The daemon has read our registration (and journaled it) before it is killed. A kill
+    // in the microseconds before that is the case of cleanup.md L2: the name is then kept
+    // until this job ends.
+    mgr::sync();
     daemon_pid.send_line(std::to_string(mgr::connected_daemon_pid()));
   });  // drops t and exits with the message still queued
   const pid_t daemon = std::stoi(daemon_pid.receive_line());
@@ -243,6 +247,7 @@ TEST_F(ManagerTest, MessageInFlightSurvivesItsSendersExitAndADaemonKill) {
   Tensor t = q.get();
   ASSERT_EQ(t.numel(), 1024);
   EXPECT_EQ(t.data_ptr<float>()[1023], 3.0f);
+  std::fprintf(stderr, "DEBUG log %s\n", location().log_path.c_str());
 }
 
 TEST_F(ManagerTest, SecondDaemonDoesNotStealTheFirstOnesClients) {

@@ -46,8 +46,9 @@ struct Report {  // what one consumer sends back
   double first_ns = 0, last_ns = 0;
   std::vector<double> latencies_us;
   std::int64_t fds = 0, mappings = 0;
+  std::int64_t peak_rss_kb = 0;
   std::string error;
-  SHMTENSOR_FIELDS(received, first_ns, last_ns, latencies_us, fds, mappings, error)
+  SHMTENSOR_FIELDS(received, first_ns, last_ns, latencies_us, fds, mappings, peak_rss_kb, error)
 };
 
 struct Result {
@@ -56,6 +57,7 @@ struct Result {
   std::int64_t count = 0, completed = 0;
   double tensors_per_s = 0, gb_per_s = 0, p50_us = 0, p99_us = 0;
   std::int64_t consumer_fds = 0, consumer_mappings = 0;
+  std::int64_t consumer_peak_rss_kb = 0;  // VmHWM: resident set, shared pages included
   std::string error;
 };
 
@@ -82,6 +84,15 @@ std::int64_t count_lines(const char* path) {
   std::int64_t n = 0;
   while (std::getline(f, line)) ++n;
   return n;
+}
+
+// VmHWM of /proc/self/status: the peak resident set size, in KiB.
+std::int64_t peak_rss_kb() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("VmHWM:", 0) == 0) return std::strtoll(line.c_str() + 6, nullptr, 10);
+  return 0;
 }
 
 double percentile(std::vector<double>& v, double p) {
@@ -150,6 +161,7 @@ Result run_queue(const std::string& scenario, const BenchOptions& o) {
       if (!r.error.empty() && !kept.empty()) kept.pop_back();
       r.fds = count_entries("/proc/self/fd");
       r.mappings = count_lines("/proc/self/maps");
+      r.peak_rss_kb = peak_rss_kb();
       kept.clear();  // frees fds, so that the report itself can be sent at a limit
       reports.put(r);
     }));
@@ -193,6 +205,7 @@ Result run_queue(const std::string& scenario, const BenchOptions& o) {
     lat.insert(lat.end(), r.latencies_us.begin(), r.latencies_us.end());
     res.consumer_fds = std::max(res.consumer_fds, r.fds);
     res.consumer_mappings = std::max(res.consumer_mappings, r.mappings);
+    res.consumer_peak_rss_kb = std::max(res.consumer_peak_rss_kb, r.peak_rss_kb);
     if (!r.error.empty() && res.error.empty()) res.error = r.error;
   }
   bool failed = res.completed < total;
@@ -257,17 +270,19 @@ void print(const Result& r, bool json) {
     std::printf(
         "{\"scenario\":\"%s\",\"strategy\":\"%s\",\"bytes\":%zu,\"count\":%lld,"
         "\"completed\":%lld,\"tensors_per_s\":%.1f,\"gb_per_s\":%.4f,\"p50_us\":%.2f,"
-        "\"p99_us\":%.2f,\"consumer_fds\":%lld,\"consumer_mappings\":%lld,\"error\":\"%s\"}\n",
+        "\"p99_us\":%.2f,\"consumer_fds\":%lld,\"consumer_mappings\":%lld,"
+        "\"consumer_peak_rss_kb\":%lld,\"error\":\"%s\"}\n",
         r.scenario.c_str(), r.strategy.c_str(), r.bytes, static_cast<long long>(r.count),
         static_cast<long long>(r.completed), r.tensors_per_s, r.gb_per_s, r.p50_us, r.p99_us,
         static_cast<long long>(r.consumer_fds), static_cast<long long>(r.consumer_mappings),
-        json_escape(r.error).c_str());
+        static_cast<long long>(r.consumer_peak_rss_kb), json_escape(r.error).c_str());
   } else {
-    std::printf("%-16s %-16s %10zu %10lld %10lld %14.0f %9.3f %9.1f %9.1f %6lld %6lld  %s\n",
+    std::printf("%-16s %-16s %10zu %10lld %10lld %14.0f %9.3f %9.1f %9.1f %6lld %6lld %7lld  %s\n",
                 r.scenario.c_str(), r.strategy.c_str(), r.bytes, static_cast<long long>(r.count),
                 static_cast<long long>(r.completed), r.tensors_per_s, r.gb_per_s, r.p50_us,
                 r.p99_us, static_cast<long long>(r.consumer_fds),
-                static_cast<long long>(r.consumer_mappings), r.error.substr(0, 60).c_str());
+                static_cast<long long>(r.consumer_mappings),
+                static_cast<long long>(r.consumer_peak_rss_kb / 1024), r.error.substr(0, 60).c_str());
   }
   std::fflush(stdout);
 }
@@ -286,9 +301,9 @@ void run_bench(BenchOptions o) {
     if (o.scenarios.empty()) return;
   }
   if (!o.json)
-    std::printf("%-16s %-16s %10s %10s %10s %14s %9s %9s %9s %6s %6s\n", "scenario", "strategy",
-                "bytes", "count", "completed", "tensors/s", "GB/s", "p50_us", "p99_us", "fds",
-                "maps");
+    std::printf("%-16s %-16s %10s %10s %10s %14s %9s %9s %9s %6s %6s %7s\n", "scenario",
+                "strategy", "bytes", "count", "completed", "tensors/s", "GB/s", "p50_us",
+                "p99_us", "fds", "maps", "rss_mb");
   std::vector<std::string> scenarios = o.scenarios;
   if (scenarios.empty()) scenarios = {"queue_fresh", "queue_preshared", "pingpong", "retain"};
   for (const auto& strategy : o.strategies) {
