@@ -247,7 +247,6 @@ TEST_F(ManagerTest, MessageInFlightSurvivesItsSendersExitAndADaemonKill) {
   Tensor t = q.get();
   ASSERT_EQ(t.numel(), 1024);
   EXPECT_EQ(t.data_ptr<float>()[1023], 3.0f);
-  std::fprintf(stderr, "DEBUG log %s\n", location().log_path.c_str());
 }
 
 TEST_F(ManagerTest, SecondDaemonDoesNotStealTheFirstOnesClients) {
