@@ -42,12 +42,10 @@
 
 namespace shmtensor {
 
-// A contiguous uninitialised tensor for a batch. In a DataLoader worker it is in shared
-// memory: small ones are carved out of the worker's current batch slab (one 1 MiB shared
-// storage holds many batches, so a consumer that keeps thousands of small batches maps a
-// few segments, not thousands); a slab is freed when no batch in it is referenced any
-// more. Large ones (over 256 KiB) get their own shared storage. Elsewhere it is
-// Tensor::empty. Thread-safe.
+// A contiguous uninitialised tensor for a batch. In a DataLoader worker it is allocated in
+// shared memory (Tensor::empty_shared: a block of the worker's arena, so a consumer that
+// keeps thousands of small batches maps a few segments, not thousands, and each block is
+// freed when its batch is dropped everywhere). Elsewhere it is Tensor::empty. Thread-safe.
 Tensor empty_batch(std::vector<std::int64_t> sizes, DType dtype);
 
 namespace detail {

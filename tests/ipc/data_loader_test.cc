@@ -268,7 +268,8 @@ TEST_F(DataLoaderTest, KeepsTwentyThousandSamplesInAFewSegments) {
     for (std::size_t k = 0; k < 4; ++k)
       EXPECT_EQ(kept[i][k][0][9].item<float>(), static_cast<float>(i + k));
   EXPECT_EQ(kept[19999][3][0][0].item<float>(), 20002.0f);
-  // 80,000 tensors of 40 bytes, 64-byte aligned, in 1 MiB slabs: about 5 segments.
+  // 80,000 batch tensors of 40 bytes in 64-byte arena blocks (1, 2, 4 MiB segments per
+  // worker): a few segments.
   EXPECT_LT(testing::shmtensor_mappings().size(), 20u);
 }
 
