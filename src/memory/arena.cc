@@ -64,6 +64,7 @@ struct ClassArena {
 struct StrategyArena {
   std::array<ClassArena, kNumClasses> classes;
   std::vector<std::unique_ptr<OwnSegment>> large;
+  std::size_t large_reclaim_at = kLargeReclaimAt;
 };
 
 struct PrivateBuffer {
@@ -122,7 +123,7 @@ bool take(OwnSegment& os, std::uint32_t* out) {
 // it under the lock, and only here (claims happen under the lock too), so a block is
 // never listed twice nor listed while held.
 bool collect(OwnSegment& os, std::uint32_t i) {
-  if (!os.handed_out[i] || os.seg->block_word(i) != 0) return false;
+  if (!os.handed_out[i] || os.seg->quarantined(i) || os.seg->block_word(i) != 0) return false;
   os.handed_out[i] = false;
   --os.held;
   os.free.push_back(i);
@@ -226,6 +227,23 @@ Block allocate_large(SharingStrategy strategy, std::size_t nbytes,
   }
   std::uint32_t i = 0;
   if (best != nullptr && take(*best, &i)) return block_of(*best, i);
+  if (sa.large.size() >= sa.large_reclaim_at) {
+    // A dedicated segment is never run out of, so the holds of dead processes (a consumer
+    // SIGKILLed holding a large tensor) are taken back here, once kLargeReclaimAt exist and
+    // then each time their number doubled (reclaim reads /proc per holder: amortised).
+    std::size_t still_held = 0;
+    for (auto& os : sa.large) {
+      if (os->held != 0 && os->seg->reclaim_dead_slots() != 0) collect(*os, 0);
+      if (os->held != 0) {
+        ++still_held;
+      } else if (os->block_size() >= size && os->block_size() <= 2 * size &&
+                 (best == nullptr || os->block_size() < best->block_size())) {
+        best = os.get();
+      }
+    }
+    sa.large_reclaim_at = std::max(kLargeReclaimAt, 2 * still_held);
+    if (best != nullptr && take(*best, &i)) return block_of(*best, i);
+  }
   limit_large_cache(sa, dropped);
   auto seg = Segment::create(strategy, size, 1, SegmentKind::kDedicated);
   OwnSegment& os = add_segment(sa.large, std::move(seg));

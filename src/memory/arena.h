@@ -23,6 +23,9 @@ namespace shmtensor::internal {
 class Segment;
 
 inline constexpr std::size_t kLargeThreshold = 256 * 1024;
+// Dedicated segments are never "run out of": when this many exist, the arena takes back
+// the holds of dead processes on them before making another (see arena_allocate).
+inline constexpr std::size_t kLargeReclaimAt = 8;
 
 struct Block {
   std::shared_ptr<Segment> segment;

@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <deque>
 #include <map>
-#include <unordered_set>
 #include <mutex>
 #include <unordered_map>
 
@@ -122,9 +121,12 @@ void child_after_fork() {
   // after unlocking: a Segment destructor takes the registry lock.
   auto* held = g_forking;
   g_forking = nullptr;
-  std::unordered_set<const Segment*> holding;
-  for (auto& impl : held->storages) holding.insert(impl->segment().get());
-  for (auto& seg : held->all) seg->reset_after_fork(holding.count(seg.get()) != 0);
+  // Every inherited segment gets a slot, not only those we hold blocks of at fork: the
+  // child keeps the inherited Segment and reuses it for blocks of it received later, and
+  // a slot can be taken only here (single-threaded). Without one those later holds would
+  // be counts, which nobody can take back when the child dies: a producer whose forked
+  // consumers crash would never get those blocks back.
+  for (auto& seg : held->all) seg->reset_after_fork(/*take_slot=*/true);
   for (auto& impl : held->storages) {
     bool counted = true;
     impl->segment()->convert_fork_hold(impl->block(), &counted);

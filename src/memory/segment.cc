@@ -88,6 +88,7 @@ Segment::Segment(SharingStrategy strategy, UniqueFd fd, Mapping mapping, std::st
   data_offset_ = h->data_offset;
   slots_offset_ = h->slots_offset;
   words_offset_ = h->words_offset;
+  quarantined_.reset(new std::atomic<std::uint64_t>[(block_count_ + 63) / 64]());
 }
 
 std::shared_ptr<Segment> Segment::create(SharingStrategy strategy, std::size_t block_size,

@@ -99,6 +99,11 @@ class Segment {
   // Releases this process's hold. True if the block became free. A hold that is not in
   // the word (a peer corrupted it) is reported on stderr and changes nothing.
   bool release_block(std::uint32_t block, bool counted) noexcept;
+  // Whether this process reported the block's word as corrupted: its creator never hands
+  // it out again (the word no longer tells who holds it).
+  bool quarantined(std::uint32_t block) const noexcept {
+    return (quarantined_[block / 64].load(std::memory_order_relaxed) >> (block % 64)) & 1;
+  }
   // Clears the bits of slots whose process is dead, or lives but does not map the segment
   // any more (it exec'd: its holds went with its address space), and frees those slots.
   // Returns the number of blocks that became free. Called by the creator when it runs out
@@ -124,6 +129,7 @@ class Segment {
   std::uint64_t* word_ptr(std::uint32_t block) const noexcept;
   std::uint64_t* slot_ptr(int slot) const noexcept;
   void note_freed_by_other() noexcept;
+  void report_corruption(const char* what, std::uint32_t block, std::uint64_t word) noexcept;
 
   SharingStrategy strategy_;
   UniqueFd fd_;
@@ -142,6 +148,7 @@ class Segment {
   int slot_ = -1;
   std::uint64_t slot_owner_ = 0;  // what slot_ holds (this process)
   std::atomic<bool> own_{false};
+  std::unique_ptr<std::atomic<std::uint64_t>[]> quarantined_;  // one bit per block
 };
 
 // Checks a mapped header against what the mapping allows: magic, version, sizes, and that

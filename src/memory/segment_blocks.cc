@@ -28,14 +28,18 @@ bool owner_alive(std::uint64_t owner) noexcept {
   return start != 0 && (start & 0xffffffffu) == (owner & 0xffffffffu);
 }
 
-void report_corruption(const char* what, std::uint32_t block, std::uint64_t word) noexcept {
+}  // namespace
+
+// Also marks the block, so that the creator's arena never collects it as free later (a
+// rescan would see a zeroed word as free while a holder still reads the block).
+void Segment::report_corruption(const char* what, std::uint32_t block,
+                                std::uint64_t word) noexcept {
+  quarantined_[block / 64].fetch_or(std::uint64_t{1} << (block % 64), std::memory_order_relaxed);
   std::fprintf(stderr,
                "shmtensor: corrupted block word in shared memory (%s; block %u, word 0x%llx): "
                "the block is left alone and never reused\n",
                what, block, static_cast<unsigned long long>(word));
 }
-
-}  // namespace
 
 std::uint64_t current_slot_owner() noexcept {
   static std::atomic<std::uint64_t> cached{0};
