@@ -7,6 +7,7 @@
 #include <iterator>
 #include <new>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -154,7 +155,15 @@ Block block_of(OwnSegment& os, std::uint32_t i) {
   return Block{os.seg, i, static_cast<std::size_t>(i) * os.block_size()};
 }
 
-Block allocate_small(SharingStrategy strategy, SizeClass sc) {
+// What to create when no block fits: made outside the arena lock (creating a named
+// segment talks to the manager, whose lock fork takes before ours).
+struct NewSegment {
+  std::size_t block_size = 0;
+  std::uint32_t count = 0;
+  SegmentKind kind = SegmentKind::kArena;
+};
+
+std::optional<Block> try_small(SharingStrategy strategy, SizeClass sc, NewSegment* need) {
   ClassArena& ca = arena_of(strategy).classes[sc.index];
   std::uint32_t i = 0;
   // Newest (largest) first.
@@ -172,25 +181,21 @@ Block allocate_small(SharingStrategy strategy, SizeClass sc) {
         if (take(**it, &i)) return block_of(**it, i);
   }
   const std::size_t bytes = std::max(ca.next_bytes, sc.block_size * kMinBlocks);
-  auto count = static_cast<std::uint32_t>(bytes / sc.block_size);
-  std::shared_ptr<Segment> seg;
+  *need = {sc.block_size, static_cast<std::uint32_t>(bytes / sc.block_size), SegmentKind::kArena};
+  return std::nullopt;
+}
+
+// Creates an arena segment, smaller when /dev/shm cannot hold it (Docker's 64 MB): only
+// when not even one block fits does the caller get the SharedMemoryFullError.
+std::shared_ptr<Segment> create_arena_segment(SharingStrategy strategy, NewSegment* need) {
   for (;;) {
     try {
-      seg = Segment::create(strategy, sc.block_size, count, SegmentKind::kArena);
-      break;
+      return Segment::create(strategy, need->block_size, need->count, need->kind);
     } catch (const SharedMemoryFullError&) {
-      // A small /dev/shm (Docker's 64 MB): a smaller segment may still fit. Only when not
-      // even one block fits does the caller get the error.
-      if (count == 1) throw;
-      count /= 2;
-      ca.next_bytes = std::max(kFirstSegmentBytes, count * sc.block_size);
-      continue;
+      if (need->count == 1) throw;
+      need->count /= 2;
     }
   }
-  ca.next_bytes = std::min(ca.next_bytes * 2, kMaxSegmentBytes);
-  OwnSegment& os = add_segment(ca.segments, std::move(seg));
-  if (!take(os, &i)) throw Error("a new arena segment has no free block");
-  return block_of(os, i);
 }
 
 // Drops cached free large segments beyond the cache's limits, oldest first.
@@ -213,8 +218,8 @@ void limit_large_cache(StrategyArena& sa, std::vector<std::shared_ptr<Segment>>*
   });
 }
 
-Block allocate_large(SharingStrategy strategy, std::size_t nbytes,
-                     std::vector<std::shared_ptr<Segment>>* dropped) {
+std::optional<Block> try_large(SharingStrategy strategy, std::size_t nbytes,
+                               std::vector<std::shared_ptr<Segment>>* dropped, NewSegment* need) {
   StrategyArena& sa = arena_of(strategy);
   const std::size_t size = (nbytes + 4095) / 4096 * 4096;
   OwnSegment* best = nullptr;
@@ -245,20 +250,40 @@ Block allocate_large(SharingStrategy strategy, std::size_t nbytes,
     if (best != nullptr && take(*best, &i)) return block_of(*best, i);
   }
   limit_large_cache(sa, dropped);
-  auto seg = Segment::create(strategy, size, 1, SegmentKind::kDedicated);
-  OwnSegment& os = add_segment(sa.large, std::move(seg));
-  if (!take(os, &i)) throw Error("a new dedicated segment has no free block");
-  return block_of(os, i);
+  *need = {size, 1, SegmentKind::kDedicated};
+  return std::nullopt;
 }
 
 }  // namespace
 
 Block arena_allocate(SharingStrategy strategy, std::size_t nbytes) {
   if (g_inherited.load(std::memory_order_relaxed) != nullptr) drop_inherited();
-  std::vector<std::shared_ptr<Segment>> dropped;  // destroyed after unlocking
+  const bool large = nbytes > kLargeThreshold;
+  const SizeClass sc = large ? SizeClass{0, 0} : size_class(nbytes);
+  NewSegment need;
+  {
+    std::vector<std::shared_ptr<Segment>> dropped;  // destroyed after unlocking
+    std::lock_guard lock(g_state->mu);
+    auto b = large ? try_large(strategy, nbytes, &dropped, &need) : try_small(strategy, sc, &need);
+    if (b) return std::move(*b);
+  }
+  // Outside the lock: another thread may add a segment of this class meanwhile; then the
+  // class has two, which is harmless.
+  std::shared_ptr<Segment> seg = create_arena_segment(strategy, &need);
   std::lock_guard lock(g_state->mu);
-  if (nbytes > kLargeThreshold) return allocate_large(strategy, nbytes, &dropped);
-  return allocate_small(strategy, size_class(nbytes));
+  StrategyArena& sa = arena_of(strategy);
+  OwnSegment* os = nullptr;
+  if (large) {
+    os = &add_segment(sa.large, std::move(seg));
+  } else {
+    ClassArena& ca = sa.classes[sc.index];
+    const std::size_t made = std::size_t{need.count} * need.block_size;
+    ca.next_bytes = std::min(std::max(kFirstSegmentBytes, made) * 2, kMaxSegmentBytes);
+    os = &add_segment(ca.segments, std::move(seg));
+  }
+  std::uint32_t i = 0;
+  if (!take(*os, &i)) throw Error("a new segment has no free block");
+  return block_of(*os, i);
 }
 
 void arena_block_freed(const Segment& segment, std::uint32_t block) noexcept {
@@ -280,7 +305,7 @@ std::size_t arena_trim() {
     g_state->private_cache.clear();
     auto sweep = [&dropped](std::vector<std::unique_ptr<OwnSegment>>& list) {
       std::erase_if(list, [&dropped](std::unique_ptr<OwnSegment>& os) {
-        os->seg->reclaim_dead_slots();
+        os->seg->reclaim_dead_slots(/*exec_check=*/true);
         rescan(*os, true);
         if (os->held != 0) return false;
         g_state->index.erase(os->seg.get());

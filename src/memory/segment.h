@@ -108,7 +108,12 @@ class Segment {
   // any more (it exec'd: its holds went with its address space), and frees those slots.
   // Returns the number of blocks that became free. Called by the creator when it runs out
   // of blocks, and by empty_cache().
-  std::size_t reclaim_dead_slots() noexcept;
+  // `exec_check`: also take back the holds of live owners that do not map the segment (an
+  // exec'd process). Only empty_cache() asks for it: /proc/<pid>/maps is read without a
+  // lock against the owner's concurrent mmap/munmap and was seen to miss a mapping that
+  // existed throughout (Linux 6.18), so a miss must be seen twice and is never acted on
+  // in the allocation path.
+  std::size_t reclaim_dead_slots(bool exec_check = false) noexcept;
   // A forked child: forgets the parent's slot and ownership, and takes a slot of its own
   // when it holds blocks here. Call before any block operation in the child.
   void reset_after_fork(bool take_slot) noexcept;

@@ -186,7 +186,7 @@ bool Segment::release_block(std::uint32_t block, bool counted) noexcept {
   return true;
 }
 
-std::size_t Segment::reclaim_dead_slots() noexcept {
+std::size_t Segment::reclaim_dead_slots(bool exec_check) noexcept {
   std::size_t freed = 0;
   for (int s = 0; s < static_cast<int>(kSlotCount); ++s) {
     if (s == slot_) continue;
@@ -194,9 +194,12 @@ std::size_t Segment::reclaim_dead_slots() noexcept {
     if (owner == 0) continue;
     // A live holder always maps the segment (it takes its slot after mapping, and gives it
     // back before unmapping): one that does not exec'd, and its holds are void.
-    if (owner_alive(owner) &&
-        (inode_ == 0 || process_maps_file(static_cast<pid_t>(owner >> 32), device_, inode_)))
-      continue;
+    if (owner_alive(owner)) {
+      const auto pid = static_cast<pid_t>(owner >> 32);
+      if (!exec_check || inode_ == 0 || process_maps_file(pid, device_, inode_) ||
+          process_maps_file(pid, device_, inode_))
+        continue;
+    }
     // Gone: nobody else sets this bit (I3), and nobody takes the slot before we free it.
     const std::uint64_t bit = std::uint64_t{1} << s;
     for (std::uint32_t b = 0; b < block_count_; ++b) {
