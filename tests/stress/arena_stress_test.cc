@@ -370,7 +370,7 @@ void run_job(Shared* sh, SharingStrategy strategy, int rounds) {
   EXPECT_EQ(st.blocks_held, mine.size());
   EXPECT_EQ(st.segments, mine_segments.size());
   for (const auto& m : mine) {
-    const auto& impl = m.second.storage().impl();
+    const auto impl = m.second.storage().impl();  // a copy: storage() is a temporary
     EXPECT_EQ(impl->segment()->block_word(impl->block()), own_bit(*impl->segment()))
         << "a dead child's hold on our block was not taken back";
   }
@@ -630,7 +630,7 @@ TEST_P(ArenaStressTest, ABlockAPeerMadeLookFreeIsNeverHandedOut) {
     std::vector<Tensor> more;
     for (int i = 0; i < 3 * static_cast<int>(seg->block_count()); ++i) {
       more.push_back(make_tensor(200 + i, kN));
-      const auto& m = more.back().storage().impl();
+      const auto m = more.back().storage().impl();  // a copy: storage() is a temporary
       EXPECT_FALSE(m->segment() == seg && (m->block() == block || m->block() == untouched))
           << "block " << m->block() << " handed out again";
     }
