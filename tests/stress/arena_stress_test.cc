@@ -20,6 +20,7 @@
 #include <bit>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <deque>
 #include <optional>
@@ -42,6 +43,36 @@
 
 namespace shmtensor {
 namespace {
+
+// Redirects fd 2 into a memfd until take(). (gtest's CaptureStderr failed in a forked
+// child under ASan, and a failure while it captures is itself invisible.)
+class StderrCapture {
+ public:
+  StderrCapture() {
+    std::fflush(stderr);
+    fd_ = ::memfd_create("stderr-capture", MFD_CLOEXEC);
+    saved_ = ::dup(2);
+    ::dup2(fd_, 2);
+  }
+  ~StderrCapture() { take(); }
+  std::string take() {
+    if (saved_ < 0) return {};
+    std::fflush(stderr);
+    ::dup2(saved_, 2);
+    ::close(saved_);
+    saved_ = -1;
+    std::string out;
+    char buf[4096];
+    ::lseek(fd_, 0, SEEK_SET);
+    for (ssize_t n; (n = ::read(fd_, buf, sizeof buf)) > 0;) out.append(buf, static_cast<std::size_t>(n));
+    ::close(fd_);
+    return out;
+  }
+
+ private:
+  int fd_ = -1;
+  int saved_ = -1;
+};
 
 using internal::arena_stats;
 using internal::Segment;
@@ -611,9 +642,9 @@ TEST_P(ArenaStressTest, ABlockAPeerMadeLookFreeIsNeverHandedOut) {
     EXPECT_EQ(word & own_bit(*seg), own_bit(*seg));
 
     word_of(*seg, block).store(0);  // the buggy peer
-    ::testing::internal::CaptureStderr();
+    StderrCapture captured;
     shared_one = Tensor();
-    EXPECT_NE(::testing::internal::GetCapturedStderr().find("our slot's bit is missing"),
+    EXPECT_NE(captured.take().find("our slot's bit is missing"),
               std::string::npos);
     EXPECT_EQ(seg->block_word(block), 0u);
 
@@ -626,7 +657,7 @@ TEST_P(ArenaStressTest, ABlockAPeerMadeLookFreeIsNeverHandedOut) {
     word_of(*seg, untouched).store(std::uint64_t{1} << 40);
 
     empty_cache();  // rescans every segment of ours
-    ::testing::internal::CaptureStderr();
+    StderrCapture quiet;
     std::vector<Tensor> more;
     for (int i = 0; i < 3 * static_cast<int>(seg->block_count()); ++i) {
       more.push_back(make_tensor(200 + i, kN));
@@ -634,7 +665,7 @@ TEST_P(ArenaStressTest, ABlockAPeerMadeLookFreeIsNeverHandedOut) {
       EXPECT_FALSE(m->segment() == seg && (m->block() == block || m->block() == untouched))
           << "block " << m->block() << " handed out again";
     }
-    ::testing::internal::GetCapturedStderr();
+    quiet.take();
     ASSERT_EQ(::write(go[1], "g", 1), 1);
     EXPECT_EQ(wait_child(holder), 0);
     for (int i = 0; i < static_cast<int>(more.size()); ++i) EXPECT_TRUE(intact(200 + i, more[i], kN));
