@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstring>
 
 #include "memory/segment.h"
@@ -223,10 +224,15 @@ TEST_F(HostileFramesTest, ReceiverAtItsFdLimitGetsCtruncErrorNamingUlimit) {
     rlimit lim{static_cast<rlim_t>(*fds_now.rbegin() + 1), static_cast<rlim_t>(*fds_now.rbegin() + 1)};
     // Fill every free slot below the limit.
     ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &lim), 0);
+    // dup() an fd we own (CI runs with stdin closed, so fd 0 may not exist) until the
+    // table is full: no slot may be left for the incoming fd.
     std::vector<int> filler;
     for (;;) {
-      int d = ::dup(0);
-      if (d < 0) break;
+      int d = ::dup(raw_);
+      if (d < 0) {
+        ASSERT_EQ(errno, EMFILE);
+        break;
+      }
       filler.push_back(d);
     }
     SegmentEntry se{};
@@ -236,7 +242,11 @@ TEST_F(HostileFramesTest, ReceiverAtItsFdLimitGetsCtruncErrorNamingUlimit) {
     send_raw(bytes(header(sizeof se, 1, 0, 1), se), {seg->fd()});
     try {
       conn_.recv<std::int64_t>();
-      ADD_FAILURE() << "no MSG_CTRUNC error";
+      for (int d : filler) ::close(d);
+      filler.clear();
+      std::string table;
+      for (int fd : testing::open_fds()) table += " " + std::to_string(fd);
+      ADD_FAILURE() << "no MSG_CTRUNC error; limit " << lim.rlim_cur << ", fds:" << table;
     } catch (const ProtocolError& e) {
       // Free the fds first: UBSan's vptr check (ASan+UBSan build) probes memory through a
       // pipe, so a member call at the fd limit would be reported as invalid.
