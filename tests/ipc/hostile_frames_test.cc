@@ -217,6 +217,13 @@ TEST_F(HostileFramesTest, NamesThatAreNotOurs) {
 }
 
 TEST_F(HostileFramesTest, ReceiverAtItsFdLimitGetsCtruncErrorNamingUlimit) {
+#if defined(__SANITIZE_ADDRESS__)
+  // As LimitsTest.OutOfFdsIsASystemErrorWithAdvice: our ASan build is ASan+UBSan, and
+  // UBSan's vptr check probes memory through a pipe, so at the fd limit a cache miss on any
+  // virtual call (the ProtocolError being thrown included) is reported as an invalid object.
+  // Whether it misses depends on the address layout: this passed locally and failed in CI.
+  GTEST_SKIP() << "UBSan's vptr check needs free fds; runs in the plain and TSan builds";
+#endif
   // A child lowers its fd limit so that the fds of an incoming message cannot be installed.
   int status = testing::run_in_child([&] {
     auto seg = internal::Segment::create(SharingStrategy::kFileDescriptor, 64, 1, internal::SegmentKind::kDedicated);
@@ -248,8 +255,6 @@ TEST_F(HostileFramesTest, ReceiverAtItsFdLimitGetsCtruncErrorNamingUlimit) {
       for (int fd : testing::open_fds()) table += " " + std::to_string(fd);
       ADD_FAILURE() << "no MSG_CTRUNC error; limit " << lim.rlim_cur << ", fds:" << table;
     } catch (const ProtocolError& e) {
-      // Free the fds first: UBSan's vptr check (ASan+UBSan build) probes memory through a
-      // pipe, so a member call at the fd limit would be reported as invalid.
       for (int d : filler) ::close(d);
       filler.clear();
       std::string what = e.what();
