@@ -15,6 +15,7 @@
 
 #include "ipc/manager_test_util.h"
 #include "manager/protocol.h"
+#include "manager/segments.h"
 #include "memory/segment.h"
 #include "memory/storage_impl.h"
 #include "os/private_dir.h"
@@ -237,6 +238,20 @@ TEST_F(ManagerTest, MessageInFlightSurvivesItsSendersExitAndADaemonKill) {
   const pid_t daemon = std::stoi(daemon_pid.receive_line());
   EXPECT_EQ(wait_child(child), 0);
   ASSERT_GT(daemon, 0);
+  // Kill the daemon once it has taken the dead child's counts back, so that only the
+  // message's count is left on the child's names. Killed in the middle of that (after it
+  // journaled the release, before the count came off: cleanup.md L3), it would leave a
+  // count that keeps the name until this job ends.
+  const std::string prefix = "/shmtensor_" + std::to_string(child) + "_";
+  EXPECT_TRUE(eventually([&] {
+    int found = 0;
+    for (const auto& seg : internal::manager::list_segments()) {
+      if (seg.name.rfind(prefix, 0) != 0) continue;
+      if (seg.facts.refcount != 1) return false;
+      ++found;
+    }
+    return found > 0;
+  }));
   ::kill(daemon, SIGKILL);
   ASSERT_TRUE(eventually([&] { return !process_lives(daemon); }));
   // A new daemon carries on from the killed one's journal: the sender is gone, but this
