@@ -123,6 +123,15 @@ void LoaderSession::State::stop() noexcept {
 }
 
 void LoaderSession::State::fill() {
+  // Top up in rounds: only once some worker is down to `low` tasks, so that with a deep
+  // prefetch one message carries a quarter of it rather than one task per batch taken.
+  const auto prefetch = static_cast<std::size_t>(options.prefetch_factor);
+  const std::size_t low = prefetch - std::max<std::size_t>(1, prefetch / 4);
+  if (!source_done &&
+      std::any_of(workers.begin(), workers.end(), [](const Worker& w) { return w.active; }) &&
+      std::none_of(workers.begin(), workers.end(),
+                   [&](const Worker& w) { return w.active && w.load <= low; }))
+    return;
   std::vector<std::vector<std::pair<std::uint64_t, std::vector<std::int64_t>>>> out(workers.size());
   std::vector<std::int64_t> indices;
   const std::size_t n = workers.size();
@@ -219,10 +228,12 @@ void LoaderSession::State::wait(std::optional<Clock::time_point> deadline) {
 
 void LoaderSession::State::read(std::size_t w) {
   Worker& worker = workers[w];
-  while (worker.connection.poll(std::chrono::nanoseconds(0))) {
+  for (;;) {
     std::optional<Decoder> d;
     try {
-      d.emplace(worker.connection.recv_encoded(std::chrono::nanoseconds(0)));
+      // Non-blocking recvmsg, no poll(): one syscall per reply, and one to see there is none.
+      d = worker.connection.try_recv_encoded(std::chrono::nanoseconds(0));
+      if (!d) return;
     } catch (const ConnectionClosed&) {
       died(w);  // it closed its socket by exiting
     } catch (const SystemError&) {

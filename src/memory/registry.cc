@@ -20,8 +20,15 @@ struct Registry::State {
   std::unordered_map<std::uint64_t, std::weak_ptr<Segment>> segments;
   // Raw pointers alongside, for identity checks in remove_* (weak_ptr is expired by then).
   std::unordered_map<std::uint64_t, const Segment*> segment_ptrs;
-  std::map<std::pair<std::uint64_t, std::size_t>,
-           std::pair<std::weak_ptr<StorageImpl>, const StorageImpl*>>
+  // Hashed, not ordered: a consumer that keeps millions of received blocks looks one up
+  // per tensor received, and nothing needs them in order.
+  struct KeyHash {
+    std::size_t operator()(const std::pair<std::uint64_t, std::size_t>& k) const noexcept {
+      return std::hash<std::uint64_t>{}(k.first * 0x9E3779B97F4A7C15ULL ^ k.second);
+    }
+  };
+  std::unordered_map<std::pair<std::uint64_t, std::size_t>,
+                     std::pair<std::weak_ptr<StorageImpl>, const StorageImpl*>, KeyHash>
       storages;
   std::deque<std::shared_ptr<Segment>> received;  // most recent first
 };

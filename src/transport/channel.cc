@@ -18,7 +18,8 @@ RecvResult recv_value(int sock, std::optional<std::chrono::nanoseconds> timeout)
   using Clock = std::chrono::steady_clock;
   const auto deadline = timeout ? Clock::now() + *timeout : Clock::time_point::max();
   for (;;) {
-    if (timeout) {
+    // A zero timeout needs no poll(): the non-blocking recvmsg below says EAGAIN itself.
+    if (timeout && timeout->count() > 0) {
       auto left = deadline - Clock::now();
       if (!wait_readable(sock, left > left.zero() ? left : left.zero()))
         return {RecvStatus::kTimeout, std::nullopt};
@@ -26,7 +27,10 @@ RecvResult recv_value(int sock, std::optional<std::chrono::nanoseconds> timeout)
     // With a timeout, receive without blocking: another receiver may have taken the
     // message between poll and recvmsg, in which case we wait again.
     Received r = receive_message(sock, buffer, timeout.has_value());
-    if (r.would_block) continue;
+    if (r.would_block) {
+      if (timeout && timeout->count() <= 0) return {RecvStatus::kTimeout, std::nullopt};
+      continue;
+    }
     if (r.eof) return {RecvStatus::kEof, std::nullopt};
     return {RecvStatus::kOk,
             parse_frame(std::span<const std::byte>(buffer.data(), r.size), std::move(r.fds))};
