@@ -5,7 +5,7 @@
 #include <cerrno>
 #include <algorithm>
 #include <deque>
-#include <map>
+#include <memory>
 #include <mutex>
 #include <unordered_map>
 
@@ -20,16 +20,55 @@ struct Registry::State {
   std::unordered_map<std::uint64_t, std::weak_ptr<Segment>> segments;
   // Raw pointers alongside, for identity checks in remove_* (weak_ptr is expired by then).
   std::unordered_map<std::uint64_t, const Segment*> segment_ptrs;
-  // Hashed, not ordered: a consumer that keeps millions of received blocks looks one up
-  // per tensor received, and nothing needs them in order.
-  struct KeyHash {
-    std::size_t operator()(const std::pair<std::uint64_t, std::size_t>& k) const noexcept {
-      return std::hash<std::uint64_t>{}(k.first * 0x9E3779B97F4A7C15ULL ^ k.second);
+  // Storages by segment and block: a table per segment, indexed by block, in pages made
+  // when first used. A receiver looks up every tensor it receives here, and blocks come
+  // in allocation order, so lookups walk memory in order (a node-based map keyed by
+  // (uid, offset) cost a cache miss or three each, a quarter of a consumer's time when it
+  // keeps millions of tensors). The key is the Segment's address: every registered
+  // storage holds its segment, and a table goes when its last storage does, so an address
+  // is never reused while its table lives.
+  struct Slot {
+    std::weak_ptr<StorageImpl> weak;
+    const StorageImpl* raw = nullptr;  // for identity in remove_storage (weak is expired then)
+  };
+  struct BlockTable {
+    static constexpr std::size_t kPageSlots = 512;
+    std::vector<std::unique_ptr<Slot[]>> pages;
+    std::size_t live = 0;  // slots with raw set
+    Slot* find(std::uint32_t block) const {
+      const std::size_t p = block / kPageSlots;
+      return p < pages.size() && pages[p] ? &pages[p][block % kPageSlots] : nullptr;
+    }
+    Slot& at(std::uint32_t block) {
+      const std::size_t p = block / kPageSlots;
+      if (p >= pages.size()) pages.resize(p + 1);
+      if (!pages[p]) pages[p] = std::make_unique<Slot[]>(kPageSlots);
+      return pages[p][block % kPageSlots];
+    }
+    template <class F>
+    void for_each(F&& f) const {
+      for (const auto& page : pages)
+        if (page)
+          for (std::size_t i = 0; i < kPageSlots; ++i)
+            if (page[i].raw != nullptr) f(page[i]);
     }
   };
-  std::unordered_map<std::pair<std::uint64_t, std::size_t>,
-                     std::pair<std::weak_ptr<StorageImpl>, const StorageImpl*>, KeyHash>
-      storages;
+  std::unordered_map<const Segment*, BlockTable> storages;
+  std::size_t storage_count = 0;
+
+  // Registers s in `slot`, which belongs to `table` (lock held).
+  void set(BlockTable& table, Slot& slot, const std::shared_ptr<StorageImpl>& s) {
+    if (slot.raw == nullptr) {
+      ++table.live;
+      ++storage_count;
+    }
+    slot = {s, s.get()};
+  }
+  void clear(const Segment* seg, BlockTable& table, Slot& slot) {
+    slot = {};
+    --storage_count;
+    if (--table.live == 0) storages.erase(seg);
+  }
   std::deque<std::shared_ptr<Segment>> received;  // most recent first
 };
 
@@ -93,11 +132,13 @@ void prepare_fork() {
       g_forking->all.push_back(std::move(seg));
     }
   }
-  for (auto& [key, entry] : g_state->storages) {
-    if (auto impl = entry.first.lock()) {
-      impl->segment()->add_fork_count(impl->block());
-      g_forking->storages.push_back(std::move(impl));
-    }
+  for (auto& [seg, table] : g_state->storages) {
+    table.for_each([](const Registry::State::Slot& slot) {
+      if (auto impl = slot.weak.lock()) {
+        impl->segment()->add_fork_count(impl->block());
+        g_forking->storages.push_back(std::move(impl));
+      }
+    });
   }
   g_errno_before_fork = errno;
   errno = 0;
@@ -168,43 +209,36 @@ std::shared_ptr<Segment> Registry::find_segment(std::uint64_t uid) {
   return it == state_->segments.end() ? nullptr : it->second.lock();
 }
 
-void Registry::add_storage(std::uint64_t uid, std::size_t offset,
+void Registry::add_storage(const Segment& segment, std::uint32_t block,
                            const std::shared_ptr<StorageImpl>& s) {
   std::lock_guard lock(state_->mu);
-  state_->storages[{uid, offset}] = {s, s.get()};
+  auto& table = state_->storages[&segment];
+  state_->set(table, table.at(block), s);
 }
 
-void Registry::remove_storage(std::uint64_t uid, std::size_t offset,
+void Registry::remove_storage(const Segment& segment, std::uint32_t block,
                               const StorageImpl* s) noexcept {
   std::lock_guard lock(state_->mu);
-  auto it = state_->storages.find({uid, offset});
-  if (it != state_->storages.end() && it->second.second == s) state_->storages.erase(it);
-}
-
-std::shared_ptr<StorageImpl> Registry::find_storage(std::uint64_t uid, std::size_t offset) {
-  std::lock_guard lock(state_->mu);
-  auto it = state_->storages.find({uid, offset});
-  return it == state_->storages.end() ? nullptr : it->second.first.lock();
+  auto it = state_->storages.find(&segment);
+  if (it == state_->storages.end()) return;
+  State::Slot* slot = it->second.find(block);
+  if (slot != nullptr && slot->raw == s) state_->clear(&segment, it->second, *slot);
 }
 
 std::shared_ptr<StorageImpl> Registry::find_or_add_storage(
-    std::uint64_t uid, std::size_t offset,
+    const Segment& segment, std::uint32_t block,
     const std::function<std::shared_ptr<StorageImpl>()>& make) {
-  std::shared_ptr<StorageImpl> found;
-  {
-    std::lock_guard lock(state_->mu);
-    auto& slot = state_->storages[{uid, offset}];
-    found = slot.first.lock();
-    if (!found) {
-      // make() only constructs (no registry calls), so it may run under the lock.
-      found = make();
-      if (found)
-        slot = {found, found.get()};
-      else
-        state_->storages.erase({uid, offset});
-    }
-  }
-  return found;
+  std::lock_guard lock(state_->mu);
+  auto& table = state_->storages[&segment];
+  State::Slot& slot = table.at(block);
+  if (auto found = slot.weak.lock()) return found;
+  // make() only constructs (no registry calls), so it may run under the lock.
+  std::shared_ptr<StorageImpl> made = make();
+  if (made)
+    state_->set(table, slot, made);
+  else if (table.live == 0)
+    state_->storages.erase(&segment);
+  return made;
 }
 
 void Registry::remember_received_segment(const std::shared_ptr<Segment>& segment) {
@@ -250,7 +284,7 @@ std::size_t Registry::segment_count() {
 
 std::size_t Registry::storage_count() {
   std::lock_guard lock(state_->mu);
-  return state_->storages.size();
+  return state_->storage_count;
 }
 
 }  // namespace shmtensor::internal

@@ -27,14 +27,16 @@ class Registry {
   void remove_segment(std::uint64_t uid, const Segment* segment) noexcept;
   std::shared_ptr<Segment> find_segment(std::uint64_t uid);
 
-  void add_storage(std::uint64_t uid, std::size_t offset, const std::shared_ptr<StorageImpl>& s);
-  void remove_storage(std::uint64_t uid, std::size_t offset, const StorageImpl* s) noexcept;
-  std::shared_ptr<StorageImpl> find_storage(std::uint64_t uid, std::size_t offset);
-  // The registered storage at (uid, offset), or a new one from make() registered now, under
+  // Shared storages by (segment, block): one storage per block, so that a block received
+  // twice, or sent back to its creator, is one storage here.
+  void add_storage(const Segment& segment, std::uint32_t block,
+                   const std::shared_ptr<StorageImpl>& s);
+  void remove_storage(const Segment& segment, std::uint32_t block, const StorageImpl* s) noexcept;
+  // The registered storage of that block, or a new one from make() registered now, under
   // one lock: two threads decoding the same reference get one storage. make() may return
   // null (nothing is registered then, and null is returned).
   std::shared_ptr<StorageImpl> find_or_add_storage(
-      std::uint64_t uid, std::size_t offset,
+      const Segment& segment, std::uint32_t block,
       const std::function<std::shared_ptr<StorageImpl>()>& make);
 
   // Keeps the last few segments received from other processes mapped after their last

@@ -28,7 +28,7 @@ StorageImpl::StorageImpl(std::shared_ptr<Segment> segment, std::size_t offset,
 StorageImpl::~StorageImpl() {
   private_free(private_, private_capacity_);
   if (!segment_) return;
-  Registry::instance().remove_storage(segment_->uid(), offset_, this);
+  Registry::instance().remove_storage(*segment_, block_, this);
   if (segment_->release_block(block_, counted_) && segment_->own())
     arena_block_freed(*segment_, block_);
 }
@@ -45,7 +45,7 @@ void StorageImpl::share_memory_(SharingStrategy strategy) {
     segment_ = std::move(b.segment);
     offset_ = b.offset;
     block_ = b.index;
-    Registry::instance().add_storage(segment_->uid(), offset_, shared_from_this());
+    Registry::instance().add_storage(*segment_, block_, shared_from_this());
     data_.store(dst, std::memory_order_release);
     private_free(std::exchange(private_, nullptr), private_capacity_);
   }
@@ -55,10 +55,9 @@ void StorageImpl::share_memory_(SharingStrategy strategy) {
 std::shared_ptr<StorageImpl> allocate_shared_storage(std::size_t nbytes,
                                                      SharingStrategy strategy) {
   Block b = arena_allocate(strategy, nbytes);
-  const std::uint64_t uid = b.segment->uid();
   auto impl = std::make_shared<StorageImpl>(std::move(b.segment), b.offset, nbytes, b.index,
                                             /*counted=*/false);
-  Registry::instance().add_storage(uid, b.offset, impl);
+  Registry::instance().add_storage(*impl->segment(), b.index, impl);
   return impl;
 }
 

@@ -228,7 +228,7 @@ Decoder parse_frame(std::span<const std::byte> datagram, std::vector<UniqueFd> f
       bad("storage is not a block of its segment");
     const auto b = static_cast<std::uint32_t>(block);
     bool made = false, adopted = true;
-    auto impl = Registry::instance().find_or_add_storage(seg->uid(), e.offset, [&] {
+    auto impl = Registry::instance().find_or_add_storage(*seg, b, [&] {
       made = true;
       bool counted = false;
       adopted = seg->adopt_block_in_flight(b, &counted);
