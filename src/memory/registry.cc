@@ -24,9 +24,10 @@ struct Registry::State {
   // when first used. A receiver looks up every tensor it receives here, and blocks come
   // in allocation order, so lookups walk memory in order (a node-based map keyed by
   // (uid, offset) cost a cache miss or three each, a quarter of a consumer's time when it
-  // keeps millions of tensors). The key is the Segment's address: every registered
-  // storage holds its segment, and a table goes when its last storage does, so an address
-  // is never reused while its table lives.
+  // keeps millions of tensors). The key is the Segment's address: a table goes with its
+  // Segment (~Segment calls remove_segment), and every registered storage holds its
+  // segment, so an address is never reused while its table lives. Tables stay while their
+  // segment does, so a stream of tensors through one segment allocates nothing here.
   struct Slot {
     std::weak_ptr<StorageImpl> weak;
     const StorageImpl* raw = nullptr;  // for identity in remove_storage (weak is expired then)
@@ -34,7 +35,6 @@ struct Registry::State {
   struct BlockTable {
     static constexpr std::size_t kPageSlots = 512;
     std::vector<std::unique_ptr<Slot[]>> pages;
-    std::size_t live = 0;  // slots with raw set
     Slot* find(std::uint32_t block) const {
       const std::size_t p = block / kPageSlots;
       return p < pages.size() && pages[p] ? &pages[p][block % kPageSlots] : nullptr;
@@ -56,18 +56,14 @@ struct Registry::State {
   std::unordered_map<const Segment*, BlockTable> storages;
   std::size_t storage_count = 0;
 
-  // Registers s in `slot`, which belongs to `table` (lock held).
-  void set(BlockTable& table, Slot& slot, const std::shared_ptr<StorageImpl>& s) {
-    if (slot.raw == nullptr) {
-      ++table.live;
-      ++storage_count;
-    }
+  // Registers s in `slot` (lock held).
+  void set(Slot& slot, const std::shared_ptr<StorageImpl>& s) {
+    if (slot.raw == nullptr) ++storage_count;
     slot = {s, s.get()};
   }
-  void clear(const Segment* seg, BlockTable& table, Slot& slot) {
+  void clear(Slot& slot) {
     slot = {};
     --storage_count;
-    if (--table.live == 0) storages.erase(seg);
   }
   std::deque<std::shared_ptr<Segment>> received;  // most recent first
 };
@@ -196,6 +192,7 @@ void Registry::add_segment(const std::shared_ptr<Segment>& segment) {
 
 void Registry::remove_segment(std::uint64_t uid, const Segment* segment) noexcept {
   std::lock_guard lock(state_->mu);
+  state_->storages.erase(segment);  // its storages are gone: each held the segment
   auto it = state_->segment_ptrs.find(uid);
   if (it != state_->segment_ptrs.end() && it->second == segment) {
     state_->segment_ptrs.erase(it);
@@ -213,7 +210,7 @@ void Registry::add_storage(const Segment& segment, std::uint32_t block,
                            const std::shared_ptr<StorageImpl>& s) {
   std::lock_guard lock(state_->mu);
   auto& table = state_->storages[&segment];
-  state_->set(table, table.at(block), s);
+  state_->set(table.at(block), s);
 }
 
 void Registry::remove_storage(const Segment& segment, std::uint32_t block,
@@ -222,7 +219,7 @@ void Registry::remove_storage(const Segment& segment, std::uint32_t block,
   auto it = state_->storages.find(&segment);
   if (it == state_->storages.end()) return;
   State::Slot* slot = it->second.find(block);
-  if (slot != nullptr && slot->raw == s) state_->clear(&segment, it->second, *slot);
+  if (slot != nullptr && slot->raw == s) state_->clear(*slot);
 }
 
 std::shared_ptr<StorageImpl> Registry::find_or_add_storage(
@@ -234,10 +231,7 @@ std::shared_ptr<StorageImpl> Registry::find_or_add_storage(
   if (auto found = slot.weak.lock()) return found;
   // make() only constructs (no registry calls), so it may run under the lock.
   std::shared_ptr<StorageImpl> made = make();
-  if (made)
-    state_->set(table, slot, made);
-  else if (table.live == 0)
-    state_->storages.erase(&segment);
+  if (made) state_->set(slot, made);
   return made;
 }
 
