@@ -49,6 +49,8 @@
 #include <vector>
 
 #include "shmtensor/collate.h"
+#include "shmtensor/data_loader_errors.h"
+#include "shmtensor/data_loader_session.h"
 #include "shmtensor/data_worker.h"
 #include "shmtensor/error.h"
 #include "shmtensor/process.h"
@@ -56,59 +58,6 @@
 #include "shmtensor/start_method.h"
 
 namespace shmtensor {
-
-// Base of the errors a DataLoader raises about its workers.
-class DataLoaderError : public Error {
- public:
-  explicit DataLoaderError(const std::string& what) : Error(what) {}
-};
-
-// An exception escaped the dataset or collate_fn in a worker. what() reads
-//   "DataLoader worker 1 (pid 4242) raised std::out_of_range in get(17): no sample 17"
-class DataLoaderWorkerError : public DataLoaderError {
- public:
-  DataLoaderWorkerError(const std::string& what, int worker_id, int pid, std::int64_t index,
-                        std::string stage, std::string type_name, std::string message)
-      : DataLoaderError(what), worker_id_(worker_id), pid_(pid), index_(index),
-        stage_(std::move(stage)), type_name_(std::move(type_name)), message_(std::move(message)) {}
-  int worker_id() const noexcept { return worker_id_; }
-  int pid() const noexcept { return pid_; }
-  // The sample index being loaded; -1 when the failure was not in get().
-  std::int64_t index() const noexcept { return index_; }
-  // "get", "collate_fn", "iteration", "worker_init_fn" or "sending the batch".
-  const std::string& stage() const noexcept { return stage_; }
-  const std::string& type_name() const noexcept { return type_name_; }  // demangled
-  const std::string& message() const noexcept { return message_; }      // its what()
-
- private:
-  int worker_id_, pid_;
-  std::int64_t index_;
-  std::string stage_, type_name_, message_;
-};
-
-// A worker ended: killed by a signal ("... was killed by signal SIGKILL"; for SIGBUS the
-// text explains shared memory) or exited (exit_code() >= 0).
-class DataLoaderWorkerDied : public DataLoaderError {
- public:
-  DataLoaderWorkerDied(const std::string& what, int worker_id, int pid, int exit_code,
-                       std::string signal_name)
-      : DataLoaderError(what), worker_id_(worker_id), pid_(pid), exit_code_(exit_code),
-        signal_name_(std::move(signal_name)) {}
-  int worker_id() const noexcept { return worker_id_; }
-  int pid() const noexcept { return pid_; }
-  int exit_code() const noexcept { return exit_code_; }  // minus the signal when killed
-  const std::string& signal_name() const noexcept { return signal_name_; }  // or empty
-
- private:
-  int worker_id_, pid_, exit_code_;
-  std::string signal_name_;
-};
-
-// No batch came within DataLoaderOptions::timeout.
-class DataLoaderTimeout : public DataLoaderError {
- public:
-  explicit DataLoaderTimeout(const std::string& what) : DataLoaderError(what) {}
-};
 
 template <class Collate = DefaultCollate>
 struct DataLoaderOptions {
@@ -128,84 +77,6 @@ struct DataLoaderOptions {
   StartMethod start_method = StartMethod::kFork;
   Collate collate_fn{};
 };
-
-namespace detail {
-
-struct PlanOptions {
-  std::int64_t batch_size = 1;
-  bool shuffle = false;
-  std::uint64_t seed = 0;
-  bool drop_last = false;
-  Sampler sampler;
-  BatchSampler batch_sampler;
-};
-
-// The batches of one epoch of a map-style dataset (src/data/batch_plan.cc). Throws
-// std::out_of_range for a sampler index outside [0, dataset_size).
-class BatchPlan {
- public:
-  BatchPlan(std::int64_t dataset_size, const PlanOptions& options, std::int64_t epoch);
-  std::int64_t size() const noexcept { return count_; }
-  void batch(std::int64_t k, std::vector<std::int64_t>& out) const;
-  // size() without building the plan.
-  static std::int64_t count(std::int64_t dataset_size, const PlanOptions& options, std::int64_t epoch);
-
- private:
-  std::vector<std::int64_t> order_;
-  std::vector<std::vector<std::int64_t>> batches_;
-  std::int64_t batch_size_ = 1;
-  std::int64_t count_ = 0;
-};
-
-// Checks the options as torch does; throws std::invalid_argument.
-void validate_options(const PlanOptions& plan, int num_workers, int prefetch_factor,
-                      bool persistent_workers, Duration timeout, bool iterable);
-std::uint64_t random_seed();
-
-struct SessionOptions {
-  int num_workers = 1;
-  int prefetch_factor = 2;
-  bool in_order = true;
-  Duration timeout{0};
-  StartMethod start_method = StartMethod::kFork;
-  bool iterable = false;
-};
-
-// The main process's side of a set of workers (src/data/loader_session.cc): starts them,
-// hands out tasks, collects and orders results, watches for deaths and timeouts, stops
-// them. Used by one thread.
-class LoaderSession {
- public:
-  // The launch of worker `id` whose end of its connection is `link`.
-  using Launch = std::function<LaunchSpec(int id, WorkerLink link)>;
-  // Decodes one batch of a reply; keep = false for a stale batch (of an abandoned epoch).
-  using Decode = std::function<void(std::uint64_t id, Decoder& d, bool keep)>;
-  // Fills the next batch's indices; false when the epoch has no more (map-style).
-  using Source = std::function<bool(std::vector<std::int64_t>& indices)>;
-
-  // Starts the workers; throws what Process::start throws (the others are stopped).
-  LoaderSession(SessionOptions options, const Launch& launch, Decode decode);
-  ~LoaderSession();  // stops the workers; never throws
-  LoaderSession(const LoaderSession&) = delete;
-  LoaderSession& operator=(const LoaderSession&) = delete;
-
-  // Starts an epoch; results of tasks of an earlier one are dropped when they arrive.
-  // source is empty for an iterable dataset (each task asks a worker for its next batch).
-  void begin_epoch(Source source);
-  // The id of the next batch to hand out (decoded by then), or nullopt at the epoch's end.
-  // Throws DataLoaderWorkerError (the epoch goes on), DataLoaderWorkerDied or
-  // DataLoaderTimeout (broken() is true afterwards).
-  std::optional<std::uint64_t> next();
-  bool broken() const noexcept;
-  std::vector<int> pids() const;
-
-  struct State;
-
- private:
-  std::unique_ptr<State> state_;
-};
-
-}  // namespace detail
 
 template <class Dataset, class Collate = DefaultCollate>
 class DataLoader {
