@@ -5,7 +5,8 @@
 // outputs, or a cache, does). torch 1.13 makes one shared-memory file per tensor: on a
 // 2-core VM it fails after ~5,000 samples at the fd limit (file_descriptor strategy) or
 // after ~16,000 at vm.max_map_count (file_system), at ~1,070 samples/s. shmtensor's workers
-// collate straight into a few shared slabs, so the consumer maps a handful of segments.
+// collate straight into blocks of a few shared arena segments, so the consumer maps a
+// handful of segments.
 //
 // Run it with `make run`, or ./build/examples/demo [--samples N] [--workers N].
 #include <shmtensor/shmtensor.h>
