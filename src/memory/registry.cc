@@ -3,6 +3,7 @@
 #include <pthread.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <algorithm>
 #include <deque>
 #include <memory>
@@ -33,24 +34,33 @@ struct Registry::State {
     const StorageImpl* raw = nullptr;  // for identity in remove_storage (weak is expired then)
   };
   struct BlockTable {
-    static constexpr std::size_t kPageSlots = 512;
-    std::vector<std::unique_ptr<Slot[]>> pages;
-    Slot* find(std::uint32_t block) const {
-      const std::size_t p = block / kPageSlots;
-      return p < pages.size() && pages[p] ? &pages[p][block % kPageSlots] : nullptr;
+    // Pages by page number (hashed: a hostile segment may claim billions of blocks, and a
+    // slot is made only for a block that became a storage here).
+    static constexpr std::uint32_t kPageSlots = 128;
+    std::unordered_map<std::uint32_t, std::unique_ptr<Slot[]>> pages;
+    std::uint32_t last_page = UINT32_MAX;  // the page used last (lookups come in order)
+    Slot* last = nullptr;
+    Slot* page(std::uint32_t p, bool make) {
+      if (p == last_page) return last;
+      auto it = pages.find(p);
+      if (it == pages.end()) {
+        if (!make) return nullptr;
+        it = pages.emplace(p, std::make_unique<Slot[]>(kPageSlots)).first;
+      }
+      last_page = p;
+      last = it->second.get();
+      return last;
     }
-    Slot& at(std::uint32_t block) {
-      const std::size_t p = block / kPageSlots;
-      if (p >= pages.size()) pages.resize(p + 1);
-      if (!pages[p]) pages[p] = std::make_unique<Slot[]>(kPageSlots);
-      return pages[p][block % kPageSlots];
+    Slot* find(std::uint32_t block) {
+      Slot* pg = page(block / kPageSlots, /*make=*/false);
+      return pg != nullptr ? &pg[block % kPageSlots] : nullptr;
     }
+    Slot& at(std::uint32_t block) { return page(block / kPageSlots, /*make=*/true)[block % kPageSlots]; }
     template <class F>
     void for_each(F&& f) const {
-      for (const auto& page : pages)
-        if (page)
-          for (std::size_t i = 0; i < kPageSlots; ++i)
-            if (page[i].raw != nullptr) f(page[i]);
+      for (const auto& [p, page] : pages)
+        for (std::uint32_t i = 0; i < kPageSlots; ++i)
+          if (page[i].raw != nullptr) f(page[i]);
     }
   };
   std::unordered_map<const Segment*, BlockTable> storages;
@@ -184,10 +194,13 @@ void child_after_fork() {
 
 }  // namespace
 
-void Registry::add_segment(const std::shared_ptr<Segment>& segment) {
+std::shared_ptr<Segment> Registry::add_segment(const std::shared_ptr<Segment>& segment) {
   std::lock_guard lock(state_->mu);
-  state_->segments[segment->uid()] = segment;
+  auto& weak = state_->segments[segment->uid()];
+  if (auto existing = weak.lock()) return existing;
+  weak = segment;
   state_->segment_ptrs[segment->uid()] = segment.get();
+  return segment;
 }
 
 void Registry::remove_segment(std::uint64_t uid, const Segment* segment) noexcept {
@@ -226,12 +239,14 @@ std::shared_ptr<StorageImpl> Registry::find_or_add_storage(
     const Segment& segment, std::uint32_t block,
     const std::function<std::shared_ptr<StorageImpl>()>& make) {
   std::lock_guard lock(state_->mu);
-  auto& table = state_->storages[&segment];
-  State::Slot& slot = table.at(block);
-  if (auto found = slot.weak.lock()) return found;
-  // make() only constructs (no registry calls), so it may run under the lock.
+  auto it = state_->storages.find(&segment);
+  if (it != state_->storages.end())
+    if (State::Slot* slot = it->second.find(block))
+      if (auto found = slot->weak.lock()) return found;
+  // make() only constructs (no registry calls), so it may run under the lock. Nothing is
+  // allocated here for a reference that make() refuses (a forged one).
   std::shared_ptr<StorageImpl> made = make();
-  if (made) state_->set(slot, made);
+  if (made) state_->set(state_->storages[&segment].at(block), made);
   return made;
 }
 

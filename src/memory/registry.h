@@ -23,7 +23,11 @@ class Registry {
  public:
   static Registry& instance();
 
-  void add_segment(const std::shared_ptr<Segment>& segment);
+  // Registers `segment` under its uid, unless a live segment is registered there already
+  // (two threads attached the same new segment at once): returns the one registered, which
+  // the caller must use, so that a process maps each segment once and each block is one
+  // storage here.
+  std::shared_ptr<Segment> add_segment(const std::shared_ptr<Segment>& segment);
   void remove_segment(std::uint64_t uid, const Segment* segment) noexcept;
   std::shared_ptr<Segment> find_segment(std::uint64_t uid);
 

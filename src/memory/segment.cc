@@ -183,8 +183,8 @@ std::shared_ptr<Segment> Segment::attach_fd(UniqueFd fd, std::uint64_t uid) {
   seg->device_ = facts.device;
   seg->inode_ = facts.inode;
   seg->claim_slot(/*creator=*/false);
-  Registry::instance().add_segment(seg);
-  return seg;
+  // Another thread may have attached it meanwhile: then this one goes (its slot with it).
+  return Registry::instance().add_segment(seg);
 }
 
 std::shared_ptr<Segment> Segment::attach_name(const std::string& name, std::uint64_t uid) {
@@ -195,13 +195,19 @@ std::shared_ptr<Segment> Segment::attach_name(const std::string& name, std::uint
                         " bytes, smaller than a segment header");
   Mapping map = Mapping::map_shared(fd.get(), facts.size, name.c_str());
   validate_segment_header(*reinterpret_cast<const SegmentHeader*>(map.data()), facts.size, uid);
-  manager::register_opened(name);
   auto seg = std::make_shared<Segment>(SharingStrategy::kFileSystem, UniqueFd(), std::move(map),
                                        name);
   seg->device_ = facts.device;
   seg->inode_ = facts.inode;
   seg->claim_slot(/*creator=*/false);
-  Registry::instance().add_segment(seg);
+  auto registered = Registry::instance().add_segment(seg);
+  if (registered != seg) {
+    // Another thread attached it meanwhile and holds this process's count: this one only
+    // gives back the message's count, and the daemon is told nothing.
+    seg->duplicate_ = true;
+    return registered;
+  }
+  manager::register_opened(name);
   return seg;
 }
 
@@ -232,7 +238,11 @@ Segment::~Segment() {
   if (!mapping_) return;
   Registry::instance().remove_segment(uid_, this);
   release_slot();
-  if (strategy_ == SharingStrategy::kFileSystem) release_named_segment_count(header(), name_);
+  if (strategy_ != SharingStrategy::kFileSystem) return;
+  if (duplicate_)
+    drop_in_flight_count();
+  else
+    release_named_segment_count(header(), name_);
 }
 
 }  // namespace shmtensor::internal

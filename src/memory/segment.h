@@ -140,6 +140,9 @@ class Segment {
   UniqueFd fd_;
   Mapping mapping_;
   std::string name_;
+  // A second attach of a named segment that lost the race to register (attach_name): its
+  // count is the message's, given back without telling the daemon.
+  bool duplicate_ = false;
   // Copied from the validated header, never re-read.
   std::uint64_t uid_ = 0;
   SegmentKind kind_ = SegmentKind::kArena;

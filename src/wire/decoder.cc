@@ -153,7 +153,8 @@ std::shared_ptr<Segment> resolve_segment(const SegmentEntry& e, std::string_view
     return seg;
   }
   auto seg = Segment::attach_name(n, e.uid);  // adopts the in-flight count
-  if (seg->mapped_size() != e.total_size) bad("named segment size disagrees with the message");
+  if (seg->mapped_size() != e.total_size || seg->name() != n)
+    bad("named segment size disagrees with the message");
   Registry::instance().remember_received_segment(seg);
   return seg;
 }

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <barrier>
 #include <set>
 #include <thread>
 
@@ -274,6 +275,52 @@ TEST_P(TransportTest, ReceivedTensorForwardedToAThirdProcessWithoutCopy) {
   EXPECT_EQ(t.data_ptr<float>()[0], -1.0f);
   EXPECT_EQ(wait_child(relay), 0);
   EXPECT_EQ(wait_child(sink), 0);
+}
+
+TEST_P(TransportTest, TwoThreadsReceivingANewSegmentAtOnceGetOneStorage) {
+  // Both threads of the child receive the same fresh segment at the same moment, so both
+  // may try to map it: one mapping must win, and the block must be one storage.
+  constexpr int kRounds = 200;
+  auto [a1, b1] = pipe();
+  auto [a2, b2] = pipe();
+  pid_t child = fork_child([&, &b1 = b1, &b2 = b2] {
+    a1.close();
+    a2.close();
+    std::barrier sync(2);
+    std::vector<Tensor> got1(kRounds), got2(kRounds);
+    auto run = [&](Connection& c, std::vector<Tensor>& got) {
+      for (int i = 0; i < kRounds; ++i) {
+        sync.arrive_and_wait();
+        got[static_cast<std::size_t>(i)] = c.recv<Tensor>();
+      }
+    };
+    std::thread t1(run, std::ref(b1), std::ref(got1));
+    std::thread t2(run, std::ref(b2), std::ref(got2));
+    t1.join();
+    t2.join();
+    int split = 0;
+    for (int i = 0; i < kRounds; ++i) {
+      const auto k = static_cast<std::size_t>(i);
+      if (!got1[k].storage().is_same(got2[k].storage()) ||
+          got1[k].data_ptr<float>() != got2[k].data_ptr<float>())
+        ++split;
+      EXPECT_EQ(got1[k].data_ptr<float>()[0], static_cast<float>(i));
+    }
+    EXPECT_EQ(split, 0) << "rounds where one block arrived as two storages";
+    b1.send(std::string("done"));
+  });
+  b1.close();
+  b2.close();
+  std::vector<Tensor> sent;
+  for (int i = 0; i < kRounds; ++i) {
+    // 512 KiB: a dedicated segment each, new to the child (we keep them all, so none is
+    // freed and reused).
+    sent.push_back(Tensor::full({128 * 1024}, static_cast<double>(i), DType::kFloat32));
+    a1.send(sent.back());
+    a2.send(sent.back());
+  }
+  EXPECT_EQ(a1.recv<std::string>(), "done");
+  EXPECT_EQ(wait_child(child), 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Strategies, TransportTest,
