@@ -25,6 +25,8 @@ constexpr std::size_t kSmallLimit = 1024;  // classes of 64, 128, ..., 1024 byte
 constexpr std::size_t kNumClasses = 16 + 4 * (std::bit_width(kLargeThreshold) - 1 - 10);
 constexpr std::size_t kFirstSegmentBytes = std::size_t{1} << 20;
 constexpr std::size_t kMaxSegmentBytes = std::size_t{64} << 20;
+static_assert(kMaxSegmentBytes / kSegmentAlignment <= kMaxSegmentBlocks,
+              "receivers would refuse our largest arena segments");
 constexpr std::uint32_t kMinBlocks = 4;
 // Freed large segments kept for reuse, at most this many and this many bytes.
 constexpr std::size_t kLargeCacheCount = 4;

@@ -153,6 +153,9 @@ void validate_segment_header(const SegmentHeader& h, std::size_t mapped_size,
   if (h.block_size == 0 || h.block_size % kSegmentAlignment != 0 || h.block_count == 0)
     fail("block size " + std::to_string(h.block_size) + " / count " +
          std::to_string(h.block_count));
+  if (h.block_count > kMaxSegmentBlocks ||
+      (h.kind == static_cast<std::uint32_t>(SegmentKind::kDedicated) && h.block_count != 1))
+    fail(std::to_string(h.block_count) + " blocks, more than a segment of this kind has");
   // Only the layout this library writes is accepted: a peer cannot place slots, words or
   // blocks anywhere else, nor make them overlap.
   const Layout l = layout_for(1, h.block_count);

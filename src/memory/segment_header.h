@@ -14,6 +14,10 @@ inline constexpr std::uint32_t kSegmentLayoutVersion = 3;
 inline constexpr std::size_t kSegmentHeaderSize = 128;
 // Payload alignment inside a segment (cache line; tensors need at most 16).
 inline constexpr std::size_t kSegmentAlignment = 64;
+// The most blocks a segment has: an arena segment is at most 64 MiB of blocks of at least
+// 64 bytes (a dedicated one has one block). A receiver refuses more, so that a hostile
+// header cannot make it allocate per-block bookkeeping for billions of blocks.
+inline constexpr std::uint32_t kMaxSegmentBlocks = std::uint32_t{1} << 20;
 
 // Every segment is carved into `block_count` blocks of `block_size` bytes: an arena has
 // many small ones, a dedicated segment (a large storage) exactly one.

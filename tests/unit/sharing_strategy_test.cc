@@ -223,7 +223,11 @@ TEST_F(SegmentValidationTest, HeaderValidationRejectsEachBadField) {
   c.h().block_count = 0;
   expect_protocol_error(c.h(), mapped, uid, "block size");
   c = good;
-  c.h().block_count = 0x80000000u;  // words and blocks far past the object
+  c.h().block_count = 0x80000000u;  // bookkeeping for 2^31 blocks
+  expect_protocol_error(c.h(), mapped, uid, "more than a segment of this kind has");
+  c = good;
+  c.h().kind = static_cast<std::uint32_t>(internal::SegmentKind::kArena);
+  c.h().block_count = 2;  // the second block lies past the object
   expect_protocol_error(c.h(), mapped, uid, "data size disagrees");
   c = good;
   c.h().kind = 7;
@@ -290,6 +294,24 @@ TEST_F(SegmentValidationTest, AttachFdValidatesTheHeaderAndUnmapsOnFailure) {
   HeaderCopy bad_version = hdr;
   bad_version.h().layout_version = 99;
   EXPECT_THROW(Segment::attach_fd(make(bad_version), uid), ProtocolError);
+  // More blocks than any segment of that kind has: refused before anything is allocated
+  // per block (the geometry is checked before the sizes, so the object need not be big).
+  HeaderCopy two_dedicated = hdr;
+  two_dedicated.h().block_count = 2;
+  HeaderCopy huge_arena = hdr;
+  huge_arena.h().kind = static_cast<std::uint32_t>(internal::SegmentKind::kArena);
+  huge_arena.h().block_size = 64;
+  huge_arena.h().block_count = internal::kMaxSegmentBlocks + 1;
+  for (HeaderCopy* bad : {&two_dedicated, &huge_arena}) {
+    try {
+      Segment::attach_fd(make(*bad), uid);
+      ADD_FAILURE() << "accepted " << bad->h().block_count << " blocks";
+    } catch (const ProtocolError& e) {
+      EXPECT_NE(std::string(e.what()).find("more than a segment of this kind has"),
+                std::string::npos)
+          << e.what();
+    }
+  }
   EXPECT_EQ(testing::shmtensor_mappings().size(), maps);  // nothing stays mapped
 
   // The positive control: the same bytes with the right uid are accepted.
