@@ -120,14 +120,24 @@ void ChildProcess::kill_and_reap() noexcept {
   pidfd_.reset();
 }
 
-pid_t fork_process() {
-  std::fflush(nullptr);
-  pid_t pid = ::fork();
-  if (pid == -1) throw_system_error(errno, "fork", "starting a child process",
+namespace {
+pid_t checked_fork(pid_t pid, const char* call) {
+  if (pid == -1) throw_system_error(errno, call, "starting a child process",
                                     errno == EAGAIN ? "the process limit (ulimit -u) or "
                                                       "pid limit is reached"
                                                     : "");
   return pid;
+}
+}  // namespace
+
+pid_t fork_process() {
+  std::fflush(nullptr);
+  return checked_fork(::fork(), "fork");
+}
+
+pid_t fork_for_exec() {
+  std::fflush(nullptr);
+  return checked_fork(::_Fork(), "_Fork");
 }
 
 std::pair<UniqueFd, UniqueFd> make_report_pipe() {
@@ -227,20 +237,20 @@ pid_t self_pid() noexcept { return ::getpid(); }
 pid_t parent_pid() noexcept { return ::getppid(); }
 
 void die_with_parent(pid_t expected_parent) noexcept {
-  ::prctl(PR_SET_PDEATHSIG, static_cast<unsigned long>(SIGKILL));
+  ::syscall(SYS_prctl, PR_SET_PDEATHSIG, static_cast<unsigned long>(SIGKILL), 0UL, 0UL, 0UL);
   // The parent may have died between fork and prctl; then no signal will ever come and we
   // have been re-parented (to init or a subreaper).
-  if (::getppid() != expected_parent) ::_exit(1);
+  if (static_cast<pid_t>(::syscall(SYS_getppid)) != expected_parent) exit_raw(1);
 }
 
 bool clear_cloexec_raw(int fd) noexcept {
-  int flags = ::fcntl(fd, F_GETFD);
-  return flags != -1 && ::fcntl(fd, F_SETFD, flags & ~FD_CLOEXEC) != -1;
+  const long flags = ::syscall(SYS_fcntl, fd, F_GETFD);
+  return flags != -1 && ::syscall(SYS_fcntl, fd, F_SETFD, flags & ~FD_CLOEXEC) != -1;
 }
 
 void write_all_raw(int fd, const char* data, std::size_t n) noexcept {
   while (n > 0) {
-    ssize_t w = ::write(fd, data, n);
+    const long w = ::syscall(SYS_write, fd, data, n);
     if (w < 0) {
       if (errno == EINTR) continue;
       return;
@@ -251,8 +261,13 @@ void write_all_raw(int fd, const char* data, std::size_t n) noexcept {
 }
 
 int exec_self(char* const* argv, char* const* envp) noexcept {
-  ::execve("/proc/self/exe", argv, envp);
+  ::syscall(SYS_execve, "/proc/self/exe", argv, envp);
   return errno;
+}
+
+void exit_raw(int code) noexcept {
+  ::syscall(SYS_exit_group, code);
+  __builtin_unreachable();
 }
 
 void exit_now(int code) noexcept { ::_exit(code); }

@@ -69,6 +69,13 @@ class ChildProcess {
 // fork() after flushing this process's stdio (so buffered output is not written twice).
 // Returns 0 in the child, the child's pid in the parent. Throws SystemError.
 pid_t fork_process();
+// The same with _Fork(), which runs no pthread_atfork handler: for a child that only execs.
+// The library's fork handlers would give it a hold of every block and a count of every
+// named segment this process has, which exec drops without giving back (they would stay
+// pinned until the child exits). The child may then make raw system calls only (the
+// functions below): a sanitizer does not see _Fork, so its interceptors could block on a
+// lock another thread of the parent held.
+pid_t fork_for_exec();
 
 // A pipe, both ends O_CLOEXEC; the read end is made O_NONBLOCK. {read, write}.
 std::pair<UniqueFd, UniqueFd> make_report_pipe();
@@ -100,9 +107,11 @@ pid_t parent_pid() noexcept;
 
 // ---- async-signal-safe, for the child side ----------------------------------------------
 
+// These make system calls through syscall(2), never through an intercepted libc wrapper
+// (see fork_for_exec).
 // PR_SET_PDEATHSIG(SIGKILL), then: if our parent is no longer `expected_parent` (it died
-// before prctl took effect), ends this process with _exit(1). Kept across execve. Note that
-// the signal comes when the parent *thread* that forked us ends.
+// before prctl took effect), ends this process with exit_group(1). Kept across execve.
+// Note that the signal comes when the parent *thread* that forked us ends.
 void die_with_parent(pid_t expected_parent) noexcept;
 // FD_CLOEXEC off, without throwing. False on failure.
 bool clear_cloexec_raw(int fd) noexcept;
@@ -110,7 +119,9 @@ bool clear_cloexec_raw(int fd) noexcept;
 void write_all_raw(int fd, const char* data, std::size_t n) noexcept;
 // execve("/proc/self/exe", argv, envp). Returns only on failure, with errno's value.
 int exec_self(char* const* argv, char* const* envp) noexcept;
-// _exit(code).
+// exit_group(code).
+[[noreturn]] void exit_raw(int code) noexcept;
+// _exit(code) (through libc: a forked child's sanitizer finishes its reports).
 [[noreturn]] void exit_now(int code) noexcept;
 
 }  // namespace shmtensor::internal

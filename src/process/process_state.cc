@@ -95,9 +95,11 @@ std::unique_ptr<ProcessState> ProcessState::start(const detail::LaunchSpec& spec
       std::string(1, kErrorMarker) + "shmtensor::SystemError: execve(/proc/self/exe): errno ";
   const int report_fd = report_write.get();
 
-  pid_t pid = fork_process();
+  // _Fork: no fork handler runs, so the child, which only execs, takes no hold of our
+  // blocks and no count of our named segments (fork_for_exec).
+  pid_t pid = fork_for_exec();
   if (pid == 0) {
-    // Async-signal-safe from here to execve.
+    // Raw system calls only from here to execve.
     die_with_parent(parent);
     clear_cloexec_raw(report_fd);
     if (args_fd >= 0) clear_cloexec_raw(args_fd);
@@ -110,7 +112,7 @@ std::unique_ptr<ProcessState> ProcessState::start(const detail::LaunchSpec& spec
       err /= 10;
     } while (err > 0 && n < static_cast<int>(sizeof digits));
     write_all_raw(report_fd, digits + sizeof digits - n, static_cast<std::size_t>(n));
-    exit_now(127);
+    exit_raw(127);
   }
   ChildProcess child(pid);
   report_write.reset();

@@ -17,6 +17,8 @@
 #include <string>
 #include <thread>
 
+#include "memory/segment.h"
+#include "memory/storage_impl.h"
 #include "os/mapping.h"
 #include "shmtensor/queue.h"
 #include "shmtensor/tensor.h"
@@ -38,6 +40,10 @@ void run_forever() {
 void throw_runtime_error(std::string what) { throw std::runtime_error(what); }
 void put_sum(shmtensor::Queue<long> q, long a, long b) { q.put(a + b); }
 void fill_tensor(shmtensor::Tensor t, double value) { t.fill_(value); }
+void say_started_then_wait(shmtensor::Queue<long> q) {
+  q.put(1);
+  run_forever();
+}
 
 class ProcessTest : public shmtensor::testing::LeakCheckedTest,
                     public ::testing::WithParamInterface<StartMethod> {
@@ -230,5 +236,48 @@ TEST_F(ProcessForkTest, NonDaemonIsWaitedForOnDestruction) {
   }
   EXPECT_EQ(*done, 1);
 }
+
+// ---- exec-only -------------------------------------------------------------------------
+
+class ProcessExecTest : public shmtensor::testing::LeakCheckedTest,
+                        public ::testing::WithParamInterface<shmtensor::SharingStrategy> {
+ protected:
+  void SetUp() override {
+    LeakCheckedTest::SetUp();
+    shmtensor::set_sharing_strategy(GetParam());
+  }
+  void TearDown() override {
+    shmtensor::set_sharing_strategy(shmtensor::SharingStrategy::kFileDescriptor);
+    LeakCheckedTest::TearDown();
+  }
+};
+
+TEST_P(ProcessExecTest, ExecChildHoldsNoneOfTheParentsBlocksOrNames) {
+  // A child started by exec drops every inherited mapping at execve: it must not have
+  // taken holds of our blocks or counts of our named segments at fork, which nobody would
+  // give back before it exits (our freed blocks could not be reused meanwhile).
+  shmtensor::Tensor t = shmtensor::Tensor::empty_shared({16}, shmtensor::DType::kFloat32);
+  const auto& seg = t.storage().impl()->segment();
+  const std::uint32_t block = t.storage().impl()->block();
+  const std::uint64_t word = seg->block_word(block);
+  const std::int64_t refcount = seg->header()->refcount.load();
+  ASSERT_NE(word, 0u);
+  shmtensor::Queue<long> started;
+  Process p(say_started_then_wait, started);
+  p.set_start_method(StartMethod::kExec);
+  p.start();
+  ASSERT_EQ(started.get(), 1);  // it has exec'd and runs
+  EXPECT_EQ(seg->block_word(block), word) << "the exec'd child holds our block";
+  EXPECT_EQ(seg->header()->refcount.load(), refcount) << "the exec'd child counts our segment";
+  p.kill();
+  p.join();
+}
+
+INSTANTIATE_TEST_SUITE_P(Strategies, ProcessExecTest,
+                         ::testing::Values(shmtensor::SharingStrategy::kFileDescriptor,
+                                           shmtensor::SharingStrategy::kFileSystem),
+                         [](const auto& info) {
+                           return std::string(shmtensor::to_string(info.param));
+                         });
 
 }  // namespace process_test
