@@ -5,6 +5,8 @@
 //   std::vector<Tensor> out = pool.map(double_it, inputs);  // results in input order
 //   shmtensor::AsyncResult<int> f = pool.apply_async(add, 1, 2);  // f.get() == 3
 //   for (Tensor t : pool.imap_unordered(double_it, inputs)) { ... }
+//   std::vector<int> sq = pool.map(square, numbers, /*chunksize=*/64);  // 64 per message
+//   std::vector<int> sums = pool.starmap(add, pairs);  // add(a, b) for each {a, b}
 //   pool.close();
 //   pool.join();
 //
@@ -36,6 +38,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -91,6 +94,39 @@ void pool_entry(std::uintptr_t fn_address, Decoder& d, Encoder& reply) {
   } else {
     reply.encode(std::apply([&](auto&... a) -> decltype(auto) { return fn(a...); }, args));
   }
+}
+
+// "<type>: <message>" of the exception being handled (in a catch block), and this
+// process's pid: for pool_chunk_entry, which reports each input's failure on its own.
+std::string current_exception_text();
+int current_pid() noexcept;
+
+// A chunk's reply: the worker's pid, then per input its result or its exception's text.
+template <class R>
+using ChunkReply = std::pair<std::int32_t, std::vector<std::variant<R, std::string>>>;
+
+// Runs in a worker: fn on every argument tuple of a chunk (map/imap/starmap with
+// chunksize > 1). An input whose call throws fails alone; the others keep their results.
+template <class FnPtr>
+void pool_chunk_entry(std::uintptr_t fn_address, Decoder& d, Encoder& reply) {
+  FnPtr fn = reinterpret_cast<FnPtr>(fn_address);
+  using Params = typename FnTraits<FnPtr>::Params;
+  using R = std::decay_t<typename FnTraits<FnPtr>::Result>;
+  auto chunk = d.template decode<std::vector<Params>>();
+  d.finish();
+  ChunkReply<R> out;
+  out.first = current_pid();
+  out.second.reserve(chunk.size());
+  for (auto& args : chunk) {
+    try {
+      out.second.emplace_back(std::in_place_index<0>,
+                              std::apply([&](auto&... a) -> decltype(auto) { return fn(a...); }, args));
+    } catch (...) {
+      out.second.emplace_back(std::in_place_index<1>, current_exception_text());
+    }
+  }
+  chunk.clear();  // drop the arguments (and their shared memory) before replying
+  reply.encode(out);
 }
 
 // Why a task failed, as data. The exception is made (by throw_task_failure) in the thread
@@ -207,10 +243,42 @@ class ResultStream {
     };
   }
   std::function<void(detail::TaskFailure)> on_error(std::size_t index) const {
-    return [s = state_, index](detail::TaskFailure f) {
+    return on_chunk_error(index, 1);
+  }
+  // The same for the `count` inputs from `first` on, sent as one chunk.
+  std::function<void(Decoder&)> on_chunk_result(std::size_t first, std::size_t count) const {
+    return [s = state_, first, count](Decoder& d) {
+      auto reply = d.template decode<detail::ChunkReply<R>>();
+      d.finish();
+      if (reply.second.size() != count)
+        throw ProtocolError("Pool: a chunk of " + std::to_string(count) + " inputs came back with " +
+                            std::to_string(reply.second.size()) + " results");
       std::lock_guard lock(s->mu);
-      s->ready.emplace(std::piecewise_construct, std::forward_as_tuple(index),
-                       std::forward_as_tuple(std::in_place_index<1>, std::move(f)));
+      for (std::size_t i = 0; i < count; ++i) {
+        auto& item = reply.second[i];
+        if (item.index() == 0) {
+          s->ready.emplace(std::piecewise_construct, std::forward_as_tuple(first + i),
+                           std::forward_as_tuple(std::in_place_index<0>,
+                                                 std::move(std::get<0>(item))));
+        } else {
+          detail::TaskFailure f;
+          f.kind = detail::TaskFailure::Kind::kRaised;
+          f.text = std::move(std::get<1>(item));
+          f.pid = reply.first;
+          s->ready.emplace(std::piecewise_construct, std::forward_as_tuple(first + i),
+                           std::forward_as_tuple(std::in_place_index<1>, std::move(f)));
+        }
+      }
+      s->cv.notify_all();
+    };
+  }
+  std::function<void(detail::TaskFailure)> on_chunk_error(std::size_t first,
+                                                          std::size_t count) const {
+    return [s = state_, first, count](detail::TaskFailure f) {
+      std::lock_guard lock(s->mu);
+      for (std::size_t i = 0; i < count; ++i)
+        s->ready.emplace(std::piecewise_construct, std::forward_as_tuple(first + i),
+                         std::forward_as_tuple(std::in_place_index<1>, f));
       s->cv.notify_all();
     };
   }
@@ -291,22 +359,29 @@ class Pool {
   }
 
   // fn(x) for every x of `inputs`; results in input order. Throws the first failed task's
-  // error (in input order) once the tasks before it have finished.
+  // error (in input order) once the tasks before it have finished. With chunksize > 1 the
+  // inputs go to the workers in chunks of that many, one message each way per chunk (as in
+  // multiprocessing.Pool: fewer, larger messages for many small tasks); an input that
+  // throws still fails alone, but a worker that dies fails its whole chunk.
   template <class F, class Range>
-  std::vector<detail::PoolResult<F>> map(F&& fn, const Range& inputs) {
-    auto stream = imap(std::forward<F>(fn), inputs);
-    std::vector<detail::PoolResult<F>> out;
-    out.reserve(stream.size());
-    while (auto r = stream.next()) out.push_back(std::move(*r));
-    return out;
+  std::vector<detail::PoolResult<F>> map(F&& fn, const Range& inputs, std::size_t chunksize = 1) {
+    return collect(imap(std::forward<F>(fn), inputs, chunksize));
   }
   template <class F, class Range>
-  ResultStream<detail::PoolResult<F>> imap(F&& fn, const Range& inputs) {
-    return stream(std::forward<F>(fn), inputs, /*ordered=*/true);
+  ResultStream<detail::PoolResult<F>> imap(F&& fn, const Range& inputs, std::size_t chunksize = 1) {
+    return stream<false>(std::forward<F>(fn), inputs, /*ordered=*/true, chunksize);
   }
   template <class F, class Range>
-  ResultStream<detail::PoolResult<F>> imap_unordered(F&& fn, const Range& inputs) {
-    return stream(std::forward<F>(fn), inputs, /*ordered=*/false);
+  ResultStream<detail::PoolResult<F>> imap_unordered(F&& fn, const Range& inputs,
+                                                     std::size_t chunksize = 1) {
+    return stream<false>(std::forward<F>(fn), inputs, /*ordered=*/false, chunksize);
+  }
+  // fn(a, b, ...) for every tuple (or pair) {a, b, ...} of `inputs` (Python's starmap);
+  // results in input order.
+  template <class F, class Range>
+  std::vector<detail::PoolResult<F>> starmap(F&& fn, const Range& inputs,
+                                             std::size_t chunksize = 1) {
+    return collect(stream<true>(std::forward<F>(fn), inputs, /*ordered=*/true, chunksize));
   }
 
   // No more tasks; workers exit once the submitted ones are done.
@@ -321,28 +396,60 @@ class Pool {
   std::vector<int> pids() const;
 
  private:
-  template <class F, class Range>
-  ResultStream<detail::PoolResult<F>> stream(F&& fn, const Range& inputs, bool ordered) {
+  template <class R>
+  static std::vector<R> collect(ResultStream<R> stream) {
+    std::vector<R> out;
+    out.reserve(stream.size());
+    while (auto r = stream.next()) out.push_back(std::move(*r));
+    return out;
+  }
+
+  // Unpack: each input is a tuple of fn's arguments (starmap); otherwise its one argument.
+  template <bool Unpack, class F, class Range>
+  ResultStream<detail::PoolResult<F>> stream(F&& fn, const Range& inputs, bool ordered,
+                                             std::size_t chunksize) {
     detail::check_pool_fn<F>();
     using FnPtr = detail::PoolFn<F>;
     using R = detail::PoolResult<F>;
-    static_assert(!std::is_void_v<R>, "map/imap need a function that returns a value");
-    static_assert(detail::FnTraits<FnPtr>::kArity == 1, "map/imap call fn with one argument");
-    using Param = std::tuple_element_t<0, typename detail::FnTraits<FnPtr>::Params>;
+    using Params = typename detail::FnTraits<FnPtr>::Params;
+    static_assert(!std::is_void_v<R>, "map/imap/starmap need a function that returns a value");
+    static_assert(Unpack || detail::FnTraits<FnPtr>::kArity == 1,
+                  "map/imap call fn with one argument (starmap unpacks tuples)");
+    if (chunksize == 0) throw std::invalid_argument("Pool: chunksize must be at least 1");
+    auto params_of = [](const auto& input) {
+      if constexpr (Unpack)
+        return std::apply([](const auto&... a) { return Params(a...); }, input);
+      else
+        return Params(input);
+    };
     std::size_t n = static_cast<std::size_t>(std::distance(std::begin(inputs), std::end(inputs)));
     ResultStream<R> results(n, ordered);
-    std::size_t index = 0;
-    for (const auto& input : inputs) {
-      std::tuple<Param> params(input);
+    std::vector<Params> chunk;
+    std::size_t first = 0, index = 0;
+    auto send = [&] {
       detail::PoolTask task;
-      task.entry = &detail::pool_entry<FnPtr>;
       task.fn = reinterpret_cast<std::uintptr_t>(+fn);
-      task.encode_args = [&params](Encoder& e) { e.encode(params); };
-      task.on_result = results.on_result(index);
-      task.on_error = results.on_error(index);
+      if (chunksize == 1) {
+        task.entry = &detail::pool_entry<FnPtr>;
+        task.encode_args = [&chunk](Encoder& e) { e.encode(chunk.front()); };
+        task.on_result = results.on_result(first);
+        task.on_error = results.on_error(first);
+      } else {
+        task.entry = &detail::pool_chunk_entry<FnPtr>;
+        task.encode_args = [&chunk](Encoder& e) { e.encode(chunk); };
+        task.on_result = results.on_chunk_result(first, chunk.size());
+        task.on_error = results.on_chunk_error(first, chunk.size());
+      }
       submit(std::move(task));
+      chunk.clear();
+    };
+    for (const auto& input : inputs) {
+      if (chunk.empty()) first = index;
+      chunk.push_back(params_of(input));
       ++index;
+      if (chunk.size() == chunksize) send();
     }
+    if (!chunk.empty()) send();
     return results;
   }
 

@@ -50,6 +50,9 @@ TaskError::TaskError(const std::string& text, int pid) : Error(text), pid_(pid) 
 }
 
 namespace detail {
+std::string current_exception_text() { return internal::describe_current_exception(); }
+int current_pid() noexcept { return static_cast<int>(internal::self_pid()); }
+
 void throw_task_failure(const TaskFailure& f) {
   switch (f.kind) {
     case TaskFailure::Kind::kRaised:

@@ -151,6 +151,73 @@ TEST_P(PoolTest, TaskExceptionIsRethrownAndThePoolGoesOn) {
   pool.join();
 }
 
+TEST_P(PoolTest, StarmapUnpacksTuplesAndPairs) {
+  Pool pool(2, options());
+  std::vector<std::tuple<std::string, std::string, int>> words{
+      {"ab", "c", 2}, {"x", "", 3}, {"", "", 5}, {"q", "r", 1}};
+  EXPECT_EQ(pool.starmap(join_words, words),
+            (std::vector<std::string>{"abcabc", "xxx", "", "qr"}));
+  auto subtract = [](long a, long b) { return a - b; };
+  std::vector<std::pair<long, long>> pairs{{10, 3}, {0, 5}, {7, 7}};
+  EXPECT_EQ(pool.starmap(subtract, pairs), (std::vector<long>{7, -5, 0}));
+  EXPECT_EQ(pool.starmap(subtract, pairs, /*chunksize=*/2), (std::vector<long>{7, -5, 0}));
+  pool.close();
+  pool.join();
+}
+
+TEST_P(PoolTest, ChunksizeKeepsOrderValuesAndPerInputErrors) {
+  Pool pool(2, options());
+  std::vector<int> inputs(23);
+  std::iota(inputs.begin(), inputs.end(), 0);
+  for (std::size_t chunksize : {1u, 2u, 5u, 23u, 100u}) {
+    std::vector<int> out = pool.map(square, inputs, chunksize);
+    ASSERT_EQ(out.size(), inputs.size()) << "chunksize " << chunksize;
+    for (int i = 0; i < 23; ++i) EXPECT_EQ(out[i], i * i) << "chunksize " << chunksize;
+    std::vector<int> unordered;
+    for (int r : pool.imap_unordered(square, inputs, chunksize)) unordered.push_back(r);
+    std::sort(unordered.begin(), unordered.end());
+    EXPECT_EQ(unordered, (std::vector<int>(out.begin(), out.end()))) << "chunksize " << chunksize;
+  }
+  // In a chunk, an input that throws fails alone: the stream delivers the others' results
+  // and that input's error in its place.
+  auto stream = pool.imap(fail_on_odd, std::vector<int>{0, 2, 3, 4}, /*chunksize=*/4);
+  EXPECT_EQ(stream.next(), 0);
+  EXPECT_EQ(stream.next(), 2);
+  try {
+    stream.next();
+    ADD_FAILURE() << "no exception for input 3";
+  } catch (const shmtensor::TaskError& e) {
+    EXPECT_STREQ(e.what(), "std::invalid_argument: odd input 3");
+    auto pids = pool.pids();
+    EXPECT_NE(std::find(pids.begin(), pids.end(), e.pid()), pids.end());
+  }
+  EXPECT_EQ(stream.next(), 4);
+  EXPECT_EQ(stream.next(), std::nullopt);
+  // Tensors in chunks travel through shared memory both ways, as single tasks do.
+  std::vector<Tensor> tensors;
+  for (int i = 0; i < 6; ++i) tensors.push_back(Tensor::full({3}, i, DType::kFloat32));
+  std::vector<Tensor> doubled = pool.map(add_one_and_double, tensors, /*chunksize=*/4);
+  for (int i = 0; i < 6; ++i) {
+    EXPECT_TRUE(tensors[i].equal(Tensor::full({3}, i + 1, DType::kFloat32)));
+    EXPECT_TRUE(doubled[i].equal(Tensor::full({3}, 2 * (i + 1), DType::kFloat32)));
+  }
+  EXPECT_THROW(pool.map(square, inputs, /*chunksize=*/0), std::invalid_argument);
+  pool.close();
+  pool.join();
+}
+
+TEST_P(PoolTest, WorkerDeathFailsItsWholeChunk) {
+  Pool pool(1, options());
+  auto stream = pool.imap(die_on, std::vector<int>{1, 2, 3, 4, 5, 6}, /*chunksize=*/3);
+  // The first chunk (1, 2, 3) dies at 3: all three fail; the next chunk runs in a new worker.
+  for (int i = 0; i < 3; ++i) EXPECT_THROW(stream.next(), shmtensor::ProcessExitedException);
+  EXPECT_EQ(stream.next(), 4);
+  EXPECT_EQ(stream.next(), 5);
+  EXPECT_EQ(stream.next(), 6);
+  pool.close();
+  pool.join();
+}
+
 TEST_P(PoolTest, ImapOrderedAndUnordered) {
   Pool pool(3, options());
   std::vector<int> inputs{60, 0, 30, 10, 0, 20};
