@@ -70,6 +70,10 @@ class TaskError : public Error {
 
 struct PoolOptions {
   StartMethod start_method = StartMethod::kFork;
+  // A worker that has run this many tasks (a chunk counts as one) exits and is replaced by
+  // a fresh process, as multiprocessing.Pool's maxtasksperchild: for tasks that leak. 0:
+  // workers live as long as the pool.
+  std::size_t max_tasks_per_child = 0;
 };
 
 namespace internal {

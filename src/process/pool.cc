@@ -152,13 +152,15 @@ class PoolCore {
     Connection connection;  // the parent's end
     std::optional<Task> running;
     bool alive = true;
-    bool stopped = false;  // kStop sent
+    bool stopped = false;   // kStop sent
+    bool retiring = false;  // stopped after max_tasks_per_child tasks: replaced once it exits
     std::size_t completed = 0;
   };
 
   Worker start_worker(int index);
   void run() noexcept;
   void dispatch();
+  void retire_exhausted_workers();
   void read_replies(std::size_t i);
   void handle_reply(Worker& w, Decoder& d);
   void handle_death(std::size_t i);
@@ -334,6 +336,24 @@ void PoolCore::dispatch() {
   }
 }
 
+void PoolCore::retire_exhausted_workers() {
+  if (options_.max_tasks_per_child == 0) return;
+  for (Worker& w : workers_) {
+    if (!w.alive || w.stopped || w.running || w.completed < options_.max_tasks_per_child)
+      continue;
+    // It exits on kStop; handle_death then starts its replacement.
+    Encoder stop;
+    stop.encode(kStop);
+    try {
+      w.connection.send_encoded(std::move(stop));
+    } catch (...) {
+      // Already gone: handle_death sees that too.
+    }
+    w.stopped = true;
+    w.retiring = true;
+  }
+}
+
 void PoolCore::handle_reply(Worker& w, Decoder& d) {
   auto id = d.decode<std::uint64_t>();
   auto ok = d.decode<std::uint8_t>();
@@ -401,7 +421,7 @@ void PoolCore::handle_death(std::size_t i) {
     if (code < 0) f.signal_name = signal_name(-code);
     w.running->on_error(std::move(f));
     w.running.reset();
-  } else if (w.stopped) {
+  } else if (w.stopped && !w.retiring) {
     return;  // exited as asked
   } else if (w.completed == 0) {
     // It died before doing anything: starting another would likely fail the same way.
@@ -433,10 +453,11 @@ void PoolCore::run() noexcept {
         if (terminating_) break;
         closed = closed_;
       }
+      retire_exhausted_workers();
       dispatch();
       bool any_alive = false, any_running = false;
       for (Worker& w : workers_) {
-        any_alive = any_alive || (w.alive && !w.stopped);
+        any_alive = any_alive || (w.alive && (!w.stopped || w.retiring));
         any_running = any_running || w.running.has_value();
       }
       bool pending_empty;

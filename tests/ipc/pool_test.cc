@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <chrono>
 #include <numeric>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -214,6 +215,25 @@ TEST_P(PoolTest, WorkerDeathFailsItsWholeChunk) {
   EXPECT_EQ(stream.next(), 4);
   EXPECT_EQ(stream.next(), 5);
   EXPECT_EQ(stream.next(), 6);
+  pool.close();
+  pool.join();
+}
+
+TEST_P(PoolTest, MaxTasksPerChildReplacesWorkersAfterThatManyTasks) {
+  PoolOptions opts = options();
+  opts.max_tasks_per_child = 2;
+  Pool pool(1, opts);
+  std::vector<int> pids = pool.map(my_pid, std::vector<int>(6, 0));
+  // One worker at a time, two tasks each: three processes, each for two tasks in a row.
+  ASSERT_EQ(pids.size(), 6u);
+  for (std::size_t i = 0; i < 6; i += 2) EXPECT_EQ(pids[i], pids[i + 1]) << i;
+  EXPECT_NE(pids[0], pids[2]);
+  EXPECT_NE(pids[2], pids[4]);
+  EXPECT_NE(pids[0], pids[4]);
+  // A chunk is one task.
+  std::vector<int> chunked = pool.map(my_pid, std::vector<int>(8, 0), /*chunksize=*/4);
+  EXPECT_EQ(std::set<int>(chunked.begin(), chunked.begin() + 4).size(), 1u);
+  EXPECT_EQ(std::set<int>(chunked.begin() + 4, chunked.end()).size(), 1u);
   pool.close();
   pool.join();
 }
