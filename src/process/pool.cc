@@ -161,6 +161,7 @@ class PoolCore {
   void run() noexcept;
   void dispatch();
   void retire_exhausted_workers();
+  void stop(Worker& w) noexcept;  // sends kStop
   void read_replies(std::size_t i);
   void handle_reply(Worker& w, Decoder& d);
   void handle_death(std::size_t i);
@@ -341,17 +342,20 @@ void PoolCore::retire_exhausted_workers() {
   for (Worker& w : workers_) {
     if (!w.alive || w.stopped || w.running || w.completed < options_.max_tasks_per_child)
       continue;
-    // It exits on kStop; handle_death then starts its replacement.
-    Encoder stop;
-    stop.encode(kStop);
-    try {
-      w.connection.send_encoded(std::move(stop));
-    } catch (...) {
-      // Already gone: handle_death sees that too.
-    }
-    w.stopped = true;
+    stop(w);  // it exits; handle_death then starts its replacement
     w.retiring = true;
   }
+}
+
+void PoolCore::stop(Worker& w) noexcept {
+  Encoder message;
+  message.encode(kStop);
+  try {
+    w.connection.send_encoded(std::move(message));
+  } catch (...) {
+    // Already gone: handle_death sees that too.
+  }
+  w.stopped = true;
 }
 
 void PoolCore::handle_reply(Worker& w, Decoder& d) {
@@ -475,16 +479,8 @@ void PoolCore::run() noexcept {
         fail_everything(error_failure(why));
         if (closed) break;
       } else if (closed && pending_empty && !any_running) {
-        for (Worker& w : workers_) {
-          if (!w.alive || w.stopped) continue;
-          Encoder stop;
-          stop.encode(kStop);
-          try {
-            w.connection.send_encoded(std::move(stop));
-          } catch (...) {
-          }
-          w.stopped = true;
-        }
+        for (Worker& w : workers_)
+          if (w.alive && !w.stopped) stop(w);
         break;
       }
 
