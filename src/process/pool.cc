@@ -1,13 +1,8 @@
-// Pool: workers (Processes running pool_worker_main) and the parent's dispatcher thread.
-//
-// Protocol, one duplex Connection per worker, one message per task each way:
-//   parent -> worker: u64 id, str entry module, u64 entry offset, str fn module,
-//                     u64 fn offset, then the argument tuple (decoded by the entry)
-//                     id 0 (kStop) alone: exit
-//   worker -> parent: u64 id, u8 1, result   |   u64 id, u8 0, str "<type>: <message>"
-// A worker runs one task at a time. The dispatcher is the only thread that touches the
-// parent's ends of the connections and the workers after construction; other threads hand
-// it tasks through pending_ (under mu_) and wake it through an eventfd.
+// Pool: the parent's side, a dispatcher thread that hands tasks to workers (processes
+// running pool_worker_main, pool_worker.cc) and delivers their results. The protocol is in
+// pool_protocol.h. The dispatcher is the only thread that touches the parent's ends of the
+// connections and the workers after construction; other threads hand it tasks through
+// pending_ (under mu_) and wake it through an eventfd.
 #include "shmtensor/pool.h"
 
 #include <algorithm>
@@ -21,27 +16,12 @@
 #include "os/code_address.h"
 #include "os/event_fd.h"
 #include "process/child_side.h"
+#include "process/pool_protocol.h"
 #include "process/process_state.h"
 #include "process/shutdown.h"
 #include "shmtensor/connection.h"
 
 namespace shmtensor {
-
-namespace internal {
-// A worker's end of its connection, as the argument of pool_worker_main: copyable (a
-// Process copies its arguments) and encodable (kExec sends it; the socket fd travels).
-struct WorkerChannel {
-  std::shared_ptr<Connection> connection;
-};
-}  // namespace internal
-
-template <>
-struct Codec<internal::WorkerChannel> {
-  static void encode(Encoder& e, const internal::WorkerChannel& c) { e.encode(*c.connection); }
-  static internal::WorkerChannel decode(Decoder& d) {
-    return {std::make_shared<Connection>(d.decode<Connection>())};
-  }
-};
 
 TaskError::TaskError(const std::string& text, int pid) : Error(text), pid_(pid) {
   auto colon = text.find(": ");
@@ -50,9 +30,6 @@ TaskError::TaskError(const std::string& text, int pid) : Error(text), pid_(pid) 
 }
 
 namespace detail {
-std::string current_exception_text() { return internal::describe_current_exception(); }
-int current_pid() noexcept { return static_cast<int>(internal::self_pid()); }
-
 void throw_task_failure(const TaskFailure& f) {
   switch (f.kind) {
     case TaskFailure::Kind::kRaised:
@@ -68,62 +45,7 @@ void throw_task_failure(const TaskFailure& f) {
 
 namespace internal {
 
-namespace {
-
-constexpr std::uint64_t kStop = 0;
 using Clock = std::chrono::steady_clock;
-
-// ---- worker side -------------------------------------------------------------------------
-
-void worker_loop(Connection& connection) {
-  std::map<std::pair<std::string, std::uint64_t>, std::uintptr_t> resolved;
-  auto resolve = [&](std::string module, std::uint64_t offset) {
-    auto key = std::make_pair(std::move(module), offset);
-    auto it = resolved.find(key);
-    if (it != resolved.end()) return it->second;
-    std::uintptr_t address = resolve_code_address(CodeAddress{key.first, offset});
-    resolved.emplace(std::move(key), address);
-    return address;
-  };
-  for (;;) {
-    std::optional<Decoder> d;
-    try {
-      d.emplace(connection.recv_encoded(std::nullopt));
-    } catch (const ConnectionClosed&) {
-      return;  // the parent is gone or gave up on us
-    }
-    auto id = d->decode<std::uint64_t>();
-    if (id == kStop) return;
-    auto entry_module = d->decode<std::string>();
-    auto entry_offset = d->decode<std::uint64_t>();
-    auto fn_module = d->decode<std::string>();
-    auto fn_offset = d->decode<std::uint64_t>();
-    Encoder reply;
-    reply.encode(id);
-    reply.encode(std::uint8_t{1});
-    try {
-      auto entry = reinterpret_cast<detail::PoolEntry>(resolve(entry_module, entry_offset));
-      std::uintptr_t fn = resolve(fn_module, fn_offset);
-      entry(fn, *d, reply);
-    } catch (...) {
-      // The partial reply may hold half a result: start over with the error.
-      std::string text = describe_current_exception();
-      reply = Encoder();
-      reply.encode(id);
-      reply.encode(std::uint8_t{0});
-      reply.encode(text);
-    }
-    d.reset();  // drop the arguments (and their shared memory) before replying
-    connection.send_encoded(std::move(reply));
-  }
-}
-
-}  // namespace
-
-// The worker process's function (a plain function, so kExec workers can run it too).
-void pool_worker_main(int /*index*/, WorkerChannel channel) { worker_loop(*channel.connection); }
-
-// ---- parent side -------------------------------------------------------------------------
 
 class PoolCore {
  public:

@@ -1,0 +1,110 @@
+// What Pool (pool.h) sends to a worker and how a worker runs it: the entry points that
+// call a task's function in the worker, and a task's failure as data. Internals.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "shmtensor/codec.h"
+#include "shmtensor/spawn.h"
+
+namespace shmtensor {
+
+namespace detail {
+
+// Runs in a worker: decodes the arguments, calls the function, encodes its result.
+using PoolEntry = void (*)(std::uintptr_t fn, Decoder& args, Encoder& reply);
+
+template <class FnPtr>
+void pool_entry(std::uintptr_t fn_address, Decoder& d, Encoder& reply) {
+  FnPtr fn = reinterpret_cast<FnPtr>(fn_address);
+  using Params = typename FnTraits<FnPtr>::Params;
+  auto args = d.template decode<Params>();
+  d.finish();
+  using R = typename FnTraits<FnPtr>::Result;
+  if constexpr (std::is_void_v<R>) {
+    std::apply([&](auto&... a) { fn(a...); }, args);
+    reply.encode(std::monostate{});
+  } else {
+    reply.encode(std::apply([&](auto&... a) -> decltype(auto) { return fn(a...); }, args));
+  }
+}
+
+// "<type>: <message>" of the exception being handled (in a catch block), and this
+// process's pid: for pool_chunk_entry, which reports each input's failure on its own.
+std::string current_exception_text();
+int current_pid() noexcept;
+
+// A chunk's reply: the worker's pid, then per input its result or its exception's text.
+template <class R>
+using ChunkReply = std::pair<std::int32_t, std::vector<std::variant<R, std::string>>>;
+
+// Runs in a worker: fn on every argument tuple of a chunk (map/imap/starmap with
+// chunksize > 1). An input whose call throws fails alone; the others keep their results.
+template <class FnPtr>
+void pool_chunk_entry(std::uintptr_t fn_address, Decoder& d, Encoder& reply) {
+  FnPtr fn = reinterpret_cast<FnPtr>(fn_address);
+  using Params = typename FnTraits<FnPtr>::Params;
+  using R = std::decay_t<typename FnTraits<FnPtr>::Result>;
+  auto chunk = d.template decode<std::vector<Params>>();
+  d.finish();
+  ChunkReply<R> out;
+  out.first = current_pid();
+  out.second.reserve(chunk.size());
+  for (auto& args : chunk) {
+    try {
+      out.second.emplace_back(std::in_place_index<0>,
+                              std::apply([&](auto&... a) -> decltype(auto) { return fn(a...); }, args));
+    } catch (...) {
+      out.second.emplace_back(std::in_place_index<1>, current_exception_text());
+    }
+  }
+  chunk.clear();  // drop the arguments (and their shared memory) before replying
+  reply.encode(out);
+}
+
+// Why a task failed, as data. The exception is made (by throw_task_failure) in the thread
+// that asks for the result, so that exception objects never cross threads: their
+// reference counts live in uninstrumented libstdc++, which ThreadSanitizer cannot see.
+struct TaskFailure {
+  enum class Kind : std::uint8_t { kRaised, kWorkerDied, kError };
+  Kind kind = Kind::kError;
+  std::string text;  // kRaised: "<type>: <message>"; otherwise the whole message
+  int pid = 0;
+  int index = 0;  // kWorkerDied: the worker's slot
+  int exit_code = 0;
+  std::string signal_name;
+};
+// kRaised: TaskError; kWorkerDied: ProcessExitedException; kError: Error.
+[[noreturn]] void throw_task_failure(const TaskFailure& failure);
+
+struct PoolTask {
+  PoolEntry entry = nullptr;
+  std::uintptr_t fn = 0;
+  std::function<void(Encoder&)> encode_args;  // called once, inside Pool::submit
+  std::function<void(Decoder&)> on_result;    // in the dispatcher thread; may throw
+  std::function<void(TaskFailure)> on_error;  // in the dispatcher thread
+};
+
+template <class F>
+using PoolFn = typename FnPointerOf<F>::type;
+
+template <class F>
+constexpr void check_pool_fn() {
+  static_assert(!std::is_void_v<PoolFn<F>>,
+                "Pool runs plain functions or captureless lambdas (they are named by address "
+                "across processes); a capturing lambda or functor cannot be sent to a worker");
+}
+
+template <class F>
+using PoolResult = std::decay_t<typename FnTraits<PoolFn<F>>::Result>;
+
+}  // namespace detail
+
+}  // namespace shmtensor

@@ -1,0 +1,40 @@
+// The Pool protocol between the parent (pool.cc) and its workers (pool_worker.cc).
+//
+// One duplex Connection per worker, one message per task each way:
+//   parent -> worker: u64 id, str entry module, u64 entry offset, str fn module,
+//                     u64 fn offset, then the argument tuple (decoded by the entry)
+//                     id 0 (kStop) alone: exit
+//   worker -> parent: u64 id, u8 1, result   |   u64 id, u8 0, str "<type>: <message>"
+// A worker runs one task at a time.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "shmtensor/codec.h"
+#include "shmtensor/connection.h"
+
+namespace shmtensor {
+
+namespace internal {
+// A worker's end of its connection, as the argument of pool_worker_main: copyable (a
+// Process copies its arguments) and encodable (kExec sends it; the socket fd travels).
+struct WorkerChannel {
+  std::shared_ptr<Connection> connection;
+};
+}  // namespace internal
+
+template <>
+struct Codec<internal::WorkerChannel> {
+  static void encode(Encoder& e, const internal::WorkerChannel& c) { e.encode(*c.connection); }
+  static internal::WorkerChannel decode(Decoder& d) {
+    return {std::make_shared<Connection>(d.decode<Connection>())};
+  }
+};
+
+namespace internal {
+inline constexpr std::uint64_t kStop = 0;  // the task id that tells a worker to exit
+void pool_worker_main(int index, WorkerChannel channel);
+}  // namespace internal
+
+}  // namespace shmtensor
