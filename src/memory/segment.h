@@ -134,6 +134,8 @@ class Segment {
   std::uint64_t* word_ptr(std::uint32_t block) const noexcept;
   std::uint64_t* slot_ptr(int slot) const noexcept;
   void note_freed_by_other() noexcept;
+  // Clears slot s's bit in every word (its dead owner's holds); returns the blocks freed.
+  std::size_t clear_slot_bits(int s) noexcept;
   void report_corruption(const char* what, std::uint32_t block, std::uint64_t word) noexcept;
 
   SharingStrategy strategy_;

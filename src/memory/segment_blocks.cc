@@ -66,11 +66,24 @@ std::int64_t Segment::block_at(std::uint64_t offset) const noexcept {
   return i < block_count_ ? static_cast<std::int64_t>(i) : -1;
 }
 
+std::size_t Segment::clear_slot_bits(int s) noexcept {
+  // Only the process that took slot `s` over from its dead owner (one CAS decides who) runs
+  // this, before it sets any bit of its own there: the bits it clears are the dead owner's.
+  std::size_t freed = 0;
+  const std::uint64_t bit = std::uint64_t{1} << s;
+  for (std::uint32_t b = 0; b < block_count_; ++b) {
+    WordRef w(*word_ptr(b));
+    if ((w.load(std::memory_order_relaxed) & bit) == 0) continue;
+    if (w.fetch_and(~bit, std::memory_order_acq_rel) == bit) ++freed;
+  }
+  return freed;
+}
+
 void Segment::claim_slot(bool creator) noexcept {
   const std::uint64_t me = current_slot_owner();
-  // The creator takes slot 0 of its fresh segment; others the first free one. A slot
-  // whose owner is dead is not taken here: its bits may still be set (the creator clears
-  // them first, in reclaim_dead_slots).
+  slot_ = -1;
+  slot_owner_ = 0;
+  // The creator takes slot 0 of its fresh segment; others the first free one.
   for (int s = 0; s < static_cast<int>(kSlotCount); ++s) {
     std::uint64_t expected = 0;
     if (WordRef(*slot_ptr(s)).compare_exchange_strong(expected, me, std::memory_order_acq_rel)) {
@@ -78,10 +91,22 @@ void Segment::claim_slot(bool creator) noexcept {
       slot_owner_ = me;
       return;
     }
-    if (creator) break;
+    if (creator) return;
   }
-  slot_ = -1;
-  slot_owner_ = 0;
+  // None is free: take over the slot of an owner that is dead (a holder SIGKILLed before the
+  // creator reclaimed it). Whoever wins the CAS from the dead owner's value clears its bits
+  // first, then holds through the slot; otherwise every later process would hold by count,
+  // and a count of a process that dies is never given back.
+  for (int s = 0; s < static_cast<int>(kSlotCount); ++s) {
+    std::uint64_t owner = WordRef(*slot_ptr(s)).load(std::memory_order_acquire);
+    if (owner == 0 || owner == me || owner_alive(owner)) continue;
+    if (!WordRef(*slot_ptr(s)).compare_exchange_strong(owner, me, std::memory_order_acq_rel))
+      continue;
+    if (clear_slot_bits(s) > 0) note_freed_by_other();
+    slot_ = s;
+    slot_owner_ = me;
+    return;
+  }
 }
 
 void Segment::release_slot() noexcept {
@@ -200,14 +225,14 @@ std::size_t Segment::reclaim_dead_slots(bool exec_check) noexcept {
           process_maps_file(pid, device_, inode_))
         continue;
     }
-    // Gone: nobody else sets this bit (I3), and nobody takes the slot before we free it.
-    const std::uint64_t bit = std::uint64_t{1} << s;
-    for (std::uint32_t b = 0; b < block_count_; ++b) {
-      WordRef w(*word_ptr(b));
-      if ((w.load(std::memory_order_relaxed) & bit) == 0) continue;
-      if (w.fetch_and(~bit, std::memory_order_acq_rel) == bit) ++freed;
-    }
+    // Gone. Take the slot first (as claim_slot's takeover does), so that one process alone
+    // clears its bits, and nobody can take it and set bits we would then clear; free it after.
+    const std::uint64_t me = current_slot_owner();
     std::uint64_t expected = owner;
+    if (!WordRef(*slot_ptr(s)).compare_exchange_strong(expected, me, std::memory_order_acq_rel))
+      continue;
+    freed += clear_slot_bits(s);
+    expected = me;
     WordRef(*slot_ptr(s)).compare_exchange_strong(expected, 0, std::memory_order_acq_rel);
   }
   return freed;

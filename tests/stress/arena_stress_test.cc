@@ -479,7 +479,9 @@ TEST_P(ArenaStressTest, ProducersAndConsumersKilledAtRandomNeverSeeAReusedBlock)
 // =========================================================================================
 
 TEST_P(ArenaStressTest, CrashingConsumersDoNotGrowTheProducersArena) {
-  const int rounds = stress_rounds(24);
+  // More rounds than a segment has holder slots (48): every consumer takes a slot in the
+  // producer's segments, and once all are taken by the dead a new one must take one over.
+  const int rounds = stress_rounds(60);
   const std::int64_t sizes[] = {100, 25000, 25000, 40000};
   constexpr std::int64_t kPerRound = std::size(sizes);
   Queue<Item> q;
@@ -607,6 +609,43 @@ TEST_P(ArenaStressTest, CorruptedWordsAreRefusedAndLeftAsTheyAre) {
   EXPECT_EQ(seg->reclaim_dead_slots(), 0u);
   EXPECT_EQ(seg->block_word(1), std::uint64_t{1} << 47);
   for (std::uint32_t b = 0; b < 4; ++b) word_of(*seg, b).store(0);
+}
+
+// Every slot taken by processes that died (SIGKILLed holders the creator has not reclaimed
+// yet, because it never ran short of blocks): a new holder takes one over, clears the dead
+// owner's bits (the blocks it alone held become free), and holds through it, not by count.
+TEST_P(ArenaStressTest, ANewHolderTakesOverTheSlotOfADeadOne) {
+  auto seg = Segment::create(GetParam(), 256, 4, internal::SegmentKind::kArena);
+  ASSERT_EQ(seg->slot(), 0);
+  const pid_t gone = fork_child([] {});
+  ASSERT_EQ(wait_child(gone), 0);
+  const std::uint64_t ghost = (static_cast<std::uint64_t>(gone) << 32) | 1;
+  auto slot_word = [&](int s) {
+    auto* base = reinterpret_cast<std::byte*>(seg->header());
+    return std::atomic_ref<std::uint64_t>(
+        *(reinterpret_cast<std::uint64_t*>(base + seg->header()->slots_offset) + s));
+  };
+  for (int s = 1; s < static_cast<int>(internal::kSlotCount); ++s) slot_word(s).store(ghost);
+  const std::uint64_t mine = own_bit(*seg);
+  word_of(*seg, 1).store(std::uint64_t{1} << 1);         // held by dead slot 1 alone
+  word_of(*seg, 2).store((std::uint64_t{1} << 1) | mine);  // by dead slot 1 and by us
+  word_of(*seg, 3).store(std::uint64_t{1} << 2);         // by dead slot 2
+  const int rc = testing::run_in_child([&] {
+    // The fork handler gave this child a slot in the segment: the first dead one, taken over.
+    EXPECT_EQ(seg->slot(), 1);
+    EXPECT_EQ(slot_word(1).load(), internal::current_slot_owner());
+    EXPECT_EQ(seg->block_word(1), 0u) << "the dead owner's block is free again";
+    EXPECT_EQ(seg->block_word(2), mine) << "only the dead owner's bit went";
+    EXPECT_EQ(seg->block_word(3), std::uint64_t{1} << 2) << "another slot's bits stay";
+  });
+  EXPECT_EQ(rc, 0);
+  // The child is gone too now; the creator's reclaim takes both dead slots' bits back.
+  EXPECT_EQ(seg->reclaim_dead_slots(), 1u);  // block 3 (block 1 was freed by the child)
+  for (std::uint32_t b = 0; b < 4; ++b)
+    EXPECT_EQ(seg->block_word(b), b == 2 ? mine : 0u) << "block " << b;
+  for (int s = 1; s < static_cast<int>(internal::kSlotCount); ++s)
+    EXPECT_EQ(slot_word(s).load(), 0u) << "slot " << s;
+  word_of(*seg, 2).store(0);
 }
 
 // Through the arena, across processes: a child holds a block of ours; a buggy peer zeroes
