@@ -19,8 +19,11 @@
 //  - An exception thrown by a task is thrown by get() / map() / the result stream as
 //    TaskError, whose what() is "<exception type>: <what()>".
 //  - A worker that dies while running a task fails that task with ProcessExitedException
-//    and is replaced. Workers are daemons: SIGKILLed with their parent (the thread that
-//    started them), terminated by terminate() and by the destructor.
+//    and is replaced. Workers are daemons, terminated by terminate() and by the destructor.
+//    Like any child they are SIGKILLed when the thread that started them ends
+//    (PR_SET_PDEATHSIG): the first ones are started by the thread that constructs the Pool
+//    (construct it in a thread that outlives it, normally the main thread), replacements by
+//    the pool's dispatcher thread, which ends only after every worker has exited.
 //
 // Thread safety: apply_async/map/imap/imap_unordered may be called from several threads.
 // close(), join() and terminate() by one thread. A dispatcher thread in the parent sends
@@ -46,9 +49,9 @@
 #include <vector>
 
 #include "shmtensor/codec.h"
+#include "shmtensor/error.h"
 #include "shmtensor/pool_results.h"
 #include "shmtensor/pool_task.h"
-#include "shmtensor/error.h"
 #include "shmtensor/process.h"
 #include "shmtensor/spawn.h"
 #include "shmtensor/start_method.h"
@@ -81,7 +84,6 @@ struct PoolOptions {
 namespace internal {
 class PoolCore;
 }
-
 
 class Pool {
  public:
@@ -154,7 +156,8 @@ class Pool {
 
   // No more tasks; workers exit once the submitted ones are done.
   void close();
-  // Waits for the workers to exit. Requires close() or terminate() first (throws Error).
+  // Waits until the submitted tasks are done and every worker has exited. Requires close()
+  // or terminate() first (throws Error).
   void join();
   // Stops now: workers get SIGTERM (SIGKILL after 5 s); unfinished tasks fail with Error.
   void terminate();

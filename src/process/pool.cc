@@ -3,6 +3,12 @@
 // pool_protocol.h. The dispatcher is the only thread that touches the parent's ends of the
 // connections and the workers after construction; other threads hand it tasks through
 // pending_ (under mu_) and wake it through an eventfd.
+//
+// The dispatcher forks the replacement workers (after a death, or max_tasks_per_child), and
+// Linux sends a child its PR_SET_PDEATHSIG when the *thread* that forked it ends. So the
+// dispatcher ends only once every worker has exited: after close(), it stops the idle
+// workers and waits for them; at terminate() it terminates them itself. Ending earlier
+// would SIGKILL the replacements in the middle of their orderly exit.
 #include "shmtensor/pool.h"
 
 #include <algorithm>
@@ -88,6 +94,7 @@ class PoolCore {
   void handle_reply(Worker& w, Decoder& d);
   void handle_death(std::size_t i);
   void fail_everything(const detail::TaskFailure& failure);
+  void end_workers() noexcept;  // SIGTERM (SIGKILL after 5 s) to those alive; reaps them
   void set_broken(std::string why);
   const CodeAddress& address_of(std::uintptr_t address);
 
@@ -109,7 +116,8 @@ class PoolCore {
 
 PoolCore::PoolCore(int processes, PoolOptions options) : options_(options) {
   if (processes < 0) throw Error("Pool: processes must be >= 0, got " + std::to_string(processes));
-  if (processes == 0) processes = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (processes == 0)
+    processes = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   wake_ = make_event_fd();
   try {
     for (int i = 0; i < processes; ++i) {
@@ -155,7 +163,8 @@ const CodeAddress& PoolCore::address_of(std::uintptr_t address) {
 void PoolCore::submit(detail::PoolTask task) {
   {
     std::lock_guard lock(mu_);
-    if (closed_ || terminating_) throw Error("Pool: no tasks can be added after close() or terminate()");
+    if (closed_ || terminating_)
+      throw Error("Pool: no tasks can be added after close() or terminate()");
     if (broken_) throw Error(*broken_);
   }
   CodeAddress entry = address_of(reinterpret_cast<std::uintptr_t>(task.entry));
@@ -172,7 +181,8 @@ void PoolCore::submit(detail::PoolTask task) {
   t.on_error = std::move(task.on_error);
   {
     std::lock_guard lock(mu_);
-    if (closed_ || terminating_) throw Error("Pool: no tasks can be added after close() or terminate()");
+    if (closed_ || terminating_)
+      throw Error("Pool: no tasks can be added after close() or terminate()");
     pending_.push_back(std::move(t));
   }
   signal_event_fd(wake_.get());
@@ -191,8 +201,8 @@ void PoolCore::join() {
     std::lock_guard lock(mu_);
     if (!closed_ && !terminating_) throw Error("Pool::join: call close() or terminate() first");
   }
+  // The dispatcher ends once every worker has exited (and was reaped by it).
   if (thread_.joinable()) thread_.join();
-  for (Worker& w : workers_) w.process.join();
   joined_ = true;
 }
 
@@ -202,12 +212,25 @@ void PoolCore::terminate() {
     terminating_ = true;
   }
   signal_event_fd(wake_.get());
+  // The dispatcher terminates the workers before it ends (end_workers).
   if (thread_.joinable()) thread_.join();
-  std::vector<Process> processes;
-  for (Worker& w : workers_) processes.push_back(std::move(w.process));
-  terminate_processes(processes, std::chrono::seconds(5), /*warn=*/false);
   workers_.clear();
   joined_ = true;
+}
+
+void PoolCore::end_workers() noexcept {
+  std::vector<Process> processes;
+  for (Worker& w : workers_) {
+    if (!w.alive) continue;
+    w.alive = false;
+    w.connection.close();
+    processes.push_back(std::move(w.process));
+  }
+  try {
+    terminate_processes(processes, std::chrono::seconds(5), /*warn=*/false);
+  } catch (...) {
+    // The Process destructors below SIGKILL and reap whatever is left.
+  }
 }
 
 void PoolCore::fail_everything(const detail::TaskFailure& failure) {
@@ -262,8 +285,7 @@ void PoolCore::dispatch() {
 void PoolCore::retire_exhausted_workers() {
   if (options_.max_tasks_per_child == 0) return;
   for (Worker& w : workers_) {
-    if (!w.alive || w.stopped || w.running || w.completed < options_.max_tasks_per_child)
-      continue;
+    if (!w.alive || w.stopped || w.running || w.completed < options_.max_tasks_per_child) continue;
     stop(w);  // it exits; handle_death then starts its replacement
     w.retiring = true;
   }
@@ -335,7 +357,8 @@ void PoolCore::handle_death(std::size_t i) {
   const int pid = w.process.pid();
   const int code = w.process.exitcode().value_or(255);
   if (w.running) {
-    std::string how = code < 0 ? "signal " + signal_name(-code) : "exit code " + std::to_string(code);
+    std::string how =
+        code < 0 ? "signal " + signal_name(-code) : "exit code " + std::to_string(code);
     std::string msg = "pool worker " + std::to_string(i) + " (pid " + std::to_string(pid) +
                       ") terminated with " + how + " while running this task";
     detail::TaskFailure f;
@@ -359,7 +382,8 @@ void PoolCore::handle_death(std::size_t i) {
   }
   {
     std::lock_guard lock(mu_);
-    if (terminating_) return;
+    // After close() with nothing left to run, no task needs a replacement.
+    if (terminating_ || (closed_ && pending_.empty())) return;
   }
   try {
     workers_[i] = start_worker(static_cast<int>(i));
@@ -381,9 +405,10 @@ void PoolCore::run() noexcept {
       }
       retire_exhausted_workers();
       dispatch();
-      bool any_alive = false, any_running = false;
+      bool any_alive = false, any_usable = false, any_running = false;
       for (Worker& w : workers_) {
-        any_alive = any_alive || (w.alive && (!w.stopped || w.retiring));
+        any_alive = any_alive || w.alive;
+        any_usable = any_usable || (w.alive && (!w.stopped || w.retiring));
         any_running = any_running || w.running.has_value();
       }
       bool pending_empty;
@@ -391,7 +416,15 @@ void PoolCore::run() noexcept {
         std::lock_guard lock(mu_);
         pending_empty = pending_.empty();
       }
-      if (!any_alive) {
+      if (closed && pending_empty && !any_running) {
+        // Every task is done: stop the workers (none is replaced any more) and wait for
+        // them to exit before this thread ends (see the file comment).
+        for (Worker& w : workers_) {
+          if (w.alive && !w.stopped) stop(w);
+          w.retiring = false;
+        }
+        if (!any_alive) break;
+      } else if (!any_usable) {
         set_broken("Pool: no worker is left");
         std::string why;
         {
@@ -399,11 +432,7 @@ void PoolCore::run() noexcept {
           why = *broken_;
         }
         fail_everything(error_failure(why));
-        if (closed) break;
-      } else if (closed && pending_empty && !any_running) {
-        for (Worker& w : workers_)
-          if (w.alive && !w.stopped) stop(w);
-        break;
+        if (closed) continue;  // nothing is left to run now: the branch above ends
       }
 
       std::vector<int> fds{wake_.get()};
@@ -431,6 +460,9 @@ void PoolCore::run() noexcept {
   } catch (...) {
     set_broken("Pool: the dispatcher failed: " + describe_current_exception());
   }
+  // After terminate() (or a failure of this thread): the workers end here, from the thread
+  // that started the replacements, so that they get SIGTERM like the others.
+  end_workers();
   fail_everything(error_failure("Pool: terminated before this task finished"));
 }
 

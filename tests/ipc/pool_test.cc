@@ -11,6 +11,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <numeric>
 #include <set>
 #include <stdexcept>
@@ -54,6 +57,37 @@ int sleep_ms(int ms) {
   return ms;
 }
 int my_pid(int) { return static_cast<int>(::getpid()); }
+
+// Appends this worker's pid to the file at `path` through a stdio buffer that is never
+// flushed here: the line reaches the file only if the worker ends in an orderly way (a
+// child flushes its stdio before _exit), not if it is killed.
+int append_pid_unflushed(std::string path) {
+  static std::FILE* file = nullptr;
+  if (file == nullptr) {
+    file = std::fopen(path.c_str(), "a");
+    if (file == nullptr) throw std::runtime_error("cannot open " + path);
+    std::setvbuf(file, nullptr, _IOFBF, 1 << 16);
+  }
+  std::fprintf(file, "%d\n", static_cast<int>(::getpid()));
+  return static_cast<int>(::getpid());
+}
+
+// A file name of its own for this test and process.
+std::string scratch_file(const std::string& what) {
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  std::string name = std::string(info->test_suite_name()) + "_" + info->name() + "_" + what;
+  std::replace(name.begin(), name.end(), '/', '_');
+  return (std::filesystem::temp_directory_path() /
+          ("shmtensor_" + std::to_string(::getpid()) + "_" + name))
+      .string();
+}
+
+std::vector<int> read_pids(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<int> out;
+  for (int pid; in >> pid;) out.push_back(pid);
+  return out;
+}
 
 // torch's pool tests: the worker writes into the tensor it was given (visible in the
 // parent: same memory) and returns a new tensor (it arrives shared, not copied).
@@ -156,8 +190,7 @@ TEST_P(PoolTest, StarmapUnpacksTuplesAndPairs) {
   Pool pool(2, options());
   std::vector<std::tuple<std::string, std::string, int>> words{
       {"ab", "c", 2}, {"x", "", 3}, {"", "", 5}, {"q", "r", 1}};
-  EXPECT_EQ(pool.starmap(join_words, words),
-            (std::vector<std::string>{"abcabc", "xxx", "", "qr"}));
+  EXPECT_EQ(pool.starmap(join_words, words), (std::vector<std::string>{"abcabc", "xxx", "", "qr"}));
   auto subtract = [](long a, long b) { return a - b; };
   std::vector<std::pair<long, long>> pairs{{10, 3}, {0, 5}, {7, 7}};
   EXPECT_EQ(pool.starmap(subtract, pairs), (std::vector<long>{7, -5, 0}));
@@ -236,6 +269,32 @@ TEST_P(PoolTest, MaxTasksPerChildReplacesWorkersAfterThatManyTasks) {
   EXPECT_EQ(std::set<int>(chunked.begin() + 4, chunked.end()).size(), 1u);
   pool.close();
   pool.join();
+}
+
+TEST_P(PoolTest, ReplacementWorkersEndInAnOrderlyWayAtJoin) {
+  // One worker, two tasks each: the first worker is forked by the constructor, the later
+  // ones by the dispatcher thread, and the last of them is still alive, its line in its
+  // stdio buffer, when close() is called. Linux SIGKILLs a child (PR_SET_PDEATHSIG) when
+  // the thread that forked it ends, so the dispatcher must outlive the workers it started:
+  // then every worker exits by itself, flushing its line into the file.
+  PoolOptions opts = options();
+  opts.max_tasks_per_child = 2;
+  const std::string path = scratch_file("pids");
+  std::filesystem::remove(path);
+  std::vector<int> pids;
+  {
+    Pool pool(1, opts);
+    pids = pool.map(append_pid_unflushed, std::vector<std::string>(5, path));
+    pool.close();
+    pool.join();
+  }
+  ASSERT_EQ(pids.size(), 5u);
+  EXPECT_EQ(std::set<int>(pids.begin(), pids.end()).size(), 3u);  // workers of 2, 2 and 1 tasks
+  std::vector<int> written = read_pids(path);
+  std::filesystem::remove(path);
+  std::sort(pids.begin(), pids.end());
+  std::sort(written.begin(), written.end());
+  EXPECT_EQ(written, pids) << "a worker was killed instead of exiting (its lines are missing)";
 }
 
 TEST_P(PoolTest, ImapOrderedAndUnordered) {
@@ -328,11 +387,11 @@ TEST_P(PoolTest, DestructorStopsTheWorkers) {
   for (int pid : pids) EXPECT_EQ(::kill(pid, 0), -1) << "worker " << pid << " survived";
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    StartMethodsAndStrategies, PoolTest,
-    ::testing::Combine(::testing::Values(StartMethod::kFork, StartMethod::kExec),
-                       ::testing::Values(SharingStrategy::kFileDescriptor,
-                                         SharingStrategy::kFileSystem)),
-    name_of);
+INSTANTIATE_TEST_SUITE_P(StartMethodsAndStrategies, PoolTest,
+                         ::testing::Combine(::testing::Values(StartMethod::kFork,
+                                                              StartMethod::kExec),
+                                            ::testing::Values(SharingStrategy::kFileDescriptor,
+                                                              SharingStrategy::kFileSystem)),
+                         name_of);
 
 }  // namespace pool_test
