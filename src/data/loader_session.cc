@@ -36,9 +36,9 @@ struct LoaderSession::State {
   };
   struct Worker {
     Process process;
-    Connection connection;  // the main process's end
-    std::size_t load = 0;   // tasks of this epoch given to it and not handed out yet
-    bool active = true;     // iterable: has more this epoch
+    Connection connection;    // the main process's end
+    std::size_t load = 0;     // tasks of this epoch given to it and not handed out yet
+    bool active = true;       // iterable: has more this epoch
     bool fresh_epoch = true;  // iterable: its next task starts the iteration over
   };
 
@@ -49,9 +49,9 @@ struct LoaderSession::State {
   bool source_done = true;
   std::uint64_t next_id = 1;
   std::uint64_t epoch_first = 1;
-  std::uint64_t next_out = 1;  // in_order: the id handed out next
+  std::uint64_t next_out = 1;           // in_order: the id handed out next
   std::map<std::uint64_t, Task> tasks;  // this epoch's, not yet handed out
-  std::size_t cursor = 0;  // round robin
+  std::size_t cursor = 0;               // round robin
   bool broken = false;
 
   void start(const Launch& launch);
@@ -70,14 +70,12 @@ void LoaderSession::State::start(const Launch& launch) {
     auto [mine, theirs] = shmtensor::pipe();
     WorkerLink link{std::make_shared<Connection>(std::move(theirs))};
     LaunchSpec spec = launch(i, link);
-    if (spec.fork_body) {
-      // A forked worker inherits our ends of the earlier workers' connections: it closes
-      // them first, so that each worker's exit is seen as EOF by us alone.
-      spec.fork_body = [this, body = std::move(spec.fork_body)] {
-        for (Worker& w : workers) w.connection.close();
-        body();
-      };
-    }
+    // A forked worker inherits our ends of its own connection and of the earlier workers':
+    // it closes them first, so that our close() is an EOF for every worker (which then
+    // stops), not only for those that hold no copy.
+    std::vector<int> ours{mine.native_handle()};
+    for (const Worker& w : workers) ours.push_back(w.connection.native_handle());
+    internal::close_in_forked_child(spec, std::move(ours));
     Process p = ProcessAccess::make(std::move(spec));
     // From here only the launch spec holds the worker's end; start() drops it, so the
     // worker's exit reads as EOF on ours.
@@ -144,8 +142,8 @@ void LoaderSession::State::fill() {
       // in_order keeps a strict rotation: a busy worker is waited for, not skipped.
       if (pick || options.in_order) break;
     }
-    if (options.iterable && std::none_of(workers.begin(), workers.end(),
-                                         [](const Worker& w) { return w.active; })) {
+    if (options.iterable &&
+        std::none_of(workers.begin(), workers.end(), [](const Worker& w) { return w.active; })) {
       source_done = true;
       break;
     }
@@ -194,7 +192,8 @@ std::optional<std::uint64_t> LoaderSession::State::take_ready() {
       case Status::kReady:
         return id;
       case Status::kFailed:
-        throw internal::worker_error(task.worker, workers[static_cast<std::size_t>(task.worker)].process.pid(),
+        throw internal::worker_error(task.worker,
+                                     workers[static_cast<std::size_t>(task.worker)].process.pid(),
                                      task.failure);
       default:
         continue;  // kEnd: that worker had nothing for this slot
@@ -247,10 +246,10 @@ void LoaderSession::State::read(std::size_t w) {
       // A malformed reply: nothing more from this worker can be trusted.
       broken = true;
       worker.process.kill();
-      throw DataLoaderError("DataLoader worker " + std::to_string(w) + " (pid " +
-                            std::to_string(worker.process.pid()) +
-                            ") sent a reply that could not be decoded: " +
-                            internal::describe_current_exception());
+      throw DataLoaderError(
+          "DataLoader worker " + std::to_string(w) + " (pid " +
+          std::to_string(worker.process.pid()) +
+          ") sent a reply that could not be decoded: " + internal::describe_current_exception());
     }
   }
 }

@@ -9,6 +9,7 @@
 #include <memory>
 
 #include "os/child.h"
+#include "os/unique_fd.h"
 
 namespace shmtensor::internal {
 
@@ -47,8 +48,17 @@ void flush_stdio() noexcept {
   std::fflush(nullptr);
 }
 
-void run_forked_child(const std::function<void()>& body, int report_fd,
-                      int parent_pid) noexcept {
+void close_in_forked_child(detail::LaunchSpec& spec, std::vector<int> fds) {
+  if (!spec.fork_body) return;
+  spec.fork_body = [fds = std::move(fds), body = std::move(spec.fork_body)] {
+    // The objects that own these fds in the parent are never destroyed in the child (it
+    // ends with _exit), so nothing closes the numbers a second time.
+    for (int fd : fds) UniqueFd(fd).reset();
+    body();
+  };
+}
+
+void run_forked_child(const std::function<void()>& body, int report_fd, int parent_pid) noexcept {
   die_with_parent(parent_pid);
   int code = 0;
   try {

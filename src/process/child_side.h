@@ -8,6 +8,9 @@
 
 #include <functional>
 #include <string>
+#include <vector>
+
+#include "shmtensor/process.h"
 
 namespace shmtensor::internal {
 
@@ -29,6 +32,14 @@ void flush_stdio() noexcept;
 // flushes stdio and _exits (0, or 1 after an exception).
 [[noreturn]] void run_forked_child(const std::function<void()>& body, int report_fd,
                                    int parent_pid) noexcept;
+
+// Makes a forked child (spec.fork_body) close `fds` before anything else: the parent's ends
+// of the connection to this child and of those to its siblings. A forked child inherits
+// them; while it holds a copy of the parent's end of its own connection, or a sibling holds
+// one, the parent's close() is no EOF for the child, which then waits for a message
+// forever. The fds are the parent's, owned by the calling thread and open until the fork.
+// An exec'd child inherits none of them (close-on-exec), so only fork_body changes.
+void close_in_forked_child(detail::LaunchSpec& spec, std::vector<int> fds);
 
 // Called when a process is about to start a child while it is itself an exec child whose
 // init() never ran (the program does not call shmtensor::init at the top of main): reports

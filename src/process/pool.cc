@@ -139,18 +139,29 @@ PoolCore::~PoolCore() {
   }
 }
 
-PoolCore::Worker PoolCore::start_worker(int index) {
+PoolWorker start_pool_worker(int index, StartMethod method, std::vector<int> siblings) {
   auto [mine, theirs] = shmtensor::pipe();
   WorkerChannel channel{std::make_shared<Connection>(std::move(theirs))};
-  Process process =
-      detail::ProcessAccess::make(detail::make_launch<true>(index, pool_worker_main, channel));
+  detail::LaunchSpec spec = detail::make_launch<true>(index, pool_worker_main, channel);
+  siblings.push_back(mine.native_handle());
+  close_in_forked_child(spec, std::move(siblings));
+  Process process = detail::ProcessAccess::make(std::move(spec));
   channel.connection.reset();
   process.set_daemon(true);
-  process.set_start_method(options_.start_method);
+  process.set_start_method(method);
   // start() drops the callable and its arguments: afterwards only the worker holds its end,
   // so its death is an EOF here.
   process.start();
-  return Worker{std::move(process), std::move(mine), std::nullopt};
+  return PoolWorker{std::move(process), std::move(mine)};
+}
+
+PoolCore::Worker PoolCore::start_worker(int index) {
+  // Called by the constructor, then only by the dispatcher: the fds are current.
+  std::vector<int> siblings;
+  for (const Worker& w : workers_)
+    if (w.connection.valid()) siblings.push_back(w.connection.native_handle());
+  PoolWorker started = start_pool_worker(index, options_.start_method, std::move(siblings));
+  return Worker{std::move(started.process), std::move(started.connection), std::nullopt};
 }
 
 const CodeAddress& PoolCore::address_of(std::uintptr_t address) {

@@ -10,9 +10,12 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "shmtensor/codec.h"
 #include "shmtensor/connection.h"
+#include "shmtensor/process.h"
+#include "shmtensor/start_method.h"
 
 namespace shmtensor {
 
@@ -35,6 +38,17 @@ struct Codec<internal::WorkerChannel> {
 namespace internal {
 inline constexpr std::uint64_t kStop = 0;  // the task id that tells a worker to exit
 void pool_worker_main(int index, WorkerChannel channel);
+
+// A started worker and the parent's end of its connection.
+struct PoolWorker {
+  Process process;
+  Connection connection;
+};
+// Starts worker `index` (a daemon running pool_worker_main). `siblings`: the parent's ends
+// of the other workers' connections. A forked worker closes those and the parent's end of
+// its own first, so that it sees EOF (and exits) when the parent closes its end, and no
+// worker keeps another's connection open. Throws what Process::start throws.
+PoolWorker start_pool_worker(int index, StartMethod method, std::vector<int> siblings);
 }  // namespace internal
 
 }  // namespace shmtensor

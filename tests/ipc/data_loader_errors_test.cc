@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
@@ -83,10 +84,12 @@ TEST_F(DataLoaderErrorsTest, CollateAndWorkerInitFailuresNameTheirStage) {
     EXPECT_EQ(e.stage(), "collate_fn");
     EXPECT_EQ(e.index(), -1);
     EXPECT_EQ(e.type_name(), "std::invalid_argument");
-    EXPECT_NE(std::string(e.what()).find("raised std::invalid_argument in collate_fn"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("raised std::invalid_argument in collate_fn"),
+              std::string::npos);
   }
   for (StartMethod method : {StartMethod::kFork, StartMethod::kExec}) {
-    DataLoader init(Troubled{}, {.num_workers = 2, .worker_init_fn = &failing_init, .start_method = method});
+    DataLoader init(Troubled{},
+                    {.num_workers = 2, .worker_init_fn = &failing_init, .start_method = method});
     try {
       init.begin();
       FAIL() << "no exception";
@@ -160,7 +163,8 @@ TEST_F(DataLoaderErrorsTest, BusErrorExplainsSharedMemoryAndExitCodesAreReported
 }
 
 TEST_F(DataLoaderErrorsTest, StuckWorkerPastTheTimeoutIsATimeoutError) {
-  DataLoader loader(Troubled{.stuck = 2}, {.num_workers = 1, .timeout = std::chrono::milliseconds(300)});
+  DataLoader loader(Troubled{.stuck = 2},
+                    {.num_workers = 1, .timeout = std::chrono::milliseconds(300)});
   auto it = loader.begin();
   ++it;
   EXPECT_EQ((*it).item<std::int64_t>(), 1);
@@ -169,8 +173,10 @@ TEST_F(DataLoaderErrorsTest, StuckWorkerPastTheTimeoutIsATimeoutError) {
     ++it;
     FAIL() << "no exception";
   } catch (const DataLoaderTimeout& e) {
-    EXPECT_EQ(std::string(e.what()), "DataLoader timed out after 0.3 seconds waiting for batch 2 from "
-                                     "worker 0 (pid " + std::to_string(pid) + ")");
+    EXPECT_EQ(std::string(e.what()),
+              "DataLoader timed out after 0.3 seconds waiting for batch 2 from "
+              "worker 0 (pid " +
+                  std::to_string(pid) + ")");
   }
   // The stuck worker was stopped (SIGTERM) and reaped.
   EXPECT_TRUE(loader.worker_pids().empty());
@@ -179,7 +185,8 @@ TEST_F(DataLoaderErrorsTest, StuckWorkerPastTheTimeoutIsATimeoutError) {
 
 TEST_F(DataLoaderErrorsTest, LeavingAnEpochEarlyStopsTheWorkers) {
   for (StartMethod method : {StartMethod::kFork, StartMethod::kExec}) {
-    DataLoader loader(Troubled{.n = 1000}, {.batch_size = 3, .num_workers = 2, .start_method = method});
+    DataLoader loader(Troubled{.n = 1000},
+                      {.batch_size = 3, .num_workers = 2, .start_method = method});
     std::vector<int> pids;
     int seen = 0;
     for (auto& batch : loader) {
@@ -191,7 +198,8 @@ TEST_F(DataLoaderErrorsTest, LeavingAnEpochEarlyStopsTheWorkers) {
     for (int pid : pids) EXPECT_EQ(::kill(pid, 0), -1) << pid;  // reaped
     // An exception thrown by the loop body does the same.
     try {
-      for (auto& batch : loader) throw std::runtime_error(std::to_string(batch[0].item<std::int64_t>()));
+      for (auto& batch : loader)
+        throw std::runtime_error(std::to_string(batch[0].item<std::int64_t>()));
     } catch (const std::runtime_error& e) {
       EXPECT_EQ(std::string(e.what()), "0");
     }
@@ -206,13 +214,61 @@ TEST_F(DataLoaderErrorsTest, LeavingAnEpochEarlyStopsTheWorkers) {
 TEST_F(DataLoaderErrorsTest, DestroyingALoaderMidEpochStopsPersistentAndStuckWorkers) {
   std::vector<int> pids;
   {
-    DataLoader loader(Troubled{.n = 100, .stuck = 3}, {.num_workers = 2, .persistent_workers = true});
+    DataLoader loader(Troubled{.n = 100, .stuck = 3},
+                      {.num_workers = 2, .persistent_workers = true});
     auto it = loader.begin();
     ++it;
     pids = loader.worker_pids();
     ASSERT_EQ(pids.size(), 2u);
   }
   for (int pid : pids) EXPECT_EQ(::kill(pid, 0), -1) << pid;
+}
+
+// A worker that ignores every message, kStop included, and SIGTERM: it ends only at EOF on
+// its connection. flags[id]: 1 once it runs, 2 once it saw EOF.
+void eof_only_worker(int id, detail::WorkerLink link, Tensor flags) {
+  std::signal(SIGTERM, SIG_IGN);
+  auto* flag = flags.data_ptr<std::int64_t>() + id;
+  std::atomic_ref<std::int64_t>(*flag).store(1);
+  for (;;) {
+    try {
+      (void)link.connection->recv_encoded(std::nullopt);
+    } catch (const ConnectionClosed&) {
+      std::atomic_ref<std::int64_t>(*flag).store(2);
+      return;
+    }
+  }
+}
+
+TEST_F(DataLoaderErrorsTest, ClosingTheMainProcessEndIsEndOfFileForEveryWorker) {
+  // The loader's session stops its workers with kStop and then closes its ends. A forked
+  // worker inherits copies of those ends (its own and the earlier workers'); unless it
+  // closes them, the close is no EOF and only the signals after the grace period end it.
+  for (StartMethod method : {StartMethod::kFork, StartMethod::kExec}) {
+    Tensor flags = Tensor::zeros({3}, DType::kInt64);
+    flags.share_memory_();
+    auto flag = [&](int i) {
+      return std::atomic_ref<std::int64_t>(flags.data_ptr<std::int64_t>()[i]).load();
+    };
+    {
+      detail::SessionOptions options;
+      options.num_workers = 3;
+      options.start_method = method;
+      detail::LoaderSession session(
+          options,
+          [&](int id, detail::WorkerLink link) {
+            return detail::make_launch<true>(id, &eof_only_worker, link, flags);
+          },
+          [](std::uint64_t, Decoder&, bool) {});
+      // Wait until every worker runs (an exec'd one takes a while to start).
+      auto running = [&] { return flag(0) != 0 && flag(1) != 0 && flag(2) != 0; };
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+      while (!running() && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      ASSERT_TRUE(running()) << "the workers did not start";
+    }  // stops the workers: kStop (ignored), EOF; SIGTERM (ignored); SIGKILL
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(flag(i), 2) << "worker " << i << " never saw EOF";
+  }
 }
 
 auto capturing_collate(int k) {
@@ -239,18 +295,22 @@ TEST_F(DataLoaderErrorsTest, InvalidOptionsAreRejectedUpFront) {
             }),
             "DataLoader: sampler option is mutually exclusive with shuffle");
   EXPECT_EQ(message([] {
-              DataLoader l(Troubled{}, {.batch_size = 2, .batch_sampler = BatchSampler::Batches{{1}}});
+              DataLoader l(Troubled{},
+                           {.batch_size = 2, .batch_sampler = BatchSampler::Batches{{1}}});
             }),
             "DataLoader: batch_sampler option is mutually exclusive with batch_size, shuffle, "
             "sampler, and drop_last");
   const std::string exec = message([] {
-    DataLoader l(Troubled{}, DataLoaderOptions{.num_workers = 1, .start_method = StartMethod::kExec,
+    DataLoader l(Troubled{}, DataLoaderOptions{.num_workers = 1,
+                                               .start_method = StartMethod::kExec,
                                                .collate_fn = capturing_collate(1)});
   });
-  EXPECT_NE(exec.find("collate_fn must be a plain function or a captureless lambda"), std::string::npos);
+  EXPECT_NE(exec.find("collate_fn must be a plain function or a captureless lambda"),
+            std::string::npos);
   const std::string init = message([] {
     int k = 0;
-    DataLoader l(Troubled{}, {.num_workers = 1, .worker_init_fn = [k](int) { (void)k; },
+    DataLoader l(Troubled{}, {.num_workers = 1,
+                              .worker_init_fn = [k](int) { (void)k; },
                               .start_method = StartMethod::kExec});
   });
   EXPECT_NE(init.find("worker_init_fn must hold a plain function pointer"), std::string::npos);

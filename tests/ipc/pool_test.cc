@@ -22,6 +22,7 @@
 #include <tuple>
 #include <vector>
 
+#include "process/pool_protocol.h"
 #include "shmtensor/sharing_strategy.h"
 #include "shmtensor/tensor.h"
 #include "support/leak_check.h"
@@ -295,6 +296,23 @@ TEST_P(PoolTest, ReplacementWorkersEndInAnOrderlyWayAtJoin) {
   std::sort(pids.begin(), pids.end());
   std::sort(written.begin(), written.end());
   EXPECT_EQ(written, pids) << "a worker was killed instead of exiting (its lines are missing)";
+}
+
+TEST_P(PoolTest, WorkerExitsWhenTheParentClosesItsEnd) {
+  // Two workers started as the Pool starts them (the second one knows the parent's end of
+  // the first one's connection). Closing the parent's end, with no stop message and no
+  // signal, is EOF for each worker: neither it nor its sibling holds a copy of that end.
+  using shmtensor::internal::start_pool_worker;
+  const StartMethod method = std::get<0>(GetParam());
+  auto first = start_pool_worker(0, method, {});
+  auto second = start_pool_worker(1, method, {first.connection.native_handle()});
+  first.connection.close();
+  EXPECT_TRUE(first.process.join(20s)) << "the first worker did not see EOF";
+  EXPECT_EQ(first.process.exitcode(), 0);
+  EXPECT_TRUE(second.process.is_alive());
+  second.connection.close();
+  EXPECT_TRUE(second.process.join(20s)) << "the second worker did not see EOF";
+  EXPECT_EQ(second.process.exitcode(), 0);
 }
 
 TEST_P(PoolTest, ImapOrderedAndUnordered) {
