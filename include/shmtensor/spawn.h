@@ -82,8 +82,9 @@ class ProcessContext {
   // Waits until every child has ended (true), a child has failed (throws, see above,
   // after terminating the others), or `timeout` has passed (false). With a grace_period,
   // the other children are first given that long to end by themselves before SIGTERM,
-  // and that long again (instead of 30 s) before SIGKILL. Once every child has ended it
-  // returns true, also on later calls.
+  // and that long again (instead of 30 s) before SIGKILL. A failure is thrown once, also
+  // for a child already reaped through processes(). Once every child has ended (and any
+  // failure was thrown) it returns true, also on later calls.
   //
   // Unlike torch, join() without a timeout waits for all children rather than returning
   // after the first one ends; `while (!ctx.join()) {}` works with both.
@@ -91,10 +92,13 @@ class ProcessContext {
             std::optional<Duration> grace_period = std::nullopt);
 
   std::vector<int> pids() const;  // pid_t values, in index order
+  // The children. Reaping one through it (is_alive(), exitcode(), join()) does not hide its
+  // failure from join(), which throws it all the same.
   std::vector<Process>& processes() noexcept { return processes_; }
 
  private:
   std::vector<Process> processes_;
+  std::vector<bool> examined_;  // join() has looked at processes_[i] since it ended
 };
 
 namespace detail {

@@ -33,24 +33,25 @@ Clock::duration to_clock(Duration d) {
   const int code = s->exitcode().value_or(255);
   if (code < 0) {
     std::string name = internal::signal_name(-code);
-    throw ProcessExitedException(
-        "process " + std::to_string(i) + " terminated with signal " + name, i, pid, code, name);
+    throw ProcessExitedException("process " + std::to_string(i) + " terminated with signal " + name,
+                                 i, pid, code, name);
   }
   throw ProcessExitedException(
-      "process " + std::to_string(i) + " terminated with exit code " + std::to_string(code), i,
-      pid, code);
+      "process " + std::to_string(i) + " terminated with exit code " + std::to_string(code), i, pid,
+      code);
 }
 
 }  // namespace
 
 ProcessContext::ProcessContext(std::vector<Process> processes)
-    : processes_(std::move(processes)) {}
+    : processes_(std::move(processes)), examined_(processes_.size(), false) {}
 ProcessContext::ProcessContext(ProcessContext&&) noexcept = default;
 
 ProcessContext& ProcessContext::operator=(ProcessContext&& other) noexcept {
   if (this != &other) {
     internal::shutdown_processes(processes_);
     processes_ = std::move(other.processes_);
+    examined_ = std::move(other.examined_);
   }
   return *this;
 }
@@ -61,11 +62,17 @@ bool ProcessContext::join(std::optional<Duration> timeout, std::optional<Duratio
   std::optional<Clock::time_point> deadline;
   if (timeout) deadline = Clock::now() + to_clock(*timeout);
   std::optional<std::size_t> failed;
+  examined_.resize(processes_.size(), false);  // processes() is the caller's to change
   for (;;) {
-    // Processes found ended in one round are examined in index order; the first failure
-    // is the one reported.
-    for (std::size_t i : internal::poll_processes(processes_)) {
-      if (detail::ProcessAccess::state(processes_[i])->failed()) {
+    // Every process that has ended and was not examined yet, in index order; the first
+    // failure is the one reported. Not only those poll_processes() finds ended now: the
+    // caller may have reaped a child already through processes()[i].
+    internal::poll_processes(processes_);
+    for (std::size_t i = 0; i < processes_.size(); ++i) {
+      internal::ProcessState* s = detail::ProcessAccess::state(processes_[i]);
+      if (s == nullptr || !s->ended() || examined_[i]) continue;
+      examined_[i] = true;
+      if (s->failed()) {
         failed = i;
         break;
       }
@@ -89,6 +96,9 @@ bool ProcessContext::join(std::optional<Duration> timeout, std::optional<Duratio
   internal::terminate_processes(
       processes_, grace_period ? to_clock(*grace_period) : Clock::duration(kDefaultGracePeriod),
       /*warn=*/true);
+  // Every child has ended now; the first failure is reported, and only once: a later call
+  // returns true.
+  examined_.assign(processes_.size(), true);
   throw_failure(processes_, *failed);
 }
 

@@ -19,10 +19,10 @@
 #include <string>
 #include <thread>
 
-#include "support/leak_check.h"
 #include "os/mapping.h"
 #include "shmtensor/queue.h"
 #include "shmtensor/start_method.h"
+#include "support/leak_check.h"
 
 namespace spawn_test {
 
@@ -151,7 +151,7 @@ TEST_P(SpawnTest, SuccessNonBlocking) {
 
 TEST_P(SpawnTest, RepeatedJoinWithTimeoutEventuallyTrue) {
   auto ctx = shmtensor::spawn(exception_single_func, 2, options(/*join=*/false), -1);
-  EXPECT_FALSE(ctx.join(0s));          // both sleep 1 s
+  EXPECT_FALSE(ctx.join(0s));  // both sleep 1 s
   EXPECT_FALSE(ctx.join(50ms));
   int calls = 0;
   while (!ctx.join(100ms)) ++calls;
@@ -216,11 +216,33 @@ TEST_P(SpawnTest, TerminateExitTerminatesTheOthersWithAWarning) {
     EXPECT_EQ(e.pid(), pids[0]);
   }
   std::string err = ::testing::internal::GetCapturedStderr();
-  EXPECT_THAT(err, HasSubstr("Terminating process " + std::to_string(pids[1]) +
-                             " via signal SIGTERM"));
+  EXPECT_THAT(err,
+              HasSubstr("Terminating process " + std::to_string(pids[1]) + " via signal SIGTERM"));
   EXPECT_THAT(err, ::testing::Not(HasSubstr("via signal SIGKILL")));
   EXPECT_EQ(ctx.processes()[1].exitcode(), -SIGTERM);
   for (auto& p : ctx.processes()) EXPECT_FALSE(p.is_alive());
+}
+
+TEST_P(SpawnTest, FailureOfAChildReapedThroughProcessesIsStillThrownByJoin) {
+  auto ctx = shmtensor::spawn(terminate_exit_func, 2, options(/*join=*/false), 7);
+  // The caller reaps child 0 itself, through processes(), before join() sees it end.
+  shmtensor::Process& first = ctx.processes()[0];
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  while (!first.exitcode() && std::chrono::steady_clock::now() < deadline) sleep_for(5ms);
+  ASSERT_EQ(first.exitcode(), 7);
+  EXPECT_FALSE(first.is_alive());
+  ::testing::internal::CaptureStderr();
+  try {
+    ctx.join();
+    ADD_FAILURE() << "no exception";
+  } catch (const ProcessExitedException& e) {
+    EXPECT_STREQ(e.what(), "process 0 terminated with exit code 7");
+    EXPECT_EQ(e.error_index(), 0);
+    EXPECT_EQ(e.exit_code(), 7);
+  }
+  ::testing::internal::GetCapturedStderr();
+  for (auto& p : ctx.processes()) EXPECT_FALSE(p.is_alive());
+  EXPECT_TRUE(ctx.join());  // the failure is thrown once; every child has ended
 }
 
 TEST_P(SpawnTest, TerminateExitWithGracePeriodLetsTheOthersFinish) {
@@ -256,10 +278,10 @@ TEST_P(SpawnTest, SigkillAfterTheGracePeriod) {
   EXPECT_THROW(ctx.join(std::nullopt, 300ms), ProcessExitedException);
   auto elapsed = std::chrono::steady_clock::now() - t0;
   std::string err = ::testing::internal::GetCapturedStderr();
-  EXPECT_THAT(err, HasSubstr("Terminating process " + std::to_string(pids[1]) +
-                             " via signal SIGTERM"));
-  EXPECT_THAT(err, HasSubstr("Terminating process " + std::to_string(pids[1]) +
-                             " via signal SIGKILL"));
+  EXPECT_THAT(err,
+              HasSubstr("Terminating process " + std::to_string(pids[1]) + " via signal SIGTERM"));
+  EXPECT_THAT(err,
+              HasSubstr("Terminating process " + std::to_string(pids[1]) + " via signal SIGKILL"));
   EXPECT_EQ(ctx.processes()[1].exitcode(), -SIGKILL);
   EXPECT_LT(elapsed, 10s);
 }
@@ -367,16 +389,15 @@ TEST_F(SpawnForkTest, ArgumentsAreCopiedIntoEachChild) {
   auto* out = reinterpret_cast<volatile int*>(shared.data());
   std::string word = "abc";
   shmtensor::spawn(
-      [out](int i, const std::string& w, int k) { out[i] = static_cast<int>(w.size()) * k + i; },
-      3, {}, word, 10);
+      [out](int i, const std::string& w, int k) { out[i] = static_cast<int>(w.size()) * k + i; }, 3,
+      {}, word, 10);
   for (int i = 0; i < 3; ++i) EXPECT_EQ(out[i], 30 + i);
 }
 
 TEST_F(SpawnForkTest, CapturingLambdaCannotUseExec) {
   int captured = 1;
   try {
-    shmtensor::spawn([captured](int) { (void)captured; }, 1,
-                     {.start_method = StartMethod::kExec});
+    shmtensor::spawn([captured](int) { (void)captured; }, 1, {.start_method = StartMethod::kExec});
     ADD_FAILURE() << "no exception";
   } catch (const shmtensor::Error& e) {
     EXPECT_THAT(e.what(), HasSubstr("plain function or a captureless lambda"));
@@ -440,9 +461,7 @@ TEST_F(SpawnForkTest, DestroyingTheContextWaitsForTheChildren) {
 
 TEST_F(SpawnForkTest, DestroyingTheContextTerminatesDaemons) {
   auto t0 = std::chrono::steady_clock::now();
-  {
-    auto ctx = shmtensor::spawn(infinite_task, 2, {.join = false, .daemon = true});
-  }
+  { auto ctx = shmtensor::spawn(infinite_task, 2, {.join = false, .daemon = true}); }
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 4s);
 }
 
