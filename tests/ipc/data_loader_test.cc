@@ -3,8 +3,14 @@
 // Every test runs real worker processes and checks that nothing leaks.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <map>
+#include <numeric>
+#include <set>
+#include <stdexcept>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -59,8 +65,10 @@ class DataLoaderCombos : public DataLoaderTest, public ::testing::WithParamInter
 
 TEST_P(DataLoaderCombos, EveryIndexOnceInTheSamplersBatches) {
   const Combo c = GetParam();
-  DataLoader loader(Numbers{23}, {.batch_size = 4, .drop_last = c.drop_last,
-                                  .num_workers = c.workers, .prefetch_factor = c.prefetch,
+  DataLoader loader(Numbers{23}, {.batch_size = 4,
+                                  .drop_last = c.drop_last,
+                                  .num_workers = c.workers,
+                                  .prefetch_factor = c.prefetch,
                                   .in_order = c.in_order});
   Batches expected;
   for (std::int64_t b = 0; b < 23; b += 4) {
@@ -82,6 +90,123 @@ INSTANTIATE_TEST_SUITE_P(Options, DataLoaderCombos,
                                            Combo{3, true, false, 1}, Combo{2, false, false, 2},
                                            Combo{3, false, true, 3}, Combo{1, false, true, 1}));
 
+// Cells shared by the test and its (forked) workers: an int64 tensor in shared memory,
+// read and written through std::atomic_ref (lock-free, so it works across processes).
+struct Board {
+  Tensor cells;
+  explicit Board(std::int64_t n) : cells(Tensor::zeros({n}, DType::kInt64)) {
+    cells.share_memory_();
+  }
+  std::atomic_ref<std::int64_t> operator[](std::int64_t i) const {
+    return std::atomic_ref<std::int64_t>(const_cast<Tensor&>(cells).data_ptr<std::int64_t>()[i]);
+  }
+};
+
+// Waits in a worker until ready() holds. A loader that does not behave as the test expects
+// would make it wait forever: it gives up after 20 s with an exception, which the loader
+// rethrows, so the test fails instead of hanging.
+template <class Ready>
+void wait_in_worker(Ready ready, const std::string& what) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (!ready()) {
+    if (std::chrono::steady_clock::now() > deadline)
+      throw std::runtime_error("gave up waiting for " + what);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+// Sample i is i. get() logs each index as it starts and as it finishes; get(held) first
+// waits until release() says so. Board layout: [0] started count, [1, 1 + n) indices in
+// the order get() started, [1 + n] finished count, [2 + n, 2 + 2n) indices in the order
+// get() finished, [2 + 2n, 2 + 3n) the consumer's marks (the test sets [2 + 2n + i] when it
+// has taken batch i), [2 + 3n] the started count when get(held) returned.
+struct Held {
+  std::int64_t n;
+  std::int64_t held;
+  std::function<bool(const Held&)> release;
+  Board board{2 + 3 * n + 1};
+
+  std::int64_t size() const { return n; }
+  std::int64_t get(std::int64_t i) const {
+    board[1 + board[0]++] = i;
+    if (i == held) {
+      wait_in_worker([&] { return release(*this); }, "the release of index " + std::to_string(i));
+      board[2 + 3 * n] = board[0].load();
+    }
+    board[2 + n + board[1 + n]++] = i;
+    return i;
+  }
+  std::vector<std::int64_t> started() const { return log(0); }
+  std::vector<std::int64_t> finished() const { return log(1 + n); }
+  bool finished_index(std::int64_t i) const {
+    const auto done = finished();
+    return std::find(done.begin(), done.end(), i) != done.end();
+  }
+  void take(std::int64_t i) const { board[2 + 2 * n + i] = 1; }
+  bool taken(std::int64_t i) const { return board[2 + 2 * n + i] != 0; }
+  std::int64_t started_when_released() const { return board[2 + 3 * n]; }
+
+ private:
+  std::vector<std::int64_t> log(std::int64_t at) const {
+    std::vector<std::int64_t> out;
+    for (std::int64_t k = 0; k < board[at]; ++k) out.push_back(board[at + 1 + k]);
+    return out;
+  }
+};
+
+TEST_F(DataLoaderTest, InOrderHandsOutSamplerOrderWhenWorkersFinishOutOfOrder) {
+  // Two workers, prefetch 2: worker 0 loads batches 0 and 2, worker 1 batches 1 and 3.
+  // get(0) waits until index 3 is loaded, so batches 1 and 3 are done before batch 0.
+  const Held held{8, 0, [](const Held& h) { return h.finished_index(3); }};
+  DataLoader loader(held, {.num_workers = 2, .prefetch_factor = 2, .in_order = true});
+  EXPECT_EQ(epoch(loader), (Batches{{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}}));
+  const std::vector<std::int64_t> finished = loader.dataset().finished();
+  ASSERT_GE(finished.size(), 3u);
+  EXPECT_EQ(std::vector<std::int64_t>(finished.begin(), finished.begin() + 3),
+            (std::vector<std::int64_t>{1, 3, 0}))
+      << "the workers did not finish out of order";
+  EXPECT_EQ(std::set<std::int64_t>(finished.begin(), finished.end()).size(), 8u);
+}
+
+TEST_F(DataLoaderTest, WithoutInOrderABatchIsHandedOutAsSoonAsItIsReady) {
+  // Worker 0 has batches 0 and 2, worker 1 batches 1 and 3. get(0) waits until the
+  // consumer has taken batches 1 and 3, which it can only do if they are handed out before
+  // batch 0: the order is exactly 1, 3, 0, 2 (a loader that held 1 and 3 back for 0 would
+  // leave get(0) waiting until it gives up, and fail the test).
+  const Held held{4, 0, [](const Held& h) { return h.taken(1) && h.taken(3); }};
+  DataLoader loader(held, {.num_workers = 2, .prefetch_factor = 2, .in_order = false});
+  Batches got;
+  for (auto& batch : loader) {
+    got.push_back(values(batch));
+    loader.dataset().take(got.back().at(0));
+  }
+  EXPECT_EQ(got, (Batches{{1}, {3}, {0}, {2}}));
+}
+
+TEST_F(DataLoaderTest, AtMostPrefetchFactorBatchesPerWorkerAreInFlight) {
+  // Three workers, prefetch 2: batches 0..5 are asked for at begin(), round robin (worker
+  // 0: 0, 3; worker 1: 1, 4; worker 2: 2, 5). get(0) holds batch 0 until every other
+  // worker has started its two, then a little longer, so that a seventh batch asked for
+  // too early would have its get() started too. No batch can be handed out before batch 0
+  // (in order), so none may be asked for beyond the six: while get(0) runs, the gets
+  // started are exactly 0 and the other workers' 1, 2, 4, 5.
+  const Held held{30, 0, [](const Held& h) {
+                    if (h.board[0] < 5) return false;
+                    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+                    return true;
+                  }};
+  DataLoader loader(held, {.num_workers = 3, .prefetch_factor = 2, .in_order = true});
+  Batches expected;
+  for (std::int64_t i = 0; i < 30; ++i) expected.push_back({i});
+  EXPECT_EQ(epoch(loader), expected);
+  EXPECT_EQ(loader.dataset().started_when_released(), 5);
+  const std::vector<std::int64_t> started = loader.dataset().started();
+  ASSERT_GE(started.size(), 5u);
+  EXPECT_EQ(std::set<std::int64_t>(started.begin(), started.begin() + 5),
+            (std::set<std::int64_t>{0, 1, 2, 4, 5}));
+  EXPECT_EQ(started.size(), 30u);
+}
+
 TEST_F(DataLoaderTest, ShuffleIsTheSeededPermutationNewEachEpochAndRepeatable) {
   DataLoader loader(Numbers{50}, {.batch_size = 50, .shuffle = true, .seed = 42, .num_workers = 2});
   const Batches first = epoch(loader), second = epoch(loader);
@@ -96,18 +221,24 @@ TEST_F(DataLoaderTest, ShuffleIsTheSeededPermutationNewEachEpochAndRepeatable) {
 }
 
 TEST_F(DataLoaderTest, CustomSamplersGiveTheirOrder) {
-  DataLoader by_sampler(Numbers{10}, {.batch_size = 2, .sampler = std::vector<std::int64_t>{9, 3, 3, 0, 7},
-                                      .num_workers = 2});
+  DataLoader by_sampler(
+      Numbers{10},
+      {.batch_size = 2, .sampler = std::vector<std::int64_t>{9, 3, 3, 0, 7}, .num_workers = 2});
   EXPECT_EQ(epoch(by_sampler), (Batches{{9, 3}, {3, 0}, {7}}));
-  DataLoader per_epoch(Numbers{10}, {.sampler = [](std::int64_t e) { return std::vector<std::int64_t>{e, e}; },
+  DataLoader per_epoch(Numbers{10}, {.sampler =
+                                         [](std::int64_t e) {
+                                           return std::vector<std::int64_t>{e, e};
+                                         },
                                      .num_workers = 1});
   EXPECT_EQ(epoch(per_epoch), (Batches{{0}, {0}}));
   EXPECT_EQ(epoch(per_epoch), (Batches{{1}, {1}}));
-  DataLoader by_batches(Numbers{10}, {.batch_sampler = Batches{{5}, {1, 2, 3}, {8, 0}}, .num_workers = 2,
-                                      .in_order = true});
+  DataLoader by_batches(
+      Numbers{10},
+      {.batch_sampler = Batches{{5}, {1, 2, 3}, {8, 0}}, .num_workers = 2, .in_order = true});
   EXPECT_EQ(by_batches.size(), 3);
   EXPECT_EQ(epoch(by_batches), (Batches{{5}, {1, 2, 3}, {8, 0}}));
-  DataLoader out_of_range(Numbers{10}, {.sampler = std::vector<std::int64_t>{10}, .num_workers = 1});
+  DataLoader out_of_range(Numbers{10},
+                          {.sampler = std::vector<std::int64_t>{10}, .num_workers = 1});
   EXPECT_THROW(out_of_range.begin(), std::out_of_range);
 }
 
@@ -135,7 +266,8 @@ TEST_F(DataLoaderTest, EachWorkerHasItsIdAndSeedAndBatchesGoRoundRobin) {
   }
   EXPECT_EQ(k, 6);
   DataLoader here(WhoLoads{}, {.batch_size = 12});
-  for (auto& [index, worker, seed, workers] : here) EXPECT_EQ(values(worker), std::vector<std::int64_t>(12, -1));
+  for (auto& [index, worker, seed, workers] : here)
+    EXPECT_EQ(values(worker), std::vector<std::int64_t>(12, -1));
 }
 
 struct Record {
@@ -148,8 +280,10 @@ struct Record {
 struct Records {
   std::int64_t size() const { return 4; }
   Record get(std::int64_t i) const {
-    return {Tensor::full({2, 3}, static_cast<double>(i)), static_cast<std::int32_t>(10 * i),
-            "r" + std::to_string(i), {{"w", 0.5 * static_cast<double>(i)}}};
+    return {Tensor::full({2, 3}, static_cast<double>(i)),
+            static_cast<std::int32_t>(10 * i),
+            "r" + std::to_string(i),
+            {{"w", 0.5 * static_cast<double>(i)}}};
   }
 };
 
@@ -163,7 +297,8 @@ TEST_F(DataLoaderTest, DefaultCollateStacksFieldByFieldIntoSharedMemoryInWorkers
       EXPECT_TRUE(pixels[1].equal(Tensor::full({2, 3}, static_cast<double>(2 * b + 1))));
       EXPECT_EQ(label.dtype(), DType::kInt32);
       EXPECT_EQ(values(label.to(DType::kInt64)), (std::vector<std::int64_t>{20 * b, 20 * b + 10}));
-      EXPECT_EQ(name, (std::vector<std::string>{"r" + std::to_string(2 * b), "r" + std::to_string(2 * b + 1)}));
+      EXPECT_EQ(name, (std::vector<std::string>{"r" + std::to_string(2 * b),
+                                                "r" + std::to_string(2 * b + 1)}));
       EXPECT_EQ(extra.at("w").dtype(), DType::kFloat64);
       EXPECT_EQ(extra.at("w")[1].item<double>(), 0.5 * static_cast<double>(2 * b + 1));
       ++b;
@@ -182,7 +317,9 @@ struct Shards {
       value += step;
       return *this;
     }
-    bool operator==(const It& o) const { return std::min(value, limit) == std::min(o.value, o.limit); }
+    bool operator==(const It& o) const {
+      return std::min(value, limit) == std::min(o.value, o.limit);
+    }
   };
   It begin() const {
     auto info = get_worker_info();
@@ -198,8 +335,8 @@ TEST_F(DataLoaderTest, IterableDatasetShardedByWorkerInfo) {
   const Batches expected{{0, 2}, {1, 3}, {4, 6}, {5, 7}, {8}, {9}};
   EXPECT_EQ(epoch(two), expected);
   EXPECT_EQ(epoch(two), expected);  // a new epoch iterates again
-  DataLoader dropping(Shards{}, {.batch_size = 2, .drop_last = true, .num_workers = 2,
-                                 .persistent_workers = true});
+  DataLoader dropping(
+      Shards{}, {.batch_size = 2, .drop_last = true, .num_workers = 2, .persistent_workers = true});
   EXPECT_EQ(epoch(dropping), (Batches{{0, 2}, {1, 3}, {4, 6}, {5, 7}}));
   EXPECT_EQ(epoch(dropping), (Batches{{0, 2}, {1, 3}, {4, 6}, {5, 7}}));
   DataLoader three(Shards{7}, {.batch_size = 2, .num_workers = 3, .in_order = false});
@@ -229,16 +366,39 @@ TEST_F(DataLoaderTest, PersistentWorkersServeEveryEpoch) {
   EXPECT_EQ(loader.epochs(), 6);
 }
 
+// In a worker process: the id worker_init_fn was called with there (-1: it was not).
+std::int64_t g_initialized_as = -1;
 void remember_worker(int id) {
   if (id < 0) throw std::logic_error("worker ids start at 0");
+  g_initialized_as = id;
 }
 
+// Sample i: (i, the id this process's worker_init_fn got). Encodable, for kExec.
+struct NumbersAndInit {
+  std::int64_t n = 7;
+  SHMTENSOR_FIELDS(n)
+  std::int64_t size() const { return n; }
+  std::tuple<std::int64_t, std::int64_t> get(std::int64_t i) const { return {i, g_initialized_as}; }
+};
+
 TEST_F(DataLoaderTest, ExecStartMethodRunsEncodableDatasets) {
-  DataLoader loader(Numbers{7}, {.batch_size = 2, .num_workers = 2, .worker_init_fn = &remember_worker,
-                                 .start_method = StartMethod::kExec});
-  EXPECT_EQ(epoch(loader), (Batches{{0, 1}, {2, 3}, {4, 5}, {6}}));
-  DataLoader seeded(WhoLoads{}, {.batch_size = 6, .seed = 7, .num_workers = 2,
-                                 .start_method = StartMethod::kExec});
+  DataLoader loader(NumbersAndInit{7}, {.batch_size = 2,
+                                        .num_workers = 2,
+                                        .worker_init_fn = &remember_worker,
+                                        .start_method = StartMethod::kExec});
+  Batches indices;
+  for (auto& [index, initialized_as] : loader) {
+    // Batch b comes from worker b % 2, whose worker_init_fn ran before its get().
+    const auto b = static_cast<std::int64_t>(indices.size());
+    indices.push_back(values(index));
+    EXPECT_EQ(values(initialized_as), std::vector<std::int64_t>(index.numel(), b % 2))
+        << "batch " << b;
+  }
+  EXPECT_EQ(indices, (Batches{{0, 1}, {2, 3}, {4, 5}, {6}}));
+  EXPECT_EQ(g_initialized_as, -1);  // it ran in the workers only
+  DataLoader seeded(
+      WhoLoads{},
+      {.batch_size = 6, .seed = 7, .num_workers = 2, .start_method = StartMethod::kExec});
   std::int64_t k = 0;
   for (auto& [index, worker, seed, workers] : seeded) {
     EXPECT_EQ(values(seed), std::vector<std::int64_t>(6, 7 + k));
@@ -246,6 +406,41 @@ TEST_F(DataLoaderTest, ExecStartMethodRunsEncodableDatasets) {
     ++k;
   }
   EXPECT_EQ(k, 2);
+}
+
+std::int64_t sum_of(std::vector<std::int64_t> samples) {
+  return std::accumulate(samples.begin(), samples.end(), std::int64_t{0});
+}
+
+TEST_F(DataLoaderTest, CustomCollateFunctionWithBothStartMethods) {
+  for (StartMethod method : {StartMethod::kFork, StartMethod::kExec}) {
+    // A function pointer: a re-executed worker finds it again by module and offset.
+    DataLoader loader(
+        Numbers{7},
+        DataLoaderOptions{
+            .batch_size = 2, .num_workers = 2, .start_method = method, .collate_fn = &sum_of});
+    static_assert(std::is_same_v<decltype(loader)::Batch, std::int64_t>);
+    std::vector<std::int64_t> sums;
+    for (std::int64_t sum : loader) sums.push_back(sum);
+    EXPECT_EQ(sums, (std::vector<std::int64_t>{1, 5, 9, 6}))
+        << (method == StartMethod::kFork ? "fork" : "exec");
+  }
+  // kFork runs the loader's own collate_fn in the forked worker, captures and all.
+  const std::int64_t scale = 10;
+  auto scaled_batch = [scale](std::vector<std::int64_t> samples) {
+    Tensor out = empty_batch({static_cast<std::int64_t>(samples.size())}, DType::kInt64);
+    for (std::size_t k = 0; k < samples.size(); ++k)
+      out.data_ptr<std::int64_t>()[k] = scale * samples[k];
+    return out;
+  };
+  DataLoader scaled(
+      Numbers{5}, DataLoaderOptions{.batch_size = 2, .num_workers = 2, .collate_fn = scaled_batch});
+  Batches got;
+  for (auto& batch : scaled) {
+    EXPECT_TRUE(batch.is_shared());  // empty_batch in a worker: shared memory
+    got.push_back(values(batch));
+  }
+  EXPECT_EQ(got, (Batches{{0, 10}, {20, 30}, {40}}));
 }
 
 // The seed workload at a size the tests can afford: every batch kept, and the consumer
