@@ -22,11 +22,14 @@
 //    soon as ready without it. At most prefetch_factor × num_workers batches are asked of
 //    the workers and not yet handed out.
 //  - num_workers = 0 loads in the calling process; exceptions then propagate unchanged.
-//  - A worker's exception in get/collate_fn/iteration/worker_init_fn is thrown here as
-//    DataLoaderWorkerError (worker id, index, exception type and message); the epoch can
-//    go on. A worker that dies is reported at once (pidfd) as DataLoaderWorkerDied with
-//    the signal's name; a wait longer than `timeout` is DataLoaderTimeout. After those two
-//    the workers are stopped and the next epoch starts new ones.
+//  - A worker's exception in get, collate_fn or an iterable dataset's iteration is thrown
+//    here as DataLoaderWorkerError (worker id, index, exception type and message); the
+//    epoch can go on. An exception in worker_init_fn is thrown the same way, but that
+//    worker can load nothing: the epoch ends there. A worker that dies is reported at
+//    once (pidfd) as DataLoaderWorkerDied with the signal's name; a wait longer than
+//    `timeout` is DataLoaderTimeout; these end the epoch too. After any error that ends
+//    the epoch the workers are stopped at once (persistent or not) and the next begin()
+//    starts new ones.
 //  - Workers start at begin(). They stop at the end of the epoch (unless
 //    persistent_workers), when an iteration is left early (the iterator is destroyed), and
 //    when the loader is destroyed: asked first, then SIGTERM after 1 s and SIGKILL after

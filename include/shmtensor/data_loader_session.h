@@ -35,7 +35,8 @@ class BatchPlan {
   std::int64_t size() const noexcept { return count_; }
   void batch(std::int64_t k, std::vector<std::int64_t>& out) const;
   // size() without building the plan.
-  static std::int64_t count(std::int64_t dataset_size, const PlanOptions& options, std::int64_t epoch);
+  static std::int64_t count(std::int64_t dataset_size, const PlanOptions& options,
+                            std::int64_t epoch);
 
  private:
   std::vector<std::int64_t> order_;
@@ -80,8 +81,9 @@ class LoaderSession {
   // source is empty for an iterable dataset (each task asks a worker for its next batch).
   void begin_epoch(Source source);
   // The id of the next batch to hand out (decoded by then), or nullopt at the epoch's end.
-  // Throws DataLoaderWorkerError (the epoch goes on), DataLoaderWorkerDied or
-  // DataLoaderTimeout (broken() is true afterwards).
+  // Throws DataLoaderWorkerError (the epoch goes on, unless it comes from worker_init_fn:
+  // then broken() is true afterwards), DataLoaderWorkerDied, DataLoaderTimeout or
+  // DataLoaderError for a reply that does not decode (broken() is true afterwards).
   std::optional<std::uint64_t> next();
   bool broken() const noexcept;
   std::vector<int> pids() const;

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
+#include <optional>
 #include <thread>
 
 #include "shmtensor/shmtensor.h"
@@ -100,6 +101,43 @@ TEST_F(DataLoaderErrorsTest, CollateAndWorkerInitFailuresNameTheirStage) {
     }
     EXPECT_TRUE(init.worker_pids().empty());  // the others were stopped
   }
+}
+
+void worker_1_cannot_start(int id) {
+  if (id == 1) throw std::runtime_error("no shard for worker 1");
+}
+
+TEST_F(DataLoaderErrorsTest, WorkerInitFailureEndsTheEpoch) {
+  // Unlike an exception in get(), one in worker_init_fn leaves a worker that can load
+  // nothing (batch 1 is its): the error ends the epoch and stops the workers.
+  DataLoader loader(Troubled{}, {.num_workers = 2, .worker_init_fn = &worker_1_cannot_start});
+  std::optional<decltype(loader.begin())> it;
+  bool thrown = false;
+  try {
+    it.emplace(loader.begin());
+    for (; !(*it == loader.end()); ++*it) {
+    }
+  } catch (const DataLoaderWorkerError& e) {
+    thrown = true;
+    EXPECT_EQ(e.worker_id(), 1);
+    EXPECT_EQ(e.stage(), "worker_init_fn");
+    EXPECT_EQ(e.message(), "no shard for worker 1");
+  }
+  ASSERT_TRUE(thrown);
+  EXPECT_TRUE(loader.worker_pids().empty());
+  if (it) {  // begin() returned batch 0 before the error came
+    EXPECT_TRUE(*it == loader.end());
+    ++*it;
+    EXPECT_TRUE(*it == loader.end());
+  }
+  // The next epoch starts new workers, and worker 1 fails the same way.
+  try {
+    for (auto& batch : loader) (void)batch;
+    ADD_FAILURE() << "no exception";
+  } catch (const DataLoaderWorkerError& e) {
+    EXPECT_EQ(e.stage(), "worker_init_fn");
+  }
+  EXPECT_EQ(loader.epochs(), 2);
 }
 
 // Iterates until the loader throws; the dataset guarantees that it must.
