@@ -104,7 +104,8 @@ class Decoder {
     return v;
   }
   // A length prefix, checked to be at most remaining() / min_element_bytes (so a hostile
-  // count cannot trigger a huge allocation or a long loop).
+  // count cannot trigger a huge allocation or a long loop). With 0 (elements that may take
+  // no payload bytes, like Connection), at most remaining() + the fds left + 65536.
   std::size_t read_size(std::size_t min_element_bytes = 1);
   std::size_t remaining() const noexcept;
   Tensor read_tensor();
@@ -123,6 +124,44 @@ class Decoder {
 };
 
 // ---- codecs --------------------------------------------------------------------------
+
+// The fewest payload bytes an encoded T takes: 0 when it may take none (Connection,
+// Queue and std::monostate: their fds travel beside the payload). A decoder bounds a length
+// prefix with it (Decoder::read_size).
+template <class T, class Enable = void>
+struct MinEncodedBytes : std::integral_constant<std::size_t, 0> {};
+template <class T>
+inline constexpr std::size_t kMinEncodedBytes = MinEncodedBytes<std::decay_t<T>>::value;
+template <class T>
+struct MinEncodedBytes<T, std::enable_if_t<std::is_arithmetic_v<T> || std::is_enum_v<T>>>
+    : std::integral_constant<std::size_t, sizeof(T)> {};
+template <>
+struct MinEncodedBytes<Tensor> : std::integral_constant<std::size_t, 1> {};
+template <>
+struct MinEncodedBytes<std::string> : std::integral_constant<std::size_t, 8> {};
+template <class T, class A>
+struct MinEncodedBytes<std::vector<T, A>> : std::integral_constant<std::size_t, 8> {};
+template <class K, class V, class C, class A>
+struct MinEncodedBytes<std::map<K, V, C, A>> : std::integral_constant<std::size_t, 8> {};
+template <class K, class V, class H, class E, class A>
+struct MinEncodedBytes<std::unordered_map<K, V, H, E, A>> : std::integral_constant<std::size_t, 8> {
+};
+template <class T>
+struct MinEncodedBytes<std::optional<T>> : std::integral_constant<std::size_t, 1> {};
+template <class... Ts>
+struct MinEncodedBytes<std::variant<Ts...>> : std::integral_constant<std::size_t, 4> {};
+template <class T, std::size_t N>
+struct MinEncodedBytes<std::array<T, N>>
+    : std::integral_constant<std::size_t, N * kMinEncodedBytes<T>> {};
+template <class A, class B>
+struct MinEncodedBytes<std::pair<A, B>>
+    : std::integral_constant<std::size_t, kMinEncodedBytes<A> + kMinEncodedBytes<B>> {};
+template <class... Ts>
+struct MinEncodedBytes<std::tuple<Ts...>>
+    : std::integral_constant<std::size_t, (std::size_t{0} + ... + kMinEncodedBytes<Ts>)> {};
+template <class T>
+struct MinEncodedBytes<T, std::void_t<decltype(std::declval<T&>().shmtensor_fields())>>
+    : MinEncodedBytes<std::decay_t<decltype(std::declval<T&>().shmtensor_fields())>> {};
 
 template <class T>
 struct Codec<T, std::enable_if_t<std::is_arithmetic_v<T> || std::is_enum_v<T>>> {
@@ -189,7 +228,7 @@ struct Codec<std::vector<T, A>> {
       v.resize(d.read_size(sizeof(T)));
       d.read_bytes(v.data(), v.size() * sizeof(T));
     } else {
-      std::size_t n = d.read_size(1);
+      std::size_t n = d.read_size(kMinEncodedBytes<T>);
       v.reserve(n);
       for (std::size_t i = 0; i < n; ++i) v.push_back(d.decode<T>());
     }
@@ -244,7 +283,8 @@ struct MapCodec {
   }
   static M decode(Decoder& d) {
     M m;
-    std::size_t n = d.read_size(1);
+    std::size_t n = d.read_size(kMinEncodedBytes<typename M::key_type> +
+                                kMinEncodedBytes<typename M::mapped_type>);
     for (std::size_t i = 0; i < n; ++i) {
       auto k = d.decode<typename M::key_type>();
       auto v = d.decode<typename M::mapped_type>();
@@ -284,10 +324,11 @@ struct Codec<std::variant<Ts...>> {
 
  private:
   template <std::size_t... I>
-  static std::variant<Ts...> decode_at(Decoder& d, std::uint32_t index,
-                                       std::index_sequence<I...>) {
+  static std::variant<Ts...> decode_at(Decoder& d, std::uint32_t index, std::index_sequence<I...>) {
     std::variant<Ts...> out;
-    ((index == I ? (out.template emplace<I>(d.decode<std::variant_alternative_t<I, std::variant<Ts...>>>()), true)
+    ((index == I ? (out.template emplace<I>(
+                        d.decode<std::variant_alternative_t<I, std::variant<Ts...>>>()),
+                    true)
                  : false) ||
      ...);
     return out;
@@ -295,8 +336,8 @@ struct Codec<std::variant<Ts...>> {
 };
 
 // Opt-in structs: SHMTENSOR_FIELDS(a, b, c) inside the struct.
-#define SHMTENSOR_FIELDS(...)                                              \
-  auto shmtensor_fields() { return std::tie(__VA_ARGS__); }                \
+#define SHMTENSOR_FIELDS(...)                               \
+  auto shmtensor_fields() { return std::tie(__VA_ARGS__); } \
   auto shmtensor_fields() const { return std::tie(__VA_ARGS__); }
 
 template <class T>

@@ -11,7 +11,12 @@
 //
 // Mechanism: one SOCK_SEQPACKET socket pair (the kernel delivers each datagram, fds
 // included, to exactly one reader) plus a small shared control block (item count for
-// maxsize, closed flag) on which blocked producers wait with a futex.
+// maxsize, closed flag, the processes holding the queue) on which blocked producers wait
+// with a futex.
+//
+// Lifetime: when the last process holding a queue drops its last handle, the items never
+// received are drained and their shared memory released (docs/transport.md says what
+// remains when a holder was SIGKILLed).
 //
 // Thread safety: all methods may be called from any thread of any process holding the
 // queue. Unbounded queues are bounded in practice by the kernel's socket buffer: put()
@@ -35,12 +40,14 @@ class QueueClosed : public Error {
 };
 
 namespace internal {
-// The type-independent part of a queue, shared by its handles in one process.
-class QueueCore {
+// The type-independent part of a queue, shared by its handles in one process. When the
+// last handle anywhere is gone (no live process holds the queue, none is in flight), the
+// process that dropped it drains the items left so that their shared memory is released.
+class QueueCore : public std::enable_shared_from_this<QueueCore> {
  public:
   static std::shared_ptr<QueueCore> create(std::size_t maxsize);
-  // From the fds of an encoded queue (takes ownership).
-  static std::shared_ptr<QueueCore> adopt(int send_fd, int recv_fd, int control_fd);
+  // From an encoded queue: takes its three fds and validates its control block.
+  static std::shared_ptr<QueueCore> decode(Decoder& d);
   ~QueueCore();
   QueueCore(const QueueCore&) = delete;
   QueueCore& operator=(const QueueCore&) = delete;
@@ -116,12 +123,7 @@ class Queue {
 template <class T>
 struct Codec<Queue<T>> {
   static void encode(Encoder& e, const Queue<T>& q) { q.core()->encode(e); }
-  static Queue<T> decode(Decoder& d) {
-    int a = d.take_fd();
-    int b = d.take_fd();
-    int c = d.take_fd();
-    return Queue<T>(internal::QueueCore::adopt(a, b, c));
-  }
+  static Queue<T> decode(Decoder& d) { return Queue<T>(internal::QueueCore::decode(d)); }
 };
 
 }  // namespace shmtensor

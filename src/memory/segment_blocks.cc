@@ -18,17 +18,15 @@
 namespace shmtensor::internal {
 
 namespace {
-
 using WordRef = std::atomic_ref<std::uint64_t>;
+}  // namespace
 
-bool owner_alive(std::uint64_t owner) noexcept {
+bool slot_owner_alive(std::uint64_t owner) noexcept {
   const auto pid = static_cast<pid_t>(owner >> 32);
   if (pid <= 0) return false;
   const std::uint64_t start = process_start_time(pid);
   return start != 0 && (start & 0xffffffffu) == (owner & 0xffffffffu);
 }
-
-}  // namespace
 
 // Also marks the block, so that the creator's arena never collects it as free later (a
 // rescan would see a zeroed word as free while a holder still reads the block).
@@ -99,7 +97,7 @@ void Segment::claim_slot(bool creator) noexcept {
   // and a count of a process that dies is never given back.
   for (int s = 0; s < static_cast<int>(kSlotCount); ++s) {
     std::uint64_t owner = WordRef(*slot_ptr(s)).load(std::memory_order_acquire);
-    if (owner == 0 || owner == me || owner_alive(owner)) continue;
+    if (owner == 0 || owner == me || slot_owner_alive(owner)) continue;
     if (!WordRef(*slot_ptr(s)).compare_exchange_strong(owner, me, std::memory_order_acq_rel))
       continue;
     if (clear_slot_bits(s) > 0) note_freed_by_other();
@@ -125,20 +123,23 @@ std::uint64_t Segment::block_word(std::uint32_t block) const noexcept {
 bool Segment::claim_free_block(std::uint32_t block) noexcept {
   std::uint64_t expected = 0;
   const std::uint64_t held = slot_ >= 0 ? std::uint64_t{1} << slot_ : kCountUnit;
-  if (WordRef(*word_ptr(block)).compare_exchange_strong(expected, held,
-                                                        std::memory_order_acquire))
+  if (WordRef(*word_ptr(block)).compare_exchange_strong(expected, held, std::memory_order_acquire))
     return true;
   report_corruption("a free block is held", block, expected);
   return false;
 }
 
 void Segment::add_block_in_flight(std::uint32_t block) {
-  const std::uint64_t prev = WordRef(*word_ptr(block)).fetch_add(kCountUnit, std::memory_order_relaxed);
-  if (block_count_of(prev) >= kCountMax) {
-    WordRef(*word_ptr(block)).fetch_sub(kCountUnit, std::memory_order_relaxed);
-    throw Error("a shared storage is carried by 65535 messages that were not received yet: "
-                "receive some before sending it again");
-  }
+  // A CAS, not fetch_add: adding to a count of kCountMax would carry out of the word and
+  // leave it reading 0 (free) for a moment, breaking I1.
+  WordRef w(*word_ptr(block));
+  std::uint64_t cur = w.load(std::memory_order_relaxed);
+  do {
+    if (block_count_of(cur) >= kCountMax)
+      throw Error(
+          "a shared storage is carried by 65535 messages that were not received yet: "
+          "receive some before sending it again");
+  } while (!w.compare_exchange_weak(cur, cur + kCountUnit, std::memory_order_relaxed));
 }
 
 void Segment::note_freed_by_other() noexcept {
@@ -146,7 +147,8 @@ void Segment::note_freed_by_other() noexcept {
 }
 
 bool Segment::drop_block_in_flight(std::uint32_t block) noexcept {
-  const std::uint64_t prev = WordRef(*word_ptr(block)).fetch_sub(kCountUnit, std::memory_order_acq_rel);
+  const std::uint64_t prev =
+      WordRef(*word_ptr(block)).fetch_sub(kCountUnit, std::memory_order_acq_rel);
   if (block_count_of(prev) == 0) {
     WordRef(*word_ptr(block)).fetch_add(kCountUnit, std::memory_order_relaxed);
     report_corruption("a count to drop is missing", block, prev);
@@ -219,7 +221,7 @@ std::size_t Segment::reclaim_dead_slots(bool exec_check) noexcept {
     if (owner == 0) continue;
     // A live holder always maps the segment (it takes its slot after mapping, and gives it
     // back before unmapping): one that does not exec'd, and its holds are void.
-    if (owner_alive(owner)) {
+    if (slot_owner_alive(owner)) {
       const auto pid = static_cast<pid_t>(owner >> 32);
       if (!exec_check || inode_ == 0 || process_maps_file(pid, device_, inode_) ||
           process_maps_file(pid, device_, inode_))

@@ -18,7 +18,9 @@ std::vector<std::int64_t> contiguous_strides(const std::vector<std::int64_t>& si
   for (std::size_t d = sizes.size(); d-- > 0;) {
     strides[d] = stride;
     // A zero size would make every outer stride 0; torch keeps them as if the size were 1.
-    stride *= sizes[d] > 0 ? sizes[d] : 1;
+    // An empty tensor's sizes were not bounded by a byte count, so this can overflow.
+    if (__builtin_mul_overflow(stride, sizes[d] > 0 ? sizes[d] : 1, &stride))
+      throw std::invalid_argument("sizes " + sizes_to_string(sizes) + " overflow int64 strides");
   }
   return strides;
 }

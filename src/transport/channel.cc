@@ -12,7 +12,7 @@ bool send_value(int sock, Encoder&& encoder, bool nonblocking) {
   return send_frame(sock, frame, nonblocking);
 }
 
-RecvResult recv_value(int sock, std::optional<std::chrono::nanoseconds> timeout) {
+RecvResult recv_value(int sock, std::optional<std::chrono::nanoseconds> timeout, bool* consumed) {
   // One buffer per thread: a datagram is at most kMaxInlineFrame bytes.
   thread_local std::vector<std::byte> buffer(kMaxInlineFrame);
   using Clock = std::chrono::steady_clock;
@@ -26,12 +26,20 @@ RecvResult recv_value(int sock, std::optional<std::chrono::nanoseconds> timeout)
     }
     // With a timeout, receive without blocking: another receiver may have taken the
     // message between poll and recvmsg, in which case we wait again.
-    Received r = receive_message(sock, buffer, timeout.has_value());
+    Received r;
+    try {
+      r = receive_message(sock, buffer, timeout.has_value());
+    } catch (const ProtocolError&) {
+      // MSG_CTRUNC / MSG_TRUNC: the datagram was taken (and its fds closed).
+      if (consumed != nullptr) *consumed = true;
+      throw;
+    }
     if (r.would_block) {
       if (timeout && timeout->count() <= 0) return {RecvStatus::kTimeout, std::nullopt};
       continue;
     }
     if (r.eof) return {RecvStatus::kEof, std::nullopt};
+    if (consumed != nullptr) *consumed = true;
     return {RecvStatus::kOk,
             parse_frame(std::span<const std::byte>(buffer.data(), r.size), std::move(r.fds))};
   }

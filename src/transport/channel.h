@@ -19,7 +19,10 @@ struct RecvResult {
   std::optional<Decoder> decoder;
 };
 // Waits up to `timeout` (nullopt: forever) for one message. Several receivers may wait on
-// one socket: a message goes to one of them; the others keep waiting.
-RecvResult recv_value(int sock, std::optional<std::chrono::nanoseconds> timeout);
+// one socket: a message goes to one of them; the others keep waiting. If `consumed` is
+// given, it is set once a datagram was taken off the socket, so that a caller can tell an
+// exception about that message (it is gone) from one about the socket.
+RecvResult recv_value(int sock, std::optional<std::chrono::nanoseconds> timeout,
+                      bool* consumed = nullptr);
 
 }  // namespace shmtensor::internal

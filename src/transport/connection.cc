@@ -6,9 +6,7 @@
 
 namespace shmtensor {
 
-void Connection::close() noexcept {
-  internal::UniqueFd(std::exchange(fd_, -1));
-}
+void Connection::close() noexcept { internal::UniqueFd(std::exchange(fd_, -1)); }
 
 Connection Connection::adopt(int fd) noexcept { return Connection(fd); }
 

@@ -1,6 +1,19 @@
+// Queue mechanism: a SOCK_SEQPACKET pair for the items, a sealed memfd control block for
+// the item count (maxsize), the closed flag and the table of processes holding the queue.
+//
+// Why a holder table: an item that is put carries counts in shared memory (its blocks'
+// in-flight counts, a named segment's refcount). Closing sockets does not give them back,
+// so an item never received would pin its memory until its creator exits. The process that
+// drops the last live hold of a queue therefore drains it (receives every item left and
+// drops it), which gives the counts back. "Last" is decided from the table: one slot per
+// holding process, keyed by pid + start time like arena slots, plus a count of encoded
+// copies of the queue that are inside messages not yet received (docs/transport.md).
 #include <atomic>
+#include <mutex>
 #include <thread>
+#include <vector>
 
+#include "memory/segment.h"
 #include "os/futex.h"
 #include "os/mapping.h"
 #include "os/shm.h"
@@ -14,7 +27,8 @@ namespace shmtensor::internal {
 namespace {
 
 constexpr std::uint64_t kQueueMagic = 0x314555455154534dULL;  // "MSTQUEU1"
-constexpr std::uint32_t kQueueLayoutVersion = 1;
+constexpr std::uint32_t kQueueLayoutVersion = 2;
+constexpr int kQueueHolderSlots = 128;
 
 // Shared by every process holding the queue (a sealed memfd, so it can be passed on).
 struct QueueControl {
@@ -28,10 +42,41 @@ struct QueueControl {
   alignas(64) std::atomic<std::uint32_t> count;
   // 1 once close() was called anywhere; also a futex wake-up source for producers.
   alignas(64) std::atomic<std::uint32_t> closed;
-  std::uint8_t pad[60];
+  // Encoded copies of the queue in messages sent and not yet decoded: while any is in
+  // flight, a process may still join, so nobody drains.
+  std::atomic<std::uint32_t> in_flight;
+  // 1 once a process found no free holder slot: holders are then unknown, and nobody
+  // drains (what remains is the worst case of docs/transport.md).
+  std::atomic<std::uint32_t> overflow;
+  std::uint8_t pad[52];
+  // slot_owner(pid, start time) of each holding process; 0 = free. Set by CAS from 0 by the
+  // process itself (or, at fork, by the parent on the child's behalf, with the parent's
+  // value, which the child then swaps for its own); cleared by CAS by its owner.
+  alignas(64) std::atomic<std::uint64_t> holders[kQueueHolderSlots];
 };
 static_assert(std::is_standard_layout_v<QueueControl>);
-static_assert(sizeof(QueueControl) == 192);
+static_assert(std::atomic<std::uint32_t>::is_always_lock_free);
+static_assert(std::atomic<std::uint64_t>::is_always_lock_free);
+static_assert(sizeof(QueueControl) == 192 + 8 * kQueueHolderSlots);
+
+// Frees one reserved item slot; never below 0 (a raw peer may send a datagram for which no
+// producer reserved one).
+void release_item(QueueControl* c) noexcept {
+  std::uint32_t n = c->count.load(std::memory_order_relaxed);
+  while (n > 0 && !c->count.compare_exchange_weak(n, n - 1, std::memory_order_acq_rel)) {
+  }
+  if (c->maxsize) futex_wake(&c->count, 1);
+}
+
+// Takes a free holder slot for `owner`; -1 (and the overflow flag) if none is free.
+int claim_holder(QueueControl* c, std::uint64_t owner) noexcept {
+  for (int s = 0; s < kQueueHolderSlots; ++s) {
+    std::uint64_t expected = 0;
+    if (c->holders[s].compare_exchange_strong(expected, owner, std::memory_order_seq_cst)) return s;
+  }
+  c->overflow.store(1, std::memory_order_seq_cst);
+  return -1;
+}
 
 }  // namespace
 
@@ -40,11 +85,101 @@ struct QueueCore::State {
   UniqueFd recv_fd;
   UniqueFd control_fd;
   Mapping control_map;
+  int slot = -1;       // our holder slot (-1: none, overflow was set)
+  int fork_slot = -1;  // claimed in prepare_fork for the child about to be forked
   QueueControl* control() const { return reinterpret_cast<QueueControl*>(control_map.data()); }
 };
 
-QueueCore::QueueCore(std::unique_ptr<State> state) : state_(std::move(state)) {}
-QueueCore::~QueueCore() = default;
+namespace {
+
+// Every live QueueCore of this process, for the fork handlers. The mutex is held across
+// fork (prepare → parent/child), so the child never inherits it locked by another thread.
+std::mutex g_live_mu;
+std::vector<QueueCore::State*>* g_live = nullptr;
+
+void prepare_fork() {
+  g_live_mu.lock();
+  if (g_live == nullptr) return;
+  // The child will hold every queue we hold. Its slot is taken now, in our name, so that no
+  // holder of ours can see "no other holder" and drain between fork and the child's start.
+  const std::uint64_t me = current_slot_owner();
+  for (auto* st : *g_live) st->fork_slot = claim_holder(st->control(), me);
+}
+
+void parent_after_fork() {
+  // The slot is the child's now. (If fork failed, it stays in our name until we exit, so
+  // that queue is not drained early; it is never drained too soon.)
+  if (g_live != nullptr)
+    for (auto* st : *g_live) st->fork_slot = -1;
+  g_live_mu.unlock();
+}
+
+void child_after_fork() {
+  if (g_live != nullptr) {
+    const std::uint64_t me = current_slot_owner();  // recomputed: our pid changed
+    for (auto* st : *g_live) {
+      st->slot = st->fork_slot;
+      st->fork_slot = -1;
+      if (st->slot >= 0) st->control()->holders[st->slot].store(me, std::memory_order_seq_cst);
+    }
+  }
+  g_live_mu.unlock();
+}
+
+void register_live(QueueCore::State* st) {
+  static std::once_flag once;
+  std::call_once(once, [] { ::pthread_atfork(prepare_fork, parent_after_fork, child_after_fork); });
+  std::lock_guard lock(g_live_mu);
+  if (g_live == nullptr) g_live = new std::vector<QueueCore::State*>();  // never freed
+  g_live->push_back(st);
+}
+
+void unregister_live(QueueCore::State* st) noexcept {
+  std::lock_guard lock(g_live_mu);
+  if (g_live == nullptr) return;
+  std::erase(*g_live, st);
+}
+
+// Receives and drops every item left, so their counts go back. Errors are skipped: what
+// cannot be decoded cannot be given back either (and was malformed or is gone).
+void drain(QueueCore::State& st) noexcept {
+  auto* c = st.control();
+  for (;;) {
+    bool consumed = false;
+    try {
+      RecvResult r = recv_value(st.recv_fd.get(), std::chrono::nanoseconds(0), &consumed);
+      if (r.status != RecvStatus::kOk) return;
+      release_item(c);
+    } catch (...) {
+      if (!consumed) return;  // the socket itself failed: nothing more to read
+      release_item(c);
+    }
+  }
+}
+
+}  // namespace
+
+QueueCore::QueueCore(std::unique_ptr<State> state) : state_(std::move(state)) {
+  register_live(state_.get());
+}
+
+QueueCore::~QueueCore() {
+  unregister_live(state_.get());
+  auto* c = state_->control();
+  if (state_->slot >= 0) {
+    std::uint64_t expected = c->holders[state_->slot].load(std::memory_order_relaxed);
+    c->holders[state_->slot].compare_exchange_strong(expected, 0, std::memory_order_seq_cst);
+  }
+  // Last holder? In-flight copies first: a process that decodes one takes its slot before
+  // it gives the in-flight count back, so if we read 0 here, its slot is visible below.
+  if (c->overflow.load(std::memory_order_seq_cst) != 0) return;
+  if (c->in_flight.load(std::memory_order_seq_cst) != 0) return;
+  for (const auto& h : c->holders) {
+    const std::uint64_t owner = h.load(std::memory_order_seq_cst);
+    if (owner != 0 && slot_owner_alive(owner)) return;
+  }
+  drain(*state_);
+}
 
 std::shared_ptr<QueueCore> QueueCore::create(std::size_t maxsize) {
   if (maxsize > 0x7fffffff) throw std::invalid_argument("Queue maxsize too large");
@@ -53,31 +188,44 @@ std::shared_ptr<QueueCore> QueueCore::create(std::size_t maxsize) {
   st->send_fd = std::move(a);
   st->recv_fd = std::move(b);
   st->control_fd = create_sealed_memfd(sizeof(QueueControl));
-  st->control_map = Mapping::map_shared(st->control_fd.get(), sizeof(QueueControl), "queue control");
+  st->control_map =
+      Mapping::map_shared(st->control_fd.get(), sizeof(QueueControl), "queue control");
   auto* c = st->control();
   c->layout_version = kQueueLayoutVersion;
   c->size_of = sizeof(QueueControl);
   c->maxsize = maxsize;
   c->count.store(0, std::memory_order_relaxed);
   c->closed.store(0, std::memory_order_relaxed);
+  c->in_flight.store(0, std::memory_order_relaxed);
+  c->overflow.store(0, std::memory_order_relaxed);
+  for (auto& h : c->holders) h.store(0, std::memory_order_relaxed);
+  st->slot = claim_holder(c, current_slot_owner());
   std::atomic_ref<std::uint64_t>(c->magic).store(kQueueMagic, std::memory_order_release);
   return std::make_shared<QueueCore>(std::move(st));
 }
 
-std::shared_ptr<QueueCore> QueueCore::adopt(int send_fd, int recv_fd, int control_fd) {
+std::shared_ptr<QueueCore> QueueCore::decode(Decoder& d) {
+  // Each fd is owned at once, so a message missing the later ones leaks none.
   auto st = std::make_unique<State>();
-  st->send_fd.reset(send_fd);
-  st->recv_fd.reset(recv_fd);
-  st->control_fd.reset(control_fd);
-  FdFacts facts = inspect_fd(control_fd);
+  st->send_fd.reset(d.take_fd());
+  st->recv_fd.reset(d.take_fd());
+  st->control_fd.reset(d.take_fd());
+  FdFacts facts = inspect_fd(st->control_fd.get());
   if (!facts.sealed_against_resize || facts.size != sizeof(QueueControl))
     throw ProtocolError("received queue control block has the wrong size or is not sealed");
-  st->control_map = Mapping::map_shared(control_fd, sizeof(QueueControl), "queue control");
+  st->control_map =
+      Mapping::map_shared(st->control_fd.get(), sizeof(QueueControl), "queue control");
   auto* c = st->control();
   if (std::atomic_ref<std::uint64_t>(c->magic).load(std::memory_order_acquire) != kQueueMagic ||
       c->layout_version != kQueueLayoutVersion || c->size_of != sizeof(QueueControl) ||
       c->maxsize > 0x7fffffff)
     throw ProtocolError("received queue control block is invalid");
+  // Our slot first, then the message's in-flight count back (see ~QueueCore). Never below
+  // 0: a raw peer may send a queue nobody counted.
+  st->slot = claim_holder(c, current_slot_owner());
+  std::uint32_t n = c->in_flight.load(std::memory_order_seq_cst);
+  while (n > 0 && !c->in_flight.compare_exchange_weak(n, n - 1, std::memory_order_seq_cst)) {
+  }
   return std::make_shared<QueueCore>(std::move(st));
 }
 
@@ -111,8 +259,7 @@ bool QueueCore::put(Encoder&& e, std::optional<std::chrono::nanoseconds> timeout
       while (!send_frame(state_->send_fd.get(), frame, true)) {
         auto left = deadline - Clock::now();
         if (left <= left.zero()) {
-          c->count.fetch_sub(1, std::memory_order_acq_rel);
-          futex_wake(&c->count, 1);
+          release_item(c);
           return false;
         }
         std::this_thread::sleep_for(std::chrono::microseconds(200));
@@ -121,13 +268,11 @@ bool QueueCore::put(Encoder&& e, std::optional<std::chrono::nanoseconds> timeout
       send_frame(state_->send_fd.get(), frame);
     }
   } catch (const SystemError& err) {
-    c->count.fetch_sub(1, std::memory_order_acq_rel);
-    futex_wake(&c->count, 1);
+    release_item(c);
     if (err.error_code() == EPIPE) throw QueueClosed("put() on a closed queue");
     throw;
   } catch (...) {
-    c->count.fetch_sub(1, std::memory_order_acq_rel);
-    futex_wake(&c->count, 1);
+    release_item(c);
     throw;
   }
   return true;
@@ -136,19 +281,18 @@ bool QueueCore::put(Encoder&& e, std::optional<std::chrono::nanoseconds> timeout
 std::optional<Decoder> QueueCore::get(std::optional<std::chrono::nanoseconds> timeout) {
   auto* c = state_->control();
   RecvResult r;
+  bool consumed = false;
   try {
-    r = recv_value(state_->recv_fd.get(), timeout);
-  } catch (const ProtocolError&) {
-    // The malformed datagram was consumed: its slot is free again.
-    c->count.fetch_sub(1, std::memory_order_acq_rel);
-    if (c->maxsize) futex_wake(&c->count, 1);
+    r = recv_value(state_->recv_fd.get(), timeout, &consumed);
+  } catch (...) {
+    // A datagram that was taken and failed (malformed, or a segment that cannot be mapped
+    // here) frees its item slot all the same, or a bounded queue would lose one for good.
+    if (consumed) release_item(c);
     throw;
   }
   if (r.status == RecvStatus::kTimeout) return std::nullopt;
   if (r.status == RecvStatus::kEof) throw QueueClosed("get() on a closed and empty queue");
-  // release: a producer that sees the freed slot may reuse it.
-  c->count.fetch_sub(1, std::memory_order_acq_rel);
-  if (c->maxsize) futex_wake(&c->count, 1);
+  release_item(c);  // acq_rel: a producer that sees the freed slot may reuse it
   return std::move(r.decoder);
 }
 
@@ -176,6 +320,12 @@ void QueueCore::encode(Encoder& e) const {
   e.write_fd(state_->send_fd.get());
   e.write_fd(state_->recv_fd.get());
   e.write_fd(state_->control_fd.get());
+  // A copy of the queue is in flight until a process decodes it: no one may drain it
+  // meanwhile. If the message is never sent, the count is taken back.
+  state_->control()->in_flight.fetch_add(1, std::memory_order_seq_cst);
+  e.state().undo_if_unsent.push_back([core = shared_from_this()] {
+    core->state_->control()->in_flight.fetch_sub(1, std::memory_order_seq_cst);
+  });
 }
 
 }  // namespace shmtensor::internal

@@ -20,6 +20,8 @@ namespace {
   throw ProtocolError("malformed shmtensor message: " + what);
 }
 constexpr std::uint32_t kEmptyTensor = 0xfffffffeu;
+// How many elements that take neither bytes nor fds (std::monostate) a length may claim.
+constexpr std::uint64_t kMaxEmptyElements = 65536;
 }  // namespace
 
 void Decoder::read_bytes(void* out, std::size_t n) {
@@ -29,14 +31,16 @@ void Decoder::read_bytes(void* out, std::size_t n) {
   st.cursor += n;
 }
 
-std::size_t Decoder::remaining() const noexcept {
-  return state_->payload.size() - state_->cursor;
-}
+std::size_t Decoder::remaining() const noexcept { return state_->payload.size() - state_->cursor; }
 
 std::size_t Decoder::read_size(std::size_t min_element_bytes) {
   auto n = read_pod<std::uint64_t>();
-  std::size_t per = min_element_bytes == 0 ? 1 : min_element_bytes;
-  if (n > remaining() / per) bad("length " + std::to_string(n) + " exceeds the message");
+  std::uint64_t most = remaining() / (min_element_bytes == 0 ? 1 : min_element_bytes);
+  if (min_element_bytes == 0) {
+    // Elements that may be all fds (Connection, Queue) or nothing (std::monostate).
+    most += (state_->object_fds.size() - state_->next_object_fd) + kMaxEmptyElements;
+  }
+  if (n > most) bad("length " + std::to_string(n) + " exceeds the message");
   return static_cast<std::size_t>(n);
 }
 
@@ -58,7 +62,11 @@ Tensor Decoder::read_tensor() {
   if (index == kEmptyTensor) {
     bool has_zero = ndim > 0 && std::find(sizes.begin(), sizes.end(), 0) != sizes.end();
     if (!has_zero) bad("tensor without storage has elements");
-    return Tensor::empty(std::move(sizes), dtype);
+    try {
+      return Tensor::empty(std::move(sizes), dtype);
+    } catch (const std::exception& e) {
+      bad(std::string("empty tensor: ") + e.what());  // sizes whose strides overflow
+    }
   }
   if (index >= state_->storages.size()) bad("storage index out of range");
   try {
@@ -146,10 +154,12 @@ std::shared_ptr<Segment> resolve_segment(const SegmentEntry& e, std::string_view
   if (!is_valid_segment_name(name)) bad("invalid segment name");
   std::string n(name);
   if (auto seg = Registry::instance().find_segment(e.uid)) {
-    // We hold a count already; give back the one the sender added for this message.
-    seg->drop_in_flight_count();
+    // Checked first: a message whose entry does not match our segment must not take a
+    // count off it.
     if (seg->mapped_size() != e.total_size || seg->name() != n)
       bad("named segment disagrees with its mapping");
+    // We hold a count already; give back the one the sender added for this message.
+    seg->drop_in_flight_count();
     return seg;
   }
   auto seg = Segment::attach_name(n, e.uid);  // adopts the in-flight count
@@ -198,11 +208,13 @@ Decoder parse_frame(std::span<const std::byte> datagram, std::vector<UniqueFd> f
   }
   // Object fds are the last ones (before the blob).
   std::size_t first_object = fds.size() - h.object_fd_count;
-  for (std::size_t i = first_object; i < fds.size(); ++i) st->object_fds.push_back(std::move(fds[i]));
+  for (std::size_t i = first_object; i < fds.size(); ++i)
+    st->object_fds.push_back(std::move(fds[i]));
   fds.resize(first_object);
 
   BodyReader r{body};
-  if (h.segment_count > kMaxFdsPerMessage * 64 || h.segment_count > body.size() / sizeof(SegmentEntry))
+  if (h.segment_count > kMaxFdsPerMessage * 64 ||
+      h.segment_count > body.size() / sizeof(SegmentEntry))
     bad("segment count exceeds the body");
   std::vector<std::shared_ptr<Segment>> segments;
   segments.reserve(h.segment_count);
@@ -233,8 +245,7 @@ Decoder parse_frame(std::span<const std::byte> datagram, std::vector<UniqueFd> f
       made = true;
       bool counted = false;
       adopted = seg->adopt_block_in_flight(b, &counted);
-      return adopted ? std::make_shared<StorageImpl>(seg, e.offset, e.nbytes, b, counted)
-                     : nullptr;
+      return adopted ? std::make_shared<StorageImpl>(seg, e.offset, e.nbytes, b, counted) : nullptr;
     });
     if (made && !adopted) bad("storage's block carries no message count (stale or forged)");
     if (!made) {

@@ -62,6 +62,7 @@ OutgoingFrame::~OutgoingFrame() {
       arena_block_freed(*seg, impl->block());
   }
   for (auto& seg : in_flight) seg->drop_in_flight_count();
+  for (auto& undo : undo_if_unsent) undo();
 }
 
 OutgoingFrame finish_frame(Encoder&& encoder) {
@@ -153,6 +154,8 @@ OutgoingFrame finish_frame(Encoder&& encoder) {
       frame.in_flight.push_back(seg);
     }
   }
+  frame.undo_if_unsent = std::move(st.undo_if_unsent);
+  st.undo_if_unsent.clear();
   return frame;
 }
 
@@ -160,8 +163,8 @@ bool send_frame(int sock, OutgoingFrame& frame, bool nonblocking) {
   std::span<const std::byte> parts[2] = {
       {reinterpret_cast<const std::byte*>(&frame.header), sizeof frame.header},
       {frame.body.data(), frame.body.size()}};
-  bool ok = send_message(sock, std::span(parts, frame.body.empty() ? 1 : 2), frame.fds,
-                         nonblocking);
+  bool ok =
+      send_message(sock, std::span(parts, frame.body.empty() ? 1 : 2), frame.fds, nonblocking);
   if (ok) frame.sent = true;  // the receiver now owns the in-flight counts
   return ok;
 }

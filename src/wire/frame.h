@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -37,7 +38,7 @@ struct FrameHeader {
   std::uint32_t magic;
   std::uint16_t version;
   std::uint16_t flags;
-  std::uint64_t body_size;        // bytes of the body (inline after the header, or the blob)
+  std::uint64_t body_size;  // bytes of the body (inline after the header, or the blob)
   std::uint32_t segment_count;
   std::uint32_t storage_count;
   std::uint32_t fd_count;         // fds attached, blob included
@@ -67,14 +68,16 @@ static_assert(sizeof(StorageEntry) == 24);
 // it borrows (kept open by `keep_alive`) and the fds it owns.
 struct OutgoingFrame {
   FrameHeader header{};
-  std::vector<std::byte> body;  // inline body; empty with kFlagBlob
-  std::vector<int> fds;         // in wire order
+  std::vector<std::byte> body;                     // inline body; empty with kFlagBlob
+  std::vector<int> fds;                            // in wire order
   std::vector<std::shared_ptr<Segment>> segments;  // keep segment fds open until sent
   std::vector<UniqueFd> owned_fds;                 // object dups and the blob
   // file_system segments whose in-flight count was added; dropped if never sent.
   std::vector<std::shared_ptr<Segment>> in_flight;
   // Storages whose block got a count for this message; given back if never sent.
   std::vector<std::shared_ptr<StorageImpl>> in_flight_blocks;
+  // Undo actions of encoded objects (EncoderState::undo_if_unsent); run if never sent.
+  std::vector<std::function<void()>> undo_if_unsent;
   bool sent = false;
   ~OutgoingFrame();
   OutgoingFrame() = default;

@@ -1,6 +1,7 @@
 // The wire layer's internal entry points: Encoder → OutgoingFrame, datagram → Decoder.
 #pragma once
 
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -25,15 +26,24 @@ struct EncoderState {
   std::vector<std::shared_ptr<StorageImpl>> storages;
   std::vector<std::shared_ptr<Segment>> segments;
   std::vector<UniqueFd> object_fds;
+  // What an encoded object (a Queue) counted for this message, to undo if the message is
+  // never sent: run by the frame's destructor, or here if no frame was made.
+  std::vector<std::function<void()>> undo_if_unsent;
+  EncoderState() = default;
+  EncoderState(const EncoderState&) = delete;
+  EncoderState& operator=(const EncoderState&) = delete;
+  ~EncoderState() {
+    for (auto& f : undo_if_unsent) f();
+  }
 };
 
 struct DecoderState {
-  std::vector<std::byte> body;  // owned copy (inline) ...
+  std::vector<std::byte> body;         // owned copy (inline) ...
   std::span<const std::byte> payload;  // ... view of the payload inside body or the blob
   std::shared_ptr<void> blob;          // keeps a blob mapping alive while decoding
   std::size_t cursor = 0;
-  std::vector<Storage> storages;       // resolved, by storage index
-  std::vector<UniqueFd> object_fds;    // taken in order by Decoder::take_fd
+  std::vector<Storage> storages;     // resolved, by storage index
+  std::vector<UniqueFd> object_fds;  // taken in order by Decoder::take_fd
   std::size_t next_object_fd = 0;
 };
 
