@@ -23,6 +23,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
+#include <fstream>
 #include <optional>
 #include <random>
 #include <set>
@@ -64,7 +65,8 @@ class StderrCapture {
     std::string out;
     char buf[4096];
     ::lseek(fd_, 0, SEEK_SET);
-    for (ssize_t n; (n = ::read(fd_, buf, sizeof buf)) > 0;) out.append(buf, static_cast<std::size_t>(n));
+    for (ssize_t n; (n = ::read(fd_, buf, sizeof buf)) > 0;)
+      out.append(buf, static_cast<std::size_t>(n));
     ::close(fd_);
     return out;
   }
@@ -95,7 +97,8 @@ std::uint64_t mix(std::uint64_t x) {  // splitmix64's finaliser
 }
 
 std::int64_t value_at(std::int64_t tag, std::int64_t i) {
-  return static_cast<std::int64_t>(mix(static_cast<std::uint64_t>(tag)) + static_cast<std::uint64_t>(i));
+  return static_cast<std::int64_t>(mix(static_cast<std::uint64_t>(tag)) +
+                                   static_cast<std::uint64_t>(i));
 }
 
 // int64 elements: 8 B .. 320 KB. 25000 (200 KB) is a size class whose 1 MiB segments hold
@@ -424,13 +427,13 @@ void run_job(Shared* sh, SharingStrategy strategy, int rounds) {
                "arena stress (%s): %d rounds, %lld kills, %d children, produced %lld, "
                "received %lld, forwarded %lld, taken back %lld, drained %lld, lost %lld, "
                "bad %lld\n",
-               strategy == SharingStrategy::kFileSystem ? "file_system" : "file_descriptor",
-               rounds, static_cast<long long>(kills), sh->children.load(),
+               strategy == SharingStrategy::kFileSystem ? "file_system" : "file_descriptor", rounds,
+               static_cast<long long>(kills), sh->children.load(),
                static_cast<long long>(sh->produced.load()),
                static_cast<long long>(sh->received.load()),
-               static_cast<long long>(sh->forwarded.load()),
-               static_cast<long long>(back_received), static_cast<long long>(drained),
-               static_cast<long long>(sh->lost.load()), static_cast<long long>(sh->bad.load()));
+               static_cast<long long>(sh->forwarded.load()), static_cast<long long>(back_received),
+               static_cast<long long>(drained), static_cast<long long>(sh->lost.load()),
+               static_cast<long long>(sh->bad.load()));
 }
 
 TEST_P(ArenaStressTest, ProducersAndConsumersKilledAtRandomNeverSeeAReusedBlock) {
@@ -627,9 +630,9 @@ TEST_P(ArenaStressTest, ANewHolderTakesOverTheSlotOfADeadOne) {
   };
   for (int s = 1; s < static_cast<int>(internal::kSlotCount); ++s) slot_word(s).store(ghost);
   const std::uint64_t mine = own_bit(*seg);
-  word_of(*seg, 1).store(std::uint64_t{1} << 1);         // held by dead slot 1 alone
+  word_of(*seg, 1).store(std::uint64_t{1} << 1);           // held by dead slot 1 alone
   word_of(*seg, 2).store((std::uint64_t{1} << 1) | mine);  // by dead slot 1 and by us
-  word_of(*seg, 3).store(std::uint64_t{1} << 2);         // by dead slot 2
+  word_of(*seg, 3).store(std::uint64_t{1} << 2);           // by dead slot 2
   const int rc = testing::run_in_child([&] {
     // The fork handler gave this child a slot in the segment: the first dead one, taken over.
     EXPECT_EQ(seg->slot(), 1);
@@ -646,6 +649,43 @@ TEST_P(ArenaStressTest, ANewHolderTakesOverTheSlotOfADeadOne) {
   for (int s = 1; s < static_cast<int>(internal::kSlotCount); ++s)
     EXPECT_EQ(slot_word(s).load(), 0u) << "slot " << s;
   word_of(*seg, 2).store(0);
+}
+
+// A holder SIGKILLed and not yet reaped (a zombie, as when its parent is busy) has no
+// memory left: it holds nothing, and its slot's bits are reclaimed like a reaped one's.
+TEST_P(ArenaStressTest, AKilledHolderThatIsNotReapedYetIsDead) {
+  auto seg = Segment::create(GetParam(), 256, 4, internal::SegmentKind::kArena);
+  ASSERT_EQ(seg->slot(), 0);
+  auto slot_word = [&](int s) {
+    auto* base = reinterpret_cast<std::byte*>(seg->header());
+    return std::atomic_ref<std::uint64_t>(
+        *(reinterpret_cast<std::uint64_t*>(base + seg->header()->slots_offset) + s));
+  };
+  const pid_t holder = fork_child([] {
+    for (;;) ::pause();
+  });
+  // The fork handler gives the child a slot of its own in the segment.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (slot_word(1).load() == 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_EQ(slot_word(1).load() >> 32, static_cast<std::uint64_t>(holder));
+  word_of(*seg, 1).store(std::uint64_t{1} << 1);  // held by the child alone
+  ASSERT_EQ(::kill(holder, SIGKILL), 0);
+  // Wait until it is a zombie: gone from the scheduler, still in the process table.
+  std::string state;
+  while (std::chrono::steady_clock::now() < deadline) {
+    std::ifstream stat("/proc/" + std::to_string(holder) + "/stat");
+    std::string line;
+    std::getline(stat, line);
+    state = line.substr(line.rfind(')') + 2, 1);
+    if (state == "Z") break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_EQ(state, "Z");
+  EXPECT_EQ(seg->reclaim_dead_slots(), 1u);
+  EXPECT_EQ(seg->block_word(1), 0u);
+  EXPECT_EQ(slot_word(1).load(), 0u);
+  EXPECT_EQ(wait_child(holder), 128 + SIGKILL);
 }
 
 // Through the arena, across processes: a child holds a block of ours; a buggy peer zeroes
@@ -683,8 +723,7 @@ TEST_P(ArenaStressTest, ABlockAPeerMadeLookFreeIsNeverHandedOut) {
     word_of(*seg, block).store(0);  // the buggy peer
     StderrCapture captured;
     shared_one = Tensor();
-    EXPECT_NE(captured.take().find("our slot's bit is missing"),
-              std::string::npos);
+    EXPECT_NE(captured.take().find("our slot's bit is missing"), std::string::npos);
     EXPECT_EQ(seg->block_word(block), 0u);
 
     // A free (never used) block of the same segment that the peer marks held.
@@ -707,7 +746,8 @@ TEST_P(ArenaStressTest, ABlockAPeerMadeLookFreeIsNeverHandedOut) {
     quiet.take();
     ASSERT_EQ(::write(go[1], "g", 1), 1);
     EXPECT_EQ(wait_child(holder), 0);
-    for (int i = 0; i < static_cast<int>(more.size()); ++i) EXPECT_TRUE(intact(200 + i, more[i], kN));
+    for (int i = 0; i < static_cast<int>(more.size()); ++i)
+      EXPECT_TRUE(intact(200 + i, more[i], kN));
     EXPECT_EQ(seg->block_word(untouched), std::uint64_t{1} << 40);
     // The holder is gone: its slot is free, the zeroed block is still never reused.
     more.clear();
