@@ -17,7 +17,7 @@ enum class SharingStrategy {
 };
 
 // "file_descriptor" / "file_system".
-std::string_view to_string(SharingStrategy strategy);
+std::string to_string(SharingStrategy strategy);
 std::vector<SharingStrategy> get_all_sharing_strategies();
 // The strategy used for storages shared from now on, process-wide. Thread-safe.
 SharingStrategy get_sharing_strategy();

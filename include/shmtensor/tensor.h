@@ -97,11 +97,12 @@ class Tensor {
   // Address of element 0: storage().data() + storage_offset() * element_size(), read afresh
   // on each call. T must be the C++ type of dtype() (dtype_of_v<T>), else
   // std::invalid_argument. Valid while some handle keeps the storage alive and until
-  // share_memory_() moves the bytes.
+  // share_memory_() moves the bytes. As in libtorch, a const handle does not make the
+  // bytes const: data_ptr() const returns T* too.
   template <class T>
   T* data_ptr();
   template <class T>
-  const T* data_ptr() const;
+  T* data_ptr() const;
   void* raw_data();
   const void* raw_data() const;
   // The single element (numel() must be 1) converted to T, as torch's item<T>(): integral T
@@ -159,6 +160,14 @@ class Tensor {
   // Adds value to every element. Integer dtypes need an integral value (else
   // std::invalid_argument) and wrap around on overflow; bool computes x || value != 0.
   Tensor& add_(double value);
+  // The same through a const handle (they write the bytes, not the handle), as libtorch's
+  // in-place methods are const.
+  const Tensor& copy_(const Tensor& src) const { return const_cast<Tensor*>(this)->copy_(src); }
+  const Tensor& fill_(double value) const { return const_cast<Tensor*>(this)->fill_(value); }
+  const Tensor& fill_(std::complex<double> value) const {
+    return const_cast<Tensor*>(this)->fill_(value);
+  }
+  const Tensor& add_(double value) const { return const_cast<Tensor*>(this)->add_(value); }
 
   // ---- comparison and printing -------------------------------------------------------------
   // Same sizes, dtype and values (NaN differs from everything). Two undefined tensors are
@@ -173,6 +182,7 @@ class Tensor {
   // Moves the storage into shared memory in place (Storage::share_memory_): values are kept,
   // every tensor on the storage sees the new pointer. Throws as Storage::share_memory_.
   Tensor& share_memory_();
+  const Tensor& share_memory_() const { return const_cast<Tensor*>(this)->share_memory_(); }
 
  private:
   Tensor(Storage storage, std::int64_t storage_offset, std::vector<std::int64_t> sizes,
@@ -235,9 +245,9 @@ T* Tensor::data_ptr() {
 }
 
 template <class T>
-const T* Tensor::data_ptr() const {
+T* Tensor::data_ptr() const {
   check_dtype(dtype_of_v<std::remove_cv_t<T>>, "data_ptr");
-  return static_cast<const T*>(raw_data());
+  return static_cast<T*>(const_cast<void*>(raw_data()));
 }
 
 template <class T>

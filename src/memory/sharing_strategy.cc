@@ -1,8 +1,8 @@
+#include "shmtensor/sharing_strategy.h"
+
 #include <atomic>
 #include <stdexcept>
 #include <string>
-
-#include "shmtensor/sharing_strategy.h"
 
 namespace shmtensor {
 
@@ -11,7 +11,7 @@ namespace {
 std::atomic<SharingStrategy> g_strategy{SharingStrategy::kFileDescriptor};
 }  // namespace
 
-std::string_view to_string(SharingStrategy strategy) {
+std::string to_string(SharingStrategy strategy) {
   switch (strategy) {
     case SharingStrategy::kFileDescriptor:
       return "file_descriptor";

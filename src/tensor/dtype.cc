@@ -47,7 +47,7 @@ const DTypeInfo& info(DType dtype) {
 
 std::size_t element_size(DType dtype) { return info(dtype).size; }
 
-std::string_view to_string(DType dtype) { return info(dtype).name; }
+std::string to_string(DType dtype) { return std::string(info(dtype).name); }
 
 DType dtype_from_string(std::string_view name) {
   for (std::size_t i = 0; i < kInfo.size(); ++i) {

@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "shmtensor/sharing_strategy.h"
 #include "shmtensor/tensor.h"
 #include "unit/tensor_test_util.h"
 
@@ -161,6 +162,28 @@ TEST(TensorOpsTest, Equal) {
   EXPECT_TRUE(Tensor().equal(Tensor()));
   EXPECT_FALSE(Tensor().equal(a));
   EXPECT_FALSE(a.equal(Tensor()));
+}
+
+// A Tensor is a handle: as in libtorch, a const handle still writes its bytes, and a lambda
+// that captures a tensor by value can fill it.
+TEST(TensorConstHandle, InPlaceOpsAndDataPtrWorkThroughAConstHandle) {
+  const Tensor t = Tensor::zeros({3});
+  t.fill_(2.0).add_(1.0);
+  t.data_ptr<float>()[0] = 7.0f;
+  const Tensor u = Tensor::zeros({3});
+  u.copy_(t).share_memory_();
+  EXPECT_TRUE(u.is_shared());
+  auto fill = [u] { u.fill_(5.0); };
+  fill();
+  EXPECT_EQ(t.data_ptr<float>()[0], 7.0f);
+  EXPECT_EQ(t.data_ptr<float>()[2], 3.0f);
+  EXPECT_EQ(u.data_ptr<float>()[1], 5.0f);
+}
+
+TEST(TensorConstHandle, ToStringGivesAStdString) {
+  std::string dtype = to_string(DType::kBFloat16);
+  EXPECT_EQ(dtype, "bfloat16");
+  EXPECT_EQ("strategy=" + to_string(SharingStrategy::kFileSystem), "strategy=file_system");
 }
 
 }  // namespace
