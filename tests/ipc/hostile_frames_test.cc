@@ -1,5 +1,6 @@
 // Every byte and fd from a peer is untrusted: hostile frames sent over a raw socket must
-// give a precise ProtocolError, leak nothing, and leave the connection usable.
+// give a precise ProtocolError, leak nothing, and leave the connection (or the queue)
+// usable. A well-formed name whose object is gone is the one SystemError (shm_open ENOENT).
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/mman.h>
@@ -9,12 +10,20 @@
 
 #include <cerrno>
 #include <cstring>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
 
 #include "memory/segment.h"
+#include "memory/segment_header.h"
 #include "memory/storage_impl.h"
-#include "shmtensor/storage.h"
 #include "os/socket.h"
+#include "os/unique_fd.h"
 #include "shmtensor/connection.h"
+#include "shmtensor/queue.h"
+#include "shmtensor/storage.h"
+#include "shmtensor/tensor.h"
 #include "support/leak_check.h"
 #include "wire/frame.h"
 
@@ -74,14 +83,53 @@ class HostileFramesTest : public testing::LeakCheckedTest {
     send_raw(good);
     EXPECT_EQ(conn_.recv<std::int64_t>(), 77);
   }
-  void expect_protocol_error(const std::string& words) {
+  void expect_protocol_error(const std::string& words) { expect_protocol_error_for<>(words); }
+  // The next message, read as a T, is a ProtocolError whose message holds `words`; then a
+  // good message still arrives.
+  template <class T = std::int64_t>
+  void expect_protocol_error_for(const std::string& words) {
     try {
-      conn_.recv<std::int64_t>();
+      conn_.recv<T>();
       ADD_FAILURE() << "no error for a hostile frame (expected: " << words << ")";
     } catch (const ProtocolError& e) {
       EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
     }
     expect_still_usable();
+  }
+  // A frame that `conn_` sent, received raw on the other end: its bytes and its fds.
+  struct RawFrame {
+    std::vector<std::byte> bytes;
+    std::vector<internal::UniqueFd> fds;
+    std::vector<int> fd_numbers() const {
+      std::vector<int> out;
+      for (const auto& fd : fds) out.push_back(fd.get());
+      return out;
+    }
+  };
+  RawFrame take_raw_frame() {
+    std::vector<std::byte> buffer(internal::kMaxInlineFrame);
+    internal::Received r = internal::receive_message(raw_, buffer);
+    buffer.resize(r.size);
+    return {std::move(buffer), std::move(r.fds)};
+  }
+  // A memfd of `size` bytes starting with `content`, sealed against resizing as the
+  // library's own are (F_SEAL_SHRINK | F_SEAL_GROW), or not sealed at all.
+  static internal::UniqueFd memfd(std::size_t size, const std::vector<std::byte>& content = {},
+                                  bool sealed = true) {
+    internal::UniqueFd fd(::memfd_create("hostile", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+    EXPECT_TRUE(fd.valid()) << std::strerror(errno);
+    EXPECT_EQ(::ftruncate(fd.get(), static_cast<off_t>(size)), 0) << std::strerror(errno);
+    if (!content.empty())
+      EXPECT_EQ(::pwrite(fd.get(), content.data(), content.size(), 0),
+                static_cast<ssize_t>(content.size()));
+    if (sealed) EXPECT_EQ(::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW), 0);
+    return fd;
+  }
+  // A frame whose body travels in a blob: the datagram is the header alone.
+  static FrameHeader blob_header(std::uint64_t body_size) {
+    FrameHeader h = header(body_size, 0, 0, 1);
+    h.flags = internal::kFlagBlob;
+    return h;
   }
   int raw_ = -1;
   Connection conn_;
@@ -226,9 +274,11 @@ TEST_F(HostileFramesTest, ReceiverAtItsFdLimitGetsCtruncErrorNamingUlimit) {
 #endif
   // A child lowers its fd limit so that the fds of an incoming message cannot be installed.
   int status = testing::run_in_child([&] {
-    auto seg = internal::Segment::create(SharingStrategy::kFileDescriptor, 64, 1, internal::SegmentKind::kDedicated);
+    auto seg = internal::Segment::create(SharingStrategy::kFileDescriptor, 64, 1,
+                                         internal::SegmentKind::kDedicated);
     auto fds_now = testing::open_fds();
-    rlimit lim{static_cast<rlim_t>(*fds_now.rbegin() + 1), static_cast<rlim_t>(*fds_now.rbegin() + 1)};
+    rlimit lim{static_cast<rlim_t>(*fds_now.rbegin() + 1),
+               static_cast<rlim_t>(*fds_now.rbegin() + 1)};
     // Fill every free slot below the limit.
     ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &lim), 0);
     // dup() an fd we own (CI runs with stdin closed, so fd 0 may not exist) until the
@@ -264,6 +314,396 @@ TEST_F(HostileFramesTest, ReceiverAtItsFdLimitGetsCtruncErrorNamingUlimit) {
     for (int d : filler) ::close(d);
   });
   EXPECT_EQ(status, 0);
+}
+
+// ---- datagram and blob --------------------------------------------------------------
+
+TEST_F(HostileFramesTest, OversizedDatagramIsTruncatedAndItsFdsClosed) {
+  // The control: a datagram of exactly the limit is a good message.
+  constexpr std::size_t kLimit = internal::kMaxInlineFrame;
+  const std::size_t fill = kLimit - sizeof(FrameHeader) - sizeof(std::uint64_t);
+  std::vector<std::byte> frame = bytes(header(kLimit - sizeof(FrameHeader)), std::uint64_t{fill});
+  frame.resize(kLimit, std::byte{3});
+  send_raw(frame);
+  auto received = conn_.recv<std::vector<std::uint8_t>>();
+  ASSERT_EQ(received.size(), fill);
+  EXPECT_EQ(received.back(), 3);
+  // One byte more is cut by the kernel (MSG_TRUNC); the fd it carried is closed.
+  frame = bytes(header(kLimit + 1 - sizeof(FrameHeader), 0, 0, 1), std::uint64_t{fill + 1});
+  frame.resize(kLimit + 1, std::byte{3});
+  internal::UniqueFd fd = memfd(64);
+  send_raw(frame, {fd.get()});
+  fd.reset();
+  expect_protocol_error("larger than the 65536-byte frame limit");
+  // Far larger, too.
+  frame.assign(100000, std::byte{0});
+  send_raw(frame);
+  expect_protocol_error("larger than the 65536-byte frame limit");
+}
+
+TEST_F(HostileFramesTest, BlobFrames) {
+  // The control: a sealed blob of the announced size carries the body.
+  internal::UniqueFd good = memfd(8, bytes(std::int64_t{99}));
+  send_raw(bytes(blob_header(8)), {good.get()});
+  EXPECT_EQ(conn_.recv<std::int64_t>(), 99);
+  good.reset();
+
+  internal::UniqueFd unsealed = memfd(8, bytes(std::int64_t{99}), /*sealed=*/false);
+  send_raw(bytes(blob_header(8)), {unsealed.get()});
+  expect_protocol_error("message blob is not sealed");
+  // Sealed against shrinking only: it could still grow, which is not enough.
+  ASSERT_EQ(::fcntl(unsealed.get(), F_ADD_SEALS, F_SEAL_SHRINK), 0);
+  send_raw(bytes(blob_header(8)), {unsealed.get()});
+  expect_protocol_error("message blob is not sealed");
+  unsealed.reset();
+
+  internal::UniqueFd blob = memfd(16, bytes(std::int64_t{99}));
+  send_raw(bytes(blob_header(8)), {blob.get()});  // 16 bytes, 8 announced
+  expect_protocol_error("message blob size disagrees with the header");
+  send_raw(bytes(blob_header(32)), {blob.get()});  // 16 bytes, 32 announced
+  expect_protocol_error("message blob size disagrees with the header");
+  blob.reset();
+
+  internal::UniqueFd empty = memfd(0);
+  send_raw(bytes(blob_header(0)), {empty.get()});
+  expect_protocol_error("message blob size disagrees with the header");
+  empty.reset();
+
+  // Larger than kMaxBlob, with a (sparse) memfd of exactly that size: only the limit
+  // refuses it, before anything is mapped.
+  const std::uint64_t huge = internal::kMaxBlob + 4096;
+  internal::UniqueFd big = memfd(huge);
+  send_raw(bytes(blob_header(huge)), {big.get()});
+  expect_protocol_error("message blob size disagrees with the header");
+  big.reset();
+
+  // A blob flag with an inline body, or with no fd for the blob.
+  blob = memfd(8, bytes(std::int64_t{99}));
+  send_raw(bytes(blob_header(8), std::int64_t{99}), {blob.get()});
+  expect_protocol_error("blob frame with an inline body");
+  blob.reset();
+  FrameHeader h = blob_header(8);
+  h.fd_count = 0;
+  send_raw(bytes(h));
+  expect_protocol_error("object fd count exceeds the fds attached");
+}
+
+TEST_F(HostileFramesTest, UnknownFlags) {
+  for (std::uint16_t flags : {std::uint16_t{2}, std::uint16_t{0x8000},
+                              static_cast<std::uint16_t>(internal::kFlagBlob | 4)}) {
+    FrameHeader h = header(8);
+    h.flags = flags;
+    send_raw(bytes(h, std::int64_t{1}));
+    expect_protocol_error("unknown flags");
+  }
+}
+
+// ---- tables --------------------------------------------------------------------------
+
+TEST_F(HostileFramesTest, CountsLargerThanTheBody) {
+  send_raw(bytes(header(8, 1), std::int64_t{1}));  // 8 bytes cannot hold a segment entry
+  expect_protocol_error("segment count exceeds the body");
+  send_raw(bytes(header(8, 0xffffffffu), std::int64_t{1}));
+  expect_protocol_error("segment count exceeds the body");
+  send_raw(bytes(header(8, 0, 1), std::int64_t{1}));  // nor a storage entry
+  expect_protocol_error("storage count exceeds the body");
+  send_raw(bytes(header(8, 0, 0xffffffffu), std::int64_t{1}));
+  expect_protocol_error("storage count exceeds the body");
+  FrameHeader h = header(8);
+  h.object_fd_count = 0xffffffffu;  // must not wrap when the blob fd is added
+  send_raw(bytes(h, std::int64_t{1}));
+  expect_protocol_error("object fd count exceeds the fds attached");
+}
+
+TEST_F(HostileFramesTest, SegmentFdIndexOutOfRangeOrFdUnused) {
+  auto seg = internal::Segment::create(SharingStrategy::kFileDescriptor, 256, 4,
+                                       internal::SegmentKind::kArena);
+  SegmentEntry se{};
+  se.uid = seg->uid();
+  se.total_size = seg->mapped_size();
+  for (std::int32_t index : {1, 253, -1, std::int32_t{-2147483647 - 1}}) {
+    se.fd_index = index;
+    send_raw(bytes(header(sizeof se, 1, 0, 1), se), {seg->fd()});
+    expect_protocol_error("segment fd index out of range");
+  }
+  // Two entries that claim the same fd: the second finds it taken.
+  se.fd_index = 0;
+  send_raw(bytes(header(2 * sizeof se, 2, 0, 1), se, se), {seg->fd()});
+  expect_protocol_error("segment fd index out of range");
+  // An fd that no entry uses: after a segment's, or with no segment at all.
+  internal::UniqueFd extra = memfd(64);
+  send_raw(bytes(header(sizeof se, 1, 0, 2), se), {seg->fd(), extra.get()});
+  expect_protocol_error("fd attached to the message that no segment uses");
+  send_raw(bytes(header(8, 0, 0, 1), std::int64_t{1}), {extra.get()});
+  expect_protocol_error("fd attached to the message that no segment uses");
+  // The control: the same segment entry alone is accepted (no storage refers to it).
+  send_raw(bytes(header(sizeof se + 8, 1, 0, 1), se, std::int64_t{5}), {seg->fd()});
+  EXPECT_EQ(conn_.recv<std::int64_t>(), 5);
+}
+
+TEST_F(HostileFramesTest, SegmentFdSmallerThanItsEntryClaims) {
+  // A segment this process maps already: the entry's size must be the mapping's.
+  auto mine = internal::Segment::create(SharingStrategy::kFileDescriptor, 4096, 4,
+                                        internal::SegmentKind::kArena);
+  SegmentEntry se{};
+  se.uid = mine->uid();
+  se.total_size = mine->mapped_size() + 4096;
+  se.fd_index = 0;
+  send_raw(bytes(header(sizeof se, 1, 0, 1), se), {mine->fd()});
+  expect_protocol_error("segment size disagrees with its mapping");
+
+  // A segment this process does not map (its creator here is gone; the memfd and its
+  // header remain): attached, then found smaller than the entry claims.
+  auto gone = internal::Segment::create(SharingStrategy::kFileDescriptor, 256, 4,
+                                        internal::SegmentKind::kArena);
+  internal::UniqueFd fd = internal::dup_cloexec(gone->fd());
+  se.uid = gone->uid();
+  se.total_size = gone->mapped_size() + 4096;
+  gone.reset();
+  send_raw(bytes(header(sizeof se, 1, 0, 1), se), {fd.get()});
+  expect_protocol_error("segment size disagrees with its fd");
+  se.total_size -= 4096;  // the control: with its true size it is accepted
+  send_raw(bytes(header(sizeof se + 8, 1, 0, 1), se, std::int64_t{6}), {fd.get()});
+  EXPECT_EQ(conn_.recv<std::int64_t>(), 6);
+
+  // A sealed memfd whose segment header claims more bytes than the memfd has (the header
+  // of a real segment, copied into one page).
+  std::vector<std::byte> head(internal::kSegmentHeaderSize);
+  std::memcpy(head.data(), mine->header(), head.size());
+  internal::SegmentHeader copy;
+  std::memcpy(&copy, head.data(), sizeof copy);
+  ASSERT_GT(copy.total_size, 4096u);
+  copy.uid = mine->uid() ^ 0x5a5a;  // not a segment this process maps
+  std::memcpy(head.data(), &copy, sizeof copy);
+  internal::UniqueFd small = memfd(4096, head);
+  se.uid = copy.uid;
+  se.total_size = copy.total_size;
+  send_raw(bytes(header(sizeof se, 1, 0, 1), se), {small.get()});
+  expect_protocol_error("but the object has 4096 bytes");
+}
+
+TEST_F(HostileFramesTest, WellFormedNameOfNoObjectIsASystemErrorNamingIt) {
+  // A name of the right shape whose object does not exist (its segment was unlinked, or
+  // it never was): shm_open fails with ENOENT. That is a SystemError, not a
+  // ProtocolError: the message is well formed, the object is gone.
+  const std::string name = "/shmtensor_999999999_0123456789abcdef_0";
+  ASSERT_TRUE(internal::is_valid_segment_name(name));
+  ASSERT_NE(::access(("/dev/shm" + name).c_str(), F_OK), 0);
+  SegmentEntry se{};
+  se.uid = 1;
+  se.total_size = 4096;
+  se.strategy = 1;
+  se.fd_index = -1;
+  se.name_length = static_cast<std::uint16_t>(name.size());
+  std::vector<std::byte> body = bytes(se);
+  for (char c : name) body.push_back(static_cast<std::byte>(c));
+  body.resize(sizeof se + (name.size() + 7) / 8 * 8);
+  std::vector<std::byte> frame = bytes(header(body.size(), 1));
+  frame.insert(frame.end(), body.begin(), body.end());
+  send_raw(frame);
+  try {
+    conn_.recv<std::int64_t>();
+    ADD_FAILURE() << "no error for a name with no object";
+  } catch (const ProtocolError& e) {
+    ADD_FAILURE() << "a ProtocolError, expected a SystemError: " << e.what();
+  } catch (const SystemError& e) {
+    EXPECT_EQ(e.error_code(), ENOENT) << e.what();
+    EXPECT_EQ(e.syscall(), "shm_open");
+    EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
+  }
+  expect_still_usable();
+}
+
+// ---- payload -------------------------------------------------------------------------
+
+// A tensor with no storage entry: u8 defined, u8 dtype, u8 ndim, u8 0, u32 storage index,
+// i64 storage_offset, sizes, strides.
+std::vector<std::byte> tensor_payload(std::uint8_t dtype, std::uint8_t ndim, std::uint32_t index,
+                                      const std::vector<std::int64_t>& sizes,
+                                      const std::vector<std::int64_t>& strides) {
+  std::vector<std::byte> out;
+  auto put = [&](const auto& v) {
+    const auto* p = reinterpret_cast<const std::byte*>(&v);
+    out.insert(out.end(), p, p + sizeof v);
+  };
+  put(std::uint8_t{1});
+  put(dtype);
+  put(ndim);
+  put(std::uint8_t{0});
+  put(index);
+  put(std::int64_t{0});
+  for (auto s : sizes) put(s);
+  for (auto s : strides) put(s);
+  return out;
+}
+
+constexpr std::uint32_t kNoStorage = 0xfffffffeu;  // an empty tensor needs none
+
+TEST_F(HostileFramesTest, TensorHeadersThatAreNotTensors) {
+  auto send_payload = [&](const std::vector<std::byte>& payload) {
+    std::vector<std::byte> frame = bytes(header(payload.size()));
+    frame.insert(frame.end(), payload.begin(), payload.end());
+    send_raw(frame);
+  };
+  const auto int64 = static_cast<std::uint8_t>(DType::kInt64);
+  // The control: an empty 2 x 0 tensor needs no storage.
+  send_payload(tensor_payload(int64, 2, kNoStorage, {2, 0}, {1, 1}));
+  Tensor t = conn_.recv<Tensor>();
+  EXPECT_EQ(t.sizes(), (std::vector<std::int64_t>{2, 0}));
+
+  send_payload(
+      tensor_payload(static_cast<std::uint8_t>(kNumDTypes), 2, kNoStorage, {2, 0}, {1, 1}));
+  expect_protocol_error_for<Tensor>("unknown dtype 12");
+  send_payload(tensor_payload(0xff, 2, kNoStorage, {2, 0}, {1, 1}));
+  expect_protocol_error_for<Tensor>("unknown dtype 255");
+
+  // 64 dimensions is the limit (accepted), 65 is not.
+  send_payload(tensor_payload(int64, 64, kNoStorage, std::vector<std::int64_t>(64, 0),
+                              std::vector<std::int64_t>(64, 1)));
+  EXPECT_EQ(conn_.recv<Tensor>().dim(), 64);
+  send_payload(tensor_payload(int64, 65, kNoStorage, std::vector<std::int64_t>(65, 0),
+                              std::vector<std::int64_t>(65, 1)));
+  expect_protocol_error_for<Tensor>("tensor with 65 dimensions");
+  send_payload(tensor_payload(int64, 255, kNoStorage, {}, {}));
+  expect_protocol_error_for<Tensor>("tensor with 255 dimensions");
+
+  // No storage, yet elements; a storage index with no storage entry; a negative size.
+  send_payload(tensor_payload(int64, 1, kNoStorage, {3}, {1}));
+  expect_protocol_error_for<Tensor>("tensor without storage has elements");
+  send_payload(tensor_payload(int64, 1, 0, {3}, {1}));
+  expect_protocol_error_for<Tensor>("storage index out of range");
+  send_payload(tensor_payload(int64, 2, kNoStorage, {0, -1}, {1, 1}));
+  expect_protocol_error_for<Tensor>("negative tensor size");
+
+  // An empty tensor whose sizes overflow its (contiguous) strides: 2^32 * 2^32.
+  constexpr std::int64_t k2p32 = std::int64_t{1} << 32;
+  send_payload(tensor_payload(int64, 4, kNoStorage, {0, k2p32, k2p32, k2p32}, {0, 0, 0, 0}));
+  expect_protocol_error_for<Tensor>("empty tensor: ");
+  send_payload(tensor_payload(int64, 4, kNoStorage, {0, k2p32, k2p32, k2p32}, {0, 0, 0, 0}));
+  expect_protocol_error_for<Tensor>("overflow int64 strides");
+}
+
+TEST_F(HostileFramesTest, TensorOutsideItsStorage) {
+  // A real message for a real tensor, received raw and changed: sizes, offset or strides
+  // that reach past its storage of 16 int64.
+  Tensor t = Tensor::arange(16);
+  t.share_memory_();
+  const Storage storage = t.storage();
+  const auto& seg = storage.impl()->segment();
+  const std::uint32_t block = storage.impl()->block();
+  const std::uint64_t word = seg->block_word(block);
+  struct Change {
+    std::int64_t offset, size, stride;
+  };
+  // The control {0, 16, 1} comes first: the unchanged message gives the tensor back.
+  for (Change c : {Change{0, 16, 1}, Change{0, 17, 1}, Change{1, 16, 1}, Change{0, 9, 2},
+                   Change{0, 2, std::int64_t{1} << 62}, Change{std::int64_t{1} << 62, 1, 1}}) {
+    conn_.send(t);
+    RawFrame f = take_raw_frame();
+    // Header, one segment entry, one storage entry, then the 1-d tensor's 32 bytes.
+    ASSERT_EQ(f.bytes.size(),
+              sizeof(FrameHeader) + sizeof(SegmentEntry) + sizeof(StorageEntry) + 32);
+    std::byte* tail = f.bytes.data() + f.bytes.size() - 24;
+    std::memcpy(tail, &c.offset, 8);
+    std::memcpy(tail + 8, &c.size, 8);
+    std::memcpy(tail + 16, &c.stride, 8);
+    send_raw(f.bytes, f.fd_numbers());
+    if (c.size == 16 && c.offset == 0) {
+      Tensor back = conn_.recv<Tensor>();
+      EXPECT_EQ(back.raw_data(), t.raw_data());
+      EXPECT_EQ(back.sizes(), t.sizes());
+      continue;
+    }
+    expect_protocol_error_for<Tensor>("tensor outside its storage");
+  }
+  // None of the refused messages left a count on the block.
+  EXPECT_EQ(seg->block_word(block), word);
+}
+
+TEST_F(HostileFramesTest, VariantIndexAndBoolByte) {
+  using V = std::variant<std::int64_t, double>;
+  send_raw(bytes(header(12), std::uint32_t{1}, 2.5));  // the control
+  EXPECT_EQ(std::get<double>(conn_.recv<V>()), 2.5);
+  send_raw(bytes(header(12), std::uint32_t{2}, 2.5));
+  expect_protocol_error_for<V>("variant index out of range");
+  send_raw(bytes(header(12), std::uint32_t{0xffffffffu}, 2.5));
+  expect_protocol_error_for<V>("variant index out of range");
+
+  send_raw(bytes(header(1), std::uint8_t{1}));  // the control
+  EXPECT_TRUE(conn_.recv<bool>());
+  send_raw(bytes(header(1), std::uint8_t{2}));
+  expect_protocol_error_for<bool>("invalid bool byte");
+  send_raw(bytes(header(1), std::uint8_t{0xff}));
+  expect_protocol_error_for<bool>("invalid bool byte");
+  // An optional's presence byte is a bool too.
+  send_raw(bytes(header(9), std::uint8_t{2}, std::int64_t{1}));
+  expect_protocol_error_for<std::optional<std::int64_t>>("invalid bool byte");
+}
+
+// ---- a queue -------------------------------------------------------------------------
+
+// The same datagrams injected into a queue's socket: each get() that takes one fails with
+// a ProtocolError, and the queue stays usable, its item count exact (a bounded queue loses
+// no place, and the count never goes below 0).
+TEST_F(HostileFramesTest, QueueStaysUsableAfterHostileItems) {
+  Queue<std::int64_t> q(2);
+  // A queue travels as three fds: its send socket, its receive socket, its control block.
+  // Take them on their way through the raw end, keep the send socket, and pass the
+  // message on so that the queue's in-flight count is given back by decoding it.
+  conn_.send(q);
+  RawFrame f = take_raw_frame();
+  ASSERT_EQ(f.fds.size(), 3u);
+  internal::UniqueFd inject = internal::dup_cloexec(f.fds[0].get());
+  send_raw(f.bytes, f.fd_numbers());
+  f.fds.clear();
+  // The same queue, read as strings: items put through it do not decode as int64.
+  auto as_strings = conn_.recv<Queue<std::string>>();
+
+  auto inject_raw = [&](const std::vector<std::byte>& frame, std::vector<int> fds = {}) {
+    std::span<const std::byte> part(frame);
+    internal::send_message(inject.get(), std::span(&part, 1), fds);
+  };
+  auto expect_get_fails = [&](const std::string& words) {
+    try {
+      q.get();
+      ADD_FAILURE() << "no error for a hostile item (expected: " << words << ")";
+    } catch (const ProtocolError& e) {
+      EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(q.size(), 0u);
+    // Both places are free: two puts go in at once, and come out in order.
+    EXPECT_TRUE(q.try_put(41));
+    EXPECT_TRUE(q.try_put(42));
+    EXPECT_FALSE(q.try_put(43));
+    EXPECT_EQ(q.get(), 41);
+    EXPECT_EQ(q.get(), 42);
+    EXPECT_EQ(q.size(), 0u);
+  };
+
+  FrameHeader h = header(8);
+  h.magic = 0xdeadbeef;
+  inject_raw(bytes(h, std::int64_t{1}));
+  expect_get_fails("bad magic");
+
+  std::vector<std::byte> big = bytes(header(70000 - sizeof(FrameHeader)));
+  big.resize(70000);
+  inject_raw(big);
+  expect_get_fails("larger than the 65536-byte frame limit");
+
+  internal::UniqueFd extra = memfd(64);
+  inject_raw(bytes(header(8, 0, 0, 1), std::int64_t{1}), {extra.get()});
+  extra.reset();
+  expect_get_fails("fd attached to the message that no segment uses");
+
+  inject_raw(bytes(header(16), std::int64_t{1}, std::int64_t{2}));
+  expect_get_fails("trailing bytes");
+
+  // A real item that does not decode as the type read: its place is freed all the same.
+  q.put(7);
+  as_strings.put("x");  // the queue is full now
+  EXPECT_EQ(q.size(), 2u);
+  EXPECT_EQ(q.get(), 7);
+  expect_get_fails("trailing bytes");
 }
 
 }  // namespace
