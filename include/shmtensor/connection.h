@@ -49,7 +49,10 @@ class Connection {
     send_encoded(std::move(e));
   }
   // Blocks until a message arrives. Throws ConnectionClosed at EOF, ProtocolError for a
-  // malformed message (the connection stays usable for the next one).
+  // malformed message, SystemError when a well-formed message names shared memory that
+  // cannot be opened or mapped here (e.g. ENOENT: a file_system segment whose name was
+  // removed; EMFILE / ENOMEM). The message is consumed either way and the connection stays
+  // usable for the next one.
   template <class T>
   T recv() {
     Decoder d = recv_encoded(std::nullopt);

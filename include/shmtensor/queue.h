@@ -78,7 +78,9 @@ class Queue {
 
   // Blocks while the queue is full. Throws QueueClosed if closed.
   void put(const T& value) { core_->put(encode(value), std::nullopt); }
-  // Blocks while empty. Throws QueueClosed when closed and drained.
+  // Blocks while empty. Throws QueueClosed when closed and drained; ProtocolError or
+  // SystemError for an item that cannot be decoded or mapped, as Connection::recv (the
+  // item is consumed, its place in a bounded queue freed, and the queue stays usable).
   T get() {
     auto d = core_->get(std::nullopt);
     return decode(*d);
