@@ -108,7 +108,7 @@ TEST_P(QueueLifetimeTest, AHolderThatExitedDoesNotKeepTheItems) {
   ASSERT_EQ(q.size(), 20u);
   Tensor first = q.get();  // a block of the producer's arena segment, held by us
   ASSERT_EQ(first.data_ptr<float>()[7], 0.0f);
-  const auto& seg = first.storage().impl()->segment();
+  const auto seg = first.storage().impl()->segment();
   auto blocks_in_use = [&] {
     std::size_t n = 0;
     for (std::uint32_t b = 0; b < seg->block_count(); ++b) n += seg->block_word(b) != 0;
@@ -146,7 +146,7 @@ TEST_P(QueueLifetimeTest, AFailedGetFreesItsSlotInABoundedQueue) {
   // The lost message's count stays on t's block (docs/transport.md, what can remain):
   // nobody could open the segment to give it back. Give it back here, so the test ends
   // clean.
-  const auto& impl = t.storage().impl();
+  const auto impl = t.storage().impl();  // a copy: the Storage is a temporary
   EXPECT_FALSE(impl->segment()->drop_block_in_flight(impl->block()));
 }
 
