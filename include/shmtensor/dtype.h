@@ -50,54 +50,20 @@ struct BFloat16 {
 // The C++ type that holds one element of a dtype, and back.
 template <class T>
 struct DTypeOf;
-template <>
-struct DTypeOf<bool> {
-  static constexpr DType value = DType::kBool;
-};
-template <>
-struct DTypeOf<std::uint8_t> {
-  static constexpr DType value = DType::kUInt8;
-};
-template <>
-struct DTypeOf<std::int8_t> {
-  static constexpr DType value = DType::kInt8;
-};
-template <>
-struct DTypeOf<std::int16_t> {
-  static constexpr DType value = DType::kInt16;
-};
-template <>
-struct DTypeOf<std::int32_t> {
-  static constexpr DType value = DType::kInt32;
-};
-template <>
-struct DTypeOf<std::int64_t> {
-  static constexpr DType value = DType::kInt64;
-};
-template <>
-struct DTypeOf<Half> {
-  static constexpr DType value = DType::kFloat16;
-};
-template <>
-struct DTypeOf<BFloat16> {
-  static constexpr DType value = DType::kBFloat16;
-};
-template <>
-struct DTypeOf<float> {
-  static constexpr DType value = DType::kFloat32;
-};
-template <>
-struct DTypeOf<double> {
-  static constexpr DType value = DType::kFloat64;
-};
-template <>
-struct DTypeOf<std::complex<float>> {
-  static constexpr DType value = DType::kComplex64;
-};
-template <>
-struct DTypeOf<std::complex<double>> {
-  static constexpr DType value = DType::kComplex128;
-};
+// clang-format off: one specialization a line reads as the table it is
+template <> struct DTypeOf<bool> { static constexpr DType value = DType::kBool; };
+template <> struct DTypeOf<std::uint8_t> { static constexpr DType value = DType::kUInt8; };
+template <> struct DTypeOf<std::int8_t> { static constexpr DType value = DType::kInt8; };
+template <> struct DTypeOf<std::int16_t> { static constexpr DType value = DType::kInt16; };
+template <> struct DTypeOf<std::int32_t> { static constexpr DType value = DType::kInt32; };
+template <> struct DTypeOf<std::int64_t> { static constexpr DType value = DType::kInt64; };
+template <> struct DTypeOf<Half> { static constexpr DType value = DType::kFloat16; };
+template <> struct DTypeOf<BFloat16> { static constexpr DType value = DType::kBFloat16; };
+template <> struct DTypeOf<float> { static constexpr DType value = DType::kFloat32; };
+template <> struct DTypeOf<double> { static constexpr DType value = DType::kFloat64; };
+template <> struct DTypeOf<std::complex<float>> { static constexpr DType value = DType::kComplex64; };
+template <> struct DTypeOf<std::complex<double>> { static constexpr DType value = DType::kComplex128; };
+// clang-format on
 
 template <class T>
 inline constexpr DType dtype_of_v = DTypeOf<T>::value;
