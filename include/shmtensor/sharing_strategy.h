@@ -2,6 +2,7 @@
 // as torch.multiprocessing.set_sharing_strategy.
 #pragma once
 
+#include <string>
 #include <string_view>
 #include <vector>
 
