@@ -20,7 +20,7 @@ CMAKE       := cmake -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) -DCMAKE_EXPORT_CO
 CTEST       := ctest --output-on-failure -j$(CTEST_JOBS) --timeout 300
 
 # What each package is for: docs/dependencies.md.
-DEB_PACKAGES := g++ make cmake ninja-build pkg-config \
+DEB_PACKAGES := g++ make cmake ninja-build pkg-config python3 \
                 libgtest-dev libgmock-dev googletest libbenchmark-dev libcli11-dev \
                 clang libclang-rt-14-dev
 

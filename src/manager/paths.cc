@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "os/code_address.h"
 #include "os/private_dir.h"
 #include "os/proc_scan.h"
 #include "os/shm_list.h"
@@ -26,13 +27,32 @@ std::string env(const char* name) {
   return v == nullptr ? std::string() : std::string(v);
 }
 
-// The directory of the running program, from /proc/self/exe.
-std::string program_dir() {
-  char buf[4096];
-  char* real = ::realpath("/proc/self/exe", buf);
-  std::string exe = real == nullptr ? std::string() : std::string(real);
-  auto slash = exe.rfind('/');
-  return slash == std::string::npos ? std::string() : exe.substr(0, slash);
+// `path` with symbolic links and ".." resolved; "" if it does not exist.
+std::string real_path(const std::string& path) {
+  char buf[PATH_MAX];
+  char* real = ::realpath(path.c_str(), buf);
+  return real == nullptr ? std::string() : std::string(real);
+}
+
+// The directory that holds `path` after resolving symbolic links; "" if it cannot be resolved.
+std::string real_dir_of(const std::string& path) {
+  std::string file = real_path(path);
+  auto slash = file.rfind('/');
+  return slash == std::string::npos ? std::string() : file.substr(0, slash);
+}
+
+// The directory of the module that holds this code: libshmtensor.so's own directory when the
+// shared library is in use (a Python interpreter in /usr/bin loading it from a site-packages
+// or /usr/local/lib, say), the program's directory when the library is linked statically.
+// /proc/self/exe alone would point at /usr/bin/python3 in the first case.
+std::string library_dir() {
+  std::string module;
+  try {
+    module = code_address_of(reinterpret_cast<std::uintptr_t>(&library_dir)).module;
+  } catch (const Error&) {
+    // Code not in any loaded module cannot happen for a function of ours; fall back anyway.
+  }
+  return real_dir_of(module.empty() ? "/proc/self/exe" : module);
 }
 
 }  // namespace
@@ -88,9 +108,16 @@ std::vector<std::string> manager_program_candidates() {
       if (q == p) return;
     out.push_back(p);
   };
+  // Next to the library first (a build tree: build/libshmtensor.so beside build/shmtensor-
+  // manager; a relocated package that ships both), then its ../bin (an installed prefix:
+  // lib/libshmtensor.so, bin/shmtensor-manager), then where this build put or installs it,
+  // then next to the running program.
+  std::string lib = library_dir();
+  add(lib);
+  if (!lib.empty()) add(real_path(lib + "/../bin"));
   add(SHMTENSOR_BUILD_BINDIR);
   add(SHMTENSOR_INSTALL_BINDIR);
-  add(program_dir());
+  add(real_dir_of("/proc/self/exe"));
   return out;
 }
 
