@@ -47,4 +47,11 @@ class ProtocolError : public Error {
   explicit ProtocolError(const std::string& what) : Error(what) {}
 };
 
+// The job's configuration, given in options or in environment variables, is invalid or
+// incomplete. what() names the option or variable, its value and what to set.
+class ConfigurationError : public Error {
+ public:
+  explicit ConfigurationError(const std::string& what) : Error(what) {}
+};
+
 }  // namespace shmtensor

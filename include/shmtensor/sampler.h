@@ -8,10 +8,15 @@
 // Samplers run in the calling process only (the indices are sent to the workers), so any
 // callable works with both start methods. An index outside [0, dataset size) is an error
 // (std::out_of_range) when the epoch's batches are planned.
+//
+// For a job of several processes (one or many machines), DistributedSampler gives each
+// process its own share of every epoch, as torch.utils.data.DistributedSampler does.
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <optional>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -62,5 +67,65 @@ class BatchSampler {
 std::vector<std::int64_t> random_permutation(std::int64_t n, std::uint64_t seed);
 // The seed of one epoch's shuffle, derived from the loader's base seed.
 std::uint64_t epoch_seed(std::uint64_t base_seed, std::int64_t epoch) noexcept;
+
+struct DistributedSamplerOptions {
+  // Processes in the job, and this process's number in [0, num_replicas). Unset: read from
+  // the environment, the first variable that is set in this order:
+  //   num_replicas: WORLD_SIZE (torchrun), OMPI_COMM_WORLD_SIZE (Open MPI's mpirun),
+  //                 PMI_SIZE (MPICH / Hydra's mpiexec);
+  //   rank:         RANK, OMPI_COMM_WORLD_RANK, PMI_RANK.
+  std::optional<std::int64_t> num_replicas = std::nullopt;
+  std::optional<std::int64_t> rank = std::nullopt;
+  bool shuffle = true;
+  std::uint64_t seed = 0;  // must be the same in every process of the job
+  bool drop_last = false;
+};
+
+// Each process's share of a map-style dataset of dataset_size samples, with the semantics
+// of torch.utils.data.DistributedSampler (torch 1.13), for num_replicas = R, rank = r,
+// N = dataset_size:
+//  - The epoch's order is [0, N), or with shuffle random_permutation(N, seed + epoch):
+//    a function of seed + epoch only, the same in every process. (torch draws
+//    torch.randperm with a generator seeded with seed + epoch; the two permutations differ,
+//    so a job cannot mix torch and shmtensor processes with shuffle on.)
+//  - Without drop_last: num_samples() = ceil(N / R), and the order is padded to
+//    total_size() = num_samples() * R by repeating it from its start (as often as needed),
+//    so total_size() - N indices are seen twice in an epoch.
+//    With drop_last: num_samples() = floor(N / R) (torch writes ceil((N - R) / R) when
+//    N % R != 0: the same number), and the order's tail past total_size() is dropped.
+//  - indices(epoch) is every R-th index of that list from position r: num_samples() of them.
+//    Over all ranks, the lists cover every index of [0, N) (without drop_last) and are
+//    disjoint when N % R == 0.
+// As a DataLoaderOptions::sampler (it converts to Sampler), the loader passes its own epoch
+// count, so no set_epoch() is needed: every process's loader must run the same epochs.
+//
+// Throws ConfigurationError, naming the variable or option, its value and what to set,
+// when dataset_size < 0, when num_replicas or rank is unset and no variable above holds it,
+// when the first variable set is not a decimal integer (it is not skipped for a later one),
+// when num_replicas < 1, or when rank is outside [0, num_replicas). The environment is read
+// once, by the constructor.
+//
+// Copyable; const members may be called from any thread.
+class DistributedSampler {
+ public:
+  explicit DistributedSampler(std::int64_t dataset_size, DistributedSamplerOptions options = {});
+
+  std::vector<std::int64_t> indices(std::int64_t epoch) const;
+  std::vector<std::int64_t> operator()(std::int64_t epoch) const { return indices(epoch); }
+
+  std::int64_t num_samples() const noexcept { return num_samples_; }
+  std::int64_t total_size() const noexcept { return num_samples_ * num_replicas_; }
+  std::int64_t num_replicas() const noexcept { return num_replicas_; }
+  std::int64_t rank() const noexcept { return rank_; }
+  std::int64_t dataset_size() const noexcept { return dataset_size_; }
+
+ private:
+  std::int64_t dataset_size_;
+  std::int64_t num_replicas_;
+  std::int64_t rank_;
+  std::int64_t num_samples_;
+  bool shuffle_;
+  std::uint64_t seed_;
+};
 
 }  // namespace shmtensor

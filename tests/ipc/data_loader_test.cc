@@ -468,5 +468,39 @@ TEST_F(DataLoaderTest, KeepsTwentyThousandSamplesInAFewSegments) {
   EXPECT_LT(testing::shmtensor_mappings().size(), 20u);
 }
 
+// Two processes of a job of two (here two loaders in one process, with their own workers)
+// together load every sample of each epoch exactly once, each in its sampler's order.
+TEST_F(DataLoaderTest, DistributedSamplersOfEveryRankTogetherLoadEachSampleOnce) {
+  auto loader_of = [](std::int64_t rank) {
+    return DataLoader(Numbers{14}, {.batch_size = 3,
+                                    .sampler = DistributedSampler(
+                                        14, {.num_replicas = 2, .rank = rank, .seed = 9}),
+                                    .num_workers = 2});
+  };
+  auto rank0 = loader_of(0), rank1 = loader_of(1);
+  EXPECT_EQ(rank0.size(), 3);  // 7 samples each, in batches of 3
+  std::vector<std::int64_t> first_epoch;
+  for (std::int64_t e = 0; e < 2; ++e) {
+    std::vector<std::int64_t> seen;
+    for (auto* loader : {&rank0, &rank1}) {
+      std::vector<std::int64_t> order;
+      for (const auto& batch : epoch(*loader))
+        order.insert(order.end(), batch.begin(), batch.end());
+      const std::int64_t rank = loader == &rank0 ? 0 : 1;
+      EXPECT_EQ(order,
+                DistributedSampler(14, {.num_replicas = 2, .rank = rank, .seed = 9}).indices(e))
+          << "rank " << rank << " epoch " << e;
+      seen.insert(seen.end(), order.begin(), order.end());
+    }
+    if (e == 0)
+      first_epoch = seen;
+    else
+      EXPECT_NE(seen, first_epoch);  // a new shuffle each epoch
+    std::vector<std::int64_t> sorted = seen;
+    std::sort(sorted.begin(), sorted.end());
+    EXPECT_EQ(sorted, values(Tensor::arange(14))) << "epoch " << e;
+  }
+}
+
 }  // namespace
 }  // namespace shmtensor
