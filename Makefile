@@ -42,7 +42,7 @@ export UBSAN_OPTIONS ?= print_stacktrace=1:halt_on_error=1
 # consistent, so we let them run and TSan keeps checking them.
 export TSAN_OPTIONS  ?= die_after_fork=0:halt_on_error=1:second_deadlock_stack=1:handle_sigbus=0
 
-.PHONY: all run test asan tsan deps format clean
+.PHONY: all run test asan tsan odr deps format clean
 
 # cmake is re-run every time (a second or two): it picks up new files and options.
 all: deps
@@ -59,6 +59,17 @@ asan: deps
 	$(CMAKE) -S . -B build-asan -DSHMTENSOR_SANITIZE=address,undefined $(LEAN)
 	cmake --build build-asan -j$(JOBS)
 	$(CTEST) --test-dir build-asan
+
+# One Definition Rule check: the library and every test program built with link-time
+# optimisation and warnings as errors, where GCC compares the definitions of each type and inline function across
+# translation units (-Wodr) and fails the link on a mismatch (two different `RecvResult`s in
+# one namespace were such a case). A build, not a test run: the code is the same as `make test`'s.
+odr: deps
+	$(CMAKE) -S . -B build-odr $(LEAN) \
+	  -DCMAKE_CXX_FLAGS="-flto=auto -Wodr -Werror" \
+	  -DCMAKE_EXE_LINKER_FLAGS="-flto=auto -Wodr -Werror" \
+	  -DCMAKE_SHARED_LINKER_FLAGS="-flto=auto -Wodr -Werror"
+	cmake --build build-odr -j$(JOBS)
 
 # ThreadSanitizer (GCC 12) cannot place its shadow memory when the kernel randomizes mmap
 # with more bits than it expects (vm.mmap_rnd_bits > 28, common on recent kernels:
@@ -97,4 +108,4 @@ format:
 	git ls-files '*.h' '*.cc' | xargs clang-format -i
 
 clean:
-	rm -rf build build-asan build-tsan build-fuzz
+	rm -rf build build-asan build-tsan build-odr build-fuzz
