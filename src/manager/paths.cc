@@ -41,10 +41,9 @@ std::string real_dir_of(const std::string& path) {
   return slash == std::string::npos ? std::string() : file.substr(0, slash);
 }
 
-// The directory of the module that holds this code: libshmtensor.so's own directory when the
-// shared library is in use (a Python interpreter in /usr/bin loading it from a site-packages
-// or /usr/local/lib, say), the program's directory when the library is linked statically.
-// /proc/self/exe alone would point at /usr/bin/python3 in the first case.
+// libshmtensor.so's own directory when the shared library is in use (a Python interpreter in
+// /usr/bin loading it from a site-packages or /usr/local/lib, say: /proc/self/exe would point
+// at /usr/bin); "" when the library is linked into the program statically.
 std::string library_dir() {
   std::string module;
   try {
@@ -52,7 +51,7 @@ std::string library_dir() {
   } catch (const Error&) {
     // Code not in any loaded module cannot happen for a function of ours; fall back anyway.
   }
-  return real_dir_of(module.empty() ? "/proc/self/exe" : module);
+  return module.empty() ? std::string() : real_dir_of(module);
 }
 
 }  // namespace
@@ -108,10 +107,10 @@ std::vector<std::string> manager_program_candidates() {
       if (q == p) return;
     out.push_back(p);
   };
-  // Next to the library first (a build tree: build/libshmtensor.so beside build/shmtensor-
-  // manager; a relocated package that ships both), then its ../bin (an installed prefix:
-  // lib/libshmtensor.so, bin/shmtensor-manager), then where this build put or installs it,
-  // then next to the running program.
+  // The shared library looks next to itself first (a build tree: build/libshmtensor.so beside
+  // build/shmtensor-manager; a Python package that ships both), then in its ../bin (an
+  // installed prefix: lib/libshmtensor.so, bin/shmtensor-manager). Then, and first for a
+  // static link, where this build put it or installs it, then next to the running program.
   std::string lib = library_dir();
   add(lib);
   if (!lib.empty()) add(real_path(lib + "/../bin"));
