@@ -86,3 +86,24 @@ def test_children_of_every_start_method(method, strategy):
     assert result == (strategy, True, 3 * 64 * 64)
     # The parent's strategy is its own.
     assert shmtensor.get_sharing_strategy() == "file_descriptor"
+
+
+def test_sigkilled_child_leaves_no_name():
+    import signal
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(r)
+            shmtensor.set_sharing_strategy("file_system")
+            a = snp.full(1 << 16, 5, np.uint8)
+            os.write(w, b"1" if snp.is_shared(a) and own_names() else b"0")
+        finally:
+            os.kill(os.getpid(), signal.SIGKILL)
+    os.close(w)
+    ok = os.read(r, 1)
+    os.close(r)
+    _, status = os.waitpid(pid, 0)
+    assert ok == b"1"
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    # The child had a name; the leak check waits (up to 2 s) for the manager to remove it.
