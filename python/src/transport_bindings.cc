@@ -1,0 +1,7 @@
+#include "bindings.h"
+
+namespace shmtensor::python {
+
+void bind_transport(pybind11::module_&) {}
+
+}  // namespace shmtensor::python
