@@ -1,0 +1,265 @@
+"""How NumPy arrays and shmtensor Tensors travel between processes.
+
+Two paths share the same reducers (registered with multiprocessing.reduction.ForkingPickler):
+
+* Native messages (shmtensor.multiprocessing.Queue / Pipe / SimpleQueue): `dumps` pickles
+  with protocol 5 while a message is open; each shared block an array lives in is added to
+  the message's block list and travels beside the pickle as a descriptor (its fds once per
+  segment per message, by SCM_RIGHTS). Any other out-of-band buffer (PEP 574) above the
+  share threshold is copied once into a block; smaller ones stay in the pickle.
+
+* Plain pickles (multiprocessing.Queue, Pool, a spawned child's arguments): a block travels
+  as a frame (a few hundred bytes naming the segment and the block) plus, for the
+  file_descriptor strategy, the segment's fd, sent once per segment per pickle through
+  shmtensor's fd keeper (keeper.py), so the receiver gets it even if the sender has exited.
+
+Either way the message carries a count on each block it names (the C++ in-flight count), so
+the sender may drop its arrays at once. A plain pickle is therefore single-use, as in torch:
+its first load adopts those counts, and a second load in the same process raises
+RuntimeError (it takes nothing from other messages).
+"""
+import io
+import multiprocessing.reduction as _mpreduction
+import os
+import pickle
+import struct
+import threading
+import weakref
+
+import numpy as np
+
+from shmtensor import _C
+
+_DEFAULT_SHARE_THRESHOLD = 64 * 1024
+_share_threshold = _DEFAULT_SHARE_THRESHOLD
+
+
+def set_share_threshold(nbytes):
+    """Arrays (and out-of-band pickle buffers) of at least `nbytes` that are not in shared
+    memory yet are copied once into a shared block when sent; smaller ones are pickled in
+    the message. Default 64 KiB. 0 shares everything that has at least one byte."""
+    global _share_threshold
+    nbytes = int(nbytes)
+    if nbytes < 0:
+        raise ValueError("the share threshold is a number of bytes >= 0")
+    _share_threshold = nbytes
+
+
+def get_share_threshold():
+    return _share_threshold
+
+
+# ---- finding the block an array lives in -----------------------------------------------
+
+
+def _block_of_array(a):
+    """(Block, byte offset of a's first element) if a's memory is in a shmtensor block."""
+    base = a
+    while base is not None:
+        if isinstance(base, _C._Block):
+            return base, a.__array_interface__["data"][0] - base.address
+        if isinstance(base, memoryview):
+            if isinstance(base.obj, _C._Block):
+                base = base.obj
+                continue
+            break
+        base = getattr(base, "base", None)
+    block_of = getattr(_shmtensor_numpy(), "_block_of", None)
+    found = block_of(a) if block_of is not None else None
+    if found is None:
+        return None
+    block = _C._block_of_tensor(found[0])
+    if block is None:
+        return None
+    return block, a.__array_interface__["data"][0] - block.address
+
+
+def _shmtensor_numpy():
+    try:
+        import shmtensor.numpy as stnp
+    except ImportError:
+        return None
+    return stnp
+
+
+def _copy_to_block(a):
+    """A C-contiguous copy of `a` in a new block, and the block."""
+    block = _C._alloc_block(a.nbytes)
+    copy = np.ndarray(a.shape, dtype=a.dtype, buffer=block)
+    copy[...] = a
+    return block, copy
+
+
+def _array_from_block(block, offset, dtype, shape, strides, readonly):
+    a = np.ndarray(shape, dtype=dtype, buffer=block, offset=offset, strides=strides)
+    if readonly:
+        a.flags.writeable = False
+    return a
+
+
+# ---- messages (native transport) --------------------------------------------------------
+
+_local = threading.local()
+_TRAILER = struct.Struct("<QQ")
+_MAGIC = 0x5354504B4C4D5347  # marks a message with out-of-band buffers
+
+
+class _Message:
+    """The blocks of one native message being pickled."""
+
+    def __init__(self):
+        self.blocks = []
+        self.index = {}
+
+    def add(self, block):
+        i = self.index.get(block.address)
+        if i is None:
+            i = self.index[block.address] = len(self.blocks)
+            self.blocks.append(block)
+        return i
+
+
+def dumps(obj):
+    """Pickles obj for a native message: (bytes, [Block])."""
+    message = _Message()
+    oob = []
+
+    def buffer_callback(buf):
+        raw = buf.raw()
+        if raw.nbytes == 0 or raw.nbytes < _share_threshold:
+            return True
+        block = _C._alloc_block(raw.nbytes)
+        memoryview(block)[:] = raw
+        oob.append((message.add(block), raw.readonly))
+        return False
+
+    out = io.BytesIO()
+    stack = _local.__dict__.setdefault("sending", [])
+    stack.append(message)
+    try:
+        _mpreduction.ForkingPickler(out, 5, buffer_callback=buffer_callback).dump(obj)
+    finally:
+        stack.pop()
+    if oob or message.blocks:
+        meta = pickle.dumps(oob, 5)
+        out.write(meta)
+        out.write(_TRAILER.pack(len(meta), _MAGIC))
+    return out.getvalue(), message.blocks
+
+
+def loads(data, blocks):
+    """The inverse of dumps, in the receiving process."""
+    oob = []
+    end = len(data)
+    if end >= _TRAILER.size:
+        meta_len, magic = _TRAILER.unpack_from(data, end - _TRAILER.size)
+        if magic == _MAGIC:
+            end -= _TRAILER.size + meta_len
+            if end < 0:
+                raise pickle.UnpicklingError("truncated shmtensor message")
+            oob = pickle.loads(data[end:end + meta_len])
+    buffers = []
+    for index, readonly in oob:
+        view = memoryview(blocks[index])
+        buffers.append(view.toreadonly() if readonly else view)
+    stack = _local.__dict__.setdefault("receiving", [])
+    stack.append(blocks)
+    try:
+        return pickle.loads(memoryview(data)[:end], buffers=buffers)
+    finally:
+        stack.pop()
+
+
+def _native_block(index):
+    stack = getattr(_local, "receiving", None)
+    if not stack:
+        raise pickle.UnpicklingError(
+            "a shmtensor native block reference outside a shmtensor message")
+    blocks = stack[-1]
+    if not 0 <= index < len(blocks):
+        raise pickle.UnpicklingError("shmtensor block index %d out of range" % index)
+    return blocks[index]
+
+
+# ---- block references in plain pickles ----------------------------------------------------
+
+_loaded_nonces = set()
+_nonce_lock = threading.Lock()
+_refs = weakref.WeakValueDictionary()
+
+
+class _BlockRef:
+    """A block named in a pickle. One object per block while pickles refer to it, so that
+    the pickler's memo sends it once per pickle."""
+
+    __slots__ = ("block", "__weakref__")
+
+    def __init__(self, block):
+        self.block = block
+
+    def __reduce__(self):
+        sending = getattr(_local, "sending", None)
+        if sending:
+            return _native_block, (sending[-1].add(self.block),)
+        from shmtensor.multiprocessing import keeper
+
+        frame = _C._frame_of_blocks([self.block])
+        fd_refs = [keeper.FdRef.of(fd, uid) for fd, uid in zip(frame.fds, frame.fd_uids)]
+        frame.mark_sent()
+        return _load_block, (frame.data, fd_refs, os.urandom(16))
+
+
+def _ref(block):
+    ref = _refs.get(block.address)
+    if ref is None or ref.block.address != block.address:
+        ref = _refs[block.address] = _BlockRef(block)
+    return ref
+
+
+def _load_block(data, fd_refs, nonce):
+    with _nonce_lock:
+        if nonce in _loaded_nonces:
+            raise RuntimeError(
+                "shmtensor: this pickle was already loaded in this process; a pickle of "
+                "shared memory is single-use (its first load took the counts it carried): "
+                "send the object again instead of keeping its pickle")
+        _loaded_nonces.add(nonce)
+    fds = [ref.take() for ref in fd_refs]
+    try:
+        blocks = _C._blocks_of_frame(data, fds)
+    except BaseException:
+        raise
+    if len(blocks) != 1:
+        raise pickle.UnpicklingError("a shmtensor block reference names %d blocks" % len(blocks))
+    return blocks[0]
+
+
+# ---- reducers ------------------------------------------------------------------------------
+
+
+def _reduce_ndarray(a):
+    if a.dtype.hasobject:
+        return a.__reduce_ex__(4)
+    found = _block_of_array(a)
+    if found is None:
+        if a.nbytes == 0 or a.nbytes < _share_threshold:
+            return a.__reduce_ex__(4)
+        block, a = _copy_to_block(a)
+        offset = 0
+    else:
+        block, offset = found
+    return _array_from_block, (_ref(block), offset, a.dtype, a.shape, a.strides,
+                               not a.flags.writeable)
+
+
+def _reduce_tensor(t):
+    parts = _C._tensor_parts(t)
+    block, rest = parts[0], parts[1:]
+    return _C._tensor_from_parts, (None if block is None else _ref(block),) + tuple(rest)
+
+
+def init_reductions():
+    _mpreduction.ForkingPickler.register(np.ndarray, _reduce_ndarray)
+    tensor_type = getattr(_C, "Tensor", None)
+    if tensor_type is not None and hasattr(_C, "_tensor_parts"):
+        _mpreduction.ForkingPickler.register(tensor_type, _reduce_tensor)
