@@ -13,7 +13,10 @@
 BUILD_TYPE  ?= RelWithDebInfo
 JOBS        ?= $(shell nproc)
 CTEST_JOBS  ?= 2
-CMAKE       := cmake -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) -DCMAKE_EXPORT_COMPILE_COMMANDS=ON
+# The Python module is built for /usr/bin/python3 (Debian's, with NumPy), never for
+# another python3 that comes first on PATH.
+CMAKE       := cmake -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) -DCMAKE_EXPORT_COMPILE_COMMANDS=ON \
+               -DPython_EXECUTABLE=/usr/bin/python3
 # --timeout: ctest's default is 1500 s per test, so one hung test (a fork child stuck in a
 # sanitizer lock did that) costs 25 of CI's 90 minutes. The slowest test takes about 6 s
 # under TSan on 2 cores; 300 s leaves room for a loaded machine.
@@ -22,7 +25,9 @@ CTEST       := ctest --output-on-failure -j$(CTEST_JOBS) --timeout 300
 # What each package is for: docs/dependencies.md.
 DEB_PACKAGES := g++ make cmake ninja-build pkg-config python3 \
                 libgtest-dev libgmock-dev googletest libbenchmark-dev libcli11-dev \
-                clang libclang-rt-14-dev
+                clang libclang-rt-14-dev \
+                pybind11-dev python3-dev python3-numpy python3-pytest \
+                python3-pip python3-setuptools python3-wheel
 
 # Sanitizer builds skip benchmarks and examples: CI has 2 cores and 90 minutes.
 LEAN := -DSHMTENSOR_BUILD_BENCHMARKS=OFF -DSHMTENSOR_BUILD_EXAMPLES=OFF

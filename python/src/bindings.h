@@ -1,0 +1,14 @@
+// The parts of the extension module shmtensor._C, each filling the module it is given.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+namespace shmtensor::python {
+
+// Tensor, dtypes, the buffer protocol, DLPack, strategies, empty_cache and the exception
+// types (tensor_bindings.cc). Runs first: the other parts use its exception types.
+void bind_tensor(pybind11::module_& m);
+// The native transport: Connection/Queue for shmtensor.multiprocessing (transport_bindings.cc).
+void bind_transport(pybind11::module_& m);
+
+}  // namespace shmtensor::python

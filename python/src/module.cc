@@ -1,0 +1,7 @@
+#include "bindings.h"
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "shmtensor's native part; use the shmtensor package, not this module";
+  shmtensor::python::bind_tensor(m);
+  shmtensor::python::bind_transport(m);
+}

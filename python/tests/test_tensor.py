@@ -1,0 +1,5 @@
+import shmtensor
+
+
+def test_import():
+    assert shmtensor.Tensor.__name__ == "Tensor"
