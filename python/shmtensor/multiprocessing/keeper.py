@@ -49,8 +49,13 @@ class FdRef:
             self.fd = -1
 
     def __reduce__(self):
-        if _mpcontext.get_spawning_popen() is not None:
-            return _from_dupfd, (_mpreduction.DupFd(self.fd),)
+        popen = _mpcontext.get_spawning_popen()
+        if popen is not None:
+            # The starting child receives the fd when it is launched, after pickling: keep
+            # a duplicate open for as long as the Popen lives.
+            fd = os.dup(self.fd)
+            weakref.finalize(popen, os.close, fd)
+            return _from_dupfd, (_mpreduction.DupFd(fd),)
         return _from_keeper, (_register(self.fd),)
 
 

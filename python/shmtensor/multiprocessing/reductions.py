@@ -119,6 +119,16 @@ class _Message:
         return i
 
 
+class _MessagePickler(pickle.Pickler):
+    """Protocol 5 with ForkingPickler's reducers (ForkingPickler itself takes no
+    buffer_callback)."""
+
+    def __init__(self, file, buffer_callback):
+        super().__init__(file, 5, buffer_callback=buffer_callback)
+        self.dispatch_table = _mpreduction.ForkingPickler._copyreg_dispatch_table.copy()
+        self.dispatch_table.update(_mpreduction.ForkingPickler._extra_reducers)
+
+
 def dumps(obj):
     """Pickles obj for a native message: (bytes, [Block])."""
     message = _Message()
@@ -137,7 +147,7 @@ def dumps(obj):
     stack = _local.__dict__.setdefault("sending", [])
     stack.append(message)
     try:
-        _mpreduction.ForkingPickler(out, 5, buffer_callback=buffer_callback).dump(obj)
+        _MessagePickler(out, buffer_callback).dump(obj)
     finally:
         stack.pop()
     if oob or message.blocks:
