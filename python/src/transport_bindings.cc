@@ -1,5 +1,5 @@
-// The native transport for shmtensor.multiprocessing: blocks of shared memory as Python
-// buffers, Connection and Queue carrying (pickle bytes, blocks), and frames: a message
+// The native transport for shmtensor.multiprocessing: Connection and Queue carrying
+// (pickle bytes, blocks), where a block is a 1-d uint8 Tensor over a shared storage, and frames: a message
 // turned into bytes plus fds, so that a block reference, a Queue or a Connection can ride
 // inside an ordinary pickle (multiprocessing's own Queue, Pool, a spawned child's args).
 //
@@ -30,32 +30,34 @@ namespace py = pybind11;
 namespace shmtensor::python {
 namespace {
 
-// One shared block as a writable Python buffer (bytes), kept alive by every memoryview and
-// NumPy array made over it.
-struct Block {
-  Storage storage;
-  std::uintptr_t address() const { return reinterpret_cast<std::uintptr_t>(storage.data()); }
-};
-
 // A message item: the pickle and its out-of-band blocks.
 using Item = std::pair<std::string, std::vector<Tensor>>;
 
-Tensor as_tensor(const Block& b) {
-  return Tensor::from_storage(b.storage, 0, {static_cast<std::int64_t>(b.storage.nbytes())}, {1},
+// A block as Python sees it: a 1-d uint8 Tensor over a whole shared storage (what
+// shmtensor.numpy._block_of returns).
+Tensor block_of_storage(const Storage& storage) {
+  return Tensor::from_storage(storage, 0, {static_cast<std::int64_t>(storage.nbytes())}, {1},
                               DType::kUInt8);
 }
 
-Item make_item(py::bytes data, const std::vector<Block>& blocks) {
-  Item item{std::string(data), {}};
-  item.second.reserve(blocks.size());
-  for (const auto& b : blocks) item.second.push_back(as_tensor(b));
-  return item;
+// The blocks travel as whole storages; what a block tensor views does not matter.
+std::vector<Tensor> whole_blocks(const std::vector<Tensor>& blocks) {
+  std::vector<Tensor> out;
+  out.reserve(blocks.size());
+  for (const auto& t : blocks) {
+    if (!t.defined() || !t.is_shared())
+      throw py::value_error("shmtensor message blocks must be shared tensors");
+    out.push_back(block_of_storage(t.storage()));
+  }
+  return out;
+}
+
+Item make_item(py::bytes data, const std::vector<Tensor>& blocks) {
+  return Item{std::string(data), whole_blocks(blocks)};
 }
 
 py::tuple item_to_python(Item&& item) {
-  py::list blocks;
-  for (auto& t : item.second) blocks.append(Block{t.storage()});
-  return py::make_tuple(py::bytes(item.first), std::move(blocks));
+  return py::make_tuple(py::bytes(item.first), py::cast(std::move(item.second)));
 }
 
 std::optional<std::chrono::nanoseconds> to_timeout(std::optional<double> seconds) {
@@ -108,7 +110,7 @@ T decode_whole(Decoder d) {
 class PyConnection {
  public:
   explicit PyConnection(Connection c) : c_(std::move(c)) {}
-  void send(py::bytes data, const std::vector<Block>& blocks) {
+  void send(py::bytes data, const std::vector<Tensor>& blocks) {
     Item item = make_item(std::move(data), blocks);
     eof_as_python([&] {
       py::gil_scoped_release release;
@@ -164,7 +166,7 @@ class PyQueue {
  public:
   explicit PyQueue(Queue<Item> q) : q_(std::move(q)) {}
   // False on timeout (0: do not wait; None: wait for room).
-  bool put(py::bytes data, const std::vector<Block>& blocks, std::optional<double> timeout) {
+  bool put(py::bytes data, const std::vector<Tensor>& blocks, std::optional<double> timeout) {
     Item item = make_item(std::move(data), blocks);
     py::gil_scoped_release release;
     if (!timeout) {
@@ -195,48 +197,28 @@ class PyQueue {
 }  // namespace
 
 void bind_transport(py::module_& m) {
-  py::class_<Block>(m, "_Block", py::buffer_protocol())
-      .def_buffer([](Block& b) {
-        return py::buffer_info(b.storage.data(), 1, py::format_descriptor<std::uint8_t>::format(),
-                               1, {static_cast<py::ssize_t>(b.storage.nbytes())}, {1});
-      })
-      .def_property_readonly("address", &Block::address)
-      .def_property_readonly("nbytes", [](const Block& b) { return b.storage.nbytes(); })
-      .def("__len__", [](const Block& b) { return b.storage.nbytes(); });
-
   m.def(
-      "_alloc_block",
-      [](std::size_t nbytes) {
-        if (nbytes == 0) throw py::value_error("a block holds at least one byte");
-        py::gil_scoped_release release;
-        return Block{Storage::allocate_shared(nbytes)};
-      },
-      py::arg("nbytes"), "A new shared block of nbytes (uninitialised) in the current strategy.");
-  m.def(
-      "_block_of_tensor",
-      [](const Tensor& t) -> std::optional<Block> {
-        if (!t.defined() || !t.is_shared()) return std::nullopt;
-        return Block{t.storage()};
-      },
-      "The shared block behind a shmtensor.Tensor, or None if it is not in shared memory.");
+      "_block_address",
+      [](const Tensor& t) { return reinterpret_cast<std::uintptr_t>(t.storage().data()); },
+      "Where the storage behind a tensor starts (a key for the block in this process).");
 
   // A Tensor pickled by reference: its storage is shared in place (as torch's reducer and
   // Connection::send do), then named by its block and its view.
   m.def("_tensor_parts", [](const Tensor& t) {
-    std::optional<Block> block;
+    std::optional<Tensor> block;
     if (t.defined() && t.numel() > 0) {
-      t.share_memory_();
-      block = Block{t.storage()};
+      if (!t.is_shared()) throw py::value_error("_tensor_parts: share_memory_() first");
+      block = block_of_storage(t.storage());
     }
     return py::make_tuple(block, t.numel() > 0 ? t.storage_offset() : 0, t.sizes(),
                           t.strides(), to_string(t.dtype()));
   });
   m.def("_tensor_from_parts",
-        [](std::optional<Block> block, std::int64_t offset, std::vector<std::int64_t> sizes,
+        [](std::optional<Tensor> block, std::int64_t offset, std::vector<std::int64_t> sizes,
            std::vector<std::int64_t> strides, const std::string& dtype) {
           DType d = dtype_from_string(dtype);
           if (!block) return Tensor::empty(std::move(sizes), d);
-          return Tensor::from_storage(block->storage, offset, std::move(sizes),
+          return Tensor::from_storage(block->storage(), offset, std::move(sizes),
                                       std::move(strides), d);
         });
 
@@ -246,7 +228,7 @@ void bind_transport(py::module_& m) {
       .def_property_readonly("fd_uids", &Frame::fd_uids)
       .def("mark_sent", &Frame::mark_sent);
 
-  m.def("_frame_of_blocks", [](const std::vector<Block>& blocks) {
+  m.def("_frame_of_blocks", [](const std::vector<Tensor>& blocks) {
     Encoder e;
     std::vector<Tensor> tensors;
     for (const auto& b : blocks) tensors.push_back(as_tensor(b));
@@ -254,14 +236,8 @@ void bind_transport(py::module_& m) {
     return Frame(std::move(e));
   });
   m.def("_blocks_of_frame", [](const std::string& data, const std::vector<int>& fds) {
-    std::vector<Tensor> tensors;
-    {
-      py::gil_scoped_release release;
-      tensors = decode_whole<std::vector<Tensor>>(parse(data, fds));
-    }
-    std::vector<Block> blocks;
-    for (auto& t : tensors) blocks.push_back(Block{t.storage()});
-    return blocks;
+    py::gil_scoped_release release;
+    return decode_whole<std::vector<Tensor>>(parse(data, fds));
   });
 
   py::class_<PyConnection>(m, "_Connection")

@@ -52,39 +52,14 @@ def get_share_threshold():
 # ---- finding the block an array lives in -----------------------------------------------
 
 
-def _block_of_array(a):
-    """(Block, byte offset of a's first element) if a's memory is in a shmtensor block."""
-    base = a
-    while base is not None:
-        if isinstance(base, _C._Block):
-            return base, a.__array_interface__["data"][0] - base.address
-        if isinstance(base, memoryview):
-            if isinstance(base.obj, _C._Block):
-                base = base.obj
-                continue
-            break
-        base = getattr(base, "base", None)
-    block_of = getattr(_shmtensor_numpy(), "_block_of", None)
-    found = block_of(a) if block_of is not None else None
-    if found is None:
-        return None
-    block = _C._block_of_tensor(found[0])
-    if block is None:
-        return None
-    return block, a.__array_interface__["data"][0] - block.address
-
-
-def _shmtensor_numpy():
-    try:
-        import shmtensor.numpy as stnp
-    except ImportError:
-        return None
-    return stnp
+def _new_block(nbytes):
+    """A new shared block: a 1-d uint8 Tensor of nbytes (> 0), uninitialised."""
+    return _C._empty((nbytes,), "uint8", True)
 
 
 def _copy_to_block(a):
     """A C-contiguous copy of `a` in a new block, and the block."""
-    block = _C._alloc_block(a.nbytes)
+    block = _new_block(a.nbytes)
     copy = np.ndarray(a.shape, dtype=a.dtype, buffer=block)
     copy[...] = a
     return block, copy
@@ -112,9 +87,10 @@ class _Message:
         self.index = {}
 
     def add(self, block):
-        i = self.index.get(block.address)
+        key = _C._block_address(block)
+        i = self.index.get(key)
         if i is None:
-            i = self.index[block.address] = len(self.blocks)
+            i = self.index[key] = len(self.blocks)
             self.blocks.append(block)
         return i
 
@@ -138,7 +114,7 @@ def dumps(obj):
         raw = buf.raw()
         if raw.nbytes == 0 or raw.nbytes < _share_threshold:
             return True
-        block = _C._alloc_block(raw.nbytes)
+        block = _new_block(raw.nbytes)
         memoryview(block)[:] = raw
         oob.append((message.add(block), raw.readonly))
         return False
@@ -220,9 +196,10 @@ class _BlockRef:
 
 
 def _ref(block):
-    ref = _refs.get(block.address)
-    if ref is None or ref.block.address != block.address:
-        ref = _refs[block.address] = _BlockRef(block)
+    key = _C._block_address(block)
+    ref = _refs.get(key)
+    if ref is None:
+        ref = _refs[key] = _BlockRef(block)
     return ref
 
 
@@ -234,11 +211,7 @@ def _load_block(data, fd_refs, nonce):
                 "shared memory is single-use (its first load took the counts it carried): "
                 "send the object again instead of keeping its pickle")
         _loaded_nonces.add(nonce)
-    fds = [ref.take() for ref in fd_refs]
-    try:
-        blocks = _C._blocks_of_frame(data, fds)
-    except BaseException:
-        raise
+    blocks = _C._blocks_of_frame(data, [ref.take() for ref in fd_refs])
     if len(blocks) != 1:
         raise pickle.UnpicklingError("a shmtensor block reference names %d blocks" % len(blocks))
     return blocks[0]
@@ -250,7 +223,7 @@ def _load_block(data, fd_refs, nonce):
 def _reduce_ndarray(a):
     if a.dtype.hasobject:
         return a.__reduce_ex__(4)
-    found = _block_of_array(a)
+    found = _C._block_of(a)
     if found is None:
         if a.nbytes == 0 or a.nbytes < _share_threshold:
             return a.__reduce_ex__(4)
@@ -263,6 +236,8 @@ def _reduce_ndarray(a):
 
 
 def _reduce_tensor(t):
+    if t.numel() > 0:
+        t.share_memory_()  # in place, as torch's reducer does
     parts = _C._tensor_parts(t)
     block, rest = parts[0], parts[1:]
     return _C._tensor_from_parts, (None if block is None else _ref(block),) + tuple(rest)
@@ -270,6 +245,4 @@ def _reduce_tensor(t):
 
 def init_reductions():
     _mpreduction.ForkingPickler.register(np.ndarray, _reduce_ndarray)
-    tensor_type = getattr(_C, "Tensor", None)
-    if tensor_type is not None and hasattr(_C, "_tensor_parts"):
-        _mpreduction.ForkingPickler.register(tensor_type, _reduce_tensor)
+    _mpreduction.ForkingPickler.register(_C.Tensor, _reduce_tensor)
