@@ -11,4 +11,9 @@ void bind_tensor(pybind11::module_& m);
 // The native transport: Connection/Queue for shmtensor.multiprocessing (transport_bindings.cc).
 void bind_transport(pybind11::module_& m);
 
+// Parts of bind_tensor, in their own files.
+// The exception classes (Error, SharedMemoryFullError, SystemCallError, ...) and the
+// translators from the C++ exceptions (errors.cc).
+void bind_errors(pybind11::module_& m);
+
 }  // namespace shmtensor::python

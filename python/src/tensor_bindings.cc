@@ -1,17 +1,191 @@
+// shmtensor.Tensor and the module-level functions of shmtensor._C. Allocations and
+// share_memory_() may wait on the manager daemon (file_system) or on the kernel, so they run
+// without the GIL; nothing here holds a Python object while the GIL is released.
+#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
 
 #include "bindings.h"
+#include "dtypes.h"
+#include "exports.h"
+#include "shmtensor/sharing_strategy.h"
+#include "shmtensor/storage.h"
 #include "shmtensor/tensor.h"
 
 namespace py = pybind11;
 
 namespace shmtensor::python {
 
+namespace {
+
+// A shape argument: an int or a sequence of ints, as NumPy takes.
+std::vector<std::int64_t> shape_from_object(const py::handle& obj) {
+  if (!py::isinstance<py::sequence>(obj)) return {obj.cast<std::int64_t>()};
+  std::vector<std::int64_t> out;
+  for (auto item : obj) out.push_back(item.cast<std::int64_t>());
+  return out;
+}
+
+Tensor make_tensor(const py::handle& shape, const py::handle& dtype, bool shared) {
+  std::vector<std::int64_t> sizes = shape_from_object(shape);
+  DType dt = dtype_from_object(dtype);
+  py::gil_scoped_release release;
+  return shared ? Tensor::empty_shared(std::move(sizes), dt) : Tensor::empty(std::move(sizes), dt);
+}
+
+py::tuple to_tuple(const std::vector<std::int64_t>& v, std::int64_t scale = 1) {
+  py::tuple t(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) t[i] = py::int_(v[i] * scale);
+  return t;
+}
+
+// The block (storage) whose bytes an ndarray views, found through its chain of .base
+// objects (ndarrays, memoryviews) ending at a Tensor, and the offset of the array's first
+// element in it. None when the chain ends elsewhere or the array reaches outside the
+// storage (an array built by hand over a Tensor's address, say).
+py::object block_of(const py::handle& obj) {
+  if (!py::isinstance<py::array>(obj)) return py::none();
+  auto a = py::reinterpret_borrow<py::array>(obj);
+  py::handle base = obj;
+  for (int depth = 0; !py::isinstance<Tensor>(base); ++depth) {
+    if (depth > 10000) return py::none();
+    if (py::isinstance<py::array>(base)) {
+      base = py::reinterpret_borrow<py::array>(base).base();
+    } else if (PyMemoryView_Check(base.ptr())) {
+      base = PyMemoryView_GET_BUFFER(base.ptr())->obj;
+    } else {
+      return py::none();
+    }
+    if (!base || base.is_none()) return py::none();
+  }
+  const Storage storage = base.cast<const Tensor&>().storage();
+  if (!storage.defined()) return py::none();
+  const auto start = reinterpret_cast<std::uintptr_t>(storage.data());
+  const auto end = start + storage.nbytes();
+  const auto first = reinterpret_cast<std::uintptr_t>(a.data());
+  std::uintptr_t lo = first, hi = first;
+  bool empty = false;
+  for (py::ssize_t d = 0; d < a.ndim(); ++d) {
+    if (a.shape(d) == 0) empty = true;
+    const py::ssize_t span = (a.shape(d) - 1) * a.strides(d);
+    if (span < 0) lo += span;  // wraps like the address arithmetic it mirrors
+    else hi += span;
+  }
+  if (empty) {
+    if (storage.nbytes() != 0 && (first < start || first > end)) return py::none();
+  } else {
+    hi += a.itemsize();
+    if (lo < start || hi > end) return py::none();
+  }
+  const std::uintptr_t offset = empty && storage.nbytes() == 0 ? 0 : first - start;
+  Tensor block = Tensor::from_storage(storage, 0, {static_cast<std::int64_t>(storage.nbytes())},
+                                      {1}, DType::kUInt8);
+  return py::make_tuple(block, py::int_(offset));
+}
+
+}  // namespace
+
 void bind_tensor(py::module_& m) {
-  py::class_<Tensor>(m, "Tensor")
+  bind_errors(m);
+
+  py::class_<Tensor>(m, "Tensor", py::custom_type_setup([](PyHeapTypeObject* type) {
+                       install_buffer_protocol(type);
+                     }),
+                     R"doc(A typed, strided n-d view over refcounted bytes (shmtensor's C++
+Tensor). Made by shmtensor.from_numpy, shmtensor.empty/zeros/ones/full, or received from
+another process. np.asarray(t) is a writable view without a copy (buffer protocol);
+__array_interface__ and __dlpack__ are there for other consumers.)doc")
+      .def_property_readonly("shape", [](const Tensor& t) { return to_tuple(t.sizes()); })
+      .def_property_readonly(
+          "dtype",
+          [](const Tensor& t) -> py::object {
+            if (t.dtype() == DType::kBFloat16) return py::str("bfloat16");
+            return numpy_dtype(t.dtype());
+          },
+          "The NumPy dtype; the string 'bfloat16' for bfloat16, which NumPy lacks.")
+      .def_property_readonly(
+          "strides",
+          [](const Tensor& t) {
+            return to_tuple(t.strides(), static_cast<std::int64_t>(t.element_size()));
+          },
+          "In bytes, as NumPy's (stride() gives elements, as torch's).")
+      .def_property_readonly("ndim", &Tensor::dim)
+      .def_property_readonly("nbytes", &Tensor::nbytes)
+      .def_property_readonly("itemsize", &Tensor::element_size)
       .def("numel", &Tensor::numel)
-      .def("is_shared", &Tensor::is_shared);
-  m.def("empty_cache", &empty_cache);
+      .def("dim", &Tensor::dim)
+      .def("element_size", &Tensor::element_size)
+      .def("storage_offset", &Tensor::storage_offset, "In elements.")
+      .def(
+          "size",
+          [](const Tensor& t, py::object dim) -> py::object {
+            if (dim.is_none()) return to_tuple(t.sizes());
+            return py::int_(t.size(dim.cast<std::int64_t>()));
+          },
+          py::arg("dim") = py::none())
+      .def(
+          "stride",
+          [](const Tensor& t, py::object dim) -> py::object {
+            if (dim.is_none()) return to_tuple(t.strides());
+            return py::int_(t.stride(dim.cast<std::int64_t>()));
+          },
+          py::arg("dim") = py::none(), "In elements, as torch's.")
+      .def("is_contiguous", &Tensor::is_contiguous)
+      .def("is_shared", &Tensor::is_shared)
+      .def(
+          "share_memory_",
+          [](Tensor& t) -> Tensor& {
+            if (!t.is_shared() && has_exports(t.storage()))
+              throw py::buffer_error(
+                  "share_memory_() would move the bytes of this tensor while a buffer or a "
+                  "DLPack capsule made from it is in use (an array from np.asarray, a "
+                  "memoryview, a torch tensor): call share_memory_() before exporting, or "
+                  "drop those first");
+            py::gil_scoped_release release;
+            return t.share_memory_();
+          },
+          py::return_value_policy::reference_internal,
+          "Moves the bytes into shared memory in place (a no-op when shared); returns self.")
+      .def("clone", [](const Tensor& t) {
+        py::gil_scoped_release release;
+        return t.clone();
+      }, "A contiguous copy in private memory.")
+      .def("numpy", [](py::object self) { return py::module_::import("numpy").attr("asarray")(self); },
+           "np.asarray(self): a writable view, no copy.")
+      .def("__len__", [](const Tensor& t) {
+        if (t.dim() == 0) throw py::type_error("len() of a 0-d tensor");
+        return t.sizes()[0];
+      })
+      .def("__repr__", &Tensor::to_string)
+      .def_property_readonly("__array_interface__", &array_interface)
+      .def("__dlpack__", [](const Tensor& t, py::object stream) {
+        if (!stream.is_none())
+          throw py::buffer_error("a CPU tensor takes no stream (DLPack: stream must be None)");
+        return to_dlpack(t);
+      }, py::arg("stream") = py::none())
+      .def("__dlpack_device__", [](const Tensor&) { return py::make_tuple(1, 0); },
+           "(kDLCPU, 0)");
+
+  m.def("_empty", &make_tensor, py::arg("shape"), py::arg("dtype"), py::arg("shared"),
+        "An uninitialised Tensor, in shared memory of the current strategy if shared.");
+  m.def("_block_of", &block_of, py::arg("array"));
+
+  m.def("get_sharing_strategy", [] { return to_string(get_sharing_strategy()); });
+  m.def("set_sharing_strategy", [](const std::string& name) { set_sharing_strategy(name); },
+        py::arg("strategy"));
+  m.def("get_all_sharing_strategies", [] {
+    py::set out;
+    for (auto s : get_all_sharing_strategies()) out.add(py::str(to_string(s)));
+    return out;
+  });
+  m.def("empty_cache", [] {
+    py::gil_scoped_release release;
+    empty_cache();
+  });
 }
 
 }  // namespace shmtensor::python

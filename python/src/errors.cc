@@ -1,0 +1,101 @@
+// C++ exceptions become Python exceptions with the same message (str(e) == what()). The
+// classes derive from shmtensor.Error (a RuntimeError) and from the built-in a Python user
+// would catch for the same failure: MemoryError for a full /dev/shm, OSError (errno set)
+// for a failed system call, ValueError for bad input from a peer or a bad configuration.
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "bindings.h"
+#include "shmtensor/error.h"
+
+namespace py = pybind11;
+
+namespace shmtensor::python {
+
+namespace {
+
+// Classes made with PyErr_NewException: multiple bases need a tuple, which
+// py::exception<> cannot take. Owned by the module (kept alive by its attributes).
+PyObject* g_error = nullptr;
+PyObject* g_full = nullptr;
+PyObject* g_system = nullptr;
+PyObject* g_protocol = nullptr;
+PyObject* g_configuration = nullptr;
+
+PyObject* new_class(py::module_& m, const char* name, py::tuple bases, const char* doc) {
+  std::string qualified = std::string("shmtensor.") + name;
+  PyObject* cls = PyErr_NewExceptionWithDoc(qualified.c_str(), doc, bases.ptr(), nullptr);
+  if (cls == nullptr) throw py::error_already_set();
+  m.add_object(name, py::handle(cls));  // steals nothing: add_object increfs
+  return cls;
+}
+
+// Raises an instance of cls built from (what), then sets the given attributes on it.
+void raise(PyObject* cls, const char* what, const py::dict& attrs = py::dict()) {
+  py::object exc = py::reinterpret_steal<py::object>(PyObject_CallFunction(cls, "s", what));
+  if (!exc) return;  // the constructor raised: that error stands
+  for (auto item : attrs) {
+    if (PyObject_SetAttr(exc.ptr(), item.first.ptr(), item.second.ptr()) != 0) return;
+  }
+  PyErr_SetObject(cls, exc.ptr());
+}
+
+}  // namespace
+
+void bind_errors(py::module_& m) {
+  py::object runtime = py::reinterpret_borrow<py::object>(PyExc_RuntimeError);
+  g_error = new_class(m, "Error", py::make_tuple(runtime),
+                      "Base of every exception shmtensor raises on purpose (C++ shmtensor::Error).");
+  py::object error = py::reinterpret_borrow<py::object>(g_error);
+  g_full = new_class(
+      m, "SharedMemoryFullError",
+      py::make_tuple(error, py::reinterpret_borrow<py::object>(PyExc_MemoryError)),
+      "Not enough room in /dev/shm (file_system strategy) or in memory for a segment. "
+      "Attributes: requested, available (bytes).");
+  g_system = new_class(
+      m, "SystemCallError",
+      py::make_tuple(error, py::reinterpret_borrow<py::object>(PyExc_OSError)),
+      "A system call failed (C++ shmtensor::SystemError; Python's own SystemError means an "
+      "interpreter bug, hence the other name). errno and strerror as in OSError; syscall "
+      "names the call.");
+  g_protocol = new_class(
+      m, "ProtocolError",
+      py::make_tuple(error, py::reinterpret_borrow<py::object>(PyExc_ValueError)),
+      "Bytes or descriptors from another process are malformed; nothing was kept.");
+  g_configuration = new_class(
+      m, "ConfigurationError",
+      py::make_tuple(error, py::reinterpret_borrow<py::object>(PyExc_ValueError)),
+      "The job's configuration (options, environment variables) is invalid.");
+
+  // Translators run newest first; subclasses are caught before their bases within one.
+  // A translator registered later (bind_transport's, for its own types) runs before this.
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const SharedMemoryFullError& e) {
+      py::dict attrs;
+      attrs["requested"] = py::int_(e.requested());
+      attrs["available"] = py::int_(e.available());
+      raise(g_full, e.what(), attrs);
+    } catch (const SystemError& e) {
+      py::dict attrs;
+      attrs["errno"] = py::int_(e.error_code());
+      attrs["strerror"] = py::str(std::strerror(e.error_code()));
+      attrs["syscall"] = py::str(e.syscall());
+      raise(g_system, e.what(), attrs);
+    } catch (const ProtocolError& e) {
+      raise(g_protocol, e.what());
+    } catch (const ConfigurationError& e) {
+      raise(g_configuration, e.what());
+    } catch (const Error& e) {
+      raise(g_error, e.what());
+    } catch (const std::out_of_range& e) {
+      PyErr_SetString(PyExc_IndexError, e.what());
+    } catch (const std::invalid_argument& e) {
+      PyErr_SetString(PyExc_ValueError, e.what());
+    }
+  });
+}
+
+}  // namespace shmtensor::python
