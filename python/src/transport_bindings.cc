@@ -230,9 +230,7 @@ void bind_transport(py::module_& m) {
 
   m.def("_frame_of_blocks", [](const std::vector<Tensor>& blocks) {
     Encoder e;
-    std::vector<Tensor> tensors;
-    for (const auto& b : blocks) tensors.push_back(as_tensor(b));
-    e.encode(tensors);
+    e.encode(whole_blocks(blocks));
     return Frame(std::move(e));
   });
   m.def("_blocks_of_frame", [](const std::string& data, const std::vector<int>& fds) {
