@@ -189,9 +189,21 @@ class PyQueue {
     return item_to_python(std::move(*item));
   }
   Queue<Item>& get_queue() { return q_; }
+  // An fd that is readable when an item (or the end of a closed queue) is there, for
+  // multiprocessing.connection.wait (Pool waits on its queues so). A duplicate of the
+  // queue's receive socket, owned here.
+  int fileno() {
+    if (!readable_.valid()) {
+      Encoder e;  // its three fds are duplicates; the in-flight count is undone with it
+      q_.core()->encode(e);
+      readable_ = std::move(e.state().object_fds.at(1));
+    }
+    return readable_.get();
+  }
 
  private:
   Queue<Item> q_;
+  internal::UniqueFd readable_;
 };
 
 }  // namespace
@@ -264,6 +276,7 @@ void bind_transport(py::module_& m) {
       .def("put", &PyQueue::put, py::arg("data"), py::arg("blocks"), py::arg("timeout"))
       .def("get", &PyQueue::get, py::arg("timeout"))
       .def("qsize", [](PyQueue& q) { return q.get_queue().size(); })
+      .def("fileno", &PyQueue::fileno)
       .def_property_readonly("maxsize", [](PyQueue& q) { return q.get_queue().maxsize(); })
       .def("close", [](PyQueue& q) { q.get_queue().close(); })
       .def_property_readonly("closed", [](PyQueue& q) { return q.get_queue().closed(); })

@@ -8,6 +8,8 @@ in order; close() is local, as in multiprocessing: this handle can no longer put
 other processes go on.
 """
 import queue as _queue
+import multiprocessing.connection
+import threading
 
 from shmtensor import _C
 from shmtensor.multiprocessing import reductions
@@ -54,6 +56,9 @@ class Queue:
     def qsize(self):
         return self._check().qsize()
 
+    def _poll(self, timeout):
+        return bool(multiprocessing.connection.wait([self._check()], timeout))
+
     def empty(self):
         return self.qsize() == 0
 
@@ -89,3 +94,42 @@ class SimpleQueue(Queue):
 
     def get(self):
         return super().get()
+
+    # multiprocessing.Pool reaches into its SimpleQueues: _writer.send, _reader.recv,
+    # _reader.poll, _reader/_writer.close in workers, and _rlock while it drains the task
+    # queue at terminate(). The native queue needs none of them: each item goes to one
+    # reader as a whole, so closing a "side" would only break the other.
+    @property
+    def _reader(self):
+        return _Side(self)
+
+    @property
+    def _writer(self):
+        return _Side(self)
+
+    @property
+    def _rlock(self):
+        lock = self.__dict__.get("_lock")
+        if lock is None:
+            lock = self.__dict__["_lock"] = threading.Lock()
+        return lock
+
+
+class _Side:
+    def __init__(self, q):
+        self._q = q
+
+    def send(self, obj):
+        self._q.put(obj)
+
+    def recv(self):
+        return self._q.get()
+
+    def poll(self, timeout=0.0):
+        return self._q._poll(timeout)
+
+    def close(self):
+        pass
+
+    def fileno(self):
+        return self._q._check().fileno()

@@ -223,6 +223,7 @@ def _load_block(data, fd_refs, nonce):
 def _reduce_ndarray(a):
     if a.dtype.hasobject:
         return a.__reduce_ex__(4)
+    readonly = not a.flags.writeable
     found = _C._block_of(a)
     if found is None:
         if a.nbytes == 0 or a.nbytes < _share_threshold:
@@ -231,8 +232,7 @@ def _reduce_ndarray(a):
         offset = 0
     else:
         block, offset = found
-    return _array_from_block, (_ref(block), offset, a.dtype, a.shape, a.strides,
-                               not a.flags.writeable)
+    return _array_from_block, (_ref(block), offset, a.dtype, a.shape, a.strides, readonly)
 
 
 def _reduce_tensor(t):
@@ -240,7 +240,11 @@ def _reduce_tensor(t):
         t.share_memory_()  # in place, as torch's reducer does
     parts = _C._tensor_parts(t)
     block, rest = parts[0], parts[1:]
-    return _C._tensor_from_parts, (None if block is None else _ref(block),) + tuple(rest)
+    return _rebuild_tensor, (None if block is None else _ref(block),) + tuple(rest)
+
+
+def _rebuild_tensor(block, offset, sizes, strides, dtype):
+    return _C._tensor_from_parts(block, offset, sizes, strides, dtype)
 
 
 def init_reductions():
