@@ -25,7 +25,12 @@ PyObject* g_configuration = nullptr;
 
 PyObject* new_class(py::module_& m, const char* name, py::tuple bases, const char* doc) {
   std::string qualified = std::string("shmtensor.") + name;
-  PyObject* cls = PyErr_NewExceptionWithDoc(qualified.c_str(), doc, bases.ptr(), nullptr);
+  // str(e) is the C++ what() (args[0]), also for the OSError subclass, whose own __str__
+  // would print "[Errno N] strerror" once errno is set.
+  py::dict members;
+  members["__str__"] = py::module_::import("builtins").attr("BaseException").attr("__str__");
+  PyObject* cls =
+      PyErr_NewExceptionWithDoc(qualified.c_str(), doc, bases.ptr(), members.ptr());
   if (cls == nullptr) throw py::error_already_set();
   m.add_object(name, py::handle(cls));  // steals nothing: add_object increfs
   return cls;

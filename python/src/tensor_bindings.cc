@@ -135,6 +135,22 @@ __array_interface__ and __dlpack__ are there for other consumers.)doc")
           },
           py::arg("dim") = py::none(), "In elements, as torch's.")
       .def("is_contiguous", &Tensor::is_contiguous)
+      // Views, as torch's (they share the bytes).
+      .def("view", [](const Tensor& t, const py::object& shape) {
+        return t.view(shape_from_object(shape));
+      }, py::arg("shape"))
+      .def("reshape", [](const Tensor& t, const py::object& shape) {
+        return t.reshape(shape_from_object(shape));
+      }, py::arg("shape"))
+      .def("transpose", &Tensor::transpose, py::arg("dim0"), py::arg("dim1"))
+      .def("permute", [](const Tensor& t, const py::args& dims) {
+        return t.permute(dims.size() == 1 && py::isinstance<py::sequence>(dims[0])
+                             ? shape_from_object(dims[0]) : shape_from_object(dims));
+      })
+      .def("select", &Tensor::select, py::arg("dim"), py::arg("index"))
+      .def("narrow", &Tensor::narrow, py::arg("dim"), py::arg("start"), py::arg("length"))
+      .def("contiguous", &Tensor::contiguous)
+      .def("__getitem__", [](const Tensor& t, std::int64_t i) { return t.select(0, i); })
       .def("is_shared", &Tensor::is_shared)
       .def(
           "share_memory_",

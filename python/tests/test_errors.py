@@ -1,0 +1,130 @@
+"""C++ failures as Python exceptions: the class hierarchy, the same messages, the
+attributes, and real limits hit in this process or in a forked child (a /dev/shm too small
+for the allocation, the open-file limit)."""
+import errno
+import os
+import resource
+
+import numpy as np
+import pytest
+
+import shmtensor
+import shmtensor.numpy as snp
+from helpers import run_in_child
+
+
+@pytest.fixture(autouse=True)
+def default_strategy():
+    yield
+    shmtensor.set_sharing_strategy("file_descriptor")
+
+
+def test_class_hierarchy():
+    assert issubclass(shmtensor.Error, RuntimeError)
+    for cls, builtin in [(shmtensor.SharedMemoryFullError, MemoryError),
+                         (shmtensor.SystemCallError, OSError),
+                         (shmtensor.ProtocolError, ValueError),
+                         (shmtensor.ConfigurationError, ValueError)]:
+        assert issubclass(cls, shmtensor.Error) and issubclass(cls, builtin)
+        assert cls.__module__ == "shmtensor"
+    assert shmtensor.SystemCallError is not SystemError
+
+
+def dev_shm_too_small_size():
+    v = os.statvfs("/dev/shm")
+    return v.f_blocks * v.f_frsize + (1 << 30)
+
+
+def test_dev_shm_too_small_is_shared_memory_full_error():
+    shmtensor.set_sharing_strategy("file_system")
+    size = dev_shm_too_small_size()
+    with pytest.raises(shmtensor.SharedMemoryFullError) as info:
+        snp.empty(size, np.uint8)
+    e = info.value
+    assert isinstance(e, MemoryError) and isinstance(e, shmtensor.Error)
+    assert e.requested >= size
+    assert 0 <= e.available < size
+    text = str(e)
+    assert text.startswith("/dev/shm is too small for a file_system segment: asked for ")
+    assert f"({e.requested} bytes)" in text
+    assert "--shm-size" in text and 'set_sharing_strategy("file_descriptor")' in text
+    # The same through from_numpy, which allocates before it copies.
+    with pytest.raises(MemoryError, match="/dev/shm is too small"):
+        shmtensor.from_numpy(np.broadcast_to(np.zeros(1, np.uint8), (size,)))
+    # Nothing is left, and the next allocation works.
+    a = snp.zeros(1000)
+    assert snp.is_shared(a)
+
+
+@pytest.mark.skipif("undefined" in os.environ.get("SHMTENSOR_TEST_SANITIZE", ""),
+                    reason="UBSan's vptr check needs free fds (as LimitsTest.OutOfFds... in C++)")
+def test_out_of_fds_is_system_call_error_with_advice():
+    def child():
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (64, hard))
+        filler = []
+        while True:
+            try:
+                filler.append(os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC))
+            except OSError as e:
+                assert e.errno == errno.EMFILE
+                break
+            assert len(filler) < 100
+        with pytest.raises(shmtensor.SystemCallError) as info:
+            snp.empty(4096, np.uint8)
+        e = info.value
+        assert isinstance(e, OSError)
+        assert e.errno == errno.EMFILE
+        assert e.strerror == os.strerror(errno.EMFILE)
+        assert e.syscall == "memfd_create"
+        assert str(e).startswith("memfd_create(") and "ulimit -n" in str(e)
+        private = shmtensor.full(1024, 5, "uint8")
+        with pytest.raises(OSError, match="ulimit -n"):
+            private.share_memory_()
+        assert not private.is_shared()
+        shmtensor.set_sharing_strategy("file_system")
+        with pytest.raises(shmtensor.SystemCallError) as info:
+            snp.empty(4096, np.uint8)
+        assert info.value.errno == errno.EMFILE
+        for fd in filler:
+            os.close(fd)
+        shmtensor.set_sharing_strategy("file_descriptor")
+        private.share_memory_()
+        assert private.is_shared() and np.asarray(private)[1023] == 5
+
+    assert run_in_child(child) == 0
+
+
+def test_configuration_problems_are_errors():
+    def child():
+        os.environ["SHMTENSOR_MANAGER_GROUP"] = "../escape"
+        shmtensor.set_sharing_strategy("file_system")
+        with pytest.raises(shmtensor.Error) as info:
+            snp.empty(16)
+        assert str(info.value) == (
+            'invalid shmtensor-manager group "../escape" (SHMTENSOR_MANAGER_GROUP): use 1 to '
+            "64 characters of A-Z a-z 0-9 _ . -")
+
+    assert run_in_child(child) == 0
+
+
+def test_invalid_argument_is_value_error_and_out_of_range_is_index_error():
+    with pytest.raises(ValueError) as info:
+        shmtensor.set_sharing_strategy("shared")
+    assert str(info.value) == (
+        'invalid sharing strategy "shared": valid values are "file_descriptor" and "file_system"')
+    t = shmtensor.zeros((2, 3))
+    with pytest.raises(IndexError):
+        t.size(2)
+    with pytest.raises(IndexError):
+        t.stride(-3)
+    with pytest.raises(IndexError):
+        t.select(0, 5)
+    with pytest.raises(ValueError, match="view size is not compatible"):
+        t.transpose(0, 1).view((6,))
+    with pytest.raises(ValueError):
+        t.view((4, 2))
+    with pytest.raises(ValueError):
+        shmtensor.empty((2, -1))
+    with pytest.raises(TypeError, match="no dtype for NumPy's uint16"):
+        shmtensor.empty(3, np.uint16)
