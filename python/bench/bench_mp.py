@@ -8,7 +8,9 @@ One run, same machine, fork start method, a producer (this process) and a consum
   mp.shared_memory     multiprocessing.shared_memory the documented way: the producer
                        creates a SharedMemory, copies the array in and sends (name, shape,
                        dtype) on a multiprocessing.Queue; the consumer attaches, makes an
-                       ndarray over .buf, and closes; the producer unlinks after the reply
+                       ndarray over .buf, closes and replies; the producer unlinks after
+                       the reply (in the stream, at most 32 messages in flight: each
+                       SharedMemory keeps an fd open until then)
   shmtensor Queue      shmtensor.multiprocessing.Queue with ordinary arrays (copied once
                        into shared memory above the 64 KiB threshold)
   shmtensor Queue, shared  the same with arrays made by shmtensor.numpy.empty (no copy)
@@ -138,17 +140,20 @@ def run_case(method, kind, reps, stream):
     objs = [payload(kind, shared) for _ in range(stream)]
     t0 = time.perf_counter()
     if method == "mp.shared_memory":
-        all_blocks = []
+        # At most 32 messages in flight: each SharedMemory holds an fd until unlinked.
+        pending = []
         for obj in objs:
             blocks, items = shm_send(q, obj)
-            all_blocks.append(blocks)
+            pending.append(blocks)
             q.put(("data", items))
-        for _ in objs:
+            if len(pending) == 32:
+                r.get()
+                release(pending.pop(0))
+        for blocks in pending:
             r.get()
+            release(blocks)
         q.put(("end", []))
         r.get()
-        for blocks in all_blocks:
-            release(blocks)
     else:
         for obj in objs:
             q.put(("data", obj))

@@ -74,12 +74,16 @@ def _connect():
     return s
 
 
+_started = []  # keepers this process started: reaped once they exit
+
+
 def _start_keeper():
     with _start_lock:
-        subprocess.Popen(
+        _started[:] = [p for p in _started if p.poll() is None]
+        _started.append(subprocess.Popen(
             [sys.executable, "-I", "-S", _SCRIPT],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            close_fds=True, start_new_session=True)
+            close_fds=True, start_new_session=True))
 
 
 def _register(fd):
