@@ -34,6 +34,25 @@ def test_get_context(method):
     a, b = ctx.Pipe()
     assert isinstance(a, smp.connection.Connection)
     assert ctx.get_context("fork") is smp.get_context("fork")
+    assert ctx.get_context() is ctx
+
+
+def wait_event(event, q):
+    q.put(event.is_set())
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_synchronization_objects_of_a_context_reach_its_children(method):
+    # multiprocessing makes them with ctx.get_context(): it must be this context, not the
+    # default (fork) one, whose semaphores cannot be passed to a spawned child.
+    ctx = smp.get_context(method)
+    event, q = ctx.Event(), ctx.Queue()
+    event.set()
+    p = ctx.Process(target=wait_event, args=(event, q))
+    p.start()
+    assert q.get(timeout=60) is True
+    p.join(60)
+    assert p.exitcode == 0
     with pytest.raises(ValueError):
         smp.get_context("nope")
 

@@ -18,6 +18,10 @@ class _NativeTransport:
         return Pipe(duplex)
 
     def get_context(self, method=None):
+        # None: this context (multiprocessing's Lock, Event... are made with
+        # ctx.get_context(), and a semaphore made for fork cannot go to a spawned child).
+        if method is None:
+            return self
         return get_context(method)
 
 
