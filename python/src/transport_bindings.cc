@@ -1,7 +1,9 @@
 // The native transport for shmtensor.multiprocessing: Connection and Queue carrying
-// (pickle bytes, blocks), where a block is a 1-d uint8 Tensor over a shared storage, and frames: a message
-// turned into bytes plus fds, so that a block reference, a Queue or a Connection can ride
-// inside an ordinary pickle (multiprocessing's own Queue, Pool, a spawned child's args).
+// (pickle bytes, blocks), where a block is a 1-d uint8 Tensor over a whole shared storage;
+// and frames: a message turned into bytes plus fds, so that a block reference, a Queue or a
+// Connection can ride inside an ordinary pickle (multiprocessing's own Queue, Pool, a
+// spawned child's arguments). The frames use the wire layer's internal entry points
+// (src/wire/wire.h), as the transport does.
 //
 // Every call that can block releases the GIL. The GIL is held while Python objects are
 // touched; pybind11 casts happen before the release.
@@ -214,25 +216,25 @@ void bind_transport(py::module_& m) {
       [](const Tensor& t) { return reinterpret_cast<std::uintptr_t>(t.storage().data()); },
       "Where the storage behind a tensor starts (a key for the block in this process).");
 
-  // A Tensor pickled by reference: its storage is shared in place (as torch's reducer and
-  // Connection::send do), then named by its block and its view.
+  // A Tensor pickled by reference, named by its block and its view. The Python reducer
+  // shares it in place first (as torch's reducer and Connection::send do), through the
+  // binding that refuses while NumPy views of its private bytes exist.
   m.def("_tensor_parts", [](const Tensor& t) {
     std::optional<Tensor> block;
     if (t.defined() && t.numel() > 0) {
       if (!t.is_shared()) throw py::value_error("_tensor_parts: share_memory_() first");
       block = block_of_storage(t.storage());
     }
-    return py::make_tuple(block, t.numel() > 0 ? t.storage_offset() : 0, t.sizes(),
-                          t.strides(), to_string(t.dtype()));
+    return py::make_tuple(block, t.numel() > 0 ? t.storage_offset() : 0, t.sizes(), t.strides(),
+                          to_string(t.dtype()));
   });
-  m.def("_tensor_from_parts",
-        [](std::optional<Tensor> block, std::int64_t offset, std::vector<std::int64_t> sizes,
-           std::vector<std::int64_t> strides, const std::string& dtype) {
-          DType d = dtype_from_string(dtype);
-          if (!block) return Tensor::empty(std::move(sizes), d);
-          return Tensor::from_storage(block->storage(), offset, std::move(sizes),
-                                      std::move(strides), d);
-        });
+  m.def("_tensor_from_parts", [](std::optional<Tensor> block, std::int64_t offset,
+                                 std::vector<std::int64_t> sizes, std::vector<std::int64_t> strides,
+                                 const std::string& dtype) {
+    DType d = dtype_from_string(dtype);
+    if (!block) return Tensor::empty(std::move(sizes), d);
+    return Tensor::from_storage(block->storage(), offset, std::move(sizes), std::move(strides), d);
+  });
 
   py::class_<Frame>(m, "_Frame")
       .def_property_readonly("data", &Frame::data)
