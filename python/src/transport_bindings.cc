@@ -1,7 +1,297 @@
+// The native transport for shmtensor.multiprocessing: Connection and Queue carrying
+// (pickle bytes, blocks), where a block is a 1-d uint8 Tensor over a whole shared storage;
+// and frames: a message turned into bytes plus fds, so that a block reference, a Queue or a
+// Connection can ride inside an ordinary pickle (multiprocessing's own Queue, Pool, a
+// spawned child's arguments). The frames use the wire layer's internal entry points
+// (src/wire/wire.h), as the transport does.
+//
+// Every call that can block releases the GIL. The GIL is held while Python objects are
+// touched; pybind11 casts happen before the release.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <chrono>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
 #include "bindings.h"
+#include "memory/segment.h"
+#include "memory/storage_impl.h"
+#include "os/unique_fd.h"
+#include "shmtensor/connection.h"
+#include "shmtensor/queue.h"
+#include "shmtensor/storage.h"
+#include "shmtensor/tensor.h"
+#include "wire/wire.h"
+
+namespace py = pybind11;
 
 namespace shmtensor::python {
+namespace {
 
-void bind_transport(pybind11::module_&) {}
+// A message item: the pickle and its out-of-band blocks.
+using Item = std::pair<std::string, std::vector<Tensor>>;
+
+// A block as Python sees it: a 1-d uint8 Tensor over a whole shared storage (what
+// shmtensor.numpy._block_of returns).
+Tensor block_of_storage(const Storage& storage) {
+  return Tensor::from_storage(storage, 0, {static_cast<std::int64_t>(storage.nbytes())}, {1},
+                              DType::kUInt8);
+}
+
+// The blocks travel as whole storages; what a block tensor views does not matter.
+std::vector<Tensor> whole_blocks(const std::vector<Tensor>& blocks) {
+  std::vector<Tensor> out;
+  out.reserve(blocks.size());
+  for (const auto& t : blocks) {
+    if (!t.defined() || !t.is_shared())
+      throw py::value_error("shmtensor message blocks must be shared tensors");
+    out.push_back(block_of_storage(t.storage()));
+  }
+  return out;
+}
+
+Item make_item(py::bytes data, const std::vector<Tensor>& blocks) {
+  return Item{std::string(data), whole_blocks(blocks)};
+}
+
+py::tuple item_to_python(Item&& item) {
+  return py::make_tuple(py::bytes(item.first), py::cast(std::move(item.second)));
+}
+
+std::optional<std::chrono::nanoseconds> to_timeout(std::optional<double> seconds) {
+  if (!seconds) return std::nullopt;
+  double s = *seconds < 0 ? 0 : *seconds;
+  return std::chrono::nanoseconds(static_cast<std::int64_t>(s * 1e9));
+}
+
+// A message made into bytes (the frame header and inline body) and the fds it needs (borrowed:
+// they stay open while this object lives). Until mark_sent(), destroying it gives back the
+// counts the message took (block in-flight counts, a queue's in-flight copy).
+class Frame {
+ public:
+  explicit Frame(Encoder&& e) : frame_(internal::finish_frame(std::move(e))) {
+    const auto& h = frame_.header;
+    data_.assign(reinterpret_cast<const char*>(&h), sizeof h);
+    data_.append(reinterpret_cast<const char*>(frame_.body.data()), frame_.body.size());
+    for (const auto& seg : frame_.segments)
+      if (seg->strategy() == SharingStrategy::kFileDescriptor) fd_uids_.push_back(seg->uid());
+    fd_uids_.resize(frame_.fds.size(), 0);  // object fds and the blob: not a segment
+  }
+  py::bytes data() const { return py::bytes(data_); }
+  const std::vector<int>& fds() const { return frame_.fds; }
+  const std::vector<std::uint64_t>& fd_uids() const { return fd_uids_; }
+  // The receiver owns the counts from now on (whether or not it ever loads the message).
+  void mark_sent() { frame_.sent = true; }
+
+ private:
+  internal::OutgoingFrame frame_;
+  std::string data_;
+  std::vector<std::uint64_t> fd_uids_;
+};
+
+// Parses a frame made by Frame in another (or this) process; takes ownership of `fds`.
+Decoder parse(const std::string& data, const std::vector<int>& fds) {
+  std::vector<internal::UniqueFd> owned;
+  owned.reserve(fds.size());
+  for (int fd : fds) owned.emplace_back(fd);
+  std::span<const std::byte> bytes(reinterpret_cast<const std::byte*>(data.data()), data.size());
+  return internal::parse_frame(bytes, std::move(owned));
+}
+
+template <class T>
+T decode_whole(Decoder d) {
+  T value = d.decode<T>();
+  d.finish();
+  return value;
+}
+
+class PyConnection {
+ public:
+  explicit PyConnection(Connection c) : c_(std::move(c)) {}
+  void send(py::bytes data, const std::vector<Tensor>& blocks) {
+    Item item = make_item(std::move(data), blocks);
+    eof_as_python([&] {
+      py::gil_scoped_release release;
+      c_.send(item);
+    });
+  }
+  // None on timeout.
+  std::optional<py::tuple> recv(std::optional<double> timeout) {
+    std::optional<Item> item;
+    eof_as_python([&] {
+      py::gil_scoped_release release;
+      if (timeout) {
+        item = c_.try_recv<Item>(*to_timeout(timeout));
+      } else {
+        item = c_.recv<Item>();
+      }
+    });
+    if (!item) return std::nullopt;
+    return item_to_python(std::move(*item));
+  }
+  bool poll(std::optional<double> timeout) {
+    bool ready = false;
+    eof_as_python([&] {
+      py::gil_scoped_release release;
+      ready = c_.poll(to_timeout(timeout));
+    });
+    return ready;
+  }
+  void close() { c_.close(); }
+  bool closed() const { return !c_.valid(); }
+  int fileno() const {
+    if (!c_.valid()) throw py::value_error("handle is closed");
+    return c_.native_handle();
+  }
+  Connection& get() { return c_; }
+
+ private:
+  // multiprocessing's Connection reports a closed peer as EOFError. Called with the GIL held
+  // (f releases it inside).
+  template <class F>
+  static void eof_as_python(F&& f) {
+    try {
+      f();
+    } catch (const ConnectionClosed& e) {
+      PyErr_SetString(PyExc_EOFError, e.what());
+      throw py::error_already_set();
+    }
+  }
+  Connection c_;
+};
+
+class PyQueue {
+ public:
+  explicit PyQueue(Queue<Item> q) : q_(std::move(q)) {}
+  // False on timeout (0: do not wait; None: wait for room).
+  bool put(py::bytes data, const std::vector<Tensor>& blocks, std::optional<double> timeout) {
+    Item item = make_item(std::move(data), blocks);
+    py::gil_scoped_release release;
+    if (!timeout) {
+      q_.put(item);
+      return true;
+    }
+    return q_.try_put(item, *to_timeout(timeout));
+  }
+  std::optional<py::tuple> get(std::optional<double> timeout) {
+    std::optional<Item> item;
+    {
+      py::gil_scoped_release release;
+      if (!timeout) {
+        item = q_.get();
+      } else {
+        item = q_.try_get(*to_timeout(timeout));
+      }
+    }
+    if (!item) return std::nullopt;
+    return item_to_python(std::move(*item));
+  }
+  Queue<Item>& get_queue() { return q_; }
+  // An fd that is readable when an item (or the end of a closed queue) is there, for
+  // multiprocessing.connection.wait (Pool waits on its queues so). A duplicate of the
+  // queue's receive socket, owned here.
+  int fileno() {
+    if (!readable_.valid()) {
+      Encoder e;  // its three fds are duplicates; the in-flight count is undone with it
+      q_.core()->encode(e);
+      readable_ = std::move(e.state().object_fds.at(1));
+    }
+    return readable_.get();
+  }
+
+ private:
+  Queue<Item> q_;
+  internal::UniqueFd readable_;
+};
+
+}  // namespace
+
+void bind_transport(py::module_& m) {
+  m.def(
+      "_block_address",
+      [](const Tensor& t) { return reinterpret_cast<std::uintptr_t>(t.storage().data()); },
+      "Where the storage behind a tensor starts (a key for the block in this process).");
+
+  // A Tensor pickled by reference, named by its block and its view. The Python reducer
+  // shares it in place first (as torch's reducer and Connection::send do), through the
+  // binding that refuses while NumPy views of its private bytes exist.
+  m.def("_tensor_parts", [](const Tensor& t) {
+    std::optional<Tensor> block;
+    if (t.defined() && t.numel() > 0) {
+      if (!t.is_shared()) throw py::value_error("_tensor_parts: share_memory_() first");
+      block = block_of_storage(t.storage());
+    }
+    return py::make_tuple(block, t.numel() > 0 ? t.storage_offset() : 0, t.sizes(), t.strides(),
+                          to_string(t.dtype()));
+  });
+  m.def("_tensor_from_parts", [](std::optional<Tensor> block, std::int64_t offset,
+                                 std::vector<std::int64_t> sizes, std::vector<std::int64_t> strides,
+                                 const std::string& dtype) {
+    DType d = dtype_from_string(dtype);
+    if (!block) return Tensor::empty(std::move(sizes), d);
+    return Tensor::from_storage(block->storage(), offset, std::move(sizes), std::move(strides), d);
+  });
+
+  py::class_<Frame>(m, "_Frame")
+      .def_property_readonly("data", &Frame::data)
+      .def_property_readonly("fds", &Frame::fds)
+      .def_property_readonly("fd_uids", &Frame::fd_uids)
+      .def("mark_sent", &Frame::mark_sent);
+
+  m.def("_frame_of_blocks", [](const std::vector<Tensor>& blocks) {
+    Encoder e;
+    e.encode(whole_blocks(blocks));
+    return Frame(std::move(e));
+  });
+  m.def("_blocks_of_frame", [](const std::string& data, const std::vector<int>& fds) {
+    py::gil_scoped_release release;
+    return decode_whole<std::vector<Tensor>>(parse(data, fds));
+  });
+
+  py::class_<PyConnection>(m, "_Connection")
+      .def("send", &PyConnection::send, py::arg("data"), py::arg("blocks"))
+      .def("recv", &PyConnection::recv, py::arg("timeout") = py::none())
+      .def("poll", &PyConnection::poll, py::arg("timeout") = 0.0)
+      .def("close", &PyConnection::close)
+      .def_property_readonly("closed", &PyConnection::closed)
+      .def("fileno", &PyConnection::fileno)
+      .def("_frame", [](PyConnection& c) {
+        Encoder e;
+        e.encode(c.get());
+        return Frame(std::move(e));
+      });
+  m.def("_pipe", [] {
+    auto [a, b] = pipe();
+    return std::make_pair(PyConnection(std::move(a)), PyConnection(std::move(b)));
+  });
+  m.def("_connection_of_frame", [](const std::string& data, const std::vector<int>& fds) {
+    return PyConnection(decode_whole<Connection>(parse(data, fds)));
+  });
+
+  py::class_<PyQueue>(m, "_Queue")
+      .def(py::init([](std::size_t maxsize) { return PyQueue(Queue<Item>(maxsize)); }),
+           py::arg("maxsize") = 0)
+      .def("put", &PyQueue::put, py::arg("data"), py::arg("blocks"), py::arg("timeout"))
+      .def("get", &PyQueue::get, py::arg("timeout"))
+      .def("qsize", [](PyQueue& q) { return q.get_queue().size(); })
+      .def("fileno", &PyQueue::fileno)
+      .def_property_readonly("maxsize", [](PyQueue& q) { return q.get_queue().maxsize(); })
+      .def("close", [](PyQueue& q) { q.get_queue().close(); })
+      .def_property_readonly("closed", [](PyQueue& q) { return q.get_queue().closed(); })
+      .def("_frame", [](PyQueue& q) {
+        Encoder e;
+        e.encode(q.get_queue());
+        return Frame(std::move(e));
+      });
+  m.def("_queue_of_frame", [](const std::string& data, const std::vector<int>& fds) {
+    return PyQueue(decode_whole<Queue<Item>>(parse(data, fds)));
+  });
+
+  py::register_exception<QueueClosed>(m, "QueueClosed", PyExc_ValueError);
+}
 
 }  // namespace shmtensor::python

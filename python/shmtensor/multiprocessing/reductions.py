@@ -1,0 +1,252 @@
+"""How NumPy arrays and shmtensor Tensors travel between processes.
+
+Two paths share the same reducers (registered with multiprocessing.reduction.ForkingPickler):
+
+* Native messages (shmtensor.multiprocessing.Queue / Pipe / SimpleQueue): `dumps` pickles
+  with protocol 5 while a message is open; each shared block an array lives in is added to
+  the message's block list and travels beside the pickle as a descriptor (its fds once per
+  segment per message, by SCM_RIGHTS). Any other out-of-band buffer (PEP 574) above the
+  share threshold is copied once into a block; smaller ones stay in the pickle.
+
+* Plain pickles (multiprocessing.Queue, Pool, a spawned child's arguments): a block travels
+  as a frame (a few hundred bytes naming the segment and the block) plus, for the
+  file_descriptor strategy, the segment's fd, sent once per segment per pickle through
+  shmtensor's fd keeper (keeper.py), so the receiver gets it even if the sender has exited.
+
+Either way the message carries a count on each block it names (the C++ in-flight count), so
+the sender may drop its arrays at once. A plain pickle is therefore single-use, as in torch:
+its first load adopts those counts, and a second load in the same process raises
+RuntimeError (it takes nothing from other messages).
+"""
+import io
+import multiprocessing.reduction as _mpreduction
+import os
+import pickle
+import struct
+import threading
+import weakref
+
+import numpy as np
+
+from shmtensor import _C
+
+_DEFAULT_SHARE_THRESHOLD = 64 * 1024
+_share_threshold = _DEFAULT_SHARE_THRESHOLD
+
+
+def set_share_threshold(nbytes):
+    """Arrays (and out-of-band pickle buffers) of at least `nbytes` that are not in shared
+    memory yet are copied once into a shared block when sent; smaller ones are pickled in
+    the message. Default 64 KiB. 0 shares everything that has at least one byte."""
+    global _share_threshold
+    nbytes = int(nbytes)
+    if nbytes < 0:
+        raise ValueError("the share threshold is a number of bytes >= 0")
+    _share_threshold = nbytes
+
+
+def get_share_threshold():
+    return _share_threshold
+
+
+# ---- finding the block an array lives in -----------------------------------------------
+
+
+def _new_block(nbytes):
+    """A new shared block: a 1-d uint8 Tensor of nbytes (> 0), uninitialised."""
+    return _C._empty((nbytes,), "uint8", True)
+
+
+def _copy_to_block(a):
+    """A C-contiguous copy of `a` in a new block, and the block."""
+    block = _new_block(a.nbytes)
+    copy = np.ndarray(a.shape, dtype=a.dtype, buffer=block)
+    copy[...] = a
+    return block, copy
+
+
+def _array_from_block(block, offset, dtype, shape, strides, readonly):
+    a = np.ndarray(shape, dtype=dtype, buffer=block, offset=offset, strides=strides)
+    if readonly:
+        a.flags.writeable = False
+    return a
+
+
+# ---- messages (native transport) --------------------------------------------------------
+
+_local = threading.local()
+_TRAILER = struct.Struct("<QQ")
+_MAGIC = 0x5354504B4C4D5347  # marks a message with out-of-band buffers
+
+
+class _Message:
+    """The blocks of one native message being pickled."""
+
+    def __init__(self):
+        self.blocks = []
+        self.index = {}
+
+    def add(self, block):
+        key = _C._block_address(block)
+        i = self.index.get(key)
+        if i is None:
+            i = self.index[key] = len(self.blocks)
+            self.blocks.append(block)
+        return i
+
+
+class _MessagePickler(pickle.Pickler):
+    """Protocol 5 with ForkingPickler's reducers (ForkingPickler itself takes no
+    buffer_callback)."""
+
+    def __init__(self, file, buffer_callback):
+        super().__init__(file, 5, buffer_callback=buffer_callback)
+        self.dispatch_table = _mpreduction.ForkingPickler._copyreg_dispatch_table.copy()
+        self.dispatch_table.update(_mpreduction.ForkingPickler._extra_reducers)
+
+
+def dumps(obj):
+    """Pickles obj for a native message: (bytes, [Block])."""
+    message = _Message()
+    oob = []
+
+    def buffer_callback(buf):
+        raw = buf.raw()
+        if raw.nbytes == 0 or raw.nbytes < _share_threshold:
+            return True
+        block = _new_block(raw.nbytes)
+        memoryview(block)[:] = raw
+        oob.append((message.add(block), raw.readonly))
+        return False
+
+    out = io.BytesIO()
+    stack = _local.__dict__.setdefault("sending", [])
+    stack.append(message)
+    try:
+        _MessagePickler(out, buffer_callback).dump(obj)
+    finally:
+        stack.pop()
+    if oob or message.blocks:
+        meta = pickle.dumps(oob, 5)
+        out.write(meta)
+        out.write(_TRAILER.pack(len(meta), _MAGIC))
+    return out.getvalue(), message.blocks
+
+
+def loads(data, blocks):
+    """The inverse of dumps, in the receiving process."""
+    oob = []
+    end = len(data)
+    if end >= _TRAILER.size:
+        meta_len, magic = _TRAILER.unpack_from(data, end - _TRAILER.size)
+        if magic == _MAGIC:
+            end -= _TRAILER.size + meta_len
+            if end < 0:
+                raise pickle.UnpicklingError("truncated shmtensor message")
+            oob = pickle.loads(data[end:end + meta_len])
+    buffers = []
+    for index, readonly in oob:
+        view = memoryview(blocks[index])
+        buffers.append(view.toreadonly() if readonly else view)
+    stack = _local.__dict__.setdefault("receiving", [])
+    stack.append(blocks)
+    try:
+        return pickle.loads(memoryview(data)[:end], buffers=buffers)
+    finally:
+        stack.pop()
+
+
+def _native_block(index):
+    stack = getattr(_local, "receiving", None)
+    if not stack:
+        raise pickle.UnpicklingError(
+            "a shmtensor native block reference outside a shmtensor message")
+    blocks = stack[-1]
+    if not 0 <= index < len(blocks):
+        raise pickle.UnpicklingError("shmtensor block index %d out of range" % index)
+    return blocks[index]
+
+
+# ---- block references in plain pickles ----------------------------------------------------
+
+_loaded_nonces = set()
+_nonce_lock = threading.Lock()
+_refs = weakref.WeakValueDictionary()
+
+
+class _BlockRef:
+    """A block named in a pickle. One object per block while pickles refer to it, so that
+    the pickler's memo sends it once per pickle."""
+
+    __slots__ = ("block", "__weakref__")
+
+    def __init__(self, block):
+        self.block = block
+
+    def __reduce__(self):
+        sending = getattr(_local, "sending", None)
+        if sending:
+            return _native_block, (sending[-1].add(self.block),)
+        from shmtensor.multiprocessing import keeper
+
+        frame = _C._frame_of_blocks([self.block])
+        fd_refs = [keeper.FdRef.of(fd, uid) for fd, uid in zip(frame.fds, frame.fd_uids)]
+        frame.mark_sent()
+        return _load_block, (frame.data, fd_refs, os.urandom(16))
+
+
+def _ref(block):
+    key = _C._block_address(block)
+    ref = _refs.get(key)
+    if ref is None:
+        ref = _refs[key] = _BlockRef(block)
+    return ref
+
+
+def _load_block(data, fd_refs, nonce):
+    with _nonce_lock:
+        if nonce in _loaded_nonces:
+            raise RuntimeError(
+                "shmtensor: this pickle was already loaded in this process; a pickle of "
+                "shared memory is single-use (its first load took the counts it carried): "
+                "send the object again instead of keeping its pickle")
+        _loaded_nonces.add(nonce)
+    blocks = _C._blocks_of_frame(data, [ref.take() for ref in fd_refs])
+    if len(blocks) != 1:
+        raise pickle.UnpicklingError("a shmtensor block reference names %d blocks" % len(blocks))
+    return blocks[0]
+
+
+# ---- reducers ------------------------------------------------------------------------------
+
+
+def _reduce_ndarray(a):
+    if a.dtype.hasobject:
+        return a.__reduce_ex__(4)
+    readonly = not a.flags.writeable
+    found = _C._block_of(a)
+    if found is None:
+        if a.nbytes == 0 or a.nbytes < _share_threshold:
+            return a.__reduce_ex__(4)
+        block, a = _copy_to_block(a)
+        offset = 0
+    else:
+        block, offset = found
+    return _array_from_block, (_ref(block), offset, a.dtype, a.shape, a.strides, readonly)
+
+
+def _reduce_tensor(t):
+    if t.numel() > 0:
+        t.share_memory_()  # in place, as torch's reducer does
+    parts = _C._tensor_parts(t)
+    block, rest = parts[0], parts[1:]
+    return _rebuild_tensor, (None if block is None else _ref(block),) + tuple(rest)
+
+
+def _rebuild_tensor(block, offset, sizes, strides, dtype):
+    return _C._tensor_from_parts(block, offset, sizes, strides, dtype)
+
+
+def init_reductions():
+    _mpreduction.ForkingPickler.register(np.ndarray, _reduce_ndarray)
+    _mpreduction.ForkingPickler.register(_C.Tensor, _reduce_tensor)

@@ -1,0 +1,129 @@
+"""spawn / start_processes / ProcessContext, with torch.multiprocessing's semantics: the
+first child that fails makes join() stop the others and raise, with the child's traceback
+text in the parent's exception."""
+import multiprocessing
+import multiprocessing.connection
+import signal
+import sys
+import traceback
+import warnings
+
+
+class ProcessException(Exception):
+    __slots__ = ["error_index", "error_pid"]
+
+    def __init__(self, msg, error_index, pid):
+        super().__init__(msg)
+        self.msg = msg
+        self.error_index = error_index
+        self.pid = pid
+
+    def __reduce__(self):
+        return type(self), (self.msg, self.error_index, self.pid)
+
+
+class ProcessRaisedException(ProcessException):
+    """A child raised: msg holds its traceback."""
+
+    def __init__(self, msg, error_index, error_pid):
+        super().__init__(msg, error_index, error_pid)
+
+
+class ProcessExitedException(ProcessException):
+    """A child exited with a non-zero code or was killed by a signal."""
+
+    __slots__ = ["exit_code"]
+
+    def __init__(self, msg, error_index, error_pid, exit_code, signal_name=None):
+        super().__init__(msg, error_index, error_pid)
+        self.exit_code = exit_code
+        self.signal_name = signal_name
+
+    def __reduce__(self):
+        return (type(self),
+                (self.msg, self.error_index, self.pid, self.exit_code, self.signal_name))
+
+
+def _wrap(fn, i, args, error_queue):
+    try:
+        fn(i, *args)
+    except KeyboardInterrupt:
+        pass  # the parent stopped us
+    except Exception:
+        error_queue.put(traceback.format_exc())
+        sys.exit(1)
+
+
+class ProcessContext:
+    def __init__(self, processes, error_queues):
+        self.error_queues = error_queues
+        self.processes = processes
+        self.sentinels = {p.sentinel: i for i, p in enumerate(processes)}
+
+    def pids(self):
+        return [int(p.pid) for p in self.processes]
+
+    def join(self, timeout=None):
+        """Waits up to timeout (None: until one exits). True when every child has exited
+        with 0, False while some run; if one failed, stops the others and raises
+        ProcessRaisedException (with its traceback) or ProcessExitedException."""
+        if not self.sentinels:
+            return True
+        ready = multiprocessing.connection.wait(list(self.sentinels), timeout=timeout)
+        error_index = None
+        for sentinel in ready:
+            index = self.sentinels.pop(sentinel)
+            process = self.processes[index]
+            process.join()
+            if process.exitcode != 0:
+                error_index = index
+                break
+        if error_index is None:
+            return not self.sentinels
+        for process in self.processes:
+            if process.is_alive():
+                process.terminate()
+            process.join()
+        failed = self.processes[error_index]
+        if self.error_queues[error_index].empty():
+            code = failed.exitcode
+            if code < 0:
+                name = signal.Signals(-code).name
+                raise ProcessExitedException(
+                    "process %d terminated with signal %s" % (error_index, name),
+                    error_index=error_index, error_pid=failed.pid, exit_code=code,
+                    signal_name=name)
+            raise ProcessExitedException(
+                "process %d terminated with exit code %d" % (error_index, code),
+                error_index=error_index, error_pid=failed.pid, exit_code=code)
+        trace = self.error_queues[error_index].get()
+        msg = "\n\n-- Process %d terminated with the following error:\n" % error_index
+        raise ProcessRaisedException(msg + trace, error_index, failed.pid)
+
+
+def start_processes(fn, args=(), nprocs=1, join=True, daemon=False, start_method="spawn"):
+    """Starts nprocs processes running fn(i, *args) with any start method. join=False
+    returns the ProcessContext."""
+    ctx = multiprocessing.get_context(start_method)
+    processes, error_queues = [], []
+    for i in range(nprocs):
+        error_queue = ctx.SimpleQueue()
+        process = ctx.Process(target=_wrap, args=(fn, i, args, error_queue), daemon=daemon)
+        process.start()
+        error_queues.append(error_queue)
+        processes.append(process)
+    context = ProcessContext(processes, error_queues)
+    if not join:
+        return context
+    while not context.join():
+        pass
+
+
+def spawn(fn, args=(), nprocs=1, join=True, daemon=False, start_method="spawn"):
+    """torch.multiprocessing.spawn: always the spawn start method (use start_processes for
+    another)."""
+    if start_method != "spawn":
+        warnings.warn("This method only supports start_method=spawn (got: %s).\n"
+                      "To use a different start_method use:\n\t\t"
+                      " shmtensor.multiprocessing.start_processes(...)" % start_method)
+    return start_processes(fn, args, nprocs, join, daemon, start_method="spawn")

@@ -1,0 +1,168 @@
+"""The multiprocessing API of shmtensor.multiprocessing: re-exports, contexts, the native
+Queue / SimpleQueue / Pipe methods and their errors."""
+import multiprocessing
+import multiprocessing.context
+import queue
+import threading
+
+import numpy as np
+import pytest
+
+import shmtensor
+import shmtensor.multiprocessing as smp
+
+
+def test_everything_multiprocessing_has_is_here():
+    for name in multiprocessing.__all__:
+        assert hasattr(smp, name), name
+        assert name in smp.__all__
+    for name in ["spawn", "start_processes", "ProcessContext", "ProcessRaisedException",
+                 "ProcessExitedException", "get_sharing_strategy", "set_sharing_strategy",
+                 "get_all_sharing_strategies", "set_share_threshold"]:
+        assert name in smp.__all__
+    assert smp.Process is multiprocessing.Process
+    assert smp.get_all_sharing_strategies() == shmtensor.get_all_sharing_strategies()
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
+def test_get_context(method):
+    ctx = smp.get_context(method)
+    assert isinstance(ctx, multiprocessing.context.BaseContext)
+    assert ctx.get_start_method() == method
+    assert isinstance(ctx.Queue(), smp.Queue)
+    assert isinstance(ctx.SimpleQueue(), smp.SimpleQueue)
+    a, b = ctx.Pipe()
+    assert isinstance(a, smp.connection.Connection)
+    assert ctx.get_context("fork") is smp.get_context("fork")
+    assert ctx.get_context() is ctx
+
+
+def wait_event(event, q):
+    q.put(event.is_set())
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_synchronization_objects_of_a_context_reach_its_children(method):
+    # multiprocessing makes them with ctx.get_context(): it must be this context, not the
+    # default (fork) one, whose semaphores cannot be passed to a spawned child.
+    ctx = smp.get_context(method)
+    event, q = ctx.Event(), ctx.Queue()
+    event.set()
+    p = ctx.Process(target=wait_event, args=(event, q))
+    p.start()
+    assert q.get(timeout=60) is True
+    p.join(60)
+    assert p.exitcode == 0
+    with pytest.raises(ValueError):
+        smp.get_context("nope")
+
+
+def test_queue_methods():
+    q = smp.Queue(maxsize=2)
+    assert q.empty() and not q.full() and q.qsize() == 0
+    with pytest.raises(queue.Empty):
+        q.get_nowait()
+    with pytest.raises(queue.Empty):
+        q.get(timeout=0.05)
+    q.put(1)
+    q.put_nowait({"a": np.arange(3)})
+    assert q.full() and q.qsize() == 2
+    with pytest.raises(queue.Full):
+        q.put(3, timeout=0.05)
+    with pytest.raises(queue.Full):
+        q.put_nowait(3)
+    assert q.get() == 1
+    assert q.get(block=False)["a"].tolist() == [0, 1, 2]
+    q.close()
+    q.join_thread()
+    q.cancel_join_thread()
+    with pytest.raises(ValueError, match="is closed"):
+        q.put(1)
+    with pytest.raises(ValueError, match="is closed"):
+        q.get()
+
+
+def test_simple_queue():
+    q = smp.SimpleQueue()
+    assert q.empty()
+    q.put("x")
+    assert not q.empty()
+    assert q.get() == "x"
+    q.close()
+
+
+def test_pipe_methods():
+    a, b = smp.Pipe()
+    assert not b.poll()
+    a.send_bytes(b"hello world", 6)
+    assert b.poll(1.0)
+    assert b.recv_bytes() == b"world"
+    a.send_bytes(b"abc")
+    buf = bytearray(5)
+    assert b.recv_bytes_into(buf, 1) == 3 and bytes(buf) == b"\0abc\0"
+    b.send([1, "two"])
+    assert a.recv() == [1, "two"]
+    assert multiprocessing.connection.wait([b], timeout=0) == []
+    a.send(None)
+    assert multiprocessing.connection.wait([b], timeout=1) == [b]
+    assert b.recv() is None
+    a.close()
+    with pytest.raises(EOFError):
+        b.recv()
+    b.close()
+    with pytest.raises(OSError, match="handle is closed"):
+        b.recv()
+    r, w = smp.Pipe(duplex=False)
+    assert r.readable and not r.writable and w.writable and not w.readable
+    with pytest.raises(OSError):
+        r.send(1)
+    r.close()
+    w.close()
+
+
+def test_threads_putting_from_one_process():
+    q = smp.Queue()
+    n, per = 4, 50
+
+    def produce(t):
+        for i in range(per):
+            q.put((t, i, np.full(20000, t * 1000 + i)))
+
+    threads = [threading.Thread(target=produce, args=(t,)) for t in range(n)]
+    for t in threads:
+        t.start()
+    got = {}
+    for _ in range(n * per):
+        t, i, a = q.get(timeout=30)
+        assert a[0] == t * 1000 + i and a[-1] == t * 1000 + i
+        assert i == got.get(t, -1) + 1  # one thread's items arrive in order
+        got[t] = i
+    for t in threads:
+        t.join()
+    assert got == {t: per - 1 for t in range(n)}
+
+
+def child_put(q, n):
+    for i in range(n):
+        q.put(np.full(30000, i))
+
+
+@pytest.mark.parametrize("strategy", ["file_descriptor", "file_system"])
+def test_strategy_switched_at_run_time(strategy):
+    old = smp.get_sharing_strategy()
+    import shmtensor.numpy as snp
+    try:
+        a = snp.full(1000, 1.0)  # made under the old strategy
+        smp.set_sharing_strategy(strategy)
+        assert smp.get_sharing_strategy() == strategy
+        b = snp.full(1000, 2.0)
+        ctx = smp.get_context("fork")
+        q = ctx.Queue()
+        pq = multiprocessing.get_context("spawn").Queue()
+        for queue_ in (q, pq):
+            queue_.put((a, b, np.full(30000, 3.0)))
+            x, y, z = queue_.get(timeout=30)
+            assert x.ctypes.data == a.ctypes.data and y.ctypes.data == b.ctypes.data
+            assert z[0] == 3.0
+    finally:
+        smp.set_sharing_strategy(old)
