@@ -1,12 +1,18 @@
-// The whole public API of shmtensor.
+// The whole public API of shmtensor: every header of include/shmtensor/ (those of
+// include/shmtensor/internal/ are the library's own).
 #pragma once
 
+#include "shmtensor/codec.h"
 #include "shmtensor/collate.h"
+#include "shmtensor/connection.h"
 #include "shmtensor/data_loader.h"
+#include "shmtensor/data_loader_errors.h"
 #include "shmtensor/dtype.h"
 #include "shmtensor/error.h"
 #include "shmtensor/pool.h"
+#include "shmtensor/pool_results.h"
 #include "shmtensor/process.h"
+#include "shmtensor/queue.h"
 #include "shmtensor/sampler.h"
 #include "shmtensor/sharing_strategy.h"
 #include "shmtensor/spawn.h"

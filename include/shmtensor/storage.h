@@ -20,7 +20,8 @@ namespace shmtensor {
 
 namespace internal {
 class StorageImpl;
-}
+struct StorageAccess;
+}  // namespace internal
 
 class Storage {
  public:
@@ -49,12 +50,11 @@ class Storage {
   long use_count() const noexcept { return impl_.use_count(); }
   bool is_same(const Storage& other) const noexcept { return impl_ == other.impl_; }
 
-  // For the library's own layers.
+ private:
+  friend struct internal::StorageAccess;
   explicit Storage(std::shared_ptr<internal::StorageImpl> impl) noexcept
       : impl_(std::move(impl)) {}
-  const std::shared_ptr<internal::StorageImpl>& impl() const noexcept { return impl_; }
 
- private:
   std::shared_ptr<internal::StorageImpl> impl_;
 };
 

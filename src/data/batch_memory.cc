@@ -6,7 +6,7 @@
 #include <stdexcept>
 
 #include "shmtensor/collate.h"
-#include "shmtensor/data_worker.h"
+#include "shmtensor/data_loader.h"
 
 namespace shmtensor {
 
@@ -15,10 +15,10 @@ Tensor empty_batch(std::vector<std::int64_t> sizes, DType dtype) {
   return Tensor::empty_shared(std::move(sizes), dtype);
 }
 
-namespace detail {
+namespace internal {
 void throw_collate_mismatch(const std::string& what) {
   throw std::invalid_argument("default collate: " + what);
 }
-}  // namespace detail
+}  // namespace internal
 
 }  // namespace shmtensor

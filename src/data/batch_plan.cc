@@ -39,7 +39,7 @@ std::uint64_t epoch_seed(std::uint64_t base_seed, std::int64_t epoch) noexcept {
   return splitmix64(state);
 }
 
-namespace detail {
+namespace internal {
 
 namespace {
 void check_index(std::int64_t index, std::int64_t size) {
@@ -110,5 +110,5 @@ std::uint64_t random_seed() {
   return (static_cast<std::uint64_t>(device()) << 32) ^ device();
 }
 
-}  // namespace detail
+}  // namespace internal
 }  // namespace shmtensor

@@ -19,7 +19,7 @@ std::string seconds_text(double s) {
 }
 }  // namespace
 
-DataLoaderWorkerError worker_error(int worker_id, int pid, const detail::WorkerFailure& f) {
+DataLoaderWorkerError worker_error(int worker_id, int pid, const WorkerFailure& f) {
   const auto colon = f.text.find(": ");
   std::string type = f.text.substr(0, colon);
   std::string message = colon == std::string::npos ? std::string() : f.text.substr(colon + 2);

@@ -10,7 +10,7 @@
 namespace shmtensor::internal {
 
 // A worker reported an exception: "<type>: <message>" in failure.text.
-DataLoaderWorkerError worker_error(int worker_id, int pid, const detail::WorkerFailure& failure);
+DataLoaderWorkerError worker_error(int worker_id, int pid, const WorkerFailure& failure);
 
 // A worker ended on its own. exit_code < 0: killed by signal -exit_code. `loading`: what
 // it was doing ("" when idle); `reported`: the error text its process reported, if any.

@@ -13,11 +13,10 @@
 #include "process/child_side.h"
 #include "process/process_state.h"
 #include "process/shutdown.h"
+#include "shmtensor/internal/process_access.h"
 #include "transport/channel.h"
 
-namespace shmtensor::detail {
-
-using internal::Clock;
+namespace shmtensor::internal {
 
 namespace {
 // Workers get this long to exit by themselves once their connection is closed, then
@@ -75,7 +74,7 @@ void LoaderSession::State::start(const Launch& launch) {
     // stops), not only for those that hold no copy.
     std::vector<int> ours{mine.native_handle()};
     for (const Worker& w : workers) ours.push_back(w.connection.native_handle());
-    internal::close_in_forked_child(spec, std::move(ours));
+    close_in_forked_child(spec, std::move(ours));
     Process p = ProcessAccess::make(std::move(spec));
     // From here only the launch spec holds the worker's end; start() drops it, so the
     // worker's exit reads as EOF on ours.
@@ -97,7 +96,7 @@ void LoaderSession::State::stop() noexcept {
       try {
         Encoder e;
         e.encode(WorkerOp::kStop);
-        internal::send_value(w.connection.native_handle(), std::move(e), /*nonblocking=*/true);
+        send_value(w.connection.native_handle(), std::move(e), /*nonblocking=*/true);
       } catch (...) {
       }
     }
@@ -109,12 +108,12 @@ void LoaderSession::State::stop() noexcept {
   try {
     if (!broken) {
       const auto deadline = Clock::now() + kStopGrace;
-      while (!internal::all_ended(processes) && Clock::now() < deadline) {
-        internal::wait_any(processes, deadline);
-        internal::poll_processes(processes);
+      while (!all_ended(processes) && Clock::now() < deadline) {
+        wait_any(processes, deadline);
+        poll_processes(processes);
       }
     }
-    internal::terminate_processes(processes, kStopGrace, /*warn=*/false);
+    terminate_processes(processes, kStopGrace, /*warn=*/false);
   } catch (...) {
     // The destructors below still SIGKILL and reap whatever is left.
   }
@@ -192,9 +191,9 @@ std::optional<std::uint64_t> LoaderSession::State::take_ready() {
       case Status::kReady:
         return id;
       case Status::kFailed:
-        throw internal::worker_error(task.worker,
-                                     workers[static_cast<std::size_t>(task.worker)].process.pid(),
-                                     task.failure);
+        throw worker_error(task.worker,
+                           workers[static_cast<std::size_t>(task.worker)].process.pid(),
+                           task.failure);
       default:
         continue;  // kEnd: that worker had nothing for this slot
     }
@@ -205,7 +204,7 @@ void LoaderSession::State::wait(std::optional<Clock::time_point> deadline) {
   std::vector<int> fds;
   bool polling = false;
   for (Worker& w : workers) {
-    internal::ProcessState* s = ProcessAccess::state(w.process);
+    ProcessState* s = ProcessAccess::state(w.process);
     fds.push_back(w.connection.native_handle());
     fds.push_back(s->pidfd());
     polling = polling || s->needs_polling();
@@ -213,7 +212,7 @@ void LoaderSession::State::wait(std::optional<Clock::time_point> deadline) {
   std::optional<std::chrono::nanoseconds> timeout;
   if (deadline) timeout = std::max(*deadline - Clock::now(), Clock::duration::zero());
   if (polling && (!timeout || *timeout > kPollInterval)) timeout = kPollInterval;
-  const std::vector<std::size_t> ready = internal::wait_readable(fds, timeout);
+  const std::vector<std::size_t> ready = wait_readable(fds, timeout);
   std::vector<bool> pidfd_ready(workers.size(), false);
   for (std::size_t i : ready) {
     if (i % 2 == 1) pidfd_ready[i / 2] = true;
@@ -249,7 +248,7 @@ void LoaderSession::State::read(std::size_t w) {
       throw DataLoaderError(
           "DataLoader worker " + std::to_string(w) + " (pid " +
           std::to_string(worker.process.pid()) +
-          ") sent a reply that could not be decoded: " + internal::describe_current_exception());
+          ") sent a reply that could not be decoded: " + describe_current_exception());
     }
   }
 }
@@ -281,7 +280,7 @@ void LoaderSession::State::handle(std::size_t w, Decoder& d) {
         f.text = d.decode<std::string>();
         if (kind == EntryKind::kInitError) {
           broken = true;  // the worker ends after this
-          throw internal::worker_error(static_cast<int>(w), workers[w].process.pid(), f);
+          throw worker_error(static_cast<int>(w), workers[w].process.pid(), f);
         }
         if (current) {
           it->second.status = Status::kFailed;
@@ -311,8 +310,7 @@ void LoaderSession::State::died(std::size_t w) {
     p.kill();
     p.join();
   }
-  throw internal::worker_died(static_cast<int>(w), p.pid(), p.exitcode().value_or(-9), loading(w),
-                              p.error());
+  throw worker_died(static_cast<int>(w), p.pid(), p.exitcode().value_or(-9), loading(w), p.error());
 }
 
 LoaderSession::LoaderSession(SessionOptions options, const Launch& launch, Decode decode)
@@ -371,7 +369,7 @@ std::optional<std::uint64_t> LoaderSession::next() {
                  std::to_string(w) + " (pid " + std::to_string(s.workers[w].process.pid()) + ")";
         }
       }
-      throw internal::loader_timeout(s.options.timeout.count(), what);
+      throw loader_timeout(s.options.timeout.count(), what);
     }
     s.wait(deadline);
     s.fill();
@@ -386,4 +384,4 @@ std::vector<int> LoaderSession::pids() const {
   return out;
 }
 
-}  // namespace shmtensor::detail
+}  // namespace shmtensor::internal

@@ -26,6 +26,7 @@
 #include "process/process_state.h"
 #include "process/shutdown.h"
 #include "shmtensor/connection.h"
+#include "shmtensor/internal/process_access.h"
 
 namespace shmtensor {
 
@@ -35,7 +36,7 @@ TaskError::TaskError(const std::string& text, int pid) : Error(text), pid_(pid) 
   message_ = colon == std::string::npos ? std::string() : text.substr(colon + 2);
 }
 
-namespace detail {
+namespace internal {
 void throw_task_failure(const TaskFailure& f) {
   switch (f.kind) {
     case TaskFailure::Kind::kRaised:
@@ -47,9 +48,6 @@ void throw_task_failure(const TaskFailure& f) {
   }
   throw Error(f.text);
 }
-}  // namespace detail
-
-namespace internal {
 
 using Clock = std::chrono::steady_clock;
 
@@ -58,7 +56,7 @@ class PoolCore {
   PoolCore(int processes, PoolOptions options);
   ~PoolCore();
 
-  void submit(detail::PoolTask task);
+  void submit(PoolTask task);
   void close();
   void join();
   void terminate();
@@ -72,8 +70,8 @@ class PoolCore {
   struct Task {
     std::uint64_t id = 0;
     Encoder message;
-    std::function<void(Decoder&)> on_result;
-    std::function<void(detail::TaskFailure)> on_error;
+    std::function<void(Decoder&, int)> on_result;
+    std::function<void(TaskFailure)> on_error;
   };
   struct Worker {
     Process process;
@@ -93,7 +91,7 @@ class PoolCore {
   void read_replies(std::size_t i);
   void handle_reply(Worker& w, Decoder& d);
   void handle_death(std::size_t i);
-  void fail_everything(const detail::TaskFailure& failure);
+  void fail_everything(const TaskFailure& failure);
   void end_workers() noexcept;  // SIGTERM (SIGKILL after 5 s) to those alive; reaps them
   void set_broken(std::string why);
   const CodeAddress& address_of(std::uintptr_t address);
@@ -142,10 +140,10 @@ PoolCore::~PoolCore() {
 PoolWorker start_pool_worker(int index, StartMethod method, std::vector<int> siblings) {
   auto [mine, theirs] = shmtensor::pipe();
   WorkerChannel channel{std::make_shared<Connection>(std::move(theirs))};
-  detail::LaunchSpec spec = detail::make_launch<true>(index, pool_worker_main, channel);
+  LaunchSpec spec = make_launch<true>(index, pool_worker_main, channel);
   siblings.push_back(mine.native_handle());
   close_in_forked_child(spec, std::move(siblings));
-  Process process = detail::ProcessAccess::make(std::move(spec));
+  Process process = ProcessAccess::make(std::move(spec));
   channel.connection.reset();
   process.set_daemon(true);
   process.set_start_method(method);
@@ -171,7 +169,7 @@ const CodeAddress& PoolCore::address_of(std::uintptr_t address) {
   return it->second;
 }
 
-void PoolCore::submit(detail::PoolTask task) {
+void PoolCore::submit(PoolTask task) {
   {
     std::lock_guard lock(mu_);
     if (closed_ || terminating_)
@@ -244,7 +242,7 @@ void PoolCore::end_workers() noexcept {
   }
 }
 
-void PoolCore::fail_everything(const detail::TaskFailure& failure) {
+void PoolCore::fail_everything(const TaskFailure& failure) {
   std::deque<Task> pending;
   {
     std::lock_guard lock(mu_);
@@ -264,9 +262,9 @@ void PoolCore::set_broken(std::string why) {
 }
 
 namespace {
-detail::TaskFailure error_failure(std::string text) {
-  detail::TaskFailure f;
-  f.kind = detail::TaskFailure::Kind::kError;
+TaskFailure error_failure(std::string text) {
+  TaskFailure f;
+  f.kind = TaskFailure::Kind::kError;
   f.text = std::move(text);
   return f;
 }
@@ -324,15 +322,15 @@ void PoolCore::handle_reply(Worker& w, Decoder& d) {
   ++w.completed;
   if (ok == 1) {
     try {
-      task.on_result(d);
+      task.on_result(d, w.process.pid());
     } catch (...) {
       // The result could not be decoded (a malformed message): the task fails with why.
       task.on_error(error_failure("Pool: the result of a task could not be received: " +
                                   describe_current_exception()));
     }
   } else {
-    detail::TaskFailure f;
-    f.kind = detail::TaskFailure::Kind::kRaised;
+    TaskFailure f;
+    f.kind = TaskFailure::Kind::kRaised;
     f.text = d.decode<std::string>();
     f.pid = w.process.pid();
     d.finish();
@@ -372,8 +370,8 @@ void PoolCore::handle_death(std::size_t i) {
         code < 0 ? "signal " + signal_name(-code) : "exit code " + std::to_string(code);
     std::string msg = "pool worker " + std::to_string(i) + " (pid " + std::to_string(pid) +
                       ") terminated with " + how + " while running this task";
-    detail::TaskFailure f;
-    f.kind = detail::TaskFailure::Kind::kWorkerDied;
+    TaskFailure f;
+    f.kind = TaskFailure::Kind::kWorkerDied;
     f.text = std::move(msg);
     f.pid = pid;
     f.index = static_cast<int>(i);
@@ -450,7 +448,7 @@ void PoolCore::run() noexcept {
       bool polling = false;
       for (Worker& w : workers_) {
         if (!w.alive) continue;
-        ProcessState* s = detail::ProcessAccess::state(w.process);
+        ProcessState* s = ProcessAccess::state(w.process);
         fds.push_back(w.connection.native_handle());
         fds.push_back(s->pidfd());
         polling = polling || s->needs_polling();
@@ -482,7 +480,7 @@ void PoolCore::run() noexcept {
 Pool::Pool(int processes, PoolOptions options)
     : core_(std::make_unique<internal::PoolCore>(processes, options)) {}
 Pool::~Pool() = default;
-void Pool::submit(detail::PoolTask task) { core_->submit(std::move(task)); }
+void Pool::submit(internal::PoolTask task) { core_->submit(std::move(task)); }
 void Pool::close() { core_->close(); }
 void Pool::join() { core_->join(); }
 void Pool::terminate() { core_->terminate(); }

@@ -13,11 +13,6 @@
 
 namespace shmtensor {
 
-namespace detail {
-std::string current_exception_text() { return internal::describe_current_exception(); }
-int current_pid() noexcept { return static_cast<int>(internal::self_pid()); }
-}  // namespace detail
-
 namespace internal {
 
 namespace {
@@ -49,7 +44,7 @@ void worker_loop(Connection& connection) {
     reply.encode(id);
     reply.encode(std::uint8_t{1});
     try {
-      auto entry = reinterpret_cast<detail::PoolEntry>(resolve(entry_module, entry_offset));
+      auto entry = reinterpret_cast<PoolEntry>(resolve(entry_module, entry_offset));
       std::uintptr_t fn = resolve(fn_module, fn_offset);
       entry(fn, *d, reply);
     } catch (...) {

@@ -11,7 +11,7 @@
 
 namespace shmtensor {
 
-Process::Process(detail::LaunchSpec spec) : spec_(std::move(spec)) {}
+Process::Process(internal::LaunchSpec spec) : spec_(std::move(spec)) {}
 Process::Process(Process&&) noexcept = default;
 
 Process& Process::operator=(Process&& other) noexcept {
@@ -33,7 +33,7 @@ void Process::start() {
   // Like Python's Process.start: drop the callable and its arguments. Whatever they hold
   // (a connection end meant for the child, a large buffer) is released here rather than
   // kept, and inherited by later children, for the Process's lifetime.
-  spec_ = detail::LaunchSpec{};
+  spec_ = internal::LaunchSpec{};
 }
 
 bool Process::join(std::optional<Duration> timeout) {

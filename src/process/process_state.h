@@ -16,7 +16,7 @@ class ProcessState {
  public:
   // Forks (and for kExec re-executes) a child running `spec`. Throws Error when `method`
   // cannot run the callable, SystemError when the OS refuses.
-  static std::unique_ptr<ProcessState> start(const detail::LaunchSpec& spec, StartMethod method);
+  static std::unique_ptr<ProcessState> start(const LaunchSpec& spec, StartMethod method);
 
   int pid() const noexcept { return child_.pid(); }
   // fds that become readable when there is something to do: the pidfd (child ended) and the

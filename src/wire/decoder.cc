@@ -6,6 +6,7 @@
 #include "os/mapping.h"
 #include "os/shm.h"
 #include "os/socket.h"
+#include "shmtensor/internal/storage_access.h"
 #include "wire/wire.h"
 
 namespace shmtensor {
@@ -256,7 +257,7 @@ Decoder parse_frame(std::span<const std::byte> datagram, std::vector<UniqueFd> f
       if (freed && seg->own()) arena_block_freed(*seg, b);
       if (impl->nbytes() != e.nbytes) bad("storage size disagrees with the one already here");
     }
-    st->storages.emplace_back(std::move(impl));
+    st->storages.push_back(internal::StorageAccess::make(std::move(impl)));
   }
   if (st->blob == nullptr) {
     st->body.assign(body.begin() + static_cast<std::ptrdiff_t>(r.pos), body.end());

@@ -7,6 +7,7 @@
 #include "os/mapping.h"
 #include "os/shm.h"
 #include "os/socket.h"
+#include "shmtensor/internal/storage_access.h"
 #include "wire/wire.h"
 
 namespace shmtensor {
@@ -35,7 +36,7 @@ void Encoder::write_tensor(const Tensor& t) {
     // Moves the storage into shared memory in place, if it is not there yet.
     Storage storage = t.storage();
     storage.share_memory_();
-    const auto& impl = storage.impl();
+    const auto& impl = internal::StorageAccess::impl(storage);
     auto& storages = state_->storages;
     auto it = std::find(storages.begin(), storages.end(), impl);
     if (it == storages.end()) {

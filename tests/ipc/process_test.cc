@@ -2,6 +2,7 @@
 // what a forked child must not do (run the parent's atexit handlers, lose its stdio).
 #include "shmtensor/process.h"
 
+#include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -9,8 +10,6 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <fcntl.h>
-
 #include <cstdio>
 #include <cstdlib>
 #include <stdexcept>
@@ -20,6 +19,7 @@
 #include "memory/segment.h"
 #include "memory/storage_impl.h"
 #include "os/mapping.h"
+#include "shmtensor/internal/storage_access.h"
 #include "shmtensor/queue.h"
 #include "shmtensor/tensor.h"
 #include "support/leak_check.h"
@@ -257,8 +257,8 @@ TEST_P(ProcessExecTest, ExecChildHoldsNoneOfTheParentsBlocksOrNames) {
   // taken holds of our blocks or counts of our named segments at fork, which nobody would
   // give back before it exits (our freed blocks could not be reused meanwhile).
   shmtensor::Tensor t = shmtensor::Tensor::empty_shared({16}, shmtensor::DType::kFloat32);
-  const auto& seg = t.storage().impl()->segment();
-  const std::uint32_t block = t.storage().impl()->block();
+  const auto& seg = shmtensor::internal::StorageAccess::impl(t.storage())->segment();
+  const std::uint32_t block = shmtensor::internal::StorageAccess::impl(t.storage())->block();
   const std::uint64_t word = seg->block_word(block);
   const std::int64_t refcount = seg->header()->refcount.load();
   ASSERT_NE(word, 0u);

@@ -12,6 +12,7 @@
 #include "memory/segment.h"
 #include "memory/storage_impl.h"
 #include "shmtensor/connection.h"
+#include "shmtensor/internal/storage_access.h"
 #include "shmtensor/queue.h"
 #include "support/leak_check.h"
 
@@ -108,7 +109,7 @@ TEST_P(QueueLifetimeTest, AHolderThatExitedDoesNotKeepTheItems) {
   ASSERT_EQ(q.size(), 20u);
   Tensor first = q.get();  // a block of the producer's arena segment, held by us
   ASSERT_EQ(first.data_ptr<float>()[7], 0.0f);
-  const auto seg = first.storage().impl()->segment();
+  const auto seg = internal::StorageAccess::impl(first.storage())->segment();
   auto blocks_in_use = [&] {
     std::size_t n = 0;
     for (std::uint32_t b = 0; b < seg->block_count(); ++b) n += seg->block_word(b) != 0;
@@ -146,7 +147,8 @@ TEST_P(QueueLifetimeTest, AFailedGetFreesItsSlotInABoundedQueue) {
   // The lost message's count stays on t's block (docs/transport.md, what can remain):
   // nobody could open the segment to give it back. Give it back here, so the test ends
   // clean.
-  const auto impl = t.storage().impl();  // a copy: the Storage is a temporary
+  const auto impl =
+      internal::StorageAccess::impl(t.storage());  // a copy: the Storage is a temporary
   EXPECT_FALSE(impl->segment()->drop_block_in_flight(impl->block()));
 }
 

@@ -19,6 +19,7 @@
 #include "memory/storage_impl.h"
 #include "os/socket.h"
 #include "shmtensor/connection.h"
+#include "shmtensor/internal/storage_access.h"
 #include "shmtensor/queue.h"
 #include "shmtensor/sharing_strategy.h"
 #include "shmtensor/storage.h"
@@ -62,7 +63,7 @@ bool name_exists(const std::string& name) {
 }
 
 std::int64_t refcount_of(const Storage& s) {
-  return s.impl()->segment()->header()->refcount.load();
+  return internal::StorageAccess::impl(s)->segment()->header()->refcount.load();
 }
 
 class SegmentIpcTest : public LeakCheckedTest,
@@ -149,7 +150,9 @@ TEST_P(SegmentIpcTest, ChildCreatesAndDropsItsOwnSegments) {
   EXPECT_EQ(testing::run_in_child([&] {
               std::vector<Storage> v;
               for (int i = 0; i < 8; ++i) v.push_back(Storage::allocate_shared(10000));
-              for (auto& st : v) EXPECT_EQ(st.impl()->segment(), v[0].impl()->segment());
+              for (auto& st : v)
+                EXPECT_EQ(internal::StorageAccess::impl(st)->segment(),
+                          internal::StorageAccess::impl(v[0])->segment());
               if (GetParam() == SharingStrategy::kFileSystem)
                 EXPECT_EQ(testing::shm_names_of(::getpid()).size(), 1u);
               EXPECT_EQ(testing::shmtensor_mappings().size(), 1u);
@@ -185,7 +188,7 @@ class NamedLifetimeTest : public LeakCheckedTest {
 // header: one per mapping process, so a forked child gets its own.
 TEST_F(NamedLifetimeTest, CreatorKeepsTheSegmentWhileAChildHoldsItsBlock) {
   Storage s = Storage::allocate_shared(1 << 20);
-  const std::string name = s.impl()->segment()->name();
+  const std::string name = internal::StorageAccess::impl(s)->segment()->name();
   ASSERT_TRUE(name_exists(name));
   EXPECT_EQ(refcount_of(s), 1);
 
@@ -201,8 +204,8 @@ TEST_F(NamedLifetimeTest, CreatorKeepsTheSegmentWhileAChildHoldsItsBlock) {
   });
   ASSERT_EQ(ready.receive(), 'x');
   EXPECT_EQ(refcount_of(s), 2);  // the child got its own count at fork
-  auto seg = s.impl()->segment();
-  const std::uint32_t block = s.impl()->block();
+  auto seg = internal::StorageAccess::impl(s)->segment();
+  const std::uint32_t block = internal::StorageAccess::impl(s)->block();
   s = Storage();
   empty_cache();
   EXPECT_NE(seg->block_word(block), 0u) << "the child's hold is gone";
@@ -219,7 +222,7 @@ TEST_F(NamedLifetimeTest, ChildDropsFirstParentUnlinks) {
   Storage s = Storage::allocate(1 << 20);
   std::memset(s.data(), 7, s.nbytes());
   s.share_memory_();
-  const std::string name = s.impl()->segment()->name();
+  const std::string name = internal::StorageAccess::impl(s)->segment()->name();
   pid_t pid = fork_child([&] {
     EXPECT_EQ(refcount_of(s), 2);
     s = Storage();
@@ -239,7 +242,7 @@ TEST_F(NamedLifetimeTest, ChildDropsFirstParentUnlinks) {
 // the creator's arena keeps the segment until the last of them dropped its block.
 TEST_F(NamedLifetimeTest, ManyHoldersLastOneFreesTheSegment) {
   Storage s = Storage::allocate_shared(4096);
-  const std::string name = s.impl()->segment()->name();
+  const std::string name = internal::StorageAccess::impl(s)->segment()->name();
   constexpr int kChildren = 4;
   std::vector<Pipe> go(kChildren);
   Pipe done;
@@ -266,8 +269,8 @@ TEST_F(NamedLifetimeTest, ManyHoldersLastOneFreesTheSegment) {
   // Parent + 4 children + 1 grandchild; a child's fork_child may still be running, so wait.
   for (int tries = 0; refcount_of(s) != 1 + kChildren + 1 && tries < 500; ++tries) ::usleep(2000);
   EXPECT_EQ(refcount_of(s), 1 + kChildren + 1);
-  auto seg = s.impl()->segment();
-  const std::uint32_t block = s.impl()->block();
+  auto seg = internal::StorageAccess::impl(s)->segment();
+  const std::uint32_t block = internal::StorageAccess::impl(s)->block();
   s = Storage();  // the parent first
   for (int i = kChildren - 1; i >= 0; --i) {
     empty_cache();
@@ -365,7 +368,7 @@ TEST_F(CloseOnExecTest, EveryLibraryFdIsCloseOnExec) {
     keep.push_back(Storage::allocate(4096).share_memory_());
   }
   set_sharing_strategy(SharingStrategy::kFileDescriptor);
-  int memfd = keep[0].impl()->segment()->fd();
+  int memfd = internal::StorageAccess::impl(keep[0])->segment()->fd();
   ASSERT_GE(memfd, 0);
 
   // Every fd the library opened here (memfds; a manager daemon's socket, if any) is

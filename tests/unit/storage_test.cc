@@ -13,6 +13,7 @@
 
 #include "memory/registry.h"
 #include "memory/storage_impl.h"
+#include "shmtensor/internal/storage_access.h"
 #include "shmtensor/sharing_strategy.h"
 #include "support/leak_check.h"
 
@@ -104,7 +105,7 @@ TEST_P(StorageTest, SharedStorageIsMappedOnceAndUnmappedWhenDropped) {
     EXPECT_EQ(testing::shmtensor_mappings().size(), maps_before + 1);
     EXPECT_EQ(Registry::instance().segment_count(), segs_before + 1);
     if (GetParam() == SharingStrategy::kFileSystem) {
-      const std::string& name = s.impl()->segment()->name();
+      const std::string& name = internal::StorageAccess::impl(s)->segment()->name();
       ASSERT_FALSE(name.empty());
       EXPECT_TRUE(testing::shm_names().count(name.substr(1))) << name;
     }
@@ -132,7 +133,7 @@ TEST_P(StorageTest, ShareMemoryOnSharedStorageIsANoOp) {
   s.share_memory_();
   fill_pattern(s, 5);
   void* data = s.data();
-  auto segment = s.impl()->segment();
+  auto segment = internal::StorageAccess::impl(s)->segment();
   auto fds = testing::open_fds();
   // Segment mappings only: sanitizer allocators map memory for ordinary heap allocations.
   std::size_t maps = testing::shmtensor_mappings().size();
@@ -146,7 +147,7 @@ TEST_P(StorageTest, ShareMemoryOnSharedStorageIsANoOp) {
   s.share_memory_();
 
   EXPECT_EQ(s.data(), data);
-  EXPECT_EQ(s.impl()->segment(), segment);
+  EXPECT_EQ(internal::StorageAccess::impl(s)->segment(), segment);
   EXPECT_EQ(s.sharing_strategy(), GetParam());
   EXPECT_TRUE(has_pattern(s, 5));
   EXPECT_EQ(testing::open_fds(), fds);

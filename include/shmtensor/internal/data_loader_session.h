@@ -1,5 +1,5 @@
 // DataLoader internals that its template needs (data_loader.h): the batch plan of a
-// map-style epoch, and the main process's side of the workers. Not part of the API.
+// map-style epoch, and the main process's side of the workers. Internal.
 #pragma once
 
 #include <cstdint>
@@ -9,14 +9,13 @@
 #include <vector>
 
 #include "shmtensor/codec.h"
-#include "shmtensor/data_worker.h"
+#include "shmtensor/internal/data_worker.h"
+#include "shmtensor/internal/launch.h"
 #include "shmtensor/process.h"
 #include "shmtensor/sampler.h"
 #include "shmtensor/start_method.h"
 
-namespace shmtensor {
-
-namespace detail {
+namespace shmtensor::internal {
 
 struct PlanOptions {
   std::int64_t batch_size = 1;
@@ -94,6 +93,4 @@ class LoaderSession {
   std::unique_ptr<State> state_;
 };
 
-}  // namespace detail
-
-}  // namespace shmtensor
+}  // namespace shmtensor::internal
