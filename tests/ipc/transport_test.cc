@@ -242,6 +242,22 @@ TEST_P(TransportTest, CloseDrainsThenThrowsQueueClosed) {
   EXPECT_THROW(q.put(3), QueueClosed);
 }
 
+TEST_P(TransportTest, TrySendRefusesWithoutBlockingWhenThePeerIsNotReading) {
+  auto [a, b] = pipe();
+  std::int64_t sent = 0;
+  while (a.try_send(sent)) {
+    ++sent;
+    ASSERT_LT(sent, 1'000'000) << "the socket buffer never filled";
+  }
+  ASSERT_GT(sent, 0);
+  EXPECT_EQ(b.recv<std::int64_t>(), 0);  // whole messages, in order; the refused one is not there
+  EXPECT_TRUE(a.try_send(sent));
+  for (std::int64_t i = 1; i <= sent; ++i) ASSERT_EQ(b.recv<std::int64_t>(), i);
+  EXPECT_FALSE(b.poll());
+  b.close();
+  EXPECT_THROW((void)a.try_send(std::int64_t{0}), ConnectionClosed);
+}
+
 TEST_P(TransportTest, QueuesAndConnectionsAreThemselvesEncodable) {
   auto [a, b] = pipe();
   Queue<Tensor> data;
