@@ -1,11 +1,9 @@
 // The worker's side of the DataLoader protocol (shmtensor/internal/data_worker.h has the
 // message layout) and what a worker process knows about itself.
 #include <deque>
-#include <mutex>
 
-#include "os/code_address.h"
-#include "process/child_side.h"
 #include "shmtensor/data_loader.h"
+#include "shmtensor/internal/current_exception.h"
 #include "shmtensor/internal/data_worker.h"
 
 namespace shmtensor {
@@ -19,17 +17,6 @@ std::optional<WorkerInfo> g_worker_info;
 std::optional<WorkerInfo> get_worker_info() { return g_worker_info; }
 
 namespace internal {
-
-FunctionRef function_ref(const void* code) {
-  CodeAddress a = code_address_of(reinterpret_cast<std::uintptr_t>(code));
-  return FunctionRef{true, std::move(a.module), static_cast<std::uint64_t>(a.offset)};
-}
-
-const void* resolve_function(const FunctionRef& ref) {
-  if (!ref.set) throw ProtocolError("DataLoader worker: no function was named");
-  return reinterpret_cast<const void*>(
-      resolve_code_address(CodeAddress{ref.module, static_cast<std::uintptr_t>(ref.offset)}));
-}
 
 WorkerFailure current_failure(std::int64_t index, const char* stage) {
   return WorkerFailure{index, stage, describe_current_exception()};

@@ -4,11 +4,10 @@
 #include <string>
 #include <utility>
 
-#include "os/child.h"
 #include "os/code_address.h"
-#include "process/child_side.h"
 #include "process/pool_protocol.h"
 #include "shmtensor/connection.h"
+#include "shmtensor/internal/current_exception.h"
 #include "shmtensor/pool.h"
 
 namespace shmtensor {
@@ -62,8 +61,7 @@ void worker_loop(Connection& connection) {
 
 }  // namespace
 
-// The worker process's function (a plain function, so kExec workers can run it too).
-void pool_worker_main(int /*index*/, WorkerChannel channel) { worker_loop(*channel.connection); }
+void pool_worker_main(int /*index*/, WorkerLink link) { worker_loop(*link.connection); }
 
 }  // namespace internal
 }  // namespace shmtensor

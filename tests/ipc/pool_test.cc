@@ -302,17 +302,19 @@ TEST_P(PoolTest, WorkerExitsWhenTheParentClosesItsEnd) {
   // Two workers started as the Pool starts them (the second one knows the parent's end of
   // the first one's connection). Closing the parent's end, with no stop message and no
   // signal, is EOF for each worker: neither it nor its sibling holds a copy of that end.
-  using shmtensor::internal::start_pool_worker;
-  const StartMethod method = std::get<0>(GetParam());
-  auto first = start_pool_worker(0, method, {});
-  auto second = start_pool_worker(1, method, {first.connection.native_handle()});
-  first.connection.close();
-  EXPECT_TRUE(first.process.join(20s)) << "the first worker did not see EOF";
-  EXPECT_EQ(first.process.exitcode(), 0);
-  EXPECT_TRUE(second.process.is_alive());
-  second.connection.close();
-  EXPECT_TRUE(second.process.join(20s)) << "the second worker did not see EOF";
-  EXPECT_EQ(second.process.exitcode(), 0);
+  // reap() closes the parent's end, waits up to 20 s and only then kills: exit code 0 says
+  // the worker saw EOF.
+  using shmtensor::internal::WorkerGroup;
+  using shmtensor::internal::WorkerLink;
+  WorkerGroup group(std::get<0>(GetParam()), [](int index, WorkerLink link) {
+    return shmtensor::internal::make_launch<true>(index, shmtensor::internal::pool_worker_main,
+                                                  std::move(link));
+  });
+  group.start(0);
+  group.start(1);
+  EXPECT_EQ(group.reap(0, 20s).exit_code, 0) << "the first worker did not see EOF";
+  EXPECT_FALSE(group.ended(1));
+  EXPECT_EQ(group.reap(1, 20s).exit_code, 0) << "the second worker did not see EOF";
 }
 
 TEST_P(PoolTest, ImapOrderedAndUnordered) {

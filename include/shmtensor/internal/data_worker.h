@@ -23,7 +23,9 @@
 
 #include "shmtensor/codec.h"
 #include "shmtensor/connection.h"
+#include "shmtensor/internal/function_ref.h"
 #include "shmtensor/internal/launch.h"
+#include "shmtensor/internal/worker_group.h"
 
 namespace shmtensor {
 
@@ -66,22 +68,6 @@ template <class D, class C>
 using BatchOf = std::decay_t<std::invoke_result_t<C&, std::vector<SampleOf<D>>>>;
 
 // ---- worker plumbing (src/data/worker_port.cc) -----------------------------------------------
-
-// A worker's end of its connection: copyable (a Process copies its arguments) and
-// encodable (kExec sends it; the socket travels as an fd).
-struct WorkerLink {
-  std::shared_ptr<Connection> connection;
-};
-
-// A function named so that a re-executed worker finds it (module + offset).
-struct FunctionRef {
-  bool set = false;
-  std::string module;
-  std::uint64_t offset = 0;
-  SHMTENSOR_FIELDS(set, module, offset)
-};
-FunctionRef function_ref(const void* code);
-const void* resolve_function(const FunctionRef& ref);
 
 struct WorkerConfig {
   int id = 0;
@@ -283,14 +269,6 @@ void exec_worker_main(int /*index*/, WorkerLink link, WorkerConfig config, Datas
 }
 
 }  // namespace internal
-
-template <>
-struct Codec<internal::WorkerLink> {
-  static void encode(Encoder& e, const internal::WorkerLink& l) { e.encode(*l.connection); }
-  static internal::WorkerLink decode(Decoder& d) {
-    return {std::make_shared<Connection>(d.decode<Connection>())};
-  }
-};
 
 template <class D>
 struct Codec<internal::DatasetBox<D>> {
