@@ -59,6 +59,7 @@
 #include "shmtensor/process.h"
 #include "shmtensor/sampler.h"
 #include "shmtensor/start_method.h"
+#include "shmtensor/timeout.h"
 
 namespace shmtensor {
 
@@ -84,7 +85,7 @@ struct DataLoaderOptions {
   int num_workers = 0;               // 0: load in the calling process
   int prefetch_factor = 2;           // batches in flight per worker
   bool persistent_workers = false;   // keep the workers from one epoch to the next
-  Duration timeout{0};               // > 0: longest wait for a batch
+  Timeout timeout;                   // longest wait for a batch; unset or 0: no limit
   std::function<void(int worker_id)> worker_init_fn;  // runs first in each worker
   bool in_order = true;
   StartMethod start_method = StartMethod::kFork;

@@ -20,6 +20,7 @@
 #include "shmtensor/error.h"
 #include "shmtensor/internal/pool_task.h"
 #include "shmtensor/process.h"
+#include "shmtensor/timeout.h"
 
 namespace shmtensor {
 
@@ -44,7 +45,7 @@ class ResultStream {
   };
 
  public:
-  std::optional<R> next() {
+  [[nodiscard]] std::optional<R> next() {
     std::unique_lock lock(state_->mu);
     if (state_->delivered == state_->total) return std::nullopt;
     auto it = state_->ready.end();
@@ -160,11 +161,15 @@ class AsyncResult {
     if constexpr (!std::is_void_v<R>) return std::move(std::get<0>(outcome));
   }
   void wait() const { future_.wait(); }
-  // True once the task has finished (successfully or not).
-  bool wait_for(Duration timeout) const {
-    return future_.wait_for(timeout) == std::future_status::ready;
+  // Waits up to `timeout`; true once the task has finished (successfully or not).
+  [[nodiscard]] bool wait_for(Timeout timeout) const {
+    if (!timeout) {
+      future_.wait();
+      return true;
+    }
+    return future_.wait_for(*timeout) == std::future_status::ready;
   }
-  bool ready() const { return wait_for(Duration::zero()); }
+  [[nodiscard]] bool ready() const { return wait_for(Duration::zero()); }
   bool valid() const noexcept { return future_.valid(); }
 
  private:

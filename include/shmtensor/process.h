@@ -21,7 +21,6 @@
 // Thread safety: a Process is used by one thread at a time.
 #pragma once
 
-#include <chrono>
 #include <memory>
 #include <optional>
 #include <string>
@@ -31,11 +30,9 @@
 #include "shmtensor/error.h"
 #include "shmtensor/internal/launch.h"
 #include "shmtensor/start_method.h"
+#include "shmtensor/timeout.h"
 
 namespace shmtensor {
-
-// Timeouts and grace periods, in seconds; any std::chrono duration converts implicitly.
-using Duration = std::chrono::duration<double>;
 
 namespace internal {
 class ProcessState;
@@ -64,7 +61,7 @@ class Process {
   void start();
   // Waits until the child ends or `timeout` passes. True if it has ended. Throws Error if
   // the process was never started.
-  bool join(std::optional<Duration> timeout = std::nullopt);
+  bool join(Timeout timeout = std::nullopt);
   // Started and not yet ended.
   bool is_alive();
   // nullopt while running or before start; the exit code once ended, or minus the signal

@@ -19,3 +19,4 @@
 #include "shmtensor/start_method.h"
 #include "shmtensor/storage.h"
 #include "shmtensor/tensor.h"
+#include "shmtensor/timeout.h"

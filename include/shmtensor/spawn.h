@@ -89,8 +89,7 @@ class ProcessContext {
   //
   // Unlike torch, join() without a timeout waits for all children rather than returning
   // after the first one ends; `while (!ctx.join()) {}` works with both.
-  bool join(std::optional<Duration> timeout = std::nullopt,
-            std::optional<Duration> grace_period = std::nullopt);
+  bool join(Timeout timeout = std::nullopt, std::optional<Duration> grace_period = std::nullopt);
 
   std::vector<int> pids() const;  // pid_t values, in index order
   // The children. Reaping one through it (is_alive(), exitcode(), join()) does not hide its

@@ -28,9 +28,9 @@ class Storage {
   // A null storage (defined() is false).
   Storage() = default;
   // nbytes of private, uninitialised heap memory. nbytes may be 0.
-  static Storage allocate(std::size_t nbytes);
+  [[nodiscard]] static Storage allocate(std::size_t nbytes);
   // nbytes directly in shared memory of the current strategy; never copied later.
-  static Storage allocate_shared(std::size_t nbytes);
+  [[nodiscard]] static Storage allocate_shared(std::size_t nbytes);
 
   bool defined() const noexcept { return impl_ != nullptr; }
   void* data() const noexcept;

@@ -286,8 +286,11 @@ std::optional<std::uint64_t> LoaderSession::next() {
   if (s.broken)
     throw DataLoaderError("DataLoader: the workers were stopped after an error; begin a new epoch");
   std::optional<Clock::time_point> deadline;
-  if (s.options.timeout.count() > 0)
-    deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(s.options.timeout);
+  if (s.options.timeout && s.options.timeout->count() > 0) {
+    // Clamped so that an absurdly long timeout cannot overflow the clock.
+    const Duration limit = std::min(*s.options.timeout, Duration(3.0e7));
+    deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(limit);
+  }
   // A death is reported at once, even when later batches are already here.
   s.wait(Clock::now());
   s.fill();
@@ -308,7 +311,7 @@ std::optional<std::uint64_t> LoaderSession::next() {
                  std::to_string(w) + " (pid " + std::to_string(s.group.pid(w)) + ")";
         }
       }
-      throw loader_timeout(s.options.timeout.count(), what);
+      throw loader_timeout(s.options.timeout->count(), what);
     }
     s.wait(deadline);
     s.fill();

@@ -36,7 +36,7 @@ void Process::start() {
   spec_ = internal::LaunchSpec{};
 }
 
-bool Process::join(std::optional<Duration> timeout) {
+bool Process::join(Timeout timeout) {
   if (!state_) throw Error("Process::join: the process was not started");
   if (!timeout) {
     state_->wait();

@@ -59,7 +59,7 @@ ProcessContext& ProcessContext::operator=(ProcessContext&& other) noexcept {
 
 ProcessContext::~ProcessContext() { internal::shutdown_processes(processes_); }
 
-bool ProcessContext::join(std::optional<Duration> timeout, std::optional<Duration> grace_period) {
+bool ProcessContext::join(Timeout timeout, std::optional<Duration> grace_period) {
   std::optional<Clock::time_point> deadline;
   if (timeout) deadline = Clock::now() + to_clock(*timeout);
   std::optional<std::size_t> failed;

@@ -221,6 +221,14 @@ TEST_F(DataLoaderErrorsTest, StuckWorkerPastTheTimeoutIsATimeoutError) {
   EXPECT_EQ(::kill(pid, 0), -1);
 }
 
+TEST_F(DataLoaderErrorsTest, AZeroTimeoutIsNoLimitAsInTorch) {
+  // A 0 s limit would fail the first batch, which a worker just started cannot have ready.
+  DataLoader loader(Troubled{.n = 4}, {.num_workers = 1, .timeout = std::chrono::seconds(0)});
+  std::vector<std::int64_t> got;
+  for (auto& batch : loader) got.push_back(batch.item<std::int64_t>());
+  EXPECT_EQ(got, (std::vector<std::int64_t>{0, 1, 2, 3}));
+}
+
 TEST_F(DataLoaderErrorsTest, LeavingAnEpochEarlyStopsTheWorkers) {
   for (StartMethod method : {StartMethod::kFork, StartMethod::kExec}) {
     DataLoader loader(Troubled{.n = 1000},

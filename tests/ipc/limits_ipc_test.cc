@@ -213,7 +213,7 @@ TEST_F(LimitsTest, UnmappableSizeIsASystemError) {
   }
   // file_system reserves the space first: the same size is a full /dev/shm.
   set_sharing_strategy("file_system");
-  EXPECT_THROW(Storage::allocate_shared(huge), SharedMemoryFullError);
+  EXPECT_THROW((void)Storage::allocate_shared(huge), SharedMemoryFullError);
 }
 
 }  // namespace

@@ -159,6 +159,8 @@ TEST_P(PoolTest, ApplyAsyncWithSeveralArguments) {
   Pool pool(2, options());
   auto f = pool.apply_async(join_words, std::string("ab"), std::string("c"), 3);
   auto g = pool.apply_async(do_nothing, 1);
+  EXPECT_TRUE(g.wait_for(std::nullopt));  // no limit: waits until it is done
+  EXPECT_TRUE(g.ready());
   EXPECT_EQ(f.get(), "abcabcabc");
   g.get();
   EXPECT_EQ(pool.apply(square, 12), 144);
@@ -219,7 +221,7 @@ TEST_P(PoolTest, ChunksizeKeepsOrderValuesAndPerInputErrors) {
   EXPECT_EQ(stream.next(), 0);
   EXPECT_EQ(stream.next(), 2);
   try {
-    stream.next();
+    (void)stream.next();
     ADD_FAILURE() << "no exception for input 3";
   } catch (const shmtensor::TaskError& e) {
     EXPECT_STREQ(e.what(), "std::invalid_argument: odd input 3");
@@ -245,7 +247,7 @@ TEST_P(PoolTest, WorkerDeathFailsItsWholeChunk) {
   Pool pool(1, options());
   auto stream = pool.imap(die_on, std::vector<int>{1, 2, 3, 4, 5, 6}, /*chunksize=*/3);
   // The first chunk (1, 2, 3) dies at 3: all three fail; the next chunk runs in a new worker.
-  for (int i = 0; i < 3; ++i) EXPECT_THROW(stream.next(), shmtensor::ProcessExitedException);
+  for (int i = 0; i < 3; ++i) EXPECT_THROW((void)stream.next(), shmtensor::ProcessExitedException);
   EXPECT_EQ(stream.next(), 4);
   EXPECT_EQ(stream.next(), 5);
   EXPECT_EQ(stream.next(), 6);

@@ -14,6 +14,7 @@
 #include "shmtensor/process.h"
 #include "shmtensor/sampler.h"
 #include "shmtensor/start_method.h"
+#include "shmtensor/timeout.h"
 
 namespace shmtensor::internal {
 
@@ -46,14 +47,14 @@ class BatchPlan {
 
 // Checks the options as torch does; throws std::invalid_argument.
 void validate_options(const PlanOptions& plan, int num_workers, int prefetch_factor,
-                      bool persistent_workers, Duration timeout, bool iterable);
+                      bool persistent_workers, Timeout timeout, bool iterable);
 std::uint64_t random_seed();
 
 struct SessionOptions {
   int num_workers = 1;
   int prefetch_factor = 2;
   bool in_order = true;
-  Duration timeout{0};
+  Timeout timeout;  // unset or 0: no limit
   StartMethod start_method = StartMethod::kFork;
   bool iterable = false;
 };
