@@ -106,8 +106,14 @@ void validate_options(const PlanOptions& p, int num_workers, int prefetch_factor
 }
 
 std::uint64_t random_seed() {
-  std::random_device device;
-  return (static_cast<std::uint64_t>(device()) << 32) ^ device();
+  try {
+    std::random_device device;
+    return (static_cast<std::uint64_t>(device()) << 32) ^ device();
+  } catch (const std::exception& e) {
+    // The system has no entropy source for us: a failure of the environment, so an Error.
+    throw Error(std::string("DataLoader: no random base seed (std::random_device: ") +
+                e.what() + "); set DataLoaderOptions::seed");
+  }
 }
 
 }  // namespace internal

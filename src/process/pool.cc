@@ -15,6 +15,7 @@
 #include <array>
 #include <atomic>
 #include <deque>
+#include <system_error>
 #include <thread>
 #include <unordered_map>
 
@@ -123,7 +124,13 @@ PoolCore::PoolCore(int processes, PoolOptions options)
     for (std::size_t i = 0; i < group_.size(); ++i) group_.kill(i);
     throw;
   }
-  thread_ = std::thread([this] { run(); });
+  try {
+    thread_ = std::thread([this] { run(); });
+  } catch (const std::system_error& e) {
+    // A system failure like any other (EAGAIN: the thread limit), so an Error; group_'s
+    // destructor ends the workers.
+    throw SystemError(e.code().value(), "pthread_create", "the Pool's dispatcher thread");
+  }
 }
 
 PoolCore::~PoolCore() {
