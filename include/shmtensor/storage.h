@@ -3,7 +3,7 @@
 // A Storage is a cheap handle (copies share the bytes). Its data pointer can move exactly
 // once, from private memory into shared memory, by share_memory_(): every handle and every
 // tensor view on it sees the new pointer afterwards. Shared storages live in a segment
-// (a memfd or a named /dev/shm object) at an offset, and are not resizable.
+// (a memfd or a named /dev/shm object) at an offset. A storage never changes its size.
 //
 // Thread safety: handles may be copied and destroyed from any thread. share_memory_() may
 // race with other share_memory_() calls and with data() on the same storage; writing the
@@ -36,8 +36,6 @@ class Storage {
   void* data() const noexcept;
   std::size_t nbytes() const noexcept;
   bool is_shared() const noexcept;
-  // Private storages are resizable; shared ones are not.
-  bool resizable() const noexcept;
   // The strategy of the segment holding a shared storage (unspecified if not shared).
   SharingStrategy sharing_strategy() const noexcept;
 

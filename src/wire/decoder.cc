@@ -20,7 +20,6 @@ namespace {
 [[noreturn]] void bad(const std::string& what) {
   throw ProtocolError("malformed shmtensor message: " + what);
 }
-constexpr std::uint32_t kEmptyTensor = 0xfffffffeu;
 // How many elements that take neither bytes nor fds (std::monostate) a length may claim.
 constexpr std::uint64_t kMaxEmptyElements = 65536;
 }  // namespace
@@ -60,7 +59,7 @@ Tensor Decoder::read_tensor() {
   for (auto& s : strides) s = read_pod<std::int64_t>();
   for (auto s : sizes)
     if (s < 0) bad("negative tensor size");
-  if (index == kEmptyTensor) {
+  if (index == internal::kEmptyTensor) {
     bool has_zero = ndim > 0 && std::find(sizes.begin(), sizes.end(), 0) != sizes.end();
     if (!has_zero) bad("tensor without storage has elements");
     try {

@@ -18,7 +18,6 @@ Encoder::Encoder(Encoder&&) noexcept = default;
 Encoder& Encoder::operator=(Encoder&&) noexcept = default;
 
 namespace {
-constexpr std::uint32_t kEmptyTensor = 0xfffffffeu;
 constexpr std::uint8_t kMaxDims = 64;
 }  // namespace
 
@@ -31,7 +30,7 @@ void Encoder::write_tensor(const Tensor& t) {
   write_pod<std::uint8_t>(static_cast<std::uint8_t>(t.dtype()));
   write_pod<std::uint8_t>(static_cast<std::uint8_t>(t.dim()));
   write_pod<std::uint8_t>(0);
-  std::uint32_t index = kEmptyTensor;
+  std::uint32_t index = internal::kEmptyTensor;
   if (t.numel() > 0) {
     // Moves the storage into shared memory in place, if it is not there yet.
     Storage storage = t.storage();

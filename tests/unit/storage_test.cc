@@ -48,13 +48,12 @@ class StorageTest : public LeakCheckedTest, public ::testing::WithParamInterface
   }
 };
 
-TEST_P(StorageTest, PrivateStorageIsNotSharedAndResizable) {
+TEST_P(StorageTest, PrivateStorageIsNotShared) {
   Storage s = Storage::allocate(100);
   ASSERT_TRUE(s.defined());
   EXPECT_EQ(s.nbytes(), 100u);
   EXPECT_NE(s.data(), nullptr);
   EXPECT_FALSE(s.is_shared());
-  EXPECT_TRUE(s.resizable());
   EXPECT_TRUE(testing::shmtensor_mappings().empty());
 }
 
@@ -69,7 +68,6 @@ TEST_P(StorageTest, ShareMemoryKeepsValuesAndMovesThePointer) {
     Storage& ret = s.share_memory_();
     EXPECT_EQ(&ret, &s);
     EXPECT_TRUE(s.is_shared());
-    EXPECT_FALSE(s.resizable());
     EXPECT_EQ(s.sharing_strategy(), GetParam());
     EXPECT_NE(s.data(), before);
     EXPECT_EQ(s.nbytes(), n);
@@ -158,7 +156,6 @@ TEST_P(StorageTest, ShareMemoryOnSharedStorageIsANoOp) {
 TEST_P(StorageTest, AllocateSharedNeedsNoCopy) {
   Storage s = Storage::allocate_shared(8192);
   EXPECT_TRUE(s.is_shared());
-  EXPECT_FALSE(s.resizable());
   EXPECT_EQ(s.nbytes(), 8192u);
   EXPECT_EQ(s.sharing_strategy(), GetParam());
   fill_pattern(s, 9);  // the whole range is writable
@@ -248,7 +245,6 @@ TEST(StorageNullTest, DefaultConstructedStorageIsNull) {
   EXPECT_EQ(s.data(), nullptr);
   EXPECT_EQ(s.nbytes(), 0u);
   EXPECT_FALSE(s.is_shared());
-  EXPECT_FALSE(s.resizable());
   EXPECT_NO_THROW(s.share_memory_());
   EXPECT_FALSE(s.defined());
 }
