@@ -26,6 +26,7 @@
 #include "shmtensor/sharing_strategy.h"
 #include "shmtensor/tensor.h"
 #include "support/leak_check.h"
+#include "support/strategy_test.h"
 
 namespace pool_test {
 
@@ -101,24 +102,18 @@ Tensor add_one_and_double(Tensor t) {
 
 using Param = std::tuple<StartMethod, SharingStrategy>;
 
-class PoolTest : public shmtensor::testing::LeakCheckedTest,
+class PoolTest : public shmtensor::testing::StrategyRestoringTest,
                  public ::testing::WithParamInterface<Param> {
  protected:
   void SetUp() override {
-    LeakCheckedTest::SetUp();
-    saved_ = shmtensor::get_sharing_strategy();
+    StrategyRestoringTest::SetUp();
     shmtensor::set_sharing_strategy(std::get<1>(GetParam()));
   }
   void TearDown() override {
-    shmtensor::set_sharing_strategy(saved_);
-    int status = 0;
-    EXPECT_EQ(::waitpid(-1, &status, WNOHANG), -1) << "a child was left behind";
-    LeakCheckedTest::TearDown();
+    shmtensor::testing::expect_no_children();
+    StrategyRestoringTest::TearDown();
   }
   PoolOptions options() const { return PoolOptions{.start_method = std::get<0>(GetParam())}; }
-
- private:
-  SharingStrategy saved_{};
 };
 
 std::string name_of(const ::testing::TestParamInfo<Param>& info) {

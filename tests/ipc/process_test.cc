@@ -23,6 +23,7 @@
 #include "shmtensor/queue.h"
 #include "shmtensor/tensor.h"
 #include "support/leak_check.h"
+#include "support/strategy_test.h"
 
 namespace process_test {
 
@@ -49,8 +50,7 @@ class ProcessTest : public shmtensor::testing::LeakCheckedTest,
                     public ::testing::WithParamInterface<StartMethod> {
  protected:
   void TearDown() override {
-    int status = 0;
-    EXPECT_EQ(::waitpid(-1, &status, WNOHANG), -1) << "a child was left behind";
+    shmtensor::testing::expect_no_children();
     LeakCheckedTest::TearDown();
   }
   template <class... A>
@@ -239,18 +239,7 @@ TEST_F(ProcessForkTest, NonDaemonIsWaitedForOnDestruction) {
 
 // ---- exec-only -------------------------------------------------------------------------
 
-class ProcessExecTest : public shmtensor::testing::LeakCheckedTest,
-                        public ::testing::WithParamInterface<shmtensor::SharingStrategy> {
- protected:
-  void SetUp() override {
-    LeakCheckedTest::SetUp();
-    shmtensor::set_sharing_strategy(GetParam());
-  }
-  void TearDown() override {
-    shmtensor::set_sharing_strategy(shmtensor::SharingStrategy::kFileDescriptor);
-    LeakCheckedTest::TearDown();
-  }
-};
+class ProcessExecTest : public shmtensor::testing::StrategyTest {};
 
 TEST_P(ProcessExecTest, ExecChildHoldsNoneOfTheParentsBlocksOrNames) {
   // A child started by exec drops every inherited mapping at execve: it must not have
@@ -273,11 +262,7 @@ TEST_P(ProcessExecTest, ExecChildHoldsNoneOfTheParentsBlocksOrNames) {
   p.join();
 }
 
-INSTANTIATE_TEST_SUITE_P(Strategies, ProcessExecTest,
-                         ::testing::Values(shmtensor::SharingStrategy::kFileDescriptor,
-                                           shmtensor::SharingStrategy::kFileSystem),
-                         [](const auto& info) {
-                           return std::string(shmtensor::to_string(info.param));
-                         });
+INSTANTIATE_TEST_SUITE_P(Strategies, ProcessExecTest, shmtensor::testing::kAllStrategies,
+                         shmtensor::testing::strategy_name);
 
 }  // namespace process_test

@@ -15,6 +15,7 @@
 #include "shmtensor/internal/storage_access.h"
 #include "shmtensor/queue.h"
 #include "support/leak_check.h"
+#include "support/strategy_test.h"
 
 namespace shmtensor {
 namespace {
@@ -23,20 +24,7 @@ using testing::fork_child;
 using testing::run_in_child;
 using testing::wait_child;
 
-class QueueLifetimeTest : public testing::LeakCheckedTest,
-                          public ::testing::WithParamInterface<SharingStrategy> {
- protected:
-  void SetUp() override {
-    LeakCheckedTest::SetUp();
-    saved_ = get_sharing_strategy();
-    set_sharing_strategy(GetParam());
-  }
-  void TearDown() override {
-    set_sharing_strategy(saved_);
-    LeakCheckedTest::TearDown();
-  }
-  SharingStrategy saved_{};
-};
+class QueueLifetimeTest : public testing::StrategyTest {};
 
 // Segments of this process's arena in which some block is still held (a message's count
 // included), after giving back every segment in which none is.
@@ -251,13 +239,8 @@ TEST_P(QueueLifetimeTest, SeveralSegmentsInOneMessage) {
   EXPECT_EQ(wait_child(child), 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Strategies, QueueLifetimeTest,
-                         ::testing::Values(SharingStrategy::kFileDescriptor,
-                                           SharingStrategy::kFileSystem),
-                         [](const auto& info) {
-                           return info.param == SharingStrategy::kFileDescriptor ? "file_descriptor"
-                                                                                 : "file_system";
-                         });
+INSTANTIATE_TEST_SUITE_P(Strategies, QueueLifetimeTest, testing::kAllStrategies,
+                         testing::strategy_name);
 
 }  // namespace
 }  // namespace shmtensor

@@ -25,38 +25,16 @@
 #include "shmtensor/storage.h"
 #include "shmtensor/tensor.h"
 #include "support/leak_check.h"
+#include "support/pipe.h"
+#include "support/strategy_test.h"
 #include "wire/wire.h"
 
 namespace shmtensor {
 namespace {
 
 using testing::fork_child;
-using testing::LeakCheckedTest;
+using testing::Pipe;
 using testing::wait_child;
-
-// One-way byte channel between a parent and a forked child.
-class Pipe {
- public:
-  Pipe() { EXPECT_EQ(::pipe2(fds_, O_CLOEXEC), 0) << std::strerror(errno); }
-  Pipe(const Pipe&) = delete;
-  Pipe& operator=(const Pipe&) = delete;
-  ~Pipe() {
-    for (int fd : fds_)
-      if (fd >= 0) ::close(fd);
-  }
-  void send(char c = 'x') { ASSERT_EQ(::write(fds_[1], &c, 1), 1) << std::strerror(errno); }
-  // Returns the byte, or 0 at EOF (the other side died).
-  char receive() {
-    char c = 0;
-    ssize_t n;
-    do n = ::read(fds_[0], &c, 1);
-    while (n == -1 && errno == EINTR);
-    return n == 1 ? c : 0;
-  }
-
- private:
-  int fds_[2] = {-1, -1};
-};
 
 bool name_exists(const std::string& name) {
   return ::access(("/dev/shm" + name).c_str(), F_OK) == 0;
@@ -66,18 +44,7 @@ std::int64_t refcount_of(const Storage& s) {
   return internal::StorageAccess::impl(s)->segment()->header()->refcount.load();
 }
 
-class SegmentIpcTest : public LeakCheckedTest,
-                       public ::testing::WithParamInterface<SharingStrategy> {
- protected:
-  void SetUp() override {
-    LeakCheckedTest::SetUp();
-    set_sharing_strategy(GetParam());
-  }
-  void TearDown() override {
-    set_sharing_strategy(SharingStrategy::kFileDescriptor);
-    LeakCheckedTest::TearDown();
-  }
-};
+class SegmentIpcTest : public testing::StrategyTest {};
 
 // Values written after the fork, in turns, by each side: only shared pages can carry them.
 TEST_P(SegmentIpcTest, WritesAreSeenBothWays) {
@@ -164,22 +131,16 @@ TEST_P(SegmentIpcTest, ChildCreatesAndDropsItsOwnSegments) {
             0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Strategies, SegmentIpcTest,
-                         ::testing::Values(SharingStrategy::kFileDescriptor,
-                                           SharingStrategy::kFileSystem),
-                         [](const auto& info) { return std::string(to_string(info.param)); });
+INSTANTIATE_TEST_SUITE_P(Strategies, SegmentIpcTest, testing::kAllStrategies,
+                         testing::strategy_name);
 
 // ---- named segment lifetime across fork -------------------------------------------------
 
-class NamedLifetimeTest : public LeakCheckedTest {
+class NamedLifetimeTest : public testing::StrategyRestoringTest {
  protected:
   void SetUp() override {
-    LeakCheckedTest::SetUp();
+    StrategyRestoringTest::SetUp();
     set_sharing_strategy(SharingStrategy::kFileSystem);
-  }
-  void TearDown() override {
-    set_sharing_strategy(SharingStrategy::kFileDescriptor);
-    LeakCheckedTest::TearDown();
   }
 };
 
@@ -328,13 +289,7 @@ std::vector<std::string> shmtensor_lines(const std::string& text) {
   return lines;
 }
 
-class CloseOnExecTest : public LeakCheckedTest {
- protected:
-  void TearDown() override {
-    set_sharing_strategy(SharingStrategy::kFileDescriptor);
-    LeakCheckedTest::TearDown();
-  }
-};
+class CloseOnExecTest : public testing::StrategyRestoringTest {};
 
 // fd numbers listed by `ls -l /proc/self/fd`, except ls's own handle on that directory.
 std::set<int> listed_fds(const std::string& text) {

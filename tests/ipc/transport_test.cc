@@ -8,9 +8,10 @@
 #include <set>
 #include <thread>
 
-#include "support/leak_check.h"
 #include "shmtensor/connection.h"
 #include "shmtensor/queue.h"
+#include "support/leak_check.h"
+#include "support/strategy_test.h"
 
 namespace shmtensor {
 namespace {
@@ -18,20 +19,7 @@ namespace {
 using testing::fork_child;
 using testing::wait_child;
 
-class TransportTest : public testing::LeakCheckedTest,
-                      public ::testing::WithParamInterface<SharingStrategy> {
- protected:
-  void SetUp() override {
-    LeakCheckedTest::SetUp();
-    saved_ = get_sharing_strategy();
-    set_sharing_strategy(GetParam());
-  }
-  void TearDown() override {
-    set_sharing_strategy(saved_);
-    LeakCheckedTest::TearDown();
-  }
-  SharingStrategy saved_{};
-};
+class TransportTest : public testing::StrategyTest {};
 
 TEST_P(TransportTest, TensorSentOverPipeIsZeroCopyAndWritableBothWays) {
   auto [a, b] = pipe();
@@ -339,10 +327,8 @@ TEST_P(TransportTest, TwoThreadsReceivingANewSegmentAtOnceGetOneStorage) {
   EXPECT_EQ(wait_child(child), 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Strategies, TransportTest,
-                         ::testing::Values(SharingStrategy::kFileDescriptor,
-                                           SharingStrategy::kFileSystem),
-                         [](const auto& info) { return std::string(to_string(info.param)); });
+INSTANTIATE_TEST_SUITE_P(Strategies, TransportTest, testing::kAllStrategies,
+                         testing::strategy_name);
 
 }  // namespace
 }  // namespace shmtensor

@@ -42,6 +42,7 @@
 #include "shmtensor/storage.h"
 #include "shmtensor/tensor.h"
 #include "support/leak_check.h"
+#include "support/strategy_test.h"
 
 namespace shmtensor {
 namespace {
@@ -139,18 +140,7 @@ std::uint64_t own_bit(const Segment& seg) { return std::uint64_t{1} << seg.slot(
 
 // ---- fixture ----------------------------------------------------------------------------
 
-class ArenaStressTest : public testing::LeakCheckedTest,
-                        public ::testing::WithParamInterface<SharingStrategy> {
- protected:
-  void SetUp() override {
-    LeakCheckedTest::SetUp();
-    set_sharing_strategy(GetParam());
-  }
-  void TearDown() override {
-    set_sharing_strategy(SharingStrategy::kFileDescriptor);
-    LeakCheckedTest::TearDown();
-  }
-};
+class ArenaStressTest : public testing::StrategyTest {};
 
 // =========================================================================================
 // 1. Producers and consumers SIGKILLed at random while tensors flow.
@@ -765,14 +755,8 @@ TEST_P(ArenaStressTest, ABlockAPeerMadeLookFreeIsNeverHandedOut) {
   EXPECT_EQ(rc, 0);
 }
 
-std::string strategy_name(const ::testing::TestParamInfo<SharingStrategy>& info) {
-  return info.param == SharingStrategy::kFileSystem ? "FileSystem" : "FileDescriptor";
-}
-
-INSTANTIATE_TEST_SUITE_P(Strategies, ArenaStressTest,
-                         ::testing::Values(SharingStrategy::kFileDescriptor,
-                                           SharingStrategy::kFileSystem),
-                         strategy_name);
+INSTANTIATE_TEST_SUITE_P(Strategies, ArenaStressTest, testing::kAllStrategies,
+                         testing::strategy_name);
 
 }  // namespace
 }  // namespace shmtensor

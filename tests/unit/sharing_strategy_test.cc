@@ -19,21 +19,15 @@
 #include "shmtensor/internal/storage_access.h"
 #include "shmtensor/storage.h"
 #include "support/leak_check.h"
+#include "support/strategy_test.h"
 
 namespace shmtensor {
 namespace {
 
 using internal::Segment;
 using internal::SegmentHeader;
-using testing::LeakCheckedTest;
 
-class SharingStrategyTest : public LeakCheckedTest {
- protected:
-  void TearDown() override {
-    set_sharing_strategy(SharingStrategy::kFileDescriptor);
-    LeakCheckedTest::TearDown();
-  }
-};
+class SharingStrategyTest : public testing::StrategyRestoringTest {};
 
 TEST_F(SharingStrategyTest, DefaultIsFileDescriptor) {
   EXPECT_EQ(get_sharing_strategy(), SharingStrategy::kFileDescriptor);
@@ -178,7 +172,7 @@ void expect_protocol_error(const SegmentHeader& h, std::size_t mapped, std::uint
   }
 }
 
-class SegmentValidationTest : public LeakCheckedTest {};
+class SegmentValidationTest : public testing::LeakCheckedTest {};
 
 TEST_F(SegmentValidationTest, HeaderValidationRejectsEachBadField) {
   auto seg = Segment::create(SharingStrategy::kFileDescriptor, 4096, 1, internal::SegmentKind::kDedicated);

@@ -16,12 +16,12 @@
 #include "shmtensor/internal/storage_access.h"
 #include "shmtensor/sharing_strategy.h"
 #include "support/leak_check.h"
+#include "support/strategy_test.h"
 
 namespace shmtensor {
 namespace {
 
 using internal::Registry;
-using testing::LeakCheckedTest;
 
 void fill_pattern(const Storage& s, std::uint8_t seed) {
   auto* p = static_cast<std::uint8_t*>(s.data());
@@ -35,18 +35,7 @@ bool has_pattern(const Storage& s, std::uint8_t seed) {
   return true;
 }
 
-// Runs every test under each strategy and puts the default back afterwards.
-class StorageTest : public LeakCheckedTest, public ::testing::WithParamInterface<SharingStrategy> {
- protected:
-  void SetUp() override {
-    LeakCheckedTest::SetUp();
-    set_sharing_strategy(GetParam());
-  }
-  void TearDown() override {
-    set_sharing_strategy(SharingStrategy::kFileDescriptor);
-    LeakCheckedTest::TearDown();
-  }
-};
+class StorageTest : public testing::StrategyTest {};
 
 TEST_P(StorageTest, PrivateStorageIsNotShared) {
   Storage s = Storage::allocate(100);
@@ -234,10 +223,7 @@ TEST_P(StorageTest, ManyStoragesEachGetTheirOwnBytes) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Strategies, StorageTest,
-                         ::testing::Values(SharingStrategy::kFileDescriptor,
-                                           SharingStrategy::kFileSystem),
-                         [](const auto& info) { return std::string(to_string(info.param)); });
+INSTANTIATE_TEST_SUITE_P(Strategies, StorageTest, testing::kAllStrategies, testing::strategy_name);
 
 TEST(StorageNullTest, DefaultConstructedStorageIsNull) {
   Storage s;
