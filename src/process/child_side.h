@@ -20,10 +20,10 @@ inline constexpr char kErrorMarker = 'E';
 // The environment variable that tells a re-executed process what to run.
 inline constexpr const char* kExecChildEnv = "SHMTENSOR_EXEC_CHILD";
 
-// Writes kErrorMarker + text to the report pipe.
+// Reports `text` to the parent as what ended this child (kErrorMarker + text).
 void report_error(int report_fd, const std::string& text) noexcept;
 
-// Flushes C and C++ stdio of this process.
+// Flushes C and C++ stdio, which _exit would otherwise drop: a child's output is not lost.
 void flush_stdio() noexcept;
 
 // In a forked child: arms the parent-death signal, runs body, reports an escaped exception,

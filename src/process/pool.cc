@@ -199,7 +199,7 @@ void PoolCore::terminate() {
     terminating_ = true;
   }
   signal_event_fd(wake_.get());
-  // The dispatcher terminates the workers before it ends (end_workers).
+  // The dispatcher terminates the workers before it ends (at the end of run()).
   if (thread_.joinable()) thread_.join();
   workers_.clear();
   joined_ = true;

@@ -50,7 +50,7 @@ bool Process::join(Timeout timeout) {
     if (state_->poll()) return true;
     auto left = deadline - clock::now();
     if (left <= clock::duration::zero()) return false;
-    if (state_->needs_polling()) left = std::min<clock::duration>(left, std::chrono::milliseconds(10));
+    if (state_->needs_polling()) left = std::min<clock::duration>(left, internal::kPollInterval);
     std::array<int, 2> fds{state_->pidfd(), state_->report_fd()};
     internal::wait_readable(fds, left);
   }

@@ -147,7 +147,7 @@ void ProcessState::wait() {
   while (!poll()) {
     std::array<int, 2> fds{child_.pidfd(), report_.get()};
     std::optional<std::chrono::nanoseconds> timeout;
-    if (needs_polling()) timeout = std::chrono::milliseconds(10);
+    if (needs_polling()) timeout = kPollInterval;
     wait_readable(fds, timeout);
   }
 }

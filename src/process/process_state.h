@@ -2,6 +2,7 @@
 // read end of its report pipe. Process owns one; ProcessContext multiplexes several.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <optional>
 #include <string>
@@ -11,6 +12,10 @@
 #include "shmtensor/process.h"
 
 namespace shmtensor::internal {
+
+// How often a child is polled when ProcessState::needs_polling(): without a pidfd (kernels
+// before 5.3, old seccomp profiles) nothing becomes readable when it ends.
+inline constexpr auto kPollInterval = std::chrono::milliseconds(10);
 
 class ProcessState {
  public:

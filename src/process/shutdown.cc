@@ -12,9 +12,6 @@ namespace {
 
 ProcessState* state_of(Process& p) noexcept { return ProcessAccess::state(p); }
 
-// Without pidfds, a dead child is noticed only by polling; this is the interval.
-constexpr auto kPollInterval = std::chrono::milliseconds(10);
-
 void wait_until_ended(std::span<Process> processes, Clock::time_point deadline) {
   for (;;) {
     poll_processes(processes);

@@ -11,11 +11,6 @@
 
 namespace shmtensor::internal {
 
-namespace {
-// Without pidfds (kernels before 5.3) an ended worker is noticed only by polling this often.
-constexpr auto kPollInterval = std::chrono::milliseconds(10);
-}  // namespace
-
 WorkerGroup::WorkerGroup(StartMethod method, Launch launch)
     : method_(method), launch_(std::move(launch)) {}
 
