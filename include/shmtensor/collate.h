@@ -40,7 +40,9 @@ namespace shmtensor {
 // shared memory (Tensor::empty_shared: a block of the worker's arena, so a consumer that
 // keeps thousands of small batches maps a few segments, not thousands, and each block is
 // freed when its batch is dropped everywhere). Elsewhere it is Tensor::empty. Thread-safe.
-Tensor empty_batch(std::vector<std::int64_t> sizes, DType dtype);
+inline Tensor empty_batch(std::vector<std::int64_t> sizes, DType dtype) {
+  return internal::empty_batch(std::move(sizes), dtype);
+}
 
 // The batch type DefaultCollate makes from samples of type T.
 template <class T>

@@ -14,12 +14,10 @@
 #include "shmtensor/dtype.h"
 #include "shmtensor/tensor.h"
 
-namespace shmtensor {
+namespace shmtensor::internal {
 
-// Declared with its contract in collate.h.
+// shmtensor::empty_batch (collate.h has the contract).
 Tensor empty_batch(std::vector<std::int64_t> sizes, DType dtype);
-
-namespace internal {
 
 template <class T, class = void>
 struct HasFields : std::false_type {};
@@ -81,7 +79,7 @@ struct CollateImpl<Tensor> {
       if (s.defined() && s.dtype() != first.dtype())
         throw_collate_mismatch("cannot stack tensors of dtypes " + std::string(to_string(first.dtype())) +
                                " and " + std::string(to_string(s.dtype())));
-    Tensor out = empty_batch(std::move(sizes), first.dtype());
+    Tensor out = internal::empty_batch(std::move(sizes), first.dtype());
     stack_into(samples, out);
     return out;
   }
@@ -93,7 +91,7 @@ struct CollateImpl<T, std::enable_if_t<std::is_arithmetic_v<T>>> {
   static Tensor collate(std::vector<T>&& samples) {
     constexpr DType kDType = number_dtype<T>();
     using C = typename CppOf<kDType>::type;
-    Tensor out = empty_batch({static_cast<std::int64_t>(samples.size())}, kDType);
+    Tensor out = internal::empty_batch({static_cast<std::int64_t>(samples.size())}, kDType);
     C* p = out.data_ptr<C>();
     for (std::size_t i = 0; i < samples.size(); ++i) p[i] = static_cast<C>(samples[i]);
     return out;
@@ -254,5 +252,4 @@ struct CollateImpl<T, std::enable_if_t<HasFields<T>::value>> {
   }
 };
 
-}  // namespace internal
-}  // namespace shmtensor
+}  // namespace shmtensor::internal
