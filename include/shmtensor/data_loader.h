@@ -53,14 +53,25 @@
 
 #include "shmtensor/collate.h"
 #include "shmtensor/data_loader_errors.h"
-#include "shmtensor/data_loader_session.h"
-#include "shmtensor/data_worker.h"
 #include "shmtensor/error.h"
+#include "shmtensor/internal/data_loader_session.h"
+#include "shmtensor/internal/data_worker.h"
 #include "shmtensor/process.h"
 #include "shmtensor/sampler.h"
 #include "shmtensor/start_method.h"
+#include "shmtensor/timeout.h"
 
 namespace shmtensor {
+
+// Which worker this process is, in a DataLoader worker.
+struct WorkerInfo {
+  int id = 0;            // 0 .. num_workers - 1
+  int num_workers = 0;
+  std::uint64_t seed = 0;  // the loader's base seed + id
+};
+// The calling process's WorkerInfo in a DataLoader worker; nullopt in any other process.
+// An iterable dataset calls it (in begin()) to pick its share of the data.
+std::optional<WorkerInfo> get_worker_info();
 
 template <class Collate = DefaultCollate>
 struct DataLoaderOptions {
@@ -74,7 +85,7 @@ struct DataLoaderOptions {
   int num_workers = 0;               // 0: load in the calling process
   int prefetch_factor = 2;           // batches in flight per worker
   bool persistent_workers = false;   // keep the workers from one epoch to the next
-  Duration timeout{0};               // > 0: longest wait for a batch
+  Timeout timeout;                   // longest wait for a batch; unset or 0: no limit
   std::function<void(int worker_id)> worker_init_fn;  // runs first in each worker
   bool in_order = true;
   StartMethod start_method = StartMethod::kFork;
@@ -83,15 +94,15 @@ struct DataLoaderOptions {
 
 template <class Dataset, class Collate = DefaultCollate>
 class DataLoader {
-  static_assert(detail::kMapStyle<Dataset> || detail::kIterable<Dataset>,
+  static_assert(internal::kMapStyle<Dataset> || internal::kIterable<Dataset>,
                 "a dataset has size() and get(std::int64_t) (map-style), or begin() and end() "
                 "(iterable-style)");
 
  public:
-  using Sample = detail::SampleOf<Dataset>;
-  using Batch = detail::BatchOf<Dataset, Collate>;
+  using Sample = internal::SampleOf<Dataset>;
+  using Batch = internal::BatchOf<Dataset, Collate>;
   using Options = DataLoaderOptions<Collate>;
-  static constexpr bool kIterable = detail::kIterable<Dataset>;
+  static constexpr bool kIterable = internal::kIterable<Dataset>;
 
   // Moves an input iterator over the current epoch's batches. Move-only; destroying it
   // before the end abandons the epoch (non-persistent workers are stopped).
@@ -136,9 +147,9 @@ class DataLoader {
   // Checks the options (std::invalid_argument); starts nothing.
   explicit DataLoader(Dataset dataset, Options options = {})
       : dataset_(std::move(dataset)), options_(std::move(options)) {
-    detail::validate_options(plan_options(), options_.num_workers, options_.prefetch_factor,
-                             options_.persistent_workers, options_.timeout, kIterable);
-    base_seed_ = options_.seed ? *options_.seed : detail::random_seed();
+    internal::validate_options(plan_options(), options_.num_workers, options_.prefetch_factor,
+                               options_.persistent_workers, options_.timeout, kIterable);
+    base_seed_ = options_.seed ? *options_.seed : internal::random_seed();
     plan_seed_ = base_seed_;
     if (options_.start_method == StartMethod::kExec && options_.num_workers > 0) check_exec();
   }
@@ -155,16 +166,16 @@ class DataLoader {
     active_ = true;
     if (options_.num_workers == 0) {
       if constexpr (!kIterable) {
-        plan_ = std::make_shared<detail::BatchPlan>(static_cast<std::int64_t>(dataset_.size()),
-                                                    plan_options(), epoch);
+        plan_ = std::make_shared<internal::BatchPlan>(static_cast<std::int64_t>(dataset_.size()),
+                                                      plan_options(), epoch);
         next_batch_ = 0;
       }
     } else {
       if (session_ && (session_->broken() || !options_.persistent_workers)) session_.reset();
       if (!session_) session_ = make_session();
       if constexpr (!kIterable) {
-        auto plan = std::make_shared<detail::BatchPlan>(static_cast<std::int64_t>(dataset_.size()),
-                                                        plan_options(), epoch);
+        auto plan = std::make_shared<internal::BatchPlan>(
+            static_cast<std::int64_t>(dataset_.size()), plan_options(), epoch);
         session_->begin_epoch([plan, k = std::int64_t{0}](std::vector<std::int64_t>& out) mutable {
           if (k >= plan->size()) return false;
           plan->batch(k++, out);
@@ -182,9 +193,10 @@ class DataLoader {
 
   // Batches per epoch (map-style only).
   std::int64_t size() const
-    requires(!detail::kIterable<Dataset>)
+    requires(!internal::kIterable<Dataset>)
   {
-    return detail::BatchPlan::count(static_cast<std::int64_t>(dataset_.size()), plan_options(), epoch_);
+    return internal::BatchPlan::count(static_cast<std::int64_t>(dataset_.size()), plan_options(),
+                                      epoch_);
   }
   const Dataset& dataset() const noexcept { return dataset_; }
   const Options& options() const noexcept { return options_; }
@@ -195,17 +207,17 @@ class DataLoader {
   std::vector<int> worker_pids() const { return session_ ? session_->pids() : std::vector<int>{}; }
 
  private:
-  detail::PlanOptions plan_options() const {
+  internal::PlanOptions plan_options() const {
     return {options_.batch_size, options_.shuffle, plan_seed_, options_.drop_last,
             options_.sampler, options_.batch_sampler};
   }
 
   void check_exec() const {
-    if constexpr (!detail::kExecDataset<Dataset>)
+    if constexpr (!internal::kExecDataset<Dataset>)
       throw std::invalid_argument(
           "DataLoader: the exec start method sends the dataset to each worker, so it must be "
           "encodable (SHMTENSOR_FIELDS or a Codec) or an empty class; use StartMethod::kFork");
-    if constexpr (!detail::kExecCollate<Collate>)
+    if constexpr (!internal::kExecCollate<Collate>)
       throw std::invalid_argument(
           "DataLoader: with the exec start method collate_fn must be a plain function or a "
           "captureless lambda (a re-executed worker cannot receive captured state)");
@@ -215,8 +227,8 @@ class DataLoader {
           "pointer (void (*)(int), e.g. +[](int id) {...})");
   }
 
-  detail::WorkerConfig worker_config(int id) const {
-    detail::WorkerConfig c;
+  internal::WorkerConfig worker_config(int id) const {
+    internal::WorkerConfig c;
     c.id = id;
     c.num_workers = options_.num_workers;
     c.base_seed = base_seed_;
@@ -224,36 +236,36 @@ class DataLoader {
     c.drop_last = options_.drop_last;
     if (options_.start_method == StartMethod::kExec) {
       if constexpr (std::is_pointer_v<Collate>)
-        c.collate_fn = detail::function_ref(reinterpret_cast<const void*>(options_.collate_fn));
+        c.collate_fn = internal::function_ref(reinterpret_cast<const void*>(options_.collate_fn));
       if (auto* f = options_.worker_init_fn.template target<void (*)(int)>())
-        c.init_fn = detail::function_ref(reinterpret_cast<const void*>(*f));
+        c.init_fn = internal::function_ref(reinterpret_cast<const void*>(*f));
     }
     return c;
   }
 
-  std::unique_ptr<detail::LoaderSession> make_session() {
-    detail::SessionOptions s{options_.num_workers, options_.prefetch_factor, options_.in_order,
-                             options_.timeout, options_.start_method, kIterable};
-    auto launch = [this](int id, detail::WorkerLink link) -> detail::LaunchSpec {
-      detail::WorkerConfig config = worker_config(id);
+  std::unique_ptr<internal::LoaderSession> make_session() {
+    internal::SessionOptions s{options_.num_workers, options_.prefetch_factor, options_.in_order,
+                               options_.timeout, options_.start_method, kIterable};
+    auto launch = [this](int id, internal::WorkerLink link) -> internal::LaunchSpec {
+      internal::WorkerConfig config = worker_config(id);
       if (options_.start_method == StartMethod::kExec) {
-        if constexpr (detail::kExecDataset<Dataset> && detail::kExecCollate<Collate>) {
-          return detail::make_launch<true>(id, &detail::exec_worker_main<Dataset, Collate>, link,
-                                           config, detail::DatasetBox<Dataset>{dataset_});
+        if constexpr (internal::kExecDataset<Dataset> && internal::kExecCollate<Collate>) {
+          return internal::make_launch<true>(id, &internal::exec_worker_main<Dataset, Collate>,
+                                             link, config, internal::DatasetBox<Dataset>{dataset_});
         }
       }
       // kFork: the child is a copy of this process, so the loader's own dataset, collate_fn
       // and worker_init_fn are used in place (nothing is copied before the fork).
-      return detail::make_launch<true>(id, [this, link, config](int) {
-        detail::WorkerPort port(*link.connection, config);
-        detail::run_worker(dataset_, options_.collate_fn, options_.worker_init_fn, port);
+      return internal::make_launch<true>(id, [this, link, config](int) {
+        internal::WorkerPort port(*link.connection, config);
+        internal::run_worker(dataset_, options_.collate_fn, options_.worker_init_fn, port);
       });
     };
     auto decode = [this](std::uint64_t id, Decoder& d, bool keep) {
       Batch batch = d.decode<Batch>();
       if (keep) ready_.insert_or_assign(id, std::move(batch));
     };
-    return std::make_unique<detail::LoaderSession>(s, launch, decode);
+    return std::make_unique<internal::LoaderSession>(s, launch, decode);
   }
 
   // Loads the next batch into current_, or leaves it empty at the end of the epoch.
@@ -319,12 +331,12 @@ class DataLoader {
   bool active_ = false;
   std::optional<Batch> current_;
   std::map<std::uint64_t, Batch> ready_;
-  std::unique_ptr<detail::LoaderSession> session_;
+  std::unique_ptr<internal::LoaderSession> session_;
   // num_workers = 0:
-  std::shared_ptr<detail::BatchPlan> plan_;
+  std::shared_ptr<internal::BatchPlan> plan_;
   std::int64_t next_batch_ = 0;
   std::vector<std::int64_t> indices_;
-  detail::IterationState<Dataset> local_;
+  internal::IterationState<Dataset> local_;
 };
 
 }  // namespace shmtensor

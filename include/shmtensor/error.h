@@ -1,5 +1,42 @@
-// Exceptions thrown by shmtensor. Every failure is a shmtensor::Error; failures of a
-// system call are SystemError and carry errno, the call and what we were doing.
+// Exceptions thrown by shmtensor.
+//
+// catch (const shmtensor::Error&) catches every failure the library reports about its own
+// operations: a system call that failed (SystemError: errno, the call, what we were
+// doing), shared memory that ran out (SharedMemoryFullError), bytes or descriptors from
+// another process that do not hold together (ProtocolError), a peer that is gone
+// (ConnectionClosed, QueueClosed), a child or worker that failed (ProcessException,
+// TaskError, DataLoaderError and their subclasses), and misused process control
+// (Process::start() twice, Process::join() before start(), spawn() with nprocs < 1, a Pool
+// of -1 processes, Pool::join() before close(), a task submitted after close()).
+//
+// Two kinds of exception are not Error, as in the standard library and libtorch:
+//  - A violated precondition of a call, a programmer error, is std::invalid_argument or
+//    std::out_of_range. No class is both (one deriving from std::invalid_argument and Error
+//    would have two std::exception bases, and catch (const std::exception&) would miss it).
+//    These are exactly:
+//      Tensor (tensor.h): a negative size or sizes whose bytes overflow int64, a shape that
+//        does not fit (view, reshape, expand, copy_, from_vector, stack, stack_into), a
+//        wrong dtype for data_ptr<T>, a non-integral add_ to an integer tensor, item() of
+//        a tensor with numel() != 1, an undefined tensor where elements are needed, a
+//        negative or repeated dim, a slice step <= 0, from_storage() arguments that do not
+//        describe a view inside the storage: std::invalid_argument. A dim or index out of
+//        range, an item<T>() value that T cannot hold, stride or offset arithmetic that
+//        overflows: std::out_of_range.
+//      DType (dtype.h): a value outside the enum, an unknown name: std::invalid_argument.
+//      set_sharing_strategy (sharing_strategy.h): a value outside the enum, an unknown
+//        name: std::invalid_argument.
+//      DefaultCollate (collate.h): samples that do not collate (an empty batch, an
+//        undefined tensor, different dtypes, sizes, lengths or keys): std::invalid_argument.
+//      DataLoader (data_loader.h): invalid options (the constructor): std::invalid_argument;
+//        a Sampler or BatchSampler index outside the dataset (begin()): std::out_of_range.
+//      random_permutation (sampler.h): n < 0: std::invalid_argument.
+//      Pool (pool.h): chunksize 0: std::invalid_argument.
+//  - Memory that cannot be allocated in this process is std::bad_alloc.
+//
+// What user code throws when the library calls it passes through unchanged in the calling
+// process (a dataset's get() with num_workers = 0, a collate_fn); in a worker or child it is
+// reported as text in an Error (DataLoaderWorkerError, TaskError, ProcessRaisedException),
+// whatever its type, a programmer error included.
 #pragma once
 
 #include <stdexcept>
@@ -7,7 +44,7 @@
 
 namespace shmtensor {
 
-// Base of every exception the library throws on purpose.
+// Base of every failure the library reports about its own operations (see above).
 class Error : public std::runtime_error {
  public:
   explicit Error(const std::string& what) : std::runtime_error(what) {}

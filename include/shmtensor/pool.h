@@ -50,8 +50,8 @@
 
 #include "shmtensor/codec.h"
 #include "shmtensor/error.h"
+#include "shmtensor/internal/pool_task.h"
 #include "shmtensor/pool_results.h"
-#include "shmtensor/pool_task.h"
 #include "shmtensor/process.h"
 #include "shmtensor/spawn.h"
 #include "shmtensor/start_method.h"
@@ -97,26 +97,26 @@ class Pool {
 
   // Runs fn(args...) in a worker. The arguments are encoded now (errors throw here).
   template <class F, class... Args>
-  AsyncResult<detail::PoolResult<F>> apply_async(F&& fn, Args&&... args) {
-    detail::check_pool_fn<F>();
-    using FnPtr = detail::PoolFn<F>;
-    using Params = typename detail::FnTraits<FnPtr>::Params;
-    using R = detail::PoolResult<F>;
+  AsyncResult<internal::PoolResult<F>> apply_async(F&& fn, Args&&... args) {
+    internal::check_pool_fn<F>();
+    using FnPtr = internal::PoolFn<F>;
+    using Params = typename internal::FnTraits<FnPtr>::Params;
+    using R = internal::PoolResult<F>;
     using Stored = std::conditional_t<std::is_void_v<R>, std::monostate, R>;
-    using Outcome = std::variant<Stored, detail::TaskFailure>;
+    using Outcome = std::variant<Stored, internal::TaskFailure>;
     auto promise = std::make_shared<std::promise<Outcome>>();
     AsyncResult<R> result(promise->get_future());
     Params params(std::forward<Args>(args)...);
-    detail::PoolTask task;
-    task.entry = &detail::pool_entry<FnPtr>;
+    internal::PoolTask task;
+    task.entry = &internal::pool_entry<FnPtr>;
     task.fn = reinterpret_cast<std::uintptr_t>(+fn);
     task.encode_args = [&params](Encoder& e) { e.encode(params); };
-    task.on_result = [promise](Decoder& d) {
+    task.on_result = [promise](Decoder& d, int /*pid*/) {
       Stored value = d.template decode<Stored>();
       d.finish();
       promise->set_value(Outcome(std::in_place_index<0>, std::move(value)));
     };
-    task.on_error = [promise](detail::TaskFailure f) {
+    task.on_error = [promise](internal::TaskFailure f) {
       promise->set_value(Outcome(std::in_place_index<1>, std::move(f)));
     };
     submit(std::move(task));
@@ -124,7 +124,7 @@ class Pool {
   }
   // apply_async(...).get().
   template <class F, class... Args>
-  detail::PoolResult<F> apply(F&& fn, Args&&... args) {
+  internal::PoolResult<F> apply(F&& fn, Args&&... args) {
     return apply_async(std::forward<F>(fn), std::forward<Args>(args)...).get();
   }
 
@@ -134,22 +134,22 @@ class Pool {
   // multiprocessing.Pool: fewer, larger messages for many small tasks); an input that
   // throws still fails alone, but a worker that dies fails its whole chunk.
   template <class F, class Range>
-  std::vector<detail::PoolResult<F>> map(F&& fn, const Range& inputs, std::size_t chunksize = 1) {
+  std::vector<internal::PoolResult<F>> map(F&& fn, const Range& inputs, std::size_t chunksize = 1) {
     return collect(imap(std::forward<F>(fn), inputs, chunksize));
   }
   template <class F, class Range>
-  ResultStream<detail::PoolResult<F>> imap(F&& fn, const Range& inputs, std::size_t chunksize = 1) {
+  ResultStream<internal::PoolResult<F>> imap(F&& fn, const Range& inputs, std::size_t chunksize = 1) {
     return stream<false>(std::forward<F>(fn), inputs, /*ordered=*/true, chunksize);
   }
   template <class F, class Range>
-  ResultStream<detail::PoolResult<F>> imap_unordered(F&& fn, const Range& inputs,
+  ResultStream<internal::PoolResult<F>> imap_unordered(F&& fn, const Range& inputs,
                                                      std::size_t chunksize = 1) {
     return stream<false>(std::forward<F>(fn), inputs, /*ordered=*/false, chunksize);
   }
   // fn(a, b, ...) for every tuple (or pair) {a, b, ...} of `inputs` (Python's starmap);
   // results in input order.
   template <class F, class Range>
-  std::vector<detail::PoolResult<F>> starmap(F&& fn, const Range& inputs,
+  std::vector<internal::PoolResult<F>> starmap(F&& fn, const Range& inputs,
                                              std::size_t chunksize = 1) {
     return collect(stream<true>(std::forward<F>(fn), inputs, /*ordered=*/true, chunksize));
   }
@@ -177,14 +177,14 @@ class Pool {
 
   // Unpack: each input is a tuple of fn's arguments (starmap); otherwise its one argument.
   template <bool Unpack, class F, class Range>
-  ResultStream<detail::PoolResult<F>> stream(F&& fn, const Range& inputs, bool ordered,
+  ResultStream<internal::PoolResult<F>> stream(F&& fn, const Range& inputs, bool ordered,
                                              std::size_t chunksize) {
-    detail::check_pool_fn<F>();
-    using FnPtr = detail::PoolFn<F>;
-    using R = detail::PoolResult<F>;
-    using Params = typename detail::FnTraits<FnPtr>::Params;
+    internal::check_pool_fn<F>();
+    using FnPtr = internal::PoolFn<F>;
+    using R = internal::PoolResult<F>;
+    using Params = typename internal::FnTraits<FnPtr>::Params;
     static_assert(!std::is_void_v<R>, "map/imap/starmap need a function that returns a value");
-    static_assert(Unpack || detail::FnTraits<FnPtr>::kArity == 1,
+    static_assert(Unpack || internal::FnTraits<FnPtr>::kArity == 1,
                   "map/imap call fn with one argument (starmap unpacks tuples)");
     if (chunksize == 0) throw std::invalid_argument("Pool: chunksize must be at least 1");
     auto params_of = [](const auto& input) {
@@ -198,15 +198,15 @@ class Pool {
     std::vector<Params> chunk;
     std::size_t first = 0, index = 0;
     auto send = [&] {
-      detail::PoolTask task;
+      internal::PoolTask task;
       task.fn = reinterpret_cast<std::uintptr_t>(+fn);
       if (chunksize == 1) {
-        task.entry = &detail::pool_entry<FnPtr>;
+        task.entry = &internal::pool_entry<FnPtr>;
         task.encode_args = [&chunk](Encoder& e) { e.encode(chunk.front()); };
         task.on_result = results.on_result(first);
         task.on_error = results.on_error(first);
       } else {
-        task.entry = &detail::pool_chunk_entry<FnPtr>;
+        task.entry = &internal::pool_chunk_entry<FnPtr>;
         task.encode_args = [&chunk](Encoder& e) { e.encode(chunk); };
         task.on_result = results.on_chunk_result(first, chunk.size());
         task.on_error = results.on_chunk_error(first, chunk.size());
@@ -226,7 +226,7 @@ class Pool {
 
   // Encodes the task (in this thread) and queues it for the dispatcher. Throws Error after
   // close() / terminate().
-  void submit(detail::PoolTask task);
+  void submit(internal::PoolTask task);
 
   std::unique_ptr<internal::PoolCore> core_;
 };

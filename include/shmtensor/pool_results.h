@@ -18,8 +18,9 @@
 
 #include "shmtensor/codec.h"
 #include "shmtensor/error.h"
-#include "shmtensor/pool_task.h"
+#include "shmtensor/internal/pool_task.h"
 #include "shmtensor/process.h"
+#include "shmtensor/timeout.h"
 
 namespace shmtensor {
 
@@ -36,7 +37,7 @@ class ResultStream {
   struct State {
     std::mutex mu;
     std::condition_variable cv;
-    std::map<std::size_t, std::variant<R, detail::TaskFailure>> ready;
+    std::map<std::size_t, std::variant<R, internal::TaskFailure>> ready;
     std::size_t total = 0;
     std::size_t next_index = 0;  // imap: the index handed out next
     std::size_t delivered = 0;
@@ -44,7 +45,7 @@ class ResultStream {
   };
 
  public:
-  std::optional<R> next() {
+  [[nodiscard]] std::optional<R> next() {
     std::unique_lock lock(state_->mu);
     if (state_->delivered == state_->total) return std::nullopt;
     auto it = state_->ready.end();
@@ -57,7 +58,7 @@ class ResultStream {
     ++state_->next_index;
     ++state_->delivered;
     lock.unlock();
-    if (auto* f = std::get_if<detail::TaskFailure>(&outcome)) detail::throw_task_failure(*f);
+    if (auto* f = std::get_if<internal::TaskFailure>(&outcome)) internal::throw_task_failure(*f);
     return std::move(std::get<0>(outcome));
   }
   std::size_t size() const noexcept { return state_->total; }
@@ -90,8 +91,8 @@ class ResultStream {
     state_->ordered = ordered;
   }
   // Delivery callbacks for task `index`, run in the dispatcher thread.
-  std::function<void(Decoder&)> on_result(std::size_t index) const {
-    return [s = state_, index](Decoder& d) {
+  std::function<void(Decoder&, int)> on_result(std::size_t index) const {
+    return [s = state_, index](Decoder& d, int /*pid*/) {
       R value = d.template decode<R>();
       d.finish();
       std::lock_guard lock(s->mu);
@@ -100,29 +101,29 @@ class ResultStream {
       s->cv.notify_all();
     };
   }
-  std::function<void(detail::TaskFailure)> on_error(std::size_t index) const {
+  std::function<void(internal::TaskFailure)> on_error(std::size_t index) const {
     return on_chunk_error(index, 1);
   }
   // The same for the `count` inputs from `first` on, sent as one chunk.
-  std::function<void(Decoder&)> on_chunk_result(std::size_t first, std::size_t count) const {
-    return [s = state_, first, count](Decoder& d) {
-      auto reply = d.template decode<detail::ChunkReply<R>>();
+  std::function<void(Decoder&, int)> on_chunk_result(std::size_t first, std::size_t count) const {
+    return [s = state_, first, count](Decoder& d, int pid) {
+      auto reply = d.template decode<internal::ChunkReply<R>>();
       d.finish();
-      if (reply.second.size() != count)
+      if (reply.size() != count)
         throw ProtocolError("Pool: a chunk of " + std::to_string(count) + " inputs came back with " +
-                            std::to_string(reply.second.size()) + " results");
+                            std::to_string(reply.size()) + " results");
       std::lock_guard lock(s->mu);
       for (std::size_t i = 0; i < count; ++i) {
-        auto& item = reply.second[i];
+        auto& item = reply[i];
         if (item.index() == 0) {
           s->ready.emplace(std::piecewise_construct, std::forward_as_tuple(first + i),
                            std::forward_as_tuple(std::in_place_index<0>,
                                                  std::move(std::get<0>(item))));
         } else {
-          detail::TaskFailure f;
-          f.kind = detail::TaskFailure::Kind::kRaised;
+          internal::TaskFailure f;
+          f.kind = internal::TaskFailure::Kind::kRaised;
           f.text = std::move(std::get<1>(item));
-          f.pid = reply.first;
+          f.pid = pid;
           s->ready.emplace(std::piecewise_construct, std::forward_as_tuple(first + i),
                            std::forward_as_tuple(std::in_place_index<1>, std::move(f)));
         }
@@ -130,9 +131,9 @@ class ResultStream {
       s->cv.notify_all();
     };
   }
-  std::function<void(detail::TaskFailure)> on_chunk_error(std::size_t first,
+  std::function<void(internal::TaskFailure)> on_chunk_error(std::size_t first,
                                                           std::size_t count) const {
-    return [s = state_, first, count](detail::TaskFailure f) {
+    return [s = state_, first, count](internal::TaskFailure f) {
       std::lock_guard lock(s->mu);
       for (std::size_t i = 0; i < count; ++i)
         s->ready.emplace(std::piecewise_construct, std::forward_as_tuple(first + i),
@@ -150,21 +151,25 @@ class ResultStream {
 template <class R>
 class AsyncResult {
   using Stored = std::conditional_t<std::is_void_v<R>, std::monostate, R>;
-  using Outcome = std::variant<Stored, detail::TaskFailure>;
+  using Outcome = std::variant<Stored, internal::TaskFailure>;
 
  public:
   AsyncResult() = default;
   R get() {
     Outcome outcome = future_.get();
-    if (auto* f = std::get_if<detail::TaskFailure>(&outcome)) detail::throw_task_failure(*f);
+    if (auto* f = std::get_if<internal::TaskFailure>(&outcome)) internal::throw_task_failure(*f);
     if constexpr (!std::is_void_v<R>) return std::move(std::get<0>(outcome));
   }
   void wait() const { future_.wait(); }
-  // True once the task has finished (successfully or not).
-  bool wait_for(Duration timeout) const {
-    return future_.wait_for(timeout) == std::future_status::ready;
+  // Waits up to `timeout`; true once the task has finished (successfully or not).
+  [[nodiscard]] bool wait_for(Timeout timeout) const {
+    if (!timeout) {
+      future_.wait();
+      return true;
+    }
+    return future_.wait_for(*timeout) == std::future_status::ready;
   }
-  bool ready() const { return wait_for(Duration::zero()); }
+  [[nodiscard]] bool ready() const { return wait_for(Duration::zero()); }
   bool valid() const noexcept { return future_.valid(); }
 
  private:

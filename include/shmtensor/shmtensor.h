@@ -1,6 +1,6 @@
-// The whole public API of shmtensor: every public header, so that `#include
+// The whole public API of shmtensor: every header of include/shmtensor/, so that `#include
 // <shmtensor/shmtensor.h>` gives every public type (tests/docs/umbrella_check.sh keeps this
-// true). Headers under shmtensor/internal/ are what these need; users do not include them.
+// true). Those of include/shmtensor/internal/ are what these need; users do not include them.
 #pragma once
 
 #include "shmtensor/codec.h"
@@ -8,13 +8,10 @@
 #include "shmtensor/connection.h"
 #include "shmtensor/data_loader.h"
 #include "shmtensor/data_loader_errors.h"
-#include "shmtensor/data_loader_session.h"
-#include "shmtensor/data_worker.h"
 #include "shmtensor/dtype.h"
 #include "shmtensor/error.h"
 #include "shmtensor/pool.h"
 #include "shmtensor/pool_results.h"
-#include "shmtensor/pool_task.h"
 #include "shmtensor/process.h"
 #include "shmtensor/queue.h"
 #include "shmtensor/sampler.h"
@@ -23,3 +20,4 @@
 #include "shmtensor/start_method.h"
 #include "shmtensor/storage.h"
 #include "shmtensor/tensor.h"
+#include "shmtensor/timeout.h"

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "shmtensor/error.h"
+#include "shmtensor/internal/process_access.h"
 #include "shmtensor/process.h"
 #include "shmtensor/start_method.h"
 
@@ -88,8 +89,7 @@ class ProcessContext {
   //
   // Unlike torch, join() without a timeout waits for all children rather than returning
   // after the first one ends; `while (!ctx.join()) {}` works with both.
-  bool join(std::optional<Duration> timeout = std::nullopt,
-            std::optional<Duration> grace_period = std::nullopt);
+  bool join(Timeout timeout = std::nullopt, std::optional<Duration> grace_period = std::nullopt);
 
   std::vector<int> pids() const;  // pid_t values, in index order
   // The children. Reaping one through it (is_alive(), exitcode(), join()) does not hide its
@@ -101,11 +101,11 @@ class ProcessContext {
   std::vector<bool> examined_;  // join() has looked at processes_[i] since it ended
 };
 
-namespace detail {
+namespace internal {
 // Starts every process (on failure: kills and reaps those started, rethrows), then joins
 // when options.join.
 ProcessContext start_all(std::vector<Process> processes, const SpawnOptions& options);
-}  // namespace detail
+}  // namespace internal
 
 // Runs fn(index, args...) for index in [0, nprocs) in child processes. Arguments are copied
 // for each child (kFork) or encoded and sent to it (kExec). See the file comment.
@@ -116,9 +116,9 @@ ProcessContext spawn(F&& fn, int nprocs = 1, SpawnOptions options = {}, Args&&..
   std::vector<Process> processes;
   processes.reserve(static_cast<std::size_t>(nprocs));
   for (int i = 0; i < nprocs; ++i) {
-    processes.push_back(detail::ProcessAccess::make(detail::make_launch<true>(i, fn, args...)));
+    processes.push_back(internal::ProcessAccess::make(internal::make_launch<true>(i, fn, args...)));
   }
-  return detail::start_all(std::move(processes), options);
+  return internal::start_all(std::move(processes), options);
 }
 
 // spawn with the start method given first (it overrides options.start_method).

@@ -3,7 +3,7 @@
 // A Storage is a cheap handle (copies share the bytes). Its data pointer can move exactly
 // once, from private memory into shared memory, by share_memory_(): every handle and every
 // tensor view on it sees the new pointer afterwards. Shared storages live in a segment
-// (a memfd or a named /dev/shm object) at an offset, and are not resizable.
+// (a memfd or a named /dev/shm object) at an offset. A storage never changes its size.
 //
 // Thread safety: handles may be copied and destroyed from any thread. share_memory_() may
 // race with other share_memory_() calls and with data() on the same storage; writing the
@@ -20,23 +20,22 @@ namespace shmtensor {
 
 namespace internal {
 class StorageImpl;
-}
+struct StorageAccess;
+}  // namespace internal
 
 class Storage {
  public:
   // A null storage (defined() is false).
   Storage() = default;
   // nbytes of private, uninitialised heap memory. nbytes may be 0.
-  static Storage allocate(std::size_t nbytes);
+  [[nodiscard]] static Storage allocate(std::size_t nbytes);
   // nbytes directly in shared memory of the current strategy; never copied later.
-  static Storage allocate_shared(std::size_t nbytes);
+  [[nodiscard]] static Storage allocate_shared(std::size_t nbytes);
 
   bool defined() const noexcept { return impl_ != nullptr; }
   void* data() const noexcept;
   std::size_t nbytes() const noexcept;
   bool is_shared() const noexcept;
-  // Private storages are resizable; shared ones are not.
-  bool resizable() const noexcept;
   // The strategy of the segment holding a shared storage (unspecified if not shared).
   SharingStrategy sharing_strategy() const noexcept;
 
@@ -49,12 +48,11 @@ class Storage {
   long use_count() const noexcept { return impl_.use_count(); }
   bool is_same(const Storage& other) const noexcept { return impl_ == other.impl_; }
 
-  // For the library's own layers.
+ private:
+  friend struct internal::StorageAccess;
   explicit Storage(std::shared_ptr<internal::StorageImpl> impl) noexcept
       : impl_(std::move(impl)) {}
-  const std::shared_ptr<internal::StorageImpl>& impl() const noexcept { return impl_; }
 
- private:
   std::shared_ptr<internal::StorageImpl> impl_;
 };
 

@@ -14,6 +14,9 @@
 // while used in another. The bytes themselves are unsynchronised: concurrent writes, or a
 // write concurrent with a read, of the same elements are data races.
 //
+// A factory, view or copy has no effect but the tensor it returns, so each is [[nodiscard]]:
+// `t.contiguous();` or `t.to(DType::kFloat64);` alone is a bug the compiler reports.
+//
 // Errors: violated preconditions (wrong shape, bad dimension, wrong dtype for data_ptr<T>,
 // use of an undefined tensor) throw std::invalid_argument; indices out of range throw
 // std::out_of_range. Allocation failures throw std::bad_alloc, or, for shared memory,
@@ -45,26 +48,30 @@ class Tensor {
   // ---- factories (private heap memory unless the name says _shared) ------------------------
   // Sizes must be non-negative and numel * element_size must fit in int64, else
   // std::invalid_argument. empty() leaves the bytes uninitialised.
-  static Tensor empty(std::vector<std::int64_t> sizes, DType dtype = DType::kFloat32);
-  static Tensor zeros(std::vector<std::int64_t> sizes, DType dtype = DType::kFloat32);
-  static Tensor ones(std::vector<std::int64_t> sizes, DType dtype = DType::kFloat32);
+  [[nodiscard]] static Tensor empty(std::vector<std::int64_t> sizes, DType dtype = DType::kFloat32);
+  [[nodiscard]] static Tensor zeros(std::vector<std::int64_t> sizes, DType dtype = DType::kFloat32);
+  [[nodiscard]] static Tensor ones(std::vector<std::int64_t> sizes, DType dtype = DType::kFloat32);
   // Every element is `value` converted to dtype (see fill_).
-  static Tensor full(std::vector<std::int64_t> sizes, double value, DType dtype = DType::kFloat32);
-  static Tensor full(std::vector<std::int64_t> sizes, std::complex<double> value,
-                     DType dtype = DType::kComplex64);
+  [[nodiscard]] static Tensor full(std::vector<std::int64_t> sizes, double value,
+                                   DType dtype = DType::kFloat32);
+  [[nodiscard]] static Tensor full(std::vector<std::int64_t> sizes, std::complex<double> value,
+                                   DType dtype = DType::kComplex64);
   // 1-d [0, 1, ..., n-1]; n >= 0.
-  static Tensor arange(std::int64_t n, DType dtype = DType::kInt64);
+  [[nodiscard]] static Tensor arange(std::int64_t n, DType dtype = DType::kInt64);
   // A copy of `values` with dtype dtype_of_v<T>. Empty `sizes` means 1-d of values.size();
   // otherwise the product of sizes must equal values.size(), else std::invalid_argument.
   template <class T>
-  static Tensor from_vector(std::vector<T> values, std::vector<std::int64_t> sizes = {});
+  [[nodiscard]] static Tensor from_vector(std::vector<T> values,
+                                          std::vector<std::int64_t> sizes = {});
   // Allocated directly in shared memory of the current strategy (Storage::allocate_shared):
   // is_shared() is true from birth and the bytes are never copied by share_memory_().
-  static Tensor empty_shared(std::vector<std::int64_t> sizes, DType dtype = DType::kFloat32);
-  static Tensor zeros_shared(std::vector<std::int64_t> sizes, DType dtype = DType::kFloat32);
+  [[nodiscard]] static Tensor empty_shared(std::vector<std::int64_t> sizes,
+                                           DType dtype = DType::kFloat32);
+  [[nodiscard]] static Tensor zeros_shared(std::vector<std::int64_t> sizes,
+                                           DType dtype = DType::kFloat32);
   // Same sizes and dtype as `other`, contiguous, private memory.
-  static Tensor empty_like(const Tensor& other);
-  static Tensor zeros_like(const Tensor& other);
+  [[nodiscard]] static Tensor empty_like(const Tensor& other);
+  [[nodiscard]] static Tensor zeros_like(const Tensor& other);
 
   // A view over an existing storage. Offset, sizes and strides are in elements. May be fed
   // values from an untrusted peer: it validates everything with checked arithmetic and throws
@@ -72,9 +79,9 @@ class Tensor {
   // in length, misaligned storage) or std::out_of_range (negative offset, any reachable
   // element - or, for an empty tensor, the offset - lying beyond storage.nbytes(), overflow).
   // A tensor it returns never reaches outside the storage.
-  static Tensor from_storage(Storage storage, std::int64_t storage_offset,
-                             std::vector<std::int64_t> sizes, std::vector<std::int64_t> strides,
-                             DType dtype);
+  [[nodiscard]] static Tensor from_storage(Storage storage, std::int64_t storage_offset,
+                                           std::vector<std::int64_t> sizes,
+                                           std::vector<std::int64_t> strides, DType dtype);
 
   // ---- metadata ---------------------------------------------------------------------------
   bool defined() const noexcept { return storage_.defined(); }
@@ -115,39 +122,39 @@ class Tensor {
   // ---- views (share the storage) ----------------------------------------------------------
   // At most one size may be -1 (inferred). Throws std::invalid_argument if numel differs or
   // the strides do not allow a view ("view size is not compatible ...": use reshape()).
-  Tensor view(std::vector<std::int64_t> sizes) const;
+  [[nodiscard]] Tensor view(std::vector<std::int64_t> sizes) const;
   // view() when possible, else a contiguous private copy.
-  Tensor reshape(std::vector<std::int64_t> sizes) const;
+  [[nodiscard]] Tensor reshape(std::vector<std::int64_t> sizes) const;
   // Removes dimension dim, taking index i (negative i counts from the end).
-  Tensor select(std::int64_t dim, std::int64_t index) const;
-  Tensor operator[](std::int64_t index) const { return select(0, index); }
+  [[nodiscard]] Tensor select(std::int64_t dim, std::int64_t index) const;
+  [[nodiscard]] Tensor operator[](std::int64_t index) const { return select(0, index); }
   // Python slicing start:end:step along dim: negative start/end count from the end, both
   // clamp to [0, size]; step must be > 0. Use kSliceEnd for "to the end".
   static constexpr std::int64_t kSliceEnd = std::numeric_limits<std::int64_t>::max();
-  Tensor slice(std::int64_t dim, std::int64_t start, std::int64_t end = kSliceEnd,
-               std::int64_t step = 1) const;
+  [[nodiscard]] Tensor slice(std::int64_t dim, std::int64_t start, std::int64_t end = kSliceEnd,
+                             std::int64_t step = 1) const;
   // Elements [start, start + length) along dim; start may be negative; no clamping.
-  Tensor narrow(std::int64_t dim, std::int64_t start, std::int64_t length) const;
-  Tensor transpose(std::int64_t dim0, std::int64_t dim1) const;
+  [[nodiscard]] Tensor narrow(std::int64_t dim, std::int64_t start, std::int64_t length) const;
+  [[nodiscard]] Tensor transpose(std::int64_t dim0, std::int64_t dim1) const;
   // dims must be a permutation of [0, dim()).
-  Tensor permute(std::vector<std::int64_t> dims) const;
+  [[nodiscard]] Tensor permute(std::vector<std::int64_t> dims) const;
   // Inserts a size-1 dim at position dim in [-dim()-1, dim()].
-  Tensor unsqueeze(std::int64_t dim) const;
+  [[nodiscard]] Tensor unsqueeze(std::int64_t dim) const;
   // Removes every size-1 dim / dim `dim` if its size is 1 (else returns an equal view).
-  Tensor squeeze() const;
-  Tensor squeeze(std::int64_t dim) const;
+  [[nodiscard]] Tensor squeeze() const;
+  [[nodiscard]] Tensor squeeze(std::int64_t dim) const;
   // Broadcast view: size-1 dims (and new leading dims) expand with stride 0; -1 keeps a size.
-  Tensor expand(std::vector<std::int64_t> sizes) const;
+  [[nodiscard]] Tensor expand(std::vector<std::int64_t> sizes) const;
   // 1-d reshape.
-  Tensor flatten() const { return reshape({-1}); }
+  [[nodiscard]] Tensor flatten() const { return reshape({-1}); }
 
   // ---- copies -----------------------------------------------------------------------------
   // *this if contiguous, else clone().
-  Tensor contiguous() const;
+  [[nodiscard]] Tensor contiguous() const;
   // A contiguous copy in private (non-shared) memory: how data leaves shared memory.
-  Tensor clone() const;
+  [[nodiscard]] Tensor clone() const;
   // A contiguous private copy converted to dtype, or *this if dtype() == dtype.
-  Tensor to(DType dtype) const;
+  [[nodiscard]] Tensor to(DType dtype) const;
 
   // ---- in-place (write the bytes; return *this) --------------------------------------------
   // src must broadcast to sizes() (see expand); its values are converted to dtype(). src may
@@ -215,7 +222,7 @@ class Tensor {
 // Stacks equally-sized tensors of one dtype along a new dimension dim (in [-d-1, d]) into a
 // new contiguous private tensor. Throws std::invalid_argument for an empty list or a
 // mismatch of sizes or dtypes.
-Tensor stack(const std::vector<Tensor>& tensors, std::int64_t dim = 0);
+[[nodiscard]] Tensor stack(const std::vector<Tensor>& tensors, std::int64_t dim = 0);
 // The same into `out`, which must already have the stacked sizes (any dtype: values are
 // converted; any memory, e.g. empty_shared). Returns out.
 Tensor& stack_into(const std::vector<Tensor>& tensors, Tensor& out, std::int64_t dim = 0);

@@ -6,19 +6,17 @@
 #include <stdexcept>
 
 #include "shmtensor/collate.h"
-#include "shmtensor/data_worker.h"
+#include "shmtensor/data_loader.h"
 
-namespace shmtensor {
+namespace shmtensor::internal {
 
 Tensor empty_batch(std::vector<std::int64_t> sizes, DType dtype) {
   if (!get_worker_info()) return Tensor::empty(std::move(sizes), dtype);
   return Tensor::empty_shared(std::move(sizes), dtype);
 }
 
-namespace detail {
 void throw_collate_mismatch(const std::string& what) {
   throw std::invalid_argument("default collate: " + what);
 }
-}  // namespace detail
 
-}  // namespace shmtensor
+}  // namespace shmtensor::internal

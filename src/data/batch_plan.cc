@@ -39,7 +39,7 @@ std::uint64_t epoch_seed(std::uint64_t base_seed, std::int64_t epoch) noexcept {
   return splitmix64(state);
 }
 
-namespace detail {
+namespace internal {
 
 namespace {
 void check_index(std::int64_t index, std::int64_t size) {
@@ -90,13 +90,13 @@ std::int64_t BatchPlan::count(std::int64_t dataset_size, const PlanOptions& o, s
 }
 
 void validate_options(const PlanOptions& p, int num_workers, int prefetch_factor,
-                      bool persistent_workers, Duration timeout, bool iterable) {
+                      bool persistent_workers, Timeout timeout, bool iterable) {
   auto fail = [](const std::string& what) { throw std::invalid_argument("DataLoader: " + what); };
   if (p.batch_size < 1) fail("batch_size must be at least 1, got " + std::to_string(p.batch_size));
   if (num_workers < 0) fail("num_workers option should be non-negative, got " + std::to_string(num_workers));
   if (prefetch_factor < 1)
     fail("prefetch_factor must be at least 1, got " + std::to_string(prefetch_factor));
-  if (timeout.count() < 0) fail("timeout option should be non-negative");
+  if (timeout && timeout->count() < 0) fail("timeout option should be non-negative");
   if (persistent_workers && num_workers == 0) fail("persistent_workers option needs num_workers > 0");
   if (p.sampler && p.shuffle) fail("sampler option is mutually exclusive with shuffle");
   if (p.batch_sampler && (p.batch_size != 1 || p.shuffle || p.sampler || p.drop_last))
@@ -106,9 +106,15 @@ void validate_options(const PlanOptions& p, int num_workers, int prefetch_factor
 }
 
 std::uint64_t random_seed() {
-  std::random_device device;
-  return (static_cast<std::uint64_t>(device()) << 32) ^ device();
+  try {
+    std::random_device device;
+    return (static_cast<std::uint64_t>(device()) << 32) ^ device();
+  } catch (const std::exception& e) {
+    // The system has no entropy source for us: a failure of the environment, so an Error.
+    throw Error(std::string("DataLoader: no random base seed (std::random_device: ") +
+                e.what() + "); set DataLoaderOptions::seed");
+  }
 }
 
-}  // namespace detail
+}  // namespace internal
 }  // namespace shmtensor

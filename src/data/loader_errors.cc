@@ -3,8 +3,6 @@
 #include <csignal>
 #include <cstdio>
 
-#include "os/child.h"
-
 namespace shmtensor::internal {
 
 namespace {
@@ -19,7 +17,7 @@ std::string seconds_text(double s) {
 }
 }  // namespace
 
-DataLoaderWorkerError worker_error(int worker_id, int pid, const detail::WorkerFailure& f) {
+DataLoaderWorkerError worker_error(int worker_id, int pid, const WorkerFailure& f) {
   const auto colon = f.text.find(": ");
   std::string type = f.text.substr(0, colon);
   std::string message = colon == std::string::npos ? std::string() : f.text.substr(colon + 2);
@@ -34,19 +32,17 @@ DataLoaderWorkerError worker_error(int worker_id, int pid, const detail::WorkerF
                                std::move(message));
 }
 
-DataLoaderWorkerDied worker_died(int worker_id, int pid, int exit_code, const std::string& loading,
-                                 const std::string& reported) {
-  std::string what = worker_name(worker_id, pid);
-  std::string signal;
-  if (exit_code < 0) {
-    signal = signal_name(-exit_code);
-    what += " was killed by signal " + signal;
+DataLoaderWorkerDied worker_died(int worker_id, const WorkerExit& exit,
+                                 const std::string& loading) {
+  std::string what = worker_name(worker_id, exit.pid);
+  if (exit.exit_code < 0) {
+    what += " was killed by signal " + exit.signal_name;
   } else {
-    what += " exited unexpectedly with exit code " + std::to_string(exit_code);
+    what += " exited unexpectedly with exit code " + std::to_string(exit.exit_code);
   }
   if (!loading.empty()) what += " while loading " + loading;
-  if (!reported.empty()) what += ": " + reported;
-  if (exit_code == -SIGBUS) {
+  if (!exit.error.empty()) what += ": " + exit.error;
+  if (exit.exit_code == -SIGBUS) {
     // Touching shared memory that the kernel cannot back is the usual cause (torch's
     // "out of shared memory" case): a full /dev/shm or memory cgroup.
     what +=
@@ -55,10 +51,10 @@ DataLoaderWorkerDied worker_died(int worker_id, int pid, int exit_code, const st
         "with --shm-size, e.g. --shm-size=8g), or the memory limit was reached. "
         "shmtensor reserves the space of every segment it creates, so check memory that "
         "the dataset itself maps; `shmtensor doctor` shows the limits";
-  } else if (exit_code == -SIGKILL) {
+  } else if (exit.exit_code == -SIGKILL) {
     what += " (killed from outside, or by the kernel's out-of-memory killer: see dmesg)";
   }
-  return DataLoaderWorkerDied(what, worker_id, pid, exit_code, signal);
+  return DataLoaderWorkerDied(what, worker_id, exit.pid, exit.exit_code, exit.signal_name);
 }
 
 DataLoaderTimeout loader_timeout(double seconds, const std::string& waiting_for) {

@@ -6,16 +6,16 @@
 #include <string>
 
 #include "shmtensor/data_loader.h"
+#include "shmtensor/internal/worker_group.h"
 
 namespace shmtensor::internal {
 
 // A worker reported an exception: "<type>: <message>" in failure.text.
-DataLoaderWorkerError worker_error(int worker_id, int pid, const detail::WorkerFailure& failure);
+DataLoaderWorkerError worker_error(int worker_id, int pid, const WorkerFailure& failure);
 
-// A worker ended on its own. exit_code < 0: killed by signal -exit_code. `loading`: what
-// it was doing ("" when idle); `reported`: the error text its process reported, if any.
-DataLoaderWorkerDied worker_died(int worker_id, int pid, int exit_code, const std::string& loading,
-                                 const std::string& reported);
+// A worker ended on its own, as `exit` says. `loading`: what it was doing ("" when idle).
+DataLoaderWorkerDied worker_died(int worker_id, const WorkerExit& exit,
+                                 const std::string& loading);
 
 // No batch within the timeout.
 DataLoaderTimeout loader_timeout(double seconds, const std::string& waiting_for);

@@ -9,22 +9,16 @@
 #include <map>
 
 #include "data/loader_errors.h"
-#include "os/child.h"
-#include "process/child_side.h"
-#include "process/process_state.h"
-#include "process/shutdown.h"
-#include "transport/channel.h"
+#include "shmtensor/internal/current_exception.h"
+#include "shmtensor/internal/worker_group.h"
 
-namespace shmtensor::detail {
-
-using internal::Clock;
+namespace shmtensor::internal {
 
 namespace {
+using Clock = WorkerGroup::Clock;
 // Workers get this long to exit by themselves once their connection is closed, then
 // SIGTERM, then this long again before SIGKILL.
 constexpr auto kStopGrace = std::chrono::seconds(1);
-// Without pidfds (kernels before 5.3) deaths are found by polling this often.
-constexpr auto kPollInterval = std::chrono::milliseconds(10);
 }  // namespace
 
 struct LoaderSession::State {
@@ -35,16 +29,18 @@ struct LoaderSession::State {
     WorkerFailure failure;
   };
   struct Worker {
-    Process process;
-    Connection connection;    // the main process's end
     std::size_t load = 0;     // tasks of this epoch given to it and not handed out yet
     bool active = true;       // iterable: has more this epoch
     bool fresh_epoch = true;  // iterable: its next task starts the iteration over
   };
 
+  State(SessionOptions o, const Launch& launch, Decode d)
+      : options(o), decode(std::move(d)), group(o.start_method, launch) {}
+
   SessionOptions options;
   Decode decode;
-  std::vector<Worker> workers;
+  WorkerGroup group;
+  std::vector<Worker> workers;  // by worker id, as in group
   Source source;
   bool source_done = true;
   std::uint64_t next_id = 1;
@@ -54,7 +50,7 @@ struct LoaderSession::State {
   std::size_t cursor = 0;               // round robin
   bool broken = false;
 
-  void start(const Launch& launch);
+  void start();
   void stop() noexcept;
   void fill();
   std::optional<std::uint64_t> take_ready();
@@ -65,25 +61,10 @@ struct LoaderSession::State {
   std::string loading(std::size_t w) const;
 };
 
-void LoaderSession::State::start(const Launch& launch) {
+void LoaderSession::State::start() {
   for (int i = 0; i < options.num_workers; ++i) {
-    auto [mine, theirs] = shmtensor::pipe();
-    WorkerLink link{std::make_shared<Connection>(std::move(theirs))};
-    LaunchSpec spec = launch(i, link);
-    // A forked worker inherits our ends of its own connection and of the earlier workers':
-    // it closes them first, so that our close() is an EOF for every worker (which then
-    // stops), not only for those that hold no copy.
-    std::vector<int> ours{mine.native_handle()};
-    for (const Worker& w : workers) ours.push_back(w.connection.native_handle());
-    internal::close_in_forked_child(spec, std::move(ours));
-    Process p = ProcessAccess::make(std::move(spec));
-    // From here only the launch spec holds the worker's end; start() drops it, so the
-    // worker's exit reads as EOF on ours.
-    link.connection.reset();
-    p.set_daemon(true);
-    p.set_start_method(options.start_method);
-    p.start();
-    workers.push_back(Worker{std::move(p), std::move(mine)});
+    group.start(static_cast<std::size_t>(i));
+    workers.emplace_back();
   }
 }
 
@@ -91,33 +72,11 @@ void LoaderSession::State::stop() noexcept {
   // kStop, then EOF. kStop is needed as well because other children of this process
   // (another loader's workers, a Pool) may hold copies of our ends, so that closing ours
   // is not always an EOF for the worker. Never blocks: a full socket means a stuck worker,
-  // which SIGTERM ends below.
-  for (Worker& w : workers) {
-    if (!broken && w.connection.valid()) {
-      try {
-        Encoder e;
-        e.encode(WorkerOp::kStop);
-        internal::send_value(w.connection.native_handle(), std::move(e), /*nonblocking=*/true);
-      } catch (...) {
-      }
-    }
-    w.connection.close();
-  }
-  std::vector<Process> processes;
-  for (Worker& w : workers) processes.push_back(std::move(w.process));
+  // which SIGTERM ends.
+  std::function<void(Connection&)> goodbye;
+  if (!broken) goodbye = [](Connection& c) { (void)c.try_send(WorkerOp::kStop); };
+  group.stop(goodbye, broken ? Duration::zero() : Duration(kStopGrace), kStopGrace);
   workers.clear();
-  try {
-    if (!broken) {
-      const auto deadline = Clock::now() + kStopGrace;
-      while (!internal::all_ended(processes) && Clock::now() < deadline) {
-        internal::wait_any(processes, deadline);
-        internal::poll_processes(processes);
-      }
-    }
-    internal::terminate_processes(processes, kStopGrace, /*warn=*/false);
-  } catch (...) {
-    // The destructors below still SIGKILL and reap whatever is left.
-  }
 }
 
 void LoaderSession::State::fill() {
@@ -169,9 +128,11 @@ void LoaderSession::State::fill() {
       e.encode(idx);
     }
     try {
-      workers[w].connection.send_encoded(std::move(e));
-    } catch (const SystemError&) {
+      group.connection(w).send_encoded(std::move(e));
+    } catch (const ConnectionClosed&) {
       died(w);  // EPIPE: it is gone
+    } catch (const SystemError&) {
+      died(w);
     }
   }
 }
@@ -192,9 +153,8 @@ std::optional<std::uint64_t> LoaderSession::State::take_ready() {
       case Status::kReady:
         return id;
       case Status::kFailed:
-        throw internal::worker_error(task.worker,
-                                     workers[static_cast<std::size_t>(task.worker)].process.pid(),
-                                     task.failure);
+        throw worker_error(task.worker, group.pid(static_cast<std::size_t>(task.worker)),
+                           task.failure);
       default:
         continue;  // kEnd: that worker had nothing for this slot
     }
@@ -202,36 +162,20 @@ std::optional<std::uint64_t> LoaderSession::State::take_ready() {
 }
 
 void LoaderSession::State::wait(std::optional<Clock::time_point> deadline) {
-  std::vector<int> fds;
-  bool polling = false;
-  for (Worker& w : workers) {
-    internal::ProcessState* s = ProcessAccess::state(w.process);
-    fds.push_back(w.connection.native_handle());
-    fds.push_back(s->pidfd());
-    polling = polling || s->needs_polling();
-  }
-  std::optional<std::chrono::nanoseconds> timeout;
-  if (deadline) timeout = std::max(*deadline - Clock::now(), Clock::duration::zero());
-  if (polling && (!timeout || *timeout > kPollInterval)) timeout = kPollInterval;
-  const std::vector<std::size_t> ready = internal::wait_readable(fds, timeout);
-  std::vector<bool> pidfd_ready(workers.size(), false);
-  for (std::size_t i : ready) {
-    if (i % 2 == 1) pidfd_ready[i / 2] = true;
-  }
+  const std::vector<bool> may_have_ended = group.wait(deadline);
   for (std::size_t w = 0; w < workers.size(); ++w) {
     read(w);
     // A batch sent just before the end was read above; now the end itself.
-    if ((pidfd_ready[w] || polling) && !workers[w].process.is_alive()) died(w);
+    if (may_have_ended[w] && group.ended(w)) died(w);
   }
 }
 
 void LoaderSession::State::read(std::size_t w) {
-  Worker& worker = workers[w];
   for (;;) {
     std::optional<Decoder> d;
     try {
       // Non-blocking recvmsg, no poll(): one syscall per reply, and one to see there is none.
-      d = worker.connection.try_recv_encoded(std::chrono::nanoseconds(0));
+      d = group.connection(w).try_recv_encoded(std::chrono::nanoseconds(0));
       if (!d) return;
     } catch (const ConnectionClosed&) {
       died(w);  // it closed its socket by exiting
@@ -245,11 +189,10 @@ void LoaderSession::State::read(std::size_t w) {
     } catch (...) {
       // A malformed reply: nothing more from this worker can be trusted.
       broken = true;
-      worker.process.kill();
+      group.kill(w);
       throw DataLoaderError(
-          "DataLoader worker " + std::to_string(w) + " (pid " +
-          std::to_string(worker.process.pid()) +
-          ") sent a reply that could not be decoded: " + internal::describe_current_exception());
+          "DataLoader worker " + std::to_string(w) + " (pid " + std::to_string(group.pid(w)) +
+          ") sent a reply that could not be decoded: " + describe_current_exception());
     }
   }
 }
@@ -281,7 +224,7 @@ void LoaderSession::State::handle(std::size_t w, Decoder& d) {
         f.text = d.decode<std::string>();
         if (kind == EntryKind::kInitError) {
           broken = true;  // the worker ends after this
-          throw internal::worker_error(static_cast<int>(w), workers[w].process.pid(), f);
+          throw worker_error(static_cast<int>(w), group.pid(w), f);
         }
         if (current) {
           it->second.status = Status::kFailed;
@@ -306,21 +249,15 @@ std::string LoaderSession::State::loading(std::size_t w) const {
 
 void LoaderSession::State::died(std::size_t w) {
   broken = true;
-  Process& p = workers[w].process;
-  if (!p.join(kStopGrace)) {  // its socket closed, so it is on its way out
-    p.kill();
-    p.join();
-  }
-  throw internal::worker_died(static_cast<int>(w), p.pid(), p.exitcode().value_or(-9), loading(w),
-                              p.error());
+  // Its socket closed or its process ended, so it is on its way out.
+  const std::string what = loading(w);
+  throw worker_died(static_cast<int>(w), group.reap(w, kStopGrace), what);
 }
 
 LoaderSession::LoaderSession(SessionOptions options, const Launch& launch, Decode decode)
-    : state_(std::make_unique<State>()) {
-  state_->options = options;
-  state_->decode = std::move(decode);
+    : state_(std::make_unique<State>(options, launch, std::move(decode))) {
   try {
-    state_->start(launch);
+    state_->start();
   } catch (...) {
     state_->broken = true;
     state_->stop();
@@ -349,8 +286,11 @@ std::optional<std::uint64_t> LoaderSession::next() {
   if (s.broken)
     throw DataLoaderError("DataLoader: the workers were stopped after an error; begin a new epoch");
   std::optional<Clock::time_point> deadline;
-  if (s.options.timeout.count() > 0)
-    deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(s.options.timeout);
+  if (s.options.timeout && s.options.timeout->count() > 0) {
+    // Clamped so that an absurdly long timeout cannot overflow the clock.
+    const Duration limit = std::min(*s.options.timeout, Duration(3.0e7));
+    deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(limit);
+  }
   // A death is reported at once, even when later batches are already here.
   s.wait(Clock::now());
   s.fill();
@@ -368,10 +308,10 @@ std::optional<std::uint64_t> LoaderSession::next() {
         if (it != s.tasks.end()) {
           const auto w = static_cast<std::size_t>(it->second.worker);
           what = "batch " + std::to_string(s.next_out - s.epoch_first) + " from worker " +
-                 std::to_string(w) + " (pid " + std::to_string(s.workers[w].process.pid()) + ")";
+                 std::to_string(w) + " (pid " + std::to_string(s.group.pid(w)) + ")";
         }
       }
-      throw internal::loader_timeout(s.options.timeout.count(), what);
+      throw loader_timeout(s.options.timeout->count(), what);
     }
     s.wait(deadline);
     s.fill();
@@ -380,10 +320,6 @@ std::optional<std::uint64_t> LoaderSession::next() {
 
 bool LoaderSession::broken() const noexcept { return state_->broken; }
 
-std::vector<int> LoaderSession::pids() const {
-  std::vector<int> out;
-  for (const State::Worker& w : state_->workers) out.push_back(w.process.pid());
-  return out;
-}
+std::vector<int> LoaderSession::pids() const { return state_->group.pids(); }
 
-}  // namespace shmtensor::detail
+}  // namespace shmtensor::internal

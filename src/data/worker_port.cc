@@ -1,11 +1,10 @@
-// The worker's side of the DataLoader protocol (data_worker.h has the message layout) and
-// what a worker process knows about itself.
+// The worker's side of the DataLoader protocol (shmtensor/internal/data_worker.h has the
+// message layout) and what a worker process knows about itself.
 #include <deque>
-#include <mutex>
 
-#include "os/code_address.h"
-#include "process/child_side.h"
-#include "shmtensor/data_worker.h"
+#include "shmtensor/data_loader.h"
+#include "shmtensor/internal/current_exception.h"
+#include "shmtensor/internal/data_worker.h"
 
 namespace shmtensor {
 
@@ -17,21 +16,10 @@ std::optional<WorkerInfo> g_worker_info;
 
 std::optional<WorkerInfo> get_worker_info() { return g_worker_info; }
 
-namespace detail {
-
-FunctionRef function_ref(const void* code) {
-  internal::CodeAddress a = internal::code_address_of(reinterpret_cast<std::uintptr_t>(code));
-  return FunctionRef{true, std::move(a.module), static_cast<std::uint64_t>(a.offset)};
-}
-
-const void* resolve_function(const FunctionRef& ref) {
-  if (!ref.set) throw ProtocolError("DataLoader worker: no function was named");
-  return reinterpret_cast<const void*>(internal::resolve_code_address(
-      internal::CodeAddress{ref.module, static_cast<std::uintptr_t>(ref.offset)}));
-}
+namespace internal {
 
 WorkerFailure current_failure(std::int64_t index, const char* stage) {
-  return WorkerFailure{index, stage, internal::describe_current_exception()};
+  return WorkerFailure{index, stage, describe_current_exception()};
 }
 
 struct WorkerPort::State {
@@ -104,5 +92,5 @@ std::optional<WorkerPort::Task> WorkerPort::next_task() {
 
 void WorkerPort::send(Encoder&& message) { state_->connection.send_encoded(std::move(message)); }
 
-}  // namespace detail
+}  // namespace internal
 }  // namespace shmtensor

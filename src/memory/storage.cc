@@ -79,7 +79,6 @@ Storage Storage::allocate_shared(std::size_t nbytes) {
 void* Storage::data() const noexcept { return impl_ ? impl_->data() : nullptr; }
 std::size_t Storage::nbytes() const noexcept { return impl_ ? impl_->nbytes() : 0; }
 bool Storage::is_shared() const noexcept { return impl_ && impl_->is_shared(); }
-bool Storage::resizable() const noexcept { return impl_ && !impl_->is_shared(); }
 SharingStrategy Storage::sharing_strategy() const noexcept {
   return impl_ && impl_->is_shared() && impl_->segment() ? impl_->segment()->strategy()
                                                          : get_sharing_strategy();

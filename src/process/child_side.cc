@@ -48,7 +48,7 @@ void flush_stdio() noexcept {
   std::fflush(nullptr);
 }
 
-void close_in_forked_child(detail::LaunchSpec& spec, std::vector<int> fds) {
+void close_in_forked_child(LaunchSpec& spec, std::vector<int> fds) {
   if (!spec.fork_body) return;
   spec.fork_body = [fds = std::move(fds), body = std::move(spec.fork_body)] {
     // The objects that own these fds in the parent are never destroyed in the child (it

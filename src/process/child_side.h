@@ -10,7 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "shmtensor/process.h"
+#include "shmtensor/internal/current_exception.h"
+#include "shmtensor/internal/launch.h"
 
 namespace shmtensor::internal {
 
@@ -19,13 +20,10 @@ inline constexpr char kErrorMarker = 'E';
 // The environment variable that tells a re-executed process what to run.
 inline constexpr const char* kExecChildEnv = "SHMTENSOR_EXEC_CHILD";
 
-// "<demangled type>: <what()>" of the exception being handled (call inside a catch).
-std::string describe_current_exception();
-
-// Writes kErrorMarker + text to the report pipe.
+// Reports `text` to the parent as what ended this child (kErrorMarker + text).
 void report_error(int report_fd, const std::string& text) noexcept;
 
-// Flushes C and C++ stdio of this process.
+// Flushes C and C++ stdio, which _exit would otherwise drop: a child's output is not lost.
 void flush_stdio() noexcept;
 
 // In a forked child: arms the parent-death signal, runs body, reports an escaped exception,
@@ -39,7 +37,7 @@ void flush_stdio() noexcept;
 // one, the parent's close() is no EOF for the child, which then waits for a message
 // forever. The fds are the parent's, owned by the calling thread and open until the fork.
 // An exec'd child inherits none of them (close-on-exec), so only fork_body changes.
-void close_in_forked_child(detail::LaunchSpec& spec, std::vector<int> fds);
+void close_in_forked_child(LaunchSpec& spec, std::vector<int> fds);
 
 // Called when a process is about to start a child while it is itself an exec child whose
 // init() never ran (the program does not call shmtensor::init at the top of main): reports

@@ -117,7 +117,8 @@ void init(int /*argc*/, char** /*argv*/) {
     internal::set_cloexec(child->report_fd, true);
     if (child->args_fd >= 0) internal::set_cloexec(child->args_fd, true);
     internal::write_all_raw(child->report_fd, &internal::kStartedMarker, 1);
-    auto entry = reinterpret_cast<detail::ExecEntry>(internal::resolve_code_address(child->entry));
+    auto entry =
+        reinterpret_cast<internal::ExecEntry>(internal::resolve_code_address(child->entry));
     std::uintptr_t fn = internal::resolve_code_address(child->fn);
     entry(fn, child->index, child->args_fd);
   } catch (...) {

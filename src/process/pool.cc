@@ -15,17 +15,16 @@
 #include <array>
 #include <atomic>
 #include <deque>
+#include <system_error>
 #include <thread>
 #include <unordered_map>
 
-#include "os/child.h"
 #include "os/code_address.h"
 #include "os/event_fd.h"
-#include "process/child_side.h"
 #include "process/pool_protocol.h"
-#include "process/process_state.h"
-#include "process/shutdown.h"
 #include "shmtensor/connection.h"
+#include "shmtensor/internal/current_exception.h"
+#include "shmtensor/internal/worker_group.h"
 
 namespace shmtensor {
 
@@ -35,7 +34,7 @@ TaskError::TaskError(const std::string& text, int pid) : Error(text), pid_(pid) 
   message_ = colon == std::string::npos ? std::string() : text.substr(colon + 2);
 }
 
-namespace detail {
+namespace internal {
 void throw_task_failure(const TaskFailure& f) {
   switch (f.kind) {
     case TaskFailure::Kind::kRaised:
@@ -47,18 +46,13 @@ void throw_task_failure(const TaskFailure& f) {
   }
   throw Error(f.text);
 }
-}  // namespace detail
-
-namespace internal {
-
-using Clock = std::chrono::steady_clock;
 
 class PoolCore {
  public:
   PoolCore(int processes, PoolOptions options);
   ~PoolCore();
 
-  void submit(detail::PoolTask task);
+  void submit(PoolTask task);
   void close();
   void join();
   void terminate();
@@ -72,12 +66,11 @@ class PoolCore {
   struct Task {
     std::uint64_t id = 0;
     Encoder message;
-    std::function<void(Decoder&)> on_result;
-    std::function<void(detail::TaskFailure)> on_error;
+    std::function<void(Decoder&, int)> on_result;
+    std::function<void(TaskFailure)> on_error;
   };
+  // The pool's view of worker i of group_.
   struct Worker {
-    Process process;
-    Connection connection;  // the parent's end
     std::optional<Task> running;
     bool alive = true;
     bool stopped = false;   // kStop sent
@@ -85,20 +78,19 @@ class PoolCore {
     std::size_t completed = 0;
   };
 
-  Worker start_worker(int index);
   void run() noexcept;
   void dispatch();
   void retire_exhausted_workers();
-  void stop(Worker& w) noexcept;  // sends kStop
+  void stop(std::size_t i) noexcept;  // sends kStop
   void read_replies(std::size_t i);
-  void handle_reply(Worker& w, Decoder& d);
+  void handle_reply(std::size_t i, Decoder& d);
   void handle_death(std::size_t i);
-  void fail_everything(const detail::TaskFailure& failure);
-  void end_workers() noexcept;  // SIGTERM (SIGKILL after 5 s) to those alive; reaps them
+  void fail_everything(const TaskFailure& failure);
   void set_broken(std::string why);
   const CodeAddress& address_of(std::uintptr_t address);
 
   PoolOptions options_;
+  WorkerGroup group_;
   std::vector<Worker> workers_;
   UniqueFd wake_;
   std::thread thread_;
@@ -114,22 +106,31 @@ class PoolCore {
   std::unordered_map<std::uintptr_t, CodeAddress> addresses_;
 };
 
-PoolCore::PoolCore(int processes, PoolOptions options) : options_(options) {
+PoolCore::PoolCore(int processes, PoolOptions options)
+    : options_(options), group_(options.start_method, [](int index, WorkerLink link) {
+        return make_launch<true>(index, pool_worker_main, std::move(link));
+      }) {
   if (processes < 0) throw Error("Pool: processes must be >= 0, got " + std::to_string(processes));
   if (processes == 0)
     processes = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   wake_ = make_event_fd();
   try {
-    for (int i = 0; i < processes; ++i) {
-      workers_.push_back(start_worker(i));
-      pids_.push_back(workers_.back().process.pid());
+    for (std::size_t i = 0; i < static_cast<std::size_t>(processes); ++i) {
+      group_.start(i);
+      workers_.emplace_back();
+      pids_.push_back(group_.pid(i));
     }
   } catch (...) {
-    for (Worker& w : workers_) w.process.kill();
-    workers_.clear();
+    for (std::size_t i = 0; i < group_.size(); ++i) group_.kill(i);
     throw;
   }
-  thread_ = std::thread([this] { run(); });
+  try {
+    thread_ = std::thread([this] { run(); });
+  } catch (const std::system_error& e) {
+    // A system failure like any other (EAGAIN: the thread limit), so an Error; group_'s
+    // destructor ends the workers.
+    throw SystemError(e.code().value(), "pthread_create", "the Pool's dispatcher thread");
+  }
 }
 
 PoolCore::~PoolCore() {
@@ -139,31 +140,6 @@ PoolCore::~PoolCore() {
   }
 }
 
-PoolWorker start_pool_worker(int index, StartMethod method, std::vector<int> siblings) {
-  auto [mine, theirs] = shmtensor::pipe();
-  WorkerChannel channel{std::make_shared<Connection>(std::move(theirs))};
-  detail::LaunchSpec spec = detail::make_launch<true>(index, pool_worker_main, channel);
-  siblings.push_back(mine.native_handle());
-  close_in_forked_child(spec, std::move(siblings));
-  Process process = detail::ProcessAccess::make(std::move(spec));
-  channel.connection.reset();
-  process.set_daemon(true);
-  process.set_start_method(method);
-  // start() drops the callable and its arguments: afterwards only the worker holds its end,
-  // so its death is an EOF here.
-  process.start();
-  return PoolWorker{std::move(process), std::move(mine)};
-}
-
-PoolCore::Worker PoolCore::start_worker(int index) {
-  // Called by the constructor, then only by the dispatcher: the fds are current.
-  std::vector<int> siblings;
-  for (const Worker& w : workers_)
-    if (w.connection.valid()) siblings.push_back(w.connection.native_handle());
-  PoolWorker started = start_pool_worker(index, options_.start_method, std::move(siblings));
-  return Worker{std::move(started.process), std::move(started.connection), std::nullopt};
-}
-
 const CodeAddress& PoolCore::address_of(std::uintptr_t address) {
   std::lock_guard lock(mu_);
   auto it = addresses_.find(address);
@@ -171,7 +147,7 @@ const CodeAddress& PoolCore::address_of(std::uintptr_t address) {
   return it->second;
 }
 
-void PoolCore::submit(detail::PoolTask task) {
+void PoolCore::submit(PoolTask task) {
   {
     std::lock_guard lock(mu_);
     if (closed_ || terminating_)
@@ -223,28 +199,13 @@ void PoolCore::terminate() {
     terminating_ = true;
   }
   signal_event_fd(wake_.get());
-  // The dispatcher terminates the workers before it ends (end_workers).
+  // The dispatcher terminates the workers before it ends (at the end of run()).
   if (thread_.joinable()) thread_.join();
   workers_.clear();
   joined_ = true;
 }
 
-void PoolCore::end_workers() noexcept {
-  std::vector<Process> processes;
-  for (Worker& w : workers_) {
-    if (!w.alive) continue;
-    w.alive = false;
-    w.connection.close();
-    processes.push_back(std::move(w.process));
-  }
-  try {
-    terminate_processes(processes, std::chrono::seconds(5), /*warn=*/false);
-  } catch (...) {
-    // The Process destructors below SIGKILL and reap whatever is left.
-  }
-}
-
-void PoolCore::fail_everything(const detail::TaskFailure& failure) {
+void PoolCore::fail_everything(const TaskFailure& failure) {
   std::deque<Task> pending;
   {
     std::lock_guard lock(mu_);
@@ -264,9 +225,9 @@ void PoolCore::set_broken(std::string why) {
 }
 
 namespace {
-detail::TaskFailure error_failure(std::string text) {
-  detail::TaskFailure f;
-  f.kind = detail::TaskFailure::Kind::kError;
+TaskFailure error_failure(std::string text) {
+  TaskFailure f;
+  f.kind = TaskFailure::Kind::kError;
   f.text = std::move(text);
   return f;
 }
@@ -285,7 +246,7 @@ void PoolCore::dispatch() {
     }
     w.running = std::move(task);
     try {
-      w.connection.send_encoded(std::move(w.running->message));
+      group_.connection(i).send_encoded(std::move(w.running->message));
     } catch (...) {
       // The worker is gone (EPIPE): the task fails as one its worker died running.
       handle_death(i);
@@ -295,62 +256,61 @@ void PoolCore::dispatch() {
 
 void PoolCore::retire_exhausted_workers() {
   if (options_.max_tasks_per_child == 0) return;
-  for (Worker& w : workers_) {
+  for (std::size_t i = 0; i < workers_.size(); ++i) {
+    Worker& w = workers_[i];
     if (!w.alive || w.stopped || w.running || w.completed < options_.max_tasks_per_child) continue;
-    stop(w);  // it exits; handle_death then starts its replacement
+    stop(i);  // it exits; handle_death then starts its replacement
     w.retiring = true;
   }
 }
 
-void PoolCore::stop(Worker& w) noexcept {
-  Encoder message;
-  message.encode(kStop);
+void PoolCore::stop(std::size_t i) noexcept {
   try {
-    w.connection.send_encoded(std::move(message));
+    group_.connection(i).send(kStop);
   } catch (...) {
     // Already gone: handle_death sees that too.
   }
-  w.stopped = true;
+  workers_[i].stopped = true;
 }
 
-void PoolCore::handle_reply(Worker& w, Decoder& d) {
+void PoolCore::handle_reply(std::size_t i, Decoder& d) {
+  Worker& w = workers_[i];
   auto id = d.decode<std::uint64_t>();
   auto ok = d.decode<std::uint8_t>();
   if (!w.running || w.running->id != id || ok > 1)
-    throw ProtocolError("Pool: worker " + std::to_string(w.process.pid()) +
+    throw ProtocolError("Pool: worker " + std::to_string(group_.pid(i)) +
                         " replied to a task it was not running");
   Task task = std::move(*w.running);
   w.running.reset();
   ++w.completed;
   if (ok == 1) {
     try {
-      task.on_result(d);
+      task.on_result(d, group_.pid(i));
     } catch (...) {
       // The result could not be decoded (a malformed message): the task fails with why.
       task.on_error(error_failure("Pool: the result of a task could not be received: " +
                                   describe_current_exception()));
     }
   } else {
-    detail::TaskFailure f;
-    f.kind = detail::TaskFailure::Kind::kRaised;
+    TaskFailure f;
+    f.kind = TaskFailure::Kind::kRaised;
     f.text = d.decode<std::string>();
-    f.pid = w.process.pid();
+    f.pid = group_.pid(i);
     d.finish();
     task.on_error(std::move(f));
   }
 }
 
 void PoolCore::read_replies(std::size_t i) {
-  Worker& w = workers_[i];
-  while (w.alive && w.connection.poll(std::chrono::nanoseconds(0))) {
+  while (workers_[i].alive && group_.connection(i).poll(std::chrono::nanoseconds(0))) {
     try {
-      Decoder d = w.connection.recv_encoded(std::chrono::nanoseconds(0));
-      handle_reply(w, d);
+      Decoder d = group_.connection(i).recv_encoded(std::chrono::nanoseconds(0));
+      handle_reply(i, d);
     } catch (const ConnectionClosed&) {
       handle_death(i);
     } catch (...) {
       // A malformed reply: this worker cannot be trusted any more.
-      w.process.kill();
+      group_.kill(i);
       handle_death(i);
     }
   }
@@ -360,35 +320,30 @@ void PoolCore::handle_death(std::size_t i) {
   Worker& w = workers_[i];
   if (!w.alive) return;
   w.alive = false;
-  w.connection.close();
-  if (!w.process.join(std::chrono::seconds(5))) {
-    w.process.kill();  // its connection closed but it lingers: it is of no use any more
-    w.process.join();
-  }
-  const int pid = w.process.pid();
-  const int code = w.process.exitcode().value_or(255);
+  // Its connection closed or its process ended; one that lingers is of no use any more.
+  const WorkerExit exit = group_.reap(i, std::chrono::seconds(5));
+  const int pid = exit.pid;
+  const int code = exit.exit_code;
   if (w.running) {
-    std::string how =
-        code < 0 ? "signal " + signal_name(-code) : "exit code " + std::to_string(code);
+    std::string how = code < 0 ? "signal " + exit.signal_name : "exit code " + std::to_string(code);
     std::string msg = "pool worker " + std::to_string(i) + " (pid " + std::to_string(pid) +
                       ") terminated with " + how + " while running this task";
-    detail::TaskFailure f;
-    f.kind = detail::TaskFailure::Kind::kWorkerDied;
+    TaskFailure f;
+    f.kind = TaskFailure::Kind::kWorkerDied;
     f.text = std::move(msg);
     f.pid = pid;
     f.index = static_cast<int>(i);
     f.exit_code = code;
-    if (code < 0) f.signal_name = signal_name(-code);
+    f.signal_name = exit.signal_name;
     w.running->on_error(std::move(f));
     w.running.reset();
   } else if (w.stopped && !w.retiring) {
     return;  // exited as asked
   } else if (w.completed == 0) {
     // It died before doing anything: starting another would likely fail the same way.
-    std::string error = w.process.error();
     set_broken("Pool: worker " + std::to_string(pid) + " ended before running a task (" +
-               (code < 0 ? signal_name(-code) : "exit code " + std::to_string(code)) + ")" +
-               (error.empty() ? std::string() : ": " + error));
+               (code < 0 ? exit.signal_name : "exit code " + std::to_string(code)) + ")" +
+               (exit.error.empty() ? std::string() : ": " + exit.error));
     return;
   }
   {
@@ -397,9 +352,10 @@ void PoolCore::handle_death(std::size_t i) {
     if (terminating_ || (closed_ && pending_.empty())) return;
   }
   try {
-    workers_[i] = start_worker(static_cast<int>(i));
+    group_.start(i);
+    workers_[i] = Worker{};
     std::lock_guard lock(mu_);
-    pids_[i] = workers_[i].process.pid();
+    pids_[i] = group_.pid(i);
   } catch (...) {
     set_broken("Pool: cannot start a replacement worker: " + describe_current_exception());
   }
@@ -430,9 +386,9 @@ void PoolCore::run() noexcept {
       if (closed && pending_empty && !any_running) {
         // Every task is done: stop the workers (none is replaced any more) and wait for
         // them to exit before this thread ends (see the file comment).
-        for (Worker& w : workers_) {
-          if (w.alive && !w.stopped) stop(w);
-          w.retiring = false;
+        for (std::size_t i = 0; i < workers_.size(); ++i) {
+          if (workers_[i].alive && !workers_[i].stopped) stop(i);
+          workers_[i].retiring = false;
         }
         if (!any_alive) break;
       } else if (!any_usable) {
@@ -446,23 +402,12 @@ void PoolCore::run() noexcept {
         if (closed) continue;  // nothing is left to run now: the branch above ends
       }
 
-      std::vector<int> fds{wake_.get()};
-      bool polling = false;
-      for (Worker& w : workers_) {
-        if (!w.alive) continue;
-        ProcessState* s = detail::ProcessAccess::state(w.process);
-        fds.push_back(w.connection.native_handle());
-        fds.push_back(s->pidfd());
-        polling = polling || s->needs_polling();
-      }
-      std::optional<std::chrono::nanoseconds> timeout;
-      if (polling) timeout = std::chrono::milliseconds(10);
-      wait_readable(fds, timeout);
+      const std::vector<bool> may_have_ended = group_.wait(std::nullopt, wake_.get());
       drain_event_fd(wake_.get());
       for (std::size_t i = 0; i < workers_.size(); ++i) {
         read_replies(i);
         // A reply sent just before death was read above; now the death itself.
-        if (workers_[i].alive && !workers_[i].process.is_alive()) {
+        if (workers_[i].alive && may_have_ended[i] && group_.ended(i)) {
           read_replies(i);
           handle_death(i);
         }
@@ -473,7 +418,8 @@ void PoolCore::run() noexcept {
   }
   // After terminate() (or a failure of this thread): the workers end here, from the thread
   // that started the replacements, so that they get SIGTERM like the others.
-  end_workers();
+  for (Worker& w : workers_) w.alive = false;
+  group_.stop({}, Duration::zero(), std::chrono::seconds(5));
   fail_everything(error_failure("Pool: terminated before this task finished"));
 }
 
@@ -482,7 +428,7 @@ void PoolCore::run() noexcept {
 Pool::Pool(int processes, PoolOptions options)
     : core_(std::make_unique<internal::PoolCore>(processes, options)) {}
 Pool::~Pool() = default;
-void Pool::submit(detail::PoolTask task) { core_->submit(std::move(task)); }
+void Pool::submit(internal::PoolTask task) { core_->submit(std::move(task)); }
 void Pool::close() { core_->close(); }
 void Pool::join() { core_->join(); }
 void Pool::terminate() { core_->terminate(); }

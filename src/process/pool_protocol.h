@@ -9,46 +9,13 @@
 #pragma once
 
 #include <cstdint>
-#include <memory>
-#include <vector>
 
-#include "shmtensor/codec.h"
-#include "shmtensor/connection.h"
-#include "shmtensor/process.h"
-#include "shmtensor/start_method.h"
+#include "shmtensor/internal/worker_group.h"
 
-namespace shmtensor {
+namespace shmtensor::internal {
 
-namespace internal {
-// A worker's end of its connection, as the argument of pool_worker_main: copyable (a
-// Process copies its arguments) and encodable (kExec sends it; the socket fd travels).
-struct WorkerChannel {
-  std::shared_ptr<Connection> connection;
-};
-}  // namespace internal
-
-template <>
-struct Codec<internal::WorkerChannel> {
-  static void encode(Encoder& e, const internal::WorkerChannel& c) { e.encode(*c.connection); }
-  static internal::WorkerChannel decode(Decoder& d) {
-    return {std::make_shared<Connection>(d.decode<Connection>())};
-  }
-};
-
-namespace internal {
 inline constexpr std::uint64_t kStop = 0;  // the task id that tells a worker to exit
-void pool_worker_main(int index, WorkerChannel channel);
+// The worker process's function (a plain function, so that kExec workers run it too).
+void pool_worker_main(int index, WorkerLink link);
 
-// A started worker and the parent's end of its connection.
-struct PoolWorker {
-  Process process;
-  Connection connection;
-};
-// Starts worker `index` (a daemon running pool_worker_main). `siblings`: the parent's ends
-// of the other workers' connections. A forked worker closes those and the parent's end of
-// its own first, so that it sees EOF (and exits) when the parent closes its end, and no
-// worker keeps another's connection open. Throws what Process::start throws.
-PoolWorker start_pool_worker(int index, StartMethod method, std::vector<int> siblings);
-}  // namespace internal
-
-}  // namespace shmtensor
+}  // namespace shmtensor::internal

@@ -4,19 +4,13 @@
 #include <string>
 #include <utility>
 
-#include "os/child.h"
 #include "os/code_address.h"
-#include "process/child_side.h"
 #include "process/pool_protocol.h"
 #include "shmtensor/connection.h"
+#include "shmtensor/internal/current_exception.h"
 #include "shmtensor/pool.h"
 
 namespace shmtensor {
-
-namespace detail {
-std::string current_exception_text() { return internal::describe_current_exception(); }
-int current_pid() noexcept { return static_cast<int>(internal::self_pid()); }
-}  // namespace detail
 
 namespace internal {
 
@@ -49,7 +43,7 @@ void worker_loop(Connection& connection) {
     reply.encode(id);
     reply.encode(std::uint8_t{1});
     try {
-      auto entry = reinterpret_cast<detail::PoolEntry>(resolve(entry_module, entry_offset));
+      auto entry = reinterpret_cast<PoolEntry>(resolve(entry_module, entry_offset));
       std::uintptr_t fn = resolve(fn_module, fn_offset);
       entry(fn, *d, reply);
     } catch (...) {
@@ -67,8 +61,7 @@ void worker_loop(Connection& connection) {
 
 }  // namespace
 
-// The worker process's function (a plain function, so kExec workers can run it too).
-void pool_worker_main(int /*index*/, WorkerChannel channel) { worker_loop(*channel.connection); }
+void pool_worker_main(int /*index*/, WorkerLink link) { worker_loop(*link.connection); }
 
 }  // namespace internal
 }  // namespace shmtensor

@@ -11,7 +11,7 @@
 
 namespace shmtensor {
 
-Process::Process(detail::LaunchSpec spec) : spec_(std::move(spec)) {}
+Process::Process(internal::LaunchSpec spec) : spec_(std::move(spec)) {}
 Process::Process(Process&&) noexcept = default;
 
 Process& Process::operator=(Process&& other) noexcept {
@@ -33,10 +33,10 @@ void Process::start() {
   // Like Python's Process.start: drop the callable and its arguments. Whatever they hold
   // (a connection end meant for the child, a large buffer) is released here rather than
   // kept, and inherited by later children, for the Process's lifetime.
-  spec_ = detail::LaunchSpec{};
+  spec_ = internal::LaunchSpec{};
 }
 
-bool Process::join(std::optional<Duration> timeout) {
+bool Process::join(Timeout timeout) {
   if (!state_) throw Error("Process::join: the process was not started");
   if (!timeout) {
     state_->wait();
@@ -50,7 +50,7 @@ bool Process::join(std::optional<Duration> timeout) {
     if (state_->poll()) return true;
     auto left = deadline - clock::now();
     if (left <= clock::duration::zero()) return false;
-    if (state_->needs_polling()) left = std::min<clock::duration>(left, std::chrono::milliseconds(10));
+    if (state_->needs_polling()) left = std::min<clock::duration>(left, internal::kPollInterval);
     std::array<int, 2> fds{state_->pidfd(), state_->report_fd()};
     internal::wait_readable(fds, left);
   }

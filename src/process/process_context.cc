@@ -4,6 +4,7 @@
 #include "os/child.h"
 #include "process/process_state.h"
 #include "process/shutdown.h"
+#include "shmtensor/internal/process_access.h"
 #include "shmtensor/spawn.h"
 
 namespace shmtensor {
@@ -22,7 +23,7 @@ Clock::duration to_clock(Duration d) {
 }
 
 [[noreturn]] void throw_failure(std::vector<Process>& processes, std::size_t index) {
-  internal::ProcessState* s = detail::ProcessAccess::state(processes[index]);
+  internal::ProcessState* s = internal::ProcessAccess::state(processes[index]);
   const int i = static_cast<int>(index);
   const int pid = s->pid();
   std::string error = s->error();
@@ -58,7 +59,7 @@ ProcessContext& ProcessContext::operator=(ProcessContext&& other) noexcept {
 
 ProcessContext::~ProcessContext() { internal::shutdown_processes(processes_); }
 
-bool ProcessContext::join(std::optional<Duration> timeout, std::optional<Duration> grace_period) {
+bool ProcessContext::join(Timeout timeout, std::optional<Duration> grace_period) {
   std::optional<Clock::time_point> deadline;
   if (timeout) deadline = Clock::now() + to_clock(*timeout);
   std::optional<std::size_t> failed;
@@ -69,7 +70,7 @@ bool ProcessContext::join(std::optional<Duration> timeout, std::optional<Duratio
     // caller may have reaped a child already through processes()[i].
     internal::poll_processes(processes_);
     for (std::size_t i = 0; i < processes_.size(); ++i) {
-      internal::ProcessState* s = detail::ProcessAccess::state(processes_[i]);
+      internal::ProcessState* s = internal::ProcessAccess::state(processes_[i]);
       if (s == nullptr || !s->ended() || examined_[i]) continue;
       examined_[i] = true;
       if (s->failed()) {
@@ -114,7 +115,7 @@ std::vector<int> ProcessContext::pids() const {
   return out;
 }
 
-namespace detail {
+namespace internal {
 
 ProcessContext start_all(std::vector<Process> processes, const SpawnOptions& options) {
   for (Process& p : processes) {
@@ -138,5 +139,5 @@ ProcessContext start_all(std::vector<Process> processes, const SpawnOptions& opt
   return context;
 }
 
-}  // namespace detail
+}  // namespace internal
 }  // namespace shmtensor

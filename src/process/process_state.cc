@@ -53,8 +53,7 @@ std::vector<char*> pointers(std::vector<std::string>& strings) {
 
 }  // namespace
 
-std::unique_ptr<ProcessState> ProcessState::start(const detail::LaunchSpec& spec,
-                                                  StartMethod method) {
+std::unique_ptr<ProcessState> ProcessState::start(const LaunchSpec& spec, StartMethod method) {
   if (is_exec_child()) fail_exec_child_without_init();
   if (method == StartMethod::kExec && spec.exec_entry == nullptr)
     throw Error("cannot start this callable with StartMethod::kExec: " + spec.exec_unavailable);
@@ -78,7 +77,7 @@ std::unique_ptr<ProcessState> ProcessState::start(const detail::LaunchSpec& spec
   // one of which could hold the malloc lock at the moment of fork).
   CodeAddress entry = code_address_of(reinterpret_cast<std::uintptr_t>(spec.exec_entry));
   CodeAddress fn = code_address_of(spec.exec_fn);
-  std::unique_ptr<detail::ExecArgs> args = spec.exec_args ? spec.exec_args() : nullptr;
+  std::unique_ptr<ExecArgs> args = spec.exec_args ? spec.exec_args() : nullptr;
   const int args_fd = args ? args->child_fd() : -1;
 
   std::vector<std::string> argv_strings = self_cmdline();
@@ -148,7 +147,7 @@ void ProcessState::wait() {
   while (!poll()) {
     std::array<int, 2> fds{child_.pidfd(), report_.get()};
     std::optional<std::chrono::nanoseconds> timeout;
-    if (needs_polling()) timeout = std::chrono::milliseconds(10);
+    if (needs_polling()) timeout = kPollInterval;
     wait_readable(fds, timeout);
   }
 }

@@ -2,6 +2,7 @@
 // read end of its report pipe. Process owns one; ProcessContext multiplexes several.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <optional>
 #include <string>
@@ -12,11 +13,15 @@
 
 namespace shmtensor::internal {
 
+// How often a child is polled when ProcessState::needs_polling(): without a pidfd (kernels
+// before 5.3, old seccomp profiles) nothing becomes readable when it ends.
+inline constexpr auto kPollInterval = std::chrono::milliseconds(10);
+
 class ProcessState {
  public:
   // Forks (and for kExec re-executes) a child running `spec`. Throws Error when `method`
   // cannot run the callable, SystemError when the OS refuses.
-  static std::unique_ptr<ProcessState> start(const detail::LaunchSpec& spec, StartMethod method);
+  static std::unique_ptr<ProcessState> start(const LaunchSpec& spec, StartMethod method);
 
   int pid() const noexcept { return child_.pid(); }
   // fds that become readable when there is something to do: the pidfd (child ended) and the

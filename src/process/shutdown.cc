@@ -4,15 +4,13 @@
 
 #include "os/child.h"
 #include "process/process_state.h"
+#include "shmtensor/internal/process_access.h"
 
 namespace shmtensor::internal {
 
 namespace {
 
-ProcessState* state_of(Process& p) noexcept { return detail::ProcessAccess::state(p); }
-
-// Without pidfds, a dead child is noticed only by polling; this is the interval.
-constexpr auto kPollInterval = std::chrono::milliseconds(10);
+ProcessState* state_of(Process& p) noexcept { return ProcessAccess::state(p); }
 
 void wait_until_ended(std::span<Process> processes, Clock::time_point deadline) {
   for (;;) {

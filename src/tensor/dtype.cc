@@ -33,8 +33,8 @@ constexpr std::array<DTypeInfo, kNumDTypes> kInfo = {{
 static_assert(sizeof(Half) == 2 && sizeof(BFloat16) == 2);
 static_assert(sizeof(std::complex<double>) == 16);
 
-// A DType may come from a cast of a byte received from another process; an enumerator
-// outside the enum is rejected rather than used as an index.
+// A DType outside the enum (a caller's cast; the decoder rejects such bytes from other
+// processes itself) is rejected rather than used as an index.
 const DTypeInfo& info(DType dtype) {
   const auto index = static_cast<std::size_t>(dtype);
   if (index >= kInfo.size()) {

@@ -17,10 +17,16 @@ bool Connection::poll(std::optional<std::chrono::nanoseconds> timeout) const {
   return internal::wait_readable(fd_, timeout);
 }
 
-void Connection::send_encoded(Encoder&& encoder) {
+void Connection::send_encoded(Encoder&& encoder) { (void)send_message(std::move(encoder), false); }
+
+bool Connection::try_send_encoded(Encoder&& encoder) {
+  return send_message(std::move(encoder), true);
+}
+
+bool Connection::send_message(Encoder&& encoder, bool nonblocking) {
   if (fd_ < 0) throw ConnectionClosed("send() on a closed connection");
   try {
-    internal::send_value(fd_, std::move(encoder));
+    return internal::send_value(fd_, std::move(encoder), nonblocking);
   } catch (const SystemError& e) {
     if (e.error_code() == EPIPE || e.error_code() == ECONNRESET)
       throw ConnectionClosed("send() on a connection whose peer has closed");

@@ -6,6 +6,7 @@
 #include "os/mapping.h"
 #include "os/shm.h"
 #include "os/socket.h"
+#include "shmtensor/internal/storage_access.h"
 #include "wire/wire.h"
 
 namespace shmtensor {
@@ -19,7 +20,6 @@ namespace {
 [[noreturn]] void bad(const std::string& what) {
   throw ProtocolError("malformed shmtensor message: " + what);
 }
-constexpr std::uint32_t kEmptyTensor = 0xfffffffeu;
 // How many elements that take neither bytes nor fds (std::monostate) a length may claim.
 constexpr std::uint64_t kMaxEmptyElements = 65536;
 }  // namespace
@@ -59,7 +59,7 @@ Tensor Decoder::read_tensor() {
   for (auto& s : strides) s = read_pod<std::int64_t>();
   for (auto s : sizes)
     if (s < 0) bad("negative tensor size");
-  if (index == kEmptyTensor) {
+  if (index == internal::kEmptyTensor) {
     bool has_zero = ndim > 0 && std::find(sizes.begin(), sizes.end(), 0) != sizes.end();
     if (!has_zero) bad("tensor without storage has elements");
     try {
@@ -256,7 +256,7 @@ Decoder parse_frame(std::span<const std::byte> datagram, std::vector<UniqueFd> f
       if (freed && seg->own()) arena_block_freed(*seg, b);
       if (impl->nbytes() != e.nbytes) bad("storage size disagrees with the one already here");
     }
-    st->storages.emplace_back(std::move(impl));
+    st->storages.push_back(internal::StorageAccess::make(std::move(impl)));
   }
   if (st->blob == nullptr) {
     st->body.assign(body.begin() + static_cast<std::ptrdiff_t>(r.pos), body.end());

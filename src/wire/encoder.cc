@@ -7,6 +7,7 @@
 #include "os/mapping.h"
 #include "os/shm.h"
 #include "os/socket.h"
+#include "shmtensor/internal/storage_access.h"
 #include "wire/wire.h"
 
 namespace shmtensor {
@@ -17,7 +18,6 @@ Encoder::Encoder(Encoder&&) noexcept = default;
 Encoder& Encoder::operator=(Encoder&&) noexcept = default;
 
 namespace {
-constexpr std::uint32_t kEmptyTensor = 0xfffffffeu;
 constexpr std::uint8_t kMaxDims = 64;
 }  // namespace
 
@@ -30,12 +30,12 @@ void Encoder::write_tensor(const Tensor& t) {
   write_pod<std::uint8_t>(static_cast<std::uint8_t>(t.dtype()));
   write_pod<std::uint8_t>(static_cast<std::uint8_t>(t.dim()));
   write_pod<std::uint8_t>(0);
-  std::uint32_t index = kEmptyTensor;
+  std::uint32_t index = internal::kEmptyTensor;
   if (t.numel() > 0) {
     // Moves the storage into shared memory in place, if it is not there yet.
     Storage storage = t.storage();
     storage.share_memory_();
-    const auto& impl = storage.impl();
+    const auto& impl = internal::StorageAccess::impl(storage);
     auto& storages = state_->storages;
     auto it = std::find(storages.begin(), storages.end(), impl);
     if (it == storages.end()) {

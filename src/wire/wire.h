@@ -1,6 +1,7 @@
 // The wire layer's internal entry points: Encoder → OutgoingFrame, datagram → Decoder.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <span>
 #include <vector>
@@ -9,6 +10,10 @@
 #include "wire/frame.h"
 
 namespace shmtensor::internal {
+
+// The storage index of an encoded tensor with no elements, which needs no shared memory
+// (docs/wire_format.md).
+inline constexpr std::uint32_t kEmptyTensor = 0xfffffffeu;
 
 // Turns an encoder's collected bytes, storages and fds into a frame to send. Adds the
 // in-flight counts of file_system segments (given back if the frame is never sent).

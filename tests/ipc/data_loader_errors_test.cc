@@ -221,6 +221,14 @@ TEST_F(DataLoaderErrorsTest, StuckWorkerPastTheTimeoutIsATimeoutError) {
   EXPECT_EQ(::kill(pid, 0), -1);
 }
 
+TEST_F(DataLoaderErrorsTest, AZeroTimeoutIsNoLimitAsInTorch) {
+  // A 0 s limit would fail the first batch, which a worker just started cannot have ready.
+  DataLoader loader(Troubled{.n = 4}, {.num_workers = 1, .timeout = std::chrono::seconds(0)});
+  std::vector<std::int64_t> got;
+  for (auto& batch : loader) got.push_back(batch.item<std::int64_t>());
+  EXPECT_EQ(got, (std::vector<std::int64_t>{0, 1, 2, 3}));
+}
+
 TEST_F(DataLoaderErrorsTest, LeavingAnEpochEarlyStopsTheWorkers) {
   for (StartMethod method : {StartMethod::kFork, StartMethod::kExec}) {
     DataLoader loader(Troubled{.n = 1000},
@@ -264,7 +272,7 @@ TEST_F(DataLoaderErrorsTest, DestroyingALoaderMidEpochStopsPersistentAndStuckWor
 
 // A worker that ignores every message, kStop included, and SIGTERM: it ends only at EOF on
 // its connection. flags[id]: 1 once it runs, 2 once it saw EOF.
-void eof_only_worker(int id, detail::WorkerLink link, Tensor flags) {
+void eof_only_worker(int id, internal::WorkerLink link, Tensor flags) {
   std::signal(SIGTERM, SIG_IGN);
   auto* flag = flags.data_ptr<std::int64_t>() + id;
   std::atomic_ref<std::int64_t>(*flag).store(1);
@@ -289,13 +297,13 @@ TEST_F(DataLoaderErrorsTest, ClosingTheMainProcessEndIsEndOfFileForEveryWorker) 
       return std::atomic_ref<std::int64_t>(flags.data_ptr<std::int64_t>()[i]).load();
     };
     {
-      detail::SessionOptions options;
+      internal::SessionOptions options;
       options.num_workers = 3;
       options.start_method = method;
-      detail::LoaderSession session(
+      internal::LoaderSession session(
           options,
-          [&](int id, detail::WorkerLink link) {
-            return detail::make_launch<true>(id, &eof_only_worker, link, flags);
+          [&](int id, internal::WorkerLink link) {
+            return internal::make_launch<true>(id, &eof_only_worker, link, flags);
           },
           [](std::uint64_t, Decoder&, bool) {});
       // Wait until every worker runs (an exec'd one takes a while to start).

@@ -21,6 +21,7 @@
 #include "os/socket.h"
 #include "os/unique_fd.h"
 #include "shmtensor/connection.h"
+#include "shmtensor/internal/storage_access.h"
 #include "shmtensor/queue.h"
 #include "shmtensor/storage.h"
 #include "shmtensor/tensor.h"
@@ -199,7 +200,7 @@ TEST_F(HostileFramesTest, BlockWithoutAMessageCountIsRefusedAndItsHolderUntouche
   // adds (a forged or replayed reference): refused, and our hold stays as it was.
   Storage mine = Storage::allocate_shared(200);
   std::memset(mine.data(), 7, 200);
-  const auto& impl = mine.impl();
+  const auto& impl = internal::StorageAccess::impl(mine);
   const auto& seg = impl->segment();
   const std::uint64_t word = seg->block_word(impl->block());
   SegmentEntry se{};
@@ -589,8 +590,8 @@ TEST_F(HostileFramesTest, TensorOutsideItsStorage) {
   Tensor t = Tensor::arange(16);
   t.share_memory_();
   const Storage storage = t.storage();
-  const auto& seg = storage.impl()->segment();
-  const std::uint32_t block = storage.impl()->block();
+  const auto& seg = internal::StorageAccess::impl(storage)->segment();
+  const std::uint32_t block = internal::StorageAccess::impl(storage)->block();
   const std::uint64_t word = seg->block_word(block);
   struct Change {
     std::int64_t offset, size, stride;

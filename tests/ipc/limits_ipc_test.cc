@@ -18,11 +18,10 @@
 #include "shmtensor/sharing_strategy.h"
 #include "shmtensor/storage.h"
 #include "support/leak_check.h"
+#include "support/strategy_test.h"
 
 namespace shmtensor {
 namespace {
-
-using testing::LeakCheckedTest;
 
 constexpr int kSkipExit = 77;
 constexpr std::size_t kMiB = 1 << 20;
@@ -43,13 +42,8 @@ std::vector<std::string> dev_shm_entries() {
   return out;
 }
 
-class LimitsTest : public LeakCheckedTest {
+class LimitsTest : public testing::StrategyRestoringTest {
  protected:
-  void TearDown() override {
-    set_sharing_strategy(SharingStrategy::kFileDescriptor);
-    LeakCheckedTest::TearDown();
-  }
-
   // Runs fn in a forked child. The child may call skip(reason): the parent then skips the
   // test with that reason.
   void run_or_skip(const std::function<void()>& fn) {
@@ -213,7 +207,7 @@ TEST_F(LimitsTest, UnmappableSizeIsASystemError) {
   }
   // file_system reserves the space first: the same size is a full /dev/shm.
   set_sharing_strategy("file_system");
-  EXPECT_THROW(Storage::allocate_shared(huge), SharedMemoryFullError);
+  EXPECT_THROW((void)Storage::allocate_shared(huge), SharedMemoryFullError);
 }
 
 }  // namespace

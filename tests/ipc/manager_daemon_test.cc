@@ -19,6 +19,7 @@
 #include "memory/segment.h"
 #include "memory/storage_impl.h"
 #include "os/private_dir.h"
+#include "shmtensor/internal/storage_access.h"
 #include "shmtensor/queue.h"
 #include "shmtensor/storage.h"
 #include "shmtensor/tensor.h"
@@ -32,9 +33,11 @@ using testing::wait_child;
 using namespace testing::manager_test;
 namespace mgr = internal::manager;
 
-std::string segment_name(const Storage& s) { return s.impl()->segment()->name(); }
+std::string segment_name(const Storage& s) {
+  return internal::StorageAccess::impl(s)->segment()->name();
+}
 std::int64_t refcount_of(const Storage& s) {
-  return s.impl()->segment()->header()->refcount.load();
+  return internal::StorageAccess::impl(s)->segment()->header()->refcount.load();
 }
 
 // A raw client socket connected to the daemon's socket (no hello sent).

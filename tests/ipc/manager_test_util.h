@@ -1,5 +1,5 @@
 // Helpers for the manager daemon's tests: a private daemon group per test, waiting for
-// names and processes to go, a byte pipe, and segments created the way the library does.
+// names and processes to go, and segments created the way the library does.
 #pragma once
 
 #include <fcntl.h>
@@ -22,6 +22,7 @@
 #include "os/proc_scan.h"
 #include "shmtensor/sharing_strategy.h"
 #include "support/leak_check.h"
+#include "support/pipe.h"
 
 namespace shmtensor::testing::manager_test {
 
@@ -43,39 +44,7 @@ inline bool eventually(const std::function<bool()>& pred,
 // A process (not necessarily our child) that lives and is not a zombie.
 inline bool process_lives(pid_t pid) { return internal::identify_process(pid).start_time != 0; }
 
-// One-way channel between a parent and a forked child, for bytes and lines.
-class Pipe {
- public:
-  Pipe() { EXPECT_EQ(::pipe2(fds_, O_CLOEXEC), 0) << std::strerror(errno); }
-  Pipe(const Pipe&) = delete;
-  Pipe& operator=(const Pipe&) = delete;
-  ~Pipe() { close_both(); }
-  void close_both() {
-    for (int& fd : fds_)
-      if (fd >= 0) ::close(std::exchange(fd, -1));
-  }
-  void send(char c = 'x') { ASSERT_EQ(::write(fds_[1], &c, 1), 1) << std::strerror(errno); }
-  void send_line(const std::string& s) {
-    std::string l = s + "\n";
-    ASSERT_EQ(::write(fds_[1], l.data(), l.size()), static_cast<ssize_t>(l.size()));
-  }
-  // The byte, or 0 at EOF (the other side died).
-  char receive() {
-    char c = 0;
-    ssize_t n;
-    do n = ::read(fds_[0], &c, 1);
-    while (n == -1 && errno == EINTR);
-    return n == 1 ? c : 0;
-  }
-  std::string receive_line() {
-    std::string s;
-    for (char c; (c = receive()) != 0 && c != '\n';) s.push_back(c);
-    return s;
-  }
-
- private:
-  int fds_[2] = {-1, -1};
-};
+using testing::Pipe;
 
 // Every test gets its own daemon (a group of its own) with a short grace period, so that
 // tests neither see each other's daemons nor wait long for one to exit, and uses the

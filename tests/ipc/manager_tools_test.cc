@@ -12,6 +12,7 @@
 #include "manager/segments.h"
 #include "memory/storage_impl.h"
 #include "os/shm.h"
+#include "shmtensor/internal/storage_access.h"
 #include "shmtensor/storage.h"
 
 namespace shmtensor {
@@ -67,7 +68,7 @@ std::string ManagerToolsTest::make_orphan(bool own_job) {
     if (own_job) ::setpgid(0, 0);
     ::setenv("SHMTENSOR_MANAGER_GROUP", orphan_group.c_str(), 1);
     Storage s = Storage::allocate_shared(64 * 1024);
-    report.send_line(s.impl()->segment()->name());
+    report.send_line(internal::StorageAccess::impl(s)->segment()->name());
     report.send_line(std::to_string(mgr::connected_daemon_pid()));
     for (;;) ::pause();
   });
@@ -85,7 +86,7 @@ std::string ManagerToolsTest::make_orphan(bool own_job) {
 
 TEST_F(ManagerToolsTest, LsShowsALiveSegmentWithItsCreatorAndHolders) {
   Storage s = Storage::allocate_shared(100000);
-  const std::string name = s.impl()->segment()->name();
+  const std::string name = internal::StorageAccess::impl(s)->segment()->name();
   auto segments = mgr::list_segments();
   const auto* info = find(segments, name);
   ASSERT_NE(info, nullptr) << name;
@@ -112,7 +113,7 @@ TEST_F(ManagerToolsTest, LsShowsALiveSegmentWithItsCreatorAndHolders) {
 
 TEST_F(ManagerToolsTest, GcDryRunListsOrphansAndRemovesNothing) {
   Storage live = Storage::allocate_shared(4096);
-  const std::string live_name = live.impl()->segment()->name();
+  const std::string live_name = internal::StorageAccess::impl(live)->segment()->name();
   const std::string orphan = make_orphan();
   // Any daemon that replaces a killed one sweeps every name of the user: under ctest -j,
   // another test's may remove the orphan first.
@@ -137,7 +138,7 @@ TEST_F(ManagerToolsTest, GcDryRunListsOrphansAndRemovesNothing) {
 
 TEST_F(ManagerToolsTest, GcRemovesOrphansAndKeepsWhatLiveProcessesHold) {
   Storage live = Storage::allocate_shared(4096);
-  const std::string live_name = live.impl()->segment()->name();
+  const std::string live_name = internal::StorageAccess::impl(live)->segment()->name();
   // Mapped by a live process that did not create it: kept too.
   Pipe ready;
   pid_t mapper = fork_child([&] {

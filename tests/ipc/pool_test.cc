@@ -26,6 +26,7 @@
 #include "shmtensor/sharing_strategy.h"
 #include "shmtensor/tensor.h"
 #include "support/leak_check.h"
+#include "support/strategy_test.h"
 
 namespace pool_test {
 
@@ -101,24 +102,18 @@ Tensor add_one_and_double(Tensor t) {
 
 using Param = std::tuple<StartMethod, SharingStrategy>;
 
-class PoolTest : public shmtensor::testing::LeakCheckedTest,
+class PoolTest : public shmtensor::testing::StrategyRestoringTest,
                  public ::testing::WithParamInterface<Param> {
  protected:
   void SetUp() override {
-    LeakCheckedTest::SetUp();
-    saved_ = shmtensor::get_sharing_strategy();
+    StrategyRestoringTest::SetUp();
     shmtensor::set_sharing_strategy(std::get<1>(GetParam()));
   }
   void TearDown() override {
-    shmtensor::set_sharing_strategy(saved_);
-    int status = 0;
-    EXPECT_EQ(::waitpid(-1, &status, WNOHANG), -1) << "a child was left behind";
-    LeakCheckedTest::TearDown();
+    shmtensor::testing::expect_no_children();
+    StrategyRestoringTest::TearDown();
   }
   PoolOptions options() const { return PoolOptions{.start_method = std::get<0>(GetParam())}; }
-
- private:
-  SharingStrategy saved_{};
 };
 
 std::string name_of(const ::testing::TestParamInfo<Param>& info) {
@@ -159,6 +154,8 @@ TEST_P(PoolTest, ApplyAsyncWithSeveralArguments) {
   Pool pool(2, options());
   auto f = pool.apply_async(join_words, std::string("ab"), std::string("c"), 3);
   auto g = pool.apply_async(do_nothing, 1);
+  EXPECT_TRUE(g.wait_for(std::nullopt));  // no limit: waits until it is done
+  EXPECT_TRUE(g.ready());
   EXPECT_EQ(f.get(), "abcabcabc");
   g.get();
   EXPECT_EQ(pool.apply(square, 12), 144);
@@ -219,7 +216,7 @@ TEST_P(PoolTest, ChunksizeKeepsOrderValuesAndPerInputErrors) {
   EXPECT_EQ(stream.next(), 0);
   EXPECT_EQ(stream.next(), 2);
   try {
-    stream.next();
+    (void)stream.next();
     ADD_FAILURE() << "no exception for input 3";
   } catch (const shmtensor::TaskError& e) {
     EXPECT_STREQ(e.what(), "std::invalid_argument: odd input 3");
@@ -245,7 +242,7 @@ TEST_P(PoolTest, WorkerDeathFailsItsWholeChunk) {
   Pool pool(1, options());
   auto stream = pool.imap(die_on, std::vector<int>{1, 2, 3, 4, 5, 6}, /*chunksize=*/3);
   // The first chunk (1, 2, 3) dies at 3: all three fail; the next chunk runs in a new worker.
-  for (int i = 0; i < 3; ++i) EXPECT_THROW(stream.next(), shmtensor::ProcessExitedException);
+  for (int i = 0; i < 3; ++i) EXPECT_THROW((void)stream.next(), shmtensor::ProcessExitedException);
   EXPECT_EQ(stream.next(), 4);
   EXPECT_EQ(stream.next(), 5);
   EXPECT_EQ(stream.next(), 6);
@@ -302,17 +299,19 @@ TEST_P(PoolTest, WorkerExitsWhenTheParentClosesItsEnd) {
   // Two workers started as the Pool starts them (the second one knows the parent's end of
   // the first one's connection). Closing the parent's end, with no stop message and no
   // signal, is EOF for each worker: neither it nor its sibling holds a copy of that end.
-  using shmtensor::internal::start_pool_worker;
-  const StartMethod method = std::get<0>(GetParam());
-  auto first = start_pool_worker(0, method, {});
-  auto second = start_pool_worker(1, method, {first.connection.native_handle()});
-  first.connection.close();
-  EXPECT_TRUE(first.process.join(20s)) << "the first worker did not see EOF";
-  EXPECT_EQ(first.process.exitcode(), 0);
-  EXPECT_TRUE(second.process.is_alive());
-  second.connection.close();
-  EXPECT_TRUE(second.process.join(20s)) << "the second worker did not see EOF";
-  EXPECT_EQ(second.process.exitcode(), 0);
+  // reap() closes the parent's end, waits up to 20 s and only then kills: exit code 0 says
+  // the worker saw EOF.
+  using shmtensor::internal::WorkerGroup;
+  using shmtensor::internal::WorkerLink;
+  WorkerGroup group(std::get<0>(GetParam()), [](int index, WorkerLink link) {
+    return shmtensor::internal::make_launch<true>(index, shmtensor::internal::pool_worker_main,
+                                                  std::move(link));
+  });
+  group.start(0);
+  group.start(1);
+  EXPECT_EQ(group.reap(0, 20s).exit_code, 0) << "the first worker did not see EOF";
+  EXPECT_FALSE(group.ended(1));
+  EXPECT_EQ(group.reap(1, 20s).exit_code, 0) << "the second worker did not see EOF";
 }
 
 TEST_P(PoolTest, ImapOrderedAndUnordered) {

@@ -2,6 +2,7 @@
 // what a forked child must not do (run the parent's atexit handlers, lose its stdio).
 #include "shmtensor/process.h"
 
+#include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -9,8 +10,6 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <fcntl.h>
-
 #include <cstdio>
 #include <cstdlib>
 #include <stdexcept>
@@ -20,9 +19,11 @@
 #include "memory/segment.h"
 #include "memory/storage_impl.h"
 #include "os/mapping.h"
+#include "shmtensor/internal/storage_access.h"
 #include "shmtensor/queue.h"
 #include "shmtensor/tensor.h"
 #include "support/leak_check.h"
+#include "support/strategy_test.h"
 
 namespace process_test {
 
@@ -49,8 +50,7 @@ class ProcessTest : public shmtensor::testing::LeakCheckedTest,
                     public ::testing::WithParamInterface<StartMethod> {
  protected:
   void TearDown() override {
-    int status = 0;
-    EXPECT_EQ(::waitpid(-1, &status, WNOHANG), -1) << "a child was left behind";
+    shmtensor::testing::expect_no_children();
     LeakCheckedTest::TearDown();
   }
   template <class... A>
@@ -239,26 +239,15 @@ TEST_F(ProcessForkTest, NonDaemonIsWaitedForOnDestruction) {
 
 // ---- exec-only -------------------------------------------------------------------------
 
-class ProcessExecTest : public shmtensor::testing::LeakCheckedTest,
-                        public ::testing::WithParamInterface<shmtensor::SharingStrategy> {
- protected:
-  void SetUp() override {
-    LeakCheckedTest::SetUp();
-    shmtensor::set_sharing_strategy(GetParam());
-  }
-  void TearDown() override {
-    shmtensor::set_sharing_strategy(shmtensor::SharingStrategy::kFileDescriptor);
-    LeakCheckedTest::TearDown();
-  }
-};
+class ProcessExecTest : public shmtensor::testing::StrategyTest {};
 
 TEST_P(ProcessExecTest, ExecChildHoldsNoneOfTheParentsBlocksOrNames) {
   // A child started by exec drops every inherited mapping at execve: it must not have
   // taken holds of our blocks or counts of our named segments at fork, which nobody would
   // give back before it exits (our freed blocks could not be reused meanwhile).
   shmtensor::Tensor t = shmtensor::Tensor::empty_shared({16}, shmtensor::DType::kFloat32);
-  const auto& seg = t.storage().impl()->segment();
-  const std::uint32_t block = t.storage().impl()->block();
+  const auto& seg = shmtensor::internal::StorageAccess::impl(t.storage())->segment();
+  const std::uint32_t block = shmtensor::internal::StorageAccess::impl(t.storage())->block();
   const std::uint64_t word = seg->block_word(block);
   const std::int64_t refcount = seg->header()->refcount.load();
   ASSERT_NE(word, 0u);
@@ -273,11 +262,7 @@ TEST_P(ProcessExecTest, ExecChildHoldsNoneOfTheParentsBlocksOrNames) {
   p.join();
 }
 
-INSTANTIATE_TEST_SUITE_P(Strategies, ProcessExecTest,
-                         ::testing::Values(shmtensor::SharingStrategy::kFileDescriptor,
-                                           shmtensor::SharingStrategy::kFileSystem),
-                         [](const auto& info) {
-                           return std::string(shmtensor::to_string(info.param));
-                         });
+INSTANTIATE_TEST_SUITE_P(Strategies, ProcessExecTest, shmtensor::testing::kAllStrategies,
+                         shmtensor::testing::strategy_name);
 
 }  // namespace process_test

@@ -12,8 +12,10 @@
 #include "memory/segment.h"
 #include "memory/storage_impl.h"
 #include "shmtensor/connection.h"
+#include "shmtensor/internal/storage_access.h"
 #include "shmtensor/queue.h"
 #include "support/leak_check.h"
+#include "support/strategy_test.h"
 
 namespace shmtensor {
 namespace {
@@ -22,20 +24,7 @@ using testing::fork_child;
 using testing::run_in_child;
 using testing::wait_child;
 
-class QueueLifetimeTest : public testing::LeakCheckedTest,
-                          public ::testing::WithParamInterface<SharingStrategy> {
- protected:
-  void SetUp() override {
-    LeakCheckedTest::SetUp();
-    saved_ = get_sharing_strategy();
-    set_sharing_strategy(GetParam());
-  }
-  void TearDown() override {
-    set_sharing_strategy(saved_);
-    LeakCheckedTest::TearDown();
-  }
-  SharingStrategy saved_{};
-};
+class QueueLifetimeTest : public testing::StrategyTest {};
 
 // Segments of this process's arena in which some block is still held (a message's count
 // included), after giving back every segment in which none is.
@@ -108,7 +97,7 @@ TEST_P(QueueLifetimeTest, AHolderThatExitedDoesNotKeepTheItems) {
   ASSERT_EQ(q.size(), 20u);
   Tensor first = q.get();  // a block of the producer's arena segment, held by us
   ASSERT_EQ(first.data_ptr<float>()[7], 0.0f);
-  const auto seg = first.storage().impl()->segment();
+  const auto seg = internal::StorageAccess::impl(first.storage())->segment();
   auto blocks_in_use = [&] {
     std::size_t n = 0;
     for (std::uint32_t b = 0; b < seg->block_count(); ++b) n += seg->block_word(b) != 0;
@@ -146,7 +135,8 @@ TEST_P(QueueLifetimeTest, AFailedGetFreesItsSlotInABoundedQueue) {
   // The lost message's count stays on t's block (docs/transport.md, what can remain):
   // nobody could open the segment to give it back. Give it back here, so the test ends
   // clean.
-  const auto impl = t.storage().impl();  // a copy: the Storage is a temporary
+  const auto impl =
+      internal::StorageAccess::impl(t.storage());  // a copy: the Storage is a temporary
   EXPECT_FALSE(impl->segment()->drop_block_in_flight(impl->block()));
 }
 
@@ -249,13 +239,8 @@ TEST_P(QueueLifetimeTest, SeveralSegmentsInOneMessage) {
   EXPECT_EQ(wait_child(child), 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Strategies, QueueLifetimeTest,
-                         ::testing::Values(SharingStrategy::kFileDescriptor,
-                                           SharingStrategy::kFileSystem),
-                         [](const auto& info) {
-                           return info.param == SharingStrategy::kFileDescriptor ? "file_descriptor"
-                                                                                 : "file_system";
-                         });
+INSTANTIATE_TEST_SUITE_P(Strategies, QueueLifetimeTest, testing::kAllStrategies,
+                         testing::strategy_name);
 
 }  // namespace
 }  // namespace shmtensor

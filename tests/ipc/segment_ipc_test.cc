@@ -19,64 +19,32 @@
 #include "memory/storage_impl.h"
 #include "os/socket.h"
 #include "shmtensor/connection.h"
+#include "shmtensor/internal/storage_access.h"
 #include "shmtensor/queue.h"
 #include "shmtensor/sharing_strategy.h"
 #include "shmtensor/storage.h"
 #include "shmtensor/tensor.h"
 #include "support/leak_check.h"
+#include "support/pipe.h"
+#include "support/strategy_test.h"
 #include "wire/wire.h"
 
 namespace shmtensor {
 namespace {
 
 using testing::fork_child;
-using testing::LeakCheckedTest;
+using testing::Pipe;
 using testing::wait_child;
-
-// One-way byte channel between a parent and a forked child.
-class Pipe {
- public:
-  Pipe() { EXPECT_EQ(::pipe2(fds_, O_CLOEXEC), 0) << std::strerror(errno); }
-  Pipe(const Pipe&) = delete;
-  Pipe& operator=(const Pipe&) = delete;
-  ~Pipe() {
-    for (int fd : fds_)
-      if (fd >= 0) ::close(fd);
-  }
-  void send(char c = 'x') { ASSERT_EQ(::write(fds_[1], &c, 1), 1) << std::strerror(errno); }
-  // Returns the byte, or 0 at EOF (the other side died).
-  char receive() {
-    char c = 0;
-    ssize_t n;
-    do n = ::read(fds_[0], &c, 1);
-    while (n == -1 && errno == EINTR);
-    return n == 1 ? c : 0;
-  }
-
- private:
-  int fds_[2] = {-1, -1};
-};
 
 bool name_exists(const std::string& name) {
   return ::access(("/dev/shm" + name).c_str(), F_OK) == 0;
 }
 
 std::int64_t refcount_of(const Storage& s) {
-  return s.impl()->segment()->header()->refcount.load();
+  return internal::StorageAccess::impl(s)->segment()->header()->refcount.load();
 }
 
-class SegmentIpcTest : public LeakCheckedTest,
-                       public ::testing::WithParamInterface<SharingStrategy> {
- protected:
-  void SetUp() override {
-    LeakCheckedTest::SetUp();
-    set_sharing_strategy(GetParam());
-  }
-  void TearDown() override {
-    set_sharing_strategy(SharingStrategy::kFileDescriptor);
-    LeakCheckedTest::TearDown();
-  }
-};
+class SegmentIpcTest : public testing::StrategyTest {};
 
 // Values written after the fork, in turns, by each side: only shared pages can carry them.
 TEST_P(SegmentIpcTest, WritesAreSeenBothWays) {
@@ -149,7 +117,9 @@ TEST_P(SegmentIpcTest, ChildCreatesAndDropsItsOwnSegments) {
   EXPECT_EQ(testing::run_in_child([&] {
               std::vector<Storage> v;
               for (int i = 0; i < 8; ++i) v.push_back(Storage::allocate_shared(10000));
-              for (auto& st : v) EXPECT_EQ(st.impl()->segment(), v[0].impl()->segment());
+              for (auto& st : v)
+                EXPECT_EQ(internal::StorageAccess::impl(st)->segment(),
+                          internal::StorageAccess::impl(v[0])->segment());
               if (GetParam() == SharingStrategy::kFileSystem)
                 EXPECT_EQ(testing::shm_names_of(::getpid()).size(), 1u);
               EXPECT_EQ(testing::shmtensor_mappings().size(), 1u);
@@ -161,22 +131,16 @@ TEST_P(SegmentIpcTest, ChildCreatesAndDropsItsOwnSegments) {
             0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Strategies, SegmentIpcTest,
-                         ::testing::Values(SharingStrategy::kFileDescriptor,
-                                           SharingStrategy::kFileSystem),
-                         [](const auto& info) { return std::string(to_string(info.param)); });
+INSTANTIATE_TEST_SUITE_P(Strategies, SegmentIpcTest, testing::kAllStrategies,
+                         testing::strategy_name);
 
 // ---- named segment lifetime across fork -------------------------------------------------
 
-class NamedLifetimeTest : public LeakCheckedTest {
+class NamedLifetimeTest : public testing::StrategyRestoringTest {
  protected:
   void SetUp() override {
-    LeakCheckedTest::SetUp();
+    StrategyRestoringTest::SetUp();
     set_sharing_strategy(SharingStrategy::kFileSystem);
-  }
-  void TearDown() override {
-    set_sharing_strategy(SharingStrategy::kFileDescriptor);
-    LeakCheckedTest::TearDown();
   }
 };
 
@@ -185,7 +149,7 @@ class NamedLifetimeTest : public LeakCheckedTest {
 // header: one per mapping process, so a forked child gets its own.
 TEST_F(NamedLifetimeTest, CreatorKeepsTheSegmentWhileAChildHoldsItsBlock) {
   Storage s = Storage::allocate_shared(1 << 20);
-  const std::string name = s.impl()->segment()->name();
+  const std::string name = internal::StorageAccess::impl(s)->segment()->name();
   ASSERT_TRUE(name_exists(name));
   EXPECT_EQ(refcount_of(s), 1);
 
@@ -201,8 +165,8 @@ TEST_F(NamedLifetimeTest, CreatorKeepsTheSegmentWhileAChildHoldsItsBlock) {
   });
   ASSERT_EQ(ready.receive(), 'x');
   EXPECT_EQ(refcount_of(s), 2);  // the child got its own count at fork
-  auto seg = s.impl()->segment();
-  const std::uint32_t block = s.impl()->block();
+  auto seg = internal::StorageAccess::impl(s)->segment();
+  const std::uint32_t block = internal::StorageAccess::impl(s)->block();
   s = Storage();
   empty_cache();
   EXPECT_NE(seg->block_word(block), 0u) << "the child's hold is gone";
@@ -219,7 +183,7 @@ TEST_F(NamedLifetimeTest, ChildDropsFirstParentUnlinks) {
   Storage s = Storage::allocate(1 << 20);
   std::memset(s.data(), 7, s.nbytes());
   s.share_memory_();
-  const std::string name = s.impl()->segment()->name();
+  const std::string name = internal::StorageAccess::impl(s)->segment()->name();
   pid_t pid = fork_child([&] {
     EXPECT_EQ(refcount_of(s), 2);
     s = Storage();
@@ -239,7 +203,7 @@ TEST_F(NamedLifetimeTest, ChildDropsFirstParentUnlinks) {
 // the creator's arena keeps the segment until the last of them dropped its block.
 TEST_F(NamedLifetimeTest, ManyHoldersLastOneFreesTheSegment) {
   Storage s = Storage::allocate_shared(4096);
-  const std::string name = s.impl()->segment()->name();
+  const std::string name = internal::StorageAccess::impl(s)->segment()->name();
   constexpr int kChildren = 4;
   std::vector<Pipe> go(kChildren);
   Pipe done;
@@ -266,8 +230,8 @@ TEST_F(NamedLifetimeTest, ManyHoldersLastOneFreesTheSegment) {
   // Parent + 4 children + 1 grandchild; a child's fork_child may still be running, so wait.
   for (int tries = 0; refcount_of(s) != 1 + kChildren + 1 && tries < 500; ++tries) ::usleep(2000);
   EXPECT_EQ(refcount_of(s), 1 + kChildren + 1);
-  auto seg = s.impl()->segment();
-  const std::uint32_t block = s.impl()->block();
+  auto seg = internal::StorageAccess::impl(s)->segment();
+  const std::uint32_t block = internal::StorageAccess::impl(s)->block();
   s = Storage();  // the parent first
   for (int i = kChildren - 1; i >= 0; --i) {
     empty_cache();
@@ -325,13 +289,7 @@ std::vector<std::string> shmtensor_lines(const std::string& text) {
   return lines;
 }
 
-class CloseOnExecTest : public LeakCheckedTest {
- protected:
-  void TearDown() override {
-    set_sharing_strategy(SharingStrategy::kFileDescriptor);
-    LeakCheckedTest::TearDown();
-  }
-};
+class CloseOnExecTest : public testing::StrategyRestoringTest {};
 
 // fd numbers listed by `ls -l /proc/self/fd`, except ls's own handle on that directory.
 std::set<int> listed_fds(const std::string& text) {
@@ -365,7 +323,7 @@ TEST_F(CloseOnExecTest, EveryLibraryFdIsCloseOnExec) {
     keep.push_back(Storage::allocate(4096).share_memory_());
   }
   set_sharing_strategy(SharingStrategy::kFileDescriptor);
-  int memfd = keep[0].impl()->segment()->fd();
+  int memfd = internal::StorageAccess::impl(keep[0])->segment()->fd();
   ASSERT_GE(memfd, 0);
 
   // Every fd the library opened here (memfds; a manager daemon's socket, if any) is

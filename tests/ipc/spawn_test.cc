@@ -99,14 +99,6 @@ void throws_non_std(int) { throw 42; }
 
 // ---- helpers -----------------------------------------------------------------------------
 
-// No child of this process is left unreaped (a zombie) or running.
-void expect_no_children() {
-  int status = 0;
-  pid_t pid = ::waitpid(-1, &status, WNOHANG);
-  EXPECT_EQ(pid, -1) << "a child process was left behind (pid " << pid << ")";
-  EXPECT_EQ(errno, ECHILD);
-}
-
 // The state letter of /proc/<pid>/stat, or 0 when the process is gone.
 char process_state(pid_t pid) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
@@ -125,7 +117,7 @@ class SpawnTest : public shmtensor::testing::LeakCheckedTest,
                   public ::testing::WithParamInterface<StartMethod> {
  protected:
   void TearDown() override {
-    expect_no_children();
+    shmtensor::testing::expect_no_children();
     LeakCheckedTest::TearDown();
   }
   StartMethod method() const { return GetParam(); }
@@ -407,7 +399,7 @@ INSTANTIATE_TEST_SUITE_P(StartMethods, SpawnTest,
 class SpawnForkTest : public shmtensor::testing::LeakCheckedTest {
  protected:
   void TearDown() override {
-    expect_no_children();
+    shmtensor::testing::expect_no_children();
     LeakCheckedTest::TearDown();
   }
 };

@@ -8,9 +8,10 @@
 #include <set>
 #include <thread>
 
-#include "support/leak_check.h"
 #include "shmtensor/connection.h"
 #include "shmtensor/queue.h"
+#include "support/leak_check.h"
+#include "support/strategy_test.h"
 
 namespace shmtensor {
 namespace {
@@ -18,20 +19,7 @@ namespace {
 using testing::fork_child;
 using testing::wait_child;
 
-class TransportTest : public testing::LeakCheckedTest,
-                      public ::testing::WithParamInterface<SharingStrategy> {
- protected:
-  void SetUp() override {
-    LeakCheckedTest::SetUp();
-    saved_ = get_sharing_strategy();
-    set_sharing_strategy(GetParam());
-  }
-  void TearDown() override {
-    set_sharing_strategy(saved_);
-    LeakCheckedTest::TearDown();
-  }
-  SharingStrategy saved_{};
-};
+class TransportTest : public testing::StrategyTest {};
 
 TEST_P(TransportTest, TensorSentOverPipeIsZeroCopyAndWritableBothWays) {
   auto [a, b] = pipe();
@@ -242,6 +230,22 @@ TEST_P(TransportTest, CloseDrainsThenThrowsQueueClosed) {
   EXPECT_THROW(q.put(3), QueueClosed);
 }
 
+TEST_P(TransportTest, TrySendRefusesWithoutBlockingWhenThePeerIsNotReading) {
+  auto [a, b] = pipe();
+  std::int64_t sent = 0;
+  while (a.try_send(sent)) {
+    ++sent;
+    ASSERT_LT(sent, 1'000'000) << "the socket buffer never filled";
+  }
+  ASSERT_GT(sent, 0);
+  EXPECT_EQ(b.recv<std::int64_t>(), 0);  // whole messages, in order; the refused one is not there
+  EXPECT_TRUE(a.try_send(sent));
+  for (std::int64_t i = 1; i <= sent; ++i) ASSERT_EQ(b.recv<std::int64_t>(), i);
+  EXPECT_FALSE(b.poll());
+  b.close();
+  EXPECT_THROW((void)a.try_send(std::int64_t{0}), ConnectionClosed);
+}
+
 TEST_P(TransportTest, QueuesAndConnectionsAreThemselvesEncodable) {
   auto [a, b] = pipe();
   Queue<Tensor> data;
@@ -323,10 +327,8 @@ TEST_P(TransportTest, TwoThreadsReceivingANewSegmentAtOnceGetOneStorage) {
   EXPECT_EQ(wait_child(child), 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Strategies, TransportTest,
-                         ::testing::Values(SharingStrategy::kFileDescriptor,
-                                           SharingStrategy::kFileSystem),
-                         [](const auto& info) { return std::string(to_string(info.param)); });
+INSTANTIATE_TEST_SUITE_P(Strategies, TransportTest, testing::kAllStrategies,
+                         testing::strategy_name);
 
 }  // namespace
 }  // namespace shmtensor

@@ -36,11 +36,13 @@
 #include "memory/segment.h"
 #include "memory/storage_impl.h"
 #include "os/mapping.h"
+#include "shmtensor/internal/storage_access.h"
 #include "shmtensor/queue.h"
 #include "shmtensor/sharing_strategy.h"
 #include "shmtensor/storage.h"
 #include "shmtensor/tensor.h"
 #include "support/leak_check.h"
+#include "support/strategy_test.h"
 
 namespace shmtensor {
 namespace {
@@ -138,18 +140,7 @@ std::uint64_t own_bit(const Segment& seg) { return std::uint64_t{1} << seg.slot(
 
 // ---- fixture ----------------------------------------------------------------------------
 
-class ArenaStressTest : public testing::LeakCheckedTest,
-                        public ::testing::WithParamInterface<SharingStrategy> {
- protected:
-  void SetUp() override {
-    LeakCheckedTest::SetUp();
-    set_sharing_strategy(GetParam());
-  }
-  void TearDown() override {
-    set_sharing_strategy(SharingStrategy::kFileDescriptor);
-    LeakCheckedTest::TearDown();
-  }
-};
+class ArenaStressTest : public testing::StrategyTest {};
 
 // =========================================================================================
 // 1. Producers and consumers SIGKILLed at random while tensors flow.
@@ -301,7 +292,8 @@ void run_job(Shared* sh, SharingStrategy strategy, int rounds) {
     return true;
   };
   std::set<const Segment*> mine_segments;
-  for (const auto& m : mine) mine_segments.insert(m.second.storage().impl()->segment().get());
+  for (const auto& m : mine)
+    mine_segments.insert(internal::StorageAccess::impl(m.second.storage())->segment().get());
   EXPECT_EQ(arena_stats().blocks_held, mine.size());
   EXPECT_EQ(arena_stats().segments, mine_segments.size());
 
@@ -404,7 +396,8 @@ void run_job(Shared* sh, SharingStrategy strategy, int rounds) {
   EXPECT_EQ(st.blocks_held, mine.size());
   EXPECT_EQ(st.segments, mine_segments.size());
   for (const auto& m : mine) {
-    const auto impl = m.second.storage().impl();  // a copy: storage() is a temporary
+    const auto impl =
+        internal::StorageAccess::impl(m.second.storage());  // a copy: storage() is a temporary
     EXPECT_EQ(impl->segment()->block_word(impl->block()), own_bit(*impl->segment()))
         << "a dead child's hold on our block was not taken back";
   }
@@ -701,9 +694,9 @@ TEST_P(ArenaStressTest, ABlockAPeerMadeLookFreeIsNeverHandedOut) {
     constexpr std::int64_t kN = 25000;  // a 4-block class
     Tensor shared_one = make_tensor(101, kN);
     Tensor keep = make_tensor(102, kN);  // keeps the segment in the arena
-    const auto seg = shared_one.storage().impl()->segment();
-    const std::uint32_t block = shared_one.storage().impl()->block();
-    ASSERT_EQ(keep.storage().impl()->segment(), seg);
+    const auto seg = internal::StorageAccess::impl(shared_one.storage())->segment();
+    const std::uint32_t block = internal::StorageAccess::impl(shared_one.storage())->block();
+    ASSERT_EQ(internal::StorageAccess::impl(keep.storage())->segment(), seg);
     int go[2], ready[2];
     ASSERT_EQ(::pipe2(go, O_CLOEXEC), 0);
     ASSERT_EQ(::pipe2(ready, O_CLOEXEC), 0);
@@ -728,8 +721,9 @@ TEST_P(ArenaStressTest, ABlockAPeerMadeLookFreeIsNeverHandedOut) {
 
     // A free (never used) block of the same segment that the peer marks held.
     std::uint32_t untouched = 0;
-    while (untouched < seg->block_count() &&
-           (untouched == block || untouched == keep.storage().impl()->block()))
+    while (
+        untouched < seg->block_count() &&
+        (untouched == block || untouched == internal::StorageAccess::impl(keep.storage())->block()))
       ++untouched;
     ASSERT_LT(untouched, seg->block_count());
     word_of(*seg, untouched).store(std::uint64_t{1} << 40);
@@ -739,7 +733,8 @@ TEST_P(ArenaStressTest, ABlockAPeerMadeLookFreeIsNeverHandedOut) {
     std::vector<Tensor> more;
     for (int i = 0; i < 3 * static_cast<int>(seg->block_count()); ++i) {
       more.push_back(make_tensor(200 + i, kN));
-      const auto m = more.back().storage().impl();  // a copy: storage() is a temporary
+      const auto m =
+          internal::StorageAccess::impl(more.back().storage());  // a copy: storage() is a temporary
       EXPECT_FALSE(m->segment() == seg && (m->block() == block || m->block() == untouched))
           << "block " << m->block() << " handed out again";
     }
@@ -753,21 +748,15 @@ TEST_P(ArenaStressTest, ABlockAPeerMadeLookFreeIsNeverHandedOut) {
     more.clear();
     empty_cache();
     Tensor again = make_tensor(300, kN);
-    EXPECT_FALSE(again.storage().impl()->segment() == seg &&
-                 again.storage().impl()->block() == block);
+    EXPECT_FALSE(internal::StorageAccess::impl(again.storage())->segment() == seg &&
+                 internal::StorageAccess::impl(again.storage())->block() == block);
     for (int fd : {go[0], go[1], ready[0], ready[1]}) ::close(fd);
   });
   EXPECT_EQ(rc, 0);
 }
 
-std::string strategy_name(const ::testing::TestParamInfo<SharingStrategy>& info) {
-  return info.param == SharingStrategy::kFileSystem ? "FileSystem" : "FileDescriptor";
-}
-
-INSTANTIATE_TEST_SUITE_P(Strategies, ArenaStressTest,
-                         ::testing::Values(SharingStrategy::kFileDescriptor,
-                                           SharingStrategy::kFileSystem),
-                         strategy_name);
+INSTANTIATE_TEST_SUITE_P(Strategies, ArenaStressTest, testing::kAllStrategies,
+                         testing::strategy_name);
 
 }  // namespace
 }  // namespace shmtensor

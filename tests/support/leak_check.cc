@@ -116,6 +116,13 @@ int wait_child(pid_t pid) {
 
 int run_in_child(const std::function<void()>& fn) { return wait_child(fork_child(fn)); }
 
+void expect_no_children() {
+  int status = 0;
+  pid_t pid = ::waitpid(-1, &status, WNOHANG);
+  EXPECT_EQ(pid, -1) << "a child process was left behind (pid " << pid << ")";
+  EXPECT_EQ(errno, ECHILD);
+}
+
 void LeakCheckedTest::SetUp() {
   shmtensor::empty_cache();
   fds_ = open_fds();

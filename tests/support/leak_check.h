@@ -30,6 +30,9 @@ pid_t fork_child(const std::function<void()>& fn);
 int wait_child(pid_t pid);
 // fork_child + wait_child.
 int run_in_child(const std::function<void()>& fn);
+// Fails the test if a child of this process is left unreaped (a zombie) or running: for
+// the TearDown of tests of the API that starts and reaps children.
+void expect_no_children();
 
 // Records fds, shmtensor mappings and /dev/shm names at SetUp and checks at TearDown that
 // nothing new is left (waiting up to 2 s for names unlinked by exiting children).

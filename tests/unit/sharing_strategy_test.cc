@@ -16,23 +16,18 @@
 #include "memory/segment.h"
 #include "memory/storage_impl.h"
 #include "shmtensor/error.h"
+#include "shmtensor/internal/storage_access.h"
 #include "shmtensor/storage.h"
 #include "support/leak_check.h"
+#include "support/strategy_test.h"
 
 namespace shmtensor {
 namespace {
 
 using internal::Segment;
 using internal::SegmentHeader;
-using testing::LeakCheckedTest;
 
-class SharingStrategyTest : public LeakCheckedTest {
- protected:
-  void TearDown() override {
-    set_sharing_strategy(SharingStrategy::kFileDescriptor);
-    LeakCheckedTest::TearDown();
-  }
-};
+class SharingStrategyTest : public testing::StrategyRestoringTest {};
 
 TEST_F(SharingStrategyTest, DefaultIsFileDescriptor) {
   EXPECT_EQ(get_sharing_strategy(), SharingStrategy::kFileDescriptor);
@@ -90,15 +85,16 @@ TEST_F(SharingStrategyTest, SwitchesAtRunTime) {
   EXPECT_EQ(memfd.sharing_strategy(), SharingStrategy::kFileDescriptor);
   EXPECT_EQ(named2.sharing_strategy(), SharingStrategy::kFileSystem);
 
-  const auto& n = named.impl()->segment();
-  const auto& m = memfd.impl()->segment();
+  const auto& n = internal::StorageAccess::impl(named)->segment();
+  const auto& m = internal::StorageAccess::impl(memfd)->segment();
   EXPECT_FALSE(n->name().empty());
   EXPECT_EQ(n->fd(), -1);  // file_system keeps no fd: the name travels
   EXPECT_TRUE(m->name().empty());
   EXPECT_GE(m->fd(), 0);
   // One arena per strategy: both file_system storages live in one segment, in two blocks.
-  EXPECT_EQ(n, named2.impl()->segment());
-  EXPECT_NE(named.impl()->offset(), named2.impl()->offset());
+  EXPECT_EQ(n, internal::StorageAccess::impl(named2)->segment());
+  EXPECT_NE(internal::StorageAccess::impl(named)->offset(),
+            internal::StorageAccess::impl(named2)->offset());
   EXPECT_NE(n, m);
 
   // Every storage keeps working whatever the current strategy is.
@@ -113,11 +109,11 @@ TEST_F(SharingStrategyTest, FileSystemSegmentsAreNamedExclusiveAndReserved) {
   set_sharing_strategy("file_system");
   Storage a = Storage::allocate_shared(1 << 20);
   Storage b = Storage::allocate_shared(1);
-  const std::string& name = a.impl()->segment()->name();
+  const std::string& name = internal::StorageAccess::impl(a)->segment()->name();
   const std::regex pattern("/shmtensor_" + std::to_string(::getpid()) + "_[0-9a-f]{16}_([0-9]+)");
   std::smatch ma, mb;
   ASSERT_TRUE(std::regex_match(name, ma, pattern)) << name;
-  const std::string& name_b = b.impl()->segment()->name();
+  const std::string& name_b = internal::StorageAccess::impl(b)->segment()->name();
   ASSERT_TRUE(std::regex_match(name_b, mb, pattern)) << name_b;
   EXPECT_EQ(name.substr(0, name.rfind('_')), name_b.substr(0, name_b.rfind('_')));
   EXPECT_GT(std::stoull(mb[1]), std::stoull(ma[1]));
@@ -126,16 +122,18 @@ TEST_F(SharingStrategyTest, FileSystemSegmentsAreNamedExclusiveAndReserved) {
   ASSERT_EQ(::stat(("/dev/shm" + name).c_str(), &st), 0) << std::strerror(errno);
   EXPECT_EQ(st.st_mode & 0777, 0600u);
   EXPECT_EQ(st.st_uid, ::geteuid());
-  EXPECT_EQ(static_cast<std::size_t>(st.st_size), a.impl()->segment()->mapped_size());
+  EXPECT_EQ(static_cast<std::size_t>(st.st_size),
+            internal::StorageAccess::impl(a)->segment()->mapped_size());
   // posix_fallocate reserved the pages up front: nothing is left to fail (SIGBUS) later.
-  EXPECT_GE(static_cast<std::size_t>(st.st_blocks) * 512, a.impl()->segment()->mapped_size());
+  EXPECT_GE(static_cast<std::size_t>(st.st_blocks) * 512,
+            internal::StorageAccess::impl(a)->segment()->mapped_size());
   // The creator holds the only count.
-  EXPECT_EQ(a.impl()->segment()->header()->refcount.load(), 1);
+  EXPECT_EQ(internal::StorageAccess::impl(a)->segment()->header()->refcount.load(), 1);
 }
 
 TEST_F(SharingStrategyTest, FileDescriptorSegmentsAreSealedCloexecMemfds) {
   Storage s = Storage::allocate_shared(12345);
-  const auto& seg = s.impl()->segment();
+  const auto& seg = internal::StorageAccess::impl(s)->segment();
   ASSERT_GE(seg->fd(), 0);
   int seals = ::fcntl(seg->fd(), F_GET_SEALS);
   ASSERT_NE(seals, -1) << std::strerror(errno);
@@ -174,7 +172,7 @@ void expect_protocol_error(const SegmentHeader& h, std::size_t mapped, std::uint
   }
 }
 
-class SegmentValidationTest : public LeakCheckedTest {};
+class SegmentValidationTest : public testing::LeakCheckedTest {};
 
 TEST_F(SegmentValidationTest, HeaderValidationRejectsEachBadField) {
   auto seg = Segment::create(SharingStrategy::kFileDescriptor, 4096, 1, internal::SegmentKind::kDedicated);

@@ -13,14 +13,15 @@
 
 #include "memory/registry.h"
 #include "memory/storage_impl.h"
+#include "shmtensor/internal/storage_access.h"
 #include "shmtensor/sharing_strategy.h"
 #include "support/leak_check.h"
+#include "support/strategy_test.h"
 
 namespace shmtensor {
 namespace {
 
 using internal::Registry;
-using testing::LeakCheckedTest;
 
 void fill_pattern(const Storage& s, std::uint8_t seed) {
   auto* p = static_cast<std::uint8_t*>(s.data());
@@ -34,26 +35,14 @@ bool has_pattern(const Storage& s, std::uint8_t seed) {
   return true;
 }
 
-// Runs every test under each strategy and puts the default back afterwards.
-class StorageTest : public LeakCheckedTest, public ::testing::WithParamInterface<SharingStrategy> {
- protected:
-  void SetUp() override {
-    LeakCheckedTest::SetUp();
-    set_sharing_strategy(GetParam());
-  }
-  void TearDown() override {
-    set_sharing_strategy(SharingStrategy::kFileDescriptor);
-    LeakCheckedTest::TearDown();
-  }
-};
+class StorageTest : public testing::StrategyTest {};
 
-TEST_P(StorageTest, PrivateStorageIsNotSharedAndResizable) {
+TEST_P(StorageTest, PrivateStorageIsNotShared) {
   Storage s = Storage::allocate(100);
   ASSERT_TRUE(s.defined());
   EXPECT_EQ(s.nbytes(), 100u);
   EXPECT_NE(s.data(), nullptr);
   EXPECT_FALSE(s.is_shared());
-  EXPECT_TRUE(s.resizable());
   EXPECT_TRUE(testing::shmtensor_mappings().empty());
 }
 
@@ -68,7 +57,6 @@ TEST_P(StorageTest, ShareMemoryKeepsValuesAndMovesThePointer) {
     Storage& ret = s.share_memory_();
     EXPECT_EQ(&ret, &s);
     EXPECT_TRUE(s.is_shared());
-    EXPECT_FALSE(s.resizable());
     EXPECT_EQ(s.sharing_strategy(), GetParam());
     EXPECT_NE(s.data(), before);
     EXPECT_EQ(s.nbytes(), n);
@@ -104,7 +92,7 @@ TEST_P(StorageTest, SharedStorageIsMappedOnceAndUnmappedWhenDropped) {
     EXPECT_EQ(testing::shmtensor_mappings().size(), maps_before + 1);
     EXPECT_EQ(Registry::instance().segment_count(), segs_before + 1);
     if (GetParam() == SharingStrategy::kFileSystem) {
-      const std::string& name = s.impl()->segment()->name();
+      const std::string& name = internal::StorageAccess::impl(s)->segment()->name();
       ASSERT_FALSE(name.empty());
       EXPECT_TRUE(testing::shm_names().count(name.substr(1))) << name;
     }
@@ -132,7 +120,7 @@ TEST_P(StorageTest, ShareMemoryOnSharedStorageIsANoOp) {
   s.share_memory_();
   fill_pattern(s, 5);
   void* data = s.data();
-  auto segment = s.impl()->segment();
+  auto segment = internal::StorageAccess::impl(s)->segment();
   auto fds = testing::open_fds();
   // Segment mappings only: sanitizer allocators map memory for ordinary heap allocations.
   std::size_t maps = testing::shmtensor_mappings().size();
@@ -146,7 +134,7 @@ TEST_P(StorageTest, ShareMemoryOnSharedStorageIsANoOp) {
   s.share_memory_();
 
   EXPECT_EQ(s.data(), data);
-  EXPECT_EQ(s.impl()->segment(), segment);
+  EXPECT_EQ(internal::StorageAccess::impl(s)->segment(), segment);
   EXPECT_EQ(s.sharing_strategy(), GetParam());
   EXPECT_TRUE(has_pattern(s, 5));
   EXPECT_EQ(testing::open_fds(), fds);
@@ -157,7 +145,6 @@ TEST_P(StorageTest, ShareMemoryOnSharedStorageIsANoOp) {
 TEST_P(StorageTest, AllocateSharedNeedsNoCopy) {
   Storage s = Storage::allocate_shared(8192);
   EXPECT_TRUE(s.is_shared());
-  EXPECT_FALSE(s.resizable());
   EXPECT_EQ(s.nbytes(), 8192u);
   EXPECT_EQ(s.sharing_strategy(), GetParam());
   fill_pattern(s, 9);  // the whole range is writable
@@ -236,10 +223,7 @@ TEST_P(StorageTest, ManyStoragesEachGetTheirOwnBytes) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Strategies, StorageTest,
-                         ::testing::Values(SharingStrategy::kFileDescriptor,
-                                           SharingStrategy::kFileSystem),
-                         [](const auto& info) { return std::string(to_string(info.param)); });
+INSTANTIATE_TEST_SUITE_P(Strategies, StorageTest, testing::kAllStrategies, testing::strategy_name);
 
 TEST(StorageNullTest, DefaultConstructedStorageIsNull) {
   Storage s;
@@ -247,7 +231,6 @@ TEST(StorageNullTest, DefaultConstructedStorageIsNull) {
   EXPECT_EQ(s.data(), nullptr);
   EXPECT_EQ(s.nbytes(), 0u);
   EXPECT_FALSE(s.is_shared());
-  EXPECT_FALSE(s.resizable());
   EXPECT_NO_THROW(s.share_memory_());
   EXPECT_FALSE(s.defined());
 }

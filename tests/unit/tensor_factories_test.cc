@@ -83,10 +83,10 @@ TEST(TensorFactoryTest, FullConvertsTheValue) {
 }
 
 TEST(TensorFactoryTest, BadSizesThrow) {
-  EXPECT_THROW(Tensor::empty({2, -1}), std::invalid_argument);
-  EXPECT_THROW(Tensor::zeros({-3}), std::invalid_argument);
-  EXPECT_THROW(Tensor::empty({std::int64_t{1} << 62, 4}), std::invalid_argument);
-  EXPECT_THROW(Tensor::arange(-1), std::invalid_argument);
+  EXPECT_THROW((void)Tensor::empty({2, -1}), std::invalid_argument);
+  EXPECT_THROW((void)Tensor::zeros({-3}), std::invalid_argument);
+  EXPECT_THROW((void)Tensor::empty({std::int64_t{1} << 62, 4}), std::invalid_argument);
+  EXPECT_THROW((void)Tensor::arange(-1), std::invalid_argument);
   EXPECT_EQ(Tensor::arange(0).numel(), 0);
 }
 
@@ -101,8 +101,8 @@ TEST(TensorFactoryTest, FromVector) {
   Tensor m = Tensor::from_vector<std::int32_t>({1, 2, 3, 4, 5, 6}, {3, 2});
   EXPECT_EQ(m.sizes(), (V{3, 2}));
   EXPECT_EQ(m[2][0].item<int>(), 5);
-  EXPECT_THROW(Tensor::from_vector<std::int32_t>({1, 2, 3}, {2, 2}), std::invalid_argument);
-  EXPECT_THROW(Tensor::from_vector<std::int32_t>({1, 2}, {-1, -2}), std::invalid_argument);
+  EXPECT_THROW((void)Tensor::from_vector<std::int32_t>({1, 2, 3}, {2, 2}), std::invalid_argument);
+  EXPECT_THROW((void)Tensor::from_vector<std::int32_t>({1, 2}, {-1, -2}), std::invalid_argument);
   Tensor e = Tensor::from_vector(std::vector<double>{});
   EXPECT_EQ(e.sizes(), (V{0}));
   // The vector is copied: the tensor owns its bytes.
@@ -134,11 +134,11 @@ TEST(TensorStackTest, StackAlongEveryDim) {
 
 TEST(TensorStackTest, StackRejectsMismatches) {
   Tensor a = Tensor::zeros({2});
-  EXPECT_THROW(stack({}), std::invalid_argument);
-  EXPECT_THROW(stack({a, Tensor::zeros({3})}), std::invalid_argument);
-  EXPECT_THROW(stack({a, Tensor::zeros({2}, DType::kInt32)}), std::invalid_argument);
-  EXPECT_THROW(stack({a, Tensor()}), std::invalid_argument);
-  EXPECT_THROW(stack({a, a}, 2), std::out_of_range);
+  EXPECT_THROW((void)stack({}), std::invalid_argument);
+  EXPECT_THROW((void)stack({a, Tensor::zeros({3})}), std::invalid_argument);
+  EXPECT_THROW((void)stack({a, Tensor::zeros({2}, DType::kInt32)}), std::invalid_argument);
+  EXPECT_THROW((void)stack({a, Tensor()}), std::invalid_argument);
+  EXPECT_THROW((void)stack({a, a}, 2), std::out_of_range);
 }
 
 class TensorStackIntoTest : public testing::LeakCheckedTest {};

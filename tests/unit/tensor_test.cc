@@ -31,8 +31,8 @@ TEST(TensorTest, DefaultIsUndefined) {
   EXPECT_THROW(t.raw_data(), std::invalid_argument);
   EXPECT_THROW(t.data_ptr<float>(), std::invalid_argument);
   EXPECT_THROW(t.item<float>(), std::invalid_argument);
-  EXPECT_THROW(t.clone(), std::invalid_argument);
-  EXPECT_THROW(t.view({1}), std::invalid_argument);
+  EXPECT_THROW((void)t.clone(), std::invalid_argument);
+  EXPECT_THROW((void)t.view({1}), std::invalid_argument);
   EXPECT_THROW(t.share_memory_(), std::invalid_argument);
 }
 
@@ -67,7 +67,7 @@ TEST(TensorTest, ZeroDimTensor) {
   EXPECT_TRUE(t.is_contiguous());
   EXPECT_EQ(t.item<int>(), 7);
   EXPECT_THROW(t.size(0), std::out_of_range);
-  EXPECT_THROW(t.select(0, 0), std::out_of_range);
+  EXPECT_THROW((void)t.select(0, 0), std::out_of_range);
 }
 
 TEST(TensorTest, CopiesShareTheStorage) {
@@ -144,12 +144,12 @@ TEST(TensorFromStorageTest, MakesAViewOverTheStorage) {
   t.data_ptr<std::int32_t>()[0] = -1;
   EXPECT_EQ(base.data_ptr<std::int32_t>()[2], -1);
   // The last element exactly fills the storage; stride 0 and empty tensors are fine.
-  EXPECT_NO_THROW(Tensor::from_storage(base.storage(), 11, {1}, {1}, DType::kInt32));
-  EXPECT_NO_THROW(Tensor::from_storage(base.storage(), 0, {1000}, {0}, DType::kInt32));
-  EXPECT_NO_THROW(Tensor::from_storage(base.storage(), 12, {0}, {1}, DType::kInt32));
-  EXPECT_NO_THROW(Tensor::from_storage(base.storage(), 0, {}, {}, DType::kInt32));
+  EXPECT_NO_THROW((void)Tensor::from_storage(base.storage(), 11, {1}, {1}, DType::kInt32));
+  EXPECT_NO_THROW((void)Tensor::from_storage(base.storage(), 0, {1000}, {0}, DType::kInt32));
+  EXPECT_NO_THROW((void)Tensor::from_storage(base.storage(), 12, {0}, {1}, DType::kInt32));
+  EXPECT_NO_THROW((void)Tensor::from_storage(base.storage(), 0, {}, {}, DType::kInt32));
   // Reinterpreting the bytes as another dtype is allowed when it fits.
-  EXPECT_NO_THROW(Tensor::from_storage(base.storage(), 0, {6}, {1}, DType::kFloat64));
+  EXPECT_NO_THROW((void)Tensor::from_storage(base.storage(), 0, {6}, {1}, DType::kFloat64));
 }
 
 TEST(TensorFromStorageTest, RejectsHostileValues) {
@@ -176,12 +176,13 @@ TEST(TensorFromStorageTest, RejectsHostileValues) {
   EXPECT_THROW(make(0, {kMax}, {0}), std::invalid_argument);           // numel * 8 overflows
   EXPECT_THROW(make(0, {kMax, kMax}, {0, 0}), std::invalid_argument);  // numel overflows
   EXPECT_THROW(make(0, {1}, {1}, static_cast<DType>(99)), std::invalid_argument);
-  EXPECT_THROW(Tensor::from_storage(Storage(), 0, {}, {}, DType::kFloat32), std::invalid_argument);
+  EXPECT_THROW((void)Tensor::from_storage(Storage(), 0, {}, {}, DType::kFloat32),
+               std::invalid_argument);
   // A zero-byte storage holds only empty tensors at offset 0.
   Storage none = Storage::allocate(0);
-  EXPECT_NO_THROW(Tensor::from_storage(none, 0, {0, 5}, {5, 1}, DType::kFloat32));
-  EXPECT_THROW(Tensor::from_storage(none, 0, {}, {}, DType::kFloat32), std::out_of_range);
-  EXPECT_THROW(Tensor::from_storage(none, 1, {0}, {1}, DType::kFloat32), std::out_of_range);
+  EXPECT_NO_THROW((void)Tensor::from_storage(none, 0, {0, 5}, {5, 1}, DType::kFloat32));
+  EXPECT_THROW((void)Tensor::from_storage(none, 0, {}, {}, DType::kFloat32), std::out_of_range);
+  EXPECT_THROW((void)Tensor::from_storage(none, 1, {0}, {1}, DType::kFloat32), std::out_of_range);
 }
 
 // Bytes from a peer may hold any value; a bool byte other than 0 or 1 reads as true, never as
@@ -237,7 +238,7 @@ TEST(TensorFromStorageTest, AcceptedValuesStayInBounds) {
     // Reading every element must stay within the storage (ASan would catch it otherwise).
     // Stride-0 dims can make numel huge; read only the small ones.
     if (t.numel() <= 4096) {
-      EXPECT_NO_THROW(t.clone());
+      EXPECT_NO_THROW((void)t.clone());
     }
   }
   EXPECT_GT(accepted, 100);

@@ -1,5 +1,5 @@
 // What Pool (pool.h) sends to a worker and how a worker runs it: the entry points that
-// call a task's function in the worker, and a task's failure as data. Internals.
+// call a task's function in the worker, and a task's failure as data. Internal.
 #pragma once
 
 #include <cstdint>
@@ -12,11 +12,10 @@
 #include <vector>
 
 #include "shmtensor/codec.h"
-#include "shmtensor/spawn.h"
+#include "shmtensor/internal/current_exception.h"
+#include "shmtensor/internal/launch.h"
 
-namespace shmtensor {
-
-namespace detail {
+namespace shmtensor::internal {
 
 // Runs in a worker: decodes the arguments, calls the function, encodes its result.
 using PoolEntry = void (*)(std::uintptr_t fn, Decoder& args, Encoder& reply);
@@ -36,14 +35,9 @@ void pool_entry(std::uintptr_t fn_address, Decoder& d, Encoder& reply) {
   }
 }
 
-// "<type>: <message>" of the exception being handled (in a catch block), and this
-// process's pid: for pool_chunk_entry, which reports each input's failure on its own.
-std::string current_exception_text();
-int current_pid() noexcept;
-
-// A chunk's reply: the worker's pid, then per input its result or its exception's text.
+// A chunk's reply: per input, its result or its exception's "<type>: <message>".
 template <class R>
-using ChunkReply = std::pair<std::int32_t, std::vector<std::variant<R, std::string>>>;
+using ChunkReply = std::vector<std::variant<R, std::string>>;
 
 // Runs in a worker: fn on every argument tuple of a chunk (map/imap/starmap with
 // chunksize > 1). An input whose call throws fails alone; the others keep their results.
@@ -55,14 +49,13 @@ void pool_chunk_entry(std::uintptr_t fn_address, Decoder& d, Encoder& reply) {
   auto chunk = d.template decode<std::vector<Params>>();
   d.finish();
   ChunkReply<R> out;
-  out.first = current_pid();
-  out.second.reserve(chunk.size());
+  out.reserve(chunk.size());
   for (auto& args : chunk) {
     try {
-      out.second.emplace_back(std::in_place_index<0>,
-                              std::apply([&](auto&... a) -> decltype(auto) { return fn(a...); }, args));
+      out.emplace_back(std::in_place_index<0>,
+                       std::apply([&](auto&... a) -> decltype(auto) { return fn(a...); }, args));
     } catch (...) {
-      out.second.emplace_back(std::in_place_index<1>, current_exception_text());
+      out.emplace_back(std::in_place_index<1>, describe_current_exception());
     }
   }
   chunk.clear();  // drop the arguments (and their shared memory) before replying
@@ -88,7 +81,9 @@ struct PoolTask {
   PoolEntry entry = nullptr;
   std::uintptr_t fn = 0;
   std::function<void(Encoder&)> encode_args;  // called once, inside Pool::submit
-  std::function<void(Decoder&)> on_result;    // in the dispatcher thread; may throw
+  // In the dispatcher thread, with the reply and the pid of the worker that ran the task;
+  // may throw.
+  std::function<void(Decoder&, int pid)> on_result;
   std::function<void(TaskFailure)> on_error;  // in the dispatcher thread
 };
 
@@ -105,6 +100,4 @@ constexpr void check_pool_fn() {
 template <class F>
 using PoolResult = std::decay_t<typename FnTraits<PoolFn<F>>::Result>;
 
-}  // namespace detail
-
-}  // namespace shmtensor
+}  // namespace shmtensor::internal

@@ -1,5 +1,5 @@
 // DataLoader internals that its template needs (data_loader.h): the batch plan of a
-// map-style epoch, and the main process's side of the workers. Not part of the API.
+// map-style epoch, and the main process's side of the workers. Internal.
 #pragma once
 
 #include <cstdint>
@@ -9,14 +9,14 @@
 #include <vector>
 
 #include "shmtensor/codec.h"
-#include "shmtensor/data_worker.h"
+#include "shmtensor/internal/data_worker.h"
+#include "shmtensor/internal/launch.h"
 #include "shmtensor/process.h"
 #include "shmtensor/sampler.h"
 #include "shmtensor/start_method.h"
+#include "shmtensor/timeout.h"
 
-namespace shmtensor {
-
-namespace detail {
+namespace shmtensor::internal {
 
 struct PlanOptions {
   std::int64_t batch_size = 1;
@@ -47,14 +47,14 @@ class BatchPlan {
 
 // Checks the options as torch does; throws std::invalid_argument.
 void validate_options(const PlanOptions& plan, int num_workers, int prefetch_factor,
-                      bool persistent_workers, Duration timeout, bool iterable);
+                      bool persistent_workers, Timeout timeout, bool iterable);
 std::uint64_t random_seed();
 
 struct SessionOptions {
   int num_workers = 1;
   int prefetch_factor = 2;
   bool in_order = true;
-  Duration timeout{0};
+  Timeout timeout;  // unset or 0: no limit
   StartMethod start_method = StartMethod::kFork;
   bool iterable = false;
 };
@@ -94,6 +94,4 @@ class LoaderSession {
   std::unique_ptr<State> state_;
 };
 
-}  // namespace detail
-
-}  // namespace shmtensor
+}  // namespace shmtensor::internal

@@ -1,6 +1,4 @@
-// The worker side of a DataLoader: what a worker process runs, and what a dataset can ask
-// while running there (get_worker_info). Included by data_loader.h; the detail namespace is
-// not a stable API.
+// The worker side of a DataLoader (data_loader.h): what a worker process runs. Internal.
 //
 // Protocol (one duplex Connection per worker; docs/data_loader.md):
 //   main -> worker  u8 kTasks, u32 n, then n × (u64 id, u8 reset, vector<i64> indices)
@@ -24,23 +22,14 @@
 #include <vector>
 
 #include "shmtensor/codec.h"
-#include "shmtensor/collate.h"
 #include "shmtensor/connection.h"
-#include "shmtensor/process.h"
+#include "shmtensor/internal/function_ref.h"
+#include "shmtensor/internal/launch.h"
+#include "shmtensor/internal/worker_group.h"
 
 namespace shmtensor {
 
-// Which worker this process is, in a DataLoader worker.
-struct WorkerInfo {
-  int id = 0;            // 0 .. num_workers - 1
-  int num_workers = 0;
-  std::uint64_t seed = 0;  // the loader's base seed + id
-};
-// The calling process's WorkerInfo in a DataLoader worker; nullopt in any other process.
-// An iterable dataset calls it (in begin()) to pick its share of the data.
-std::optional<WorkerInfo> get_worker_info();
-
-namespace detail {
+namespace internal {
 
 // ---- dataset and batch types ---------------------------------------------------------------
 
@@ -79,22 +68,6 @@ template <class D, class C>
 using BatchOf = std::decay_t<std::invoke_result_t<C&, std::vector<SampleOf<D>>>>;
 
 // ---- worker plumbing (src/data/worker_port.cc) -----------------------------------------------
-
-// A worker's end of its connection: copyable (a Process copies its arguments) and
-// encodable (kExec sends it; the socket travels as an fd).
-struct WorkerLink {
-  std::shared_ptr<Connection> connection;
-};
-
-// A function named so that a re-executed worker finds it (module + offset).
-struct FunctionRef {
-  bool set = false;
-  std::string module;
-  std::uint64_t offset = 0;
-  SHMTENSOR_FIELDS(set, module, offset)
-};
-FunctionRef function_ref(const void* code);
-const void* resolve_function(const FunctionRef& ref);
 
 struct WorkerConfig {
   int id = 0;
@@ -295,23 +268,15 @@ void exec_worker_main(int /*index*/, WorkerLink link, WorkerConfig config, Datas
   run_worker(box.dataset, collate, init_fn, port);
 }
 
-}  // namespace detail
-
-template <>
-struct Codec<detail::WorkerLink> {
-  static void encode(Encoder& e, const detail::WorkerLink& l) { e.encode(*l.connection); }
-  static detail::WorkerLink decode(Decoder& d) {
-    return {std::make_shared<Connection>(d.decode<Connection>())};
-  }
-};
+}  // namespace internal
 
 template <class D>
-struct Codec<detail::DatasetBox<D>> {
-  static void encode(Encoder& e, const detail::DatasetBox<D>& b) {
-    if constexpr (detail::HasCodec<D>::value) e.encode(b.dataset);
+struct Codec<internal::DatasetBox<D>> {
+  static void encode(Encoder& e, const internal::DatasetBox<D>& b) {
+    if constexpr (internal::HasCodec<D>::value) e.encode(b.dataset);
   }
-  static detail::DatasetBox<D> decode(Decoder& d) {
-    if constexpr (detail::HasCodec<D>::value) return {d.decode<D>()};
+  static internal::DatasetBox<D> decode(Decoder& d) {
+    if constexpr (internal::HasCodec<D>::value) return {d.decode<D>()};
     else return {};
   }
 };

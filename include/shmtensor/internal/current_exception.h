@@ -1,0 +1,12 @@
+// Describing an exception as text, for reporting it to another process. Internal.
+#pragma once
+
+#include <string>
+
+namespace shmtensor::internal {
+
+// "<demangled type>: <what()>" of the exception being handled (call inside a catch block;
+// "(not derived from std::exception; no message)" stands for a missing what()).
+std::string describe_current_exception();
+
+}  // namespace shmtensor::internal
