@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "dtypes.h"
+#include "shmtensor/internal/storage_access.h"
 
 namespace py = pybind11;
 
@@ -23,11 +24,11 @@ std::unordered_map<const void*, long>& exports() {
 }
 void add_export(const Storage& s) {
   std::lock_guard lock(g_exports_mu);
-  ++exports()[s.impl().get()];
+  ++exports()[internal::StorageAccess::impl(s).get()];
 }
 void remove_export(const Storage& s) {
   std::lock_guard lock(g_exports_mu);
-  auto it = exports().find(s.impl().get());
+  auto it = exports().find(internal::StorageAccess::impl(s).get());
   if (it != exports().end() && --it->second == 0) exports().erase(it);
 }
 
@@ -179,7 +180,7 @@ void install_buffer_protocol(PyHeapTypeObject* heap_type) {
 
 bool has_exports(const Storage& storage) {
   std::lock_guard lock(g_exports_mu);
-  return exports().count(storage.impl().get()) > 0;
+  return exports().count(internal::StorageAccess::impl(storage).get()) > 0;
 }
 
 py::dict array_interface(const Tensor& t) {
