@@ -115,19 +115,23 @@ def leak_check(request):
     yield
     gc.collect()
     shmtensor.empty_cache()
+    # Names of exiting children, and the pipes of a multiprocessing.Queue (its feeder thread
+    # closes them when it ends, after the test has dropped the queue), go a moment later.
     deadline = time.monotonic() + 2.0
     while True:
         extra = sorted(n for n in shm_names() - names if _is_ours(_creator(n)))
-        if not extra or time.monotonic() > deadline:
+        leaked = []
+        for fd in sorted(open_fds() - fds - _multiprocessing_fds()):
+            try:
+                leaked.append((fd, os.readlink(f"/proc/self/fd/{fd}")))
+            except OSError:
+                continue  # closed meanwhile (the listing's own fd, among others)
+        if (not extra and not leaked) or time.monotonic() > deadline:
             break
         time.sleep(0.02)
+        gc.collect()
     problems = [f"leaked /dev/shm name: {n}" for n in extra]
-    for fd in sorted(open_fds() - fds - _multiprocessing_fds()):
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue  # closed meanwhile (the listing's own fd, among others)
-        problems.append(f"leaked fd {fd} -> {target}")
+    problems += [f"leaked fd {fd} -> {target}" for fd, target in leaked]
     maps = shmtensor_mappings()
     if len(maps) > mappings:
         problems += [f"shmtensor mapping left: {m}" for m in maps]
