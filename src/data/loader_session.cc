@@ -10,6 +10,7 @@
 
 #include "data/loader_errors.h"
 #include "os/child.h"
+#include "os/poll.h"
 #include "process/child_side.h"
 #include "process/process_state.h"
 #include "process/shutdown.h"

@@ -132,7 +132,7 @@ void connect_locked(Client& c) {
     // Who we are, as the daemon may read it only after we are gone (a short-lived process):
     // our start time (to tell us from a later process with our pid) and process group (to
     // keep names we sent in messages while our relatives live).
-    encode_header(MessageType::kHello, process_start_time(own_pid()),
+    encode_header(MessageType::kHello, own_process_id().start_time,
                   static_cast<std::uint64_t>(own_process_group()), &hello);
     if (send_packet(fd.get(), &hello, sizeof hello, false) == 0) {
       char buf[1024];

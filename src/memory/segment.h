@@ -171,10 +171,4 @@ void validate_segment_header(const SegmentHeader& h, std::size_t mapped_size,
 // Segment's destructor and for in-flight counts of messages that were never received.
 void release_named_segment_count(SegmentHeader* header, const std::string& name) noexcept;
 
-// This process's slot owner value (pid + start time), recomputed after fork.
-std::uint64_t current_slot_owner() noexcept;
-// True while the process a slot owner value names lives (same pid and start time, not a
-// zombie). Shared by arena segments and queue holder tables.
-bool slot_owner_alive(std::uint64_t owner) noexcept;
-
 }  // namespace shmtensor::internal

@@ -21,13 +21,6 @@ namespace {
 using WordRef = std::atomic_ref<std::uint64_t>;
 }  // namespace
 
-bool slot_owner_alive(std::uint64_t owner) noexcept {
-  const auto pid = static_cast<pid_t>(owner >> 32);
-  if (pid <= 0) return false;
-  const std::uint64_t start = process_start_time(pid);
-  return start != 0 && (start & 0xffffffffu) == (owner & 0xffffffffu);
-}
-
 // Also marks the block, so that the creator's arena never collects it as free later (a
 // rescan would see a zeroed word as free while a holder still reads the block).
 void Segment::report_corruption(const char* what, std::uint32_t block,
@@ -37,17 +30,6 @@ void Segment::report_corruption(const char* what, std::uint32_t block,
                "shmtensor: corrupted block word in shared memory (%s; block %u, word 0x%llx): "
                "the block is left alone and never reused\n",
                what, block, static_cast<unsigned long long>(word));
-}
-
-std::uint64_t current_slot_owner() noexcept {
-  static std::atomic<std::uint64_t> cached{0};
-  static std::atomic<pid_t> cached_pid{0};
-  const pid_t pid = current_pid();
-  if (cached_pid.load(std::memory_order_acquire) != pid) {
-    cached.store(slot_owner(pid, process_start_time(pid)), std::memory_order_relaxed);
-    cached_pid.store(pid, std::memory_order_release);
-  }
-  return cached.load(std::memory_order_relaxed);
 }
 
 std::uint64_t* Segment::word_ptr(std::uint32_t block) const noexcept {

@@ -19,6 +19,7 @@
 #include <unordered_map>
 
 #include "os/child.h"
+#include "os/poll.h"
 #include "os/code_address.h"
 #include "os/event_fd.h"
 #include "process/child_side.h"

@@ -6,6 +6,7 @@
 
 #include "os/child.h"
 #include "os/code_address.h"
+#include "os/proc.h"
 #include "process/child_side.h"
 #include "process/pool_protocol.h"
 #include "shmtensor/connection.h"
@@ -15,7 +16,7 @@ namespace shmtensor {
 
 namespace detail {
 std::string current_exception_text() { return internal::describe_current_exception(); }
-int current_pid() noexcept { return static_cast<int>(internal::self_pid()); }
+int current_pid() noexcept { return static_cast<int>(internal::own_pid()); }
 }  // namespace detail
 
 namespace internal {

@@ -1,7 +1,9 @@
 #include "transport/channel.h"
 
+#include <algorithm>
 #include <vector>
 
+#include "os/poll.h"
 #include "os/socket.h"
 #include "wire/wire.h"
 
@@ -12,7 +14,7 @@ bool send_value(int sock, Encoder&& encoder, bool nonblocking) {
   return send_frame(sock, frame, nonblocking);
 }
 
-RecvResult recv_value(int sock, std::optional<std::chrono::nanoseconds> timeout, bool* consumed) {
+Incoming recv_value(int sock, std::optional<std::chrono::nanoseconds> timeout, bool* consumed) {
   // One buffer per thread: a datagram is at most kMaxInlineFrame bytes.
   thread_local std::vector<std::byte> buffer(kMaxInlineFrame);
   using Clock = std::chrono::steady_clock;
@@ -21,7 +23,8 @@ RecvResult recv_value(int sock, std::optional<std::chrono::nanoseconds> timeout,
     // A zero timeout needs no poll(): the non-blocking recvmsg below says EAGAIN itself.
     if (timeout && timeout->count() > 0) {
       auto left = deadline - Clock::now();
-      if (!wait_readable(sock, left > left.zero() ? left : left.zero()))
+      const int fds[1] = {sock};
+      if (wait_readable(fds, std::max(left, decltype(left)::zero())).empty())
         return {RecvStatus::kTimeout, std::nullopt};
     }
     // With a timeout, receive without blocking: another receiver may have taken the

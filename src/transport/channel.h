@@ -14,7 +14,7 @@ namespace shmtensor::internal {
 bool send_value(int sock, Encoder&& encoder, bool nonblocking = false);
 
 enum class RecvStatus { kOk, kEof, kTimeout };
-struct RecvResult {
+struct Incoming {
   RecvStatus status;
   std::optional<Decoder> decoder;
 };
@@ -22,7 +22,7 @@ struct RecvResult {
 // one socket: a message goes to one of them; the others keep waiting. If `consumed` is
 // given, it is set once a datagram was taken off the socket, so that a caller can tell an
 // exception about that message (it is gone) from one about the socket.
-RecvResult recv_value(int sock, std::optional<std::chrono::nanoseconds> timeout,
+Incoming recv_value(int sock, std::optional<std::chrono::nanoseconds> timeout,
                       bool* consumed = nullptr);
 
 }  // namespace shmtensor::internal

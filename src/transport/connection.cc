@@ -1,5 +1,6 @@
 #include "shmtensor/connection.h"
 
+#include "os/poll.h"
 #include "os/socket.h"
 #include "os/unique_fd.h"
 #include "transport/channel.h"
@@ -14,7 +15,8 @@ int Connection::release() noexcept { return std::exchange(fd_, -1); }
 
 bool Connection::poll(std::optional<std::chrono::nanoseconds> timeout) const {
   if (fd_ < 0) throw ConnectionClosed("poll() on a closed connection");
-  return internal::wait_readable(fd_, timeout);
+  const int fds[1] = {fd_};
+  return !internal::wait_readable(fds, timeout).empty();
 }
 
 void Connection::send_encoded(Encoder&& encoder) {

@@ -13,9 +13,9 @@
 #include <thread>
 #include <vector>
 
-#include "memory/segment.h"
 #include "os/futex.h"
 #include "os/mapping.h"
+#include "os/proc.h"
 #include "os/shm.h"
 #include "os/socket.h"
 #include "shmtensor/queue.h"
@@ -147,7 +147,7 @@ void drain(QueueCore::State& st) noexcept {
   for (;;) {
     bool consumed = false;
     try {
-      RecvResult r = recv_value(st.recv_fd.get(), std::chrono::nanoseconds(0), &consumed);
+      Incoming r = recv_value(st.recv_fd.get(), std::chrono::nanoseconds(0), &consumed);
       if (r.status != RecvStatus::kOk) return;
       release_item(c);
     } catch (...) {
@@ -280,7 +280,7 @@ bool QueueCore::put(Encoder&& e, std::optional<std::chrono::nanoseconds> timeout
 
 std::optional<Decoder> QueueCore::get(std::optional<std::chrono::nanoseconds> timeout) {
   auto* c = state_->control();
-  RecvResult r;
+  Incoming r;
   bool consumed = false;
   try {
     r = recv_value(state_->recv_fd.get(), timeout, &consumed);

@@ -36,6 +36,7 @@
 #include "memory/segment.h"
 #include "memory/storage_impl.h"
 #include "os/mapping.h"
+#include "os/proc.h"
 #include "shmtensor/queue.h"
 #include "shmtensor/sharing_strategy.h"
 #include "shmtensor/storage.h"
