@@ -1,10 +1,7 @@
 #include "memory/registry.h"
 
-#include <pthread.h>
-
-#include <cerrno>
-#include <cstdint>
 #include <algorithm>
+#include <cstdint>
 #include <deque>
 #include <memory>
 #include <mutex>
@@ -13,6 +10,7 @@
 #include "memory/arena.h"
 #include "memory/segment.h"
 #include "memory/storage_impl.h"
+#include "os/fork_handlers.h"
 
 namespace shmtensor::internal {
 
@@ -101,20 +99,17 @@ struct Forking {
   std::vector<std::shared_ptr<Segment>> all;
 };
 Forking* g_forking = nullptr;
-// The caller's errno at prepare time. prepare_fork leaves errno at 0 so that
-// parent_after_fork can tell a failed fork: glibc runs the parent handlers in both cases,
-// and only a failed fork sets errno (to EAGAIN, ENOMEM or ENOSYS).
-int g_errno_before_fork = 0;
 
-void prepare_fork();
-void parent_after_fork();
-void child_after_fork();
+void prepare_fork() noexcept;
+void parent_after_fork(bool fork_failed) noexcept;
+void child_after_fork() noexcept;
+constexpr ForkHandlers kForkHandlers{prepare_fork, parent_after_fork, child_after_fork};
 
 }  // namespace
 
 Registry::Registry() : state_(new State) {
   g_state = state_;
-  ::pthread_atfork(prepare_fork, parent_after_fork, child_after_fork);
+  install_fork_handlers(ForkStage::kMemory, &kForkHandlers);
 }
 
 Registry& Registry::instance() {
@@ -124,7 +119,7 @@ Registry& Registry::instance() {
 
 namespace {
 
-void prepare_fork() {
+void prepare_fork() noexcept {
   arena_prepare_fork();  // lock order: arena, then registry
   g_state->mu.lock();
   // Allocation here is fine: we are in the parent, before fork.
@@ -146,31 +141,25 @@ void prepare_fork() {
       }
     });
   }
-  g_errno_before_fork = errno;
-  errno = 0;
 }
 
-void parent_after_fork() {
-  const int err = errno;
-  const bool fork_failed = err == EAGAIN || err == ENOMEM || err == ENOSYS;
+void parent_after_fork(bool fork_failed) noexcept {
   auto* held = g_forking;
   g_forking = nullptr;
   g_state->mu.unlock();
   // On success the counts added in prepare_fork belong to the child: the parent keeps its
   // own and gives nothing back. On failure no child exists, so the parent takes them back;
   // this cannot reach zero: the parent itself still holds a count (held keeps the segments
-  // alive). (A prepare handler that runs after ours and leaves errno at one of these
-  // values would make us take back a live child's count; none that we know of does.)
+  // alive).
   if (fork_failed) {
     for (auto& seg : held->named) seg->header()->refcount.fetch_sub(1, std::memory_order_relaxed);
     for (auto& impl : held->storages) impl->segment()->take_back_fork_count(impl->block());
   }
   arena_parent_after_fork();
   delete held;  // drops the temporary references outside the locks
-  errno = fork_failed ? err : g_errno_before_fork;
 }
 
-void child_after_fork() {
+void child_after_fork() noexcept {
   // The child keeps the counts added for it. It drops the temporary shared_ptrs only
   // after unlocking: a Segment destructor takes the registry lock.
   auto* held = g_forking;
@@ -189,7 +178,6 @@ void child_after_fork() {
   g_state->mu.unlock();
   arena_child_after_fork();
   delete held;
-  errno = g_errno_before_fork;
 }
 
 }  // namespace

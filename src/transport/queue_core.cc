@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "os/fork_handlers.h"
 #include "os/futex.h"
 #include "os/mapping.h"
 #include "os/proc.h"
@@ -97,7 +98,7 @@ namespace {
 std::mutex g_live_mu;
 std::vector<QueueCore::State*>* g_live = nullptr;
 
-void prepare_fork() {
+void prepare_fork() noexcept {
   g_live_mu.lock();
   if (g_live == nullptr) return;
   // The child will hold every queue we hold. Its slot is taken now, in our name, so that no
@@ -106,15 +107,15 @@ void prepare_fork() {
   for (auto* st : *g_live) st->fork_slot = claim_holder(st->control(), me);
 }
 
-void parent_after_fork() {
-  // The slot is the child's now. (If fork failed, it stays in our name until we exit, so
-  // that queue is not drained early; it is never drained too soon.)
+void parent_after_fork(bool /*fork_failed*/) noexcept {
+  // The slot is the child's now. If the fork failed, it stays in our name until we exit:
+  // that queue is then drained late, never too soon.
   if (g_live != nullptr)
     for (auto* st : *g_live) st->fork_slot = -1;
   g_live_mu.unlock();
 }
 
-void child_after_fork() {
+void child_after_fork() noexcept {
   if (g_live != nullptr) {
     const std::uint64_t me = current_slot_owner();  // recomputed: our pid changed
     for (auto* st : *g_live) {
@@ -126,9 +127,10 @@ void child_after_fork() {
   g_live_mu.unlock();
 }
 
+constexpr ForkHandlers kForkHandlers{prepare_fork, parent_after_fork, child_after_fork};
+
 void register_live(QueueCore::State* st) {
-  static std::once_flag once;
-  std::call_once(once, [] { ::pthread_atfork(prepare_fork, parent_after_fork, child_after_fork); });
+  install_fork_handlers(ForkStage::kQueues, &kForkHandlers);
   std::lock_guard lock(g_live_mu);
   if (g_live == nullptr) g_live = new std::vector<QueueCore::State*>();  // never freed
   g_live->push_back(st);
