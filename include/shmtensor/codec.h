@@ -44,6 +44,7 @@ namespace shmtensor {
 namespace internal {
 struct EncoderState;
 struct DecoderState;
+struct CodecAccess;  // the wire layer's access to what follows (src/wire/wire.h)
 }  // namespace internal
 
 template <class T, class Enable = void>
@@ -79,10 +80,9 @@ class Encoder {
     Codec<std::decay_t<T>>::encode(*this, v);
   }
 
-  const std::vector<std::byte>& payload() const noexcept { return payload_; }
-  internal::EncoderState& state() noexcept { return *state_; }
 
  private:
+  friend struct internal::CodecAccess;
   std::vector<std::byte> payload_;
   std::unique_ptr<internal::EncoderState> state_;
 };
@@ -90,7 +90,6 @@ class Encoder {
 // Reads one received message. Every read checks bounds and throws ProtocolError.
 class Decoder {
  public:
-  explicit Decoder(std::unique_ptr<internal::DecoderState> state);
   ~Decoder();
   Decoder(Decoder&&) noexcept;
   Decoder& operator=(Decoder&&) noexcept;
@@ -120,6 +119,8 @@ class Decoder {
   void finish();
 
  private:
+  friend struct internal::CodecAccess;
+  explicit Decoder(std::unique_ptr<internal::DecoderState> state);
   std::unique_ptr<internal::DecoderState> state_;
 };
 

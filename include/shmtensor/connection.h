@@ -48,6 +48,14 @@ class Connection {
     e.encode(value);
     send_encoded(std::move(e));
   }
+  // Sends without waiting: false, and nothing sent, when the socket's buffer is full. The
+  // value's tensors are moved into shared memory all the same.
+  template <class T>
+  [[nodiscard]] bool try_send(const T& value) {
+    Encoder e;
+    e.encode(value);
+    return try_send_encoded(std::move(e));
+  }
   // Blocks until a message arrives. Throws ConnectionClosed at EOF, ProtocolError for a
   // malformed message, SystemError when a well-formed message names shared memory that
   // cannot be opened or mapped here (e.g. ENOENT: a file_system segment whose name was
@@ -82,6 +90,7 @@ class Connection {
   int release() noexcept;
 
   void send_encoded(Encoder&& encoder);
+  bool try_send_encoded(Encoder&& encoder);
   Decoder recv_encoded(std::optional<std::chrono::nanoseconds> timeout);
   std::optional<Decoder> try_recv_encoded(std::chrono::nanoseconds timeout);
 

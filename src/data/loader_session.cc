@@ -14,7 +14,6 @@
 #include "process/child_side.h"
 #include "process/process_state.h"
 #include "process/shutdown.h"
-#include "transport/channel.h"
 
 namespace shmtensor::detail {
 
@@ -96,9 +95,7 @@ void LoaderSession::State::stop() noexcept {
   for (Worker& w : workers) {
     if (!broken && w.connection.valid()) {
       try {
-        Encoder e;
-        e.encode(WorkerOp::kStop);
-        internal::send_value(w.connection.native_handle(), std::move(e), /*nonblocking=*/true);
+        (void)w.connection.try_send(WorkerOp::kStop);
       } catch (...) {
       }
     }

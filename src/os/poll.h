@@ -1,4 +1,5 @@
-// Waiting for input on several fds at once (sockets, pipes, pidfds, eventfds, signalfds).
+// Waiting for fds: for input on several at once (sockets, pipes, pidfds, eventfds,
+// signalfds), or for room to write on one.
 #pragma once
 
 #include <chrono>
@@ -15,5 +16,11 @@ namespace shmtensor::internal {
 // left. Throws SystemError.
 std::vector<std::size_t> wait_readable(std::span<const int> fds,
                                        std::optional<std::chrono::nanoseconds> timeout);
+
+// Waits until `fd` is writable (POLLOUT; or POLLHUP/POLLERR, which the next write
+// reports), or `timeout` passes. False on timeout. For a unix datagram socket, writable
+// means its send buffer is at most a quarter full. EINTR is retried with the time left.
+// Throws SystemError.
+bool wait_writable(int fd, std::optional<std::chrono::nanoseconds> timeout);
 
 }  // namespace shmtensor::internal

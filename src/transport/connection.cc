@@ -1,9 +1,12 @@
 #include "shmtensor/connection.h"
 
+#include <cerrno>
+
 #include "os/poll.h"
 #include "os/socket.h"
 #include "os/unique_fd.h"
 #include "transport/channel.h"
+#include "wire/wire.h"
 
 namespace shmtensor {
 
@@ -19,10 +22,14 @@ bool Connection::poll(std::optional<std::chrono::nanoseconds> timeout) const {
   return !internal::wait_readable(fds, timeout).empty();
 }
 
-void Connection::send_encoded(Encoder&& encoder) {
-  if (fd_ < 0) throw ConnectionClosed("send() on a closed connection");
+namespace {
+
+// The send path of every Connection: frame, then send.
+bool send_until(int fd, Encoder&& encoder, internal::Deadline deadline) {
+  if (fd < 0) throw ConnectionClosed("send() on a closed connection");
   try {
-    internal::send_value(fd_, std::move(encoder));
+    internal::OutgoingFrame frame = internal::finish_frame(std::move(encoder));
+    return internal::send_frame(fd, frame, deadline);
   } catch (const SystemError& e) {
     if (e.error_code() == EPIPE || e.error_code() == ECONNRESET)
       throw ConnectionClosed("send() on a connection whose peer has closed");
@@ -30,22 +37,32 @@ void Connection::send_encoded(Encoder&& encoder) {
   }
 }
 
-Decoder Connection::recv_encoded(std::optional<std::chrono::nanoseconds> timeout) {
-  if (fd_ < 0) throw ConnectionClosed("recv() on a closed connection");
-  auto r = internal::recv_value(fd_, timeout);
+std::optional<Decoder> receive_until(int fd, internal::Deadline deadline) {
+  if (fd < 0) throw ConnectionClosed("recv() on a closed connection");
+  auto r = internal::receive_frame(fd, deadline);
   if (r.status == internal::RecvStatus::kEof)
     throw ConnectionClosed("recv(): the peer closed the connection");
-  if (r.status == internal::RecvStatus::kTimeout) throw Error("recv(): timed out");
-  return std::move(*r.decoder);
+  return std::move(r.decoder);
+}
+
+}  // namespace
+
+void Connection::send_encoded(Encoder&& encoder) {
+  send_until(fd_, std::move(encoder), std::nullopt);
+}
+
+bool Connection::try_send_encoded(Encoder&& encoder) {
+  return send_until(fd_, std::move(encoder), std::chrono::steady_clock::now());
+}
+
+Decoder Connection::recv_encoded(std::optional<std::chrono::nanoseconds> timeout) {
+  std::optional<Decoder> d = receive_until(fd_, internal::deadline_after(timeout));
+  if (!d) throw Error("recv(): timed out");
+  return std::move(*d);
 }
 
 std::optional<Decoder> Connection::try_recv_encoded(std::chrono::nanoseconds timeout) {
-  if (fd_ < 0) throw ConnectionClosed("recv() on a closed connection");
-  auto r = internal::recv_value(fd_, timeout);
-  if (r.status == internal::RecvStatus::kEof)
-    throw ConnectionClosed("recv(): the peer closed the connection");
-  if (r.status == internal::RecvStatus::kTimeout) return std::nullopt;
-  return std::move(*r.decoder);
+  return receive_until(fd_, internal::deadline_after(timeout));
 }
 
 std::pair<Connection, Connection> pipe() {

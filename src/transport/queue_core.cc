@@ -10,7 +10,6 @@
 // copies of the queue that are inside messages not yet received (docs/transport.md).
 #include <atomic>
 #include <mutex>
-#include <thread>
 #include <vector>
 
 #include "os/fork_handlers.h"
@@ -77,6 +76,49 @@ int claim_holder(QueueControl* c, std::uint64_t owner) noexcept {
   }
   c->overflow.store(1, std::memory_order_seq_cst);
   return -1;
+}
+
+// One item's place in the queue, reserved by admit; given back unless keep() was called
+// (the item was sent).
+class ItemPlace {
+ public:
+  explicit ItemPlace(QueueControl* c) noexcept : control_(c) {}
+  ItemPlace(const ItemPlace&) = delete;
+  ItemPlace& operator=(const ItemPlace&) = delete;
+  ~ItemPlace() {
+    if (control_ != nullptr) release_item(control_);
+  }
+  explicit operator bool() const noexcept { return control_ != nullptr; }
+  void keep() noexcept { control_ = nullptr; }
+
+ private:
+  QueueControl* control_;
+};
+
+// Admission, decided before the item is framed (so a refused put moves nothing into shared
+// memory): the queue must be open and, when bounded, have room. Reserves the item's place
+// by CAS on `count` (acq_rel pairs with a consumer's release of a place), so at most
+// maxsize items are ever in the socket; an unbounded queue just counts. Throws QueueClosed;
+// an empty ItemPlace when the deadline passed first.
+ItemPlace admit(QueueControl* c, const Deadline& deadline) {
+  const auto maxsize = static_cast<std::uint32_t>(c->maxsize);
+  for (;;) {
+    if (c->closed.load(std::memory_order_acquire)) throw QueueClosed("put() on a closed queue");
+    std::uint32_t n = c->count.load(std::memory_order_acquire);
+    if (maxsize == 0 || n < maxsize) {
+      if (c->count.compare_exchange_weak(n, n + 1, std::memory_order_acq_rel)) return ItemPlace(c);
+      continue;
+    }
+    // Waits are sliced: close() wakes the futex but does not change `count`, so a close()
+    // that lands between our check of `closed` and the wait would otherwise wake nobody.
+    std::chrono::nanoseconds left = std::chrono::milliseconds(50);
+    if (deadline) {
+      const auto until = *deadline - std::chrono::steady_clock::now();
+      if (until <= until.zero()) return ItemPlace(nullptr);
+      left = std::min(left, std::chrono::duration_cast<std::chrono::nanoseconds>(until));
+    }
+    futex_wait(&c->count, n, left);
+  }
 }
 
 }  // namespace
@@ -149,7 +191,7 @@ void drain(QueueCore::State& st) noexcept {
   for (;;) {
     bool consumed = false;
     try {
-      Incoming r = recv_value(st.recv_fd.get(), std::chrono::nanoseconds(0), &consumed);
+      Incoming r = receive_frame(st.recv_fd.get(), std::chrono::steady_clock::now(), &consumed);
       if (r.status != RecvStatus::kOk) return;
       release_item(c);
     } catch (...) {
@@ -232,51 +274,17 @@ std::shared_ptr<QueueCore> QueueCore::decode(Decoder& d) {
 }
 
 bool QueueCore::put(Encoder&& e, std::optional<std::chrono::nanoseconds> timeout) {
-  auto* c = state_->control();
-  using Clock = std::chrono::steady_clock;
-  const auto deadline = timeout ? Clock::now() + *timeout : Clock::time_point::max();
-  const std::uint32_t maxsize = static_cast<std::uint32_t>(c->maxsize);
-  // Reserve a slot (bounded) or just count (unbounded).
-  for (;;) {
-    if (c->closed.load(std::memory_order_acquire)) throw QueueClosed("put() on a closed queue");
-    std::uint32_t n = c->count.load(std::memory_order_acquire);
-    if (maxsize == 0 || n < maxsize) {
-      if (c->count.compare_exchange_weak(n, n + 1, std::memory_order_acq_rel)) break;
-      continue;
-    }
-    // Bounded sleeps: a close() that lands between our check of `closed` and the wait
-    // would otherwise wake nobody.
-    std::chrono::nanoseconds left = std::chrono::milliseconds(50);
-    if (timeout) {
-      auto until = deadline - Clock::now();
-      if (until <= until.zero()) return false;
-      left = std::min(left, std::chrono::duration_cast<std::chrono::nanoseconds>(until));
-    }
-    futex_wait(&c->count, n, left);
-  }
+  const Deadline deadline = deadline_after(timeout);
+  ItemPlace place = admit(state_->control(), deadline);
+  if (!place) return false;
   try {
     OutgoingFrame frame = finish_frame(std::move(e));
-    if (timeout) {
-      // Non-blocking sends until the deadline: the socket buffer may be full.
-      while (!send_frame(state_->send_fd.get(), frame, true)) {
-        auto left = deadline - Clock::now();
-        if (left <= left.zero()) {
-          release_item(c);
-          return false;
-        }
-        std::this_thread::sleep_for(std::chrono::microseconds(200));
-      }
-    } else {
-      send_frame(state_->send_fd.get(), frame);
-    }
+    if (!send_frame(state_->send_fd.get(), frame, deadline)) return false;
   } catch (const SystemError& err) {
-    release_item(c);
     if (err.error_code() == EPIPE) throw QueueClosed("put() on a closed queue");
     throw;
-  } catch (...) {
-    release_item(c);
-    throw;
   }
+  place.keep();
   return true;
 }
 
@@ -285,7 +293,7 @@ std::optional<Decoder> QueueCore::get(std::optional<std::chrono::nanoseconds> ti
   Incoming r;
   bool consumed = false;
   try {
-    r = recv_value(state_->recv_fd.get(), timeout, &consumed);
+    r = receive_frame(state_->recv_fd.get(), deadline_after(timeout), &consumed);
   } catch (...) {
     // A datagram that was taken and failed (malformed, or a segment that cannot be mapped
     // here) frees its item slot all the same, or a bounded queue would lose one for good.
@@ -325,7 +333,7 @@ void QueueCore::encode(Encoder& e) const {
   // A copy of the queue is in flight until a process decodes it: no one may drain it
   // meanwhile. If the message is never sent, the count is taken back.
   state_->control()->in_flight.fetch_add(1, std::memory_order_seq_cst);
-  e.state().undo_if_unsent.push_back([core = shared_from_this()] {
+  CodecAccess::state(e).undo_if_unsent.push_back([core = shared_from_this()] {
     core->state_->control()->in_flight.fetch_sub(1, std::memory_order_seq_cst);
   });
 }

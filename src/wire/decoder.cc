@@ -19,7 +19,6 @@ namespace {
 [[noreturn]] void bad(const std::string& what) {
   throw ProtocolError("malformed shmtensor message: " + what);
 }
-constexpr std::uint32_t kEmptyTensor = 0xfffffffeu;
 // How many elements that take neither bytes nor fds (std::monostate) a length may claim.
 constexpr std::uint64_t kMaxEmptyElements = 65536;
 }  // namespace
@@ -51,7 +50,7 @@ Tensor Decoder::read_tensor() {
   auto dtype = static_cast<DType>(dtype_raw);
   auto ndim = read_pod<std::uint8_t>();
   read_pod<std::uint8_t>();
-  if (ndim > 64) bad("tensor with " + std::to_string(ndim) + " dimensions");
+  if (ndim > internal::kMaxTensorDims) bad("tensor with " + std::to_string(ndim) + " dimensions");
   auto index = read_pod<std::uint32_t>();
   auto offset = read_pod<std::int64_t>();
   std::vector<std::int64_t> sizes(ndim), strides(ndim);
@@ -59,7 +58,7 @@ Tensor Decoder::read_tensor() {
   for (auto& s : strides) s = read_pod<std::int64_t>();
   for (auto s : sizes)
     if (s < 0) bad("negative tensor size");
-  if (index == kEmptyTensor) {
+  if (index == internal::kEmptyTensor) {
     bool has_zero = ndim > 0 && std::find(sizes.begin(), sizes.end(), 0) != sizes.end();
     if (!has_zero) bad("tensor without storage has elements");
     try {
@@ -171,7 +170,8 @@ std::shared_ptr<Segment> resolve_segment(const SegmentEntry& e, std::string_view
 
 }  // namespace
 
-Decoder parse_frame(std::span<const std::byte> datagram, std::vector<UniqueFd> fds) {
+Decoder parse_frame(std::span<const std::byte> datagram, std::vector<UniqueFd> fds,
+                    std::shared_ptr<const void> keep) {
   if (datagram.size() < sizeof(FrameHeader)) bad("shorter than a frame header");
   FrameHeader h;
   std::memcpy(&h, datagram.data(), sizeof h);
@@ -200,7 +200,7 @@ Decoder parse_frame(std::span<const std::byte> datagram, std::vector<UniqueFd> f
     auto map = std::make_shared<Mapping>(
         Mapping::map_shared(blob.get(), static_cast<std::size_t>(h.body_size), "message blob"));
     body = {map->data(), map->size()};
-    st->blob = map;
+    keep = std::move(map);
   } else {
     if (h.body_size != datagram.size() - sizeof(FrameHeader))
       bad("body size disagrees with the datagram");
@@ -258,13 +258,9 @@ Decoder parse_frame(std::span<const std::byte> datagram, std::vector<UniqueFd> f
     }
     st->storages.emplace_back(std::move(impl));
   }
-  if (st->blob == nullptr) {
-    st->body.assign(body.begin() + static_cast<std::ptrdiff_t>(r.pos), body.end());
-    st->payload = st->body;
-  } else {
-    st->payload = body.subspan(r.pos);
-  }
-  return Decoder(std::move(st));
+  st->payload = body.subspan(r.pos);
+  st->keep = std::move(keep);
+  return CodecAccess::decoder(std::move(st));
 }
 
 }  // namespace internal

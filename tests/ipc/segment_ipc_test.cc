@@ -24,6 +24,7 @@
 #include "shmtensor/storage.h"
 #include "shmtensor/tensor.h"
 #include "support/leak_check.h"
+#include "transport/channel.h"
 #include "wire/wire.h"
 
 namespace shmtensor {
@@ -476,7 +477,7 @@ TEST_F(CloseOnExecTest, TransportFdsAreCloseOnExec) {
   internal::OutgoingFrame frame = internal::finish_frame(std::move(e));
   ASSERT_TRUE(frame.header.flags & internal::kFlagBlob);
   record("message blob (sender)", 0, 1);
-  internal::send_frame(a.native_handle(), frame);
+  ASSERT_TRUE(internal::send_frame(a.native_handle(), frame, std::nullopt));
   std::vector<std::byte> buffer(internal::kMaxInlineFrame);
   internal::Received blob = internal::receive_message(b.native_handle(), buffer);
   ASSERT_EQ(blob.fds.size(), 1u);
