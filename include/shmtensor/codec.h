@@ -96,7 +96,7 @@ class Decoder {
 
   void read_bytes(void* out, std::size_t n);
   template <class T>
-  T read_pod() {
+  [[nodiscard]] T read_pod() {
     static_assert(std::is_trivially_copyable_v<T>);
     T v;
     read_bytes(&v, sizeof v);
@@ -105,14 +105,14 @@ class Decoder {
   // A length prefix, checked to be at most remaining() / min_element_bytes (so a hostile
   // count cannot trigger a huge allocation or a long loop). With 0 (elements that may take
   // no payload bytes, like Connection), at most remaining() + the fds left + 65536.
-  std::size_t read_size(std::size_t min_element_bytes = 1);
-  std::size_t remaining() const noexcept;
-  Tensor read_tensor();
+  [[nodiscard]] std::size_t read_size(std::size_t min_element_bytes = 1);
+  [[nodiscard]] std::size_t remaining() const noexcept;
+  [[nodiscard]] Tensor read_tensor();
   // Takes ownership of the next attached fd; the caller must close it (or hand it on).
-  int take_fd();
+  [[nodiscard]] int take_fd();
 
   template <class T>
-  T decode() {
+  [[nodiscard]] T decode() {
     return Codec<T>::decode(*this);
   }
   // Throws ProtocolError if bytes are left over (called after the top-level value).
@@ -167,15 +167,7 @@ struct MinEncodedBytes<T, std::void_t<decltype(std::declval<T&>().shmtensor_fiel
 template <class T>
 struct Codec<T, std::enable_if_t<std::is_arithmetic_v<T> || std::is_enum_v<T>>> {
   static void encode(Encoder& e, const T& v) { e.write_pod(v); }
-  static T decode(Decoder& d) {
-    if constexpr (std::is_same_v<T, bool>) {
-      auto b = d.read_pod<std::uint8_t>();
-      if (b > 1) throw ProtocolError("invalid bool byte in message");
-      return b != 0;
-    } else {
-      return d.read_pod<T>();
-    }
-  }
+  static T decode(Decoder& d) { return d.read_pod<T>(); }
 };
 // bool is encoded as one byte 0/1 (a bool object with another bit pattern is UB).
 template <>

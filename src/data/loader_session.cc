@@ -14,6 +14,7 @@
 #include "process/child_side.h"
 #include "process/process_state.h"
 #include "process/shutdown.h"
+#include "shmtensor/internal/connection_access.h"
 
 namespace shmtensor::detail {
 
@@ -167,7 +168,7 @@ void LoaderSession::State::fill() {
       e.encode(idx);
     }
     try {
-      workers[w].connection.send_encoded(std::move(e));
+      internal::ConnectionAccess::send(workers[w].connection, std::move(e));
     } catch (const SystemError&) {
       died(w);  // EPIPE: it is gone
     }
@@ -229,7 +230,7 @@ void LoaderSession::State::read(std::size_t w) {
     std::optional<Decoder> d;
     try {
       // Non-blocking recvmsg, no poll(): one syscall per reply, and one to see there is none.
-      d = worker.connection.try_recv_encoded(std::chrono::nanoseconds(0));
+      d = internal::ConnectionAccess::try_recv(worker.connection, std::chrono::nanoseconds(0));
       if (!d) return;
     } catch (const ConnectionClosed&) {
       died(w);  // it closed its socket by exiting

@@ -6,6 +6,7 @@
 #include "os/code_address.h"
 #include "process/child_side.h"
 #include "shmtensor/data_worker.h"
+#include "shmtensor/internal/connection_access.h"
 
 namespace shmtensor {
 
@@ -60,7 +61,7 @@ struct WorkerPort::State {
     while (!stop) {
       std::optional<Decoder> d;
       try {
-        d = connection.try_recv_encoded(std::chrono::nanoseconds(0));
+        d = internal::ConnectionAccess::try_recv(connection, std::chrono::nanoseconds(0));
       } catch (const ConnectionClosed&) {
         stop = true;  // the main process closed its end: the loader is done with us
         return;
@@ -88,7 +89,7 @@ std::optional<WorkerPort::Task> WorkerPort::next_task() {
   if (s.tasks.empty()) s.drain();
   while (s.tasks.empty() && !s.stop) {
     try {
-      Decoder d = s.connection.recv_encoded(std::nullopt);
+      Decoder d = internal::ConnectionAccess::recv(s.connection, std::nullopt);
       s.parse(d);
     } catch (const ConnectionClosed&) {
       s.stop = true;
@@ -102,7 +103,9 @@ std::optional<WorkerPort::Task> WorkerPort::next_task() {
   return t;
 }
 
-void WorkerPort::send(Encoder&& message) { state_->connection.send_encoded(std::move(message)); }
+void WorkerPort::send(Encoder&& message) {
+  internal::ConnectionAccess::send(state_->connection, std::move(message));
+}
 
 }  // namespace detail
 }  // namespace shmtensor

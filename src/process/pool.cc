@@ -19,14 +19,15 @@
 #include <unordered_map>
 
 #include "os/child.h"
-#include "os/poll.h"
 #include "os/code_address.h"
 #include "os/event_fd.h"
+#include "os/poll.h"
 #include "process/child_side.h"
 #include "process/pool_protocol.h"
 #include "process/process_state.h"
 #include "process/shutdown.h"
 #include "shmtensor/connection.h"
+#include "shmtensor/internal/connection_access.h"
 
 namespace shmtensor {
 
@@ -286,7 +287,7 @@ void PoolCore::dispatch() {
     }
     w.running = std::move(task);
     try {
-      w.connection.send_encoded(std::move(w.running->message));
+      ConnectionAccess::send(w.connection, std::move(w.running->message));
     } catch (...) {
       // The worker is gone (EPIPE): the task fails as one its worker died running.
       handle_death(i);
@@ -307,7 +308,7 @@ void PoolCore::stop(Worker& w) noexcept {
   Encoder message;
   message.encode(kStop);
   try {
-    w.connection.send_encoded(std::move(message));
+    ConnectionAccess::send(w.connection, std::move(message));
   } catch (...) {
     // Already gone: handle_death sees that too.
   }
@@ -345,7 +346,7 @@ void PoolCore::read_replies(std::size_t i) {
   Worker& w = workers_[i];
   while (w.alive && w.connection.poll(std::chrono::nanoseconds(0))) {
     try {
-      Decoder d = w.connection.recv_encoded(std::chrono::nanoseconds(0));
+      Decoder d = ConnectionAccess::recv(w.connection, std::chrono::nanoseconds(0));
       handle_reply(w, d);
     } catch (const ConnectionClosed&) {
       handle_death(i);

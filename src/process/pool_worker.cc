@@ -10,6 +10,7 @@
 #include "process/child_side.h"
 #include "process/pool_protocol.h"
 #include "shmtensor/connection.h"
+#include "shmtensor/internal/connection_access.h"
 #include "shmtensor/pool.h"
 
 namespace shmtensor {
@@ -36,7 +37,7 @@ void worker_loop(Connection& connection) {
   for (;;) {
     std::optional<Decoder> d;
     try {
-      d.emplace(connection.recv_encoded(std::nullopt));
+      d.emplace(ConnectionAccess::recv(connection, std::nullopt));
     } catch (const ConnectionClosed&) {
       return;  // the parent is gone or gave up on us
     }
@@ -62,7 +63,7 @@ void worker_loop(Connection& connection) {
       reply.encode(text);
     }
     d.reset();  // drop the arguments (and their shared memory) before replying
-    connection.send_encoded(std::move(reply));
+    ConnectionAccess::send(connection, std::move(reply));
   }
 }
 

@@ -49,7 +49,7 @@ Tensor Decoder::read_tensor() {
   if (dtype_raw >= kNumDTypes) bad("unknown dtype " + std::to_string(dtype_raw));
   auto dtype = static_cast<DType>(dtype_raw);
   auto ndim = read_pod<std::uint8_t>();
-  read_pod<std::uint8_t>();
+  (void)read_pod<std::uint8_t>();  // padding
   if (ndim > internal::kMaxTensorDims) bad("tensor with " + std::to_string(ndim) + " dimensions");
   auto index = read_pod<std::uint32_t>();
   auto offset = read_pod<std::int64_t>();

@@ -17,6 +17,7 @@
 #include <span>
 #include <vector>
 
+#include "os/unique_fd.h"
 #include "shmtensor/codec.h"
 #include "wire/frame.h"
 

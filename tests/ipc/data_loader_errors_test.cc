@@ -15,6 +15,7 @@
 #include <optional>
 #include <thread>
 
+#include "shmtensor/internal/connection_access.h"
 #include "shmtensor/shmtensor.h"
 #include "support/leak_check.h"
 
@@ -270,7 +271,7 @@ void eof_only_worker(int id, detail::WorkerLink link, Tensor flags) {
   std::atomic_ref<std::int64_t>(*flag).store(1);
   for (;;) {
     try {
-      (void)link.connection->recv_encoded(std::nullopt);
+      (void)internal::ConnectionAccess::recv(*link.connection, std::nullopt);
     } catch (const ConnectionClosed&) {
       std::atomic_ref<std::int64_t>(*flag).store(2);
       return;
