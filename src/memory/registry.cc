@@ -22,8 +22,8 @@ struct Registry::State {
   // Storages by segment and block: a table per segment, indexed by block, in pages made
   // when first used. A receiver looks up every tensor it receives here, and blocks come
   // in allocation order, so lookups walk memory in order (a node-based map keyed by
-  // (uid, offset) cost a cache miss or three each, a quarter of a consumer's time when it
-  // keeps millions of tensors). The key is the Segment's address: a table goes with its
+  // (uid, offset) costs a cache miss or three per lookup: a quarter of a consumer's time
+  // when it keeps millions of tensors). The key is the Segment's address: a table goes with its
   // Segment (~Segment calls remove_segment), and every registered storage holds its
   // segment, so an address is never reused while its table lives. Tables stay while their
   // segment does, so a stream of tensors through one segment allocates nothing here.
@@ -53,7 +53,9 @@ struct Registry::State {
       Slot* pg = page(block / kPageSlots, /*make=*/false);
       return pg != nullptr ? &pg[block % kPageSlots] : nullptr;
     }
-    Slot& at(std::uint32_t block) { return page(block / kPageSlots, /*make=*/true)[block % kPageSlots]; }
+    Slot& at(std::uint32_t block) {
+      return page(block / kPageSlots, /*make=*/true)[block % kPageSlots];
+    }
     template <class F>
     void for_each(F&& f) const {
       for (const auto& [p, page] : pages)
@@ -62,25 +64,12 @@ struct Registry::State {
     }
   };
   std::unordered_map<const Segment*, BlockTable> storages;
-  std::size_t storage_count = 0;
-
-  // Registers s in `slot` (lock held).
-  void set(Slot& slot, const std::shared_ptr<StorageImpl>& s) {
-    if (slot.raw == nullptr) ++storage_count;
-    slot = {s, s.get()};
-  }
-  void clear(Slot& slot) {
-    slot = {};
-    --storage_count;
-  }
   std::deque<std::shared_ptr<Segment>> received;  // most recent first
 };
 
 namespace {
-constexpr std::size_t kReceivedCacheSize = 8;
-}  // namespace
 
-namespace {
+constexpr std::size_t kReceivedCacheSize = 8;
 
 Registry::State* g_state = nullptr;
 
@@ -211,7 +200,7 @@ void Registry::add_storage(const Segment& segment, std::uint32_t block,
                            const std::shared_ptr<StorageImpl>& s) {
   std::lock_guard lock(state_->mu);
   auto& table = state_->storages[&segment];
-  state_->set(table.at(block), s);
+  table.at(block) = {s, s.get()};
 }
 
 void Registry::remove_storage(const Segment& segment, std::uint32_t block,
@@ -220,7 +209,7 @@ void Registry::remove_storage(const Segment& segment, std::uint32_t block,
   auto it = state_->storages.find(&segment);
   if (it == state_->storages.end()) return;
   State::Slot* slot = it->second.find(block);
-  if (slot != nullptr && slot->raw == s) state_->clear(*slot);
+  if (slot != nullptr && slot->raw == s) *slot = {};
 }
 
 std::shared_ptr<StorageImpl> Registry::find_or_add_storage(
@@ -234,7 +223,7 @@ std::shared_ptr<StorageImpl> Registry::find_or_add_storage(
   // make() only constructs (no registry calls), so it may run under the lock. Nothing is
   // allocated here for a reference that make() refuses (a forged one).
   std::shared_ptr<StorageImpl> made = make();
-  if (made) state_->set(state_->storages[&segment].at(block), made);
+  if (made) state_->storages[&segment].at(block) = {made, made.get()};
   return made;
 }
 
@@ -258,30 +247,9 @@ void Registry::forget_cached_segments() {
   dropped.swap(state_->received);
 }
 
-std::vector<std::string> Registry::named_segments() {
-  // Live references are dropped after unlocking: the last one runs ~Segment, which locks.
-  std::vector<std::shared_ptr<Segment>> live;
-  {
-    std::lock_guard lock(state_->mu);
-    for (auto& [uid, weak] : state_->segments) {
-      if (auto seg = weak.lock()) live.push_back(std::move(seg));
-    }
-  }
-  std::vector<std::string> names;
-  for (auto& seg : live) {
-    if (!seg->name().empty()) names.push_back(seg->name());
-  }
-  return names;
-}
-
 std::size_t Registry::segment_count() {
   std::lock_guard lock(state_->mu);
   return state_->segments.size();
-}
-
-std::size_t Registry::storage_count() {
-  std::lock_guard lock(state_->mu);
-  return state_->storage_count;
 }
 
 }  // namespace shmtensor::internal

@@ -10,6 +10,7 @@
 // order (the adder holds the block, so the word cannot be 0 meanwhile).
 #include <cstdio>
 
+#include "memory/arena.h"
 #include "memory/segment.h"
 #include "os/proc.h"
 #include "os/proc_scan.h"
@@ -128,6 +129,13 @@ void Segment::note_freed_by_other() noexcept {
   if (!own()) header()->release_epoch.fetch_add(1, std::memory_order_release);
 }
 
+void Segment::block_freed(std::uint32_t block) noexcept {
+  if (own())
+    arena_block_freed(*this, block);
+  else
+    note_freed_by_other();
+}
+
 bool Segment::drop_block_in_flight(std::uint32_t block) noexcept {
   const std::uint64_t prev =
       WordRef(*word_ptr(block)).fetch_sub(kCountUnit, std::memory_order_acq_rel);
@@ -137,7 +145,7 @@ bool Segment::drop_block_in_flight(std::uint32_t block) noexcept {
     return false;
   }
   const bool freed = prev == kCountUnit;
-  if (freed) note_freed_by_other();
+  if (freed) block_freed(block);
   return freed;
 }
 
@@ -167,7 +175,7 @@ bool Segment::drop_duplicate_in_flight(std::uint32_t block, bool* freed) noexcep
     if (block_count_of(cur) == 0) return false;
   } while (!w.compare_exchange_weak(cur, cur - kCountUnit, std::memory_order_acq_rel));
   *freed = cur == kCountUnit;
-  if (*freed) note_freed_by_other();
+  if (*freed) block_freed(block);
   return true;
 }
 
@@ -191,7 +199,7 @@ bool Segment::release_block(std::uint32_t block, bool counted) noexcept {
     }
     if (prev != bit) return false;
   }
-  note_freed_by_other();
+  block_freed(block);
   return true;
 }
 

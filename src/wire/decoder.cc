@@ -1,6 +1,5 @@
 #include <cstring>
 
-#include "memory/arena.h"
 #include "memory/registry.h"
 #include "memory/storage_impl.h"
 #include "os/mapping.h"
@@ -253,7 +252,6 @@ Decoder parse_frame(std::span<const std::byte> datagram, std::vector<UniqueFd> f
       bool freed = false;
       if (!seg->drop_duplicate_in_flight(b, &freed))
         bad("storage's block carries no message count (stale or forged)");
-      if (freed && seg->own()) arena_block_freed(*seg, b);
       if (impl->nbytes() != e.nbytes) bad("storage size disagrees with the one already here");
     }
     st->storages.emplace_back(std::move(impl));

@@ -1,7 +1,6 @@
 #include <algorithm>
 #include <cstring>
 
-#include "memory/arena.h"
 #include "memory/storage_impl.h"
 #include "os/mapping.h"
 #include "os/shm.h"
@@ -56,11 +55,7 @@ std::array<std::span<const std::byte>, 3> OutgoingFrame::parts() const noexcept 
 
 OutgoingFrame::~OutgoingFrame() {
   if (sent) return;
-  for (auto& impl : in_flight_blocks) {
-    const auto& seg = impl->segment();
-    if (seg->drop_block_in_flight(impl->block()) && seg->own())
-      arena_block_freed(*seg, impl->block());
-  }
+  for (auto& impl : in_flight_blocks) impl->segment()->drop_block_in_flight(impl->block());
   for (auto& seg : in_flight) seg->drop_in_flight_count();
   for (auto& undo : undo_if_unsent) undo();
 }
