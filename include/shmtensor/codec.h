@@ -69,17 +69,18 @@ class Encoder {
     write_bytes(&v, sizeof v);
   }
   void write_size(std::size_t n) { write_pod<std::uint64_t>(n); }
-  // Shares the tensor's storage (share_memory_() if needed) and records a reference to it;
-  // several tensors on one storage become one reference.
+  // Records a reference to the tensor's storage (several tensors on one storage become one
+  // reference). The storage moves into shared memory when the message is sent, once the
+  // transport has admitted it, not here. Throws Error for more than 64 dimensions.
   void write_tensor(const Tensor& t);
-  // Attaches a duplicate of `fd` to the message (for Connection and Queue).
+  // Attaches a duplicate of `fd` to the message (for Connection and Queue). Throws
+  // SystemError (EMFILE).
   void write_fd(int fd);
 
   template <class T>
   void encode(const T& v) {
     Codec<std::decay_t<T>>::encode(*this, v);
   }
-
 
  private:
   friend struct internal::CodecAccess;

@@ -8,8 +8,11 @@
 // drops it), which gives the counts back. "Last" is decided from the table: one slot per
 // holding process, keyed by pid + start time like arena slots, plus a count of encoded
 // copies of the queue that are inside messages not yet received (docs/transport.md).
+#include <algorithm>
 #include <atomic>
 #include <mutex>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "os/fork_handlers.h"
@@ -226,7 +229,9 @@ QueueCore::~QueueCore() {
 }
 
 std::shared_ptr<QueueCore> QueueCore::create(std::size_t maxsize) {
-  if (maxsize > 0x7fffffff) throw std::invalid_argument("Queue maxsize too large");
+  if (maxsize > 0x7fffffff)
+    throw std::invalid_argument("Queue maxsize " + std::to_string(maxsize) +
+                                " is larger than 2147483647 (2^31 - 1)");
   auto st = std::make_unique<State>();
   auto [a, b] = seqpacket_pair();
   st->send_fd = std::move(a);

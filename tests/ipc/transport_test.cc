@@ -227,6 +227,19 @@ TEST_P(TransportTest, MaxsizeBlocksAndTimeoutsExpire) {
   EXPECT_FALSE(q.try_get(std::chrono::milliseconds(30)).has_value());
 }
 
+TEST_P(TransportTest, AMaxsizeAboveTwoToThe31IsAProgrammerError) {
+  // A violated precondition: std::invalid_argument, deliberately not a shmtensor::Error.
+  try {
+    Queue<int> q(std::size_t{1} << 31);
+    ADD_FAILURE() << "no exception";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("maxsize 2147483648 is larger than"), std::string::npos)
+        << e.what();
+  }
+  Queue<int> largest(0x7fffffff);
+  EXPECT_EQ(largest.maxsize(), 0x7fffffffu);
+}
+
 TEST_P(TransportTest, CloseDrainsThenThrowsQueueClosed) {
   Queue<int> q;
   q.put(1);
