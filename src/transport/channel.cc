@@ -51,34 +51,33 @@ bool send_frame(int sock, OutgoingFrame& frame, Deadline deadline) {
   return true;
 }
 
-Incoming receive_frame(int sock, Deadline deadline, bool* consumed) {
+Datagram receive_datagram(int sock, Deadline deadline) {
   for (;;) {
     // With a deadline, wait in poll and receive without blocking: another receiver may
     // take the datagram between the two, and then we wait again. A deadline already
     // passed needs no poll: the non-blocking receive says EAGAIN itself.
     if (deadline && Clock::now() < *deadline) {
       const int fds[1] = {sock};
-      if (wait_readable(fds, time_left(deadline)).empty())
-        return {RecvStatus::kTimeout, std::nullopt};
+      if (wait_readable(fds, time_left(deadline)).empty()) return {};
     }
-    std::shared_ptr<std::byte[]> buffer = receive_buffer();
-    Received r;
-    try {
-      r = receive_message(sock, std::span(buffer.get(), kMaxInlineFrame), deadline.has_value());
-    } catch (const ProtocolError&) {
-      // MSG_CTRUNC / MSG_TRUNC: the datagram was taken (and its fds closed).
-      if (consumed != nullptr) *consumed = true;
-      throw;
-    }
+    Datagram d;
+    d.buffer = receive_buffer();
+    Received r = receive_message(sock, std::span(d.buffer.get(), kMaxInlineFrame),
+                                 /*nonblocking=*/deadline.has_value());
     if (r.would_block) {
-      if (Clock::now() >= *deadline) return {RecvStatus::kTimeout, std::nullopt};
+      if (Clock::now() >= *deadline) return {};
       continue;
     }
-    if (r.eof) return {RecvStatus::kEof, std::nullopt};
-    if (consumed != nullptr) *consumed = true;
-    const std::span<const std::byte> datagram(buffer.get(), r.size);
-    return {RecvStatus::kOk, parse_frame(datagram, std::move(r.fds), std::move(buffer))};
+    d.status = r.eof ? RecvStatus::kEof : RecvStatus::kOk;
+    d.size = r.size;
+    d.fds = std::move(r.fds);
+    return d;
   }
+}
+
+Decoder parse_datagram(Datagram&& datagram) {
+  const std::span<const std::byte> bytes(datagram.buffer.get(), datagram.size);
+  return parse_frame(bytes, std::move(datagram.fds), std::move(datagram.buffer));
 }
 
 }  // namespace shmtensor::internal

@@ -1,12 +1,17 @@
-// The transport's stages between the wire layer's frame and parse (wire/wire.h): sending
-// a finished frame on a SOCK_SEQPACKET socket, and receiving one datagram into a Decoder.
-// Connection and Queue both go through these; a Queue decides admission (closed? room?)
-// before its frame is made.
+// The transport's stages between the wire layer's frame and parse (wire/wire.h): sending a
+// finished frame on a SOCK_SEQPACKET socket, and taking one datagram off it. Connection and
+// Queue both go through these. A Queue adds its own steps between them: admission (closed?
+// room?) before the frame is made, and freeing the item's place as soon as its datagram
+// left the socket, before it is parsed.
 #pragma once
 
 #include <chrono>
+#include <cstddef>
+#include <memory>
 #include <optional>
+#include <vector>
 
+#include "os/unique_fd.h"
 #include "shmtensor/codec.h"
 
 namespace shmtensor::internal {
@@ -25,15 +30,21 @@ Deadline deadline_after(std::optional<std::chrono::nanoseconds> timeout);
 bool send_frame(int sock, OutgoingFrame& frame, Deadline deadline);
 
 enum class RecvStatus { kOk, kEof, kTimeout };
-struct Incoming {
-  RecvStatus status;
-  std::optional<Decoder> decoder;  // kOk: the message, parsed, to decode
+// One datagram taken off a socket, not parsed yet.
+struct Datagram {
+  RecvStatus status = RecvStatus::kTimeout;
+  std::shared_ptr<std::byte[]> buffer;  // kOk: the datagram's `size` bytes
+  std::size_t size = 0;
+  std::vector<UniqueFd> fds;  // owned, close-on-exec
 };
-// The receive stage, then parse: waits until `deadline` for one datagram and parses it
-// (parse_frame). Several receivers may wait on one socket: a datagram goes to one of them;
-// the others keep waiting. If `consumed` is given, it is set once a datagram was taken
-// off the socket, so that a caller can tell an exception about that message (it is gone)
-// from one about the socket.
-Incoming receive_frame(int sock, Deadline deadline, bool* consumed = nullptr);
+// The receive stage: waits until `deadline` for one datagram. Several receivers may wait on
+// one socket: a datagram goes to one of them; the others keep waiting. Throws ProtocolError
+// when a datagram was taken but its fds (MSG_CTRUNC: names the fd limit) or bytes
+// (MSG_TRUNC) were cut, so it is lost; SystemError when the socket failed and nothing was
+// taken.
+Datagram receive_datagram(int sock, Deadline deadline);
+// The parse stage (wire/wire.h, parse_frame) over a received datagram: its Decoder reads
+// the payload in the datagram's buffer, which it keeps alive.
+Decoder parse_datagram(Datagram&& datagram);
 
 }  // namespace shmtensor::internal

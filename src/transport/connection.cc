@@ -39,10 +39,11 @@ bool send_until(int fd, Encoder&& encoder, internal::Deadline deadline) {
 
 std::optional<Decoder> receive_until(int fd, internal::Deadline deadline) {
   if (fd < 0) throw ConnectionClosed("recv() on a closed connection");
-  auto r = internal::receive_frame(fd, deadline);
-  if (r.status == internal::RecvStatus::kEof)
+  internal::Datagram d = internal::receive_datagram(fd, deadline);
+  if (d.status == internal::RecvStatus::kEof)
     throw ConnectionClosed("recv(): the peer closed the connection");
-  return std::move(r.decoder);
+  if (d.status == internal::RecvStatus::kTimeout) return std::nullopt;
+  return internal::parse_datagram(std::move(d));
 }
 
 }  // namespace

@@ -85,31 +85,34 @@ int claim_holder(QueueControl* c, std::uint64_t owner) noexcept {
 // (the item was sent).
 class ItemPlace {
  public:
-  explicit ItemPlace(QueueControl* c) noexcept : control_(c) {}
+  ItemPlace() noexcept = default;
   ItemPlace(const ItemPlace&) = delete;
   ItemPlace& operator=(const ItemPlace&) = delete;
   ~ItemPlace() {
     if (control_ != nullptr) release_item(control_);
   }
-  explicit operator bool() const noexcept { return control_ != nullptr; }
+  void take(QueueControl* c) noexcept { control_ = c; }
   void keep() noexcept { control_ = nullptr; }
 
  private:
-  QueueControl* control_;
+  QueueControl* control_ = nullptr;
 };
 
-// Admission, decided before the item is framed (so a refused put moves nothing into shared
-// memory): the queue must be open and, when bounded, have room. Reserves the item's place
-// by CAS on `count` (acq_rel pairs with a consumer's release of a place), so at most
-// maxsize items are ever in the socket; an unbounded queue just counts. Throws QueueClosed;
-// an empty ItemPlace when the deadline passed first.
-ItemPlace admit(QueueControl* c, const Deadline& deadline) {
+// Waits until the queue has room for one more item (an unbounded queue always has) or the
+// deadline passes (false). With `place`, takes that room: a CAS on `count` (acq_rel pairs
+// with a consumer's release of a place), so at most maxsize items are ever in the socket.
+// Throws QueueClosed.
+bool wait_for_room(QueueControl* c, const Deadline& deadline, ItemPlace* place) {
   const auto maxsize = static_cast<std::uint32_t>(c->maxsize);
   for (;;) {
     if (c->closed.load(std::memory_order_acquire)) throw QueueClosed("put() on a closed queue");
     std::uint32_t n = c->count.load(std::memory_order_acquire);
     if (maxsize == 0 || n < maxsize) {
-      if (c->count.compare_exchange_weak(n, n + 1, std::memory_order_acq_rel)) return ItemPlace(c);
+      if (place == nullptr) return true;
+      if (c->count.compare_exchange_weak(n, n + 1, std::memory_order_acq_rel)) {
+        place->take(c);
+        return true;
+      }
       continue;
     }
     // Waits are sliced: close() wakes the futex but does not change `count`, so a close()
@@ -117,7 +120,7 @@ ItemPlace admit(QueueControl* c, const Deadline& deadline) {
     std::chrono::nanoseconds left = std::chrono::milliseconds(50);
     if (deadline) {
       const auto until = *deadline - std::chrono::steady_clock::now();
-      if (until <= until.zero()) return ItemPlace(nullptr);
+      if (until <= until.zero()) return false;
       left = std::min(left, std::chrono::duration_cast<std::chrono::nanoseconds>(until));
     }
     futex_wait(&c->count, n, left);
@@ -188,18 +191,24 @@ void unregister_live(QueueCore::State* st) noexcept {
 }
 
 // Receives and drops every item left, so their counts go back. Errors are skipped: what
-// cannot be decoded cannot be given back either (and was malformed or is gone).
+// cannot be parsed cannot be given back either (it was malformed or is gone).
 void drain(QueueCore::State& st) noexcept {
   auto* c = st.control();
   for (;;) {
-    bool consumed = false;
+    Datagram d;
     try {
-      Incoming r = receive_frame(st.recv_fd.get(), std::chrono::steady_clock::now(), &consumed);
-      if (r.status != RecvStatus::kOk) return;
-      release_item(c);
+      d = receive_datagram(st.recv_fd.get(), std::chrono::steady_clock::now());
+    } catch (const ProtocolError&) {
+      release_item(c);  // taken, and lost
+      continue;
     } catch (...) {
-      if (!consumed) return;  // the socket itself failed: nothing more to read
-      release_item(c);
+      return;  // the socket itself failed: nothing more to read
+    }
+    if (d.status != RecvStatus::kOk) return;
+    release_item(c);
+    try {
+      (void)parse_datagram(std::move(d));  // dropping it gives back what it adopted
+    } catch (...) {
     }
   }
 }
@@ -279,36 +288,47 @@ std::shared_ptr<QueueCore> QueueCore::decode(Decoder& d) {
 }
 
 bool QueueCore::put(Encoder&& e, std::optional<std::chrono::nanoseconds> timeout) {
+  auto* c = state_->control();
   const Deadline deadline = deadline_after(timeout);
-  ItemPlace place = admit(state_->control(), deadline);
-  if (!place) return false;
+  // Admission: a put on a closed queue, or one that finds no room before its deadline,
+  // moves nothing into shared memory.
+  if (!wait_for_room(c, deadline, nullptr)) return false;
   try {
     OutgoingFrame frame = finish_frame(std::move(e));
+    // The place is taken only now, right before the send, not at admission: framing may
+    // wait seconds (a new named segment waits for the manager daemon to start), and a
+    // producer SIGKILLed while it holds a place loses that place for good. If another
+    // producer took the room meanwhile, this one waits again (and a try_put whose deadline
+    // then passes returns false with its tensors shared).
+    ItemPlace place;
+    if (!wait_for_room(c, deadline, &place)) return false;
     if (!send_frame(state_->send_fd.get(), frame, deadline)) return false;
+    place.keep();
   } catch (const SystemError& err) {
     if (err.error_code() == EPIPE) throw QueueClosed("put() on a closed queue");
     throw;
   }
-  place.keep();
   return true;
 }
 
 std::optional<Decoder> QueueCore::get(std::optional<std::chrono::nanoseconds> timeout) {
   auto* c = state_->control();
-  Incoming r;
-  bool consumed = false;
+  Datagram d;
   try {
-    r = receive_frame(state_->recv_fd.get(), deadline_after(timeout), &consumed);
-  } catch (...) {
-    // A datagram that was taken and failed (malformed, or a segment that cannot be mapped
-    // here) frees its item slot all the same, or a bounded queue would lose one for good.
-    if (consumed) release_item(c);
+    d = receive_datagram(state_->recv_fd.get(), deadline_after(timeout));
+  } catch (const ProtocolError&) {
+    release_item(c);  // taken, its fds or bytes cut: lost, but its place is free
     throw;
   }
-  if (r.status == RecvStatus::kTimeout) return std::nullopt;
-  if (r.status == RecvStatus::kEof) throw QueueClosed("get() on a closed and empty queue");
-  release_item(c);  // acq_rel: a producer that sees the freed slot may reuse it
-  return std::move(r.decoder);
+  if (d.status == RecvStatus::kTimeout) return std::nullopt;
+  if (d.status == RecvStatus::kEof) throw QueueClosed("get() on a closed and empty queue");
+  // The place is free once the datagram left the socket, before it is parsed: parsing may
+  // wait seconds (mapping a named segment may have to start the manager daemon), and a
+  // consumer SIGKILLed meanwhile would take the place with it. A datagram that fails to
+  // parse (malformed, or a segment that cannot be mapped here) frees it all the same.
+  // acq_rel (release_item): a producer that sees the freed place may reuse it.
+  release_item(c);
+  return parse_datagram(std::move(d));
 }
 
 void QueueCore::close() noexcept {
