@@ -58,8 +58,7 @@ class Queue {
     return decode(*d);
   }
   // Waits up to timeout for room; false if none came. A refused item's tensors stay where
-  // they were, unless the room went to another producer while this one was being sent, or
-  // the socket's buffer stayed full (docs/transport.md).
+  // they were, unless it was the socket's buffer that stayed full (docs/transport.md).
   template <class Rep = std::int64_t, class Period = std::ratio<1>>
   [[nodiscard]] bool try_put(const T& value, std::chrono::duration<Rep, Period> timeout = {}) {
     return core_->put(encode(value), std::chrono::duration_cast<std::chrono::nanoseconds>(timeout));

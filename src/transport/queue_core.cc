@@ -13,6 +13,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "os/fork_handlers.h"
@@ -30,7 +31,7 @@ namespace shmtensor::internal {
 namespace {
 
 constexpr std::uint64_t kQueueMagic = 0x314555455154534dULL;  // "MSTQUEU1"
-constexpr std::uint32_t kQueueLayoutVersion = 2;
+constexpr std::uint32_t kQueueLayoutVersion = 3;
 constexpr int kQueueHolderSlots = 128;
 
 // Shared by every process holding the queue (a sealed memfd, so it can be passed on).
@@ -39,9 +40,9 @@ struct QueueControl {
   std::uint32_t layout_version;
   std::uint32_t size_of;
   std::uint64_t maxsize;  // 0 = unbounded
-  // Items put and not yet taken. Futex word of producers waiting for room. A producer
-  // reserves a slot by CAS before sending (acq_rel pairs with consumers' release of a slot),
-  // so at most maxsize items are ever in the socket.
+  // Places taken: items being sent or in the socket. Futex word of producers waiting for
+  // room. A producer takes a place by CAS right before sending (acq_rel pairs with a
+  // consumer's release of a place), so at most maxsize items are ever in the socket.
   alignas(64) std::atomic<std::uint32_t> count;
   // 1 once close() was called anywhere; also a futex wake-up source for producers.
   alignas(64) std::atomic<std::uint32_t> closed;
@@ -56,11 +57,16 @@ struct QueueControl {
   // process itself (or, at fork, by the parent on the child's behalf, with the parent's
   // value, which the child then swaps for its own); cleared by CAS by its owner.
   alignas(64) std::atomic<std::uint64_t> holders[kQueueHolderSlots];
+  // Per holder slot: places its process took whose items it has not sent yet. Framing an
+  // item can take seconds (a new file_system segment may wait for the manager daemon to
+  // start), and a producer SIGKILLed before its sendmsg returned would take its place with
+  // it; a producer that finds the queue full gives back those of dead holders.
+  alignas(64) std::atomic<std::uint32_t> sending[kQueueHolderSlots];
 };
 static_assert(std::is_standard_layout_v<QueueControl>);
 static_assert(std::atomic<std::uint32_t>::is_always_lock_free);
 static_assert(std::atomic<std::uint64_t>::is_always_lock_free);
-static_assert(sizeof(QueueControl) == 192 + 8 * kQueueHolderSlots);
+static_assert(sizeof(QueueControl) == 192 + 8 * kQueueHolderSlots + 4 * kQueueHolderSlots);
 
 // Frees one reserved item slot; never below 0 (a raw peer may send a datagram for which no
 // producer reserved one).
@@ -77,44 +83,90 @@ int claim_holder(QueueControl* c, std::uint64_t owner) noexcept {
     std::uint64_t expected = 0;
     if (c->holders[s].compare_exchange_strong(expected, owner, std::memory_order_seq_cst)) return s;
   }
+  // None is free: take over the slot of a holder that died (a SIGKILLed process never frees
+  // its slot, so a long job that forks and kills workers would otherwise run out). One CAS
+  // from the dead owner's value decides who; the winner first gives back the places the
+  // dead one held unsent.
+  for (int s = 0; s < kQueueHolderSlots; ++s) {
+    std::uint64_t dead = c->holders[s].load(std::memory_order_seq_cst);
+    if (dead == 0 || slot_owner_alive(dead)) continue;
+    if (!c->holders[s].compare_exchange_strong(dead, owner, std::memory_order_seq_cst)) continue;
+    for (std::uint32_t n = c->sending[s].exchange(0, std::memory_order_acq_rel); n > 0; --n)
+      release_item(c);
+    return s;
+  }
   c->overflow.store(1, std::memory_order_seq_cst);
   return -1;
 }
 
-// One item's place in the queue, reserved by admit; given back unless keep() was called
-// (the item was sent).
+// Gives back the places that holders which died while sending took: their items never
+// reached the socket. exchange() hands a dead slot's count to one reclaimer. If a new holder
+// took the slot over in between (claim_holder), one of its own places may be given back
+// early: one item more than maxsize may then be in the socket, never a place lost.
+void reclaim_dead_senders(QueueControl* c) noexcept {
+  for (int s = 0; s < kQueueHolderSlots; ++s) {
+    if (c->sending[s].load(std::memory_order_relaxed) == 0) continue;
+    const std::uint64_t owner = c->holders[s].load(std::memory_order_seq_cst);
+    if (owner == 0 || slot_owner_alive(owner)) continue;
+    for (std::uint32_t n = c->sending[s].exchange(0, std::memory_order_acq_rel); n > 0; --n)
+      release_item(c);
+  }
+}
+
+// One item's place in the queue, taken at admission: given back unless sent() was called.
 class ItemPlace {
  public:
   ItemPlace() noexcept = default;
   ItemPlace(const ItemPlace&) = delete;
   ItemPlace& operator=(const ItemPlace&) = delete;
   ~ItemPlace() {
-    if (control_ != nullptr) release_item(control_);
+    if (control_ == nullptr) return;
+    done_sending();
+    release_item(control_);
   }
-  void take(QueueControl* c) noexcept { control_ = c; }
-  void keep() noexcept { control_ = nullptr; }
+  // `slot`: the taking process's holder slot (-1: it has none, and a death while sending
+  // loses the place).
+  void take(QueueControl* c, int slot) noexcept {
+    control_ = c;
+    slot_ = slot;
+    if (slot_ >= 0) control_->sending[slot_].fetch_add(1, std::memory_order_acq_rel);
+  }
+  void sent() noexcept {
+    done_sending();
+    control_ = nullptr;
+  }
 
  private:
+  void done_sending() noexcept {
+    if (slot_ < 0) return;
+    // Never below 0: a reclaimer may have taken this count already (see above).
+    auto& sending = control_->sending[slot_];
+    std::uint32_t n = sending.load(std::memory_order_relaxed);
+    while (n > 0 && !sending.compare_exchange_weak(n, n - 1, std::memory_order_acq_rel)) {
+    }
+  }
   QueueControl* control_ = nullptr;
+  int slot_ = -1;
 };
 
-// Waits until the queue has room for one more item (an unbounded queue always has) or the
-// deadline passes (false). With `place`, takes that room: a CAS on `count` (acq_rel pairs
-// with a consumer's release of a place), so at most maxsize items are ever in the socket.
-// Throws QueueClosed.
-bool wait_for_room(QueueControl* c, const Deadline& deadline, ItemPlace* place) {
+// Admission, decided before the item is framed (so a refused put moves nothing into shared
+// memory): the queue must be open and, when bounded, have room. Takes the item's place for
+// holder slot `slot` by CAS on `count` (acq_rel pairs with a consumer's release of a
+// place), so at most maxsize items are ever in the socket; an unbounded queue just counts.
+// Throws QueueClosed; false when the deadline passed first.
+bool admit(QueueControl* c, const Deadline& deadline, int slot, ItemPlace* place) {
   const auto maxsize = static_cast<std::uint32_t>(c->maxsize);
   for (;;) {
     if (c->closed.load(std::memory_order_acquire)) throw QueueClosed("put() on a closed queue");
     std::uint32_t n = c->count.load(std::memory_order_acquire);
     if (maxsize == 0 || n < maxsize) {
-      if (place == nullptr) return true;
       if (c->count.compare_exchange_weak(n, n + 1, std::memory_order_acq_rel)) {
-        place->take(c);
+        place->take(c, slot);
         return true;
       }
       continue;
     }
+    reclaim_dead_senders(c);
     // Waits are sliced: close() wakes the futex but does not change `count`, so a close()
     // that lands between our check of `closed` and the wait would otherwise wake nobody.
     std::chrono::nanoseconds left = std::chrono::milliseconds(50);
@@ -145,14 +197,15 @@ namespace {
 // fork (prepare → parent/child), so the child never inherits it locked by another thread.
 std::mutex g_live_mu;
 std::vector<QueueCore::State*>* g_live = nullptr;
+std::uint64_t g_fork_owner = 0;  // the value prepare_fork put in the child's slots
 
 void prepare_fork() noexcept {
   g_live_mu.lock();
   if (g_live == nullptr) return;
   // The child will hold every queue we hold. Its slot is taken now, in our name, so that no
   // holder of ours can see "no other holder" and drain between fork and the child's start.
-  const std::uint64_t me = current_slot_owner();
-  for (auto* st : *g_live) st->fork_slot = claim_holder(st->control(), me);
+  g_fork_owner = current_slot_owner();
+  for (auto* st : *g_live) st->fork_slot = claim_holder(st->control(), g_fork_owner);
 }
 
 void parent_after_fork(bool /*fork_failed*/) noexcept {
@@ -167,9 +220,13 @@ void child_after_fork() noexcept {
   if (g_live != nullptr) {
     const std::uint64_t me = current_slot_owner();  // recomputed: our pid changed
     for (auto* st : *g_live) {
-      st->slot = st->fork_slot;
-      st->fork_slot = -1;
-      if (st->slot >= 0) st->control()->holders[st->slot].store(me, std::memory_order_seq_cst);
+      st->slot = std::exchange(st->fork_slot, -1);
+      if (st->slot < 0) continue;
+      // A CAS: had the parent died already, its slot could have been taken over.
+      std::uint64_t parent = g_fork_owner;
+      if (!st->control()->holders[st->slot].compare_exchange_strong(parent, me,
+                                                                    std::memory_order_seq_cst))
+        st->slot = claim_holder(st->control(), me);
     }
   }
   g_live_mu.unlock();
@@ -257,6 +314,7 @@ std::shared_ptr<QueueCore> QueueCore::create(std::size_t maxsize) {
   c->in_flight.store(0, std::memory_order_relaxed);
   c->overflow.store(0, std::memory_order_relaxed);
   for (auto& h : c->holders) h.store(0, std::memory_order_relaxed);
+  for (auto& n : c->sending) n.store(0, std::memory_order_relaxed);
   st->slot = claim_holder(c, current_slot_owner());
   std::atomic_ref<std::uint64_t>(c->magic).store(kQueueMagic, std::memory_order_release);
   return std::make_shared<QueueCore>(std::move(st));
@@ -288,26 +346,17 @@ std::shared_ptr<QueueCore> QueueCore::decode(Decoder& d) {
 }
 
 bool QueueCore::put(Encoder&& e, std::optional<std::chrono::nanoseconds> timeout) {
-  auto* c = state_->control();
   const Deadline deadline = deadline_after(timeout);
-  // Admission: a put on a closed queue, or one that finds no room before its deadline,
-  // moves nothing into shared memory.
-  if (!wait_for_room(c, deadline, nullptr)) return false;
+  ItemPlace place;
+  if (!admit(state_->control(), deadline, state_->slot, &place)) return false;
   try {
     OutgoingFrame frame = finish_frame(std::move(e));
-    // The place is taken only now, right before the send, not at admission: framing may
-    // wait seconds (a new named segment waits for the manager daemon to start), and a
-    // producer SIGKILLed while it holds a place loses that place for good. If another
-    // producer took the room meanwhile, this one waits again (and a try_put whose deadline
-    // then passes returns false with its tensors shared).
-    ItemPlace place;
-    if (!wait_for_room(c, deadline, &place)) return false;
     if (!send_frame(state_->send_fd.get(), frame, deadline)) return false;
-    place.keep();
   } catch (const SystemError& err) {
     if (err.error_code() == EPIPE) throw QueueClosed("put() on a closed queue");
     throw;
   }
+  place.sent();
   return true;
 }
 

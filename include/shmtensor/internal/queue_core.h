@@ -26,11 +26,10 @@ class QueueCore : public std::enable_shared_from_this<QueueCore> {
   QueueCore(const QueueCore&) = delete;
   QueueCore& operator=(const QueueCore&) = delete;
 
-  // Admits the message (throws QueueClosed; waits for room in a bounded queue), frames it,
-  // takes its place and sends it. False, with nothing moved into shared memory or sent,
-  // when no room came before the timeout (nullopt: wait forever). False too, with the
-  // tensors in shared memory, when the room went to another producer while this one framed
-  // and none came back in time, or the socket's buffer stayed full until then.
+  // Admits the message (throws QueueClosed; takes a place, waiting for room in a bounded
+  // queue), then frames and sends it. False, with nothing moved into shared memory or sent,
+  // when no room came before the timeout (nullopt: wait forever); false also, with the
+  // tensors in shared memory, when the socket's buffer stayed full until then.
   [[nodiscard]] bool put(Encoder&& e, std::optional<std::chrono::nanoseconds> timeout);
   // nullopt on timeout; throws QueueClosed when closed and drained.
   [[nodiscard]] std::optional<Decoder> get(std::optional<std::chrono::nanoseconds> timeout);
