@@ -44,6 +44,7 @@ namespace shmtensor {
 namespace internal {
 struct EncoderState;
 struct DecoderState;
+struct CodecAccess;  // the wire layer's access to what follows (src/wire/wire.h)
 }  // namespace internal
 
 template <class T, class Enable = void>
@@ -68,10 +69,12 @@ class Encoder {
     write_bytes(&v, sizeof v);
   }
   void write_size(std::size_t n) { write_pod<std::uint64_t>(n); }
-  // Shares the tensor's storage (share_memory_() if needed) and records a reference to it;
-  // several tensors on one storage become one reference.
+  // Records a reference to the tensor's storage (several tensors on one storage become one
+  // reference). The storage moves into shared memory when the message is sent, once the
+  // transport has admitted it, not here. Throws Error for more than 64 dimensions.
   void write_tensor(const Tensor& t);
-  // Attaches a duplicate of `fd` to the message (for Connection and Queue).
+  // Attaches a duplicate of `fd` to the message (for Connection and Queue). Throws
+  // SystemError (EMFILE).
   void write_fd(int fd);
 
   template <class T>
@@ -79,10 +82,8 @@ class Encoder {
     Codec<std::decay_t<T>>::encode(*this, v);
   }
 
-  const std::vector<std::byte>& payload() const noexcept { return payload_; }
-  internal::EncoderState& state() noexcept { return *state_; }
-
  private:
+  friend struct internal::CodecAccess;
   std::vector<std::byte> payload_;
   std::unique_ptr<internal::EncoderState> state_;
 };
@@ -90,14 +91,13 @@ class Encoder {
 // Reads one received message. Every read checks bounds and throws ProtocolError.
 class Decoder {
  public:
-  explicit Decoder(std::unique_ptr<internal::DecoderState> state);
   ~Decoder();
   Decoder(Decoder&&) noexcept;
   Decoder& operator=(Decoder&&) noexcept;
 
   void read_bytes(void* out, std::size_t n);
   template <class T>
-  T read_pod() {
+  [[nodiscard]] T read_pod() {
     static_assert(std::is_trivially_copyable_v<T>);
     T v;
     read_bytes(&v, sizeof v);
@@ -106,20 +106,22 @@ class Decoder {
   // A length prefix, checked to be at most remaining() / min_element_bytes (so a hostile
   // count cannot trigger a huge allocation or a long loop). With 0 (elements that may take
   // no payload bytes, like Connection), at most remaining() + the fds left + 65536.
-  std::size_t read_size(std::size_t min_element_bytes = 1);
-  std::size_t remaining() const noexcept;
-  Tensor read_tensor();
+  [[nodiscard]] std::size_t read_size(std::size_t min_element_bytes = 1);
+  [[nodiscard]] std::size_t remaining() const noexcept;
+  [[nodiscard]] Tensor read_tensor();
   // Takes ownership of the next attached fd; the caller must close it (or hand it on).
-  int take_fd();
+  [[nodiscard]] int take_fd();
 
   template <class T>
-  T decode() {
+  [[nodiscard]] T decode() {
     return Codec<T>::decode(*this);
   }
   // Throws ProtocolError if bytes are left over (called after the top-level value).
   void finish();
 
  private:
+  friend struct internal::CodecAccess;
+  explicit Decoder(std::unique_ptr<internal::DecoderState> state);
   std::unique_ptr<internal::DecoderState> state_;
 };
 
@@ -166,15 +168,7 @@ struct MinEncodedBytes<T, std::void_t<decltype(std::declval<T&>().shmtensor_fiel
 template <class T>
 struct Codec<T, std::enable_if_t<std::is_arithmetic_v<T> || std::is_enum_v<T>>> {
   static void encode(Encoder& e, const T& v) { e.write_pod(v); }
-  static T decode(Decoder& d) {
-    if constexpr (std::is_same_v<T, bool>) {
-      auto b = d.read_pod<std::uint8_t>();
-      if (b > 1) throw ProtocolError("invalid bool byte in message");
-      return b != 0;
-    } else {
-      return d.read_pod<T>();
-    }
-  }
+  static T decode(Decoder& d) { return d.read_pod<T>(); }
 };
 // bool is encoded as one byte 0/1 (a bool object with another bit pattern is UB).
 template <>

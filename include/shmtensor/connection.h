@@ -21,6 +21,10 @@
 
 namespace shmtensor {
 
+namespace internal {
+struct ConnectionAccess;  // internal/connection_access.h
+}  // namespace internal
+
 // recv() on a connection whose peer closed (or that was closed here).
 class ConnectionClosed : public Error {
  public:
@@ -42,14 +46,17 @@ class Connection {
   Connection& operator=(const Connection&) = delete;
   ~Connection() { close(); }
 
+  // Blocks while the socket's buffer is full. Throws ConnectionClosed when the peer has
+  // closed, SharedMemoryFullError / SystemError when shared memory for a tensor cannot be
+  // made, Error for a message that needs more than 253 fds.
   template <class T>
   void send(const T& value) {
     Encoder e;
     e.encode(value);
     send_encoded(std::move(e));
   }
-  // Like send() but never blocks: false, with nothing sent, when the socket's buffer is
-  // full (the peer is not reading). Throws as send().
+  // Like send() but never waits: false, and nothing sent, when the socket's buffer is full.
+  // The value's tensors are moved into shared memory all the same.
   template <class T>
   [[nodiscard]] bool try_send(const T& value) {
     Encoder e;
@@ -70,7 +77,7 @@ class Connection {
   }
   // Like recv() but gives up after `timeout`, returning nullopt.
   template <class T>
-  std::optional<T> try_recv(std::chrono::nanoseconds timeout) {
+  [[nodiscard]] std::optional<T> try_recv(std::chrono::nanoseconds timeout) {
     std::optional<Decoder> d = try_recv_encoded(timeout);
     if (!d) return std::nullopt;
     T value = d->decode<T>();
@@ -78,25 +85,25 @@ class Connection {
     return value;
   }
   // True when a message (or EOF) is ready; waits up to timeout (nullopt = forever).
-  bool poll(std::optional<std::chrono::nanoseconds> timeout = std::chrono::nanoseconds(0)) const;
+  [[nodiscard]] bool poll(
+      std::optional<std::chrono::nanoseconds> timeout = std::chrono::nanoseconds(0)) const;
   void close() noexcept;
-  bool valid() const noexcept { return fd_ >= 0; }
+  [[nodiscard]] bool valid() const noexcept { return fd_ >= 0; }
 
-  // The socket fd (owned by this object).
-  int native_handle() const noexcept { return fd_; }
+  // The socket fd (owned by this object), e.g. to poll several connections at once.
+  [[nodiscard]] int native_handle() const noexcept { return fd_; }
   // Takes ownership of a connected SOCK_SEQPACKET unix socket.
-  static Connection adopt(int fd) noexcept;
-  // Gives up ownership of the socket.
-  int release() noexcept;
-
-  void send_encoded(Encoder&& encoder);
-  [[nodiscard]] bool try_send_encoded(Encoder&& encoder);
-  Decoder recv_encoded(std::optional<std::chrono::nanoseconds> timeout);
-  std::optional<Decoder> try_recv_encoded(std::chrono::nanoseconds timeout);
+  [[nodiscard]] static Connection adopt(int fd) noexcept;
+  // Gives up ownership of the socket: the caller closes it.
+  [[nodiscard]] int release() noexcept;
 
  private:
+  friend struct internal::ConnectionAccess;
   explicit Connection(int fd) noexcept : fd_(fd) {}
-  bool send_message(Encoder&& encoder, bool nonblocking);
+  void send_encoded(Encoder&& encoder);
+  bool try_send_encoded(Encoder&& encoder);
+  Decoder recv_encoded(std::optional<std::chrono::nanoseconds> timeout);
+  std::optional<Decoder> try_recv_encoded(std::chrono::nanoseconds timeout);
   int fd_ = -1;
 };
 

@@ -30,6 +30,7 @@
 #include <optional>
 
 #include "shmtensor/codec.h"
+#include "shmtensor/internal/queue_core.h"
 
 namespace shmtensor {
 
@@ -39,45 +40,16 @@ class QueueClosed : public Error {
   explicit QueueClosed(const std::string& what) : Error(what) {}
 };
 
-namespace internal {
-// The type-independent part of a queue, shared by its handles in one process. When the
-// last handle anywhere is gone (no live process holds the queue, none is in flight), the
-// process that dropped it drains the items left so that their shared memory is released.
-class QueueCore : public std::enable_shared_from_this<QueueCore> {
- public:
-  static std::shared_ptr<QueueCore> create(std::size_t maxsize);
-  // From an encoded queue: takes its three fds and validates its control block.
-  static std::shared_ptr<QueueCore> decode(Decoder& d);
-  ~QueueCore();
-  QueueCore(const QueueCore&) = delete;
-  QueueCore& operator=(const QueueCore&) = delete;
-
-  // False on timeout (nullopt: wait forever).
-  bool put(Encoder&& e, std::optional<std::chrono::nanoseconds> timeout);
-  // nullopt on timeout; throws QueueClosed when closed and drained.
-  std::optional<Decoder> get(std::optional<std::chrono::nanoseconds> timeout);
-  void close() noexcept;
-  bool closed() const noexcept;
-  std::size_t size() const noexcept;
-  std::size_t maxsize() const noexcept;
-  void encode(Encoder& e) const;
-
-  struct State;
-  explicit QueueCore(std::unique_ptr<State> state);
-
- private:
-  std::unique_ptr<State> state_;
-};
-}  // namespace internal
-
 template <class T>
 class Queue {
  public:
-  // maxsize 0: unbounded (see the header comment).
+  // maxsize 0: unbounded (see the header comment). Throws std::invalid_argument for a
+  // maxsize above 2^31 - 1, SystemError when its sockets or control block cannot be made.
   explicit Queue(std::size_t maxsize = 0) : core_(internal::QueueCore::create(maxsize)) {}
 
-  // Blocks while the queue is full. Throws QueueClosed if closed.
-  void put(const T& value) { core_->put(encode(value), std::nullopt); }
+  // Blocks while the queue is full. Throws QueueClosed if closed (nothing is moved into
+  // shared memory then); otherwise as Connection::send.
+  void put(const T& value) { (void)core_->put(encode(value), std::nullopt); }  // never false
   // Blocks while empty. Throws QueueClosed when closed and drained; ProtocolError or
   // SystemError for an item that cannot be decoded or mapped, as Connection::recv (the
   // item is consumed, its place in a bounded queue freed, and the queue stays usable).
@@ -85,37 +57,37 @@ class Queue {
     auto d = core_->get(std::nullopt);
     return decode(*d);
   }
-  // Waits up to timeout for room; false if none came.
+  // Waits up to timeout for room; false if none came. A refused item's tensors stay where
+  // they were, unless it was the socket's buffer that stayed full (docs/transport.md).
   template <class Rep = std::int64_t, class Period = std::ratio<1>>
-  bool try_put(const T& value, std::chrono::duration<Rep, Period> timeout = {}) {
+  [[nodiscard]] bool try_put(const T& value, std::chrono::duration<Rep, Period> timeout = {}) {
     return core_->put(encode(value), std::chrono::duration_cast<std::chrono::nanoseconds>(timeout));
   }
   // Waits up to timeout for an item.
   template <class Rep = std::int64_t, class Period = std::ratio<1>>
-  std::optional<T> try_get(std::chrono::duration<Rep, Period> timeout = {}) {
+  [[nodiscard]] std::optional<T> try_get(std::chrono::duration<Rep, Period> timeout = {}) {
     auto d = core_->get(std::chrono::duration_cast<std::chrono::nanoseconds>(timeout));
     if (!d) return std::nullopt;
     return decode(*d);
   }
   // No more put()s anywhere; get()s drain what is there, then throw QueueClosed.
   void close() noexcept { core_->close(); }
-  bool closed() const noexcept { return core_->closed(); }
+  [[nodiscard]] bool closed() const noexcept { return core_->closed(); }
   // Estimates: other processes change them concurrently.
-  std::size_t size() const noexcept { return core_->size(); }
-  bool empty() const noexcept { return size() == 0; }
-  std::size_t maxsize() const noexcept { return core_->maxsize(); }
-
-  const std::shared_ptr<internal::QueueCore>& core() const noexcept { return core_; }
-  explicit Queue(std::shared_ptr<internal::QueueCore> core) : core_(std::move(core)) {}
+  [[nodiscard]] std::size_t size() const noexcept { return core_->size(); }
+  [[nodiscard]] bool empty() const noexcept { return size() == 0; }
+  [[nodiscard]] std::size_t maxsize() const noexcept { return core_->maxsize(); }
 
  private:
+  friend struct Codec<Queue<T>>;
+  explicit Queue(std::shared_ptr<internal::QueueCore> core) : core_(std::move(core)) {}
   static Encoder encode(const T& value) {
     Encoder e;
     e.encode(value);
     return e;
   }
   static T decode(Decoder& d) {
-    T value = d.decode<T>();
+    T value = d.template decode<T>();
     d.finish();
     return value;
   }
@@ -124,7 +96,7 @@ class Queue {
 
 template <class T>
 struct Codec<Queue<T>> {
-  static void encode(Encoder& e, const Queue<T>& q) { q.core()->encode(e); }
+  static void encode(Encoder& e, const Queue<T>& q) { q.core_->encode(e); }
   static Queue<T> decode(Decoder& d) { return Queue<T>(internal::QueueCore::decode(d)); }
 };
 

@@ -74,9 +74,8 @@ std::optional<std::chrono::nanoseconds> to_timeout(std::optional<double> seconds
 class Frame {
  public:
   explicit Frame(Encoder&& e) : frame_(internal::finish_frame(std::move(e))) {
-    const auto& h = frame_.header;
-    data_.assign(reinterpret_cast<const char*>(&h), sizeof h);
-    data_.append(reinterpret_cast<const char*>(frame_.body.data()), frame_.body.size());
+    for (std::span<const std::byte> part : frame_.parts())
+      data_.append(reinterpret_cast<const char*>(part.data()), part.size());
     for (const auto& seg : frame_.segments)
       if (seg->strategy() == SharingStrategy::kFileDescriptor) fd_uids_.push_back(seg->uid());
     fd_uids_.resize(frame_.fds.size(), 0);  // object fds and the blob: not a segment
@@ -197,8 +196,8 @@ class PyQueue {
   int fileno() {
     if (!readable_.valid()) {
       Encoder e;  // its three fds are duplicates; the in-flight count is undone with it
-      q_.core()->encode(e);
-      readable_ = std::move(e.state().object_fds.at(1));
+      e.encode(q_);
+      readable_ = std::move(internal::CodecAccess::state(e).object_fds.at(1));
     }
     return readable_.get();
   }

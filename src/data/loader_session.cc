@@ -9,6 +9,7 @@
 #include <map>
 
 #include "data/loader_errors.h"
+#include "shmtensor/internal/connection_access.h"
 #include "shmtensor/internal/current_exception.h"
 #include "shmtensor/internal/worker_group.h"
 
@@ -128,7 +129,7 @@ void LoaderSession::State::fill() {
       e.encode(idx);
     }
     try {
-      group.connection(w).send_encoded(std::move(e));
+      internal::ConnectionAccess::send(group.connection(w), std::move(e));
     } catch (const ConnectionClosed&) {
       died(w);  // EPIPE: it is gone
     } catch (const SystemError&) {
@@ -175,7 +176,7 @@ void LoaderSession::State::read(std::size_t w) {
     std::optional<Decoder> d;
     try {
       // Non-blocking recvmsg, no poll(): one syscall per reply, and one to see there is none.
-      d = group.connection(w).try_recv_encoded(std::chrono::nanoseconds(0));
+      d = internal::ConnectionAccess::try_recv(group.connection(w), std::chrono::nanoseconds(0));
       if (!d) return;
     } catch (const ConnectionClosed&) {
       died(w);  // it closed its socket by exiting

@@ -2,6 +2,7 @@
 // message layout) and what a worker process knows about itself.
 #include <deque>
 
+#include "shmtensor/internal/connection_access.h"
 #include "shmtensor/data_loader.h"
 #include "shmtensor/internal/current_exception.h"
 #include "shmtensor/internal/data_worker.h"
@@ -48,7 +49,7 @@ struct WorkerPort::State {
     while (!stop) {
       std::optional<Decoder> d;
       try {
-        d = connection.try_recv_encoded(std::chrono::nanoseconds(0));
+        d = internal::ConnectionAccess::try_recv(connection, std::chrono::nanoseconds(0));
       } catch (const ConnectionClosed&) {
         stop = true;  // the main process closed its end: the loader is done with us
         return;
@@ -76,7 +77,7 @@ std::optional<WorkerPort::Task> WorkerPort::next_task() {
   if (s.tasks.empty()) s.drain();
   while (s.tasks.empty() && !s.stop) {
     try {
-      Decoder d = s.connection.recv_encoded(std::nullopt);
+      Decoder d = internal::ConnectionAccess::recv(s.connection, std::nullopt);
       s.parse(d);
     } catch (const ConnectionClosed&) {
       s.stop = true;
@@ -90,7 +91,7 @@ std::optional<WorkerPort::Task> WorkerPort::next_task() {
   return t;
 }
 
-void WorkerPort::send(Encoder&& message) { state_->connection.send_encoded(std::move(message)); }
+void WorkerPort::send(Encoder&& message) { internal::ConnectionAccess::send(state_->connection, std::move(message)); }
 
 }  // namespace internal
 }  // namespace shmtensor

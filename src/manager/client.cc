@@ -1,7 +1,5 @@
 #include "manager/client.h"
 
-#include <pthread.h>
-
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -13,6 +11,7 @@
 #include "manager/paths.h"
 #include "manager/protocol.h"
 #include "os/daemonize.h"
+#include "os/fork_handlers.h"
 #include "os/private_dir.h"
 #include "os/proc.h"
 #include "os/proc_scan.h"
@@ -45,12 +44,14 @@ struct Client {
 void prepare_fork() noexcept;
 void parent_after_fork() noexcept;
 void child_after_fork() noexcept;
+constexpr ForkHandlers kForkHandlers{
+    prepare_fork, [](bool /*fork_failed*/) noexcept { parent_after_fork(); }, child_after_fork};
 
 Client& client() {
   // Leaked: segments may be released during static destruction.
   static Client* c = [] {
     auto* p = new Client;
-    ::pthread_atfork(prepare_fork, parent_after_fork, child_after_fork);
+    install_fork_handlers(ForkStage::kManagerClient, &kForkHandlers);
     return p;
   }();
   return *c;
@@ -132,7 +133,7 @@ void connect_locked(Client& c) {
     // Who we are, as the daemon may read it only after we are gone (a short-lived process):
     // our start time (to tell us from a later process with our pid) and process group (to
     // keep names we sent in messages while our relatives live).
-    encode_header(MessageType::kHello, process_start_time(own_pid()),
+    encode_header(MessageType::kHello, own_process_id().start_time,
                   static_cast<std::uint64_t>(own_process_group()), &hello);
     if (send_packet(fd.get(), &hello, sizeof hello, false) == 0) {
       char buf[1024];
@@ -196,8 +197,7 @@ std::string one_name(MessageType type, const std::string& name, std::uint64_t a 
 }
 
 // ---- fork ------------------------------------------------------------------------------
-// errno is preserved by every handler: the memory layer's handlers use it to tell a failed
-// fork from a successful one.
+// Run first of the library's fork handlers (os/fork_handlers.h says why).
 
 void prepare_fork() noexcept {
   const int saved = errno;

@@ -15,6 +15,7 @@
 #include "manager/segments.h"
 #include "manager/tracker.h"
 #include "os/daemonize.h"
+#include "os/poll.h"
 #include "os/private_dir.h"
 #include "os/proc_scan.h"
 #include "os/shm.h"
@@ -382,30 +383,30 @@ struct Daemon::Impl {
       if (!polled.empty() || !groups.empty())
         timeout = timeout < 0 ? kPollIntervalMs : std::min(timeout, kPollIntervalMs);
 
-      std::vector<PollEntry> entries;
-      entries.push_back({signals.get()});
-      entries.push_back({listener.get()});
-      for (auto& c : conns) entries.push_back({c->fd.get()});
+      std::vector<int> fds{signals.get(), listener.get()};
+      for (auto& c : conns) fds.push_back(c->fd.get());
       std::vector<ProcessId> pid_order;
       for (auto& [pid, w] : pidfds) {
-        entries.push_back({w.second.get()});
+        fds.push_back(w.second.get());
         pid_order.push_back(w.first);
       }
-      wait_readable(entries, timeout);
+      std::vector<bool> ready(fds.size(), false);
+      std::optional<std::chrono::nanoseconds> wait;
+      if (timeout >= 0) wait = std::chrono::milliseconds(timeout);
+      for (std::size_t i : wait_readable(fds, wait)) ready[i] = true;
 
-      if (entries[0].readable) {
+      if (ready[0]) {
         int sig = read_signal(signals.get());
         log("signal %d: exiting", sig);
         return;
       }
-      if (entries[1].readable) accept_all();
-      const std::size_t nconns = entries.size() - 2 - pid_order.size();
+      if (ready[1]) accept_all();
+      const std::size_t nconns = fds.size() - 2 - pid_order.size();
       for (std::size_t i = 0; i < nconns; ++i) {
-        const PollEntry& e = entries[2 + i];
-        if (e.readable || e.hangup) service(*conns[i]);
+        if (ready[2 + i]) service(*conns[i]);
       }
       for (std::size_t i = 0; i < pid_order.size(); ++i) {
-        if (entries[2 + nconns + i].readable) {
+        if (ready[2 + nconns + i]) {
           process_died(pid_order[i]);
           pidfds.erase(pid_order[i].pid);
         }

@@ -37,7 +37,8 @@ struct Block {
 // SystemError / SharedMemoryFullError when a new segment is needed and cannot be made.
 Block arena_allocate(SharingStrategy strategy, std::size_t nbytes);
 
-// This process's release of `block` of `segment` (one of ours) took its word to 0.
+// `block` of `segment`, one of ours, became free through this process (its word went to 0:
+// Segment::block_freed): back into its free list. Takes the arena lock.
 void arena_block_freed(const Segment& segment, std::uint32_t block) noexcept;
 
 // Returns to the OS every segment of ours in which no block is held (after clearing the

@@ -1,10 +1,7 @@
 #include "memory/registry.h"
 
-#include <pthread.h>
-
-#include <cerrno>
-#include <cstdint>
 #include <algorithm>
+#include <cstdint>
 #include <deque>
 #include <memory>
 #include <mutex>
@@ -13,6 +10,7 @@
 #include "memory/arena.h"
 #include "memory/segment.h"
 #include "memory/storage_impl.h"
+#include "os/fork_handlers.h"
 
 namespace shmtensor::internal {
 
@@ -24,8 +22,8 @@ struct Registry::State {
   // Storages by segment and block: a table per segment, indexed by block, in pages made
   // when first used. A receiver looks up every tensor it receives here, and blocks come
   // in allocation order, so lookups walk memory in order (a node-based map keyed by
-  // (uid, offset) cost a cache miss or three each, a quarter of a consumer's time when it
-  // keeps millions of tensors). The key is the Segment's address: a table goes with its
+  // (uid, offset) costs a cache miss or three per lookup: a quarter of a consumer's time
+  // when it keeps millions of tensors). The key is the Segment's address: a table goes with its
   // Segment (~Segment calls remove_segment), and every registered storage holds its
   // segment, so an address is never reused while its table lives. Tables stay while their
   // segment does, so a stream of tensors through one segment allocates nothing here.
@@ -55,7 +53,9 @@ struct Registry::State {
       Slot* pg = page(block / kPageSlots, /*make=*/false);
       return pg != nullptr ? &pg[block % kPageSlots] : nullptr;
     }
-    Slot& at(std::uint32_t block) { return page(block / kPageSlots, /*make=*/true)[block % kPageSlots]; }
+    Slot& at(std::uint32_t block) {
+      return page(block / kPageSlots, /*make=*/true)[block % kPageSlots];
+    }
     template <class F>
     void for_each(F&& f) const {
       for (const auto& [p, page] : pages)
@@ -64,25 +64,12 @@ struct Registry::State {
     }
   };
   std::unordered_map<const Segment*, BlockTable> storages;
-  std::size_t storage_count = 0;
-
-  // Registers s in `slot` (lock held).
-  void set(Slot& slot, const std::shared_ptr<StorageImpl>& s) {
-    if (slot.raw == nullptr) ++storage_count;
-    slot = {s, s.get()};
-  }
-  void clear(Slot& slot) {
-    slot = {};
-    --storage_count;
-  }
   std::deque<std::shared_ptr<Segment>> received;  // most recent first
 };
 
 namespace {
-constexpr std::size_t kReceivedCacheSize = 8;
-}  // namespace
 
-namespace {
+constexpr std::size_t kReceivedCacheSize = 8;
 
 Registry::State* g_state = nullptr;
 
@@ -101,20 +88,17 @@ struct Forking {
   std::vector<std::shared_ptr<Segment>> all;
 };
 Forking* g_forking = nullptr;
-// The caller's errno at prepare time. prepare_fork leaves errno at 0 so that
-// parent_after_fork can tell a failed fork: glibc runs the parent handlers in both cases,
-// and only a failed fork sets errno (to EAGAIN, ENOMEM or ENOSYS).
-int g_errno_before_fork = 0;
 
-void prepare_fork();
-void parent_after_fork();
-void child_after_fork();
+void prepare_fork() noexcept;
+void parent_after_fork(bool fork_failed) noexcept;
+void child_after_fork() noexcept;
+constexpr ForkHandlers kForkHandlers{prepare_fork, parent_after_fork, child_after_fork};
 
 }  // namespace
 
 Registry::Registry() : state_(new State) {
   g_state = state_;
-  ::pthread_atfork(prepare_fork, parent_after_fork, child_after_fork);
+  install_fork_handlers(ForkStage::kMemory, &kForkHandlers);
 }
 
 Registry& Registry::instance() {
@@ -124,7 +108,7 @@ Registry& Registry::instance() {
 
 namespace {
 
-void prepare_fork() {
+void prepare_fork() noexcept {
   arena_prepare_fork();  // lock order: arena, then registry
   g_state->mu.lock();
   // Allocation here is fine: we are in the parent, before fork.
@@ -146,31 +130,25 @@ void prepare_fork() {
       }
     });
   }
-  g_errno_before_fork = errno;
-  errno = 0;
 }
 
-void parent_after_fork() {
-  const int err = errno;
-  const bool fork_failed = err == EAGAIN || err == ENOMEM || err == ENOSYS;
+void parent_after_fork(bool fork_failed) noexcept {
   auto* held = g_forking;
   g_forking = nullptr;
   g_state->mu.unlock();
   // On success the counts added in prepare_fork belong to the child: the parent keeps its
   // own and gives nothing back. On failure no child exists, so the parent takes them back;
   // this cannot reach zero: the parent itself still holds a count (held keeps the segments
-  // alive). (A prepare handler that runs after ours and leaves errno at one of these
-  // values would make us take back a live child's count; none that we know of does.)
+  // alive).
   if (fork_failed) {
     for (auto& seg : held->named) seg->header()->refcount.fetch_sub(1, std::memory_order_relaxed);
     for (auto& impl : held->storages) impl->segment()->take_back_fork_count(impl->block());
   }
   arena_parent_after_fork();
   delete held;  // drops the temporary references outside the locks
-  errno = fork_failed ? err : g_errno_before_fork;
 }
 
-void child_after_fork() {
+void child_after_fork() noexcept {
   // The child keeps the counts added for it. It drops the temporary shared_ptrs only
   // after unlocking: a Segment destructor takes the registry lock.
   auto* held = g_forking;
@@ -189,7 +167,6 @@ void child_after_fork() {
   g_state->mu.unlock();
   arena_child_after_fork();
   delete held;
-  errno = g_errno_before_fork;
 }
 
 }  // namespace
@@ -223,7 +200,7 @@ void Registry::add_storage(const Segment& segment, std::uint32_t block,
                            const std::shared_ptr<StorageImpl>& s) {
   std::lock_guard lock(state_->mu);
   auto& table = state_->storages[&segment];
-  state_->set(table.at(block), s);
+  table.at(block) = {s, s.get()};
 }
 
 void Registry::remove_storage(const Segment& segment, std::uint32_t block,
@@ -232,7 +209,7 @@ void Registry::remove_storage(const Segment& segment, std::uint32_t block,
   auto it = state_->storages.find(&segment);
   if (it == state_->storages.end()) return;
   State::Slot* slot = it->second.find(block);
-  if (slot != nullptr && slot->raw == s) state_->clear(*slot);
+  if (slot != nullptr && slot->raw == s) *slot = {};
 }
 
 std::shared_ptr<StorageImpl> Registry::find_or_add_storage(
@@ -246,7 +223,7 @@ std::shared_ptr<StorageImpl> Registry::find_or_add_storage(
   // make() only constructs (no registry calls), so it may run under the lock. Nothing is
   // allocated here for a reference that make() refuses (a forged one).
   std::shared_ptr<StorageImpl> made = make();
-  if (made) state_->set(state_->storages[&segment].at(block), made);
+  if (made) state_->storages[&segment].at(block) = {made, made.get()};
   return made;
 }
 
@@ -270,30 +247,9 @@ void Registry::forget_cached_segments() {
   dropped.swap(state_->received);
 }
 
-std::vector<std::string> Registry::named_segments() {
-  // Live references are dropped after unlocking: the last one runs ~Segment, which locks.
-  std::vector<std::shared_ptr<Segment>> live;
-  {
-    std::lock_guard lock(state_->mu);
-    for (auto& [uid, weak] : state_->segments) {
-      if (auto seg = weak.lock()) live.push_back(std::move(seg));
-    }
-  }
-  std::vector<std::string> names;
-  for (auto& seg : live) {
-    if (!seg->name().empty()) names.push_back(seg->name());
-  }
-  return names;
-}
-
 std::size_t Registry::segment_count() {
   std::lock_guard lock(state_->mu);
   return state_->segments.size();
-}
-
-std::size_t Registry::storage_count() {
-  std::lock_guard lock(state_->mu);
-  return state_->storage_count;
 }
 
 }  // namespace shmtensor::internal

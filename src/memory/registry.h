@@ -11,8 +11,6 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <string>
-#include <vector>
 
 namespace shmtensor::internal {
 
@@ -49,12 +47,10 @@ class Registry {
   void remember_received_segment(const std::shared_ptr<Segment>& segment);
   void forget_cached_segments();
 
-  // Names of the file_system segments mapped now (for the manager and `shmtensor ls`).
-  std::vector<std::string> named_segments();
+  // Segments registered now (tests).
   std::size_t segment_count();
-  std::size_t storage_count();
 
- struct State;  // defined in registry.cc
+  struct State;  // defined in registry.cc
 
  private:
   Registry();

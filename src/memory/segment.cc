@@ -8,7 +8,6 @@
 #include "manager/client.h"
 #include "memory/registry.h"
 #include "os/proc.h"
-#include "os/proc_scan.h"
 #include "os/shm.h"
 #include "shmtensor/error.h"
 
@@ -24,7 +23,7 @@ std::string next_segment_name() {
   static std::atomic<std::uint64_t> counter{0};
   static std::atomic<pid_t> seeded_pid{0};
   static std::atomic<std::uint64_t> random_part{0};
-  pid_t pid = current_pid();
+  pid_t pid = own_pid();
   if (seeded_pid.load(std::memory_order_acquire) != pid) {
     random_part.store(random_u64(), std::memory_order_relaxed);
     seeded_pid.store(pid, std::memory_order_release);
@@ -62,9 +61,10 @@ void write_header(SegmentHeader* h, const Layout& l, std::size_t block_size,
   h->data_offset = l.data_offset;
   h->data_size = block_size * block_count;
   h->uid = random_u64();
-  h->creator_pid = current_pid();
+  const ProcessId me = own_process_id();
+  h->creator_pid = me.pid;
   h->kind = static_cast<std::uint32_t>(kind);
-  h->creator_start_time = process_start_time(h->creator_pid);
+  h->creator_start_time = me.start_time;
   h->refcount.store(refs, std::memory_order_relaxed);
   h->creator_pgid = own_process_group();
   h->block_count = block_count;

@@ -32,15 +32,19 @@ namespace shmtensor::internal {
 class Segment {
  public:
   // A new segment of `block_count` blocks of `block_size` bytes (a multiple of 64), with
-  // this process in slot 0, registered in this process's Registry.
+  // this process in slot 0, registered in this process's Registry. Throws
+  // SharedMemoryFullError / SystemError, Error when the manager daemon cannot be started
+  // (file_system), std::invalid_argument for a geometry that breaks the precondition.
   static std::shared_ptr<Segment> create(SharingStrategy strategy, std::size_t block_size,
                                          std::uint32_t block_count, SegmentKind kind);
   // Maps a segment received as an fd (file_descriptor). Checks size and seals before
-  // mapping and validates the header after; throws ProtocolError on any mismatch.
-  // `uid` is what the message claimed; it must match the header.
+  // mapping and validates the header after; throws ProtocolError on any mismatch,
+  // SystemError when it cannot be mapped. `uid` is what the message claimed; it must match
+  // the header.
   static std::shared_ptr<Segment> attach_fd(UniqueFd fd, std::uint64_t uid);
   // Opens and maps a named segment (file_system), adopting one count of its refcount that
-  // the sender added for the message (so it does not increment).
+  // the sender added for the message (so it does not increment). Throws SystemError
+  // (ENOENT: the name is gone), ProtocolError for a header that does not validate.
   static std::shared_ptr<Segment> attach_name(const std::string& name, std::uint64_t uid);
 
   ~Segment();
@@ -86,6 +90,9 @@ class Segment {
   // A sender holding the block adds a count for a message that carries it. Throws Error
   // when 65535 messages carrying it are in flight already.
   void add_block_in_flight(std::uint32_t block);
+  // The operations below that can take a word to 0 report it (true / *freed) and pass it
+  // on: to this process's arena when it created the segment, otherwise to the creator
+  // through the release epoch.
   // Gives back the count of a message that was never sent. True if the block became free.
   bool drop_block_in_flight(std::uint32_t block) noexcept;
   // Receiver: turns the message's count into this process's hold (its slot's bit, or the
@@ -134,6 +141,7 @@ class Segment {
   std::uint64_t* word_ptr(std::uint32_t block) const noexcept;
   std::uint64_t* slot_ptr(int slot) const noexcept;
   void note_freed_by_other() noexcept;
+  void block_freed(std::uint32_t block) noexcept;
   // Clears slot s's bit in every word (its dead owner's holds); returns the blocks freed.
   std::size_t clear_slot_bits(int s) noexcept;
   void report_corruption(const char* what, std::uint32_t block, std::uint64_t word) noexcept;
@@ -170,11 +178,5 @@ void validate_segment_header(const SegmentHeader& h, std::size_t mapped_size,
 // Removes one count from a named segment's refcount, unlinking it at zero. Used by
 // Segment's destructor and for in-flight counts of messages that were never received.
 void release_named_segment_count(SegmentHeader* header, const std::string& name) noexcept;
-
-// This process's slot owner value (pid + start time), recomputed after fork.
-std::uint64_t current_slot_owner() noexcept;
-// True while the process a slot owner value names lives (same pid and start time, not a
-// zombie). Shared by arena segments and queue holder tables.
-bool slot_owner_alive(std::uint64_t owner) noexcept;
 
 }  // namespace shmtensor::internal

@@ -10,6 +10,7 @@
 // order (the adder holds the block, so the word cannot be 0 meanwhile).
 #include <cstdio>
 
+#include "memory/arena.h"
 #include "memory/segment.h"
 #include "os/proc.h"
 #include "os/proc_scan.h"
@@ -21,13 +22,6 @@ namespace {
 using WordRef = std::atomic_ref<std::uint64_t>;
 }  // namespace
 
-bool slot_owner_alive(std::uint64_t owner) noexcept {
-  const auto pid = static_cast<pid_t>(owner >> 32);
-  if (pid <= 0) return false;
-  const std::uint64_t start = process_start_time(pid);
-  return start != 0 && (start & 0xffffffffu) == (owner & 0xffffffffu);
-}
-
 // Also marks the block, so that the creator's arena never collects it as free later (a
 // rescan would see a zeroed word as free while a holder still reads the block).
 void Segment::report_corruption(const char* what, std::uint32_t block,
@@ -37,17 +31,6 @@ void Segment::report_corruption(const char* what, std::uint32_t block,
                "shmtensor: corrupted block word in shared memory (%s; block %u, word 0x%llx): "
                "the block is left alone and never reused\n",
                what, block, static_cast<unsigned long long>(word));
-}
-
-std::uint64_t current_slot_owner() noexcept {
-  static std::atomic<std::uint64_t> cached{0};
-  static std::atomic<pid_t> cached_pid{0};
-  const pid_t pid = current_pid();
-  if (cached_pid.load(std::memory_order_acquire) != pid) {
-    cached.store(slot_owner(pid, process_start_time(pid)), std::memory_order_relaxed);
-    cached_pid.store(pid, std::memory_order_release);
-  }
-  return cached.load(std::memory_order_relaxed);
 }
 
 std::uint64_t* Segment::word_ptr(std::uint32_t block) const noexcept {
@@ -146,6 +129,13 @@ void Segment::note_freed_by_other() noexcept {
   if (!own()) header()->release_epoch.fetch_add(1, std::memory_order_release);
 }
 
+void Segment::block_freed(std::uint32_t block) noexcept {
+  if (own())
+    arena_block_freed(*this, block);
+  else
+    note_freed_by_other();
+}
+
 bool Segment::drop_block_in_flight(std::uint32_t block) noexcept {
   const std::uint64_t prev =
       WordRef(*word_ptr(block)).fetch_sub(kCountUnit, std::memory_order_acq_rel);
@@ -155,7 +145,7 @@ bool Segment::drop_block_in_flight(std::uint32_t block) noexcept {
     return false;
   }
   const bool freed = prev == kCountUnit;
-  if (freed) note_freed_by_other();
+  if (freed) block_freed(block);
   return freed;
 }
 
@@ -185,7 +175,7 @@ bool Segment::drop_duplicate_in_flight(std::uint32_t block, bool* freed) noexcep
     if (block_count_of(cur) == 0) return false;
   } while (!w.compare_exchange_weak(cur, cur - kCountUnit, std::memory_order_acq_rel));
   *freed = cur == kCountUnit;
-  if (*freed) note_freed_by_other();
+  if (*freed) block_freed(block);
   return true;
 }
 
@@ -209,7 +199,7 @@ bool Segment::release_block(std::uint32_t block, bool counted) noexcept {
     }
     if (prev != bit) return false;
   }
-  note_freed_by_other();
+  block_freed(block);
   return true;
 }
 

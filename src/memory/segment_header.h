@@ -24,7 +24,8 @@ inline constexpr std::uint32_t kMaxSegmentBlocks = std::uint32_t{1} << 20;
 enum class SegmentKind : std::uint32_t { kDedicated = 1, kArena = 2 };
 
 // Holder slots per segment: a process that holds blocks of a segment owns one slot, keyed
-// by pid + start time, and marks each block it holds with its slot's bit.
+// by pid + start time (slot_owner, os/proc.h), and marks each block it holds with its
+// slot's bit.
 inline constexpr std::uint32_t kSlotCount = 48;
 // A block's word (one atomic uint64 per block): bits 0..47 are the slots that hold it,
 // bits 48..63 count messages in flight that carry it plus holds of processes without a
@@ -70,11 +71,5 @@ static_assert(offsetof(SegmentHeader, refcount) == 64);
 static_assert(offsetof(SegmentHeader, creator_pgid) == 72);
 static_assert(offsetof(SegmentHeader, block_size) == 80);
 static_assert(offsetof(SegmentHeader, release_epoch) == 104);
-
-// A slot owner: (pid << 32) | low 32 bits of the process start time; 0 when the slot is free.
-constexpr std::uint64_t slot_owner(std::int32_t pid, std::uint64_t start_time) {
-  return (static_cast<std::uint64_t>(static_cast<std::uint32_t>(pid)) << 32) |
-         (start_time & 0xffffffffu);
-}
 
 }  // namespace shmtensor::internal

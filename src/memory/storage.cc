@@ -29,8 +29,7 @@ StorageImpl::~StorageImpl() {
   private_free(private_, private_capacity_);
   if (!segment_) return;
   Registry::instance().remove_storage(*segment_, block_, this);
-  if (segment_->release_block(block_, counted_) && segment_->own())
-    arena_block_freed(*segment_, block_);
+  segment_->release_block(block_, counted_);
 }
 
 void StorageImpl::share_memory_(SharingStrategy strategy) {

@@ -1,7 +1,6 @@
 #include "os/child.h"
 
 #include <fcntl.h>
-#include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
@@ -15,6 +14,7 @@
 #include <fstream>
 #include <iterator>
 
+#include "os/proc.h"
 #include "os/syscall.h"
 
 extern char** environ;  // NOLINT: POSIX global
@@ -29,33 +29,17 @@ int decode_status(int status) noexcept {
   return 255;
 }
 
-// pidfd_open has no glibc wrapper before 2.36 and may be missing from the kernel (< 5.3)
-// or refused by an old seccomp profile. Without it we fall back to polling: correct, but
-// a dead child is noticed after a short interval instead of at once.
-UniqueFd open_pidfd(pid_t pid) {
-#ifdef SYS_pidfd_open
-  long fd = ::syscall(SYS_pidfd_open, pid, 0);
-  if (fd >= 0) {
-    // pidfd_open sets O_CLOEXEC on the fd it returns (PIDFD_NONBLOCK aside, no flags).
-    return UniqueFd(static_cast<int>(fd));
-  }
-  int err = errno;
-  if (err == ENOSYS || err == EPERM || err == EACCES) return UniqueFd();
-  throw_system_error(err, "pidfd_open", "pid=" + std::to_string(pid));
-#else
-  (void)pid;
-  return UniqueFd();
-#endif
-}
-
 }  // namespace
 
 ChildProcess::ChildProcess(pid_t pid) : pid_(pid) {
-  try {
-    pidfd_ = open_pidfd(pid);
-  } catch (...) {
+  // Without a pidfd (kernel < 5.3, or refused by a seccomp profile) callers poll: correct,
+  // but a dead child is noticed after a short interval instead of at once.
+  bool unsupported = false;
+  pidfd_ = open_pidfd(pid, &unsupported);
+  if (!pidfd_ && !unsupported) {
+    const int err = errno;
     kill_and_reap();
-    throw;
+    throw_system_error(err, "pidfd_open", "pid=" + std::to_string(pid));
   }
 }
 
@@ -166,35 +150,6 @@ bool read_available(int fd, std::string& out, std::size_t limit) {
   }
 }
 
-std::vector<std::size_t> wait_readable(std::span<const int> fds,
-                                       std::optional<std::chrono::nanoseconds> timeout) {
-  using clock = std::chrono::steady_clock;
-  std::vector<pollfd> pfds;
-  std::vector<std::size_t> index;
-  for (std::size_t i = 0; i < fds.size(); ++i) {
-    if (fds[i] < 0) continue;
-    pfds.push_back(pollfd{fds[i], POLLIN, 0});
-    index.push_back(i);
-  }
-  auto deadline = timeout ? clock::now() + *timeout : clock::time_point::max();
-  for (;;) {
-    int ms = -1;
-    if (timeout) {
-      auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - clock::now());
-      ms = static_cast<int>(std::clamp<std::int64_t>(left.count(), 0, 1 << 30));
-    }
-    int rc = ::poll(pfds.data(), pfds.size(), ms);
-    if (rc == -1) {
-      if (errno == EINTR) continue;
-      throw_system_error(errno, "poll", std::to_string(pfds.size()) + " fds");
-    }
-    std::vector<std::size_t> ready;
-    for (std::size_t i = 0; i < pfds.size(); ++i)
-      if (pfds[i].revents != 0) ready.push_back(index[i]);
-    return ready;
-  }
-}
-
 std::string signal_name(int sig) {
   // sigabbrev_np (glibc >= 2.32) gives "ABRT" for SIGABRT (never the alias "IOT").
   if (const char* abbrev = ::sigabbrev_np(sig)) return std::string("SIG") + abbrev;
@@ -232,9 +187,6 @@ std::vector<std::string> environment() {
   for (char** e = environ; e != nullptr && *e != nullptr; ++e) env.emplace_back(*e);
   return env;
 }
-
-pid_t self_pid() noexcept { return ::getpid(); }
-pid_t parent_pid() noexcept { return ::getppid(); }
 
 void die_with_parent(pid_t expected_parent) noexcept {
   ::syscall(SYS_prctl, PR_SET_PDEATHSIG, static_cast<unsigned long>(SIGKILL), 0UL, 0UL, 0UL);

@@ -8,9 +8,7 @@
 
 #include <sys/types.h>
 
-#include <chrono>
 #include <optional>
-#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -29,7 +27,8 @@ namespace shmtensor::internal {
 class ChildProcess {
  public:
   ChildProcess() noexcept = default;
-  // Takes over `pid`, a child of this process; opens its pidfd.
+  // Takes over `pid`, a child of this process, and opens its pidfd. Throws SystemError
+  // (EMFILE...) after killing and reaping the child.
   explicit ChildProcess(pid_t pid);
   ChildProcess(ChildProcess&& o) noexcept
       : pid_(std::exchange(o.pid_, -1)),
@@ -52,12 +51,12 @@ class ChildProcess {
   std::optional<int> poll();
   // Blocks until the child has ended; reaps it.
   int wait();
-  // Sends `sig` unless the child was already reaped. False if it was.
+  // Send `sig` (terminate: SIGTERM, kill: SIGKILL) unless the child was already reaped;
+  // false if it was.
   bool send_signal(int sig) noexcept;
-  // SIGTERM / SIGKILL; false if already reaped.
   bool terminate() noexcept;
   bool kill() noexcept;
-  // SIGKILL + reap if still running; no-op otherwise. Never throws.
+  // SIGKILL and reap, if not reaped yet.
   void kill_and_reap() noexcept;
 
  private:
@@ -83,12 +82,6 @@ std::pair<UniqueFd, UniqueFd> make_report_pipe();
 // all. Returns false at end of file (or on an error), true if the writer may send more.
 bool read_available(int fd, std::string& out, std::size_t limit);
 
-// Waits until one of `fds` is readable (or hung up), or `timeout` passes (nullopt: no
-// limit). Returns the indices of ready fds; -1 entries are skipped. Retries EINTR with
-// the remaining time.
-std::vector<std::size_t> wait_readable(std::span<const int> fds,
-                                       std::optional<std::chrono::nanoseconds> timeout);
-
 // "SIGABRT" for SIGABRT; "<Unknown signal N>" for a number without a name (torch's text).
 std::string signal_name(int sig);
 
@@ -101,9 +94,6 @@ bool fd_is_open(int fd) noexcept;
 std::vector<std::string> self_cmdline();
 // The environment as "NAME=value" strings.
 std::vector<std::string> environment();
-// getpid()/getppid().
-pid_t self_pid() noexcept;
-pid_t parent_pid() noexcept;
 
 // ---- async-signal-safe, for the child side ----------------------------------------------
 
@@ -119,7 +109,8 @@ bool clear_cloexec_raw(int fd) noexcept;
 void write_all_raw(int fd, const char* data, std::size_t n) noexcept;
 // execve("/proc/self/exe", argv, envp). Returns only on failure, with errno's value.
 int exec_self(char* const* argv, char* const* envp) noexcept;
-// exit_group(code).
+// Ends every thread of the process at once (exit_group), running no atexit handler and
+// flushing no stdio buffer: in a forked child those are copies of the parent's.
 [[noreturn]] void exit_raw(int code) noexcept;
 // _exit(code) (through libc: a forked child's sanitizer finishes its reports).
 [[noreturn]] void exit_now(int code) noexcept;

@@ -178,10 +178,8 @@ void redirect_stderr_to_log(const std::string& path, long max_bytes) noexcept {
   struct stat st {};
   int flags = O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC;
   if (::stat(path.c_str(), &st) == 0 && st.st_size > max_bytes) flags |= O_TRUNC;
-  int fd = ::open(path.c_str(), flags, 0600);
-  if (fd < 0) return;
-  ::dup2(fd, STDERR_FILENO);
-  ::close(fd);
+  UniqueFd fd(::open(path.c_str(), flags, 0600));
+  if (fd) ::dup2(fd.get(), STDERR_FILENO);
 }
 
 }  // namespace shmtensor::internal

@@ -4,12 +4,14 @@
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/statvfs.h>
-#include <sys/syscall.h>
 #include <sys/utsname.h>
 #include <unistd.h>
 
 #include <fstream>
 #include <sstream>
+
+#include "os/proc.h"
+#include "os/unique_fd.h"
 
 namespace shmtensor::internal {
 
@@ -46,24 +48,15 @@ SystemLimits read_system_limits() {
     l.kernel_release = u.release;
     l.kernel_version = u.version;
   }
-  int fd = ::memfd_create("shmtensor-doctor", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-  if (fd >= 0) {
+  if (UniqueFd fd(::memfd_create("shmtensor-doctor", MFD_CLOEXEC | MFD_ALLOW_SEALING)); fd) {
     l.memfd = true;
-    l.memfd_sealing =
-        ::ftruncate(fd, 4096) == 0 && ::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) == 0;
-    ::close(fd);
+    l.memfd_sealing = ::ftruncate(fd.get(), 4096) == 0 &&
+                      ::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) == 0;
   } else {
-    fd = ::memfd_create("shmtensor-doctor", MFD_CLOEXEC);
-    if (fd >= 0) {
-      l.memfd = true;
-      ::close(fd);
-    }
+    l.memfd = UniqueFd(::memfd_create("shmtensor-doctor", MFD_CLOEXEC)).valid();
   }
-  int pfd = static_cast<int>(::syscall(SYS_pidfd_open, ::getpid(), 0));
-  if (pfd >= 0) {
-    l.pidfd = true;
-    ::close(pfd);
-  }
+  bool no_pidfds = false;
+  l.pidfd = open_pidfd(own_pid(), &no_pidfds).valid();
   struct statvfs vfs {};
   if (::statvfs("/dev/shm", &vfs) == 0) {
     l.dev_shm_total = static_cast<std::uint64_t>(vfs.f_blocks) * vfs.f_frsize;

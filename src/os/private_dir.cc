@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <memory>
 
 #include "os/syscall.h"
 
@@ -67,15 +68,14 @@ bool write_fully(int fd, const std::string& data) noexcept {
 std::string read_small_file(const std::string& path) noexcept {
   std::string out;
   try {
-    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-    if (fd < 0) return out;
+    UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+    if (!fd) return out;
     char buf[65536];
     for (;;) {
-      ssize_t n = retry_eintr([&] { return ::read(fd, buf, sizeof buf); });
+      ssize_t n = retry_eintr([&] { return ::read(fd.get(), buf, sizeof buf); });
       if (n <= 0) break;
       out.append(buf, static_cast<std::size_t>(n));
     }
-    ::close(fd);
   } catch (...) {
     out.clear();
   }
@@ -84,23 +84,24 @@ std::string read_small_file(const std::string& path) noexcept {
 
 bool replace_file(const std::string& path, const std::string& content) noexcept {
   const std::string tmp = path + ".tmp";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
-  if (fd < 0) return false;
-  bool ok = write_fully(fd, content);
-  ::close(fd);
+  bool ok = false;
+  {
+    UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600));
+    if (!fd) return false;
+    ok = write_fully(fd.get(), content);
+  }
   return ok && ::rename(tmp.c_str(), path.c_str()) == 0;
 }
 
 std::vector<std::string> list_directory(const std::string& dir) noexcept {
   std::vector<std::string> out;
   try {
-    DIR* d = ::opendir(dir.c_str());
-    if (d == nullptr) return out;
-    while (dirent* e = ::readdir(d)) {
+    std::unique_ptr<DIR, int (*)(DIR*)> d(::opendir(dir.c_str()), ::closedir);
+    if (!d) return out;
+    while (dirent* e = ::readdir(d.get())) {
       std::string n = e->d_name;
       if (n != "." && n != "..") out.push_back(std::move(n));
     }
-    ::closedir(d);
   } catch (...) {
   }
   return out;

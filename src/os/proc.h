@@ -1,17 +1,62 @@
-// Facts about processes: ids, start times (to tell a live pid from a recycled one).
+// Process identity: who this process is, and whether another one still lives.
+//
+// A pid alone names a process only until it is reaped: the kernel then recycles it. So a
+// process is identified by its pid *and* its start time (field 22 of /proc/<pid>/stat), and
+// every "is it alive?" below compares both. A zombie (exited, not yet reaped) counts as
+// dead everywhere: it has released its memory and fds, so it holds nothing.
 #pragma once
 
 #include <sys/types.h>
 
 #include <cstdint>
 
+#include "os/unique_fd.h"
+
 namespace shmtensor::internal {
 
-pid_t current_pid() noexcept;
-// Field 22 of /proc/<pid>/stat (clock ticks since boot); 0 if the process does not exist
-// or is a zombie (exited and not yet reaped: it maps and holds nothing any more).
-std::uint64_t process_start_time(pid_t pid) noexcept;
-// True when `pid` is alive and started at `start_time` (so it is not a recycled pid).
-bool process_matches(pid_t pid, std::uint64_t start_time) noexcept;
+// getpid(): not cached by glibc, so right in a forked child; async-signal-safe.
+pid_t own_pid() noexcept;
+pid_t own_process_group() noexcept;
+uid_t effective_uid() noexcept;
+
+struct ProcessStatus {
+  bool exists = false;           // /proc/<pid> exists and is not a zombie
+  std::uint64_t start_time = 0;  // clock ticks since boot
+  pid_t parent = 0;
+  pid_t process_group = 0;
+};
+// Everything false / 0 when the process does not exist or is a zombie.
+ProcessStatus read_process_status(pid_t pid) noexcept;
+
+struct ProcessId {
+  pid_t pid = 0;
+  std::uint64_t start_time = 0;  // 0: the process does not exist (or is a zombie)
+  friend bool operator==(const ProcessId&, const ProcessId&) = default;
+};
+ProcessId identify_process(pid_t pid) noexcept;
+// This process, read once per pid (so a forked child reads its own).
+ProcessId own_process_id() noexcept;
+// True when id.pid lives, is not a zombie, and started at id.start_time.
+bool is_alive(const ProcessId& id) noexcept;
+
+// The 64-bit form of a ProcessId that holder tables in shared memory store (segment slots,
+// queue holders): pid << 32 | low 32 bits of the start time; 0 means "nobody". Two
+// processes with one pid whose start times differ by a multiple of 2^32 ticks (16 months
+// at 100 Hz) would be confused.
+constexpr std::uint64_t slot_owner(std::int32_t pid, std::uint64_t start_time) {
+  return (static_cast<std::uint64_t>(static_cast<std::uint32_t>(pid)) << 32) |
+         (start_time & 0xffffffffu);
+}
+// slot_owner of this process (cached per pid, like own_process_id).
+std::uint64_t current_slot_owner() noexcept;
+// is_alive for a slot owner value.
+bool slot_owner_alive(std::uint64_t owner) noexcept;
+
+// True while some process (a zombie included) is in process group `pgid`: kill(-pgid, 0).
+bool process_group_exists(pid_t pgid) noexcept;
+
+// pidfd_open(pid): readable (POLLIN) once the process has exited. Invalid when the kernel
+// has no pidfds (before 5.3) or the process is gone; *unsupported says which.
+UniqueFd open_pidfd(pid_t pid, bool* unsupported) noexcept;
 
 }  // namespace shmtensor::internal

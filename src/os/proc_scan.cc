@@ -4,15 +4,13 @@
 
 #include <dirent.h>
 #include <fcntl.h>
-#include <signal.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
+#include <memory>
 
 #include "os/syscall.h"
 
@@ -22,16 +20,15 @@ namespace {
 
 // Reads a whole (small or large) /proc file into `out`. False if it cannot be opened.
 bool read_proc_file(int dir_fd, const char* path, std::string& out) {
-  int fd = ::openat(dir_fd, path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return false;
+  UniqueFd fd(::openat(dir_fd, path, O_RDONLY | O_CLOEXEC));
+  if (!fd) return false;
   out.clear();
   char buf[65536];
   for (;;) {
-    ssize_t n = retry_eintr([&] { return ::read(fd, buf, sizeof buf); });
+    ssize_t n = retry_eintr([&] { return ::read(fd.get(), buf, sizeof buf); });
     if (n <= 0) break;
     out.append(buf, static_cast<std::size_t>(n));
   }
-  ::close(fd);
   return true;
 }
 
@@ -44,61 +41,15 @@ bool parse_pid(const char* s, pid_t* pid) {
   return true;
 }
 
-ProcessStatus parse_stat(const char* buf) {
-  ProcessStatus st;
-  // The command name (field 2) may hold spaces and ')'; fields resume after the last ')'.
-  const char* p = std::strrchr(buf, ')');
-  if (p == nullptr || p[1] != ' ') return st;
-  char state = p[2];
-  if (state == 'Z' || state == 'X' || state == 'x') return st;  // exited, not reaped
-  int field = 2;
-  for (++p; *p != '\0'; ++p) {
-    if (*p != ' ') continue;
-    ++field;
-    if (field == 4) st.parent = static_cast<pid_t>(std::strtol(p + 1, nullptr, 10));
-    if (field == 5) st.process_group = static_cast<pid_t>(std::strtol(p + 1, nullptr, 10));
-    if (field == 22) {
-      st.start_time = std::strtoull(p + 1, nullptr, 10);
-      st.exists = true;
-      break;
-    }
-  }
-  return st;
-}
-
 }  // namespace
-
-ProcessStatus read_process_status(pid_t pid) noexcept {
-  if (pid <= 0) return {};
-  char path[64];
-  std::snprintf(path, sizeof path, "/proc/%d/stat", static_cast<int>(pid));
-  int fd = ::open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return {};
-  char buf[1024];
-  ssize_t n = retry_eintr([&] { return ::read(fd, buf, sizeof buf - 1); });
-  ::close(fd);
-  if (n <= 0) return {};
-  buf[n] = '\0';
-  return parse_stat(buf);
-}
-
-ProcessId identify_process(pid_t pid) noexcept {
-  ProcessStatus st = read_process_status(pid);
-  return {pid, st.exists ? st.start_time : 0};
-}
-
-bool is_alive(const ProcessId& id) noexcept {
-  if (id.pid <= 0 || id.start_time == 0) return false;
-  ProcessStatus st = read_process_status(id.pid);
-  return st.exists && st.start_time == id.start_time;
-}
 
 std::unordered_map<std::string, std::vector<ProcessId>> scan_shm_mappers(const std::string& prefix,
                                                                          pid_t exclude) {
   std::unordered_map<std::string, std::vector<ProcessId>> out;
-  DIR* proc = ::opendir("/proc");
-  if (proc == nullptr) throw_system_error(errno, "opendir", "/proc");
-  const uid_t me = ::geteuid();
+  std::unique_ptr<DIR, int (*)(DIR*)> dir(::opendir("/proc"), ::closedir);
+  if (!dir) throw_system_error(errno, "opendir", "/proc");
+  DIR* proc = dir.get();
+  const uid_t me = effective_uid();
   const std::string needle = "/dev/shm/" + prefix;
   std::string maps;
   char path[64];
@@ -132,7 +83,6 @@ std::unordered_map<std::string, std::vector<ProcessId>> scan_shm_mappers(const s
       if (pids.empty() || !(pids.back() == id)) pids.push_back(id);
     }
   }
-  ::closedir(proc);
   return out;
 }
 
@@ -161,26 +111,5 @@ bool process_maps_file(pid_t pid, std::uint64_t device, std::uint64_t inode) {
                 minor(static_cast<dev_t>(device)), static_cast<unsigned long long>(inode));
   return maps.find(want) != std::string::npos;
 }
-
-bool process_group_exists(pid_t pgid) noexcept {
-  if (pgid <= 0) return false;
-  // EPERM: it exists but belongs to someone else.
-  return ::kill(-pgid, 0) == 0 || errno == EPERM;
-}
-
-UniqueFd open_pidfd(pid_t pid, bool* unsupported) noexcept {
-  *unsupported = false;
-  int fd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
-  if (fd < 0) {
-    *unsupported = (errno == ENOSYS);
-    return UniqueFd();
-  }
-  // pidfds are always close-on-exec.
-  return UniqueFd(fd);
-}
-
-uid_t effective_uid() noexcept { return ::geteuid(); }
-pid_t own_pid() noexcept { return ::getpid(); }
-pid_t own_process_group() noexcept { return ::getpgrp(); }
 
 }  // namespace shmtensor::internal

@@ -8,14 +8,17 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <memory>
 
 #include "os/syscall.h"
+#include "os/unique_fd.h"
 
 namespace shmtensor::internal {
 
 std::vector<ShmEntry> list_shm(const std::string& prefix, uid_t uid) {
   std::vector<ShmEntry> out;
-  DIR* d = ::opendir("/dev/shm");
+  std::unique_ptr<DIR, int (*)(DIR*)> dir(::opendir("/dev/shm"), ::closedir);
+  DIR* d = dir.get();
   if (d == nullptr) {
     if (errno == ENOENT) return out;
     throw_system_error(errno, "opendir", "/dev/shm");
@@ -29,23 +32,18 @@ std::vector<ShmEntry> list_shm(const std::string& prefix, uid_t uid) {
     out.push_back({"/" + n, static_cast<std::uint64_t>(st.st_size), st.st_uid,
                    static_cast<std::int64_t>(st.st_mtim.tv_sec)});
   }
-  ::closedir(d);
   std::sort(out.begin(), out.end(),
             [](const ShmEntry& a, const ShmEntry& b) { return a.name < b.name; });
   return out;
 }
 
 long peek_shm(const std::string& name, void* buf, std::size_t n, std::uint64_t* size) noexcept {
-  int fd = ::shm_open(name.c_str(), O_RDONLY | O_CLOEXEC, 0);
-  if (fd < 0) return -1;
+  UniqueFd fd(::shm_open(name.c_str(), O_RDONLY | O_CLOEXEC, 0));
+  if (!fd) return -1;
   struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    ::close(fd);
-    return -1;
-  }
+  if (::fstat(fd.get(), &st) != 0) return -1;
   *size = static_cast<std::uint64_t>(st.st_size);
-  ssize_t r = retry_eintr([&] { return ::pread(fd, buf, n, 0); });
-  ::close(fd);
+  ssize_t r = retry_eintr([&] { return ::pread(fd.get(), buf, n, 0); });
   return r < 0 ? -1 : static_cast<long>(r);
 }
 

@@ -1,6 +1,5 @@
 #include "os/socket.h"
 
-#include <poll.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 
@@ -102,17 +101,6 @@ Received receive_message(int sock, std::span<std::byte> buffer, bool nonblocking
   r.size = static_cast<std::size_t>(n);
   r.eof = (n == 0);
   return r;
-}
-
-bool wait_readable(int fd, std::optional<std::chrono::nanoseconds> timeout) {
-  pollfd p{fd, POLLIN, 0};
-  int ms = -1;
-  if (timeout) {
-    auto t = std::chrono::ceil<std::chrono::milliseconds>(*timeout).count();
-    ms = t < 0 ? 0 : (t > 0x7fffffff ? 0x7fffffff : static_cast<int>(t));
-  }
-  int rc = check_syscall("poll", "message socket", [&] { return ::poll(&p, 1, ms); });
-  return rc > 0;
 }
 
 void shutdown_write(int sock) noexcept { ::shutdown(sock, SHUT_WR); }

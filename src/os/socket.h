@@ -1,9 +1,7 @@
 // Unix SOCK_SEQPACKET sockets that carry whole messages with fds (SCM_RIGHTS).
 #pragma once
 
-#include <chrono>
 #include <cstddef>
-#include <optional>
 #include <span>
 #include <utility>
 #include <vector>
@@ -35,9 +33,6 @@ struct Received {
 // buffer (MSG_TRUNC) or its fds were cut (MSG_CTRUNC: names the fd limit and the other
 // strategy); the fds that did arrive are closed.
 Received receive_message(int sock, std::span<std::byte> buffer, bool nonblocking = false);
-
-// poll(POLLIN). nullopt timeout = wait forever. True when readable (or at EOF / error).
-bool wait_readable(int fd, std::optional<std::chrono::nanoseconds> timeout);
 
 // shutdown(SHUT_WR): readers of the peer get EOF after draining; writers get EPIPE.
 void shutdown_write(int sock) noexcept;

@@ -1,6 +1,5 @@
 #include "os/unix_socket.h"
 
-#include <poll.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -103,24 +102,6 @@ void set_socket_timeouts(int fd, int ms) {
                 [&] { return ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv); });
   check_syscall("setsockopt", "SO_RCVTIMEO",
                 [&] { return ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv); });
-}
-
-int wait_readable(std::vector<PollEntry>& entries, int timeout_ms) {
-  std::vector<pollfd> pfds(entries.size());
-  for (std::size_t i = 0; i < entries.size(); ++i) pfds[i] = {entries[i].fd, POLLIN, 0};
-  // Not retried on EINTR: the caller's loop recomputes its timeout anyway.
-  int n = ::poll(pfds.data(), pfds.size(), timeout_ms);
-  if (n < 0) {
-    if (errno == EINTR)
-      n = 0;
-    else
-      throw_system_error(errno, "poll", std::to_string(pfds.size()) + " fds");
-  }
-  for (std::size_t i = 0; i < entries.size(); ++i) {
-    entries[i].readable = (pfds[i].revents & POLLIN) != 0;
-    entries[i].hangup = (pfds[i].revents & (POLLHUP | POLLERR | POLLNVAL)) != 0;
-  }
-  return n;
 }
 
 }  // namespace shmtensor::internal

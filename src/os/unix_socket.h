@@ -1,5 +1,5 @@
 // Unix-domain SOCK_SEQPACKET sockets (one send is one message, delivered whole or not at
-// all, in order) and the poll loop helper, for the manager daemon and its client.
+// all, in order) bound to a path, for the manager daemon and its client.
 //
 // Every socket is created close-on-exec. Sends use MSG_NOSIGNAL: a peer that died is an
 // EPIPE/ECONNRESET return value, never a SIGPIPE.
@@ -9,7 +9,6 @@
 
 #include <cstddef>
 #include <string>
-#include <vector>
 
 #include "os/unique_fd.h"
 
@@ -52,15 +51,5 @@ RecvResult recv_packet(int fd, void* buf, std::size_t capacity, bool dont_wait) 
 
 // SO_SNDTIMEO / SO_RCVTIMEO: a blocking send or recv gives up with EAGAIN after `ms`.
 void set_socket_timeouts(int fd, int ms);
-
-// One entry of wait_readable(): set `fd`, read `readable` / `hangup` afterwards.
-struct PollEntry {
-  int fd = -1;
-  bool readable = false;
-  bool hangup = false;  // POLLHUP/POLLERR/POLLNVAL
-};
-// poll() for input on every entry, for at most timeout_ms (-1: no limit). Returns the
-// number of entries with an event (0 on timeout). EINTR counts as a timeout with no event.
-int wait_readable(std::vector<PollEntry>& entries, int timeout_ms);
 
 }  // namespace shmtensor::internal

@@ -9,6 +9,7 @@
 // dispatcher ends only once every worker has exited: after close(), it stops the idle
 // workers and waits for them; at terminate() it terminates them itself. Ending earlier
 // would SIGKILL the replacements in the middle of their orderly exit.
+#include "shmtensor/internal/connection_access.h"
 #include "shmtensor/pool.h"
 
 #include <algorithm>
@@ -246,7 +247,7 @@ void PoolCore::dispatch() {
     }
     w.running = std::move(task);
     try {
-      group_.connection(i).send_encoded(std::move(w.running->message));
+      internal::ConnectionAccess::send(group_.connection(i), std::move(w.running->message));
     } catch (...) {
       // The worker is gone (EPIPE): the task fails as one its worker died running.
       handle_death(i);
@@ -304,7 +305,7 @@ void PoolCore::handle_reply(std::size_t i, Decoder& d) {
 void PoolCore::read_replies(std::size_t i) {
   while (workers_[i].alive && group_.connection(i).poll(std::chrono::nanoseconds(0))) {
     try {
-      Decoder d = group_.connection(i).recv_encoded(std::chrono::nanoseconds(0));
+      Decoder d = internal::ConnectionAccess::recv(group_.connection(i), std::chrono::nanoseconds(0));
       handle_reply(i, d);
     } catch (const ConnectionClosed&) {
       handle_death(i);

@@ -6,6 +6,7 @@
 
 #include "os/code_address.h"
 #include "process/pool_protocol.h"
+#include "shmtensor/internal/connection_access.h"
 #include "shmtensor/connection.h"
 #include "shmtensor/internal/current_exception.h"
 #include "shmtensor/pool.h"
@@ -29,7 +30,7 @@ void worker_loop(Connection& connection) {
   for (;;) {
     std::optional<Decoder> d;
     try {
-      d.emplace(connection.recv_encoded(std::nullopt));
+      d.emplace(internal::ConnectionAccess::recv(connection, std::nullopt));
     } catch (const ConnectionClosed&) {
       return;  // the parent is gone or gave up on us
     }
@@ -55,7 +56,7 @@ void worker_loop(Connection& connection) {
       reply.encode(text);
     }
     d.reset();  // drop the arguments (and their shared memory) before replying
-    connection.send_encoded(std::move(reply));
+    internal::ConnectionAccess::send(connection, std::move(reply));
   }
 }
 

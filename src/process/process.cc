@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "os/child.h"
+#include "os/poll.h"
 #include "process/process_state.h"
 #include "process/shutdown.h"
 

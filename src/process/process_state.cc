@@ -8,6 +8,8 @@
 #include <string_view>
 
 #include "os/code_address.h"
+#include "os/poll.h"
+#include "os/proc.h"
 #include "process/child_side.h"
 
 namespace shmtensor::internal {
@@ -61,7 +63,7 @@ std::unique_ptr<ProcessState> ProcessState::start(const LaunchSpec& spec, StartM
     throw Error("cannot start an empty callable");
 
   auto [report_read, report_write] = make_report_pipe();
-  const pid_t parent = self_pid();
+  const pid_t parent = own_pid();
 
   if (method == StartMethod::kFork) {
     pid_t pid = fork_process();

@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "os/child.h"
+#include "os/poll.h"
 #include "process/process_state.h"
 #include "shmtensor/internal/process_access.h"
 

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "os/child.h"
+#include "os/poll.h"
 #include "process/child_side.h"
 #include "process/process_state.h"
 #include "process/shutdown.h"

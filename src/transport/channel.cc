@@ -1,48 +1,83 @@
 #include "transport/channel.h"
 
+#include <memory>
 #include <vector>
 
+#include "os/poll.h"
 #include "os/socket.h"
 #include "wire/wire.h"
 
 namespace shmtensor::internal {
 
-bool send_value(int sock, Encoder&& encoder, bool nonblocking) {
-  OutgoingFrame frame = finish_frame(std::move(encoder));
-  return send_frame(sock, frame, nonblocking);
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// The buffer the next datagram is received in. A Decoder reads its payload in place and
+// keeps the buffer alive, so a thread reuses its buffer only once no Decoder holds it, and
+// otherwise starts a new one. (use_count() may read high while another thread drops its
+// Decoder: that only costs an allocation.)
+std::shared_ptr<std::byte[]> receive_buffer() {
+  thread_local std::shared_ptr<std::byte[]> buffer;
+  if (!buffer || buffer.use_count() > 1) buffer.reset(new std::byte[kMaxInlineFrame]);
+  return buffer;
 }
 
-RecvResult recv_value(int sock, std::optional<std::chrono::nanoseconds> timeout, bool* consumed) {
-  // One buffer per thread: a datagram is at most kMaxInlineFrame bytes.
-  thread_local std::vector<std::byte> buffer(kMaxInlineFrame);
-  using Clock = std::chrono::steady_clock;
-  const auto deadline = timeout ? Clock::now() + *timeout : Clock::time_point::max();
+std::optional<std::chrono::nanoseconds> time_left(const Deadline& deadline) {
+  if (!deadline) return std::nullopt;
+  return std::max(*deadline - Clock::now(), Clock::duration::zero());
+}
+
+}  // namespace
+
+Deadline deadline_after(std::optional<std::chrono::nanoseconds> timeout) {
+  if (!timeout) return std::nullopt;
+  return Clock::now() + std::chrono::duration_cast<Clock::duration>(*timeout);
+}
+
+bool send_frame(int sock, OutgoingFrame& frame, Deadline deadline) {
+  const auto parts = frame.parts();
+  if (!deadline) {
+    send_message(sock, parts, frame.fds, /*nonblocking=*/false);
+  } else {
+    // Non-blocking attempts, and poll for room in between: a blocking sendmsg could not
+    // be interrupted at the deadline.
+    while (!send_message(sock, parts, frame.fds, /*nonblocking=*/true)) {
+      const auto left = time_left(deadline);
+      if (left->count() == 0 || !wait_writable(sock, *left)) return false;
+    }
+  }
+  frame.sent = true;  // the receiver now owns the in-flight counts
+  return true;
+}
+
+Datagram receive_datagram(int sock, Deadline deadline) {
   for (;;) {
-    // A zero timeout needs no poll(): the non-blocking recvmsg below says EAGAIN itself.
-    if (timeout && timeout->count() > 0) {
-      auto left = deadline - Clock::now();
-      if (!wait_readable(sock, left > left.zero() ? left : left.zero()))
-        return {RecvStatus::kTimeout, std::nullopt};
+    // With a deadline, wait in poll and receive without blocking: another receiver may
+    // take the datagram between the two, and then we wait again. A deadline already
+    // passed needs no poll: the non-blocking receive says EAGAIN itself.
+    if (deadline && Clock::now() < *deadline) {
+      const int fds[1] = {sock};
+      if (wait_readable(fds, time_left(deadline)).empty()) return {};
     }
-    // With a timeout, receive without blocking: another receiver may have taken the
-    // message between poll and recvmsg, in which case we wait again.
-    Received r;
-    try {
-      r = receive_message(sock, buffer, timeout.has_value());
-    } catch (const ProtocolError&) {
-      // MSG_CTRUNC / MSG_TRUNC: the datagram was taken (and its fds closed).
-      if (consumed != nullptr) *consumed = true;
-      throw;
-    }
+    Datagram d;
+    d.buffer = receive_buffer();
+    Received r = receive_message(sock, std::span(d.buffer.get(), kMaxInlineFrame),
+                                 /*nonblocking=*/deadline.has_value());
     if (r.would_block) {
-      if (timeout && timeout->count() <= 0) return {RecvStatus::kTimeout, std::nullopt};
+      if (Clock::now() >= *deadline) return {};
       continue;
     }
-    if (r.eof) return {RecvStatus::kEof, std::nullopt};
-    if (consumed != nullptr) *consumed = true;
-    return {RecvStatus::kOk,
-            parse_frame(std::span<const std::byte>(buffer.data(), r.size), std::move(r.fds))};
+    d.status = r.eof ? RecvStatus::kEof : RecvStatus::kOk;
+    d.size = r.size;
+    d.fds = std::move(r.fds);
+    return d;
   }
+}
+
+Decoder parse_datagram(Datagram&& datagram) {
+  const std::span<const std::byte> bytes(datagram.buffer.get(), datagram.size);
+  return parse_frame(bytes, std::move(datagram.fds), std::move(datagram.buffer));
 }
 
 }  // namespace shmtensor::internal

@@ -1,28 +1,50 @@
-// Sending and receiving whole frames on a SOCK_SEQPACKET socket: shared by Connection and
-// Queue.
+// The transport's stages between the wire layer's frame and parse (wire/wire.h): sending a
+// finished frame on a SOCK_SEQPACKET socket, and taking one datagram off it. Connection and
+// Queue both go through these. A Queue adds its own steps between them: admission (closed?
+// room?) before the frame is made, and freeing the item's place as soon as its datagram
+// left the socket, before it is parsed.
 #pragma once
 
 #include <chrono>
+#include <cstddef>
+#include <memory>
 #include <optional>
+#include <vector>
 
+#include "os/unique_fd.h"
 #include "shmtensor/codec.h"
 
 namespace shmtensor::internal {
 
-// Encodes and sends; blocks while the socket buffer is full (unless nonblocking, then
-// returns false without sending).
-bool send_value(int sock, Encoder&& encoder, bool nonblocking = false);
+struct OutgoingFrame;
+
+// When a wait gives up; nullopt: never.
+using Deadline = std::optional<std::chrono::steady_clock::time_point>;
+Deadline deadline_after(std::optional<std::chrono::nanoseconds> timeout);
+
+// The send stage. Sends `frame` as one datagram with its fds, waiting while the socket's
+// buffer is full (blocked in the kernel, or in poll until the deadline). Returns false if
+// the deadline passed first: nothing was sent, and the frame's destructor gives its counts
+// back. On success the receiver owns the frame's counts. Throws SystemError (EPIPE: the
+// receiving end is shut down or closed).
+bool send_frame(int sock, OutgoingFrame& frame, Deadline deadline);
 
 enum class RecvStatus { kOk, kEof, kTimeout };
-struct RecvResult {
-  RecvStatus status;
-  std::optional<Decoder> decoder;
+// One datagram taken off a socket, not parsed yet.
+struct Datagram {
+  RecvStatus status = RecvStatus::kTimeout;
+  std::shared_ptr<std::byte[]> buffer;  // kOk: the datagram's `size` bytes
+  std::size_t size = 0;
+  std::vector<UniqueFd> fds;  // owned, close-on-exec
 };
-// Waits up to `timeout` (nullopt: forever) for one message. Several receivers may wait on
-// one socket: a message goes to one of them; the others keep waiting. If `consumed` is
-// given, it is set once a datagram was taken off the socket, so that a caller can tell an
-// exception about that message (it is gone) from one about the socket.
-RecvResult recv_value(int sock, std::optional<std::chrono::nanoseconds> timeout,
-                      bool* consumed = nullptr);
+// The receive stage: waits until `deadline` for one datagram. Several receivers may wait on
+// one socket: a datagram goes to one of them; the others keep waiting. Throws ProtocolError
+// when a datagram was taken but its fds (MSG_CTRUNC: names the fd limit) or bytes
+// (MSG_TRUNC) were cut, so it is lost; SystemError when the socket failed and nothing was
+// taken.
+Datagram receive_datagram(int sock, Deadline deadline);
+// The parse stage (wire/wire.h, parse_frame) over a received datagram: its Decoder reads
+// the payload in the datagram's buffer, which it keeps alive.
+Decoder parse_datagram(Datagram&& datagram);
 
 }  // namespace shmtensor::internal

@@ -1,8 +1,12 @@
 #include "shmtensor/connection.h"
 
+#include <cerrno>
+
+#include "os/poll.h"
 #include "os/socket.h"
 #include "os/unique_fd.h"
 #include "transport/channel.h"
+#include "wire/wire.h"
 
 namespace shmtensor {
 
@@ -14,19 +18,18 @@ int Connection::release() noexcept { return std::exchange(fd_, -1); }
 
 bool Connection::poll(std::optional<std::chrono::nanoseconds> timeout) const {
   if (fd_ < 0) throw ConnectionClosed("poll() on a closed connection");
-  return internal::wait_readable(fd_, timeout);
+  const int fds[1] = {fd_};
+  return !internal::wait_readable(fds, timeout).empty();
 }
 
-void Connection::send_encoded(Encoder&& encoder) { (void)send_message(std::move(encoder), false); }
+namespace {
 
-bool Connection::try_send_encoded(Encoder&& encoder) {
-  return send_message(std::move(encoder), true);
-}
-
-bool Connection::send_message(Encoder&& encoder, bool nonblocking) {
-  if (fd_ < 0) throw ConnectionClosed("send() on a closed connection");
+// The send path of every Connection: frame, then send.
+bool send_until(int fd, Encoder&& encoder, internal::Deadline deadline) {
+  if (fd < 0) throw ConnectionClosed("send() on a closed connection");
   try {
-    return internal::send_value(fd_, std::move(encoder), nonblocking);
+    internal::OutgoingFrame frame = internal::finish_frame(std::move(encoder));
+    return internal::send_frame(fd, frame, deadline);
   } catch (const SystemError& e) {
     if (e.error_code() == EPIPE || e.error_code() == ECONNRESET)
       throw ConnectionClosed("send() on a connection whose peer has closed");
@@ -34,22 +37,33 @@ bool Connection::send_message(Encoder&& encoder, bool nonblocking) {
   }
 }
 
-Decoder Connection::recv_encoded(std::optional<std::chrono::nanoseconds> timeout) {
-  if (fd_ < 0) throw ConnectionClosed("recv() on a closed connection");
-  auto r = internal::recv_value(fd_, timeout);
-  if (r.status == internal::RecvStatus::kEof)
+std::optional<Decoder> receive_until(int fd, internal::Deadline deadline) {
+  if (fd < 0) throw ConnectionClosed("recv() on a closed connection");
+  internal::Datagram d = internal::receive_datagram(fd, deadline);
+  if (d.status == internal::RecvStatus::kEof)
     throw ConnectionClosed("recv(): the peer closed the connection");
-  if (r.status == internal::RecvStatus::kTimeout) throw Error("recv(): timed out");
-  return std::move(*r.decoder);
+  if (d.status == internal::RecvStatus::kTimeout) return std::nullopt;
+  return internal::parse_datagram(std::move(d));
+}
+
+}  // namespace
+
+void Connection::send_encoded(Encoder&& encoder) {
+  send_until(fd_, std::move(encoder), std::nullopt);
+}
+
+bool Connection::try_send_encoded(Encoder&& encoder) {
+  return send_until(fd_, std::move(encoder), std::chrono::steady_clock::now());
+}
+
+Decoder Connection::recv_encoded(std::optional<std::chrono::nanoseconds> timeout) {
+  std::optional<Decoder> d = receive_until(fd_, internal::deadline_after(timeout));
+  if (!d) throw Error("recv(): timed out");
+  return std::move(*d);
 }
 
 std::optional<Decoder> Connection::try_recv_encoded(std::chrono::nanoseconds timeout) {
-  if (fd_ < 0) throw ConnectionClosed("recv() on a closed connection");
-  auto r = internal::recv_value(fd_, timeout);
-  if (r.status == internal::RecvStatus::kEof)
-    throw ConnectionClosed("recv(): the peer closed the connection");
-  if (r.status == internal::RecvStatus::kTimeout) return std::nullopt;
-  return std::move(*r.decoder);
+  return receive_until(fd_, internal::deadline_after(timeout));
 }
 
 std::pair<Connection, Connection> pipe() {

@@ -8,14 +8,18 @@
 // drops it), which gives the counts back. "Last" is decided from the table: one slot per
 // holding process, keyed by pid + start time like arena slots, plus a count of encoded
 // copies of the queue that are inside messages not yet received (docs/transport.md).
+#include <algorithm>
 #include <atomic>
 #include <mutex>
-#include <thread>
+#include <stdexcept>
+#include <string>
+#include <utility>
 #include <vector>
 
-#include "memory/segment.h"
+#include "os/fork_handlers.h"
 #include "os/futex.h"
 #include "os/mapping.h"
+#include "os/proc.h"
 #include "os/shm.h"
 #include "os/socket.h"
 #include "shmtensor/queue.h"
@@ -27,7 +31,7 @@ namespace shmtensor::internal {
 namespace {
 
 constexpr std::uint64_t kQueueMagic = 0x314555455154534dULL;  // "MSTQUEU1"
-constexpr std::uint32_t kQueueLayoutVersion = 2;
+constexpr std::uint32_t kQueueLayoutVersion = 3;
 constexpr int kQueueHolderSlots = 128;
 
 // Shared by every process holding the queue (a sealed memfd, so it can be passed on).
@@ -36,9 +40,9 @@ struct QueueControl {
   std::uint32_t layout_version;
   std::uint32_t size_of;
   std::uint64_t maxsize;  // 0 = unbounded
-  // Items put and not yet taken. Futex word of producers waiting for room. A producer
-  // reserves a slot by CAS before sending (acq_rel pairs with consumers' release of a slot),
-  // so at most maxsize items are ever in the socket.
+  // Places taken: items being sent or in the socket. Futex word of producers waiting for
+  // room. A producer takes a place by CAS right before sending (acq_rel pairs with a
+  // consumer's release of a place), so at most maxsize items are ever in the socket.
   alignas(64) std::atomic<std::uint32_t> count;
   // 1 once close() was called anywhere; also a futex wake-up source for producers.
   alignas(64) std::atomic<std::uint32_t> closed;
@@ -53,11 +57,16 @@ struct QueueControl {
   // process itself (or, at fork, by the parent on the child's behalf, with the parent's
   // value, which the child then swaps for its own); cleared by CAS by its owner.
   alignas(64) std::atomic<std::uint64_t> holders[kQueueHolderSlots];
+  // Per holder slot: places its process took whose items it has not sent yet. Framing an
+  // item can take seconds (a new file_system segment may wait for the manager daemon to
+  // start), and a producer SIGKILLed before its sendmsg returned would take its place with
+  // it; a producer that finds the queue full gives back those of dead holders.
+  alignas(64) std::atomic<std::uint32_t> sending[kQueueHolderSlots];
 };
 static_assert(std::is_standard_layout_v<QueueControl>);
 static_assert(std::atomic<std::uint32_t>::is_always_lock_free);
 static_assert(std::atomic<std::uint64_t>::is_always_lock_free);
-static_assert(sizeof(QueueControl) == 192 + 8 * kQueueHolderSlots);
+static_assert(sizeof(QueueControl) == 192 + 8 * kQueueHolderSlots + 4 * kQueueHolderSlots);
 
 // Frees one reserved item slot; never below 0 (a raw peer may send a datagram for which no
 // producer reserved one).
@@ -74,8 +83,100 @@ int claim_holder(QueueControl* c, std::uint64_t owner) noexcept {
     std::uint64_t expected = 0;
     if (c->holders[s].compare_exchange_strong(expected, owner, std::memory_order_seq_cst)) return s;
   }
+  // None is free: take over the slot of a holder that died (a SIGKILLed process never frees
+  // its slot, so a long job that forks and kills workers would otherwise run out). One CAS
+  // from the dead owner's value decides who; the winner first gives back the places the
+  // dead one held unsent.
+  for (int s = 0; s < kQueueHolderSlots; ++s) {
+    std::uint64_t dead = c->holders[s].load(std::memory_order_seq_cst);
+    if (dead == 0 || slot_owner_alive(dead)) continue;
+    if (!c->holders[s].compare_exchange_strong(dead, owner, std::memory_order_seq_cst)) continue;
+    for (std::uint32_t n = c->sending[s].exchange(0, std::memory_order_acq_rel); n > 0; --n)
+      release_item(c);
+    return s;
+  }
   c->overflow.store(1, std::memory_order_seq_cst);
   return -1;
+}
+
+// Gives back the places that holders which died while sending took: their items never
+// reached the socket. exchange() hands a dead slot's count to one reclaimer. If a new holder
+// took the slot over in between (claim_holder), one of its own places may be given back
+// early: one item more than maxsize may then be in the socket, never a place lost.
+void reclaim_dead_senders(QueueControl* c) noexcept {
+  for (int s = 0; s < kQueueHolderSlots; ++s) {
+    if (c->sending[s].load(std::memory_order_relaxed) == 0) continue;
+    const std::uint64_t owner = c->holders[s].load(std::memory_order_seq_cst);
+    if (owner == 0 || slot_owner_alive(owner)) continue;
+    for (std::uint32_t n = c->sending[s].exchange(0, std::memory_order_acq_rel); n > 0; --n)
+      release_item(c);
+  }
+}
+
+// One item's place in the queue, taken at admission: given back unless sent() was called.
+class ItemPlace {
+ public:
+  ItemPlace() noexcept = default;
+  ItemPlace(const ItemPlace&) = delete;
+  ItemPlace& operator=(const ItemPlace&) = delete;
+  ~ItemPlace() {
+    if (control_ == nullptr) return;
+    done_sending();
+    release_item(control_);
+  }
+  // `slot`: the taking process's holder slot (-1: it has none, and a death while sending
+  // loses the place).
+  void take(QueueControl* c, int slot) noexcept {
+    control_ = c;
+    slot_ = slot;
+    if (slot_ >= 0) control_->sending[slot_].fetch_add(1, std::memory_order_acq_rel);
+  }
+  void sent() noexcept {
+    done_sending();
+    control_ = nullptr;
+  }
+
+ private:
+  void done_sending() noexcept {
+    if (slot_ < 0) return;
+    // Never below 0: a reclaimer may have taken this count already (see above).
+    auto& sending = control_->sending[slot_];
+    std::uint32_t n = sending.load(std::memory_order_relaxed);
+    while (n > 0 && !sending.compare_exchange_weak(n, n - 1, std::memory_order_acq_rel)) {
+    }
+  }
+  QueueControl* control_ = nullptr;
+  int slot_ = -1;
+};
+
+// Admission, decided before the item is framed (so a refused put moves nothing into shared
+// memory): the queue must be open and, when bounded, have room. Takes the item's place for
+// holder slot `slot` by CAS on `count` (acq_rel pairs with a consumer's release of a
+// place), so at most maxsize items are ever in the socket; an unbounded queue just counts.
+// Throws QueueClosed; false when the deadline passed first.
+bool admit(QueueControl* c, const Deadline& deadline, int slot, ItemPlace* place) {
+  const auto maxsize = static_cast<std::uint32_t>(c->maxsize);
+  for (;;) {
+    if (c->closed.load(std::memory_order_acquire)) throw QueueClosed("put() on a closed queue");
+    std::uint32_t n = c->count.load(std::memory_order_acquire);
+    if (maxsize == 0 || n < maxsize) {
+      if (c->count.compare_exchange_weak(n, n + 1, std::memory_order_acq_rel)) {
+        place->take(c, slot);
+        return true;
+      }
+      continue;
+    }
+    reclaim_dead_senders(c);
+    // Waits are sliced: close() wakes the futex but does not change `count`, so a close()
+    // that lands between our check of `closed` and the wait would otherwise wake nobody.
+    std::chrono::nanoseconds left = std::chrono::milliseconds(50);
+    if (deadline) {
+      const auto until = *deadline - std::chrono::steady_clock::now();
+      if (until <= until.zero()) return false;
+      left = std::min(left, std::chrono::duration_cast<std::chrono::nanoseconds>(until));
+    }
+    futex_wait(&c->count, n, left);
+  }
 }
 
 }  // namespace
@@ -96,39 +197,45 @@ namespace {
 // fork (prepare → parent/child), so the child never inherits it locked by another thread.
 std::mutex g_live_mu;
 std::vector<QueueCore::State*>* g_live = nullptr;
+std::uint64_t g_fork_owner = 0;  // the value prepare_fork put in the child's slots
 
-void prepare_fork() {
+void prepare_fork() noexcept {
   g_live_mu.lock();
   if (g_live == nullptr) return;
   // The child will hold every queue we hold. Its slot is taken now, in our name, so that no
   // holder of ours can see "no other holder" and drain between fork and the child's start.
-  const std::uint64_t me = current_slot_owner();
-  for (auto* st : *g_live) st->fork_slot = claim_holder(st->control(), me);
+  g_fork_owner = current_slot_owner();
+  for (auto* st : *g_live) st->fork_slot = claim_holder(st->control(), g_fork_owner);
 }
 
-void parent_after_fork() {
-  // The slot is the child's now. (If fork failed, it stays in our name until we exit, so
-  // that queue is not drained early; it is never drained too soon.)
+void parent_after_fork(bool /*fork_failed*/) noexcept {
+  // The slot is the child's now. If the fork failed, it stays in our name until we exit:
+  // that queue is then drained late, never too soon.
   if (g_live != nullptr)
     for (auto* st : *g_live) st->fork_slot = -1;
   g_live_mu.unlock();
 }
 
-void child_after_fork() {
+void child_after_fork() noexcept {
   if (g_live != nullptr) {
     const std::uint64_t me = current_slot_owner();  // recomputed: our pid changed
     for (auto* st : *g_live) {
-      st->slot = st->fork_slot;
-      st->fork_slot = -1;
-      if (st->slot >= 0) st->control()->holders[st->slot].store(me, std::memory_order_seq_cst);
+      st->slot = std::exchange(st->fork_slot, -1);
+      if (st->slot < 0) continue;
+      // A CAS: had the parent died already, its slot could have been taken over.
+      std::uint64_t parent = g_fork_owner;
+      if (!st->control()->holders[st->slot].compare_exchange_strong(parent, me,
+                                                                    std::memory_order_seq_cst))
+        st->slot = claim_holder(st->control(), me);
     }
   }
   g_live_mu.unlock();
 }
 
+constexpr ForkHandlers kForkHandlers{prepare_fork, parent_after_fork, child_after_fork};
+
 void register_live(QueueCore::State* st) {
-  static std::once_flag once;
-  std::call_once(once, [] { ::pthread_atfork(prepare_fork, parent_after_fork, child_after_fork); });
+  install_fork_handlers(ForkStage::kQueues, &kForkHandlers);
   std::lock_guard lock(g_live_mu);
   if (g_live == nullptr) g_live = new std::vector<QueueCore::State*>();  // never freed
   g_live->push_back(st);
@@ -141,18 +248,24 @@ void unregister_live(QueueCore::State* st) noexcept {
 }
 
 // Receives and drops every item left, so their counts go back. Errors are skipped: what
-// cannot be decoded cannot be given back either (and was malformed or is gone).
+// cannot be parsed cannot be given back either (it was malformed or is gone).
 void drain(QueueCore::State& st) noexcept {
   auto* c = st.control();
   for (;;) {
-    bool consumed = false;
+    Datagram d;
     try {
-      RecvResult r = recv_value(st.recv_fd.get(), std::chrono::nanoseconds(0), &consumed);
-      if (r.status != RecvStatus::kOk) return;
-      release_item(c);
+      d = receive_datagram(st.recv_fd.get(), std::chrono::steady_clock::now());
+    } catch (const ProtocolError&) {
+      release_item(c);  // taken, and lost
+      continue;
     } catch (...) {
-      if (!consumed) return;  // the socket itself failed: nothing more to read
-      release_item(c);
+      return;  // the socket itself failed: nothing more to read
+    }
+    if (d.status != RecvStatus::kOk) return;
+    release_item(c);
+    try {
+      (void)parse_datagram(std::move(d));  // dropping it gives back what it adopted
+    } catch (...) {
     }
   }
 }
@@ -182,7 +295,9 @@ QueueCore::~QueueCore() {
 }
 
 std::shared_ptr<QueueCore> QueueCore::create(std::size_t maxsize) {
-  if (maxsize > 0x7fffffff) throw std::invalid_argument("Queue maxsize too large");
+  if (maxsize > 0x7fffffff)
+    throw std::invalid_argument("Queue maxsize " + std::to_string(maxsize) +
+                                " is larger than 2147483647 (2^31 - 1)");
   auto st = std::make_unique<State>();
   auto [a, b] = seqpacket_pair();
   st->send_fd = std::move(a);
@@ -199,6 +314,7 @@ std::shared_ptr<QueueCore> QueueCore::create(std::size_t maxsize) {
   c->in_flight.store(0, std::memory_order_relaxed);
   c->overflow.store(0, std::memory_order_relaxed);
   for (auto& h : c->holders) h.store(0, std::memory_order_relaxed);
+  for (auto& n : c->sending) n.store(0, std::memory_order_relaxed);
   st->slot = claim_holder(c, current_slot_owner());
   std::atomic_ref<std::uint64_t>(c->magic).store(kQueueMagic, std::memory_order_release);
   return std::make_shared<QueueCore>(std::move(st));
@@ -230,70 +346,38 @@ std::shared_ptr<QueueCore> QueueCore::decode(Decoder& d) {
 }
 
 bool QueueCore::put(Encoder&& e, std::optional<std::chrono::nanoseconds> timeout) {
-  auto* c = state_->control();
-  using Clock = std::chrono::steady_clock;
-  const auto deadline = timeout ? Clock::now() + *timeout : Clock::time_point::max();
-  const std::uint32_t maxsize = static_cast<std::uint32_t>(c->maxsize);
-  // Reserve a slot (bounded) or just count (unbounded).
-  for (;;) {
-    if (c->closed.load(std::memory_order_acquire)) throw QueueClosed("put() on a closed queue");
-    std::uint32_t n = c->count.load(std::memory_order_acquire);
-    if (maxsize == 0 || n < maxsize) {
-      if (c->count.compare_exchange_weak(n, n + 1, std::memory_order_acq_rel)) break;
-      continue;
-    }
-    // Bounded sleeps: a close() that lands between our check of `closed` and the wait
-    // would otherwise wake nobody.
-    std::chrono::nanoseconds left = std::chrono::milliseconds(50);
-    if (timeout) {
-      auto until = deadline - Clock::now();
-      if (until <= until.zero()) return false;
-      left = std::min(left, std::chrono::duration_cast<std::chrono::nanoseconds>(until));
-    }
-    futex_wait(&c->count, n, left);
-  }
+  const Deadline deadline = deadline_after(timeout);
+  ItemPlace place;
+  if (!admit(state_->control(), deadline, state_->slot, &place)) return false;
   try {
     OutgoingFrame frame = finish_frame(std::move(e));
-    if (timeout) {
-      // Non-blocking sends until the deadline: the socket buffer may be full.
-      while (!send_frame(state_->send_fd.get(), frame, true)) {
-        auto left = deadline - Clock::now();
-        if (left <= left.zero()) {
-          release_item(c);
-          return false;
-        }
-        std::this_thread::sleep_for(std::chrono::microseconds(200));
-      }
-    } else {
-      send_frame(state_->send_fd.get(), frame);
-    }
+    if (!send_frame(state_->send_fd.get(), frame, deadline)) return false;
   } catch (const SystemError& err) {
-    release_item(c);
     if (err.error_code() == EPIPE) throw QueueClosed("put() on a closed queue");
     throw;
-  } catch (...) {
-    release_item(c);
-    throw;
   }
+  place.sent();
   return true;
 }
 
 std::optional<Decoder> QueueCore::get(std::optional<std::chrono::nanoseconds> timeout) {
   auto* c = state_->control();
-  RecvResult r;
-  bool consumed = false;
+  Datagram d;
   try {
-    r = recv_value(state_->recv_fd.get(), timeout, &consumed);
-  } catch (...) {
-    // A datagram that was taken and failed (malformed, or a segment that cannot be mapped
-    // here) frees its item slot all the same, or a bounded queue would lose one for good.
-    if (consumed) release_item(c);
+    d = receive_datagram(state_->recv_fd.get(), deadline_after(timeout));
+  } catch (const ProtocolError&) {
+    release_item(c);  // taken, its fds or bytes cut: lost, but its place is free
     throw;
   }
-  if (r.status == RecvStatus::kTimeout) return std::nullopt;
-  if (r.status == RecvStatus::kEof) throw QueueClosed("get() on a closed and empty queue");
-  release_item(c);  // acq_rel: a producer that sees the freed slot may reuse it
-  return std::move(r.decoder);
+  if (d.status == RecvStatus::kTimeout) return std::nullopt;
+  if (d.status == RecvStatus::kEof) throw QueueClosed("get() on a closed and empty queue");
+  // The place is free once the datagram left the socket, before it is parsed: parsing may
+  // wait seconds (mapping a named segment may have to start the manager daemon), and a
+  // consumer SIGKILLed meanwhile would take the place with it. A datagram that fails to
+  // parse (malformed, or a segment that cannot be mapped here) frees it all the same.
+  // acq_rel (release_item): a producer that sees the freed place may reuse it.
+  release_item(c);
+  return parse_datagram(std::move(d));
 }
 
 void QueueCore::close() noexcept {
@@ -323,7 +407,7 @@ void QueueCore::encode(Encoder& e) const {
   // A copy of the queue is in flight until a process decodes it: no one may drain it
   // meanwhile. If the message is never sent, the count is taken back.
   state_->control()->in_flight.fetch_add(1, std::memory_order_seq_cst);
-  e.state().undo_if_unsent.push_back([core = shared_from_this()] {
+  CodecAccess::state(e).undo_if_unsent.push_back([core = shared_from_this()] {
     core->state_->control()->in_flight.fetch_sub(1, std::memory_order_seq_cst);
   });
 }

@@ -1,6 +1,5 @@
 #include <cstring>
 
-#include "memory/arena.h"
 #include "memory/registry.h"
 #include "memory/storage_impl.h"
 #include "os/mapping.h"
@@ -50,8 +49,8 @@ Tensor Decoder::read_tensor() {
   if (dtype_raw >= kNumDTypes) bad("unknown dtype " + std::to_string(dtype_raw));
   auto dtype = static_cast<DType>(dtype_raw);
   auto ndim = read_pod<std::uint8_t>();
-  read_pod<std::uint8_t>();
-  if (ndim > 64) bad("tensor with " + std::to_string(ndim) + " dimensions");
+  (void)read_pod<std::uint8_t>();  // padding
+  if (ndim > internal::kMaxTensorDims) bad("tensor with " + std::to_string(ndim) + " dimensions");
   auto index = read_pod<std::uint32_t>();
   auto offset = read_pod<std::int64_t>();
   std::vector<std::int64_t> sizes(ndim), strides(ndim);
@@ -171,7 +170,8 @@ std::shared_ptr<Segment> resolve_segment(const SegmentEntry& e, std::string_view
 
 }  // namespace
 
-Decoder parse_frame(std::span<const std::byte> datagram, std::vector<UniqueFd> fds) {
+Decoder parse_frame(std::span<const std::byte> datagram, std::vector<UniqueFd> fds,
+                    std::shared_ptr<const void> keep) {
   if (datagram.size() < sizeof(FrameHeader)) bad("shorter than a frame header");
   FrameHeader h;
   std::memcpy(&h, datagram.data(), sizeof h);
@@ -200,7 +200,7 @@ Decoder parse_frame(std::span<const std::byte> datagram, std::vector<UniqueFd> f
     auto map = std::make_shared<Mapping>(
         Mapping::map_shared(blob.get(), static_cast<std::size_t>(h.body_size), "message blob"));
     body = {map->data(), map->size()};
-    st->blob = map;
+    keep = std::move(map);
   } else {
     if (h.body_size != datagram.size() - sizeof(FrameHeader))
       bad("body size disagrees with the datagram");
@@ -253,18 +253,13 @@ Decoder parse_frame(std::span<const std::byte> datagram, std::vector<UniqueFd> f
       bool freed = false;
       if (!seg->drop_duplicate_in_flight(b, &freed))
         bad("storage's block carries no message count (stale or forged)");
-      if (freed && seg->own()) arena_block_freed(*seg, b);
       if (impl->nbytes() != e.nbytes) bad("storage size disagrees with the one already here");
     }
     st->storages.push_back(internal::StorageAccess::make(std::move(impl)));
   }
-  if (st->blob == nullptr) {
-    st->body.assign(body.begin() + static_cast<std::ptrdiff_t>(r.pos), body.end());
-    st->payload = st->body;
-  } else {
-    st->payload = body.subspan(r.pos);
-  }
-  return Decoder(std::move(st));
+  st->payload = body.subspan(r.pos);
+  st->keep = std::move(keep);
+  return CodecAccess::decoder(std::move(st));
 }
 
 }  // namespace internal

@@ -1,13 +1,12 @@
 #include <algorithm>
 #include <cstring>
-#include <unordered_map>
 
-#include "memory/arena.h"
 #include "memory/storage_impl.h"
 #include "os/mapping.h"
 #include "os/shm.h"
 #include "os/socket.h"
 #include "shmtensor/internal/storage_access.h"
+#include "shmtensor/sharing_strategy.h"
 #include "wire/wire.h"
 
 namespace shmtensor {
@@ -17,25 +16,21 @@ Encoder::~Encoder() = default;
 Encoder::Encoder(Encoder&&) noexcept = default;
 Encoder& Encoder::operator=(Encoder&&) noexcept = default;
 
-namespace {
-constexpr std::uint8_t kMaxDims = 64;
-}  // namespace
-
 void Encoder::write_tensor(const Tensor& t) {
   // Layout: u8 defined, u8 dtype, u8 ndim, u8 pad, u32 storage index (or kEmptyTensor),
   // i64 storage_offset, i64 sizes[ndim], i64 strides[ndim].
   write_pod<std::uint8_t>(t.defined() ? 1 : 0);
   if (!t.defined()) return;
-  if (t.dim() > kMaxDims) throw Error("cannot send a tensor with more than 64 dimensions");
+  if (t.dim() > static_cast<std::int64_t>(internal::kMaxTensorDims))
+    throw Error("cannot send a tensor with more than 64 dimensions");
   write_pod<std::uint8_t>(static_cast<std::uint8_t>(t.dtype()));
   write_pod<std::uint8_t>(static_cast<std::uint8_t>(t.dim()));
   write_pod<std::uint8_t>(0);
   std::uint32_t index = internal::kEmptyTensor;
   if (t.numel() > 0) {
-    // Moves the storage into shared memory in place, if it is not there yet.
-    Storage storage = t.storage();
-    storage.share_memory_();
-    const auto& impl = internal::StorageAccess::impl(storage);
+    // Only recorded here: the frame stage moves it into shared memory, once the transport
+    // has admitted the message.
+    std::shared_ptr<internal::StorageImpl> impl = internal::StorageAccess::impl(t.storage());
     auto& storages = state_->storages;
     auto it = std::find(storages.begin(), storages.end(), impl);
     if (it == storages.end()) {
@@ -54,25 +49,28 @@ void Encoder::write_fd(int fd) { state_->object_fds.push_back(internal::dup_cloe
 
 namespace internal {
 
+std::array<std::span<const std::byte>, 3> OutgoingFrame::parts() const noexcept {
+  return {std::span<const std::byte>(reinterpret_cast<const std::byte*>(&header), sizeof header),
+          std::span<const std::byte>(tables), std::span<const std::byte>(payload)};
+}
+
 OutgoingFrame::~OutgoingFrame() {
   if (sent) return;
-  for (auto& impl : in_flight_blocks) {
-    const auto& seg = impl->segment();
-    if (seg->drop_block_in_flight(impl->block()) && seg->own())
-      arena_block_freed(*seg, impl->block());
-  }
+  for (auto& impl : in_flight_blocks) impl->segment()->drop_block_in_flight(impl->block());
   for (auto& seg : in_flight) seg->drop_in_flight_count();
   for (auto& undo : undo_if_unsent) undo();
 }
 
 OutgoingFrame finish_frame(Encoder&& encoder) {
-  EncoderState& st = encoder.state();
+  EncoderState& st = CodecAccess::state(encoder);
   OutgoingFrame frame;
-  std::vector<std::byte>& body = frame.body;
+
+  // Into shared memory, in place: every tensor and view on these storages follows.
+  const SharingStrategy strategy = get_sharing_strategy();
+  for (const auto& impl : st.storages) impl->share_memory_(strategy);
 
   // Segment table: one entry per distinct segment.
   std::vector<std::uint32_t> storage_segment(st.storages.size());
-  std::vector<int> segment_fds;
   for (std::size_t i = 0; i < st.storages.size(); ++i) {
     const auto& seg = st.storages[i]->segment();
     auto it = std::find(frame.segments.begin(), frame.segments.end(), seg);
@@ -82,9 +80,10 @@ OutgoingFrame finish_frame(Encoder&& encoder) {
     }
     storage_segment[i] = static_cast<std::uint32_t>(it - frame.segments.begin());
   }
-  auto append = [&body](const void* p, std::size_t n) {
+  std::vector<std::byte>& tables = frame.tables;
+  auto append = [&tables](const void* p, std::size_t n) {
     const auto* b = static_cast<const std::byte*>(p);
-    body.insert(body.end(), b, b + n);
+    tables.insert(tables.end(), b, b + n);
   };
   for (const auto& seg : frame.segments) {
     SegmentEntry e{};
@@ -92,8 +91,8 @@ OutgoingFrame finish_frame(Encoder&& encoder) {
     e.total_size = seg->mapped_size();
     if (seg->strategy() == SharingStrategy::kFileDescriptor) {
       e.strategy = 0;
-      e.fd_index = static_cast<std::int32_t>(segment_fds.size());
-      segment_fds.push_back(seg->fd());
+      e.fd_index = static_cast<std::int32_t>(frame.fds.size());
+      frame.fds.push_back(seg->fd());
       append(&e, sizeof e);
     } else {
       e.strategy = 1;
@@ -101,7 +100,7 @@ OutgoingFrame finish_frame(Encoder&& encoder) {
       e.name_length = static_cast<std::uint16_t>(seg->name().size());
       append(&e, sizeof e);
       append(seg->name().data(), seg->name().size());
-      body.resize((body.size() + 7) / 8 * 8);
+      tables.resize((tables.size() + 7) / 8 * 8);
     }
   }
   for (std::size_t i = 0; i < st.storages.size(); ++i) {
@@ -111,9 +110,8 @@ OutgoingFrame finish_frame(Encoder&& encoder) {
     e.nbytes = st.storages[i]->nbytes();
     append(&e, sizeof e);
   }
-  append(encoder.payload().data(), encoder.payload().size());
+  frame.payload = std::move(CodecAccess::payload(encoder));
 
-  frame.fds = std::move(segment_fds);
   for (auto& fd : st.object_fds) {
     frame.fds.push_back(fd.get());
     frame.owned_fds.push_back(std::move(fd));
@@ -121,17 +119,19 @@ OutgoingFrame finish_frame(Encoder&& encoder) {
   FrameHeader& h = frame.header;
   h.magic = kFrameMagic;
   h.version = kWireVersion;
-  h.body_size = body.size();
+  h.body_size = tables.size() + frame.payload.size();
   h.segment_count = static_cast<std::uint32_t>(frame.segments.size());
   h.storage_count = static_cast<std::uint32_t>(st.storages.size());
   h.object_fd_count = static_cast<std::uint32_t>(st.object_fds.size());
-  if (sizeof(FrameHeader) + body.size() > kMaxInlineFrame) {
+  if (sizeof(FrameHeader) + h.body_size > kMaxInlineFrame) {
     // Too big for one datagram: the body goes into a sealed memfd sent along.
-    UniqueFd blob = create_sealed_memfd(body.size());
-    Mapping map = Mapping::map_shared(blob.get(), body.size(), "message blob");
-    std::memcpy(map.data(), body.data(), body.size());
-    body.clear();
-    body.shrink_to_fit();
+    UniqueFd blob = create_sealed_memfd(h.body_size);
+    Mapping map = Mapping::map_shared(blob.get(), h.body_size, "message blob");
+    std::memcpy(map.data(), tables.data(), tables.size());
+    if (!frame.payload.empty())
+      std::memcpy(map.data() + tables.size(), frame.payload.data(), frame.payload.size());
+    tables = {};
+    frame.payload = {};
     h.flags |= kFlagBlob;
     frame.fds.push_back(blob.get());
     frame.owned_fds.push_back(std::move(blob));
@@ -157,16 +157,6 @@ OutgoingFrame finish_frame(Encoder&& encoder) {
   frame.undo_if_unsent = std::move(st.undo_if_unsent);
   st.undo_if_unsent.clear();
   return frame;
-}
-
-bool send_frame(int sock, OutgoingFrame& frame, bool nonblocking) {
-  std::span<const std::byte> parts[2] = {
-      {reinterpret_cast<const std::byte*>(&frame.header), sizeof frame.header},
-      {frame.body.data(), frame.body.size()}};
-  bool ok =
-      send_message(sock, std::span(parts, frame.body.empty() ? 1 : 2), frame.fds, nonblocking);
-  if (ok) frame.sent = true;  // the receiver now owns the in-flight counts
-  return ok;
 }
 
 }  // namespace internal

@@ -11,18 +11,9 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <functional>
-#include <memory>
-#include <span>
-#include <string>
-#include <vector>
-
-#include "os/unique_fd.h"
+#include <string_view>
 
 namespace shmtensor::internal {
-
-class Segment;
-class StorageImpl;
 
 inline constexpr std::uint32_t kFrameMagic = 0x31575453;  // "STW1"
 inline constexpr std::uint16_t kWireVersion = 1;
@@ -32,7 +23,11 @@ inline constexpr std::size_t kMaxInlineFrame = 64 * 1024;
 // A blob is at most this big (a hostile peer cannot make us map more).
 inline constexpr std::size_t kMaxBlob = std::size_t{1} << 34;
 inline constexpr std::size_t kMaxNameLength = 64;
-inline constexpr std::uint32_t kNoSegment = 0xffffffffu;
+// An encoded Tensor's storage index when it has no elements (and so needs no storage).
+inline constexpr std::uint32_t kEmptyTensor = 0xfffffffeu;
+// The most dimensions an encoded Tensor has (its ndim is one byte; 64 bounds what a
+// hostile message can make a receiver allocate).
+inline constexpr std::size_t kMaxTensorDims = 64;
 
 struct FrameHeader {
   std::uint32_t magic;
@@ -63,27 +58,6 @@ struct StorageEntry {
   std::uint64_t nbytes;
 };
 static_assert(sizeof(StorageEntry) == 24);
-
-// An encoded message ready to send: the header, the body (empty if in a blob), the fds
-// it borrows (kept open by `keep_alive`) and the fds it owns.
-struct OutgoingFrame {
-  FrameHeader header{};
-  std::vector<std::byte> body;                     // inline body; empty with kFlagBlob
-  std::vector<int> fds;                            // in wire order
-  std::vector<std::shared_ptr<Segment>> segments;  // keep segment fds open until sent
-  std::vector<UniqueFd> owned_fds;                 // object dups and the blob
-  // file_system segments whose in-flight count was added; dropped if never sent.
-  std::vector<std::shared_ptr<Segment>> in_flight;
-  // Storages whose block got a count for this message; given back if never sent.
-  std::vector<std::shared_ptr<StorageImpl>> in_flight_blocks;
-  // Undo actions of encoded objects (EncoderState::undo_if_unsent); run if never sent.
-  std::vector<std::function<void()>> undo_if_unsent;
-  bool sent = false;
-  ~OutgoingFrame();
-  OutgoingFrame() = default;
-  OutgoingFrame(OutgoingFrame&&) = default;
-  OutgoingFrame& operator=(OutgoingFrame&&) = default;
-};
 
 // Checks that `name` is one of ours: "/shmtensor_<digits>_<16 hex>_<digits>". A peer
 // cannot make us open any other object.

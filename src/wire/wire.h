@@ -1,35 +1,34 @@
-// The wire layer's internal entry points: Encoder → OutgoingFrame, datagram → Decoder.
+// The wire layer's stages (docs/architecture.md draws the whole path):
+//
+//   encode  Encoder / Codec<T> (codec.h): a value becomes payload bytes, a list of the
+//           storages its tensors use, and the fds of encoded Connections and Queues. Nothing
+//           is moved into shared memory yet, so a transport may still refuse the message.
+//   frame   finish_frame: moves those storages into shared memory (share_memory_), writes
+//           the segment and storage tables, and adds the counts the receiver will adopt.
+//   (send and receive are the transport's: transport/channel.h)
+//   parse   parse_frame: validates a received datagram and its fds, maps the segments it
+//           names (through the registry) and adopts its counts.
+//   decode  Decoder / Codec<T>: reads the payload where it was received, without a copy.
 #pragma once
 
-#include <cstdint>
+#include <array>
 #include <functional>
+#include <memory>
 #include <span>
 #include <vector>
 
+#include "os/unique_fd.h"
 #include "shmtensor/codec.h"
 #include "wire/frame.h"
 
 namespace shmtensor::internal {
 
-// The storage index of an encoded tensor with no elements, which needs no shared memory
-// (docs/wire_format.md).
-inline constexpr std::uint32_t kEmptyTensor = 0xfffffffeu;
+class Segment;
+class StorageImpl;
 
-// Turns an encoder's collected bytes, storages and fds into a frame to send. Adds the
-// in-flight counts of file_system segments (given back if the frame is never sent).
-OutgoingFrame finish_frame(Encoder&& encoder);
-
-// Sends a frame on a SOCK_SEQPACKET socket. Returns false if nonblocking and full.
-bool send_frame(int sock, OutgoingFrame& frame, bool nonblocking = false);
-
-// Validates one received datagram and its fds and resolves every storage reference
-// (mapping segments not yet mapped, reusing those that are). Throws ProtocolError on any
-// malformed or inconsistent input; the fds are closed and nothing is kept then.
-Decoder parse_frame(std::span<const std::byte> datagram, std::vector<UniqueFd> fds);
-
+// What encode collected for one message, besides the payload bytes.
 struct EncoderState {
-  std::vector<std::shared_ptr<StorageImpl>> storages;
-  std::vector<std::shared_ptr<Segment>> segments;
+  std::vector<std::shared_ptr<StorageImpl>> storages;  // by storage index
   std::vector<UniqueFd> object_fds;
   // What an encoded object (a Queue) counted for this message, to undo if the message is
   // never sent: run by the frame's destructor, or here if no frame was made.
@@ -43,13 +42,66 @@ struct EncoderState {
 };
 
 struct DecoderState {
-  std::vector<std::byte> body;         // owned copy (inline) ...
-  std::span<const std::byte> payload;  // ... view of the payload inside body or the blob
-  std::shared_ptr<void> blob;          // keeps a blob mapping alive while decoding
+  // Keeps alive what `payload` points into: the buffer the datagram was received in, or
+  // the blob's mapping. Null when the caller keeps the datagram alive (parse_frame).
+  std::shared_ptr<const void> keep;
+  std::span<const std::byte> payload;
   std::size_t cursor = 0;
   std::vector<Storage> storages;     // resolved, by storage index
   std::vector<UniqueFd> object_fds;  // taken in order by Decoder::take_fd
   std::size_t next_object_fd = 0;
 };
+
+// The wire layer's access to Encoder and Decoder internals (their friend).
+struct CodecAccess {
+  static EncoderState& state(Encoder& e) noexcept { return *e.state_; }
+  static std::vector<std::byte>& payload(Encoder& e) noexcept { return e.payload_; }
+  static Decoder decoder(std::unique_ptr<DecoderState> state) { return Decoder(std::move(state)); }
+};
+
+// An encoded message ready to send: the datagram's parts, the fds it borrows (kept open by
+// `segments`) and those it owns, and the counts it carries, which its destructor gives back
+// unless the transport marked it sent.
+struct OutgoingFrame {
+  FrameHeader header{};
+  // The body, unless it travels in a blob (kFlagBlob; both empty then): the tables built
+  // here and the encoder's payload, moved, not copied.
+  std::vector<std::byte> tables;
+  std::vector<std::byte> payload;
+  std::vector<int> fds;                            // in wire order
+  std::vector<std::shared_ptr<Segment>> segments;  // keep segment fds open until sent
+  std::vector<UniqueFd> owned_fds;                 // object dups and the blob
+  // file_system segments whose in-flight count was added; dropped if never sent.
+  std::vector<std::shared_ptr<Segment>> in_flight;
+  // Storages whose block got a count for this message; given back if never sent.
+  std::vector<std::shared_ptr<StorageImpl>> in_flight_blocks;
+  // Undo actions of encoded objects (EncoderState::undo_if_unsent); run if never sent.
+  std::vector<std::function<void()>> undo_if_unsent;
+  bool sent = false;
+
+  // header, tables, payload: one datagram, gathered by sendmsg.
+  std::array<std::span<const std::byte>, 3> parts() const noexcept;
+
+  ~OutgoingFrame();
+  OutgoingFrame() = default;
+  OutgoingFrame(OutgoingFrame&&) = default;
+  OutgoingFrame& operator=(OutgoingFrame&&) = default;
+};
+
+// The frame stage. Moves every storage the encoder collected into shared memory (with the
+// current sharing strategy), then adds the counts the receiver adopts (block in-flight
+// counts; file_system segments' refcounts), last, once nothing else can fail. Throws
+// SystemError / SharedMemoryFullError (no shared memory), Error (more fds than a message
+// carries, or a block carried by 65535 unreceived messages).
+OutgoingFrame finish_frame(Encoder&& encoder);
+
+// The parse stage. Validates one received datagram and its fds and resolves every storage
+// reference (mapping segments not yet mapped, reusing those that are). The Decoder reads
+// its payload in place: `keep` must own the datagram's bytes, or be null when the caller
+// keeps them alive as long as the Decoder. Throws ProtocolError on any malformed or
+// inconsistent input, SystemError when a named segment cannot be opened or mapped; the
+// fds are closed then.
+Decoder parse_frame(std::span<const std::byte> datagram, std::vector<UniqueFd> fds,
+                    std::shared_ptr<const void> keep = nullptr);
 
 }  // namespace shmtensor::internal

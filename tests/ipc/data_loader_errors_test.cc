@@ -15,6 +15,7 @@
 #include <optional>
 #include <thread>
 
+#include "shmtensor/internal/connection_access.h"
 #include "shmtensor/shmtensor.h"
 #include "support/leak_check.h"
 
@@ -278,7 +279,7 @@ void eof_only_worker(int id, internal::WorkerLink link, Tensor flags) {
   std::atomic_ref<std::int64_t>(*flag).store(1);
   for (;;) {
     try {
-      (void)link.connection->recv_encoded(std::nullopt);
+      (void)internal::ConnectionAccess::recv(*link.connection, std::nullopt);
     } catch (const ConnectionClosed&) {
       std::atomic_ref<std::int64_t>(*flag).store(2);
       return;

@@ -109,6 +109,30 @@ TEST_P(QueueLifetimeTest, AHolderThatExitedDoesNotKeepTheItems) {
   EXPECT_EQ(blocks_in_use(), 1u);  // only ours
 }
 
+TEST_P(QueueLifetimeTest, SlotsOfDeadHoldersAreTakenOverSoTheLastHolderStillDrains) {
+  // Each forked child holds the queue in one of its 128 holder slots, and one that ends
+  // without dropping the queue never frees it. Past 128 such children, a new holder takes
+  // over a dead one's slot: the holder table stays exact and the last holder still drains.
+  Queue<Tensor> q;
+  for (int i = 0; i < 140; ++i) ASSERT_EQ(run_in_child([] {}), 0);
+  std::optional<Queue<Tensor>> extra(q);
+  pid_t producer = fork_child([&] {
+    for (int i = 0; i < 20; ++i) q.put(Tensor::full({8}, i));
+  });
+  ASSERT_EQ(wait_child(producer), 0);
+  Tensor first = q.get();
+  const auto seg = internal::StorageAccess::impl(first.storage())->segment();
+  auto blocks_in_use = [&] {
+    std::size_t n = 0;
+    for (std::uint32_t b = 0; b < seg->block_count(); ++b) n += seg->block_word(b) != 0;
+    return n;
+  };
+  EXPECT_EQ(blocks_in_use(), 20u);
+  q = Queue<Tensor>();
+  extra.reset();  // our last handle: every other holder is dead, so we drain
+  EXPECT_EQ(blocks_in_use(), 1u);
+}
+
 TEST_P(QueueLifetimeTest, AFailedGetFreesItsSlotInABoundedQueue) {
   if (GetParam() != SharingStrategy::kFileSystem)
     GTEST_SKIP() << "a segment that cannot be opened needs a name to remove";

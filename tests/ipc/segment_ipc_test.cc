@@ -27,6 +27,7 @@
 #include "support/leak_check.h"
 #include "support/pipe.h"
 #include "support/strategy_test.h"
+#include "transport/channel.h"
 #include "wire/wire.h"
 
 namespace shmtensor {
@@ -434,7 +435,7 @@ TEST_F(CloseOnExecTest, TransportFdsAreCloseOnExec) {
   internal::OutgoingFrame frame = internal::finish_frame(std::move(e));
   ASSERT_TRUE(frame.header.flags & internal::kFlagBlob);
   record("message blob (sender)", 0, 1);
-  internal::send_frame(a.native_handle(), frame);
+  ASSERT_TRUE(internal::send_frame(a.native_handle(), frame, std::nullopt));
   std::vector<std::byte> buffer(internal::kMaxInlineFrame);
   internal::Received blob = internal::receive_message(b.native_handle(), buffer);
   ASSERT_EQ(blob.fds.size(), 1u);

@@ -215,6 +215,19 @@ TEST_P(TransportTest, MaxsizeBlocksAndTimeoutsExpire) {
   EXPECT_FALSE(q.try_get(std::chrono::milliseconds(30)).has_value());
 }
 
+TEST_P(TransportTest, AMaxsizeAboveTwoToThe31IsAProgrammerError) {
+  // A violated precondition: std::invalid_argument, deliberately not a shmtensor::Error.
+  try {
+    Queue<int> q(std::size_t{1} << 31);
+    ADD_FAILURE() << "no exception";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("maxsize 2147483648 is larger than"), std::string::npos)
+        << e.what();
+  }
+  Queue<int> largest(0x7fffffff);
+  EXPECT_EQ(largest.maxsize(), 0x7fffffffu);
+}
+
 TEST_P(TransportTest, CloseDrainsThenThrowsQueueClosed) {
   Queue<int> q;
   q.put(1);
@@ -244,6 +257,55 @@ TEST_P(TransportTest, TrySendRefusesWithoutBlockingWhenThePeerIsNotReading) {
   EXPECT_FALSE(b.poll());
   b.close();
   EXPECT_THROW((void)a.try_send(std::int64_t{0}), ConnectionClosed);
+}
+
+TEST_P(TransportTest, ARefusedPutMovesNothingIntoSharedMemory) {
+  // Admission (closed? room?) is decided before a tensor is moved into shared memory.
+  Tensor t = Tensor::arange(1000, DType::kFloat32);
+  Queue<Tensor> full(1);
+  full.put(Tensor::zeros({4}));
+  EXPECT_FALSE(full.try_put(t));
+  EXPECT_FALSE(full.try_put(t, std::chrono::milliseconds(20)));
+  EXPECT_FALSE(t.is_shared());
+  Queue<Tensor> closed;
+  closed.close();
+  EXPECT_THROW(closed.put(t), QueueClosed);
+  EXPECT_THROW((void)closed.try_put(t), QueueClosed);
+  EXPECT_FALSE(t.is_shared());
+  // Admitted, it moves (in place) and arrives.
+  EXPECT_EQ(full.get().numel(), 4);
+  EXPECT_TRUE(full.try_put(t));
+  EXPECT_TRUE(t.is_shared());
+  Tensor got = full.get();
+  EXPECT_EQ(got.data_ptr<float>(), t.data_ptr<float>());
+}
+
+TEST_P(TransportTest, TryPutWaitsForRoomInAFullSocketUntilItsDeadline) {
+  Queue<std::string> q;  // unbounded: only the socket's buffer limits it
+  const std::string item(4096, 'x');
+  int queued = 0;
+  while (q.try_put(item)) ++queued;
+  ASSERT_GT(queued, 0);
+  EXPECT_FALSE(q.try_put(item, std::chrono::milliseconds(20)));
+  pid_t consumer = fork_child([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    for (int i = 0; i <= queued; ++i) EXPECT_EQ(q.get(), item);
+  });
+  EXPECT_TRUE(q.try_put(item, std::chrono::seconds(60)));  // room comes as the child gets
+  EXPECT_EQ(wait_child(consumer), 0);
+  EXPECT_TRUE(q.empty());
+}
+
+TEST_P(TransportTest, TrySendOnAFullConnectionSendsNothing) {
+  auto [a, b] = pipe();
+  const std::string item(4096, 'y');
+  int sent = 0;
+  while (a.try_send(item)) ++sent;
+  ASSERT_GT(sent, 0);
+  for (int i = 0; i < sent; ++i) EXPECT_EQ(b.recv<std::string>(), item);
+  EXPECT_FALSE(b.poll());
+  a.send(std::string("last"));
+  EXPECT_EQ(b.recv<std::string>(), "last");
 }
 
 TEST_P(TransportTest, QueuesAndConnectionsAreThemselvesEncodable) {

@@ -37,6 +37,7 @@
 #include "memory/storage_impl.h"
 #include "os/mapping.h"
 #include "shmtensor/internal/storage_access.h"
+#include "os/proc.h"
 #include "shmtensor/queue.h"
 #include "shmtensor/sharing_strategy.h"
 #include "shmtensor/storage.h"

@@ -1,0 +1,49 @@
+// The type-independent part of a Queue<T> (queue.h), shared by the queue's handles in one
+// process: the sockets, the control block, admission and the holder table
+// (src/transport/queue_core.cc; docs/transport.md). Internal.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <optional>
+
+#include "shmtensor/codec.h"
+
+namespace shmtensor::internal {
+
+// When the last handle anywhere is gone (no live process holds the queue, none is in
+// flight), the process that dropped it drains the items left so that their shared memory
+// is released. Thread-safe.
+class QueueCore : public std::enable_shared_from_this<QueueCore> {
+ public:
+  // Throws std::invalid_argument for a maxsize above 2^31 - 1.
+  static std::shared_ptr<QueueCore> create(std::size_t maxsize);
+  // From an encoded queue: takes its three fds and validates its control block. Throws
+  // ProtocolError.
+  static std::shared_ptr<QueueCore> decode(Decoder& d);
+  ~QueueCore();
+  QueueCore(const QueueCore&) = delete;
+  QueueCore& operator=(const QueueCore&) = delete;
+
+  // Admits the message (throws QueueClosed; takes a place, waiting for room in a bounded
+  // queue), then frames and sends it. False, with nothing moved into shared memory or sent,
+  // when no room came before the timeout (nullopt: wait forever); false also, with the
+  // tensors in shared memory, when the socket's buffer stayed full until then.
+  [[nodiscard]] bool put(Encoder&& e, std::optional<std::chrono::nanoseconds> timeout);
+  // nullopt on timeout; throws QueueClosed when closed and drained.
+  [[nodiscard]] std::optional<Decoder> get(std::optional<std::chrono::nanoseconds> timeout);
+  void close() noexcept;
+  [[nodiscard]] bool closed() const noexcept;
+  [[nodiscard]] std::size_t size() const noexcept;
+  [[nodiscard]] std::size_t maxsize() const noexcept;
+  void encode(Encoder& e) const;
+
+  struct State;
+  explicit QueueCore(std::unique_ptr<State> state);  // for make_shared: use the factories
+
+ private:
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace shmtensor::internal
