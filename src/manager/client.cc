@@ -10,6 +10,7 @@
 
 #include "manager/paths.h"
 #include "manager/protocol.h"
+#include "memory/segment_observer.h"
 #include "os/daemonize.h"
 #include "os/fork_handlers.h"
 #include "os/private_dir.h"
@@ -313,4 +314,25 @@ std::size_t held_name_count() noexcept {
   return c.held.size();
 }
 
+namespace {
+
+// The memory layer, below us, reports named segments through a hook (segment_observer.h)
+// and knows nothing of the manager. The hook is installed here, by a static initializer,
+// so it is in place before the library can be used (before main(), or when the shared
+// library is loaded). Not from a later "first use" above memory: every path to a named
+// segment (Storage::share_memory_, a Tensor put on a queue, a received message) enters
+// memory through memory's own public Storage API or the wire decoder, and no layer above
+// memory lies on all of them. A static initializer alone is fragile in a static library:
+// the linker keeps this object only if something refers to it, and nothing in the library
+// does. So the static shmtensor target makes every program refer to
+// shmtensor_manager_client_anchor (a "-u" link option, in CMakeLists.txt and shmtensor.pc);
+// were it dropped anyway, memory would throw at the first named segment rather than create
+// a name nobody watches.
+const SegmentObserver kObserver{register_created, register_opened, release};
+[[maybe_unused]] const bool kObserverInstalled = (set_segment_observer(&kObserver), true);
+
+}  // namespace
+
 }  // namespace shmtensor::internal::manager
+
+extern "C" void shmtensor_manager_client_anchor() noexcept {}

@@ -2,6 +2,9 @@
 // for file_system segments. Every name is registered before it is created, so no crash
 // window exists in which a name is unknown to the manager.
 //
+// Installs itself as the memory layer's SegmentObserver (memory/segment_observer.h) when
+// the program starts; client.cc says how that survives static linking.
+//
 // Thread-safe (one mutex). A process is connected while it holds names, and disconnects
 // when it holds none (so an idle process keeps no fd and the daemon can exit). Messages
 // are one-way except the hello that opens a connection: registering a name costs one
@@ -41,3 +44,8 @@ pid_t connected_daemon_pid() noexcept;
 std::size_t held_name_count() noexcept;
 
 }  // namespace shmtensor::internal::manager
+
+// Defined in client.cc and referred to by a "-u" link option of the shmtensor target, so
+// that a static link keeps client.cc (and the static initializer that installs the
+// observer). Does nothing.
+extern "C" void shmtensor_manager_client_anchor() noexcept;

@@ -1,12 +1,12 @@
 #include "memory/segment.h"
 
 #include <atomic>
-#include <stdexcept>
 #include <cstring>
+#include <stdexcept>
 #include <string>
 
-#include "manager/client.h"
 #include "memory/registry.h"
+#include "memory/segment_observer.h"
 #include "os/proc.h"
 #include "os/shm.h"
 #include "shmtensor/error.h"
@@ -14,6 +14,26 @@
 namespace shmtensor::internal {
 
 namespace {
+
+// Set once by the layer above (the manager client, client.cc says when); read on every
+// named-segment event. acquire/release: the struct it points to is constant.
+std::atomic<const SegmentObserver*> g_observer{nullptr};
+
+const SegmentObserver& observer() {
+  const SegmentObserver* o = g_observer.load(std::memory_order_acquire);
+  if (o == nullptr)
+    throw Error(
+        "file_system segments need the shmtensor-manager client, which this program did not "
+        "install (src/manager/client.cc installs it when the library is loaded; a static link "
+        "must keep that object: link the shmtensor CMake target or pkg-config's flags)");
+  return *o;
+}
+
+void observe_release(const std::string& name, bool unlinked) noexcept {
+  // Nothing was registered without an observer, so there is nothing to tell without one.
+  if (const SegmentObserver* o = g_observer.load(std::memory_order_acquire))
+    o->released(name, unlinked);
+}
 
 std::size_t round_up(std::size_t n, std::size_t a) { return (n + a - 1) / a * a; }
 
@@ -107,7 +127,8 @@ std::shared_ptr<Segment> Segment::create(SharingStrategy strategy, std::size_t b
     seg = std::make_shared<Segment>(strategy, std::move(fd), std::move(map), std::string());
   } else {
     std::string name = next_segment_name();
-    manager::register_created(name);  // before the name exists: no unknown-name window
+    const SegmentObserver& obs = observer();
+    obs.created(name);  // before the name exists: no unknown-name window
     Mapping map;
     try {
       UniqueFd fd = create_named_shm(name, l.total);
@@ -115,7 +136,7 @@ std::shared_ptr<Segment> Segment::create(SharingStrategy strategy, std::size_t b
       map = Mapping::map_shared(fd.get(), l.total, name.c_str());
     } catch (...) {
       unlink_named_shm(name);
-      manager::release(name, true);
+      obs.released(name, true);
       throw;
     }
     // The fd is not kept: the name is what travels, and the mapping keeps the pages.
@@ -191,6 +212,7 @@ std::shared_ptr<Segment> Segment::attach_fd(UniqueFd fd, std::uint64_t uid) {
 }
 
 std::shared_ptr<Segment> Segment::attach_name(const std::string& name, std::uint64_t uid) {
+  const SegmentObserver& obs = observer();
   UniqueFd fd = open_named_shm(name);
   FdFacts facts = inspect_fd(fd.get());
   if (facts.size < kSegmentHeaderSize)
@@ -210,7 +232,7 @@ std::shared_ptr<Segment> Segment::attach_name(const std::string& name, std::uint
     seg->duplicate_ = true;
     return registered;
   }
-  manager::register_opened(name);
+  obs.opened(name);
   return seg;
 }
 
@@ -218,10 +240,14 @@ void release_named_segment_count(SegmentHeader* header, const std::string& name)
   // acq_rel: whoever reaches zero must see all other holders' releases before unlinking.
   if (header->refcount.fetch_sub(1, std::memory_order_acq_rel) == 1) {
     bool unlinked = unlink_named_shm(name);
-    manager::release(name, unlinked);
+    observe_release(name, unlinked);
   } else {
-    manager::release(name, false);
+    observe_release(name, false);
   }
+}
+
+void set_segment_observer(const SegmentObserver* o) noexcept {
+  g_observer.store(o, std::memory_order_release);
 }
 
 void Segment::add_in_flight_count() noexcept {

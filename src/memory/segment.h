@@ -5,8 +5,9 @@
 // Lifetime: held by shared_ptr from the storages in it, from the arena that created it
 // and from the receive cache (registry.h). For file_system segments each process holds
 // one count in the header's refcount while it maps the segment; the process whose release
-// takes it to zero unlinks the name. memfd segments are freed by the kernel when the last
-// fd and mapping are gone.
+// takes it to zero unlinks the name. Every name is reported to the installed
+// SegmentObserver (segment_observer.h). memfd segments are freed by the kernel when the
+// last fd and mapping are gone.
 //
 // Blocks have their own cross-process state: one atomic word per block (segment_header.h)
 // with a bit per holder slot and a count of messages in flight. The block operations below
