@@ -247,6 +247,14 @@ void Registry::forget_cached_segments() {
   dropped.swap(state_->received);
 }
 
+std::vector<std::shared_ptr<Segment>> Registry::live_segments() {
+  std::lock_guard lock(state_->mu);
+  std::vector<std::shared_ptr<Segment>> live;
+  for (auto& [uid, weak] : state_->segments)
+    if (auto seg = weak.lock()) live.push_back(std::move(seg));
+  return live;
+}
+
 std::size_t Registry::segment_count() {
   std::lock_guard lock(state_->mu);
   return state_->segments.size();

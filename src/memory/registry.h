@@ -47,6 +47,8 @@ class Registry {
   void remember_received_segment(const std::shared_ptr<Segment>& segment);
   void forget_cached_segments();
 
+  // Every segment mapped now (release_named_segments_before_exit).
+  std::vector<std::shared_ptr<Segment>> live_segments();
   // Segments registered now (tests).
   std::size_t segment_count();
 

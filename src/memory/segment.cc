@@ -1,6 +1,7 @@
 #include "memory/segment.h"
 
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -33,6 +34,16 @@ void observe_release(const std::string& name, bool unlinked) noexcept {
   // Nothing was registered without an observer, so there is nothing to tell without one.
   if (const SegmentObserver* o = g_observer.load(std::memory_order_acquire))
     o->released(name, unlinked);
+}
+
+void give_back_counts_at_exit() noexcept { release_named_segments_before_exit(); }
+
+// The first named segment of this process registers the exit handler. Registered then,
+// it runs before the destructors of statics built earlier (global tensors, say), which
+// then find their count given back already.
+void register_exit_handler() noexcept {
+  static std::atomic<bool> registered{false};
+  if (!registered.exchange(true, std::memory_order_acq_rel)) std::atexit(give_back_counts_at_exit);
 }
 
 std::size_t round_up(std::size_t n, std::size_t a) { return (n + a - 1) / a * a; }
@@ -129,6 +140,7 @@ std::shared_ptr<Segment> Segment::create(SharingStrategy strategy, std::size_t b
     std::string name = next_segment_name();
     const SegmentObserver& obs = observer();
     obs.created(name);  // before the name exists: no unknown-name window
+    register_exit_handler();
     Mapping map;
     try {
       UniqueFd fd = create_named_shm(name, l.total);
@@ -213,6 +225,7 @@ std::shared_ptr<Segment> Segment::attach_fd(UniqueFd fd, std::uint64_t uid) {
 
 std::shared_ptr<Segment> Segment::attach_name(const std::string& name, std::uint64_t uid) {
   const SegmentObserver& obs = observer();
+  register_exit_handler();
   UniqueFd fd = open_named_shm(name);
   FdFacts facts = inspect_fd(fd.get());
   if (facts.size < kSegmentHeaderSize)
@@ -250,6 +263,23 @@ void set_segment_observer(const SegmentObserver* o) noexcept {
   g_observer.store(o, std::memory_order_release);
 }
 
+void Segment::give_back_count() noexcept {
+  // Once: the destructor and release_named_segments_before_exit() may both get here.
+  if (strategy_ != SharingStrategy::kFileSystem || duplicate_ ||
+      count_given_back_.exchange(true, std::memory_order_acq_rel))
+    return;
+  release_named_segment_count(header(), name_);
+}
+
+void release_named_segments_before_exit() noexcept {
+  // The arena keeps its segments and the registry its receive cache for the life of the
+  // process, and neither is destroyed at exit (storages may outlive static destruction),
+  // so without this their counts would stay on the names until the manager saw the
+  // process die. Only the counts go: the mappings stay, so whatever still runs (another
+  // thread, a later static destructor) keeps valid bytes.
+  for (const auto& seg : Registry::instance().live_segments()) seg->give_back_count();
+}
+
 void Segment::add_in_flight_count() noexcept {
   if (strategy_ == SharingStrategy::kFileSystem)
     header()->refcount.fetch_add(1, std::memory_order_relaxed);
@@ -271,7 +301,7 @@ Segment::~Segment() {
   if (duplicate_)
     drop_in_flight_count();
   else
-    release_named_segment_count(header(), name_);
+    give_back_count();
 }
 
 }  // namespace shmtensor::internal

@@ -4,8 +4,9 @@
 //
 // Lifetime: held by shared_ptr from the storages in it, from the arena that created it
 // and from the receive cache (registry.h). For file_system segments each process holds
-// one count in the header's refcount while it maps the segment; the process whose release
-// takes it to zero unlinks the name. Every name is reported to the installed
+// one count in the header's refcount while it maps the segment, and gives it back at the
+// latest when it ends cleanly (release_named_segments_before_exit); the process whose
+// release takes it to zero unlinks the name. Every name is reported to the installed
 // SegmentObserver (segment_observer.h). memfd segments are freed by the kernel when the
 // last fd and mapping are gone.
 //
@@ -74,6 +75,10 @@ class Segment {
   // it). Release it with drop_in_flight_count() if the message is never sent.
   void add_in_flight_count() noexcept;
   void drop_in_flight_count() noexcept;
+  // file_system: gives back this process's count of the name (unlinking it at zero) and
+  // tells the observer; at most once, the destructor included. The mapping stays valid.
+  // No-op for memfd segments.
+  void give_back_count() noexcept;
 
   // ---- blocks (segment_blocks.cc) ----
   // The block that starts at payload offset `offset`, or -1 if none does.
@@ -154,6 +159,7 @@ class Segment {
   // A second attach of a named segment that lost the race to register (attach_name): its
   // count is the message's, given back without telling the daemon.
   bool duplicate_ = false;
+  std::atomic<bool> count_given_back_{false};
   // Copied from the validated header, never re-read.
   std::uint64_t uid_ = 0;
   SegmentKind kind_ = SegmentKind::kArena;
@@ -179,5 +185,12 @@ void validate_segment_header(const SegmentHeader& h, std::size_t mapped_size,
 // Removes one count from a named segment's refcount, unlinking it at zero. Used by
 // Segment's destructor and for in-flight counts of messages that were never received.
 void release_named_segment_count(SegmentHeader* header, const std::string& name) noexcept;
+
+// Gives back this process's count of every named segment it still maps (give_back_count),
+// so that a process that ends cleanly removes the names it was the last holder of itself,
+// instead of leaving them to the manager. Runs from an atexit handler (registered with the
+// first named segment); a process that ends with _exit (a forked worker) calls it first.
+// Thread-safe; segments created or received afterwards keep their counts.
+void release_named_segments_before_exit() noexcept;
 
 }  // namespace shmtensor::internal

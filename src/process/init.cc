@@ -7,6 +7,7 @@
 #include <string_view>
 #include <vector>
 
+#include "memory/segment.h"
 #include "os/child.h"
 #include "os/code_address.h"
 #include "process/child_side.h"
@@ -132,6 +133,7 @@ void init(int /*argc*/, char** /*argv*/) {
     code = 1;
   }
   internal::flush_stdio();
+  internal::release_named_segments_before_exit();  // _exit runs no atexit handler
   internal::exit_now(code);
 }
 

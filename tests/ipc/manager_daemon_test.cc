@@ -33,13 +33,6 @@ using testing::wait_child;
 using namespace testing::manager_test;
 namespace mgr = internal::manager;
 
-std::string segment_name(const Storage& s) {
-  return internal::StorageAccess::impl(s)->segment()->name();
-}
-std::int64_t refcount_of(const Storage& s) {
-  return internal::StorageAccess::impl(s)->segment()->header()->refcount.load();
-}
-
 // A raw client socket connected to the daemon's socket (no hello sent).
 int raw_connect(const std::string& path) {
   int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);

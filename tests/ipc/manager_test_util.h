@@ -2,6 +2,7 @@
 // names and processes to go, and segments created the way the library does.
 #pragma once
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -19,8 +20,12 @@
 
 #include "manager/client.h"
 #include "manager/paths.h"
+#include "memory/storage_impl.h"
+#include "os/private_dir.h"
 #include "os/proc_scan.h"
+#include "shmtensor/internal/storage_access.h"
 #include "shmtensor/sharing_strategy.h"
+#include "shmtensor/storage.h"
 #include "support/leak_check.h"
 #include "support/pipe.h"
 
@@ -41,10 +46,63 @@ inline bool eventually(const std::function<bool()>& pred,
   }
 }
 
+// The name of a file_system storage's segment, and its refcount now.
+inline std::string segment_name(const Storage& s) {
+  return internal::StorageAccess::impl(s)->segment()->name();
+}
+inline std::int64_t refcount_of(const Storage& s) {
+  return internal::StorageAccess::impl(s)->segment()->header()->refcount.load();
+}
+
 // A process (not necessarily our child) that lives and is not a zombie.
 inline bool process_lives(pid_t pid) { return internal::identify_process(pid).start_time != 0; }
 
 using testing::Pipe;
+
+// The live daemons serving `group` (or starting to), from /proc/*/cmdline. Not an
+// ifstream read through istreambuf_iterator: a process that exits between the open and the
+// read makes read() fail with ESRCH, which libstdc++'s filebuf throws as ios_base::failure
+// ("basic_filebuf::underflow error reading the file: No such process"); that ended a
+// `make asan` run's job early. read_small_file returns "" then.
+inline std::vector<pid_t> daemons_of(const std::string& group) {
+  std::vector<pid_t> found;
+  DIR* d = ::opendir("/proc");
+  while (dirent* e = ::readdir(d)) {
+    pid_t pid = std::atoi(e->d_name);
+    if (pid <= 0) continue;
+    std::string cmd = internal::read_small_file("/proc/" + std::string(e->d_name) + "/cmdline");
+    if (cmd.find("shmtensor-manager") != std::string::npos &&
+        cmd.find(std::string("--group") + '\0' + group + '\0') != std::string::npos &&
+        process_lives(pid))
+      found.push_back(pid);
+  }
+  ::closedir(d);
+  return found;
+}
+
+// The state letter of /proc/<pid>/stat ('T' when stopped), 0 when it cannot be read.
+inline char process_state(pid_t pid) {
+  std::string stat = internal::read_small_file("/proc/" + std::to_string(pid) + "/stat");
+  std::size_t paren = stat.rfind(')');
+  return paren != std::string::npos && paren + 2 < stat.size() ? stat[paren + 2] : 0;
+}
+
+// Stops a process (SIGSTOP; returns once it is stopped) and lets it go on (SIGCONT) when
+// destroyed, also when an assertion returns early: a stopped daemon would make every later
+// client wait 10 s.
+class Stopped {
+ public:
+  explicit Stopped(pid_t pid) : pid_(pid) {
+    EXPECT_EQ(::kill(pid_, SIGSTOP), 0);
+    EXPECT_TRUE(eventually([&] { return process_state(pid_) == 'T'; })) << "pid " << pid_;
+  }
+  ~Stopped() { ::kill(pid_, SIGCONT); }
+  Stopped(const Stopped&) = delete;
+  Stopped& operator=(const Stopped&) = delete;
+
+ private:
+  pid_t pid_;
+};
 
 // Every test gets its own daemon (a group of its own) with a short grace period, so that
 // tests neither see each other's daemons nor wait long for one to exit, and uses the
