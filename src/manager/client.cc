@@ -2,8 +2,11 @@
 
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <mutex>
+#include <optional>
+#include <span>
 #include <thread>
 #include <unordered_set>
 #include <vector>
@@ -12,7 +15,9 @@
 #include "manager/protocol.h"
 #include "memory/segment_observer.h"
 #include "os/daemonize.h"
+#include "os/event_fd.h"
 #include "os/fork_handlers.h"
+#include "os/poll.h"
 #include "os/private_dir.h"
 #include "os/proc.h"
 #include "os/proc_scan.h"
@@ -31,10 +36,35 @@ using Clock = std::chrono::steady_clock;
 constexpr int kIoTimeoutMs = 10000;
 constexpr auto kConnectDeadline = std::chrono::seconds(20);
 
+// A thread that watches one connection for the daemon's end of it to close (the daemon
+// died, or dropped us), so that a replacement starts at once, while this process and the
+// other holders still live to tell it what they hold, rather than at this process's next
+// send, which may never come (clients of a killed daemon that only exit left their names
+// to the next use of shmtensor). One per connection: started once the hello is answered,
+// stopped when the connection closes. It polls the connection and an eventfd (to be
+// stopped); what it decides it decides under Client::mu, which it only ever try_locks: the
+// thread that stops it holds that lock and waits for it to finish.
+struct Watch {
+  UniqueFd wake;  // eventfd: stop
+  std::thread::id thread;
+  std::mutex mu;  // guards stop and done
+  std::condition_variable cv;
+  bool stop = false;
+  bool done = false;
+  // The Client's reference and the thread's: the last one to let go deletes it.
+  std::atomic<int> refs{2};
+};
+
+void unref(Watch* w) noexcept {
+  // acq_rel: the deleting side sees every write the other side made to *w.
+  if (w->refs.fetch_sub(1, std::memory_order_acq_rel) == 1) delete w;
+}
+
 struct Client {
   std::mutex mu;
   UniqueFd fd;
   pid_t daemon_pid = 0;
+  Watch* watch = nullptr;  // of fd, when one could be started
   // Names this process holds a count of and has registered: what a new connection
   // re-registers, and what a forked child inherits (as a copy of this memory).
   std::unordered_set<std::string> held;
@@ -47,6 +77,7 @@ void parent_after_fork() noexcept;
 void child_after_fork() noexcept;
 constexpr ForkHandlers kForkHandlers{
     prepare_fork, [](bool /*fork_failed*/) noexcept { parent_after_fork(); }, child_after_fork};
+void connect_locked(Client& c);
 
 Client& client() {
   // Leaked: segments may be released during static destruction.
@@ -58,9 +89,113 @@ Client& client() {
   return *c;
 }
 
+// Stops the watch of the current connection and waits until its thread has let go of
+// the connection and closed its eventfd (so that the daemon sees our end close now, and
+// an idle process keeps no fd). Its own thread does not wait for itself.
+void stop_watch(Client& c) noexcept {
+  Watch* w = std::exchange(c.watch, nullptr);
+  if (w == nullptr) return;
+  {
+    std::lock_guard lock(w->mu);
+    w->stop = true;
+  }
+  signal_event_fd(w->wake.get());
+  if (std::this_thread::get_id() != w->thread) {
+    std::unique_lock lock(w->mu);
+    w->cv.wait(lock, [w] { return w->done; });
+  }
+  unref(w);
+}
+
 void disconnect(Client& c) noexcept {
+  stop_watch(c);
   c.fd.reset();
   c.daemon_pid = 0;
+}
+
+// The daemon's end of our connection closed. A replacement starts now if this process
+// holds names: it carries on from the dead one's journal and sweeps (cleanup.md G6), and
+// we re-register what we hold. If none can start, the next send tries again.
+void daemon_lost_locked(Client& c) noexcept {
+  disconnect(c);
+  if (c.held.empty()) return;
+  try {
+    connect_locked(c);
+  } catch (...) {
+  }
+}
+
+bool stop_requested(Watch* w) {
+  std::lock_guard lock(w->mu);
+  return w->stop;
+}
+
+// Under the client's lock: reads what is pending on the connection. Nobody waits for an
+// answer then (whoever asks holds the lock until it has read its answer), so a message is
+// one left by a request that gave up, and is dropped. True when the connection has ended.
+bool connection_ended(int conn) noexcept {
+  for (;;) {
+    char buf[1024];
+    RecvResult r = recv_packet(conn, buf, sizeof buf, true);
+    if (r.size > 0) continue;
+    return r.size == 0 || (r.error != EAGAIN && r.error != EWOULDBLOCK);
+  }
+}
+
+void watch_connection(Watch* w, int conn) noexcept {
+  Client& c = client();
+  const int fds[] = {conn, w->wake.get()};
+  for (;;) {
+    bool failed = false;
+    try {
+      wait_readable(fds, std::nullopt);
+    } catch (...) {
+      failed = true;
+    }
+    if (stop_requested(w)) break;
+    if (!c.mu.try_lock()) {
+      // Its holder may be reading an answer, or sending (and about to find the daemon gone
+      // itself). Look again in a moment, unless told to stop.
+      try {
+        wait_readable(std::span(fds).subspan(1), std::chrono::milliseconds(1));
+      } catch (...) {
+      }
+      continue;
+    }
+    std::unique_lock lock(c.mu, std::adopt_lock);
+    if (c.watch != w) break;  // cannot happen: whoever detaches it holds the lock until done
+    const bool lost = connection_ended(conn);
+    if (!failed && !lost) continue;
+    // From here on this thread no longer watches: detach it from the client first, so
+    // that the disconnect below does not wait for it.
+    c.watch = nullptr;
+    unref(w);
+    if (lost) daemon_lost_locked(c);
+    break;
+  }
+  w->wake.reset();
+  {
+    std::lock_guard lock(w->mu);
+    w->done = true;
+  }
+  w->cv.notify_all();
+  unref(w);
+}
+
+// Watches the connection just made. Without a thread (none can be made now) a dead
+// daemon is noticed at the next send, as it was before watches existed.
+void start_watch(Client& c) noexcept {
+  Watch* w = nullptr;
+  try {
+    w = new Watch;
+    w->wake = make_event_fd();
+    std::thread t(watch_connection, w, c.fd.get());
+    w->thread = t.get_id();
+    t.detach();
+    c.watch = w;
+  } catch (...) {
+    delete w;
+  }
 }
 
 [[noreturn]] void cannot_start(const std::string& tried) {
@@ -152,7 +287,10 @@ void connect_locked(Client& c) {
                               std::to_string(static_cast<int>(m.type)));
         c.fd = std::move(fd);
         c.daemon_pid = static_cast<pid_t>(m.a);
-        if (reregister(c)) return;
+        if (reregister(c)) {
+          start_watch(c);
+          return;
+        }
         disconnect(c);
       }
     }
@@ -239,6 +377,12 @@ void child_after_fork() noexcept {
     }
     c.fd.reset();  // the parent's connection stays the parent's: its end tells of its death
   }
+  if (c.watch != nullptr) {
+    // Its thread is the parent's. Close our copy of its eventfd and forget it (no free()
+    // here: the parent's thread still counts on it in the parent's memory, not ours).
+    c.watch->wake.reset();
+    c.watch = nullptr;
+  }
   c.daemon_pid = 0;
   c.fork_announced = false;
   c.mu.unlock();
@@ -282,22 +426,39 @@ void release(const std::string& name, bool unlinked) noexcept {
   if (c.held.empty()) disconnect(c);
 }
 
+namespace {
+
+// Reads until the answer to `token`. False when the connection ended first.
+bool await_sync_ack(Client& c, std::uint64_t token) {
+  for (;;) {
+    char buf[1024];
+    RecvResult r = recv_packet(c.fd.get(), buf, sizeof buf, false);
+    if (r.size < 0 && (r.error == EAGAIN || r.error == EWOULDBLOCK)) {
+      disconnect(c);
+      throw Error("shmtensor-manager did not answer a sync within " +
+                  std::to_string(kIoTimeoutMs / 1000) + " s (is it stopped?)");
+    }
+    if (r.size <= 0 || r.truncated) return false;
+    Message m = decode(buf, static_cast<std::size_t>(r.size));
+    if (m.type == MessageType::kSyncAck && m.a == token) return true;
+  }
+}
+
+}  // namespace
+
 void sync() {
   Client& c = client();
   std::lock_guard lock(c.mu);
   static std::uint64_t token = 0;
-  MessageHeader h{};
-  encode_header(MessageType::kSync, ++token, 0, &h);
-  send_locked(c, &h, sizeof h, true);
-  for (;;) {
-    char buf[1024];
-    RecvResult r = recv_packet(c.fd.get(), buf, sizeof buf, false);
-    if (r.size <= 0 || r.truncated) {
-      disconnect(c);
-      throw Error("shmtensor-manager closed the connection during a sync");
-    }
-    Message m = decode(buf, static_cast<std::size_t>(r.size));
-    if (m.type == MessageType::kSyncAck && m.a == token) break;
+  for (int attempt = 0;; ++attempt) {
+    MessageHeader h{};
+    encode_header(MessageType::kSync, ++token, 0, &h);
+    send_locked(c, &h, sizeof h, true);
+    if (await_sync_ack(c, token)) break;
+    // The daemon died before it answered: sync with its replacement, which carries on
+    // from its journal and hears again what we hold.
+    daemon_lost_locked(c);
+    if (attempt == 2) throw Error("shmtensor-manager closed the connection during a sync");
   }
   if (c.held.empty()) disconnect(c);
 }

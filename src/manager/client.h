@@ -8,8 +8,11 @@
 // Thread-safe (one mutex). A process is connected while it holds names, and disconnects
 // when it holds none (so an idle process keeps no fd and the daemon can exit). Messages
 // are one-way except the hello that opens a connection: registering a name costs one
-// send(). A daemon that died is noticed by the next send (EPIPE, never SIGPIPE) and
-// replaced: the client starts a new one, reconnects and re-registers what it holds.
+// send(). While connected, a thread of the client watches the connection: when the
+// daemon's end closes (it was killed), it starts a replacement at once, reconnects and
+// re-registers what this process holds (the replacement carries on from the dead one's
+// journal and sweeps). A send that finds the daemon gone (EPIPE, never SIGPIPE) does the
+// same. The watching thread exists only while connected.
 //
 // fork: the child never uses its parent's connection. pthread_atfork handlers announce the
 // fork (the parent sends kForkBegin before it; the child sends kForkChild, one non-blocking
@@ -35,8 +38,9 @@ void register_opened(const std::string& name) noexcept;
 // After this process released its count of `name` (and unlinked it if it was the last).
 void release(const std::string& name, bool unlinked) noexcept;
 
-// Waits until the daemon has processed every message this process sent and made its
-// decisions (for tests and tools). Connects (starting a daemon) if needed. Throws Error.
+// Waits until the daemon has processed every message this process sent, made its
+// decisions and written its journal (for tests and tools). Connects (starting a daemon)
+// if needed; a daemon that dies meanwhile is replaced and asked again. Throws Error.
 void sync();
 // The pid of the daemon this process is connected to, 0 when not connected.
 pid_t connected_daemon_pid() noexcept;

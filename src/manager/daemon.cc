@@ -292,6 +292,9 @@ struct Daemon::Impl {
         break;
       case MessageType::kSync:
         settle();
+        // Durable before the answer: a client that synced before we are killed knows our
+        // successor will carry on with what it registered.
+        env.journal.flush();
         reply(c, MessageType::kSyncAck, m.a);
         break;
       default:

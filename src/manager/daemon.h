@@ -7,12 +7,14 @@
 //    touching the socket (so it cannot steal or break the first one's clients); if the first
 //    is exiting (lock taken, socket gone), the second waits for the lock;
 //  - replaces a stale socket (from a daemon that was killed), listens, reports OK;
-//  - if it found such a stale socket, sweeps orphans (sweep_orphans) once, and adopts the
-//    names it keeps (what the killed daemon knew is lost);
+//  - if it found such a stale socket or a journal, carries on from the killed daemon's
+//    journal, then sweeps the names the journal does not know (sweep_orphans) once and
+//    adopts those it keeps;
 //  - accepts only peers of its own effective uid (SO_PEERCRED); a connection that sends
 //    anything malformed is closed, and only that one;
 //  - feeds every message into a Tracker and watches the processes it names with pidfds
 //    (polling /proc every 250 ms where the kernel has none, and for process groups);
+//    writes its journal once per turn of its loop, and before it answers a sync;
 //  - when it has no connection and the tracker nothing left to watch for grace_ms, or on
 //    SIGTERM, SIGINT or SIGHUP: removes its socket and returns.
 #pragma once

@@ -1,5 +1,8 @@
-// How long names live, with real processes: a process that ends cleanly removes the names
-// it was the last holder of by itself (no daemon involved).
+// How long names and the daemon live, with real processes: a process that ends cleanly
+// removes the names it was the last holder of by itself (no daemon involved); a daemon
+// killed while clients live is replaced at once, by exactly one successor, without any
+// call into the library; and what a job that dies together with the daemon leaves is
+// swept by the next use.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -97,6 +100,128 @@ TEST_F(ManagerTest, ProcessThatReturnsRemovesTheNamesItHeldLastWithoutTheDaemon)
     EXPECT_EQ(testing::shm_names_of(child), std::set<std::string>{})
         << "a Process that returned left its names for the daemon";
   }
+}
+
+// The daemon is SIGKILLed while this process holds a name: this process starts the
+// replacement by itself (it makes no library call meanwhile), and the replacement removes
+// the names of a holder that dies afterwards.
+TEST_F(ManagerTest, KilledDaemonIsReplacedAtOnceByAClientThatMakesNoCall) {
+  Storage mine = Storage::allocate_shared(4096);
+  const pid_t first = mgr::connected_daemon_pid();
+  ASSERT_GT(first, 0);
+  Pipe names;
+  pid_t child = fork_child([&] {
+    Storage s = Storage::allocate_shared(300 * 1024);
+    // In the daemon's journal before it is killed. A kill before that is cleanup.md L2's
+    // case: the name is then kept until the child's process group (here the test's) ends.
+    mgr::sync();
+    names.send_line(segment_name(s));
+    for (;;) ::pause();
+  });
+  const std::string theirs = names.receive_line();
+  ::kill(first, SIGKILL);
+  EXPECT_TRUE(eventually([&] {
+    auto d = daemons_of(group_);
+    return d.size() == 1 && d[0] != first;
+  })) << "no replacement while the clients live on";
+  ::kill(child, SIGKILL);
+  EXPECT_EQ(wait_child(child), 128 + SIGKILL);
+  EXPECT_TRUE(eventually([&] { return !name_exists(theirs); }))
+      << theirs << " outlived its creator, killed after the daemon";
+  EXPECT_NE(mgr::connected_daemon_pid(), first);
+  EXPECT_TRUE(name_exists(segment_name(mine)));
+  mgr::sync();
+  EXPECT_EQ(mgr::held_name_count(), 1u);
+}
+
+// Several clients see the daemon die at the same moment; each starts a daemon, and
+// exactly one of them serves: every client ends up connected to it.
+TEST_F(ManagerTest, ClientsThatNoticeTogetherEndWithExactlyOneDaemon) {
+  Storage mine = Storage::allocate_shared(4096);
+  const pid_t first = mgr::connected_daemon_pid();
+  ASSERT_GT(first, 0);
+  constexpr int kChildren = 6;
+  Pipe ready, report;
+  std::vector<std::unique_ptr<Pipe>> asks;
+  std::vector<pid_t> children;
+  for (int i = 0; i < kChildren; ++i) {
+    asks.push_back(std::make_unique<Pipe>());
+    Pipe& ask = *asks.back();
+    children.push_back(fork_child([&] {
+      Storage s = Storage::allocate_shared(300 * 1024);  // a name of its own: it connects
+      mgr::sync();  // journaled (see KilledDaemonIsReplacedAtOnceByAClientThatMakesNoCall)
+      ready.send();
+      ask.receive();
+      mgr::sync();
+      report.send_line(std::to_string(mgr::connected_daemon_pid()));
+      ask.receive();
+      s = Storage();
+      empty_cache();
+    }));
+  }
+  for (int i = 0; i < kChildren; ++i) ASSERT_EQ(ready.receive(), 'x');
+  ::kill(first, SIGKILL);
+  EXPECT_TRUE(eventually([&] {
+    auto d = daemons_of(group_);
+    return d.size() == 1 && d[0] != first && mgr::connected_daemon_pid() == d[0];
+  }));
+  const auto daemons = daemons_of(group_);
+  if (daemons.size() != 1) {
+    // Each child holds the write ends of the pipes made before it: none would see EOF.
+    for (pid_t c : children) ::kill(c, SIGKILL);
+    for (pid_t c : children) wait_child(c);
+    FAIL() << daemons.size() << " daemons serve";
+  }
+  for (auto& ask : asks) ask->send();
+  for (int i = 0; i < kChildren; ++i)
+    EXPECT_EQ(report.receive_line(), std::to_string(daemons[0])) << "child " << i;
+  for (auto& ask : asks) ask->send();
+  for (pid_t c : children) EXPECT_EQ(wait_child(c), 0);
+  EXPECT_EQ(daemons_of(group_), daemons);
+}
+
+// Every process of a job dies at the same moment as the daemon (here: the job's only
+// process is stopped, so that it cannot start a replacement, and killed after the daemon).
+// Nothing runs that could remove its names; they stay until the next use of this daemon
+// group starts a daemon, which carries on from the killed one's journal, and sweeps the
+// names the journal does not know (the daemon may be killed before it wrote them).
+TEST_F(ManagerTest, NamesOfAJobThatDiedWithTheDaemonGoAtTheNextUse) {
+  Pipe names;
+  pid_t job = fork_child([&] {
+    ::setpgid(0, 0);  // a job of its own: once it is dead, no process may receive its names
+    Storage a = Storage::allocate_shared(4096);
+    Storage b = Storage::allocate_shared(300 * 1024);
+    names.send_line(segment_name(a));
+    names.send_line(segment_name(b));
+    names.send_line(std::to_string(mgr::connected_daemon_pid()));
+    for (;;) ::pause();
+  });
+  const std::vector<std::string> theirs{names.receive_line(), names.receive_line()};
+  const pid_t daemon = std::stoi(names.receive_line());
+  if (daemon <= 0) {
+    ::kill(job, SIGKILL);
+    wait_child(job);
+    FAIL() << "the job is not connected to a daemon";
+  }
+  {
+    Stopped stopped(job);
+    ::kill(daemon, SIGKILL);
+    EXPECT_TRUE(eventually([&] { return !process_lives(daemon); }));
+    ::kill(job, SIGKILL);
+  }  // SIGCONT to a zombie: it is reaped only now
+  EXPECT_EQ(wait_child(job), 128 + SIGKILL);
+  EXPECT_TRUE(daemons_of(group_).empty());
+  for (const auto& n : theirs) EXPECT_TRUE(name_exists(n)) << n << ": who removed it?";
+
+  const auto t0 = std::chrono::steady_clock::now();
+  Storage s = Storage::allocate_shared(4096);  // the next use: it starts a daemon
+  mgr::sync();
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                      std::chrono::steady_clock::now() - t0)
+                      .count();
+  for (const auto& n : theirs) EXPECT_FALSE(name_exists(n)) << n << " outlived the next use";
+  std::fprintf(stderr, "the next use started a daemon and swept in %lld ms\n",
+               static_cast<long long>(ms));
 }
 
 }  // namespace

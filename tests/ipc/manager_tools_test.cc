@@ -44,8 +44,8 @@ std::optional<std::pair<std::string, int>> run_tool(const std::string& args) {
   return std::make_pair(out, WIFEXITED(status) ? WEXITSTATUS(status) : -1);
 }
 
-// Leaves a named segment whose creator is dead and whose daemon was killed first: what the
-// manager cannot clean up by itself until a new daemon (or gc) sweeps. The child is a job
+// Leaves a named segment whose creator died together with its daemon: what the manager
+// cannot clean up by itself until a new daemon (or gc) sweeps. The child is a job
 // of its own (a process group: while a job lives, a message carrying its names may still
 // reach one of its processes, so gc keeps them) and uses a daemon group of its own, so that
 // no daemon of the test's group is affected (a new one would clean up before gc runs).
@@ -74,9 +74,14 @@ std::string ManagerToolsTest::make_orphan(bool own_job) {
   });
   std::string name = report.receive_line();
   pid_t daemon = std::stoi(report.receive_line());
-  ::kill(daemon, SIGKILL);
-  EXPECT_TRUE(eventually([&] { return !process_lives(daemon); }));
-  ::kill(child, SIGKILL);
+  {
+    // Stopped first: a live client would start a replacement at once, which would see
+    // the child die.
+    Stopped stopped(child);
+    ::kill(daemon, SIGKILL);
+    EXPECT_TRUE(eventually([&] { return !process_lives(daemon); }));
+    ::kill(child, SIGKILL);
+  }
   wait_child(child);
   auto loc = mgr::manager_location(mgr::default_manager_dir(), orphan_group);
   for (const auto& f : {loc.socket_path, loc.lock_path, loc.log_path}) ::unlink(f.c_str());
