@@ -82,6 +82,9 @@ struct State {
   std::vector<PrivateBuffer> private_cache;  // most recently freed last
   std::array<StrategyArena, 2> by_strategy;
   std::unordered_map<const Segment*, OwnSegment*> index;
+  // The parent's state, which a forked child abandons (arena_child_after_fork), kept
+  // reachable on purpose: a child that ends with exit() is checked by LeakSanitizer.
+  State* abandoned = nullptr;
 };
 
 State* g_state = new State;  // leaked: storages may be released during static destruction
@@ -385,6 +388,7 @@ void arena_child_after_fork() noexcept {
   if (inherited == nullptr) inherited = new std::vector<std::shared_ptr<Segment>>;
   for (auto& [seg, os] : old->index) inherited->push_back(std::move(os->seg));
   g_state = new State;
+  g_state->abandoned = old;
   g_state->private_cache = std::move(old->private_cache);  // private memory: ours now
   g_inherited.store(inherited, std::memory_order_relaxed);
   old->mu.unlock();

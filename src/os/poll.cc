@@ -3,6 +3,7 @@
 #include <poll.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cstdint>
 #include <string>
@@ -35,18 +36,32 @@ int poll_until(std::span<pollfd> pfds, std::optional<std::chrono::nanoseconds> t
 
 std::vector<std::size_t> wait_readable(std::span<const int> fds,
                                        std::optional<std::chrono::nanoseconds> timeout) {
-  std::vector<pollfd> pfds;
-  std::vector<std::size_t> index;
-  pfds.reserve(fds.size());
-  index.reserve(fds.size());
+  // Nothing is allocated while the call blocks when there are few fds (the manager client's
+  // watch thread waits on two for the life of a connection). A forked child inherits such a
+  // thread's memory but not the thread, and LeakSanitizer reports what only that thread's
+  // stack referenced.
+  constexpr std::size_t kInline = 8;
+  std::array<pollfd, kInline> inline_pfds{};
+  std::array<std::size_t, kInline> inline_index{};
+  std::vector<pollfd> heap_pfds;
+  std::vector<std::size_t> heap_index;
+  std::span<pollfd> pfds(inline_pfds);
+  std::span<std::size_t> index(inline_index);
+  if (fds.size() > kInline) {
+    heap_pfds.resize(fds.size());
+    heap_index.resize(fds.size());
+    pfds = heap_pfds;
+    index = heap_index;
+  }
+  std::size_t n = 0;
   for (std::size_t i = 0; i < fds.size(); ++i) {
     if (fds[i] < 0) continue;
-    pfds.push_back(pollfd{fds[i], POLLIN, 0});
-    index.push_back(i);
+    pfds[n] = pollfd{fds[i], POLLIN, 0};
+    index[n++] = i;
   }
   std::vector<std::size_t> ready;
-  if (poll_until(pfds, timeout) == 0) return ready;
-  for (std::size_t i = 0; i < pfds.size(); ++i)
+  if (poll_until(pfds.first(n), timeout) == 0) return ready;
+  for (std::size_t i = 0; i < n; ++i)
     if (pfds[i].revents != 0) ready.push_back(index[i]);
   return ready;
 }

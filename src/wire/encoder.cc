@@ -127,7 +127,7 @@ OutgoingFrame finish_frame(Encoder&& encoder) {
     // Too big for one datagram: the body goes into a sealed memfd sent along.
     UniqueFd blob = create_sealed_memfd(h.body_size);
     Mapping map = Mapping::map_shared(blob.get(), h.body_size, "message blob");
-    std::memcpy(map.data(), tables.data(), tables.size());
+    if (!tables.empty()) std::memcpy(map.data(), tables.data(), tables.size());
     if (!frame.payload.empty())
       std::memcpy(map.data() + tables.size(), frame.payload.data(), frame.payload.size());
     tables = {};
