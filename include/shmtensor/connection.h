@@ -18,6 +18,7 @@
 #include <utility>
 
 #include "shmtensor/codec.h"
+#include "shmtensor/internal/duration.h"
 
 namespace shmtensor {
 
@@ -75,18 +76,18 @@ class Connection {
     d.finish();
     return value;
   }
-  // Like recv() but gives up after `timeout`, returning nullopt.
+  // Like recv() but gives up after `timeout` (any std::chrono duration; zero: only look),
+  // returning nullopt.
   template <class T>
-  [[nodiscard]] std::optional<T> try_recv(std::chrono::nanoseconds timeout) {
-    std::optional<Decoder> d = try_recv_encoded(timeout);
+  [[nodiscard]] std::optional<T> try_recv(Duration timeout = Duration::zero()) {
+    std::optional<Decoder> d = try_recv_encoded(internal::to_nanoseconds(timeout));
     if (!d) return std::nullopt;
     T value = d->decode<T>();
     d->finish();
     return value;
   }
   // True when a message (or EOF) is ready; waits up to timeout (nullopt = forever).
-  [[nodiscard]] bool poll(
-      std::optional<std::chrono::nanoseconds> timeout = std::chrono::nanoseconds(0)) const;
+  [[nodiscard]] bool poll(Timeout timeout = Duration::zero()) const;
   void close() noexcept;
   [[nodiscard]] bool valid() const noexcept { return fd_ >= 0; }
 

@@ -31,6 +31,7 @@
 //        a Sampler or BatchSampler index outside the dataset (begin()): std::out_of_range.
 //      random_permutation (sampler.h): n < 0: std::invalid_argument.
 //      Pool (pool.h): chunksize 0: std::invalid_argument.
+//      Queue (queue.h): a maxsize above 2^31 - 1: std::invalid_argument.
 //  - Memory that cannot be allocated in this process is std::bad_alloc.
 //
 // What user code throws when the library calls it passes through unchanged in the calling

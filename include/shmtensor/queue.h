@@ -30,6 +30,7 @@
 #include <optional>
 
 #include "shmtensor/codec.h"
+#include "shmtensor/internal/duration.h"
 #include "shmtensor/internal/queue_core.h"
 
 namespace shmtensor {
@@ -59,14 +60,13 @@ class Queue {
   }
   // Waits up to timeout for room; false if none came. A refused item's tensors stay where
   // they were, unless it was the socket's buffer that stayed full (docs/transport.md).
-  template <class Rep = std::int64_t, class Period = std::ratio<1>>
-  [[nodiscard]] bool try_put(const T& value, std::chrono::duration<Rep, Period> timeout = {}) {
-    return core_->put(encode(value), std::chrono::duration_cast<std::chrono::nanoseconds>(timeout));
+  // (Any std::chrono duration converts to Duration; zero: only look.)
+  [[nodiscard]] bool try_put(const T& value, Duration timeout = Duration::zero()) {
+    return core_->put(encode(value), internal::to_nanoseconds(timeout));
   }
   // Waits up to timeout for an item.
-  template <class Rep = std::int64_t, class Period = std::ratio<1>>
-  [[nodiscard]] std::optional<T> try_get(std::chrono::duration<Rep, Period> timeout = {}) {
-    auto d = core_->get(std::chrono::duration_cast<std::chrono::nanoseconds>(timeout));
+  [[nodiscard]] std::optional<T> try_get(Duration timeout = Duration::zero()) {
+    auto d = core_->get(internal::to_nanoseconds(timeout));
     if (!d) return std::nullopt;
     return decode(*d);
   }

@@ -16,10 +16,10 @@ Connection Connection::adopt(int fd) noexcept { return Connection(fd); }
 
 int Connection::release() noexcept { return std::exchange(fd_, -1); }
 
-bool Connection::poll(std::optional<std::chrono::nanoseconds> timeout) const {
+bool Connection::poll(Timeout timeout) const {
   if (fd_ < 0) throw ConnectionClosed("poll() on a closed connection");
   const int fds[1] = {fd_};
-  return !internal::wait_readable(fds, timeout).empty();
+  return !internal::wait_readable(fds, internal::to_nanoseconds(timeout)).empty();
 }
 
 namespace {
