@@ -56,7 +56,26 @@ class FdRef:
             fd = os.dup(self.fd)
             weakref.finalize(popen, os.close, fd)
             return _from_dupfd, (_mpreduction.DupFd(fd),)
-        return _from_keeper, (_register(self.fd),)
+        return _KeptFd, (_register(self.fd),)
+
+
+class _KeptFd:
+    """An fd the keeper holds for a pickle, fetched only when the load needs it: a second
+    load of the same pickle is refused by its nonce (reductions._load_block) before the
+    keeper is asked, so it gets the single-use error and not a keeper error."""
+
+    __slots__ = ("token", "_ref")
+
+    def __init__(self, token):
+        self.token = token
+        self._ref = None
+
+    def take(self):
+        # Once from the keeper (it hands an fd out once); a pickle names it once per segment
+        # however many of its blocks live there, and each of those takes a duplicate.
+        if self._ref is None:
+            self._ref = _from_keeper(self.token)
+        return self._ref.take()
 
 
 def _from_dupfd(dupfd):

@@ -207,7 +207,8 @@ def _load_block(data, fd_refs, nonce):
     with _nonce_lock:
         if nonce in _loaded_nonces:
             raise RuntimeError(
-                "shmtensor: this pickle was already loaded in this process; a pickle of "
+                "shmtensor: this pickle was already loaded in this process (or in the one it "
+                "was forked from); a pickle of "
                 "shared memory is single-use (its first load took the counts it carried): "
                 "send the object again instead of keeping its pickle")
         _loaded_nonces.add(nonce)
