@@ -96,10 +96,12 @@ void stop_watch(Client& c) noexcept {
   Watch* w = std::exchange(c.watch, nullptr);
   if (w == nullptr) return;
   {
+    // Under w->mu: the watch thread closes its eventfd under the same lock once it stops,
+    // so the fd written here is still the eventfd (not an fd number reused meanwhile).
     std::lock_guard lock(w->mu);
     w->stop = true;
+    if (w->wake.valid()) signal_event_fd(w->wake.get());
   }
-  signal_event_fd(w->wake.get());
   if (std::this_thread::get_id() != w->thread) {
     std::unique_lock lock(w->mu);
     w->cv.wait(lock, [w] { return w->done; });
@@ -173,9 +175,9 @@ void watch_connection(Watch* w, int conn) noexcept {
     if (lost) daemon_lost_locked(c);
     break;
   }
-  w->wake.reset();
   {
     std::lock_guard lock(w->mu);
+    w->wake.reset();
     w->done = true;
   }
   w->cv.notify_all();
