@@ -20,14 +20,17 @@ CMAKE       := cmake -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) -DCMAKE_EXPORT_CO
 # --timeout: ctest's default is 1500 s per test, so one hung test (a fork child stuck in a
 # sanitizer lock did that) costs 25 of CI's 90 minutes. The slowest test takes about 6 s
 # under TSan on 2 cores; 300 s leaves room for a loaded machine.
-CTEST       := ctest --output-on-failure -j$(CTEST_JOBS) --timeout 300
+# -LE long: tests of tens of minutes (the 1,000,000-sample blog workload) run only when asked
+# for: `ctest --test-dir build -L long`.
+CTEST       := ctest --output-on-failure -j$(CTEST_JOBS) --timeout 300 -LE long
 
 # What each package is for: docs/dependencies.md.
 DEB_PACKAGES := g++ make cmake ninja-build pkg-config python3 \
                 libgtest-dev libgmock-dev googletest libbenchmark-dev libcli11-dev \
                 clang libclang-rt-14-dev \
                 pybind11-dev python3-dev python3-numpy python3-pytest \
-                python3-pip python3-setuptools python3-wheel
+                python3-pip python3-setuptools python3-wheel \
+                python3-torch libtorch-dev
 
 # Sanitizer builds skip benchmarks and examples: CI has 2 cores and 90 minutes.
 LEAN := -DSHMTENSOR_BUILD_BENCHMARKS=OFF -DSHMTENSOR_BUILD_EXAMPLES=OFF
@@ -56,6 +59,10 @@ all: deps
 
 run: all
 	./build/examples/demo
+	@echo
+	@if /usr/bin/python3 -c 'import torch' 2>/dev/null; then \
+	  PYTHONPATH=build/python /usr/bin/python3 python/bench/bench_torch.py --demo; \
+	else echo "torch demo skipped: /usr/bin/python3 cannot import torch (python3-torch)"; fi
 
 test: all
 	$(CTEST) --test-dir build
@@ -66,11 +73,12 @@ asan: deps
 	$(CTEST) --test-dir build-asan
 
 # One Definition Rule check: the library and every test program built with link-time
-# optimisation and warnings as errors, where GCC compares the definitions of each type and inline function across
+# optimisation and warnings as errors (without the libtorch bridge: torch's headers are not
+# ours to check), where GCC compares the definitions of each type and inline function across
 # translation units (-Wodr) and fails the link on a mismatch (two different `RecvResult`s in
 # one namespace were such a case). A build, not a test run: the code is the same as `make test`'s.
 odr: deps
-	$(CMAKE) -S . -B build-odr $(LEAN) \
+	$(CMAKE) -S . -B build-odr $(LEAN) -DSHMTENSOR_BUILD_TORCH=OFF \
 	  -DCMAKE_CXX_FLAGS="-flto=auto -Wodr -Werror" \
 	  -DCMAKE_EXE_LINKER_FLAGS="-flto=auto -Wodr -Werror" \
 	  -DCMAKE_SHARED_LINKER_FLAGS="-flto=auto -Wodr -Werror"

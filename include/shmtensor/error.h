@@ -32,6 +32,10 @@
 //      random_permutation (sampler.h): n < 0: std::invalid_argument.
 //      Pool (pool.h): chunksize 0: std::invalid_argument.
 //      Queue (queue.h): a maxsize above 2^31 - 1: std::invalid_argument.
+//      The libtorch bridge (torch.h, optional): an undefined Tensor or Storage for
+//        to_torch, a torch tensor or storage shmtensor cannot hold (not on the CPU, not
+//        strided, a dtype shmtensor lacks), an allocate function of share_memory_ that
+//        returns no shared Storage of the size asked: std::invalid_argument.
 //  - Memory that cannot be allocated in this process is std::bad_alloc.
 //
 // What user code throws when the library calls it passes through unchanged in the calling

@@ -15,20 +15,25 @@ from shmtensor import _C
 from shmtensor._C import (
     ConfigurationError,
     Error,
+    OutOfMemoryError,
     ProtocolError,
     SharedMemoryFullError,
     SystemCallError,
     Tensor,
     empty_cache,
     get_all_sharing_strategies,
+    get_busy_poll,
     get_sharing_strategy,
+    set_busy_poll,
     set_sharing_strategy,
 )
 
 __all__ = [
     "Tensor", "from_numpy", "empty", "zeros", "ones", "full",
     "get_sharing_strategy", "set_sharing_strategy", "get_all_sharing_strategies", "empty_cache",
-    "Error", "SharedMemoryFullError", "SystemCallError", "ProtocolError", "ConfigurationError",
+    "set_busy_poll", "get_busy_poll",
+    "Error", "SharedMemoryFullError", "SystemCallError", "OutOfMemoryError", "ProtocolError",
+    "ConfigurationError",
 ]
 
 

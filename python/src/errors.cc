@@ -1,7 +1,10 @@
 // C++ exceptions become Python exceptions with the same message (str(e) == what()). The
 // classes derive from shmtensor.Error (a RuntimeError) and from the built-in a Python user
 // would catch for the same failure: MemoryError for a full /dev/shm, OSError (errno set)
-// for a failed system call, ValueError for bad input from a peer or a bad configuration.
+// for a failed system call (and MemoryError too when it failed for want of memory, ENOMEM,
+// as NumPy raises MemoryError for an array too large to allocate), ValueError for bad input
+// from a peer or a bad configuration.
+#include <cerrno>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -20,6 +23,7 @@ namespace {
 PyObject* g_error = nullptr;
 PyObject* g_full = nullptr;
 PyObject* g_system = nullptr;
+PyObject* g_out_of_memory = nullptr;
 PyObject* g_protocol = nullptr;
 PyObject* g_configuration = nullptr;
 
@@ -64,6 +68,13 @@ void bind_errors(py::module_& m) {
       "A system call failed (C++ shmtensor::SystemError; Python's own SystemError means an "
       "interpreter bug, hence the other name). errno and strerror as in OSError; syscall "
       "names the call.");
+  g_out_of_memory = new_class(
+      m, "OutOfMemoryError",
+      py::make_tuple(py::reinterpret_borrow<py::object>(g_system),
+                     py::reinterpret_borrow<py::object>(PyExc_MemoryError)),
+      "A system call failed with ENOMEM (an mmap too large for the address space, "
+      "vm.max_map_count reached, memory exhausted): a SystemCallError that is also a "
+      "MemoryError.");
   g_protocol = new_class(
       m, "ProtocolError",
       py::make_tuple(error, py::reinterpret_borrow<py::object>(PyExc_ValueError)),
@@ -88,7 +99,7 @@ void bind_errors(py::module_& m) {
       attrs["errno"] = py::int_(e.error_code());
       attrs["strerror"] = py::str(std::strerror(e.error_code()));
       attrs["syscall"] = py::str(e.syscall());
-      raise(g_system, e.what(), attrs);
+      raise(e.error_code() == ENOMEM ? g_out_of_memory : g_system, e.what(), attrs);
     } catch (const ProtocolError& e) {
       raise(g_protocol, e.what());
     } catch (const ConfigurationError& e) {

@@ -6,12 +6,14 @@
 #include <pybind11/stl.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "bindings.h"
 #include "dtypes.h"
 #include "exports.h"
+#include "shmtensor/busy_poll.h"
 #include "shmtensor/sharing_strategy.h"
 #include "shmtensor/storage.h"
 #include "shmtensor/tensor.h"
@@ -41,6 +43,12 @@ py::tuple to_tuple(const std::vector<std::int64_t>& v, std::int64_t scale = 1) {
   py::tuple t(v.size());
   for (std::size_t i = 0; i < v.size(); ++i) t[i] = py::int_(v[i] * scale);
   return t;
+}
+
+// A 1-d uint8 tensor over the whole of a storage: how Python names a storage ("block").
+Tensor whole_block(const Storage& storage) {
+  return Tensor::from_storage(storage, 0, {static_cast<std::int64_t>(storage.nbytes())}, {1},
+                              DType::kUInt8);
 }
 
 // The block (storage) whose bytes an ndarray views, found through its chain of .base
@@ -82,9 +90,29 @@ py::object block_of(const py::handle& obj) {
     if (lo < start || hi > end) return py::none();
   }
   const std::uintptr_t offset = empty && storage.nbytes() == 0 ? 0 : first - start;
-  Tensor block = Tensor::from_storage(storage, 0, {static_cast<std::int64_t>(storage.nbytes())},
-                                      {1}, DType::kUInt8);
-  return py::make_tuple(block, py::int_(offset));
+  return py::make_tuple(whole_block(storage), py::int_(offset));
+}
+
+// Storages between extension modules (shmtensor._torch): a PyCapsule named kStorageCapsule
+// holding a heap copy of the Storage handle, freed by the capsule's destructor. Both modules
+// link the one libshmtensor.so, so the C++ type is the same; no pybind11 type information
+// is shared (torch may bring another pybind11).
+constexpr const char* kStorageCapsule = "shmtensor.Storage";
+
+py::capsule storage_capsule(const Tensor& t) {
+  if (!t.defined()) throw py::value_error("_storage_capsule: an undefined Tensor");
+  auto copy = std::make_unique<Storage>(t.storage());
+  py::capsule capsule(copy.get(), kStorageCapsule, [](PyObject* o) {
+    delete static_cast<Storage*>(PyCapsule_GetPointer(o, kStorageCapsule));
+  });
+  copy.release();  // the capsule's now
+  return capsule;
+}
+
+Tensor block_of_capsule(const py::capsule& capsule) {
+  auto* storage = static_cast<Storage*>(PyCapsule_GetPointer(capsule.ptr(), kStorageCapsule));
+  if (storage == nullptr) throw py::error_already_set();  // wrong name: ValueError set
+  return whole_block(*storage);
 }
 
 }  // namespace
@@ -189,6 +217,10 @@ __array_interface__ and __dlpack__ are there for other consumers.)doc")
   m.def("_empty", &make_tensor, py::arg("shape"), py::arg("dtype"), py::arg("shared"),
         "An uninitialised Tensor, in shared memory of the current strategy if shared.");
   m.def("_block_of", &block_of, py::arg("array"));
+  m.def("_storage_capsule", &storage_capsule, py::arg("tensor"),
+        "A PyCapsule 'shmtensor.Storage' holding the tensor's Storage (for shmtensor._torch).");
+  m.def("_block_of_capsule", &block_of_capsule, py::arg("capsule"),
+        "The whole-storage uint8 Tensor of a 'shmtensor.Storage' capsule.");
 
   m.def("get_sharing_strategy", [] { return to_string(get_sharing_strategy()); });
   m.def("set_sharing_strategy", [](const std::string& name) { set_sharing_strategy(name); },
@@ -198,6 +230,11 @@ __array_interface__ and __dlpack__ are there for other consumers.)doc")
     for (auto s : get_all_sharing_strategies()) out.add(py::str(to_string(s)));
     return out;
   });
+  m.def("set_busy_poll", [](double seconds) { set_busy_poll(Duration(seconds)); },
+        py::arg("seconds"),
+        "How long a native queue's get or connection's recv may poll before it blocks, in "
+        "seconds (0: off, the default). See include/shmtensor/busy_poll.h.");
+  m.def("get_busy_poll", [] { return get_busy_poll().count(); });
   m.def("empty_cache", [] {
     py::gil_scoped_release release;
     empty_cache();

@@ -95,6 +95,14 @@ def _multiprocessing_fds():
     except Exception:
         pass
     try:
+        # shmtensor's own: the connection to the fd keeper, kept for the process's life.
+        from shmtensor.multiprocessing import keeper
+        fd = keeper._connection_fd()
+        if fd is not None:
+            fds.add(fd)
+    except Exception:
+        pass
+    try:
         from multiprocessing import forkserver
         fs = forkserver._forkserver
         fd = getattr(fs, "_forkserver_alive_fd", None)

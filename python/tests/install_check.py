@@ -41,6 +41,22 @@ shmtensor.set_sharing_strategy("file_system")
 b = snp.full(100, 7.0)           # starts the manager daemon
 assert b.sum() == 700.0
 print("daemon expected at", os.path.join(pkg, "shmtensor-manager"))
+# The torch bridge, when the package was built with it, loads from the package (its copy of
+# libshmtensor_torch.so beside it) and works.
+import glob
+if glob.glob(os.path.join(pkg, "_torch.*so")):
+    from shmtensor import _C, _torch
+    assert os.path.dirname(os.path.realpath(_torch.__file__)) == pkg
+    blk = _C._empty((64,), "uint8", True)
+    st = _torch.storage_from_block(blk)
+    assert st.data_ptr() == np.asarray(blk).ctypes.data
+    assert np.asarray(_torch.block_of_storage(st)).ctypes.data == st.data_ptr()
+    libs = [l.split()[-1] for l in open("/proc/self/maps") if "libshmtensor" in l]
+    assert all(os.path.dirname(p) == pkg for p in libs), libs
+    del st, blk
+    print("shmtensor._torch OK")
+else:
+    print("shmtensor._torch not in the package (built without libtorch)")
 print("OK")
 '''
 
@@ -105,6 +121,7 @@ def verify(package_root, work):
     left = shm_names() - names_before
     if left:
         fail("names left in /dev/shm: " + ", ".join(sorted(left)))
+    print(next((l for l in out.splitlines() if l.startswith("shmtensor._torch")), ""))
     print(f"OK: imported from {package}, daemon {want}")
 
 

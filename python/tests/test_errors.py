@@ -28,6 +28,26 @@ def test_class_hierarchy():
         assert issubclass(cls, shmtensor.Error) and issubclass(cls, builtin)
         assert cls.__module__ == "shmtensor"
     assert shmtensor.SystemCallError is not SystemError
+    assert issubclass(shmtensor.OutOfMemoryError, shmtensor.SystemCallError)
+    assert issubclass(shmtensor.OutOfMemoryError, MemoryError)
+
+
+@pytest.mark.parametrize("strategy", ["file_descriptor", "file_system"])
+def test_an_allocation_larger_than_the_address_space_is_memory_error(strategy):
+    shmtensor.set_sharing_strategy(strategy)
+    size = 1 << 60  # more than a 57-bit (5-level paging) user address space holds
+    if strategy == "file_system":
+        with pytest.raises(shmtensor.SharedMemoryFullError):  # /dev/shm is smaller
+            snp.empty(size, np.uint8)
+        return
+    with pytest.raises(shmtensor.OutOfMemoryError) as info:
+        snp.empty(size, np.uint8)
+    e = info.value
+    assert isinstance(e, MemoryError) and isinstance(e, OSError)
+    assert e.errno == errno.ENOMEM and e.syscall == "mmap"
+    assert str(e).startswith("mmap(memfd segment, size=")
+    a = snp.zeros(1000)  # nothing is left half made, and the next allocation works
+    assert snp.is_shared(a) and a[999] == 0
 
 
 def dev_shm_too_small_size():

@@ -227,3 +227,31 @@ def test_shmtensor_tensor_travels_by_reference(method):
     assert isinstance(back, shmtensor.Tensor)
     assert np.asarray(t)[0, 0] == 42
     assert np.asarray(back).tolist() == np.asarray(t).tolist()
+
+
+def put_numbered(q, n):
+    for i in range(n):
+        q.put((i, snp.full(8, float(i))))
+    q.close()
+
+
+def test_busy_polling_setting_and_a_native_queue_while_polling():
+    with pytest.raises(ValueError):
+        shmtensor.set_busy_poll(-1e-6)
+    with pytest.raises(ValueError):
+        shmtensor.set_busy_poll(2.0)
+    shmtensor.set_busy_poll(100e-6)
+    try:
+        assert shmtensor.get_busy_poll() == pytest.approx(100e-6)
+        ctx = smp.get_context("fork")
+        q = ctx.Queue()
+        p = ctx.Process(target=put_numbered, args=(q, 500))
+        p.start()
+        for i in range(500):
+            n, a = q.get()
+            assert n == i and a[7] == float(i)
+        p.join(60)
+        assert p.exitcode == 0
+    finally:
+        shmtensor.set_busy_poll(0)
+    assert shmtensor.get_busy_poll() == 0

@@ -185,7 +185,7 @@ void watch_connection(Watch* w, int conn) noexcept {
 }
 
 // Watches the connection just made. Without a thread (none can be made now) a dead
-// daemon is noticed at the next send, as it was before watches existed.
+// daemon is noticed at the next send on the connection.
 void start_watch(Client& c) noexcept {
   Watch* w = nullptr;
   try {

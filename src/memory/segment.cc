@@ -235,13 +235,14 @@ std::shared_ptr<Segment> Segment::attach_name(const std::string& name, std::uint
   validate_segment_header(*reinterpret_cast<const SegmentHeader*>(map.data()), facts.size, uid);
   auto seg = std::make_shared<Segment>(SharingStrategy::kFileSystem, UniqueFd(), std::move(map),
                                        name);
+  seg->header()->refcount.fetch_add(1, std::memory_order_relaxed);  // given back by ~Segment
   seg->device_ = facts.device;
   seg->inode_ = facts.inode;
   seg->claim_slot(/*creator=*/false);
   auto registered = Registry::instance().add_segment(seg);
   if (registered != seg) {
-    // Another thread attached it meanwhile and holds this process's count: this one only
-    // gives back the message's count, and the daemon is told nothing.
+    // Another thread attached it meanwhile and holds this process's count: this one gives
+    // back the count it added, and the daemon is told nothing.
     seg->duplicate_ = true;
     return registered;
   }

@@ -44,9 +44,11 @@ class Segment {
   // SystemError when it cannot be mapped. `uid` is what the message claimed; it must match
   // the header.
   static std::shared_ptr<Segment> attach_fd(UniqueFd fd, std::uint64_t uid);
-  // Opens and maps a named segment (file_system), adopting one count of its refcount that
-  // the sender added for the message (so it does not increment). Throws SystemError
-  // (ENOENT: the name is gone), ProtocolError for a header that does not validate.
+  // Opens and maps a named segment (file_system) and adds this process's count to its
+  // refcount. The count the sender added for the message stays: the decoder gives it back
+  // (drop_in_flight_count) once the message proved it carries counts, so a stale or forged
+  // message that is refused takes nothing off the name. Throws SystemError (ENOENT: the
+  // name is gone), ProtocolError for a header that does not validate.
   static std::shared_ptr<Segment> attach_name(const std::string& name, std::uint64_t uid);
 
   ~Segment();
@@ -157,7 +159,7 @@ class Segment {
   Mapping mapping_;
   std::string name_;
   // A second attach of a named segment that lost the race to register (attach_name): its
-  // count is the message's, given back without telling the daemon.
+  // count is given back without telling the daemon (the registered one told it).
   bool duplicate_ = false;
   std::atomic<bool> count_given_back_{false};
   // Copied from the validated header, never re-read.

@@ -1,5 +1,8 @@
 #include "os/socket.h"
 
+#include <linux/sockios.h>
+#include <poll.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 
@@ -54,8 +57,8 @@ bool send_message(int sock, std::span<const std::span<const std::byte>> parts,
   ssize_t n = retry_eintr([&] { return ::sendmsg(sock, &msg, flags); });
   if (n == -1) {
     if (nonblocking && (errno == EAGAIN || errno == EWOULDBLOCK)) return false;
-    throw_system_error(errno, "sendmsg", "shmtensor message with " + std::to_string(fds.size()) +
-                                             " fds");
+    throw_system_error(errno, "sendmsg",
+                       "shmtensor message with " + std::to_string(fds.size()) + " fds");
   }
   return true;
 }
@@ -96,10 +99,22 @@ Received receive_message(int sock, std::span<std::byte> buffer, bool nonblocking
         "set_sharing_strategy(\"file_system\") in the sending process, which passes no fds");
   }
   if (msg.msg_flags & MSG_TRUNC)
-    throw ProtocolError("a received message was larger than the " +
-                        std::to_string(buffer.size()) + "-byte frame limit");
+    throw ProtocolError("a received message was larger than the " + std::to_string(buffer.size()) +
+                        "-byte frame limit");
   r.size = static_cast<std::size_t>(n);
-  r.eof = (n == 0);
+  // recvmsg returns 0 both at end of stream and for an empty datagram, which any holder of
+  // the socket can send: only the socket's own state says which. End of stream: the peer
+  // shut down (POLLRDHUP) and no bytes are queued behind (SIOCINQ, the sum of the queued
+  // datagrams' sizes for SOCK_SEQPACKET; after a shutdown nothing new can arrive). An
+  // empty datagram is returned as one (size 0; the frame parser refuses it), so no peer
+  // can forge an EOF, nor hide the items queued behind it after a close().
+  if (n == 0) {
+    pollfd p{sock, POLLRDHUP, 0};
+    int queued = 0;
+    r.eof = retry_eintr([&] { return ::poll(&p, 1, 0); }) == 1 &&
+            (p.revents & (POLLRDHUP | POLLHUP)) != 0 && ::ioctl(sock, SIOCINQ, &queued) == 0 &&
+            queued == 0;
+  }
   return r;
 }
 

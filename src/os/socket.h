@@ -24,8 +24,8 @@ bool send_message(int sock, std::span<const std::span<const std::byte>> parts,
                   std::span<const int> fds, bool nonblocking = false);
 
 struct Received {
-  std::size_t size = 0;        // bytes received (0 with eof = true: peer closed/shut down)
-  bool eof = false;
+  std::size_t size = 0;        // bytes received (0 with eof = false: an empty datagram)
+  bool eof = false;            // the peer closed or shut down, and nothing is left
   bool would_block = false;    // nonblocking and nothing there
   std::vector<UniqueFd> fds;   // owned; received with MSG_CMSG_CLOEXEC
 };

@@ -1,10 +1,12 @@
 #include "transport/channel.h"
 
+#include <algorithm>
 #include <memory>
 #include <vector>
 
 #include "os/poll.h"
 #include "os/socket.h"
+#include "transport/busy_poll.h"
 #include "wire/wire.h"
 
 namespace shmtensor::internal {
@@ -51,7 +53,42 @@ bool send_frame(int sock, OutgoingFrame& frame, Deadline deadline) {
   return true;
 }
 
+namespace {
+
+Datagram datagram_of(Received&& r, std::shared_ptr<std::byte[]> buffer) {
+  Datagram d;
+  d.status = r.eof ? RecvStatus::kEof : RecvStatus::kOk;
+  d.buffer = std::move(buffer);
+  d.size = r.size;
+  d.fds = std::move(r.fds);
+  return d;
+}
+
+// Opt-in busy polling (include/shmtensor/busy_poll.h): non-blocking receives until one
+// takes a datagram, the budget is spent or the deadline passes. nullopt: nothing came.
+std::optional<Datagram> poll_for_datagram(int sock, const Deadline& deadline) {
+  const auto budget = busy_poll_budget();
+  if (budget.count() <= 0) return std::nullopt;
+  auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(budget);
+  if (deadline) until = std::min(until, *deadline);
+  do {
+    auto buffer = receive_buffer();
+    Received r = receive_message(sock, std::span(buffer.get(), kMaxInlineFrame),
+                                 /*nonblocking=*/true);
+    if (!r.would_block) {
+      busy_poll_done(true);
+      return datagram_of(std::move(r), std::move(buffer));
+    }
+  } while (Clock::now() < until);
+  busy_poll_done(false);
+  return std::nullopt;
+}
+
+}  // namespace
+
 Datagram receive_datagram(int sock, Deadline deadline) {
+  if (!deadline || Clock::now() < *deadline)
+    if (auto d = poll_for_datagram(sock, deadline)) return std::move(*d);
   for (;;) {
     // With a deadline, wait in poll and receive without blocking: another receiver may
     // take the datagram between the two, and then we wait again. A deadline already
@@ -60,18 +97,14 @@ Datagram receive_datagram(int sock, Deadline deadline) {
       const int fds[1] = {sock};
       if (wait_readable(fds, time_left(deadline)).empty()) return {};
     }
-    Datagram d;
-    d.buffer = receive_buffer();
-    Received r = receive_message(sock, std::span(d.buffer.get(), kMaxInlineFrame),
+    auto buffer = receive_buffer();
+    Received r = receive_message(sock, std::span(buffer.get(), kMaxInlineFrame),
                                  /*nonblocking=*/deadline.has_value());
     if (r.would_block) {
       if (Clock::now() >= *deadline) return {};
       continue;
     }
-    d.status = r.eof ? RecvStatus::kEof : RecvStatus::kOk;
-    d.size = r.size;
-    d.fds = std::move(r.fds);
-    return d;
+    return datagram_of(std::move(r), std::move(buffer));
   }
 }
 

@@ -31,7 +31,7 @@ namespace shmtensor::internal {
 namespace {
 
 constexpr std::uint64_t kQueueMagic = 0x314555455154534dULL;  // "MSTQUEU1"
-constexpr std::uint32_t kQueueLayoutVersion = 3;
+constexpr std::uint32_t kQueueLayoutVersion = 4;
 constexpr int kQueueHolderSlots = 128;
 
 // Shared by every process holding the queue (a sealed memfd, so it can be passed on).
@@ -52,7 +52,10 @@ struct QueueControl {
   // 1 once a process found no free holder slot: holders are then unknown, and nobody
   // drains (what remains is the worst case of docs/transport.md).
   std::atomic<std::uint32_t> overflow;
-  std::uint8_t pad[52];
+  // Producers asleep (or about to sleep) on `count`: a consumer that frees a place calls
+  // FUTEX_WAKE only when this is non-zero, so a get() nobody waits for makes no syscall.
+  std::atomic<std::uint32_t> waiters;
+  std::uint8_t pad[48];
   // slot_owner(pid, start time) of each holding process; 0 = free. Set by CAS from 0 by the
   // process itself (or, at fork, by the parent on the child's behalf, with the parent's
   // value, which the child then swaps for its own); cleared by CAS by its owner.
@@ -72,9 +75,12 @@ static_assert(sizeof(QueueControl) == 192 + 8 * kQueueHolderSlots + 4 * kQueueHo
 // producer reserved one).
 void release_item(QueueControl* c) noexcept {
   std::uint32_t n = c->count.load(std::memory_order_relaxed);
-  while (n > 0 && !c->count.compare_exchange_weak(n, n - 1, std::memory_order_acq_rel)) {
+  while (n > 0 && !c->count.compare_exchange_weak(n, n - 1, std::memory_order_seq_cst)) {
   }
-  if (c->maxsize) futex_wake(&c->count, 1);
+  // seq_cst store of count (above) then load of waiters, against admit's seq_cst increment
+  // of waiters then the kernel's read of count in FUTEX_WAIT: either we see the waiter, or
+  // its FUTEX_WAIT sees the new count and does not sleep.
+  if (c->maxsize && c->waiters.load(std::memory_order_seq_cst) != 0) futex_wake(&c->count, 1);
 }
 
 // Takes a free holder slot for `owner`; -1 (and the overflow flag) if none is free.
@@ -175,7 +181,9 @@ bool admit(QueueControl* c, const Deadline& deadline, int slot, ItemPlace* place
       if (until <= until.zero()) return false;
       left = std::min(left, std::chrono::duration_cast<std::chrono::nanoseconds>(until));
     }
+    c->waiters.fetch_add(1, std::memory_order_seq_cst);
     futex_wait(&c->count, n, left);
+    c->waiters.fetch_sub(1, std::memory_order_relaxed);
   }
 }
 
@@ -313,6 +321,7 @@ std::shared_ptr<QueueCore> QueueCore::create(std::size_t maxsize) {
   c->closed.store(0, std::memory_order_relaxed);
   c->in_flight.store(0, std::memory_order_relaxed);
   c->overflow.store(0, std::memory_order_relaxed);
+  c->waiters.store(0, std::memory_order_relaxed);
   for (auto& h : c->holders) h.store(0, std::memory_order_relaxed);
   for (auto& n : c->sending) n.store(0, std::memory_order_relaxed);
   st->slot = claim_holder(c, current_slot_owner());

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cstring>
 
 #include "memory/registry.h"
@@ -44,7 +45,7 @@ std::size_t Decoder::read_size(std::size_t min_element_bytes) {
 }
 
 Tensor Decoder::read_tensor() {
-  if (read_pod<std::uint8_t>() == 0) return Tensor();
+  if (!decode<bool>()) return Tensor();  // the "defined" byte: 0 or 1, like every flag byte
   auto dtype_raw = read_pod<std::uint8_t>();
   if (dtype_raw >= kNumDTypes) bad("unknown dtype " + std::to_string(dtype_raw));
   auto dtype = static_cast<DType>(dtype_raw);
@@ -152,21 +153,47 @@ std::shared_ptr<Segment> resolve_segment(const SegmentEntry& e, std::string_view
   if (e.strategy != 1) bad("unknown segment strategy");
   if (!is_valid_segment_name(name)) bad("invalid segment name");
   std::string n(name);
+  // The count the sender added for this message is given back by parse_frame, and only
+  // once a storage of this segment proved the message carries counts (NamedCounts).
   if (auto seg = Registry::instance().find_segment(e.uid)) {
-    // Checked first: a message whose entry does not match our segment must not take a
-    // count off it.
     if (seg->mapped_size() != e.total_size || seg->name() != n)
       bad("named segment disagrees with its mapping");
-    // We hold a count already; give back the one the sender added for this message.
-    seg->drop_in_flight_count();
     return seg;
   }
-  auto seg = Segment::attach_name(n, e.uid);  // adopts the in-flight count
+  auto seg = Segment::attach_name(n, e.uid);  // with this process's own count
   if (seg->mapped_size() != e.total_size || seg->name() != n)
     bad("named segment size disagrees with the message");
   Registry::instance().remember_received_segment(seg);
   return seg;
 }
+
+// The message's count of each named segment, given back as soon as one of the segment's
+// storages proved that the message carries counts (its block had the message's count): a
+// replayed or forged frame, refused at its first storage, takes no count off a live name.
+// Given back at once rather than at the end of the parse, so that a receiver SIGKILLed
+// mid-parse leaves as few counts as it can (the process holds a count of its own by then:
+// it mapped the segment before, or attach_name added one).
+class NamedCounts {
+ public:
+  explicit NamedCounts(const std::vector<std::shared_ptr<Segment>>& segments)
+      : segments_(segments), proven_(segments.size(), 0) {}
+  void prove(std::size_t segment) noexcept {
+    if (proven_[segment]) return;
+    proven_[segment] = 1;
+    segments_[segment]->drop_in_flight_count();  // no-op for memfd segments
+  }
+  // Every named segment had a storage. (A memfd segment without one is harmless: it
+  // carries no count.)
+  bool all_named_proven() const noexcept {
+    for (std::size_t i = 0; i < segments_.size(); ++i)
+      if (!proven_[i] && segments_[i]->strategy() == SharingStrategy::kFileSystem) return false;
+    return true;
+  }
+
+ private:
+  const std::vector<std::shared_ptr<Segment>>& segments_;
+  std::vector<char> proven_;
+};
 
 }  // namespace
 
@@ -227,11 +254,23 @@ Decoder parse_frame(std::span<const std::byte> datagram, std::vector<UniqueFd> f
     }
     segments.push_back(resolve_segment(e, name, fds));
   }
+  // A sender lists each segment once. Listed twice, a segment would have its message count
+  // given back twice (NamedCounts) by a frame that carries one: a peer could rewrite a
+  // genuine two-storage message so, and unlink a name under its live holders.
+  {
+    std::vector<const Segment*> distinct;
+    distinct.reserve(segments.size());
+    for (const auto& seg : segments) distinct.push_back(seg.get());
+    std::sort(distinct.begin(), distinct.end());
+    if (std::adjacent_find(distinct.begin(), distinct.end()) != distinct.end())
+      bad("segment listed twice");
+  }
   for (auto& fd : fds)
     if (fd.valid()) bad("fd attached to the message that no segment uses");
   if (h.storage_count > (body.size() - r.pos) / sizeof(StorageEntry))
     bad("storage count exceeds the body");
   st->storages.reserve(h.storage_count);
+  NamedCounts named_counts(segments);
   for (std::uint32_t i = 0; i < h.storage_count; ++i) {
     auto e = r.take<StorageEntry>();
     if (e.segment_index >= segments.size()) bad("storage refers to a missing segment");
@@ -255,8 +294,12 @@ Decoder parse_frame(std::span<const std::byte> datagram, std::vector<UniqueFd> f
         bad("storage's block carries no message count (stale or forged)");
       if (impl->nbytes() != e.nbytes) bad("storage size disagrees with the one already here");
     }
+    named_counts.prove(e.segment_index);
     st->storages.push_back(internal::StorageAccess::make(std::move(impl)));
   }
+  // Senders list a segment only for its storages: a named one without would keep the
+  // message's count on the name for good.
+  if (!named_counts.all_named_proven()) bad("named segment that no storage uses");
   st->payload = body.subspan(r.pos);
   st->keep = std::move(keep);
   return CodecAccess::decoder(std::move(st));

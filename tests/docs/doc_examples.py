@@ -19,7 +19,9 @@ What it does, in order (each step fails the test with the reason):
      one whose first line is `// compile-only` is compiled and linked but not run.
   3. One CMake project with `find_package(shmtensor)` builds every unit against
      shmtensor::shmtensor (the shared library); the first runnable one is also linked
-     statically (shmtensor::shmtensor_static) and through pkg-config.
+     statically (shmtensor::shmtensor_static) and through pkg-config. A unit that includes
+     <shmtensor/torch.h> links shmtensor::torch instead (find_package(shmtensor COMPONENTS
+     torch)); where the package was built without libtorch it is skipped, saying so.
   4. Every unit with a main() runs (60 s each) and must exit 0.
   5. Manager discovery: a program copied away from the package (not next to shmtensor-manager,
      as a Python interpreter in /usr/bin is not) shares a tensor with file_system in a fresh
@@ -86,7 +88,8 @@ def extract(source_dir):
             code = f'#line 1 "{rel}:{line} (prelude)"\n{prelude}\n#line {line + 1} "{rel}"\n{body}\n{epilogue}\n'
             runnable = re.search(r"\bint\s+main\s*\(", code) is not None
             units.append({"name": name, "where": f"{rel}:{line}", "code": code,
-                          "run": runnable and first != "// compile-only", "main": runnable})
+                          "run": runnable and first != "// compile-only", "main": runnable,
+                          "torch": "<shmtensor/torch.h>" in code})
     return units
 
 
@@ -134,15 +137,25 @@ def main():
     units = extract(source_dir)
     if not units:
         fail("no ```cpp block found")
+    with_torch = any(os.path.exists(os.path.join(d, "cmake", "shmtensor", "shmtensorTorchTargets.cmake"))
+                     for d in (os.path.join(prefix, "lib"),
+                               os.path.join(prefix, "lib", "x86_64-linux-gnu")))
+    if not with_torch:
+        for u in units:
+            if u["torch"]:
+                print(f"skip {u['where']} (needs shmtensor::torch: built without libtorch)")
+        units = [u for u in units if not u["torch"]]
+    components = " COMPONENTS torch" if any(u["torch"] for u in units) else ""
     lines = ["cmake_minimum_required(VERSION 3.25)", "project(doc_examples CXX)",
-             "find_package(shmtensor REQUIRED)"]
+             f"find_package(shmtensor REQUIRED{components})"]
     for u in units:
         open(os.path.join(proj, u["name"] + ".cc"), "w").write(u["code"])
         kind = "add_executable" if u["main"] else "add_library"
         extra = "" if u["main"] else " OBJECT"
+        lib = "shmtensor::torch" if u["torch"] else "shmtensor::shmtensor"
         lines.append(f"{kind}({u['name']}{extra} {u['name']}.cc)")
-        lines.append(f"target_link_libraries({u['name']} PRIVATE shmtensor::shmtensor)")
-    first_run = next((u for u in units if u["run"]), None)
+        lines.append(f"target_link_libraries({u['name']} PRIVATE {lib})")
+    first_run = next((u for u in units if u["run"] and not u["torch"]), None)
     if first_run is None:
         fail("no runnable example")
     lines.append(f"add_executable(static_link {first_run['name']}.cc)")

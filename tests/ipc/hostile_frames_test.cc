@@ -10,6 +10,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <variant>
@@ -26,6 +27,7 @@
 #include "shmtensor/storage.h"
 #include "shmtensor/tensor.h"
 #include "support/leak_check.h"
+#include "support/pipe.h"
 #include "wire/frame.h"
 
 namespace shmtensor {
@@ -132,6 +134,22 @@ class HostileFramesTest : public testing::LeakCheckedTest {
     h.flags = internal::kFlagBlob;
     return h;
   }
+  // A queue travels as three fds: its send socket, its receive socket, its control block.
+  // Sends `q` through the raw end, keeps a duplicate of its send socket (to inject
+  // datagrams with) and passes the message on, received as a Received: decoding it gives
+  // back the queue's in-flight count.
+  template <class Received, class Q>
+  std::pair<internal::UniqueFd, Received> intercept_queue(Q& q) {
+    conn_.send(q);
+    RawFrame f = take_raw_frame();
+    if (f.fds.size() != 3u)
+      throw std::runtime_error("a queue travelled with " + std::to_string(f.fds.size()) +
+                               " fds, not 3");
+    internal::UniqueFd inject = internal::dup_cloexec(f.fds[0].get());
+    send_raw(f.bytes, f.fd_numbers());
+    f.fds.clear();
+    return {std::move(inject), conn_.recv<Received>()};
+  }
   int raw_ = -1;
   Connection conn_;
 };
@@ -220,6 +238,136 @@ TEST_F(HostileFramesTest, BlockWithoutAMessageCountIsRefusedAndItsHolderUntouche
   expect_protocol_error("carries no message count");
   EXPECT_EQ(seg->block_word(other), 0u);
   EXPECT_EQ(static_cast<unsigned char*>(mine.data())[199], 7);
+}
+
+// The same for a named (file_system) segment: the frame a sender made once, delivered a
+// second time. The first delivery takes the message's counts; the replay is refused and
+// takes nothing, neither from the block nor from the name's refcount (which would unlink
+// the name under its live creator).
+TEST_F(HostileFramesTest, ReplayedNamedFrameIsRefusedAndTakesNoCountOffTheName) {
+  set_sharing_strategy(SharingStrategy::kFileSystem);
+  struct Restore {
+    ~Restore() { set_sharing_strategy(SharingStrategy::kFileDescriptor); }
+  } restore;
+  Storage mine = Storage::allocate_shared(200);
+  std::memset(mine.data(), 7, 200);
+  const auto& seg = internal::StorageAccess::impl(mine)->segment();
+  const std::string name = seg->name();
+  const auto refcount = [&] { return seg->header()->refcount.load(); };
+  const std::int64_t before = refcount();
+
+  Tensor t = Tensor::from_storage(mine, 0, {25}, {1}, DType::kInt64);
+  conn_.send(t);
+  RawFrame f = take_raw_frame();
+  EXPECT_EQ(refcount(), before + 1) << "the message's count";
+  send_raw(f.bytes);
+  Tensor got = conn_.recv<Tensor>();
+  EXPECT_EQ(refcount(), before) << "the receiver (this process) had a count: it gave it back";
+  EXPECT_EQ(got.data_ptr<std::int64_t>()[0], 0x0707070707070707);
+
+  for (int replay = 0; replay < 3; ++replay) {
+    send_raw(f.bytes);
+    expect_protocol_error_for<Tensor>("carries no message count");
+    EXPECT_EQ(refcount(), before) << "replay " << replay;
+  }
+  // The name alone, no storage of it: a sender's count that nothing proves is not taken.
+  SegmentEntry se{};
+  se.uid = seg->uid();
+  se.total_size = seg->mapped_size();
+  se.strategy = 1;
+  se.fd_index = -1;
+  se.name_length = static_cast<std::uint16_t>(name.size());
+  std::vector<std::byte> body = bytes(se);
+  const auto* chars = reinterpret_cast<const std::byte*>(name.data());
+  body.insert(body.end(), chars, chars + name.size());
+  body.resize((body.size() + 7) / 8 * 8);
+  append(body, std::int64_t{5});
+  std::vector<std::byte> frame = bytes(header(body.size(), 1, 0, 0));
+  frame.insert(frame.end(), body.begin(), body.end());
+  send_raw(frame);
+  expect_protocol_error("named segment that no storage uses");
+  EXPECT_EQ(refcount(), before);
+
+  // The segment listed twice, no storage: refused before any count is given back (a frame
+  // that lists a segment twice could give back two counts where it carries one).
+  std::vector<std::byte> twice = bytes(header(2 * (body.size() - 8) + 8, 2, 0, 0));
+  twice.insert(twice.end(), body.begin(), body.end() - 8);
+  twice.insert(twice.end(), body.begin(), body.end());
+  send_raw(twice);
+  expect_protocol_error("segment listed twice");
+  EXPECT_EQ(refcount(), before);
+
+  EXPECT_EQ(::access(("/dev/shm" + name).c_str(), F_OK), 0);
+  got = Tensor();
+  t = Tensor();
+  mine = Storage();
+}
+
+// The replay reaching a process that does not map the segment yet (forked before it
+// existed): it opens the name with a count of its own, is refused, and takes nothing off
+// the name; dropping its receive cache gives its own count back.
+TEST_F(HostileFramesTest, ReplayedNamedFrameOpenedFirstInAnotherProcessTakesNoCount) {
+  set_sharing_strategy(SharingStrategy::kFileSystem);
+  struct Restore {
+    ~Restore() { set_sharing_strategy(SharingStrategy::kFileDescriptor); }
+  } restore;
+  int sv[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv), 0);
+  testing::Pipe refused, counted;
+  pid_t child = testing::fork_child([&] {
+    ::close(sv[0]);
+    Connection c = Connection::adopt(sv[1]);
+    try {
+      (void)c.recv<Tensor>();
+      refused.send('n');
+    } catch (const ProtocolError& e) {
+      refused.send(
+          std::string(e.what()).find("carries no message count") != std::string::npos ? 'y' : 'w');
+    }
+    ASSERT_EQ(counted.receive(), 'x');  // the parent read the refcount with our count on it
+    empty_cache();                      // our own count of the name goes with the mapping
+    refused.send('d');
+  });
+  ::close(sv[1]);
+  internal::UniqueFd to_child(sv[0]);
+
+  // 16 MiB: a dedicated segment, made after the fork (an arena block could come from a
+  // segment the child inherited).
+  Storage mine = Storage::allocate_shared(16 << 20);
+  const auto& seg = internal::StorageAccess::impl(mine)->segment();
+  const auto refcount = [&] { return seg->header()->refcount.load(); };
+  const std::int64_t before = refcount();
+  Tensor t = Tensor::from_storage(mine, 0, {25}, {1}, DType::kInt64);
+  conn_.send(t);
+  RawFrame f = take_raw_frame();
+  send_raw(f.bytes);
+  Tensor got = conn_.recv<Tensor>();  // the genuine delivery, here
+  ASSERT_EQ(refcount(), before);
+
+  std::span<const std::byte> part(f.bytes);
+  internal::send_message(to_child.get(), std::span(&part, 1), {});  // the replay, there
+  EXPECT_EQ(refused.receive(), 'y');
+  EXPECT_EQ(refcount(), before + 1) << "the child's own count, and no other change";
+  counted.send();
+  EXPECT_EQ(refused.receive(), 'd');
+  EXPECT_EQ(testing::wait_child(child), 0);
+  EXPECT_EQ(refcount(), before);
+  got = Tensor();
+  t = Tensor();
+  mine = Storage();
+}
+
+TEST_F(HostileFramesTest, SegmentListedTwice) {
+  auto seg = internal::Segment::create(SharingStrategy::kFileDescriptor, 256, 4,
+                                       internal::SegmentKind::kArena);
+  SegmentEntry first{}, second{};
+  first.uid = second.uid = seg->uid();
+  first.total_size = second.total_size = seg->mapped_size();
+  first.fd_index = 0;
+  second.fd_index = 1;  // its own fd (of the same memfd): found by uid, the same segment
+  send_raw(bytes(header(2 * sizeof first + 8, 2, 0, 2), first, second, std::int64_t{5}),
+           {seg->fd(), seg->fd()});
+  expect_protocol_error("segment listed twice");
 }
 
 TEST_F(HostileFramesTest, UnsealedOrTooSmallFd) {
@@ -540,6 +688,28 @@ std::vector<std::byte> tensor_payload(std::uint8_t dtype, std::uint8_t ndim, std
 
 constexpr std::uint32_t kNoStorage = 0xfffffffeu;  // an empty tensor needs none
 
+TEST_F(HostileFramesTest, EmptyDatagramIsMalformedNotEndOfStream) {
+  send_raw({});
+  expect_protocol_error("shorter than a frame header");  // and the connection still works
+  ::shutdown(raw_, SHUT_WR);                             // the real end of stream
+  EXPECT_THROW(conn_.recv<std::int64_t>(), ConnectionClosed);
+}
+
+TEST_F(HostileFramesTest, TensorDefinedByteIsZeroOrOneLikeEveryFlagByte) {
+  std::vector<std::byte> payload =
+      tensor_payload(static_cast<std::uint8_t>(DType::kInt64), 2, kNoStorage, {2, 0}, {1, 1});
+  for (std::uint8_t defined : {std::uint8_t{2}, std::uint8_t{7}, std::uint8_t{0xff}}) {
+    payload[0] = static_cast<std::byte>(defined);
+    std::vector<std::byte> frame = bytes(header(payload.size()));
+    frame.insert(frame.end(), payload.begin(), payload.end());
+    send_raw(frame);
+    expect_protocol_error_for<Tensor>("invalid bool byte");
+  }
+  std::vector<std::byte> undefined = bytes(header(1), std::uint8_t{0});
+  send_raw(undefined);
+  EXPECT_FALSE(conn_.recv<Tensor>().defined());
+}
+
 TEST_F(HostileFramesTest, TensorHeadersThatAreNotTensors) {
   auto send_payload = [&](const std::vector<std::byte>& payload) {
     std::vector<std::byte> frame = bytes(header(payload.size()));
@@ -643,22 +813,43 @@ TEST_F(HostileFramesTest, VariantIndexAndBoolByte) {
 
 // ---- a queue -------------------------------------------------------------------------
 
+// An empty datagram ahead of real items on a queue that was then closed: it is refused,
+// and the items behind it still arrive before the end of stream (POLLRDHUP alone would say
+// EOF at the empty datagram).
+TEST_F(HostileFramesTest, EmptyDatagramBeforeItemsOfAClosedQueueHidesNothing) {
+  Queue<std::int64_t> q;
+  internal::UniqueFd inject = intercept_queue<Queue<std::int64_t>>(q).first;
+
+  std::span<const std::byte> none;
+  internal::send_message(inject.get(), std::span(&none, 1), {});
+  q.put(5);
+  q.put(6);
+  q.close();
+  EXPECT_THROW(
+      {
+        try {
+          q.get();
+        } catch (const ProtocolError& e) {
+          EXPECT_NE(std::string(e.what()).find("shorter than a frame header"), std::string::npos)
+              << e.what();
+          throw;
+        }
+      },
+      ProtocolError);
+  EXPECT_EQ(q.get(), 5);
+  EXPECT_EQ(q.get(), 6);
+  EXPECT_THROW(q.get(), QueueClosed);
+}
+
 // The same datagrams injected into a queue's socket: each get() that takes one fails with
 // a ProtocolError, and the queue stays usable, its item count exact (a bounded queue loses
 // no place, and the count never goes below 0).
 TEST_F(HostileFramesTest, QueueStaysUsableAfterHostileItems) {
   Queue<std::int64_t> q(2);
-  // A queue travels as three fds: its send socket, its receive socket, its control block.
-  // Take them on their way through the raw end, keep the send socket, and pass the
-  // message on so that the queue's in-flight count is given back by decoding it.
-  conn_.send(q);
-  RawFrame f = take_raw_frame();
-  ASSERT_EQ(f.fds.size(), 3u);
-  internal::UniqueFd inject = internal::dup_cloexec(f.fds[0].get());
-  send_raw(f.bytes, f.fd_numbers());
-  f.fds.clear();
   // The same queue, read as strings: items put through it do not decode as int64.
-  auto as_strings = conn_.recv<Queue<std::string>>();
+  auto intercepted = intercept_queue<Queue<std::string>>(q);
+  internal::UniqueFd inject = std::move(intercepted.first);
+  Queue<std::string> as_strings = std::move(intercepted.second);
 
   auto inject_raw = [&](const std::vector<std::byte>& frame, std::vector<int> fds = {}) {
     std::span<const std::byte> part(frame);
@@ -685,6 +876,12 @@ TEST_F(HostileFramesTest, QueueStaysUsableAfterHostileItems) {
   h.magic = 0xdeadbeef;
   inject_raw(bytes(h, std::int64_t{1}));
   expect_get_fails("bad magic");
+
+  // recvmsg returns 0 for an empty datagram as at end of stream: it must not end the
+  // consumer's loop (QueueClosed) on a queue that is open.
+  inject_raw({});
+  expect_get_fails("shorter than a frame header");
+  EXPECT_FALSE(q.closed());
 
   std::vector<std::byte> big = bytes(header(70000 - sizeof(FrameHeader)));
   big.resize(70000);

@@ -360,19 +360,21 @@ TEST_F(ManagerTest, PeerOfAnotherUidIsRefused) {
 }
 
 TEST_F(ManagerTest, ReceiverThatOpensANameIsAHolderToo) {
-  // A child opens the parent's name as a receiver does (adopting a message's count) and is
-  // SIGKILLed: its count is taken back, so the parent's drop unlinks at once.
+  // A child opens the parent's name as a receiver does (its own count, then the message's
+  // count given back) and is SIGKILLed: its count is taken back, so the parent's drop
+  // unlinks at once.
   Pipe message, ready;
   pid_t child = fork_child([&] {
     std::string name = message.receive_line();
     std::uint64_t uid = std::stoull(message.receive_line());
     auto opened = Segment::attach_name(name, uid);
+    opened->drop_in_flight_count();  // what the decoder does once the message proved it
     ready.send();
     for (;;) ::pause();
   });
   auto seg = Segment::create(SharingStrategy::kFileSystem, 4096, 1, internal::SegmentKind::kDedicated);
   const std::string name = seg->name();
-  seg->add_in_flight_count();  // the count the "message" carries; the child adopts it
+  seg->add_in_flight_count();  // the count the "message" carries
   message.send_line(name);
   message.send_line(std::to_string(seg->uid()));
   ASSERT_EQ(ready.receive(), 'x');

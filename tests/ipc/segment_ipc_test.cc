@@ -207,14 +207,16 @@ TEST_F(NamedLifetimeTest, ManyHoldersLastOneFreesTheSegment) {
   const std::string name = internal::StorageAccess::impl(s)->segment()->name();
   constexpr int kChildren = 4;
   std::vector<Pipe> go(kChildren);
-  Pipe done;
+  Pipe ready, done;
   std::vector<pid_t> pids;
   for (int i = 0; i < kChildren; ++i) {
     pids.push_back(fork_child([&, i] {
+      ready.send();  // the fork handlers have run in this child: its count is taken
       pid_t grandchild = -1;
       if (i == 0) {
         // Fork handlers run in a forked child's own forks too.
         grandchild = fork_child([&] {
+          ready.send();
           ASSERT_EQ(go[0].receive(), 'x');
           s = Storage();
           empty_cache();  // and the segments inherited from the parent's arena
@@ -228,8 +230,9 @@ TEST_F(NamedLifetimeTest, ManyHoldersLastOneFreesTheSegment) {
       if (grandchild > 0) EXPECT_EQ(wait_child(grandchild), 0);
     }));
   }
-  // Parent + 4 children + 1 grandchild; a child's fork_child may still be running, so wait.
-  for (int tries = 0; refcount_of(s) != 1 + kChildren + 1 && tries < 500; ++tries) ::usleep(2000);
+  // Parent + 4 children + 1 grandchild, each counted once it said so (a sanitizer's fork can
+  // take seconds on a loaded machine: no polling deadline).
+  for (int i = 0; i < kChildren + 1; ++i) ASSERT_EQ(ready.receive(), 'x') << "holder " << i;
   EXPECT_EQ(refcount_of(s), 1 + kChildren + 1);
   auto seg = internal::StorageAccess::impl(s)->segment();
   const std::uint32_t block = internal::StorageAccess::impl(s)->block();

@@ -24,5 +24,15 @@ for strategy in file_descriptor file_system; do
     grep -q '"error":""' <<<"$line" || { echo "FAIL: $scenario/$strategy reported an error"; fail=1; }
   done
 done
+# The bare baselines, once each, before the scenarios; every queue scenario and pingpong
+# has its ratio to them (x_bare > 0).
+for baseline in bare_futex bare_seqpacket bare_stream; do
+  line=$(grep "\"scenario\":\"$baseline\",\"strategy\":\"-\"" <<<"$out" || true)
+  [[ $(grep -c . <<<"$line") == 1 && -n $line ]] || { echo "FAIL: $baseline printed no line or several"; fail=1; continue; }
+  grep -q "\"completed\":$count," <<<"$line" || { echo "FAIL: $baseline did not complete $count"; fail=1; }
+done
+if grep '"scenario":"\(queue_fresh\|queue_preshared\|pingpong\|retain\)"' <<<"$out" | grep -q '"x_bare":0.00,'; then
+  echo "FAIL: a scenario has no x_bare ratio"; fail=1
+fi
 [[ $fail == 0 ]] && echo "bench smoke: every scenario completed with both strategies"
 exit $fail

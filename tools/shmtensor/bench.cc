@@ -7,14 +7,28 @@
 //   dataloader       a DataLoader with --workers over --samples samples of
 //                    --tensors-per-sample tensors of --bytes (bench_dataloader.cc); run
 //                    only when named
+// Bare OS baselines, measured first in the same run whenever a scenario above (but the
+// dataloader) runs, between two processes like the scenarios:
+//   bare_futex       round trips through one word of shared memory, FUTEX_WAIT/FUTEX_WAKE
+//   bare_seqpacket   round trips of a --bytes datagram over a SOCK_SEQPACKET socket pair
+//   bare_stream      --count datagrams of --bytes one way: the ceiling of any transport
+//                    that costs one datagram per message
+// Each scenario's x_bare column is its cost per message over the bare one: pingpong's p50
+// over bare_futex's p50, and for queue_fresh, queue_preshared and retain bare_stream's
+// messages/s over the scenario's tensors/s.
 // Prints a table, or with --json one object per line per scenario and strategy.
+#include <dirent.h>
+#include <linux/futex.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
-#include <dirent.h>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -24,6 +38,7 @@
 
 #include "bench_dataloader.h"
 #include "command.h"
+#include "shmtensor/busy_poll.h"
 #include "shmtensor/connection.h"
 #include "shmtensor/queue.h"
 
@@ -38,6 +53,8 @@ struct BenchOptions {
   int producers = 1;
   int consumers = 1;
   bool json = false;
+  bool bare = true;         // run the bare baselines first
+  double busy_poll_us = 0;  // set_busy_poll for the scenarios (0: off)
   DataLoaderBenchOptions loader;
 };
 
@@ -56,16 +73,16 @@ struct Result {
   std::size_t bytes = 0;
   std::int64_t count = 0, completed = 0;
   double tensors_per_s = 0, gb_per_s = 0, p50_us = 0, p99_us = 0;
+  double x_bare = 0;  // cost per message over the bare baseline's (0: none)
   std::int64_t consumer_fds = 0, consumer_mappings = 0;
   std::int64_t consumer_peak_rss_kb = 0;  // VmHWM: resident set, shared pages included
   std::string error;
 };
 
 double now_ns() {
-  return static_cast<double>(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(
-          std::chrono::steady_clock::now().time_since_epoch())
-          .count());
+  return static_cast<double>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                 std::chrono::steady_clock::now().time_since_epoch())
+                                 .count());
 }
 
 std::int64_t count_entries(const char* dir) {
@@ -170,13 +187,15 @@ Result run_queue(const std::string& scenario, const BenchOptions& o) {
     std::int64_t share = total / o.producers + (p < total % o.producers ? 1 : 0);
     producers.push_back(fork_worker([&, share] {
       go.get();
-      Tensor same = Tensor::empty({elems}, DType::kUInt8);
+      // The data is written, as torch.ones writes it: a benchmark of fresh tensors must
+      // pay for new pages as users' code does.
+      Tensor same = Tensor::ones({elems}, DType::kUInt8);
       same.share_memory_();
       for (std::int64_t i = 0; i < share; ++i) {
         if (preshared) {
           q.put({now_ns(), same});
         } else {
-          Tensor t = Tensor::empty({elems}, DType::kUInt8);
+          Tensor t = Tensor::ones({elems}, DType::kUInt8);
           q.put({now_ns(), t});
         }
       }
@@ -255,6 +274,121 @@ Result run_pingpong(const BenchOptions& o) {
   return res;
 }
 
+// ---- bare baselines: the OS alone, no library code ----------------------------------------
+
+long futex(std::atomic<std::uint32_t>* word, int op, std::uint32_t value) {
+  return ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), op, value, nullptr, nullptr,
+                   0);
+}
+
+// Waits until *word == want, sleeping in FUTEX_WAIT (a blocking wait, as a blocking get).
+void futex_wait_for(std::atomic<std::uint32_t>* word, std::uint32_t want) {
+  for (std::uint32_t v; (v = word->load(std::memory_order_acquire)) != want;)
+    futex(word, FUTEX_WAIT, v);
+}
+
+void futex_set(std::atomic<std::uint32_t>* word, std::uint32_t value) {
+  word->store(value, std::memory_order_release);
+  futex(word, FUTEX_WAKE, 1);
+}
+
+Result finish_round_trips(std::vector<double>& rtt, double secs, std::int64_t count,
+                          std::size_t bytes) {
+  Result res;
+  res.count = res.completed = count;
+  res.bytes = bytes;
+  res.tensors_per_s = secs > 0 ? static_cast<double>(count) / secs : 0;
+  res.gb_per_s = res.tensors_per_s * static_cast<double>(bytes) / 1e9;
+  res.p50_us = percentile(rtt, 0.5);
+  res.p99_us = percentile(rtt, 0.99);
+  return res;
+}
+
+Result run_bare_futex(const BenchOptions& o) {
+  void* page = ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (page == MAP_FAILED) throw Error("bare_futex: mmap failed");
+  auto* word = new (page) std::atomic<std::uint32_t>(0);
+  // Odd values: the parent's turn is over; even: the child's.
+  pid_t child = fork_worker([&] {
+    for (std::int64_t i = 0; i < o.count; ++i) {
+      futex_wait_for(word, static_cast<std::uint32_t>(2 * i + 1));
+      futex_set(word, static_cast<std::uint32_t>(2 * i + 2));
+    }
+  });
+  std::vector<double> rtt;
+  rtt.reserve(static_cast<std::size_t>(o.count));
+  const double start = now_ns();
+  for (std::int64_t i = 0; i < o.count; ++i) {
+    const double t0 = now_ns();
+    futex_set(word, static_cast<std::uint32_t>(2 * i + 1));
+    futex_wait_for(word, static_cast<std::uint32_t>(2 * i + 2));
+    rtt.push_back((now_ns() - t0) / 1000.0);
+  }
+  const double secs = (now_ns() - start) / 1e9;
+  reap(child, false);
+  ::munmap(page, 4096);
+  return finish_round_trips(rtt, secs, o.count, sizeof(std::uint32_t));
+}
+
+std::pair<int, int> bare_socket_pair() {
+  int sv[2];
+  if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0)
+    throw Error("bare baseline: socketpair failed");
+  return {sv[0], sv[1]};
+}
+
+Result run_bare_seqpacket(const BenchOptions& o) {
+  auto [a, b] = bare_socket_pair();
+  const std::size_t n = std::min<std::size_t>(std::max<std::size_t>(o.bytes, 1), 65536);
+  pid_t child = fork_worker([&, a = a, b = b] {
+    ::close(a);
+    std::vector<char> buf(n);
+    for (std::int64_t i = 0; i < o.count; ++i)
+      if (::recv(b, buf.data(), n, 0) <= 0 || ::send(b, buf.data(), n, MSG_NOSIGNAL) < 0)
+        throw Error("bare_seqpacket: the socket failed");
+  });
+  ::close(b);
+  std::vector<char> buf(n, 1);
+  std::vector<double> rtt;
+  rtt.reserve(static_cast<std::size_t>(o.count));
+  const double start = now_ns();
+  for (std::int64_t i = 0; i < o.count; ++i) {
+    const double t0 = now_ns();
+    if (::send(a, buf.data(), n, MSG_NOSIGNAL) < 0 || ::recv(a, buf.data(), n, 0) <= 0)
+      throw Error("bare_seqpacket: the socket failed");
+    rtt.push_back((now_ns() - t0) / 1000.0);
+  }
+  const double secs = (now_ns() - start) / 1e9;
+  ::close(a);
+  reap(child, false);
+  return finish_round_trips(rtt, secs, o.count, n);
+}
+
+Result run_bare_stream(const BenchOptions& o) {
+  auto [a, b] = bare_socket_pair();
+  const std::size_t n = std::min<std::size_t>(std::max<std::size_t>(o.bytes, 1), 65536);
+  pid_t child = fork_worker([&, a = a, b = b] {
+    ::close(b);
+    std::vector<char> buf(n, 1);
+    for (std::int64_t i = 0; i < o.count; ++i)
+      if (::send(a, buf.data(), n, MSG_NOSIGNAL) < 0) throw Error("bare_stream: send failed");
+  });
+  ::close(a);
+  std::vector<char> buf(n);
+  const double start = now_ns();
+  for (std::int64_t i = 0; i < o.count; ++i)
+    if (::recv(b, buf.data(), n, 0) <= 0) throw Error("bare_stream: recv failed");
+  const double secs = (now_ns() - start) / 1e9;
+  ::close(b);
+  reap(child, false);
+  Result res;
+  res.count = res.completed = o.count;
+  res.bytes = n;
+  res.tensors_per_s = static_cast<double>(o.count) / secs;
+  res.gb_per_s = res.tensors_per_s * static_cast<double>(n) / 1e9;
+  return res;
+}
+
 std::string json_escape(const std::string& s) {
   std::string out;
   for (char c : s) {
@@ -271,18 +405,21 @@ void print(const Result& r, bool json) {
         "{\"scenario\":\"%s\",\"strategy\":\"%s\",\"bytes\":%zu,\"count\":%lld,"
         "\"completed\":%lld,\"tensors_per_s\":%.1f,\"gb_per_s\":%.4f,\"p50_us\":%.2f,"
         "\"p99_us\":%.2f,\"consumer_fds\":%lld,\"consumer_mappings\":%lld,"
-        "\"consumer_peak_rss_kb\":%lld,\"error\":\"%s\"}\n",
+        "\"consumer_peak_rss_kb\":%lld,\"x_bare\":%.2f,\"error\":\"%s\"}\n",
         r.scenario.c_str(), r.strategy.c_str(), r.bytes, static_cast<long long>(r.count),
         static_cast<long long>(r.completed), r.tensors_per_s, r.gb_per_s, r.p50_us, r.p99_us,
         static_cast<long long>(r.consumer_fds), static_cast<long long>(r.consumer_mappings),
-        static_cast<long long>(r.consumer_peak_rss_kb), json_escape(r.error).c_str());
+        static_cast<long long>(r.consumer_peak_rss_kb), r.x_bare, json_escape(r.error).c_str());
   } else {
-    std::printf("%-16s %-16s %10zu %10lld %10lld %14.0f %9.3f %9.1f %9.1f %6lld %6lld %7lld  %s\n",
-                r.scenario.c_str(), r.strategy.c_str(), r.bytes, static_cast<long long>(r.count),
-                static_cast<long long>(r.completed), r.tensors_per_s, r.gb_per_s, r.p50_us,
-                r.p99_us, static_cast<long long>(r.consumer_fds),
-                static_cast<long long>(r.consumer_mappings),
-                static_cast<long long>(r.consumer_peak_rss_kb / 1024), r.error.substr(0, 60).c_str());
+    char x_bare[16] = "-";
+    if (r.x_bare > 0) std::snprintf(x_bare, sizeof x_bare, "%.2f", r.x_bare);
+    std::printf(
+        "%-16s %-16s %10zu %10lld %10lld %14.0f %9.3f %9.1f %9.1f %6lld %6lld %7lld %7s  %s\n",
+        r.scenario.c_str(), r.strategy.c_str(), r.bytes, static_cast<long long>(r.count),
+        static_cast<long long>(r.completed), r.tensors_per_s, r.gb_per_s, r.p50_us, r.p99_us,
+        static_cast<long long>(r.consumer_fds), static_cast<long long>(r.consumer_mappings),
+        static_cast<long long>(r.consumer_peak_rss_kb / 1024), x_bare,
+        r.error.substr(0, 60).c_str());
   }
   std::fflush(stdout);
 }
@@ -301,11 +438,24 @@ void run_bench(BenchOptions o) {
     if (o.scenarios.empty()) return;
   }
   if (!o.json)
-    std::printf("%-16s %-16s %10s %10s %10s %14s %9s %9s %9s %6s %6s %7s\n", "scenario",
-                "strategy", "bytes", "count", "completed", "tensors/s", "GB/s", "p50_us",
-                "p99_us", "fds", "maps", "rss_mb");
+    std::printf("%-16s %-16s %10s %10s %10s %14s %9s %9s %9s %6s %6s %7s %7s\n", "scenario",
+                "strategy", "bytes", "count", "completed", "tensors/s", "GB/s", "p50_us", "p99_us",
+                "fds", "maps", "rss_mb", "x_bare");
   std::vector<std::string> scenarios = o.scenarios;
   if (scenarios.empty()) scenarios = {"queue_fresh", "queue_preshared", "pingpong", "retain"};
+  // The baselines first, in the same run, on the same machine state.
+  std::map<std::string, Result> bare;
+  if (o.bare)
+    for (const auto& [name, run] : {std::pair{"bare_futex", &run_bare_futex},
+                                    std::pair{"bare_seqpacket", &run_bare_seqpacket},
+                                    std::pair{"bare_stream", &run_bare_stream}}) {
+      Result r = run(o);
+      r.scenario = name;
+      r.strategy = "-";
+      print(r, o.json);
+      bare[name] = r;
+    }
+  set_busy_poll(std::chrono::duration<double, std::micro>(o.busy_poll_us));
   for (const auto& strategy : o.strategies) {
     for (const auto& scenario : scenarios) {
       set_sharing_strategy(strategy);
@@ -321,6 +471,10 @@ void run_bench(BenchOptions o) {
       }
       r.scenario = scenario;
       r.strategy = strategy;
+      if (scenario == "pingpong" && bare["bare_futex"].p50_us > 0)
+        r.x_bare = r.p50_us / bare["bare_futex"].p50_us;
+      else if (scenario != "pingpong" && r.tensors_per_s > 0)
+        r.x_bare = bare["bare_stream"].tensors_per_s / r.tensors_per_s;
       print(r, o.json);
     }
   }
@@ -338,16 +492,28 @@ const bool registered = register_command([](CLI::App& app) {
   cmd->add_option("--producers", o->producers, "producer processes")->check(CLI::PositiveNumber);
   cmd->add_option("--consumers", o->consumers, "consumer processes")->check(CLI::PositiveNumber);
   cmd->add_flag("--json", o->json, "one JSON object per line");
+  cmd->add_option("--busy-poll-us", o->busy_poll_us,
+                  "set_busy_poll for the scenarios' processes, in microseconds (0: off)")
+      ->check(CLI::Range(0.0, 1e6))
+      ->capture_default_str();
+  cmd->add_flag("!--no-bare", o->bare,
+                "skip the bare baselines (to count a scenario's syscalls alone, say)");
   cmd->add_option("--workers", o->loader.workers, "dataloader: worker processes")
-      ->check(CLI::NonNegativeNumber)->capture_default_str();
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   cmd->add_option("--samples", o->loader.samples, "dataloader: samples per epoch")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   cmd->add_option("--tensors-per-sample", o->loader.tensors_per_sample,
-                  "dataloader: tensors in each sample")->check(CLI::PositiveNumber)->capture_default_str();
+                  "dataloader: tensors in each sample")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   cmd->add_option("--batch-size", o->loader.batch_size, "dataloader: samples per batch")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   cmd->add_option("--prefetch", o->loader.prefetch, "dataloader: prefetch_factor")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   cmd->add_flag("--keep", o->loader.keep, "dataloader: the consumer keeps every batch");
   cmd->callback([o] { run_bench(*o); });
 });

@@ -5,6 +5,8 @@ FdRef(fd) pickles as:
     own DupFd, which hands the fd to the child at start;
   * otherwise: a token registered with the per-user fd keeper, which holds the fd until the
     receiver takes it, so the sender may exit right after sending.
+A file_system pickle carries no fd; it registers a ticket (register_ticket) that its load
+claims (claim_ticket) before it adopts any count.
 One FdRef per fd while pickles refer to it: the pickler's memo sends it once per pickle.
 """
 import multiprocessing.context as _mpcontext
@@ -82,15 +84,43 @@ def _from_dupfd(dupfd):
     return FdRef(dupfd.detach())
 
 
-def _connect():
+def _new_connection():
     s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
     try:
         s.settimeout(10.0)
         s.connect(_fd_keeper.address())
+        # The hello's answer says the keeper accepted this connection: from then on it reads
+        # every request sent on it, so registers need no answer (_fd_keeper.py).
+        s.sendall(b"H")
+        if s.recv(16) != b"K":
+            raise ConnectionResetError("the fd keeper did not answer the hello")
     except BaseException:
         s.close()
         raise
     return s
+
+
+# This process's connection to the keeper, kept for its life; a forked child makes its own
+# (requests of two processes on one connection would mix their answers).
+_connection = None
+_connection_lock = threading.Lock()
+
+
+def _drop_inherited_connection():
+    global _connection, _connection_lock
+    _connection_lock = threading.Lock()  # another thread may have held it at fork
+    if _connection is not None:
+        _connection.close()  # the child's copy only: the parent's connection stays open
+        _connection = None
+
+
+os.register_at_fork(after_in_child=_drop_inherited_connection)
+
+
+def _connection_fd():
+    """The fd of this process's keeper connection, or None (the tests' leak check allows it,
+    as it does multiprocessing's own long-lived fds)."""
+    return _connection.fileno() if _connection is not None else None
 
 
 _started = []  # keepers this process started: reaped once they exit
@@ -105,42 +135,81 @@ def _start_keeper():
             close_fds=True, start_new_session=True))
 
 
-def _register(fd):
-    token = os.urandom(_fd_keeper.TOKEN_BYTES)
+def _request(send, expect_answer):
+    """Sends a request on this process's keeper connection (connecting, and starting a keeper,
+    if needed) and returns its answer (msg, fds), or None if it expects none. A connection
+    that failed (the keeper exited or was killed) is replaced once per attempt."""
+    global _connection
     deadline = time.monotonic() + 10.0
     started = False
     delay = 0.001
     while True:
-        try:
-            with _connect() as s:
-                socket.send_fds(s, [b"R" + token], [fd])
-                if s.recv(16) == b"K":
-                    return token
-        except (ConnectionRefusedError, FileNotFoundError):
-            if not started:
-                _start_keeper()
-                started = True
-        except OSError:
-            pass  # a keeper that was exiting: try again (a new one starts if needed)
+        with _connection_lock:
+            try:
+                if _connection is None:
+                    _connection = _new_connection()
+                send(_connection)
+                if not expect_answer:
+                    return None
+                msg, fds, _, _ = socket.recv_fds(_connection, 16, 1)
+                if msg:
+                    return msg, fds
+                raise ConnectionResetError("the fd keeper closed the connection")
+            except (ConnectionRefusedError, FileNotFoundError):
+                if not started:
+                    _start_keeper()
+                    started = True
+            except OSError:
+                pass  # a keeper that was exiting or died: connect again (a new one starts)
+            if _connection is not None:
+                _connection.close()
+                _connection = None
         if time.monotonic() > deadline:
-            raise OSError("shmtensor: cannot reach the fd keeper (%s) to send a "
-                          "file_descriptor segment in a pickle; set_sharing_strategy("
-                          "'file_system') needs none" % _SCRIPT)
+            raise OSError("shmtensor: cannot reach the fd keeper (%s) for shared memory in a "
+                          "pickle" % _SCRIPT)
         time.sleep(delay)
         delay = min(delay * 2, 0.05)
         if delay >= 0.05:
             started = False
 
 
-def _from_keeper(token):
+def _register(fd, token=None):
+    """Registers fd (or, with fd None, a ticket) with the keeper under token (a new random
+    one if None); starts the keeper if none runs. Returns the token. One send, no answer."""
+    if token is None:
+        token = os.urandom(_fd_keeper.TOKEN_BYTES)
+    _request(lambda s: socket.send_fds(s, [b"R" + token], [] if fd is None else [fd]), False)
+    return token
+
+
+def register_ticket(token):
+    """Registers a ticket: claim_ticket(token) succeeds once, in any process of this user."""
+    _register(None, token)
+
+
+def claim_ticket(token):
+    """Claims a ticket registered by register_ticket; RuntimeError if it was claimed already
+    (or never registered, or its sender died longer than the grace period ago)."""
+    msg, fds = _ask(token)
+    for fd in fds:
+        os.close(fd)
+    if msg != b"C":
+        raise RuntimeError("shmtensor: the fd keeper holds no ticket for this pickle: a "
+                           "pickle of shared memory is single-use (it was loaded already, "
+                           "here or in another process), or it outlived the keeper's grace "
+                           "period after its sender died")
+
+
+def _ask(token):
     try:
-        with _connect() as s:
-            s.sendall(b"T" + token)
-            msg, fds, _, _ = socket.recv_fds(s, 16, 1)
+        return _request(lambda s: s.sendall(b"T" + token), True)
     except OSError as e:
-        raise OSError("shmtensor: the fd keeper holding this pickle's shared memory is gone "
-                      "(%s): the pickle was already loaded, or it waited longer than the "
-                      "keeper's grace period after its sender died" % e) from None
+        raise OSError("shmtensor: cannot ask the fd keeper for this pickle's shared memory "
+                      "(%s)" % e) from None
+
+
+def _from_keeper(token):
+    msg, fds = _ask(token)
     if msg != b"F" or len(fds) != 1:
         for fd in fds:
             os.close(fd)

@@ -8,17 +8,22 @@ Two paths share the same reducers (registered with multiprocessing.reduction.For
   segment per message, by SCM_RIGHTS). Any other out-of-band buffer (PEP 574) above the
   share threshold is copied once into a block; smaller ones stay in the pickle.
 
-* Plain pickles (multiprocessing.Queue, Pool, a spawned child's arguments): a block travels
-  as a frame (a few hundred bytes naming the segment and the block) plus, for the
-  file_descriptor strategy, the segment's fd, sent once per segment per pickle through
+* Plain pickles (multiprocessing.Queue, Pipe, Pool, a spawned child's arguments): the
+  blocks travel as a frame (a few hundred bytes naming the segments and blocks) plus, for
+  the file_descriptor strategy, each segment's fd, sent once per segment per pickle through
   shmtensor's fd keeper (keeper.py), so the receiver gets it even if the sender has exited.
+  ForkingPickler.dumps (what multiprocessing's queues and connections call) is replaced by
+  _plain_dumps, which gathers every block of the object into one frame in front of the
+  pickle; any other pickler (a child's arguments) gives each block a frame of its own.
 
 Either way the message carries a count on each block it names (the C++ in-flight count), so
 the sender may drop its arrays at once. A plain pickle is therefore single-use, as in torch:
-its first load adopts those counts, and a second load in the same process raises
-RuntimeError (it takes nothing from other messages).
+its first load adopts those counts, and a second load raises RuntimeError and takes nothing
+from other messages: in the same process by the pickle's nonce, in another one by the fd
+keeper, which hands each fd (file_descriptor) or ticket (file_system) out once.
 """
 import io
+import multiprocessing.context as _mpcontext
 import multiprocessing.reduction as _mpreduction
 import os
 import pickle
@@ -186,13 +191,12 @@ class _BlockRef:
     def __reduce__(self):
         sending = getattr(_local, "sending", None)
         if sending:
+            # In a native message or a ForkingPickler.dumps (_plain_dumps): an index into
+            # the message's block list, which travels once beside the pickle.
             return _native_block, (sending[-1].add(self.block),)
-        from shmtensor.multiprocessing import keeper
-
-        frame = _C._frame_of_blocks([self.block])
-        fd_refs = [keeper.FdRef.of(fd, uid) for fd, uid in zip(frame.fds, frame.fd_uids)]
-        frame.mark_sent()
-        return _load_block, (frame.data, fd_refs, os.urandom(16))
+        # Any other pickle (a child's arguments, pickle.dumps with ForkingPickler's
+        # dispatch table): a frame of its own.
+        return _load_block, _frame_args([self.block])
 
 
 def _ref(block):
@@ -203,7 +207,27 @@ def _ref(block):
     return ref
 
 
-def _load_block(data, fd_refs, nonce):
+def _frame_args(blocks):
+    """What a plain pickle carries for blocks: (frame bytes, fd refs, nonce, ticket). The
+    counts on the blocks go with it: the pickle is single-use."""
+    from shmtensor.multiprocessing import keeper
+
+    frame = _C._frame_of_blocks(blocks)
+    fd_refs = [keeper.FdRef.of(fd, uid) for fd, uid in zip(frame.fds, frame.fd_uids)]
+    nonce = os.urandom(16)
+    # A frame without fds (file_system) gets a ticket: its load claims it before it adopts
+    # the frame's counts, so a replay in another process takes nothing from another message
+    # naming the same block. The keeper hands each fd out once, so a frame with fds needs
+    # none. Arguments of a child being started are read once, by the child, and need none.
+    ticket = not fd_refs and _mpcontext.get_spawning_popen() is None
+    if ticket:
+        keeper.register_ticket(nonce)
+    frame.mark_sent()
+    return frame.data, fd_refs, nonce, ticket
+
+
+def _adopt_frame(data, fd_refs, nonce, ticket):
+    """The blocks of a plain pickle's frame, adopted once (the inverse of _frame_args)."""
     with _nonce_lock:
         if nonce in _loaded_nonces:
             raise RuntimeError(
@@ -212,10 +236,61 @@ def _load_block(data, fd_refs, nonce):
                 "shared memory is single-use (its first load took the counts it carried): "
                 "send the object again instead of keeping its pickle")
         _loaded_nonces.add(nonce)
-    blocks = _C._blocks_of_frame(data, [ref.take() for ref in fd_refs])
+    if ticket:
+        from shmtensor.multiprocessing import keeper
+
+        keeper.claim_ticket(nonce)
+    return _C._blocks_of_frame(data, [ref.take() for ref in fd_refs])
+
+
+def _load_block(data, fd_refs, nonce, ticket=False):
+    blocks = _adopt_frame(data, fd_refs, nonce, ticket)
     if len(blocks) != 1:
         raise pickle.UnpicklingError("a shmtensor block reference names %d blocks" % len(blocks))
     return blocks[0]
+
+
+class _PlainMessage:
+    """A ForkingPickler.dumps pickle that names shared blocks: the inner pickle refers to
+    them by index, and one frame carries them all (one fd per segment, one ticket)."""
+
+    __slots__ = ("blocks", "inner")
+
+    def __init__(self, blocks, inner):
+        self.blocks = blocks
+        self.inner = inner
+
+    def __reduce__(self):
+        return _load_plain, _frame_args(self.blocks) + (self.inner,)
+
+
+def _load_plain(data, fd_refs, nonce, ticket, inner):
+    blocks = _adopt_frame(data, fd_refs, nonce, ticket)
+    stack = _local.__dict__.setdefault("receiving", [])
+    stack.append(blocks)
+    try:
+        return pickle.loads(inner)
+    finally:
+        stack.pop()
+
+
+_stdlib_dumps = _mpreduction.ForkingPickler.__dict__["dumps"]
+
+
+def _plain_dumps(cls, obj, protocol=None):
+    """ForkingPickler.dumps (what multiprocessing's Queue, SimpleQueue, Pipe and Pool send)
+    with every shared block of obj in one frame: a pickle that names no block is the
+    standard library's, byte for byte."""
+    message = _Message()
+    stack = _local.__dict__.setdefault("sending", [])
+    stack.append(message)
+    try:
+        inner = _stdlib_dumps.__func__(cls, obj, protocol)
+    finally:
+        stack.pop()
+    if not message.blocks:
+        return inner
+    return _stdlib_dumps.__func__(cls, _PlainMessage(message.blocks, bytes(inner)), protocol)
 
 
 # ---- reducers ------------------------------------------------------------------------------
@@ -249,5 +324,6 @@ def _rebuild_tensor(block, offset, sizes, strides, dtype):
 
 
 def init_reductions():
+    _mpreduction.ForkingPickler.dumps = classmethod(_plain_dumps)
     _mpreduction.ForkingPickler.register(np.ndarray, _reduce_ndarray)
     _mpreduction.ForkingPickler.register(_C.Tensor, _reduce_tensor)

@@ -1,0 +1,31 @@
+// Opt-in busy polling for latency-critical receivers: Connection::recv and Queue::get look
+// for a message, without sleeping, for a short while before they block.
+//
+// A blocking receive sleeps in the kernel and is woken when the message arrives; on a
+// machine with several CPUs that wake-up can cost tens of microseconds (a sleeping CPU, or
+// a wake-up sent to another one). A receiver that polls instead sees the message as soon as
+// the sender's sendmsg returns, at the price of the CPU time it spends polling.
+//
+//   shmtensor::set_busy_poll(std::chrono::microseconds(50));  // this process, every thread
+//
+// Each receive polls for at most the budget, then blocks as before: a receiver with nothing
+// to receive never burns a CPU for more than the budget per call. The budget adapts per
+// thread: a poll that found nothing halves this thread's next one (down to 1/64 of the
+// budget set), a poll that found a message doubles it (up to the budget set). A process
+// that may run on one CPU only (its affinity mask, as `taskset -c 0` sets it) never polls:
+// its peer would need the CPU it spins on. Off by default.
+#pragma once
+
+#include "shmtensor/timeout.h"
+
+namespace shmtensor {
+
+// Sets this process's busy-poll budget: how long a receive may poll before it blocks.
+// Duration(0) turns polling off (the default). The environment variable
+// SHMTENSOR_BUSY_POLL_US (microseconds) sets the starting value. Throws
+// std::invalid_argument for a negative budget or one above 1 second.
+void set_busy_poll(Duration budget);
+// The budget set (Duration(0): off).
+Duration get_busy_poll();
+
+}  // namespace shmtensor

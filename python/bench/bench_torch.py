@@ -1,0 +1,239 @@
+"""Benchmark: torch stock against shmtensor.torch, in one run (docs/torch.md has the figures).
+
+    PYTHONPATH=build/python /usr/bin/python3 python/bench/bench_torch.py [--quick] [--plot FILE]
+                                                                          [--json FILE]
+
+Each scenario runs in a fresh process (so install() and the strategy apply to it alone, and
+stock torch's failures do not poison the next one), under ulimit -n 1024:
+
+  blog      the blog workload: DataLoader(num_workers=W) over samples of four torch.randn(10),
+            every batch kept in a list; samples/s, and the consumer's fds and shared-memory
+            mappings at the end (or torch's error, if it fails first). Modes: stock,
+            install (shmtensor.torch.install()), context (multiprocessing_context=
+            shmtensor.torch.context("fork"): shmtensor's native queues too).
+  queue     torch.multiprocessing.Queue, fork, one consumer: fresh 40 B tensors
+            (torch.ones), fresh 64 MiB tensors (torch.ones), and one pre-shared 40 B tensor
+            sent again and again; messages/s.
+  pingpong  a fresh 40 B tensor through a torch.multiprocessing.Pipe, a small int back; the
+            median round trip.
+"""
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+
+def fds():
+    return len(os.listdir("/proc/self/fd"))
+
+
+def shared_mappings():
+    with open("/proc/self/maps") as f:
+        return sum(1 for line in f if "/dev/shm/" in line or "memfd:" in line)
+
+
+def setup(mode, strategy):
+    import torch.multiprocessing as tmp
+    tmp.set_sharing_strategy(strategy)
+    if mode == "install":
+        import shmtensor.torch
+        shmtensor.torch.install()
+
+
+def blog(mode, strategy, n, workers):
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+    setup(mode, strategy)
+
+    class Blog(Dataset):
+        def __len__(self):
+            return n
+
+        def __getitem__(self, i):
+            return [torch.randn(10) for _ in range(4)]
+
+    kw = {}
+    if mode == "context":
+        import shmtensor.torch
+        kw["multiprocessing_context"] = shmtensor.torch.context("fork")
+    kept, error = [], None
+    start = time.perf_counter()
+    try:
+        for batch in DataLoader(Blog(), num_workers=workers, **kw):
+            kept.append(batch)
+    except Exception as e:  # torch's own failure, reported as it is
+        error = "%s: %s" % (type(e).__name__, str(e).splitlines()[0][:160])
+    elapsed = time.perf_counter() - start
+    return {"samples": len(kept), "per_s": len(kept) / elapsed, "fds": fds(),
+            "mappings": shared_mappings(), "error": error}
+
+
+def queue(mode, strategy, what, n):
+    import torch
+    import torch.multiprocessing as tmp
+    setup(mode, strategy)
+    ctx = tmp.get_context("fork")
+    q, done = ctx.Queue(), ctx.Queue()
+
+    def consume():
+        for _ in range(n):
+            t = q.get()
+            del t
+        done.put(0)
+
+    p = ctx.Process(target=consume)
+    p.start()
+    pre = torch.ones(10)
+    pre.share_memory_()
+    start = time.perf_counter()
+    for _ in range(n):
+        if what == "fresh_40B":
+            q.put(torch.ones(10))
+        elif what == "fresh_64MiB":
+            q.put(torch.ones(16 << 20))
+        else:
+            q.put(pre)
+    done.get()
+    elapsed = time.perf_counter() - start
+    p.join()
+    return {"per_s": n / elapsed}
+
+
+def pingpong(mode, strategy, n):
+    import torch
+    import torch.multiprocessing as tmp
+    setup(mode, strategy)
+    ctx = tmp.get_context("fork")
+    a, b = ctx.Pipe()
+
+    def echo():  # a tensor one way, a small reply back (torch's fd strategy cannot send a
+        for _ in range(n):  # received storage on again once its fd is closed)
+            t = b.recv()
+            b.send(int(t[0]))
+            del t
+
+    p = ctx.Process(target=echo)
+    p.start()
+    times = []
+    for _ in range(n):
+        t = torch.ones(10)
+        start = time.perf_counter()
+        a.send(t)
+        a.recv()
+        times.append(time.perf_counter() - start)
+    p.join()
+    return {"p50_us": statistics.median(times) * 1e6}
+
+
+def child_main(args):
+    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
+    kind = args[0]
+    if kind == "blog":
+        out = blog(args[1], args[2], int(args[3]), int(args[4]))
+    elif kind == "queue":
+        out = queue(args[1], args[2], args[3], int(args[4]))
+    else:
+        out = pingpong(args[1], args[2], int(args[3]))
+    print(json.dumps(out))
+
+
+def run(*args, timeout=900):
+    r = subprocess.run([sys.executable, __file__, "--child", *map(str, args)],
+                       capture_output=True, text=True, timeout=timeout)
+    lines = [line for line in r.stdout.splitlines() if line.startswith("{")]
+    if r.returncode != 0 or not lines:
+        tail = (r.stderr.strip().splitlines() or ["?"])[-1]
+        return {"error": "exit %d: %s" % (r.returncode, tail[:160])}
+    return json.loads(lines[-1])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--plot", default=None)
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--demo", action="store_true",
+                    help="the flagship demo of `make run`: the blog workload, stock and installed")
+    ap.add_argument("--child", nargs=argparse.REMAINDER)
+    a = ap.parse_args()
+    if a.child:
+        return child_main(a.child)
+    if a.demo:
+        return demo()
+    results = {"blog": [], "queue": [], "pingpong": []}
+    sizes = [4000] if a.quick else [4000, 20000]
+    for strategy in ("file_descriptor", "file_system"):
+        for n in sizes:
+            for workers in (1, 2):
+                for mode in ("stock", "install", "context"):
+                    r = run("blog", mode, strategy, n, workers)
+                    r.update(mode=mode, strategy=strategy, n=n, workers=workers)
+                    results["blog"].append(r)
+                    print("blog %-8s %-15s n=%-6d W=%d  %8.0f samples/s  fds %5s  maps %5s  %s"
+                          % (mode, strategy, n, workers, r.get("per_s", 0), r.get("fds"),
+                             r.get("mappings"), r.get("error") or ""), flush=True)
+    for strategy in ("file_descriptor", "file_system"):
+        for what, n in (("fresh_40B", 2000), ("fresh_64MiB", 20), ("preshared_40B", 5000)):
+            for mode in ("stock", "install"):
+                r = run("queue", mode, strategy, what, n // 4 if a.quick else n)
+                r.update(mode=mode, strategy=strategy, what=what)
+                results["queue"].append(r)
+                print("queue %-8s %-15s %-14s %10.0f msg/s %s"
+                      % (mode, strategy, what, r.get("per_s", 0), r.get("error") or ""),
+                      flush=True)
+        for mode in ("stock", "install"):
+            r = run("pingpong", mode, strategy, 500 if a.quick else 2000)
+            r.update(mode=mode, strategy=strategy)
+            results["pingpong"].append(r)
+            print("pingpong %-8s %-15s p50 %8.1f us %s"
+                  % (mode, strategy, r.get("p50_us", 0), r.get("error") or ""), flush=True)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(results, f, indent=1)
+    if a.plot:
+        plot(results, a.plot)
+
+
+def demo(n=20000):
+    print("torch's own DataLoader, the blog workload: %d samples of four torch.randn(10), "
+          "every batch kept, 1 worker, file_descriptor strategy, ulimit -n 1024" % n)
+    for mode, label in (("stock", "torch 1.13 as it is"),
+                        ("install", "with shmtensor.torch.install()")):
+        r = run("blog", mode, "file_descriptor", n, 1)
+        print("  %-32s %6d samples kept  %7.0f samples/s  fds %5s  shared mappings %5s"
+              % (label, r.get("samples", 0), r.get("per_s", 0), r.get("fds", "?"),
+                 r.get("mappings", "?")))
+        if r.get("error"):
+            print("  %-32s %s" % ("", r["error"]))
+
+
+def plot(results, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    rows = [r for r in results["blog"] if r["workers"] == 1]
+    labels = ["%s\n%s n=%d" % (r["mode"], r["strategy"][5:] if r["strategy"] == "file_system"
+                                else "fd", r["n"]) for r in rows]
+    x = range(len(rows))
+    left.bar(x, [r.get("per_s", 0) if not r.get("error") else 0 for r in rows],
+             color=["tab:red" if r["mode"] == "stock" else "tab:green" for r in rows])
+    left.set_xticks(list(x), labels, fontsize=6, rotation=90)
+    left.set_ylabel("samples/s (0: failed)")
+    left.set_title("blog workload, 1 worker")
+    right.bar(x, [r.get("fds") or 0 for r in rows],
+              color=["tab:red" if r["mode"] == "stock" else "tab:green" for r in rows])
+    right.set_yscale("log")
+    right.set_xticks(list(x), labels, fontsize=6, rotation=90)
+    right.set_ylabel("consumer's open fds at the end")
+    right.set_title("fds kept")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    main()

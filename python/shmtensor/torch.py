@@ -1,0 +1,254 @@
+"""shmtensor.torch: PyTorch's CPU tensor sharing on shmtensor arenas (docs/torch.md).
+
+    import shmtensor.torch
+    shmtensor.torch.install()   # CPU storages torch shares now live in shmtensor arenas
+
+or, changing nothing globally, DataLoader(..., multiprocessing_context=
+shmtensor.torch.context("fork")): only the loader's workers use the arenas.
+
+What install() changes, and uninstall() restores exactly:
+  * the ForkingPickler reducer of torch.UntypedStorage (which torch's reduce_tensor reaches
+    for tensors, parameters and subclasses): a CPU storage travels as a shmtensor block,
+    moved into an arena in place first when it is not in one (every view follows, as with
+    torch's own share_memory_); CUDA, meta and empty storages go to torch's own reducer;
+  * UntypedStorage.share_memory_, .is_shared and ._new_shared (what a DataLoader worker's
+    default_collate allocates each batch with), shadowed by Python attributes.
+The sharing strategy is torch's own (torch.multiprocessing.set_sharing_strategy): each
+allocation uses the one torch has at that moment.
+
+Moving an existing storage in place needs the C++ bridge shmtensor._torch (built when
+libtorch is found). Without it, storages made by _new_shared (DataLoader batches) still live
+in arenas, but share_memory_() and sending a tensor made elsewhere fall back to torch's own
+shared memory (docs/torch.md).
+"""
+import multiprocessing.context as _mpcontext
+import threading
+import weakref
+from multiprocessing.reduction import ForkingPickler
+
+import torch
+import torch.multiprocessing as _tmp
+from torch.multiprocessing import reductions as _treductions
+
+import shmtensor.multiprocessing as _smp  # the NumPy reducers and one frame per pickle
+from shmtensor import _C
+from shmtensor.multiprocessing import context as _smpcontext
+from shmtensor.multiprocessing import reductions as _red
+
+try:
+    from shmtensor import _torch as _bridge
+except ImportError:
+    _bridge = None
+
+__all__ = ["install", "uninstall", "is_installed", "context", "has_bridge"]
+
+_Untyped = torch.UntypedStorage
+_lock = threading.RLock()
+_saved = None  # what install() replaced, for uninstall()
+_MISSING = object()
+
+
+def has_bridge():
+    """Whether the C++ bridge (shmtensor._torch) is built: without it, existing storages
+    cannot be moved into arenas in place."""
+    return _bridge is not None
+
+
+# ---- storages and blocks ------------------------------------------------------------------
+
+# Without the bridge: data_ptr -> (StorageWeakRef, weakref to the block) of the arena
+# storages made here. The storage holds the block (torch.frombuffer keeps its exporter), so
+# both references die with the storage.
+_fallback = {}
+_fallback_limit = [128]
+
+
+def _sync_strategy():
+    strategy = _tmp.get_sharing_strategy()
+    if strategy != _C.get_sharing_strategy():
+        _C.set_sharing_strategy(strategy)
+
+
+def _cache_key(block):
+    return ("shmtensor", _C._block_address(block))
+
+
+def _remember(storage, block):
+    """Makes block, when it comes back to this process, rebuild as this very storage."""
+    _treductions.shared_cache[_cache_key(block)] = _treductions.StorageWeakRef(storage)
+
+
+def _wrap(block):
+    """A new torch storage over the whole block, keeping it alive."""
+    if _bridge is not None:
+        return _bridge.storage_from_block(block)
+    storage = torch.frombuffer(block, dtype=torch.uint8)._storage()
+    with _lock:
+        _fallback[storage.data_ptr()] = (_treductions.StorageWeakRef(storage),
+                                         weakref.ref(block))
+        if len(_fallback) > _fallback_limit[0]:
+            for key, (ref, _) in list(_fallback.items()):
+                if ref.expired():
+                    del _fallback[key]
+            _fallback_limit[0] = max(128, 2 * len(_fallback))
+    return storage
+
+
+def _storage_of_block(block):
+    """The torch storage over block: the one this process has already, if any (identity)."""
+    storage = _treductions.storage_from_cache(_Untyped, _cache_key(block))
+    if storage is None:
+        storage = _wrap(block)
+        _remember(storage, block)
+    return storage
+
+
+def _block_of(storage):
+    """The shmtensor block holding a CPU storage's bytes, or None."""
+    if _bridge is not None:
+        return _bridge.block_of_storage(storage)
+    with _lock:
+        entry = _fallback.get(storage.data_ptr())
+    block = None if entry is None or entry[0].expired() else entry[1]()
+    if block is None or block.nbytes != storage.nbytes():
+        return None
+    return block
+
+
+def _in_arena(storage):
+    """The block of storage, moved into an arena first if the bridge can; None if it stays
+    with torch (not CPU, empty, or no bridge)."""
+    if storage.device.type != "cpu" or storage.nbytes() == 0:
+        return None
+    block = _block_of(storage)
+    if block is None and _bridge is not None:
+        _sync_strategy()
+        block = _bridge.share_storage_(storage)
+        _remember(storage, block)
+    return block
+
+
+def _rebuild_storage(block):
+    return _storage_of_block(block)
+
+
+# ---- what install() puts in place -----------------------------------------------------------
+
+
+def _reduce_storage(storage):
+    block = _in_arena(storage)
+    if block is None:
+        return _treductions.reduce_storage(storage)
+    return _rebuild_storage, (_red._ref(block),)
+
+
+def _share_memory_(self):
+    if _in_arena(self) is None:
+        return _saved["share_memory_"](self)
+    return self
+
+
+def _is_shared(self):
+    if self.device.type == "cpu" and _block_of(self) is not None:
+        return True
+    return _saved["is_shared"](self)
+
+
+def _new_shared(cls, size, *, device="cpu"):
+    device = torch.device(device)
+    if device.type != "cpu" or size == 0:
+        return _saved["_new_shared"](size, device=device)  # bound to UntypedStorage
+    _sync_strategy()
+    return _storage_of_block(_C._empty((size,), "uint8", True))
+
+
+_SHADOWED = {"share_memory_": _share_memory_, "is_shared": _is_shared,
+             "_new_shared": classmethod(_new_shared)}
+
+
+def install():
+    """Puts torch's sharing of CPU storages on shmtensor arenas in this process (and in
+    forked children, which inherit it). Idempotent."""
+    global _saved
+    with _lock:
+        if _saved is not None:
+            return
+        saved = {"reducer": ForkingPickler._extra_reducers.get(_Untyped, _MISSING),
+                 "own": {name: _Untyped.__dict__.get(name, _MISSING) for name in _SHADOWED}}
+        for name in _SHADOWED:
+            saved[name] = getattr(_Untyped, name)
+        _saved = saved
+        for name, value in _SHADOWED.items():
+            setattr(_Untyped, name, value)
+        ForkingPickler.register(_Untyped, _reduce_storage)
+
+
+def uninstall():
+    """Restores torch exactly as install() found it. Storages already in arenas stay valid;
+    torch's own reducer moves them into its shared memory if they are sent again."""
+    global _saved
+    with _lock:
+        if _saved is None:
+            return
+        saved, _saved = _saved, None
+        for name, own in saved["own"].items():
+            if own is _MISSING:
+                delattr(_Untyped, name)
+            else:
+                setattr(_Untyped, name, own)
+        if saved["reducer"] is _MISSING:
+            del ForkingPickler._extra_reducers[_Untyped]
+        else:
+            ForkingPickler._extra_reducers[_Untyped] = saved["reducer"]
+
+
+def is_installed():
+    return _saved is not None
+
+
+# ---- the scoped alternative ------------------------------------------------------------------
+
+
+class _InstallFirst:
+    """A Process whose child runs install() before its target."""
+
+    def run(self):
+        install()
+        super().run()
+
+
+class ForkProcess(_InstallFirst, _mpcontext.ForkProcess):
+    pass
+
+
+class SpawnProcess(_InstallFirst, _mpcontext.SpawnProcess):
+    pass
+
+
+class ForkServerProcess(_InstallFirst, _mpcontext.ForkServerProcess):
+    pass
+
+
+class _ForkContext(_smpcontext.ForkContext):
+    Process = ForkProcess
+
+
+class _SpawnContext(_smpcontext.SpawnContext):
+    Process = SpawnProcess
+
+
+class _ForkServerContext(_smpcontext.ForkServerContext):
+    Process = ForkServerProcess
+
+
+_contexts = {"fork": _ForkContext(), "spawn": _SpawnContext(), "forkserver": _ForkServerContext()}
+
+
+def context(method="fork"):
+    """A multiprocessing context for DataLoader(multiprocessing_context=...) and the like:
+    its processes run install() first, and its Queue, SimpleQueue and Pipe are shmtensor's
+    native transport. Nothing changes in the calling process."""
+    try:
+        return _contexts[method]
+    except KeyError:
+        raise ValueError("cannot find context for %r" % method) from None

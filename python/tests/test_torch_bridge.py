@@ -1,0 +1,180 @@
+"""shmtensor._torch, the native bridge shmtensor.torch builds on: torch.UntypedStorage over
+shmtensor blocks and back without copies, lifetimes, moving a torch storage into shared
+memory in place, and a torch tensor made from a block crossing to a forked child through
+shmtensor.multiprocessing's native Queue. Skipped, with the reason, where _torch is not built.
+"""
+import gc
+
+import numpy as np
+import pytest
+
+try:
+    import torch
+    from shmtensor import _torch
+except ImportError as e:
+    pytest.skip(f"shmtensor._torch is not built ({e}); it needs libtorch (SHMTENSOR_BUILD_TORCH)",
+                allow_module_level=True)
+
+import shmtensor
+import shmtensor.multiprocessing as smp
+from shmtensor import _C
+from conftest import shmtensor_mappings
+from helpers import run_in_child
+
+
+def new_block(nbytes):
+    return _C._empty((nbytes,), "uint8", True)
+
+
+def address(block):
+    return np.asarray(block).ctypes.data
+
+
+def untyped(t):
+    """The torch.UntypedStorage of a tensor (1.13: through its TypedStorage)."""
+    return t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage().untyped()
+
+
+def tensor_on(storage, dtype, shape, offset=0, stride=None):
+    t = torch.tensor([], dtype=dtype)
+    if stride is None:
+        stride = torch.empty(shape).stride()
+    return t.set_(storage, offset, shape, stride)
+
+
+def mappings_after_empty_cache():
+    gc.collect()
+    shmtensor.empty_cache()
+    return len(shmtensor_mappings())
+
+
+def test_storage_from_block_is_zero_copy_both_ways():
+    block = new_block(48)
+    np.asarray(block)[:] = np.arange(48, dtype=np.uint8)
+    storage = _torch.storage_from_block(block)
+    assert isinstance(storage, torch.UntypedStorage)
+    assert storage.nbytes() == 48
+    assert storage.data_ptr() == address(block)
+    t = tensor_on(storage, torch.int32, (3, 4))
+    assert t.tolist() == np.arange(48, dtype=np.uint8).view(np.int32).reshape(3, 4).tolist()
+    t[1, 2] = -5
+    assert np.asarray(block).view(np.int32)[6] == -5
+    np.asarray(block).view(np.int32)[11] = 123456
+    assert t[2, 3].item() == 123456
+
+
+def test_one_torch_storage_per_block_while_it_lives():
+    block = new_block(16)
+    a = _torch.storage_from_block(block)
+    b = _torch.storage_from_block(block)
+    assert a.data_ptr() == b.data_ptr()
+    ta, tb = tensor_on(a, torch.uint8, (16,)), tensor_on(b, torch.uint8, (16,))
+    assert ta.is_set_to(tb)  # the same c10::StorageImpl, not just the same address
+
+
+def test_block_of_storage_is_the_whole_block_or_none():
+    block = new_block(32)
+    storage = _torch.storage_from_block(block)
+    back = _torch.block_of_storage(storage)
+    assert isinstance(back, _C.Tensor)
+    assert back.shape == (32,) and back.dtype == np.uint8
+    assert address(back) == address(block)
+    assert _torch.block_of_storage(untyped(torch.ones(4))) is None
+    with pytest.raises(TypeError, match="UntypedStorage"):
+        _torch.block_of_storage(torch.ones(4))
+
+
+def test_storage_from_block_needs_a_shared_block():
+    with pytest.raises(ValueError, match="not in shared memory"):
+        _torch.storage_from_block(_C._empty((8,), "uint8", False))
+
+
+def test_either_side_may_be_dropped_first():
+    before = mappings_after_empty_cache()
+    block = new_block(1 << 16)
+    np.asarray(block)[:] = 7
+    storage = _torch.storage_from_block(block)
+    del block  # the torch storage alone keeps the bytes
+    assert mappings_after_empty_cache() > before
+    assert tensor_on(storage, torch.uint8, (1 << 16,)).sum().item() == 7 << 16
+    del storage
+    assert mappings_after_empty_cache() == before
+
+    block = new_block(1 << 16)
+    storage = _torch.storage_from_block(block)
+    t = tensor_on(storage, torch.uint8, (1 << 16,))
+    t.fill_(3)
+    del storage, t  # the block alone keeps them
+    assert mappings_after_empty_cache() > before
+    assert int(np.asarray(block).sum()) == 3 << 16
+    del block
+    assert mappings_after_empty_cache() == before
+
+
+def test_share_storage_moves_in_place_and_views_follow():
+    base = torch.arange(100, dtype=torch.float32)
+    column = base.view(10, 10)[:, 3]
+    storage = untyped(base)
+    old = base.data_ptr()
+    block = _torch.share_storage_(storage)
+    assert isinstance(block, _C.Tensor) and block.shape == (400,)
+    assert base.data_ptr() == address(block) != old
+    assert column.data_ptr() == address(block) + 3 * 4
+    assert torch.equal(base, torch.arange(100, dtype=torch.float32))
+    assert column.tolist() == [float(3 + 10 * i) for i in range(10)]
+    np.asarray(block).view(np.float32)[93] = -1.0
+    assert column[9].item() == -1.0
+    # Ours now: recognised and not moved again; not resizable any more.
+    assert address(_torch.block_of_storage(storage)) == address(block)
+    assert address(_torch.share_storage_(storage)) == address(block)
+    assert base.data_ptr() == address(block)
+    with pytest.raises(RuntimeError, match="not resizable"):
+        base.resize_(1000)
+
+
+def test_share_storage_leaves_empty_and_foreign_devices_alone():
+    empty = untyped(torch.empty(0))
+    assert _torch.share_storage_(empty) is None
+    with pytest.raises(ValueError, match="CPU"):
+        _torch.share_storage_(untyped(torch.empty(4, device="meta")))
+    with pytest.raises(TypeError, match="UntypedStorage"):
+        _torch.share_storage_(np.zeros(4))
+
+
+def test_share_storage_failures_are_shmtensor_errors_and_change_nothing(monkeypatch):
+    t = torch.arange(8, dtype=torch.int64)
+    storage = untyped(t)
+    old = t.data_ptr()
+    real_empty = _C._empty
+
+    def full(shape, dtype, shared):
+        raise shmtensor.SharedMemoryFullError("no room in /dev/shm (test)")
+
+    monkeypatch.setattr(_C, "_empty", full)
+    with pytest.raises(shmtensor.SharedMemoryFullError, match="no room"):
+        _torch.share_storage_(storage)
+    monkeypatch.setattr(_C, "_empty", lambda shape, dtype, shared: real_empty(
+        (shape[0] - 1,), dtype, shared))
+    with pytest.raises(ValueError, match="must return a shared Storage"):
+        _torch.share_storage_(storage)
+    assert t.data_ptr() == old
+    assert _torch.block_of_storage(storage) is None
+    assert torch.equal(t, torch.arange(8))
+
+
+def test_a_tensor_from_a_block_crosses_to_a_forked_child_through_the_native_queue():
+    block = new_block(12 * 4)
+    t = tensor_on(_torch.storage_from_block(block), torch.int32, (3, 4))
+    t.copy_(torch.arange(12, dtype=torch.int32).view(3, 4))
+    q = smp.Queue()
+
+    def child():
+        got = q.get(timeout=60)
+        mine = tensor_on(_torch.storage_from_block(got), torch.int32, (3, 4))
+        assert mine.tolist() == torch.arange(12).view(3, 4).tolist()
+        mine.mul_(10)
+
+    q.put(block)
+    assert run_in_child(child) == 0
+    assert torch.equal(t, torch.arange(12, dtype=torch.int32).view(3, 4) * 10)
+    q.close()

@@ -1,0 +1,182 @@
+// Torch storages over shmtensor Storages: our DataPtr, the cache that gives one
+// c10::StorageImpl per shmtensor Storage, and moving a torch storage into shared memory.
+#include <pthread.h>
+
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <utility>
+
+#include "shmtensor/internal/storage_access.h"
+#include "shmtensor/torch.h"
+#include "torch/torch_compat.h"
+
+namespace shmtensor {
+
+namespace {
+
+// Our DataPtrs: the context is a heap copy of the shmtensor Storage handle, which keeps the
+// bytes alive; this deleter is how shared_storage_of recognises them.
+void delete_storage_context(void* context);
+
+// One c10::StorageImpl per shmtensor Storage (keyed by its impl's address, stable while an
+// entry exists: the entry's DataPtr holds that impl), while that StorageImpl lives. The
+// value is weak: the cache keeps no torch storage alive, and the entry goes when our DataPtr
+// is deleted (the StorageImpl died, or torch swapped our DataPtr out). `context` tells a
+// live entry from a StorageImpl whose DataPtr is no longer the one the entry was made for.
+//
+// Lock order: g_share_mu, then g_cache_mu. Nothing that runs a DataPtr deleter (dropping
+// an intrusive_ptr that may be the last, destroying a DataPtr) runs under g_cache_mu, since
+// our deleter takes it; neither lock is held while calling out to user code.
+struct CacheEntry {
+  const Storage* context = nullptr;
+  c10::weak_intrusive_ptr<c10::StorageImpl> impl{c10::intrusive_ptr<c10::StorageImpl>()};
+};
+std::mutex g_cache_mu;
+std::mutex g_share_mu;  // makes check-copy-swap of share_memory_ one step
+
+std::unordered_map<const void*, CacheEntry>& cache() {
+  // Never destroyed: DataPtrs may be deleted by static destructors after this TU's.
+  static auto* map = new std::unordered_map<const void*, CacheEntry>();
+  return *map;
+}
+
+// A forked child must not inherit a lock held by another thread of the parent: hold both
+// across fork (they are taken only briefly, and never around anything that forks).
+struct ForkGuard {
+  ForkGuard() {
+    pthread_atfork(
+        [] {
+          g_share_mu.lock();
+          g_cache_mu.lock();
+        },
+        [] {
+          g_cache_mu.unlock();
+          g_share_mu.unlock();
+        },
+        [] {
+          g_cache_mu.unlock();
+          g_share_mu.unlock();
+        });
+  }
+} g_fork_guard;
+
+const void* key_of(const Storage& storage) {
+  return internal::StorageAccess::impl(storage).get();
+}
+
+void delete_storage_context(void* context) {
+  auto* storage = static_cast<Storage*>(context);
+  c10::weak_intrusive_ptr<c10::StorageImpl> dropped{c10::intrusive_ptr<c10::StorageImpl>()};
+  {
+    std::lock_guard lock(g_cache_mu);
+    auto it = cache().find(key_of(*storage));
+    if (it != cache().end() && it->second.context == storage) {
+      dropped = std::move(it->second.impl);
+      cache().erase(it);
+    }
+  }
+  delete storage;  // may release the block: outside the lock
+}
+
+// Our DataPtr over the whole of `storage` (shared, so its bytes never move), holding a
+// copy of the handle.
+c10::DataPtr make_data_ptr(const Storage& storage) {
+  auto context = std::make_unique<Storage>(storage);
+  void* data = context->data();
+  c10::DataPtr ptr(data, context.get(), &delete_storage_context, c10::Device(c10::kCPU));
+  context.release();  // owned by ptr now
+  return ptr;
+}
+
+const Storage* context_of(const c10::StorageImpl& impl) {
+  return impl.data_ptr().cast_context<Storage>(&delete_storage_context);
+}
+
+}  // namespace
+
+c10::Storage to_torch(const Storage& storage) {
+  if (!storage.defined()) throw std::invalid_argument("to_torch: an undefined Storage");
+  Storage shared = storage;
+  shared.share_memory_();  // a no-op when shared already
+  const void* key = key_of(shared);
+  // Made before looking, outside the lock, and dropped after it if one already lives (the
+  // last reference to a StorageImpl runs its deleter, which takes the lock).
+  c10::intrusive_ptr<c10::StorageImpl> fresh = c10::make_intrusive<c10::StorageImpl>(
+      c10::StorageImpl::use_byte_size_t(), static_cast<std::int64_t>(shared.nbytes()),
+      make_data_ptr(shared), /*allocator=*/nullptr, /*resizable=*/false);
+  c10::intrusive_ptr<c10::StorageImpl> live;
+  {
+    std::lock_guard lock(g_cache_mu);
+    CacheEntry& entry = cache()[key];
+    live = entry.impl.lock();
+    if (!live || context_of(*live) != entry.context) {
+      // Not alive, or (not expected: our deleter erases the entry when torch swaps our
+      // DataPtr out) no longer on our bytes: `fresh` takes its place.
+      std::swap(live, fresh);
+      entry.context = context_of(*live);
+      entry.impl = c10::weak_intrusive_ptr<c10::StorageImpl>(live);
+    }
+  }
+  return c10::Storage(std::move(live));
+}
+
+std::optional<Storage> shared_storage_of(const c10::StorageImpl& storage) {
+  const Storage* ours = context_of(storage);
+  if (ours == nullptr) return std::nullopt;
+  return *ours;
+}
+
+std::optional<Storage> share_memory_(c10::StorageImpl& storage) {
+  return share_memory_(storage, [](std::size_t nbytes) { return Storage::allocate_shared(nbytes); });
+}
+
+std::optional<Storage> share_memory_(c10::StorageImpl& storage,
+                                     const std::function<Storage(std::size_t)>& allocate) {
+  {
+    // Under the lock: another thread may be swapping the DataPtr this reads.
+    std::lock_guard share_lock(g_share_mu);
+    if (auto ours = shared_storage_of(storage)) return ours;
+  }
+  if (storage.device_type() != c10::kCPU)
+    throw std::invalid_argument("share_memory_: a storage on " + storage.device().str() +
+                                "; shmtensor shares CPU memory only");
+  if (storage.sym_nbytes().is_symbolic())
+    throw std::invalid_argument("share_memory_: a storage of symbolic size");
+  const std::size_t nbytes = storage.nbytes();
+  if (nbytes == 0) return std::nullopt;
+
+  Storage target = allocate(nbytes);
+  if (!target.defined() || !target.is_shared() || target.nbytes() != nbytes)
+    throw std::invalid_argument("share_memory_: allocate(" + std::to_string(nbytes) +
+                                ") must return a shared Storage of that many bytes");
+  // Dropped after the locks are released: the old bytes (their deleter may be anything),
+  // our reference to the StorageImpl.
+  c10::DataPtr replaced;
+  auto self = c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(&storage);
+  {
+    std::lock_guard share_lock(g_share_mu);
+    // Another thread may have moved it meanwhile; then `target` goes back unused.
+    if (auto ours = shared_storage_of(storage)) return ours;
+    if (storage.nbytes() != nbytes)
+      throw std::invalid_argument("share_memory_: the storage was resized while being shared");
+    const c10::StorageImpl& old = storage;
+    std::memcpy(target.data(), old.data(), nbytes);
+    c10::DataPtr ptr = make_data_ptr(target);
+    {
+      std::lock_guard cache_lock(g_cache_mu);
+      CacheEntry& entry = cache()[key_of(target)];
+      entry.context = static_cast<const Storage*>(ptr.get_context());
+      entry.impl = c10::weak_intrusive_ptr<c10::StorageImpl>(self);
+    }
+    replaced = storage.set_data_ptr(std::move(ptr));
+    // As torch's own shared storages: a resize would move the bytes out of shared memory.
+    storage.set_resizable(false);
+  }
+  return target;
+}
+
+}  // namespace shmtensor

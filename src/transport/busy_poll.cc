@@ -1,0 +1,102 @@
+#include "shmtensor/busy_poll.h"
+
+#include <sched.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+
+#include "transport/busy_poll.h"
+
+namespace shmtensor {
+
+namespace {
+
+constexpr std::int64_t kMaxBudgetNs = 1'000'000'000;
+constexpr std::int64_t kUnset = -1;
+
+// The budget set, in nanoseconds; kUnset until the first use reads the environment.
+std::atomic<std::int64_t> g_budget_ns{kUnset};
+// Bumped by every set_busy_poll, so that each thread restarts its adaptation from the new
+// budget.
+std::atomic<std::uint64_t> g_generation{0};
+
+bool may_run_on_several_cpus() noexcept {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof set, &set) != 0) return true;
+  return CPU_COUNT(&set) > 1;
+}
+
+std::int64_t budget_set_ns() noexcept {
+  std::int64_t b = g_budget_ns.load(std::memory_order_relaxed);
+  if (b != kUnset) return b;
+  auto env = internal::parse_busy_poll_us(std::getenv("SHMTENSOR_BUSY_POLL_US"));
+  std::int64_t from_env = env ? env->count() : 0;
+  g_budget_ns.compare_exchange_strong(b, from_env, std::memory_order_relaxed);
+  return g_budget_ns.load(std::memory_order_relaxed);
+}
+
+struct ThreadState {
+  std::uint64_t generation = ~std::uint64_t{0};
+  std::int64_t budget_ns = 0;  // this thread's next poll
+  bool several_cpus = true;
+};
+thread_local ThreadState t_state;
+
+// This thread's state, restarted when the budget was set anew (or on first use). The
+// affinity is read then too: a thread's mask rarely changes while it runs.
+ThreadState& state() noexcept {
+  const std::uint64_t gen = g_generation.load(std::memory_order_relaxed);
+  if (t_state.generation != gen) {
+    t_state.generation = gen;
+    t_state.budget_ns = budget_set_ns();
+    t_state.several_cpus = may_run_on_several_cpus();
+  }
+  return t_state;
+}
+
+}  // namespace
+
+void set_busy_poll(Duration budget) {
+  const double ns = budget.count() * 1e9;
+  if (!(ns >= 0) || ns > static_cast<double>(kMaxBudgetNs))
+    throw std::invalid_argument("set_busy_poll: the budget must be from 0 to 1 second, not " +
+                                std::to_string(budget.count()) + " s");
+  g_budget_ns.store(static_cast<std::int64_t>(ns), std::memory_order_relaxed);
+  g_generation.fetch_add(1, std::memory_order_relaxed);
+}
+
+Duration get_busy_poll() { return Duration(static_cast<double>(budget_set_ns()) / 1e9); }
+
+namespace internal {
+
+std::chrono::nanoseconds busy_poll_budget() noexcept {
+  ThreadState& s = state();
+  if (!s.several_cpus) return std::chrono::nanoseconds(0);
+  return std::chrono::nanoseconds(s.budget_ns);
+}
+
+void busy_poll_done(bool found) noexcept {
+  ThreadState& s = state();
+  const std::int64_t most = budget_set_ns();
+  if (found)
+    s.budget_ns = std::min(most, std::max<std::int64_t>(s.budget_ns * 2, 1));
+  else
+    s.budget_ns = std::max(most / 64, s.budget_ns / 2);
+}
+
+std::optional<std::chrono::nanoseconds> parse_busy_poll_us(const char* text) noexcept {
+  if (text == nullptr || *text < '0' || *text > '9') return std::nullopt;  // strtoll skips spaces
+  errno = 0;
+  char* end = nullptr;
+  const long long us = std::strtoll(text, &end, 10);
+  if (errno != 0 || *end != '\0' || us < 0 || us > kMaxBudgetNs / 1000) return std::nullopt;
+  return std::chrono::nanoseconds(us * 1000);
+}
+
+}  // namespace internal
+}  // namespace shmtensor

@@ -1,0 +1,129 @@
+// Opt-in busy polling (include/shmtensor/busy_poll.h): receives poll before they block,
+// and everything a blocking receive does still holds — values and order, end of stream,
+// timeouts — across real processes, for both strategies.
+#include "shmtensor/busy_poll.h"
+
+#include <gtest/gtest.h>
+#include <sched.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <stdexcept>
+
+#include "shmtensor/connection.h"
+#include "shmtensor/queue.h"
+#include "support/leak_check.h"
+#include "support/strategy_test.h"
+#include "transport/busy_poll.h"
+
+namespace shmtensor {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::fork_child;
+using testing::wait_child;
+
+// Puts the process's budget back to off after each test.
+class BusyPollTest : public testing::StrategyTest {
+ protected:
+  void TearDown() override {
+    set_busy_poll(Duration(0));
+    StrategyTest::TearDown();
+  }
+};
+
+TEST(BusyPollSettingTest, SetGetAndValuesOutOfRange) {
+  set_busy_poll(50us);
+  EXPECT_DOUBLE_EQ(get_busy_poll().count(), 50e-6);
+  EXPECT_THROW(set_busy_poll(Duration(-1e-6)), std::invalid_argument);
+  EXPECT_THROW(set_busy_poll(2s), std::invalid_argument);
+  EXPECT_DOUBLE_EQ(get_busy_poll().count(), 50e-6) << "a refused value changes nothing";
+  set_busy_poll(1s);  // the largest
+  EXPECT_DOUBLE_EQ(get_busy_poll().count(), 1.0);
+  set_busy_poll(Duration(0));
+  EXPECT_EQ(get_busy_poll().count(), 0.0);
+  EXPECT_EQ(internal::busy_poll_budget().count(), 0);
+}
+
+TEST(BusyPollSettingTest, EnvironmentValueIsWholeMicroseconds) {
+  using internal::parse_busy_poll_us;
+  EXPECT_EQ(parse_busy_poll_us("50"), std::chrono::nanoseconds(50'000));
+  EXPECT_EQ(parse_busy_poll_us("0"), std::chrono::nanoseconds(0));
+  EXPECT_EQ(parse_busy_poll_us("1000000"), std::chrono::nanoseconds(1'000'000'000));
+  for (const char* bad : {"", "abc", "-1", "1000001", "5x", "2.5", " 7"})
+    EXPECT_EQ(parse_busy_poll_us(bad), std::nullopt) << '"' << bad << '"';
+  EXPECT_EQ(parse_busy_poll_us(nullptr), std::nullopt);
+}
+
+TEST(BusyPollSettingTest, AdaptsPerThreadAndNeverPollsOnOneCpu) {
+  cpu_set_t all;
+  ASSERT_EQ(::sched_getaffinity(0, sizeof all, &all), 0);
+  set_busy_poll(64us);
+  if (CPU_COUNT(&all) > 1) {
+    EXPECT_EQ(internal::busy_poll_budget(), 64us);
+    internal::busy_poll_done(false);
+    EXPECT_EQ(internal::busy_poll_budget(), 32us);
+    for (int i = 0; i < 20; ++i) internal::busy_poll_done(false);
+    EXPECT_EQ(internal::busy_poll_budget(), 1us) << "never below 1/64 of the budget";
+    internal::busy_poll_done(true);
+    EXPECT_EQ(internal::busy_poll_budget(), 2us);
+    for (int i = 0; i < 20; ++i) internal::busy_poll_done(true);
+    EXPECT_EQ(internal::busy_poll_budget(), 64us) << "never above the budget set";
+  }
+  // A process that may run on one CPU only never polls: its peer needs that CPU.
+  pid_t child = fork_child([] {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(sched_getcpu(), &one);
+    ASSERT_EQ(::sched_setaffinity(0, sizeof one, &one), 0);
+    set_busy_poll(64us);  // a new setting: the thread reads its affinity again
+    EXPECT_EQ(internal::busy_poll_budget().count(), 0);
+  });
+  EXPECT_EQ(wait_child(child), 0);
+}
+
+TEST_P(BusyPollTest, RoundTripsCarryExactValuesAndEndOfStreamIsSeen) {
+  set_busy_poll(200us);
+  auto [a, b] = pipe();
+  pid_t child = fork_child([&, &b = b] {
+    a.close();
+    for (int i = 0; i < 500; ++i) {
+      Tensor t = b.recv<Tensor>();
+      t.data_ptr<std::int64_t>()[0] += 1;
+      b.send(t);
+    }
+  });
+  b.close();
+  Tensor t = Tensor::zeros({4}, DType::kInt64);
+  for (int i = 0; i < 500; ++i) {
+    a.send(t);
+    t = a.recv<Tensor>();
+  }
+  EXPECT_EQ(t.data_ptr<std::int64_t>()[0], 500);
+  EXPECT_THROW(a.recv<Tensor>(), ConnectionClosed);  // the child exited: end of stream
+  EXPECT_EQ(wait_child(child), 0);
+}
+
+TEST_P(BusyPollTest, QueueKeepsOrderAndTimeoutsWhilePolling) {
+  set_busy_poll(200us);
+  Queue<std::pair<int, Tensor>> q(16);
+  pid_t child = fork_child([&] {
+    for (int i = 0; i < 2000; ++i) q.put({i, Tensor::full({3}, static_cast<double>(i))});
+    q.close();
+  });
+  for (int i = 0; i < 2000; ++i) {
+    auto [n, t] = q.get();
+    ASSERT_EQ(n, i);
+    ASSERT_EQ(t.data_ptr<float>()[2], static_cast<float>(i));
+  }
+  EXPECT_THROW(q.get(), QueueClosed);
+  EXPECT_EQ(wait_child(child), 0);
+  Queue<int> empty;
+  EXPECT_EQ(empty.try_get(20ms), std::nullopt);
+  EXPECT_EQ(empty.try_get(0ms), std::nullopt);
+}
+
+INSTANTIATE_TEST_SUITE_P(Strategies, BusyPollTest, testing::kAllStrategies, testing::strategy_name);
+
+}  // namespace
+}  // namespace shmtensor
