@@ -320,11 +320,11 @@ struct Codec<std::variant<Ts...>> {
   template <std::size_t... I>
   static std::variant<Ts...> decode_at(Decoder& d, std::uint32_t index, std::index_sequence<I...>) {
     std::variant<Ts...> out;
-    ((index == I ? (out.template emplace<I>(
-                        d.decode<std::variant_alternative_t<I, std::variant<Ts...>>>()),
-                    true)
-                 : false) ||
-     ...);
+    static_cast<void>(((index == I ? (out.template emplace<I>(
+                                          d.decode<std::variant_alternative_t<I, std::variant<Ts...>>>()),
+                                      true)
+                                   : false) ||
+                       ...));
     return out;
   }
 };
