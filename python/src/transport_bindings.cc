@@ -76,12 +76,12 @@ class Frame {
   explicit Frame(Encoder&& e) : frame_(internal::finish_frame(std::move(e))) {
     for (std::span<const std::byte> part : frame_.parts())
       data_.append(reinterpret_cast<const char*>(part.data()), part.size());
-    for (const auto& seg : frame_.segments)
+    for (const auto& seg : frame_.segments())
       if (seg->strategy() == SharingStrategy::kFileDescriptor) fd_uids_.push_back(seg->uid());
-    fd_uids_.resize(frame_.fds.size(), 0);  // object fds and the blob: not a segment
+    fd_uids_.resize(frame_.fds().size(), 0);  // object fds and the blob: not a segment
   }
   py::bytes data() const { return py::bytes(data_); }
-  const std::vector<int>& fds() const { return frame_.fds; }
+  const std::vector<int>& fds() const { return frame_.fds(); }
   const std::vector<std::uint64_t>& fd_uids() const { return fd_uids_; }
   // The receiver owns the counts from now on (whether or not it ever loads the message).
   void mark_sent() { frame_.sent = true; }

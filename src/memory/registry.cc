@@ -213,8 +213,8 @@ void Registry::remove_storage(const Segment& segment, std::uint32_t block,
 }
 
 std::shared_ptr<StorageImpl> Registry::find_or_add_storage(
-    const Segment& segment, std::uint32_t block,
-    const std::function<std::shared_ptr<StorageImpl>()>& make) {
+    const Segment& segment, std::uint32_t block, std::shared_ptr<StorageImpl> (*call)(void*),
+    void* make) {
   std::lock_guard lock(state_->mu);
   auto it = state_->storages.find(&segment);
   if (it != state_->storages.end())
@@ -222,7 +222,7 @@ std::shared_ptr<StorageImpl> Registry::find_or_add_storage(
       if (auto found = slot->weak.lock()) return found;
   // make() only constructs (no registry calls), so it may run under the lock. Nothing is
   // allocated here for a reference that make() refuses (a forged one).
-  std::shared_ptr<StorageImpl> made = make();
+  std::shared_ptr<StorageImpl> made = call(make);
   if (made) state_->storages[&segment].at(block) = {made, made.get()};
   return made;
 }

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <type_traits>
 
 namespace shmtensor::internal {
 
@@ -36,10 +37,19 @@ class Registry {
   void remove_storage(const Segment& segment, std::uint32_t block, const StorageImpl* s) noexcept;
   // The registered storage of that block, or a new one from make() registered now, under
   // one lock: two threads decoding the same reference get one storage. make() may return
-  // null (nothing is registered then, and null is returned).
-  std::shared_ptr<StorageImpl> find_or_add_storage(
-      const Segment& segment, std::uint32_t block,
-      const std::function<std::shared_ptr<StorageImpl>()>& make);
+  // null (nothing is registered then, and null is returned). `make` is called through a
+  // plain pointer, not a std::function: a decoded storage costs no allocation for it.
+  template <class Make>
+  std::shared_ptr<StorageImpl> find_or_add_storage(const Segment& segment, std::uint32_t block,
+                                                   Make&& make) {
+    using M = std::remove_reference_t<Make>;
+    return find_or_add_storage(
+        segment, block, [](void* m) { return (*static_cast<M*>(m))(); },
+        static_cast<void*>(std::addressof(make)));
+  }
+  std::shared_ptr<StorageImpl> find_or_add_storage(const Segment& segment, std::uint32_t block,
+                                                   std::shared_ptr<StorageImpl> (*call)(void*),
+                                                   void* make);
 
   // Keeps the last few segments received from other processes mapped after their last
   // storage here goes, so a stream of messages from one arena does not map and unmap it

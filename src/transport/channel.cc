@@ -40,11 +40,11 @@ Deadline deadline_after(std::optional<std::chrono::nanoseconds> timeout) {
 bool send_frame(int sock, OutgoingFrame& frame, Deadline deadline) {
   const auto parts = frame.parts();
   if (!deadline) {
-    send_message(sock, parts, frame.fds, /*nonblocking=*/false);
+    send_message(sock, parts, frame.fds(), /*nonblocking=*/false);
   } else {
     // Non-blocking attempts, and poll for room in between: a blocking sendmsg could not
     // be interrupted at the deadline.
-    while (!send_message(sock, parts, frame.fds, /*nonblocking=*/true)) {
+    while (!send_message(sock, parts, frame.fds(), /*nonblocking=*/true)) {
       const auto left = time_left(deadline);
       if (left->count() == 0 || !wait_writable(sock, *left)) return false;
     }

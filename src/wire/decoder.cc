@@ -12,9 +12,15 @@
 namespace shmtensor {
 
 Decoder::Decoder(std::unique_ptr<internal::DecoderState> state) : state_(std::move(state)) {}
-Decoder::~Decoder() = default;
+Decoder::~Decoder() { internal::recycle(std::move(state_)); }
 Decoder::Decoder(Decoder&&) noexcept = default;
-Decoder& Decoder::operator=(Decoder&&) noexcept = default;
+Decoder& Decoder::operator=(Decoder&& other) noexcept {
+  if (this != &other) {
+    internal::recycle(std::move(state_));
+    state_ = std::move(other.state_);
+  }
+  return *this;
+}
 
 namespace {
 [[noreturn]] void bad(const std::string& what) {
@@ -46,17 +52,20 @@ std::size_t Decoder::read_size(std::size_t min_element_bytes) {
 
 Tensor Decoder::read_tensor() {
   if (!decode<bool>()) return Tensor();  // the "defined" byte: 0 or 1, like every flag byte
-  auto dtype_raw = read_pod<std::uint8_t>();
-  if (dtype_raw >= kNumDTypes) bad("unknown dtype " + std::to_string(dtype_raw));
-  auto dtype = static_cast<DType>(dtype_raw);
-  auto ndim = read_pod<std::uint8_t>();
-  (void)read_pod<std::uint8_t>();  // padding
+  // The rest of the head in one read (frame.h's EncodedTensorHead), then sizes and strides.
+  internal::EncodedTensorHead head{};
+  read_bytes(reinterpret_cast<std::byte*>(&head) + 1, sizeof head - 1);
+  if (head.dtype >= kNumDTypes) bad("unknown dtype " + std::to_string(head.dtype));
+  const auto dtype = static_cast<DType>(head.dtype);
+  const std::uint8_t ndim = head.ndim;
   if (ndim > internal::kMaxTensorDims) bad("tensor with " + std::to_string(ndim) + " dimensions");
-  auto index = read_pod<std::uint32_t>();
-  auto offset = read_pod<std::int64_t>();
+  const std::uint32_t index = head.storage_index;
+  const std::int64_t offset = head.storage_offset;
   std::vector<std::int64_t> sizes(ndim), strides(ndim);
-  for (auto& s : sizes) s = read_pod<std::int64_t>();
-  for (auto& s : strides) s = read_pod<std::int64_t>();
+  if (ndim > 0) {
+    read_bytes(sizes.data(), ndim * sizeof(std::int64_t));
+    read_bytes(strides.data(), ndim * sizeof(std::int64_t));
+  }
   for (auto s : sizes)
     if (s < 0) bad("negative tensor size");
   if (index == internal::kEmptyTensor) {
@@ -175,8 +184,11 @@ std::shared_ptr<Segment> resolve_segment(const SegmentEntry& e, std::string_view
 // it mapped the segment before, or attach_name added one).
 class NamedCounts {
  public:
-  explicit NamedCounts(const std::vector<std::shared_ptr<Segment>>& segments)
-      : segments_(segments), proven_(segments.size(), 0) {}
+  // `proven` is scratch memory (the decoder state's), filled here.
+  NamedCounts(const std::vector<std::shared_ptr<Segment>>& segments, std::vector<char>& proven)
+      : segments_(segments), proven_(proven) {
+    proven_.assign(segments.size(), 0);
+  }
   void prove(std::size_t segment) noexcept {
     if (proven_[segment]) return;
     proven_[segment] = 1;
@@ -192,7 +204,7 @@ class NamedCounts {
 
  private:
   const std::vector<std::shared_ptr<Segment>>& segments_;
-  std::vector<char> proven_;
+  std::vector<char>& proven_;
 };
 
 }  // namespace
@@ -210,7 +222,13 @@ Decoder parse_frame(std::span<const std::byte> datagram, std::vector<UniqueFd> f
   if (h.fd_count != fds.size())
     bad("header announces " + std::to_string(h.fd_count) + " fds but " +
         std::to_string(fds.size()) + " arrived");
-  auto st = std::make_unique<DecoderState>();
+  // Its destructor gives it back to the pool if anything below throws (Decoder's does
+  // once it is made).
+  struct StateHolder {
+    std::unique_ptr<DecoderState> st = acquire_decoder_state();
+    ~StateHolder() { recycle(std::move(st)); }
+  } holder;
+  DecoderState* st = holder.st.get();
   std::span<const std::byte> body;
   // size_t arithmetic: a hostile object_fd_count of 0xffffffff must not wrap to 0.
   std::size_t fixed_fds =
@@ -243,7 +261,7 @@ Decoder parse_frame(std::span<const std::byte> datagram, std::vector<UniqueFd> f
   if (h.segment_count > kMaxFdsPerMessage * 64 ||
       h.segment_count > body.size() / sizeof(SegmentEntry))
     bad("segment count exceeds the body");
-  std::vector<std::shared_ptr<Segment>> segments;
+  std::vector<std::shared_ptr<Segment>>& segments = st->segments;
   segments.reserve(h.segment_count);
   for (std::uint32_t i = 0; i < h.segment_count; ++i) {
     auto e = r.take<SegmentEntry>();
@@ -258,7 +276,7 @@ Decoder parse_frame(std::span<const std::byte> datagram, std::vector<UniqueFd> f
   // given back twice (NamedCounts) by a frame that carries one: a peer could rewrite a
   // genuine two-storage message so, and unlink a name under its live holders.
   {
-    std::vector<const Segment*> distinct;
+    std::vector<const Segment*>& distinct = st->distinct;
     distinct.reserve(segments.size());
     for (const auto& seg : segments) distinct.push_back(seg.get());
     std::sort(distinct.begin(), distinct.end());
@@ -270,7 +288,7 @@ Decoder parse_frame(std::span<const std::byte> datagram, std::vector<UniqueFd> f
   if (h.storage_count > (body.size() - r.pos) / sizeof(StorageEntry))
     bad("storage count exceeds the body");
   st->storages.reserve(h.storage_count);
-  NamedCounts named_counts(segments);
+  NamedCounts named_counts(segments, st->proven);
   for (std::uint32_t i = 0; i < h.storage_count; ++i) {
     auto e = r.take<StorageEntry>();
     if (e.segment_index >= segments.size()) bad("storage refers to a missing segment");
@@ -302,7 +320,10 @@ Decoder parse_frame(std::span<const std::byte> datagram, std::vector<UniqueFd> f
   if (!named_counts.all_named_proven()) bad("named segment that no storage uses");
   st->payload = body.subspan(r.pos);
   st->keep = std::move(keep);
-  return CodecAccess::decoder(std::move(st));
+  // The segments stay mapped through the storages; the scratch lists are not needed now.
+  segments.clear();
+  st->distinct.clear();
+  return CodecAccess::decoder(std::move(holder.st));
 }
 
 }  // namespace internal

@@ -11,38 +11,60 @@
 
 namespace shmtensor {
 
-Encoder::Encoder() : state_(std::make_unique<internal::EncoderState>()) {}
-Encoder::~Encoder() = default;
+// The payload buffer comes from the pooled state and goes back with it: a thread that
+// encodes message after message reuses its capacity.
+Encoder::Encoder() : state_(internal::acquire_encoder_state()) { payload_.swap(state_->payload); }
+Encoder::~Encoder() {
+  if (!state_) return;  // moved from, or its state went to a frame
+  for (auto& undo : state_->undo_if_unsent) undo();
+  state_->payload.swap(payload_);
+  internal::recycle(std::move(state_));
+}
 Encoder::Encoder(Encoder&&) noexcept = default;
-Encoder& Encoder::operator=(Encoder&&) noexcept = default;
+Encoder& Encoder::operator=(Encoder&& other) noexcept {
+  if (this != &other) {
+    Encoder old(std::move(*this));  // ends this one's message as ~Encoder does
+    payload_ = std::move(other.payload_);
+    state_ = std::move(other.state_);
+  }
+  return *this;
+}
 
 void Encoder::write_tensor(const Tensor& t) {
-  // Layout: u8 defined, u8 dtype, u8 ndim, u8 pad, u32 storage index (or kEmptyTensor),
-  // i64 storage_offset, i64 sizes[ndim], i64 strides[ndim].
-  write_pod<std::uint8_t>(t.defined() ? 1 : 0);
-  if (!t.defined()) return;
-  if (t.dim() > static_cast<std::int64_t>(internal::kMaxTensorDims))
+  // EncodedTensorHead, sizes, strides (frame.h): built here and appended in one write (a
+  // tensor's encoding is most of a small message's work).
+  if (!t.defined()) {
+    write_pod<std::uint8_t>(0);
+    return;
+  }
+  const auto ndim = static_cast<std::size_t>(t.dim());
+  if (ndim > internal::kMaxTensorDims)
     throw Error("cannot send a tensor with more than 64 dimensions");
-  write_pod<std::uint8_t>(static_cast<std::uint8_t>(t.dtype()));
-  write_pod<std::uint8_t>(static_cast<std::uint8_t>(t.dim()));
-  write_pod<std::uint8_t>(0);
   std::uint32_t index = internal::kEmptyTensor;
-  if (t.numel() > 0) {
+  const bool has_storage = t.numel() > 0;
+  if (has_storage) {
     // Only recorded here: the frame stage moves it into shared memory, once the transport
     // has admitted the message.
     std::shared_ptr<internal::StorageImpl> impl = internal::StorageAccess::impl(t.storage());
     auto& storages = state_->storages;
     auto it = std::find(storages.begin(), storages.end(), impl);
     if (it == storages.end()) {
-      storages.push_back(impl);
+      storages.push_back(std::move(impl));
       it = storages.end() - 1;
     }
     index = static_cast<std::uint32_t>(it - storages.begin());
   }
-  write_pod<std::uint32_t>(index);
-  write_pod<std::int64_t>(t.numel() > 0 ? t.storage_offset() : 0);
-  for (auto s : t.sizes()) write_pod<std::int64_t>(s);
-  for (auto s : t.strides()) write_pod<std::int64_t>(t.numel() > 0 ? s : 0);
+  std::int64_t dims[2 * internal::kMaxTensorDims];
+  const internal::EncodedTensorHead head{1, static_cast<std::uint8_t>(t.dtype()), static_cast<std::uint8_t>(ndim), 0,
+                  index, has_storage ? t.storage_offset() : 0};
+  for (std::size_t i = 0; i < ndim; ++i) {
+    dims[i] = t.sizes()[i];
+    dims[ndim + i] = has_storage ? t.strides()[i] : 0;
+  }
+  const std::size_t at = payload_.size();
+  payload_.resize(at + sizeof head + 2 * ndim * sizeof(std::int64_t));
+  std::memcpy(payload_.data() + at, &head, sizeof head);
+  if (ndim > 0) std::memcpy(payload_.data() + at + sizeof head, dims, 2 * ndim * sizeof dims[0]);
 }
 
 void Encoder::write_fd(int fd) { state_->object_fds.push_back(internal::dup_cloexec(fd)); }
@@ -51,48 +73,54 @@ namespace internal {
 
 std::array<std::span<const std::byte>, 3> OutgoingFrame::parts() const noexcept {
   return {std::span<const std::byte>(reinterpret_cast<const std::byte*>(&header), sizeof header),
-          std::span<const std::byte>(tables), std::span<const std::byte>(payload)};
+          std::span<const std::byte>(st->tables), std::span<const std::byte>(st->payload)};
 }
 
 OutgoingFrame::~OutgoingFrame() {
-  if (sent) return;
-  for (auto& impl : in_flight_blocks) impl->segment()->drop_block_in_flight(impl->block());
-  for (auto& seg : in_flight) seg->drop_in_flight_count();
-  for (auto& undo : undo_if_unsent) undo();
+  if (!st) return;  // moved from
+  if (!sent) {
+    for (auto& impl : st->in_flight_blocks) impl->segment()->drop_block_in_flight(impl->block());
+    for (auto& seg : st->in_flight) seg->drop_in_flight_count();
+    for (auto& undo : st->undo_if_unsent) undo();
+  }
+  recycle(std::move(st));
 }
 
 OutgoingFrame finish_frame(Encoder&& encoder) {
-  EncoderState& st = CodecAccess::state(encoder);
+  // The frame owns the message's state from here: if anything below throws, its
+  // destructor gives back what was counted so far and runs the encoded objects' undo.
   OutgoingFrame frame;
+  frame.st = CodecAccess::take_state(encoder);
+  EncoderState& st = *frame.st;
 
   // Into shared memory, in place: every tensor and view on these storages follows.
   const SharingStrategy strategy = get_sharing_strategy();
   for (const auto& impl : st.storages) impl->share_memory_(strategy);
 
   // Segment table: one entry per distinct segment.
-  std::vector<std::uint32_t> storage_segment(st.storages.size());
+  st.storage_segment.resize(st.storages.size());
   for (std::size_t i = 0; i < st.storages.size(); ++i) {
     const auto& seg = st.storages[i]->segment();
-    auto it = std::find(frame.segments.begin(), frame.segments.end(), seg);
-    if (it == frame.segments.end()) {
-      frame.segments.push_back(seg);
-      it = frame.segments.end() - 1;
+    auto it = std::find(st.segments.begin(), st.segments.end(), seg);
+    if (it == st.segments.end()) {
+      st.segments.push_back(seg);
+      it = st.segments.end() - 1;
     }
-    storage_segment[i] = static_cast<std::uint32_t>(it - frame.segments.begin());
+    st.storage_segment[i] = static_cast<std::uint32_t>(it - st.segments.begin());
   }
-  std::vector<std::byte>& tables = frame.tables;
+  std::vector<std::byte>& tables = st.tables;
   auto append = [&tables](const void* p, std::size_t n) {
     const auto* b = static_cast<const std::byte*>(p);
     tables.insert(tables.end(), b, b + n);
   };
-  for (const auto& seg : frame.segments) {
+  for (const auto& seg : st.segments) {
     SegmentEntry e{};
     e.uid = seg->uid();
     e.total_size = seg->mapped_size();
     if (seg->strategy() == SharingStrategy::kFileDescriptor) {
       e.strategy = 0;
-      e.fd_index = static_cast<std::int32_t>(frame.fds.size());
-      frame.fds.push_back(seg->fd());
+      e.fd_index = static_cast<std::int32_t>(st.fds.size());
+      st.fds.push_back(seg->fd());
       append(&e, sizeof e);
     } else {
       e.strategy = 1;
@@ -105,22 +133,21 @@ OutgoingFrame finish_frame(Encoder&& encoder) {
   }
   for (std::size_t i = 0; i < st.storages.size(); ++i) {
     StorageEntry e{};
-    e.segment_index = storage_segment[i];
+    e.segment_index = st.storage_segment[i];
     e.offset = st.storages[i]->offset();
     e.nbytes = st.storages[i]->nbytes();
     append(&e, sizeof e);
   }
-  frame.payload = std::move(CodecAccess::payload(encoder));
 
   for (auto& fd : st.object_fds) {
-    frame.fds.push_back(fd.get());
-    frame.owned_fds.push_back(std::move(fd));
+    st.fds.push_back(fd.get());
+    st.owned_fds.push_back(std::move(fd));
   }
   FrameHeader& h = frame.header;
   h.magic = kFrameMagic;
   h.version = kWireVersion;
-  h.body_size = tables.size() + frame.payload.size();
-  h.segment_count = static_cast<std::uint32_t>(frame.segments.size());
+  h.body_size = tables.size() + st.payload.size();
+  h.segment_count = static_cast<std::uint32_t>(st.segments.size());
   h.storage_count = static_cast<std::uint32_t>(st.storages.size());
   h.object_fd_count = static_cast<std::uint32_t>(st.object_fds.size());
   if (sizeof(FrameHeader) + h.body_size > kMaxInlineFrame) {
@@ -128,34 +155,34 @@ OutgoingFrame finish_frame(Encoder&& encoder) {
     UniqueFd blob = create_sealed_memfd(h.body_size);
     Mapping map = Mapping::map_shared(blob.get(), h.body_size, "message blob");
     if (!tables.empty()) std::memcpy(map.data(), tables.data(), tables.size());
-    if (!frame.payload.empty())
-      std::memcpy(map.data() + tables.size(), frame.payload.data(), frame.payload.size());
-    tables = {};
-    frame.payload = {};
+    if (!st.payload.empty())
+      std::memcpy(map.data() + tables.size(), st.payload.data(), st.payload.size());
+    tables.clear();
+    st.payload.clear();
     h.flags |= kFlagBlob;
-    frame.fds.push_back(blob.get());
-    frame.owned_fds.push_back(std::move(blob));
+    st.fds.push_back(blob.get());
+    st.owned_fds.push_back(std::move(blob));
   }
-  h.fd_count = static_cast<std::uint32_t>(frame.fds.size());
-  if (frame.fds.size() > kMaxFdsPerMessage)
+  h.fd_count = static_cast<std::uint32_t>(st.fds.size());
+  if (st.fds.size() > kMaxFdsPerMessage)
     throw Error("a message can carry at most 253 fds but this one needs " +
-                std::to_string(frame.fds.size()) +
+                std::to_string(st.fds.size()) +
                 " (too many distinct file_descriptor segments): send fewer tensors per "
                 "message, or use set_sharing_strategy(\"file_system\")");
   // In-flight counts last: nothing above can fail after them. A block count can fail
   // (65535 messages in flight); the frame's destructor then gives back those added.
+  st.in_flight_blocks.reserve(st.storages.size());  // no allocation failure between a
+  st.in_flight.reserve(st.segments.size());         // count and its record
   for (const auto& impl : st.storages) {
     impl->segment()->add_block_in_flight(impl->block());
-    frame.in_flight_blocks.push_back(impl);
+    st.in_flight_blocks.push_back(impl);
   }
-  for (const auto& seg : frame.segments) {
+  for (const auto& seg : st.segments) {
     if (seg->strategy() == SharingStrategy::kFileSystem) {
       seg->add_in_flight_count();
-      frame.in_flight.push_back(seg);
+      st.in_flight.push_back(seg);
     }
   }
-  frame.undo_if_unsent = std::move(st.undo_if_unsent);
-  st.undo_if_unsent.clear();
   return frame;
 }
 

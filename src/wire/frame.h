@@ -59,6 +59,18 @@ struct StorageEntry {
 };
 static_assert(sizeof(StorageEntry) == 24);
 
+// An encoded Tensor (in the payload, by Encoder::write_tensor): this head, then
+// i64 sizes[ndim], i64 strides[ndim]. An undefined tensor is the `defined` byte (0) alone.
+struct EncodedTensorHead {
+  std::uint8_t defined;  // 1
+  std::uint8_t dtype;
+  std::uint8_t ndim;
+  std::uint8_t pad;
+  std::uint32_t storage_index;  // or kEmptyTensor
+  std::int64_t storage_offset;
+};
+static_assert(sizeof(EncodedTensorHead) == 16);
+
 // Checks that `name` is one of ours: "/shmtensor_<digits>_<16 hex>_<digits>". A peer
 // cannot make us open any other object.
 bool is_valid_segment_name(std::string_view name) noexcept;

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <array>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <span>
@@ -26,13 +27,30 @@ namespace shmtensor::internal {
 class Segment;
 class StorageImpl;
 
-// What encode collected for one message, besides the payload bytes.
+// One message's working memory on the sending side, from encode to send: what encode
+// collected, then the frame built from it. The Encoder takes one from its thread's pool,
+// the OutgoingFrame takes it over, and whichever ends the message gives it back
+// (recycle): its vectors keep their capacity, so a thread that sends message after
+// message allocates nothing for them (docs/benchmarks.md counts it).
 struct EncoderState {
+  // encode
+  std::vector<std::byte> payload;  // the Encoder's bytes while it encodes; then the frame's
   std::vector<std::shared_ptr<StorageImpl>> storages;  // by storage index
   std::vector<UniqueFd> object_fds;
   // What an encoded object (a Queue) counted for this message, to undo if the message is
-  // never sent: run by the frame's destructor, or here if no frame was made.
+  // never sent: run by the frame's destructor, or by the Encoder's if no frame was made.
   std::vector<std::function<void()>> undo_if_unsent;
+  // frame (finish_frame)
+  std::vector<std::byte> tables;             // segment and storage tables
+  std::vector<std::uint32_t> storage_segment;  // by storage index: its segment's index
+  std::vector<int> fds;                        // in wire order
+  std::vector<std::shared_ptr<Segment>> segments;  // keep segment fds open until sent
+  std::vector<UniqueFd> owned_fds;                 // object dups and the blob
+  // file_system segments whose in-flight count was added; dropped if never sent.
+  std::vector<std::shared_ptr<Segment>> in_flight;
+  // Storages whose block got a count for this message; given back if never sent.
+  std::vector<std::shared_ptr<StorageImpl>> in_flight_blocks;
+
   EncoderState() = default;
   EncoderState(const EncoderState&) = delete;
   EncoderState& operator=(const EncoderState&) = delete;
@@ -50,42 +68,52 @@ struct DecoderState {
   std::vector<Storage> storages;     // resolved, by storage index
   std::vector<UniqueFd> object_fds;  // taken in order by Decoder::take_fd
   std::size_t next_object_fd = 0;
+  // parse_frame's scratch, kept here for its capacity
+  std::vector<std::shared_ptr<Segment>> segments;
+  std::vector<const Segment*> distinct;
+  std::vector<char> proven;
 };
+
+// Per-thread pools of message states (a few of each; a state whose buffers grew past
+// 64 KiB gives them back to the allocator first). recycle() empties the state (closing its
+// fds, dropping its references) without running undo_if_unsent: the caller runs it when
+// the message was not sent. A state given back on another thread than it came from joins
+// that thread's pool; one given back while its thread exits is freed.
+std::unique_ptr<EncoderState> acquire_encoder_state();
+void recycle(std::unique_ptr<EncoderState> state) noexcept;
+std::unique_ptr<DecoderState> acquire_decoder_state();
+void recycle(std::unique_ptr<DecoderState> state) noexcept;
 
 // The wire layer's access to Encoder and Decoder internals (their friend).
 struct CodecAccess {
   static EncoderState& state(Encoder& e) noexcept { return *e.state_; }
+  static std::unique_ptr<EncoderState> take_state(Encoder& e) noexcept {
+    e.state_->payload.swap(e.payload_);
+    return std::move(e.state_);
+  }
   static std::vector<std::byte>& payload(Encoder& e) noexcept { return e.payload_; }
   static Decoder decoder(std::unique_ptr<DecoderState> state) { return Decoder(std::move(state)); }
 };
 
-// An encoded message ready to send: the datagram's parts, the fds it borrows (kept open by
-// `segments`) and those it owns, and the counts it carries, which its destructor gives back
-// unless the transport marked it sent.
+// An encoded message ready to send: its header and the encoder's state, which holds the
+// datagram's other parts, the fds it borrows (kept open by `segments`) and those it owns,
+// and the counts it carries, which the destructor gives back unless the transport marked
+// it sent.
 struct OutgoingFrame {
   FrameHeader header{};
-  // The body, unless it travels in a blob (kFlagBlob; both empty then): the tables built
-  // here and the encoder's payload, moved, not copied.
-  std::vector<std::byte> tables;
-  std::vector<std::byte> payload;
-  std::vector<int> fds;                            // in wire order
-  std::vector<std::shared_ptr<Segment>> segments;  // keep segment fds open until sent
-  std::vector<UniqueFd> owned_fds;                 // object dups and the blob
-  // file_system segments whose in-flight count was added; dropped if never sent.
-  std::vector<std::shared_ptr<Segment>> in_flight;
-  // Storages whose block got a count for this message; given back if never sent.
-  std::vector<std::shared_ptr<StorageImpl>> in_flight_blocks;
-  // Undo actions of encoded objects (EncoderState::undo_if_unsent); run if never sent.
-  std::vector<std::function<void()>> undo_if_unsent;
+  // The body (tables, then payload) unless it travels in a blob (kFlagBlob: both empty).
+  std::unique_ptr<EncoderState> st;
   bool sent = false;
 
   // header, tables, payload: one datagram, gathered by sendmsg.
   std::array<std::span<const std::byte>, 3> parts() const noexcept;
+  const std::vector<int>& fds() const noexcept { return st->fds; }
+  const std::vector<std::shared_ptr<Segment>>& segments() const noexcept { return st->segments; }
 
   ~OutgoingFrame();
   OutgoingFrame() = default;
   OutgoingFrame(OutgoingFrame&&) = default;
-  OutgoingFrame& operator=(OutgoingFrame&&) = default;
+  OutgoingFrame& operator=(OutgoingFrame&&) = delete;
 };
 
 // The frame stage. Moves every storage the encoder collected into shared memory (with the
