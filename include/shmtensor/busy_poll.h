@@ -10,8 +10,10 @@
 //
 // Each receive polls for at most the budget, then blocks as before: a receiver with nothing
 // to receive never burns a CPU for more than the budget per call. The budget adapts per
-// thread: a poll that found nothing halves this thread's next one (down to 1/64 of the
-// budget set), a poll that found a message doubles it (up to the budget set). A process
+// thread to how long its receives wait: a message that came within the budget set makes
+// the next poll twice that wait, a longer wait (or none) halves it, down to 1/64 of the
+// budget set; every 64th receive polls for the whole budget, so that two peers that both
+// block find out when polling on both sides would pay. A process
 // that may run on one CPU only (its affinity mask, as `taskset -c 0` sets it) never polls:
 // its peer would need the CPU it spins on. Off by default.
 #pragma once

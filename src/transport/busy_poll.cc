@@ -43,6 +43,7 @@ std::int64_t budget_set_ns() noexcept {
 struct ThreadState {
   std::uint64_t generation = ~std::uint64_t{0};
   std::int64_t budget_ns = 0;  // this thread's next poll
+  std::uint32_t calls = 0;     // since the budget was set: every 64th is a probe
   bool several_cpus = true;
 };
 thread_local ThreadState t_state;
@@ -54,6 +55,7 @@ ThreadState& state() noexcept {
   if (t_state.generation != gen) {
     t_state.generation = gen;
     t_state.budget_ns = budget_set_ns();
+    t_state.calls = 0;
     t_state.several_cpus = may_run_on_several_cpus();
   }
   return t_state;
@@ -77,16 +79,18 @@ namespace internal {
 std::chrono::nanoseconds busy_poll_budget() noexcept {
   ThreadState& s = state();
   if (!s.several_cpus) return std::chrono::nanoseconds(0);
+  if (++s.calls % 64 == 0) return std::chrono::nanoseconds(budget_set_ns());
   return std::chrono::nanoseconds(s.budget_ns);
 }
 
-void busy_poll_done(bool found) noexcept {
+void busy_poll_observe(std::optional<std::chrono::nanoseconds> waited) noexcept {
   ThreadState& s = state();
   const std::int64_t most = budget_set_ns();
-  if (found)
-    s.budget_ns = std::min(most, std::max<std::int64_t>(s.budget_ns * 2, 1));
+  const std::int64_t least = most / 64;
+  if (waited && waited->count() <= most)
+    s.budget_ns = std::clamp<std::int64_t>(2 * waited->count(), least, most);
   else
-    s.budget_ns = std::max(most / 64, s.budget_ns / 2);
+    s.budget_ns = std::max(least, s.budget_ns / 2);
 }
 
 std::optional<std::chrono::nanoseconds> parse_busy_poll_us(const char* text) noexcept {

@@ -8,10 +8,16 @@
 namespace shmtensor::internal {
 
 // How long this thread's next receive may poll; zero: do not poll (off, or this process
-// may run on one CPU only).
+// may run on one CPU only). Every 64th call returns the whole budget set (a probe: a pair
+// of receivers that both block wait longer than a budget could cover, and would never
+// find out that polling on both sides makes the wait short).
 std::chrono::nanoseconds busy_poll_budget() noexcept;
-// Adapts this thread's budget to what its last poll found.
-void busy_poll_done(bool found) noexcept;
+// Adapts this thread's budget to how long its last receive waited for a datagram, from
+// the start of the receive, polling or blocked; nullopt: none came before its deadline.
+// A wait the budget set could have covered sets the next budget to twice that wait (a
+// poll that long would have caught it); a longer wait, or none, halves the budget, never
+// below 1/64 of the one set.
+void busy_poll_observe(std::optional<std::chrono::nanoseconds> waited) noexcept;
 // SHMTENSOR_BUSY_POLL_US's value in nanoseconds: nullopt when unset, empty or invalid (not
 // a whole number of microseconds from 0 to 1,000,000).
 std::optional<std::chrono::nanoseconds> parse_busy_poll_us(const char* text) noexcept;

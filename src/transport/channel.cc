@@ -65,30 +65,23 @@ Datagram datagram_of(Received&& r, std::shared_ptr<std::byte[]> buffer) {
 }
 
 // Opt-in busy polling (include/shmtensor/busy_poll.h): non-blocking receives until one
-// takes a datagram, the budget is spent or the deadline passes. nullopt: nothing came.
-std::optional<Datagram> poll_for_datagram(int sock, const Deadline& deadline) {
-  const auto budget = busy_poll_budget();
-  if (budget.count() <= 0) return std::nullopt;
-  auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(budget);
+// takes a datagram, `budget` is spent or the deadline passes. nullopt: nothing came.
+std::optional<Datagram> poll_for_datagram(int sock, Clock::time_point start,
+                                          std::chrono::nanoseconds budget,
+                                          const Deadline& deadline) {
+  auto until = start + std::chrono::duration_cast<Clock::duration>(budget);
   if (deadline) until = std::min(until, *deadline);
   do {
     auto buffer = receive_buffer();
     Received r = receive_message(sock, std::span(buffer.get(), kMaxInlineFrame),
                                  /*nonblocking=*/true);
-    if (!r.would_block) {
-      busy_poll_done(true);
-      return datagram_of(std::move(r), std::move(buffer));
-    }
+    if (!r.would_block) return datagram_of(std::move(r), std::move(buffer));
   } while (Clock::now() < until);
-  busy_poll_done(false);
   return std::nullopt;
 }
 
-}  // namespace
-
-Datagram receive_datagram(int sock, Deadline deadline) {
-  if (!deadline || Clock::now() < *deadline)
-    if (auto d = poll_for_datagram(sock, deadline)) return std::move(*d);
+// Waits in the kernel (poll, or a blocking recvmsg) until `deadline` for one datagram.
+Datagram wait_for_datagram(int sock, const Deadline& deadline) {
   for (;;) {
     // With a deadline, wait in poll and receive without blocking: another receiver may
     // take the datagram between the two, and then we wait again. A deadline already
@@ -106,6 +99,23 @@ Datagram receive_datagram(int sock, Deadline deadline) {
     }
     return datagram_of(std::move(r), std::move(buffer));
   }
+}
+
+}  // namespace
+
+Datagram receive_datagram(int sock, Deadline deadline) {
+  const auto budget = busy_poll_budget();
+  if (budget.count() <= 0) return wait_for_datagram(sock, deadline);
+  // Polling: the time from here to the datagram adapts the thread's next budget.
+  const auto start = Clock::now();
+  std::optional<Datagram> d;
+  if (!deadline || start < *deadline) d = poll_for_datagram(sock, start, budget, deadline);
+  if (!d) d = wait_for_datagram(sock, deadline);
+  if (d->status == RecvStatus::kTimeout)
+    busy_poll_observe(std::nullopt);
+  else
+    busy_poll_observe(Clock::now() - start);
+  return std::move(*d);
 }
 
 Decoder parse_datagram(Datagram&& datagram) {

@@ -60,15 +60,27 @@ TEST(BusyPollSettingTest, AdaptsPerThreadAndNeverPollsOnOneCpu) {
   ASSERT_EQ(::sched_getaffinity(0, sizeof all, &all), 0);
   set_busy_poll(64us);
   if (CPU_COUNT(&all) > 1) {
-    EXPECT_EQ(internal::busy_poll_budget(), 64us);
-    internal::busy_poll_done(false);
-    EXPECT_EQ(internal::busy_poll_budget(), 32us);
-    for (int i = 0; i < 20; ++i) internal::busy_poll_done(false);
-    EXPECT_EQ(internal::busy_poll_budget(), 1us) << "never below 1/64 of the budget";
-    internal::busy_poll_done(true);
-    EXPECT_EQ(internal::busy_poll_budget(), 2us);
-    for (int i = 0; i < 20; ++i) internal::busy_poll_done(true);
-    EXPECT_EQ(internal::busy_poll_budget(), 64us) << "never above the budget set";
+    using internal::busy_poll_budget;
+    using internal::busy_poll_observe;
+    EXPECT_EQ(busy_poll_budget(), 64us);
+    busy_poll_observe(std::nullopt);  // nothing came: half
+    EXPECT_EQ(busy_poll_budget(), 32us);
+    busy_poll_observe(100us);  // longer than the budget set could cover: half
+    EXPECT_EQ(busy_poll_budget(), 16us);
+    for (int i = 0; i < 20; ++i) busy_poll_observe(std::nullopt);
+    EXPECT_EQ(busy_poll_budget(), 1us) << "never below 1/64 of the budget";
+    busy_poll_observe(10us);  // a poll of twice that would have caught it
+    EXPECT_EQ(busy_poll_budget(), 20us);
+    busy_poll_observe(3us);
+    EXPECT_EQ(busy_poll_budget(), 6us);
+    busy_poll_observe(40us);
+    EXPECT_EQ(busy_poll_budget(), 64us) << "never above the budget set";
+    busy_poll_observe(0us);
+    EXPECT_EQ(busy_poll_budget(), 1us) << "never below 1/64 of the budget";
+    // Every 64th call is a probe with the whole budget; the calls above were 8.
+    for (int call = 9; call < 64; ++call) EXPECT_EQ(busy_poll_budget(), 1us) << call;
+    EXPECT_EQ(busy_poll_budget(), 64us) << "the 64th call probes";
+    EXPECT_EQ(busy_poll_budget(), 1us);
   }
   // A process that may run on one CPU only never polls: its peer needs that CPU.
   pid_t child = fork_child([] {

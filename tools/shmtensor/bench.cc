@@ -206,6 +206,7 @@ Result run_queue(const std::string& scenario, const BenchOptions& o) {
   Result res;
   double last = start;
   std::vector<double> lat;
+  bool producer_failed = false;
   for (int c = 0; c < o.consumers; ++c) {
     // A consumer that died without reporting must not hang the benchmark.
     std::optional<Report> got;
@@ -213,6 +214,15 @@ Result run_queue(const std::string& scenario, const BenchOptions& o) {
       bool any_alive = false;
       for (pid_t pid : consumers) any_alive |= waitpid(pid, nullptr, WNOHANG) == 0;
       if (!any_alive) break;
+      // Nor one whose producer failed (it printed why): its items never come, so the
+      // consumers would wait for them for good. Closing the queue ends their gets.
+      for (pid_t pid : producers) {
+        int status = 0;
+        if (waitpid(pid, &status, WNOHANG) == pid && !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
+          producer_failed = true;
+          q.close();
+        }
+      }
     }
     if (!got) {
       res.error = "a consumer died without reporting";
@@ -227,6 +237,7 @@ Result run_queue(const std::string& scenario, const BenchOptions& o) {
     res.consumer_peak_rss_kb = std::max(res.consumer_peak_rss_kb, r.peak_rss_kb);
     if (!r.error.empty() && res.error.empty()) res.error = r.error;
   }
+  if (producer_failed) res.error = "a producer failed (its message is above)";
   bool failed = res.completed < total;
   for (pid_t pid : producers) reap(pid, failed);
   for (pid_t pid : consumers) reap(pid, failed);
