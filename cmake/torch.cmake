@@ -73,9 +73,14 @@ function(shmtensor_find_torch)
         set(CMAKE_REQUIRED_DEFINITIONS -D_GLIBCXX_USE_CXX11_ABI=${our_abi})
         set(CMAKE_REQUIRED_QUIET ON)
         set(CMAKE_TRY_COMPILE_TARGET_TYPE STATIC_LIBRARY)  # compile only: no link to libtorch
+        # The cached result is named after the compiler and torch, so that another of either
+        # in the same build directory is probed anew.
+        string(MAKE_C_IDENTIFIER
+               "SHMTENSOR_TORCH_HEADERS_${CMAKE_CXX_COMPILER_ID}_${CMAKE_CXX_COMPILER_VERSION}_${Torch_VERSION}"
+               probe_result)
         check_cxx_source_compiles("#include <ATen/ATen.h>
-          int probe() { return sizeof(at::Tensor) > 0 ? 0 : 1; }" SHMTENSOR_TORCH_HEADERS_COMPILE)
-        if(NOT SHMTENSOR_TORCH_HEADERS_COMPILE)
+          int probe() { return sizeof(at::Tensor) > 0 ? 0 : 1; }" ${probe_result})
+        if(NOT ${probe_result})
           set(reason "torch's headers (<ATen/ATen.h>) do not compile with ${CMAKE_CXX_COMPILER_ID} "
                      "${CMAKE_CXX_COMPILER_VERSION} in C++${CMAKE_CXX_STANDARD} (clang 14 with "
                      "libstdc++ 12 rejects torch 1.13's headers), build it with GCC")

@@ -9,9 +9,9 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <type_traits>
+#include <vector>
 
 namespace shmtensor::internal {
 
@@ -45,7 +45,7 @@ class Registry {
     using M = std::remove_reference_t<Make>;
     return find_or_add_storage(
         segment, block, [](void* m) { return (*static_cast<M*>(m))(); },
-        static_cast<void*>(std::addressof(make)));
+        const_cast<void*>(static_cast<const void*>(std::addressof(make))));
   }
   std::shared_ptr<StorageImpl> find_or_add_storage(const Segment& segment, std::uint32_t block,
                                                    std::shared_ptr<StorageImpl> (*call)(void*),

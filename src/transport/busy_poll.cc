@@ -51,7 +51,7 @@ thread_local ThreadState t_state;
 // This thread's state, restarted when the budget was set anew (or on first use). The
 // affinity is read then too: a thread's mask rarely changes while it runs.
 ThreadState& state() noexcept {
-  const std::uint64_t gen = g_generation.load(std::memory_order_relaxed);
+  const std::uint64_t gen = g_generation.load(std::memory_order_acquire);
   if (t_state.generation != gen) {
     t_state.generation = gen;
     t_state.budget_ns = budget_set_ns();
@@ -69,7 +69,7 @@ void set_busy_poll(Duration budget) {
     throw std::invalid_argument("set_busy_poll: the budget must be from 0 to 1 second, not " +
                                 std::to_string(budget.count()) + " s");
   g_budget_ns.store(static_cast<std::int64_t>(ns), std::memory_order_relaxed);
-  g_generation.fetch_add(1, std::memory_order_relaxed);
+  g_generation.fetch_add(1, std::memory_order_release);  // publishes the budget stored above
 }
 
 Duration get_busy_poll() { return Duration(static_cast<double>(budget_set_ns()) / 1e9); }
@@ -86,7 +86,7 @@ std::chrono::nanoseconds busy_poll_budget() noexcept {
 void busy_poll_observe(std::optional<std::chrono::nanoseconds> waited) noexcept {
   ThreadState& s = state();
   const std::int64_t most = budget_set_ns();
-  const std::int64_t least = most / 64;
+  const std::int64_t least = std::max<std::int64_t>(most / 64, 1);  // 0 would mean "off"
   if (waited && waited->count() <= most)
     s.budget_ns = std::clamp<std::int64_t>(2 * waited->count(), least, most);
   else

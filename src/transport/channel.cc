@@ -104,12 +104,14 @@ Datagram wait_for_datagram(int sock, const Deadline& deadline) {
 }  // namespace
 
 Datagram receive_datagram(int sock, Deadline deadline) {
+  // A receive whose deadline has passed (a zero timeout: get_nowait, a drain) neither polls
+  // nor teaches the adaptation anything.
+  if (deadline && Clock::now() >= *deadline) return wait_for_datagram(sock, deadline);
   const auto budget = busy_poll_budget();
   if (budget.count() <= 0) return wait_for_datagram(sock, deadline);
   // Polling: the time from here to the datagram adapts the thread's next budget.
   const auto start = Clock::now();
-  std::optional<Datagram> d;
-  if (!deadline || start < *deadline) d = poll_for_datagram(sock, start, budget, deadline);
+  std::optional<Datagram> d = poll_for_datagram(sock, start, budget, deadline);
   if (!d) d = wait_for_datagram(sock, deadline);
   if (d->status == RecvStatus::kTimeout)
     busy_poll_observe(std::nullopt);

@@ -157,8 +157,10 @@ OutgoingFrame finish_frame(Encoder&& encoder) {
     if (!tables.empty()) std::memcpy(map.data(), tables.data(), tables.size());
     if (!st.payload.empty())
       std::memcpy(map.data() + tables.size(), st.payload.data(), st.payload.size());
-    tables.clear();
-    st.payload.clear();
+    // Freed, not cleared: a body this large should not stay allocated while the send
+    // waits, nor in the pool afterwards.
+    std::vector<std::byte>().swap(tables);
+    std::vector<std::byte>().swap(st.payload);
     h.flags |= kFlagBlob;
     st.fds.push_back(blob.get());
     st.owned_fds.push_back(std::move(blob));

@@ -1,5 +1,6 @@
 // Per-thread pools of message states (wire.h): a thread that sends or receives message
 // after message reuses the vectors of the last ones instead of allocating new ones.
+#include <array>
 #include <utility>
 #include <vector>
 
@@ -25,20 +26,20 @@ thread_local bool pool_alive = true;
 template <class State>
 class Pool {
  public:
-  Pool() { free_.reserve(kPoolSize); }
   ~Pool() { pool_alive<State> = false; }
   std::unique_ptr<State> take() {
-    if (free_.empty()) return std::make_unique<State>();
-    std::unique_ptr<State> s = std::move(free_.back());
-    free_.pop_back();
-    return s;
+    if (size_ == 0) return std::make_unique<State>();
+    return std::move(free_[--size_]);
   }
+  // Keeps `s` if there is room (no allocation: a fixed array, so that giving back, which
+  // runs in destructors, cannot fail); otherwise `s` is freed by the caller.
   void give(std::unique_ptr<State>& s) noexcept {
-    if (free_.size() < kPoolSize) free_.push_back(std::move(s));  // reserved: no allocation
+    if (size_ < kPoolSize) free_[size_++] = std::move(s);
   }
 
  private:
-  std::vector<std::unique_ptr<State>> free_;
+  std::array<std::unique_ptr<State>, kPoolSize> free_;
+  std::size_t size_ = 0;
 };
 
 template <class State>

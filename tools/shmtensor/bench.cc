@@ -136,6 +136,20 @@ pid_t fork_worker(const std::function<void()>& fn) {
   return pid;
 }
 
+// Whether `pid` (a child) has ended, and how, without reaping it: reap() still waits for
+// it, and a pid not reaped yet cannot belong to another process when reap() kills it.
+struct Ended {
+  bool ended = false;
+  bool ok = false;  // exited with status 0
+};
+Ended peek_child(pid_t pid) {
+  siginfo_t info{};
+  if (::waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) != 0 ||
+      info.si_pid != pid)
+    return {};
+  return {true, info.si_code == CLD_EXITED && info.si_status == 0};
+}
+
 void reap(pid_t pid, bool kill_it) {
   if (kill_it) kill(pid, SIGKILL);
   int status;
@@ -212,15 +226,15 @@ Result run_queue(const std::string& scenario, const BenchOptions& o) {
     std::optional<Report> got;
     while (!(got = reports.try_get(std::chrono::milliseconds(200)))) {
       bool any_alive = false;
-      for (pid_t pid : consumers) any_alive |= waitpid(pid, nullptr, WNOHANG) == 0;
+      for (pid_t pid : consumers) any_alive |= !peek_child(pid).ended;
       if (!any_alive) break;
       // Nor one whose producer failed (it printed why): its items never come, so the
       // consumers would wait for them for good. Closing the queue ends their gets.
       for (pid_t pid : producers) {
-        int status = 0;
-        if (waitpid(pid, &status, WNOHANG) == pid && !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
+        const Ended e = peek_child(pid);
+        if (e.ended && !e.ok) {
           producer_failed = true;
-          q.close();
+          q.close();  // the other producers' puts fail too, and say so
         }
       }
     }
