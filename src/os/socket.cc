@@ -85,6 +85,7 @@ Received receive_message(int sock, std::span<std::byte> buffer, bool nonblocking
   for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
     if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
       std::size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      r.fds.reserve(r.fds.size() + count);  // one allocation for the list, not one per fd
       for (std::size_t i = 0; i < count; ++i) {
         int fd;
         std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);

@@ -161,16 +161,15 @@ std::shared_ptr<Segment> resolve_segment(const SegmentEntry& e, std::string_view
   }
   if (e.strategy != 1) bad("unknown segment strategy");
   if (!is_valid_segment_name(name)) bad("invalid segment name");
-  std::string n(name);
   // The count the sender added for this message is given back by parse_frame, and only
   // once a storage of this segment proved the message carries counts (NamedCounts).
   if (auto seg = Registry::instance().find_segment(e.uid)) {
-    if (seg->mapped_size() != e.total_size || seg->name() != n)
+    if (seg->mapped_size() != e.total_size || seg->name() != name)
       bad("named segment disagrees with its mapping");
     return seg;
   }
-  auto seg = Segment::attach_name(n, e.uid);  // with this process's own count
-  if (seg->mapped_size() != e.total_size || seg->name() != n)
+  auto seg = Segment::attach_name(std::string(name), e.uid);  // with this process's own count
+  if (seg->mapped_size() != e.total_size || seg->name() != name)
     bad("named segment size disagrees with the message");
   Registry::instance().remember_received_segment(seg);
   return seg;

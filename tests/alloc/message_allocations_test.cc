@@ -1,0 +1,139 @@
+// The codec's own bookkeeping allocates nothing once a thread has sent and received a few
+// messages (docs/architecture.md, "wire"): its buffers and lists live in pooled message
+// states. This program replaces the global operator new to count the allocations made
+// while messages go back and forth, so that a change that brings per-message allocations
+// back fails here rather than only in a profile. What still allocates is counted exactly:
+// the decoded Tensor's sizes and strides (two vectors), and with file_descriptor the list of
+// fds a datagram arrives with.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <new>
+#include <string>
+#include <optional>
+#include <thread>
+#include <tuple>
+#include <utility>
+
+#include "shmtensor/connection.h"
+#include "shmtensor/queue.h"
+#include "support/strategy_test.h"
+#include "transport/channel.h"
+#include "wire/wire.h"
+
+namespace {
+std::atomic<bool> g_counting{false};
+std::atomic<std::int64_t> g_allocations{0};
+}  // namespace
+
+void* operator new(std::size_t n) {
+  if (g_counting.load(std::memory_order_relaxed)) g_allocations.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+
+namespace shmtensor {
+namespace {
+
+using MessageAllocationsTest = testing::StrategyTest;
+
+// Allocations made by `fn`, counted on every thread.
+template <class Fn>
+std::int64_t allocations_during(Fn&& fn) {
+  g_allocations = 0;
+  g_counting = true;
+  fn();
+  g_counting = false;
+  return g_allocations.load();
+}
+
+// One process, both ends of a connection: the receiver holds the tensor's storage already,
+// so a round trip allocates only what the decoded Tensor owns (and the fd list).
+TEST_P(MessageAllocationsTest, ARoundTripOfAHeldTensorAllocatesOnlyTheDecodedTensor) {
+  auto [a, b] = pipe();
+  Tensor t = Tensor::arange(10, DType::kFloat32);
+  for (int i = 0; i < 16; ++i) {  // warm-up: pools, buffers, the registry's tables
+    a.send(t);
+    (void)b.recv<Tensor>();
+  }
+  constexpr int kRounds = 1000;
+  float sum = 0;
+  const std::int64_t n = allocations_during([&] {
+    for (int i = 0; i < kRounds; ++i) {
+      a.send(t);
+      Tensor got = b.recv<Tensor>();
+      sum += got.data_ptr<float>()[9];
+    }
+  });
+  EXPECT_EQ(sum, 9.0f * kRounds);
+  const std::int64_t per_message = GetParam() == SharingStrategy::kFileDescriptor ? 3 : 2;
+  EXPECT_EQ(n, per_message * kRounds)
+      << "sizes and strides of the decoded tensor"
+      << (per_message == 3 ? ", and the received fd list" : "");
+}
+
+// A tuple of tensors and numbers through a queue: the same, per tensor.
+TEST_P(MessageAllocationsTest, ATupleThroughAQueueAllocatesOnlyItsDecodedTensors) {
+  using Item = std::tuple<Tensor, std::int64_t, double, Tensor>;
+  Queue<Item> q;
+  // Made once: building the tuple copies two Tensors (their own vectors), which is the
+  // caller's allocation, not the message's.
+  Item item{Tensor::ones({4, 3}, DType::kFloat64), 0, 0.5, Tensor::zeros({7}, DType::kInt32)};
+  for (int i = 0; i < 16; ++i) {
+    q.put(item);
+    (void)q.get();
+  }
+  constexpr int kRounds = 500;
+  std::int64_t labels = 0;
+  const std::int64_t n = allocations_during([&] {
+    for (int i = 0; i < kRounds; ++i) {
+      std::get<1>(item) = i;
+      q.put(item);
+      auto [gx, label, w, gy] = q.get();
+      labels += label + static_cast<std::int64_t>(w * 2) + gy.numel() - 7 + gx.numel() - 12;
+    }
+  });
+  EXPECT_EQ(labels, std::int64_t{kRounds} * (kRounds - 1) / 2 + kRounds);
+  // Two tensors: 4 vectors; file_descriptor: their segments' fds arrive in one list.
+  const std::int64_t per_message = GetParam() == SharingStrategy::kFileDescriptor ? 5 : 4;
+  EXPECT_EQ(n, per_message * kRounds);
+}
+
+// States given back on another thread than the one that took them join that thread's
+// pool, and a thread that exits frees its pool: values stay exact, nothing leaks.
+TEST_P(MessageAllocationsTest, MessageStatesMayEndOnAnotherThread) {
+  auto [a, b] = pipe();
+  Tensor t = Tensor::full({5}, 3.0, DType::kFloat64);
+  for (int i = 0; i < 50; ++i) {
+    {
+      Encoder unsent;  // an encoder that ends, unsent, on another thread
+      unsent.encode(t);
+      std::thread([e = std::move(unsent)]() mutable { Encoder gone = std::move(e); }).join();
+    }
+    Encoder e;
+    e.encode(t);
+    internal::OutgoingFrame frame = internal::finish_frame(std::move(e));
+    std::thread([&] {
+      ASSERT_TRUE(internal::send_frame(a.native_handle(), frame, std::nullopt));
+      internal::OutgoingFrame gone = std::move(frame);  // ends, sent, on this thread
+    }).join();
+    Decoder d = internal::parse_datagram(internal::receive_datagram(b.native_handle(), std::nullopt));
+    Tensor got;
+    std::thread([&] {
+      got = d.decode<Tensor>();
+      d.finish();
+      Decoder gone = std::move(d);  // ends on this thread
+    }).join();
+    ASSERT_EQ(got.data_ptr<double>()[4], 3.0);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Strategies, MessageAllocationsTest, testing::kAllStrategies,
+                         testing::strategy_name);
+
+}  // namespace
+}  // namespace shmtensor
