@@ -89,6 +89,18 @@ class ProtocolError : public Error {
   explicit ProtocolError(const std::string& what) : Error(what) {}
 };
 
+// The CUDA driver is missing, refused a call, or cannot be used in this process (a child
+// forked after its parent used CUDA). what() names the driver call and the driver's error,
+// and says what to do; result() is the driver's CUresult (0 when no call failed).
+class CudaError : public Error {
+ public:
+  CudaError(const std::string& what, int result = 0) : Error(what), result_(result) {}
+  int result() const noexcept { return result_; }
+
+ private:
+  int result_;
+};
+
 // The job's configuration, given in options or in environment variables, is invalid or
 // incomplete. what() names the option or variable, its value and what to set.
 class ConfigurationError : public Error {

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "shmtensor/device.h"
 #include "shmtensor/sharing_strategy.h"
 
 namespace shmtensor {
@@ -31,9 +32,18 @@ class Storage {
   [[nodiscard]] static Storage allocate(std::size_t nbytes);
   // nbytes directly in shared memory of the current strategy; never copied later.
   [[nodiscard]] static Storage allocate_shared(std::size_t nbytes);
+  // nbytes on `device`: allocate(nbytes) for the CPU; for a CUDA device, device memory
+  // from this process's device arena, shared from birth (is_shared() is true; it travels
+  // by fd whatever the strategy). Uninitialised. Throws std::invalid_argument for a device
+  // this process does not see, CudaError when CUDA cannot be used or is out of memory.
+  [[nodiscard]] static Storage allocate(std::size_t nbytes, Device device);
 
   bool defined() const noexcept { return impl_ != nullptr; }
+  // The bytes' address: for a CUDA storage a device address (for kernels and the CUDA
+  // API; the host must not dereference it).
   void* data() const noexcept;
+  // Where the bytes live (the CPU for an undefined storage).
+  Device device() const noexcept;
   std::size_t nbytes() const noexcept;
   bool is_shared() const noexcept;
   // The strategy of the segment holding a shared storage (unspecified if not shared).

@@ -69,7 +69,12 @@ class Tensor {
                                            DType dtype = DType::kFloat32);
   [[nodiscard]] static Tensor zeros_shared(std::vector<std::int64_t> sizes,
                                            DType dtype = DType::kFloat32);
-  // Same sizes and dtype as `other`, contiguous, private memory.
+  // On `device`: for the CPU the same as the factories above; for a CUDA device, device
+  // memory from this process's device arena (Storage::allocate(nbytes, device)), shared
+  // from birth. Throws as Storage::allocate(nbytes, device).
+  [[nodiscard]] static Tensor empty(std::vector<std::int64_t> sizes, DType dtype, Device device);
+  [[nodiscard]] static Tensor zeros(std::vector<std::int64_t> sizes, DType dtype, Device device);
+  // Same sizes, dtype and device as `other`, contiguous (private memory on the CPU).
   [[nodiscard]] static Tensor empty_like(const Tensor& other);
   [[nodiscard]] static Tensor zeros_like(const Tensor& other);
 
@@ -99,10 +104,14 @@ class Tensor {
   std::size_t nbytes() const;
   // Row-major with no gaps (dims of size 1 may have any stride; numel 0 is contiguous).
   bool is_contiguous() const noexcept;
+  // Where the elements live: the CPU, or a CUDA device (docs/cuda.md).
+  Device device() const noexcept { return storage_.device(); }
+  bool is_cuda() const noexcept { return device().is_cuda(); }
 
   // ---- data -------------------------------------------------------------------------------
   // Address of element 0: storage().data() + storage_offset() * element_size(), read afresh
-  // on each call. T must be the C++ type of dtype() (dtype_of_v<T>), else
+  // on each call. For a CUDA tensor a device address (as torch's data_ptr): for kernels and
+  // the CUDA API, never for the host to dereference. T must be the C++ type of dtype() (dtype_of_v<T>), else
   // std::invalid_argument. Valid while some handle keeps the storage alive and until
   // share_memory_() moves the bytes. As in libtorch, a const handle does not make the
   // bytes const: data_ptr() const returns T* too.
@@ -155,10 +164,18 @@ class Tensor {
   [[nodiscard]] Tensor clone() const;
   // A contiguous private copy converted to dtype, or *this if dtype() == dtype.
   [[nodiscard]] Tensor to(DType dtype) const;
+  // A contiguous copy on `device` (CPU: private memory; CUDA: the device arena), or *this
+  // if it is there already. Copies between host and device are synchronous.
+  [[nodiscard]] Tensor to(Device device) const;
+  [[nodiscard]] Tensor cpu() const { return to(Device::cpu()); }
+  [[nodiscard]] Tensor cuda(int index = 0) const { return to(Device::cuda(index)); }
 
   // ---- in-place (write the bytes; return *this) --------------------------------------------
   // src must broadcast to sizes() (see expand); its values are converted to dtype(). src may
-  // overlap *this. Throws std::invalid_argument on shape mismatch.
+  // overlap *this. Throws std::invalid_argument on shape mismatch. Either may be on a CUDA
+  // device: the copy then goes through the driver (synchronous), staged through host
+  // memory where it cannot be one contiguous copy; writing a non-contiguous CUDA tensor
+  // rewrites every byte its elements span.
   Tensor& copy_(const Tensor& src);
   // value converted to dtype(): to bool is value != 0; to an integer truncates toward zero
   // and saturates (NaN gives 0); to complex has imaginary part 0.
@@ -176,9 +193,12 @@ class Tensor {
   }
   const Tensor& add_(double value) const { return const_cast<Tensor*>(this)->add_(value); }
 
+  // fill_, add_, equal, item and to_string work on CUDA tensors through host copies
+  // (shmtensor has no device kernels): correct, not fast.
+
   // ---- comparison and printing -------------------------------------------------------------
-  // Same sizes, dtype and values (NaN differs from everything). Two undefined tensors are
-  // equal; an undefined one equals no defined one.
+  // Same sizes, dtype, device and values (NaN differs from everything). Two undefined
+  // tensors are equal; an undefined one equals no defined one.
   bool equal(const Tensor& other) const;
   // Like torch's repr: "tensor([[1., 2.],\n        [3., 4.]], dtype=float32)". Tensors with
   // more than 1000 elements are summarised with "..." (3 items at each edge).
@@ -206,6 +226,8 @@ class Tensor {
                    std::vector<std::int64_t> strides) const;
   void check_defined(const char* op) const;
   void check_dtype(DType requested, const char* op) const;
+  // copy_ when either tensor is on a CUDA device (tensor_device.cc).
+  Tensor& copy_across_devices(const Tensor& src);
   // The single element (numel must be 1) in the widest type of its kind.
   bool item_bool() const;
   std::int64_t item_int64(std::int64_t min, std::uint64_t max) const;

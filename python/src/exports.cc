@@ -36,6 +36,9 @@ void remove_export(const Storage& s) {
 // (a 0-byte storage has a null data pointer), and a null buf/data confuses consumers.
 void* export_address(const Tensor& t) {
   static std::max_align_t empty_target;
+  if (t.is_cuda())
+    throw std::invalid_argument("a " + t.device().to_string() +
+                                " tensor's bytes are device memory: call .cpu() first");
   void* p = const_cast<void*>(t.raw_data());
   return p == nullptr ? &empty_target : p;
 }

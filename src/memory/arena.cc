@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "cuda/driver.h"
 #include "memory/segment.h"
 #include "shmtensor/error.h"
 
@@ -77,10 +78,16 @@ struct PrivateBuffer {
 constexpr std::size_t kPrivateCacheCount = 4;
 constexpr std::size_t kPrivateCacheBytes = std::size_t{512} << 20;
 
+// CUDA devices with an arena of their own (ordinals below this).
+constexpr int kMaxDevices = 64;
+
 struct State {
   std::mutex mu;
   std::vector<PrivateBuffer> private_cache;  // most recently freed last
   std::array<StrategyArena, 2> by_strategy;
+  // Device arenas: made on first use. Their segments are device segments (their blocks
+  // device memory), which travel by fd whatever the strategy.
+  std::array<std::unique_ptr<StrategyArena>, kMaxDevices> by_device;
   std::unordered_map<const Segment*, OwnSegment*> index;
   // The parent's state, which a forked child abandons (arena_child_after_fork), kept
   // reachable on purpose: a child that ends with exit() is checked by LeakSanitizer.
@@ -96,8 +103,27 @@ void drop_inherited() {
   delete g_inherited.exchange(nullptr, std::memory_order_acq_rel);
 }
 
-StrategyArena& arena_of(SharingStrategy s) {
-  return g_state->by_strategy[s == SharingStrategy::kFileSystem ? 1 : 0];
+// Where a storage's block comes from: host memory of a strategy, or a CUDA device.
+struct ArenaKey {
+  SharingStrategy strategy = SharingStrategy::kFileDescriptor;
+  int device = -1;
+};
+
+StrategyArena& arena_of(ArenaKey key) {
+  if (key.device < 0) return g_state->by_strategy[key.strategy == SharingStrategy::kFileSystem ? 1 : 0];
+  auto& slot = g_state->by_device[static_cast<std::size_t>(key.device)];
+  if (!slot) slot = std::make_unique<StrategyArena>();
+  return *slot;
+}
+
+ArenaKey key_of(const Segment& seg) { return {seg.strategy(), seg.device()}; }
+
+std::size_t round_up(std::size_t n, std::size_t a) { return (n + a - 1) / a * a; }
+
+// Device segments are whole allocations of the device's granularity (2 MiB on current
+// GPUs): a segment is made at least that big, with as many blocks as fit.
+std::size_t device_granularity(int device) {
+  return device < 0 ? 1 : cuda::Driver::get().device(device).granularity;
 }
 
 // Takes a block from the free list or the untouched tail. Blocks whose word a peer
@@ -168,8 +194,8 @@ struct NewSegment {
   SegmentKind kind = SegmentKind::kArena;
 };
 
-std::optional<Block> try_small(SharingStrategy strategy, SizeClass sc, NewSegment* need) {
-  ClassArena& ca = arena_of(strategy).classes[sc.index];
+std::optional<Block> try_small(ArenaKey key, SizeClass sc, NewSegment* need) {
+  ClassArena& ca = arena_of(key).classes[sc.index];
   std::uint32_t i = 0;
   // Newest (largest) first.
   for (auto it = ca.segments.rbegin(); it != ca.segments.rend(); ++it)
@@ -185,17 +211,21 @@ std::optional<Block> try_small(SharingStrategy strategy, SizeClass sc, NewSegmen
       for (auto it = ca.segments.rbegin(); it != ca.segments.rend(); ++it)
         if (take(**it, &i)) return block_of(**it, i);
   }
-  const std::size_t bytes = std::max(ca.next_bytes, sc.block_size * kMinBlocks);
-  *need = {sc.block_size, static_cast<std::uint32_t>(bytes / sc.block_size), SegmentKind::kArena};
+  const std::size_t bytes =
+      round_up(std::max(ca.next_bytes, sc.block_size * kMinBlocks), device_granularity(key.device));
+  *need = {sc.block_size, static_cast<std::uint32_t>(bytes / sc.block_size),
+           key.device < 0 ? SegmentKind::kArena : SegmentKind::kDeviceArena};
   return std::nullopt;
 }
 
 // Creates an arena segment, smaller when /dev/shm cannot hold it (Docker's 64 MB): only
 // when not even one block fits does the caller get the SharedMemoryFullError.
-std::shared_ptr<Segment> create_arena_segment(SharingStrategy strategy, NewSegment* need) {
+std::shared_ptr<Segment> create_arena_segment(ArenaKey key, NewSegment* need) {
+  if (key.device >= 0)
+    return Segment::create_device(key.device, need->block_size, need->count, need->kind);
   for (;;) {
     try {
-      return Segment::create(strategy, need->block_size, need->count, need->kind);
+      return Segment::create(key.strategy, need->block_size, need->count, need->kind);
     } catch (const SharedMemoryFullError&) {
       if (need->count == 1) throw;
       need->count /= 2;
@@ -223,10 +253,10 @@ void limit_large_cache(StrategyArena& sa, std::vector<std::shared_ptr<Segment>>*
   });
 }
 
-std::optional<Block> try_large(SharingStrategy strategy, std::size_t nbytes,
+std::optional<Block> try_large(ArenaKey key, std::size_t nbytes,
                                std::vector<std::shared_ptr<Segment>>* dropped, NewSegment* need) {
-  StrategyArena& sa = arena_of(strategy);
-  const std::size_t size = (nbytes + 4095) / 4096 * 4096;
+  StrategyArena& sa = arena_of(key);
+  const std::size_t size = round_up(round_up(nbytes, 4096), device_granularity(key.device));
   OwnSegment* best = nullptr;
   for (auto& os : sa.large) {
     collect(*os, 0);
@@ -255,13 +285,15 @@ std::optional<Block> try_large(SharingStrategy strategy, std::size_t nbytes,
     if (best != nullptr && take(*best, &i)) return block_of(*best, i);
   }
   limit_large_cache(sa, dropped);
-  *need = {size, 1, SegmentKind::kDedicated};
+  *need = {size, 1, key.device < 0 ? SegmentKind::kDedicated : SegmentKind::kDeviceDedicated};
   return std::nullopt;
 }
 
 }  // namespace
 
-Block arena_allocate(SharingStrategy strategy, std::size_t nbytes) {
+namespace {
+
+Block allocate_in(ArenaKey key, std::size_t nbytes) {
   if (g_inherited.load(std::memory_order_relaxed) != nullptr) drop_inherited();
   const bool large = nbytes > kLargeThreshold;
   const SizeClass sc = large ? SizeClass{0, 0} : size_class(nbytes);
@@ -269,14 +301,14 @@ Block arena_allocate(SharingStrategy strategy, std::size_t nbytes) {
   {
     std::vector<std::shared_ptr<Segment>> dropped;  // destroyed after unlocking
     std::lock_guard lock(g_state->mu);
-    auto b = large ? try_large(strategy, nbytes, &dropped, &need) : try_small(strategy, sc, &need);
+    auto b = large ? try_large(key, nbytes, &dropped, &need) : try_small(key, sc, &need);
     if (b) return std::move(*b);
   }
   // Outside the lock: another thread may add a segment of this class meanwhile; then the
   // class has two, which is harmless.
-  std::shared_ptr<Segment> seg = create_arena_segment(strategy, &need);
+  std::shared_ptr<Segment> seg = create_arena_segment(key, &need);
   std::lock_guard lock(g_state->mu);
-  StrategyArena& sa = arena_of(strategy);
+  StrategyArena& sa = arena_of(key);
   OwnSegment* os = nullptr;
   if (large) {
     os = &add_segment(sa.large, std::move(seg));
@@ -291,6 +323,20 @@ Block arena_allocate(SharingStrategy strategy, std::size_t nbytes) {
   return block_of(*os, i);
 }
 
+}  // namespace
+
+Block arena_allocate(SharingStrategy strategy, std::size_t nbytes) {
+  return allocate_in({strategy, -1}, nbytes);
+}
+
+Block arena_allocate_device(int device, std::size_t nbytes) {
+  if (device < 0 || device >= kMaxDevices || device >= cuda::Driver::get().device_count())
+    throw std::invalid_argument("cuda:" + std::to_string(device) + ": this process sees " +
+                                std::to_string(cuda::Driver::get().device_count()) +
+                                " CUDA device(s)");
+  return allocate_in({SharingStrategy::kFileDescriptor, device}, nbytes);
+}
+
 void arena_block_freed(const Segment& segment, std::uint32_t block) noexcept {
   std::vector<std::shared_ptr<Segment>> dropped;
   std::lock_guard lock(g_state->mu);
@@ -298,7 +344,7 @@ void arena_block_freed(const Segment& segment, std::uint32_t block) noexcept {
   if (it == g_state->index.end()) return;  // trimmed, or not ours any more
   OwnSegment& os = *it->second;
   if (!collect(os, block)) return;
-  if (segment.kind() == SegmentKind::kDedicated) limit_large_cache(arena_of(segment.strategy()), &dropped);
+  if (is_dedicated_kind(segment.kind())) limit_large_cache(arena_of(key_of(segment)), &dropped);
 }
 
 std::size_t arena_trim() {
@@ -318,13 +364,16 @@ std::size_t arena_trim() {
         return true;
       });
     };
-    for (auto& sa : g_state->by_strategy) {
+    auto sweep_arena = [&sweep](StrategyArena& sa) {
       for (auto& ca : sa.classes) {
         sweep(ca.segments);
         if (ca.segments.empty()) ca.next_bytes = kFirstSegmentBytes;
       }
       sweep(sa.large);
-    }
+    };
+    for (auto& sa : g_state->by_strategy) sweep_arena(sa);
+    for (auto& sa : g_state->by_device)
+      if (sa) sweep_arena(*sa);
   }
   return dropped.size();
 }

@@ -36,6 +36,11 @@ struct Block {
 // A block of at least nbytes (> 0), held by this process (its slot's bit is set). Throws
 // SystemError / SharedMemoryFullError when a new segment is needed and cannot be made.
 Block arena_allocate(SharingStrategy strategy, std::size_t nbytes);
+// The same in device memory of CUDA device `device` (this process's ordinal): blocks of
+// device segments (segment.h), whatever the strategy. Throws std::invalid_argument for a
+// device this process does not see, CudaError when CUDA cannot be used or the device is
+// out of memory.
+Block arena_allocate_device(int device, std::size_t nbytes);
 
 // `block` of `segment`, one of ours, became free through this process (its word went to 0:
 // Segment::block_freed): back into its free list. Takes the arena lock.

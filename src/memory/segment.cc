@@ -6,6 +6,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "cuda/device_memory.h"
+#include "cuda/driver.h"
 #include "memory/registry.h"
 #include "memory/segment_observer.h"
 #include "os/proc.h"
@@ -71,21 +73,26 @@ struct Layout {
 };
 
 // Header, slot table, block words, then the blocks (page-aligned when blocks are pages or
-// larger, so a large storage starts on a page).
-Layout layout_for(std::size_t block_size, std::uint32_t block_count) {
+// larger, so a large storage starts on a page). A device segment's object ends where its
+// blocks would start: they are device memory.
+Layout layout_for(std::size_t block_size, std::uint32_t block_count, bool device = false) {
   Layout l{};
   l.slots_offset = kSegmentHeaderSize;
   l.words_offset = l.slots_offset + kSlotCount * sizeof(std::uint64_t);
-  const std::size_t align = block_size >= 4096 ? 4096 : kSegmentAlignment;
+  const std::size_t align = device ? kSegmentAlignment : block_size >= 4096 ? 4096 : kSegmentAlignment;
   l.data_offset = round_up(l.words_offset + block_count * sizeof(std::uint64_t), align);
-  l.total = l.data_offset + block_size * block_count;
+  l.total = l.data_offset + (device ? 0 : block_size * block_count);
   return l;
 }
 
 void write_header(SegmentHeader* h, const Layout& l, std::size_t block_size,
                   std::uint32_t block_count, SegmentKind kind, std::int64_t refs) {
   // The object is fresh (zero-filled by the kernel): slots and words start at 0 (free).
+  // A device segment's UUID, written before, stays.
+  std::uint8_t uuid[sizeof h->device_uuid];
+  std::memcpy(uuid, h->device_uuid, sizeof uuid);
   std::memset(static_cast<void*>(h), 0, sizeof *h);
+  std::memcpy(h->device_uuid, uuid, sizeof uuid);
   h->layout_version = kSegmentLayoutVersion;
   h->header_size = kSegmentHeaderSize;
   h->total_size = l.total;
@@ -120,6 +127,38 @@ Segment::Segment(SharingStrategy strategy, UniqueFd fd, Mapping mapping, std::st
   slots_offset_ = h->slots_offset;
   words_offset_ = h->words_offset;
   quarantined_.reset(new std::atomic<std::uint64_t>[(block_count_ + 63) / 64]());
+  if (!is_device_kind(kind_)) payload_ = mapping_.data() + data_offset_;
+}
+
+int Segment::device_fd() const noexcept { return device_memory_ ? device_memory_->fd() : -1; }
+
+std::shared_ptr<Segment> Segment::create_device(int ordinal, std::size_t block_size,
+                                                std::uint32_t block_count, SegmentKind kind) {
+  if (block_size == 0 || block_size % kSegmentAlignment != 0 || block_count == 0 ||
+      !is_device_kind(kind))
+    throw std::invalid_argument("Segment::create_device: bad block geometry or kind");
+  const cuda::Driver& driver = cuda::Driver::get();
+  const cuda::CUuuid uuid = driver.device(ordinal).uuid;
+  // The device memory first: it is what most often fails (out of device memory).
+  auto memory = cuda::DeviceMemory::create(ordinal, block_size * block_count);
+  const Layout l = layout_for(block_size, block_count, /*device=*/true);
+  UniqueFd fd = create_sealed_memfd(l.total);
+  FdFacts facts = inspect_fd(fd.get());
+  Mapping map = Mapping::map_shared(fd.get(), l.total, "device segment");
+  auto* h = reinterpret_cast<SegmentHeader*>(map.data());
+  std::memcpy(h->device_uuid, uuid.bytes, sizeof h->device_uuid);  // write_header keeps it
+  write_header(h, l, block_size, block_count, kind, 0);
+  auto seg = std::make_shared<Segment>(SharingStrategy::kFileDescriptor, std::move(fd),
+                                       std::move(map), std::string());
+  seg->payload_ = reinterpret_cast<std::byte*>(memory->address());
+  seg->device_ordinal_ = ordinal;
+  seg->device_memory_ = std::move(memory);
+  seg->device_ = facts.device;
+  seg->inode_ = facts.inode;
+  seg->claim_slot(/*creator=*/true);
+  seg->own_.store(true, std::memory_order_release);
+  Registry::instance().add_segment(seg);
+  return seg;
 }
 
 std::shared_ptr<Segment> Segment::create(SharingStrategy strategy, std::size_t block_size,
@@ -180,14 +219,15 @@ void validate_segment_header(const SegmentHeader& h, std::size_t mapped_size,
     fail("total size " + std::to_string(h.total_size) + " but the object has " +
          std::to_string(mapped_size) + " bytes");
   if (h.uid != expected_uid) fail("uid does not match the message");
-  if (h.kind != static_cast<std::uint32_t>(SegmentKind::kArena) &&
-      h.kind != static_cast<std::uint32_t>(SegmentKind::kDedicated))
+  if (h.kind < static_cast<std::uint32_t>(SegmentKind::kDedicated) ||
+      h.kind > static_cast<std::uint32_t>(SegmentKind::kDeviceArena))
     fail("unknown kind " + std::to_string(h.kind));
+  const auto kind = static_cast<SegmentKind>(h.kind);
+  const bool device = is_device_kind(kind);
   if (h.block_size == 0 || h.block_size % kSegmentAlignment != 0 || h.block_count == 0)
     fail("block size " + std::to_string(h.block_size) + " / count " +
          std::to_string(h.block_count));
-  if (h.block_count > kMaxSegmentBlocks ||
-      (h.kind == static_cast<std::uint32_t>(SegmentKind::kDedicated) && h.block_count != 1))
+  if (h.block_count > kMaxSegmentBlocks || (is_dedicated_kind(kind) && h.block_count != 1))
     fail(std::to_string(h.block_count) + " blocks, more than a segment of this kind has");
   // Only the layout this library writes is accepted: a peer cannot place slots, words or
   // blocks anywhere else, nor make them overlap.
@@ -199,21 +239,69 @@ void validate_segment_header(const SegmentHeader& h, std::size_t mapped_size,
   if (h.slots_offset != l.slots_offset || h.words_offset != l.words_offset ||
       h.data_offset % kSegmentAlignment != 0 ||
       h.data_offset < h.words_offset + std::uint64_t{h.block_count} * sizeof(std::uint64_t) ||
-      h.data_offset > mapped_size || data_size > mapped_size - h.data_offset)
+      h.data_offset > mapped_size ||
+      (device ? h.data_offset != mapped_size : data_size > mapped_size - h.data_offset))
     fail("slots, words or blocks lie outside the object");
 }
 
-std::shared_ptr<Segment> Segment::attach_fd(UniqueFd fd, std::uint64_t uid) {
-  FdFacts facts = inspect_fd(fd.get());
-  if (!facts.sealed_against_resize)
+namespace {
+
+// A received memfd, checked and mapped, its header validated.
+Mapping map_received_memfd(int fd, std::uint64_t uid, FdFacts* facts) {
+  *facts = inspect_fd(fd);
+  if (!facts->sealed_against_resize)
     throw ProtocolError(
         "received a segment fd that is not sealed against shrinking: refusing to map it "
         "(a peer could truncate it and make this process SIGBUS)");
-  if (facts.size < kSegmentHeaderSize)
-    throw ProtocolError("received a segment fd of " + std::to_string(facts.size) +
+  if (facts->size < kSegmentHeaderSize)
+    throw ProtocolError("received a segment fd of " + std::to_string(facts->size) +
                         " bytes, smaller than a segment header");
-  Mapping map = Mapping::map_shared(fd.get(), facts.size, "received memfd segment");
-  validate_segment_header(*reinterpret_cast<const SegmentHeader*>(map.data()), facts.size, uid);
+  Mapping map = Mapping::map_shared(fd, facts->size, "received memfd segment");
+  validate_segment_header(*reinterpret_cast<const SegmentHeader*>(map.data()), facts->size, uid);
+  return map;
+}
+
+}  // namespace
+
+std::shared_ptr<Segment> Segment::attach_device(UniqueFd meta, UniqueFd memory,
+                                                std::uint64_t uid) {
+  FdFacts facts;
+  Mapping map = map_received_memfd(meta.get(), uid, &facts);
+  const auto* h = reinterpret_cast<const SegmentHeader*>(map.data());
+  if (!is_device_kind(static_cast<SegmentKind>(h->kind)))
+    throw ProtocolError("a device segment entry names a host segment");
+  cuda::CUuuid uuid{};
+  std::memcpy(uuid.bytes, h->device_uuid, sizeof uuid.bytes);
+  const std::size_t data_size = h->data_size;
+  auto device_memory = cuda::DeviceMemory::import(std::move(memory), uuid, data_size);
+  auto seg = std::make_shared<Segment>(SharingStrategy::kFileDescriptor, std::move(meta),
+                                       std::move(map), std::string());
+  seg->payload_ = reinterpret_cast<std::byte*>(device_memory->address());
+  seg->device_ordinal_ = device_memory->ordinal();
+  seg->device_memory_ = std::move(device_memory);
+  seg->device_ = facts.device;
+  seg->inode_ = facts.inode;
+  seg->claim_slot(/*creator=*/false);
+  return Registry::instance().add_segment(seg);
+}
+
+std::shared_ptr<Segment> Segment::attach_device_metadata(UniqueFd meta, std::uint64_t uid) {
+  FdFacts facts;
+  Mapping map = map_received_memfd(meta.get(), uid, &facts);
+  if (!is_device_kind(static_cast<SegmentKind>(reinterpret_cast<const SegmentHeader*>(map.data())->kind)))
+    throw ProtocolError("a device segment entry names a host segment");
+  auto seg = std::make_shared<Segment>(SharingStrategy::kFileDescriptor, std::move(meta),
+                                       std::move(map), std::string());
+  seg->device_ = facts.device;
+  seg->inode_ = facts.inode;
+  return seg;
+}
+
+std::shared_ptr<Segment> Segment::attach_fd(UniqueFd fd, std::uint64_t uid) {
+  FdFacts facts;
+  Mapping map = map_received_memfd(fd.get(), uid, &facts);
+  if (is_device_kind(static_cast<SegmentKind>(reinterpret_cast<const SegmentHeader*>(map.data())->kind)))
+    throw ProtocolError("a host segment entry names a device segment");
   auto seg = std::make_shared<Segment>(SharingStrategy::kFileDescriptor, std::move(fd),
                                        std::move(map), std::string());
   seg->device_ = facts.device;
@@ -233,6 +321,8 @@ std::shared_ptr<Segment> Segment::attach_name(const std::string& name, std::uint
                         " bytes, smaller than a segment header");
   Mapping map = Mapping::map_shared(fd.get(), facts.size, name.c_str());
   validate_segment_header(*reinterpret_cast<const SegmentHeader*>(map.data()), facts.size, uid);
+  if (is_device_kind(static_cast<SegmentKind>(reinterpret_cast<const SegmentHeader*>(map.data())->kind)))
+    throw ProtocolError("named segment " + name + " claims to be a device segment");
   auto seg = std::make_shared<Segment>(SharingStrategy::kFileSystem, UniqueFd(), std::move(map),
                                        name);
   seg->header()->refcount.fetch_add(1, std::memory_order_relaxed);  // given back by ~Segment

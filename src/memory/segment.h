@@ -31,6 +31,10 @@
 
 namespace shmtensor::internal {
 
+namespace cuda {
+class DeviceMemory;
+}
+
 class Segment {
  public:
   // A new segment of `block_count` blocks of `block_size` bytes (a multiple of 64), with
@@ -50,6 +54,22 @@ class Segment {
   // message that is refused takes nothing off the name. Throws SystemError (ENOENT: the
   // name is gone), ProtocolError for a header that does not validate.
   static std::shared_ptr<Segment> attach_name(const std::string& name, std::uint64_t uid);
+  // A device segment (kind kDeviceArena / kDeviceDedicated): blocks of CUDA memory on
+  // device `ordinal`, their header, slots and words in a memfd. Travels as two fds (the
+  // memfd and the allocation's), whatever the sharing strategy. Throws CudaError (no
+  // CUDA, out of device memory) and what create() throws.
+  static std::shared_ptr<Segment> create_device(int ordinal, std::size_t block_size,
+                                                std::uint32_t block_count, SegmentKind kind);
+  // Maps a device segment received as its memfd and its allocation's fd: the memfd as
+  // attach_fd does, then the allocation on the device whose UUID the header names.
+  // ProtocolError for anything inconsistent, CudaError when CUDA cannot be used here.
+  static std::shared_ptr<Segment> attach_device(UniqueFd meta, UniqueFd memory, std::uint64_t uid);
+  // A received device segment's memfd alone, for a process that cannot map its device
+  // memory (CUDA unusable here, the device not visible): payload() is null, nothing is
+  // registered, no slot is taken. What it is for: giving back the in-flight counts of
+  // the message's blocks (drop_block_in_flight), so that a message refused for that
+  // reason leaks nothing.
+  static std::shared_ptr<Segment> attach_device_metadata(UniqueFd meta, std::uint64_t uid);
 
   ~Segment();
   Segment(const Segment&) = delete;
@@ -62,8 +82,15 @@ class Segment {
     return reinterpret_cast<const SegmentHeader*>(mapping_.data());
   }
   SegmentHeader* header() noexcept { return reinterpret_cast<SegmentHeader*>(mapping_.data()); }
-  // The data area: block i starts at payload() + i * block_size().
-  std::byte* payload() const noexcept { return mapping_.data() + data_offset_; }
+  // The data area: block i starts at payload() + i * block_size(). For a device segment
+  // a device address, which the host must not dereference.
+  std::byte* payload() const noexcept { return payload_; }
+  // The CUDA device of a device segment's blocks (this process's ordinal), -1 for host
+  // memory.
+  int device() const noexcept { return device_ordinal_; }
+  bool is_device() const noexcept { return device_ordinal_ >= 0; }
+  // A device segment's allocation fd (sent with its memfd). -1 otherwise.
+  int device_fd() const noexcept;
   std::size_t payload_size() const noexcept { return block_size_ * block_count_; }
   std::size_t mapped_size() const noexcept { return mapping_.size(); }
   std::size_t block_size() const noexcept { return block_size_; }
@@ -176,6 +203,9 @@ class Segment {
   std::uint64_t slot_owner_ = 0;  // what slot_ holds (this process)
   std::atomic<bool> own_{false};
   std::unique_ptr<std::atomic<std::uint64_t>[]> quarantined_;  // one bit per block
+  std::byte* payload_ = nullptr;
+  int device_ordinal_ = -1;
+  std::unique_ptr<cuda::DeviceMemory> device_memory_;
 };
 
 // Checks a mapped header against what the mapping allows: magic, version, sizes, and that

@@ -10,7 +10,7 @@
 namespace shmtensor::internal {
 
 inline constexpr std::uint64_t kSegmentMagic = 0x314745535453484dULL;  // "MHSTSEG1" LE
-inline constexpr std::uint32_t kSegmentLayoutVersion = 3;
+inline constexpr std::uint32_t kSegmentLayoutVersion = 4;
 inline constexpr std::size_t kSegmentHeaderSize = 128;
 // Payload alignment inside a segment (cache line; tensors need at most 16).
 inline constexpr std::size_t kSegmentAlignment = 64;
@@ -20,8 +20,21 @@ inline constexpr std::size_t kSegmentAlignment = 64;
 inline constexpr std::uint32_t kMaxSegmentBlocks = std::uint32_t{1} << 20;
 
 // Every segment is carved into `block_count` blocks of `block_size` bytes: an arena has
-// many small ones, a dedicated segment (a large storage) exactly one.
-enum class SegmentKind : std::uint32_t { kDedicated = 1, kArena = 2 };
+// many small ones, a dedicated segment (a large storage) exactly one. A device segment's
+// blocks are CUDA device memory (one allocation, cuda/device_memory.h): the shared object
+// holds the header, slots and words only, and the header names the device by UUID.
+enum class SegmentKind : std::uint32_t {
+  kDedicated = 1,
+  kArena = 2,
+  kDeviceDedicated = 3,
+  kDeviceArena = 4,
+};
+constexpr bool is_device_kind(SegmentKind k) {
+  return k == SegmentKind::kDeviceDedicated || k == SegmentKind::kDeviceArena;
+}
+constexpr bool is_dedicated_kind(SegmentKind k) {
+  return k == SegmentKind::kDedicated || k == SegmentKind::kDeviceDedicated;
+}
 
 // Holder slots per segment: a process that holds blocks of a segment owns one slot, keyed
 // by pid + start time (slot_owner, os/proc.h), and marks each block it holds with its
@@ -61,7 +74,8 @@ struct SegmentHeader {
   // Bumped (release) by a process other than the creator each time it frees a block (takes
   // its word to 0): the creator rescans a segment for free blocks only when it changed.
   std::atomic<std::uint64_t> release_epoch;
-  std::uint8_t reserved[kSegmentHeaderSize - 112];
+  // Device segments: the CUDA device's UUID (cuDeviceGetUuid). Zero for host segments.
+  std::uint8_t device_uuid[16];
 };
 
 static_assert(std::is_standard_layout_v<SegmentHeader>);
@@ -71,5 +85,6 @@ static_assert(offsetof(SegmentHeader, refcount) == 64);
 static_assert(offsetof(SegmentHeader, creator_pgid) == 72);
 static_assert(offsetof(SegmentHeader, block_size) == 80);
 static_assert(offsetof(SegmentHeader, release_epoch) == 104);
+static_assert(offsetof(SegmentHeader, device_uuid) == 112);
 
 }  // namespace shmtensor::internal

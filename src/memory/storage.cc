@@ -1,6 +1,8 @@
 #include <cstring>
 #include <utility>
 
+#include "cuda/device_memory.h"
+#include "cuda/driver.h"
 #include "memory/arena.h"
 #include "memory/registry.h"
 #include "memory/storage_impl.h"
@@ -20,7 +22,7 @@ StorageImpl::StorageImpl(std::size_t nbytes) : nbytes_(nbytes) {
 StorageImpl::StorageImpl(std::shared_ptr<Segment> segment, std::size_t offset,
                          std::size_t nbytes, std::uint32_t block, bool counted)
     : nbytes_(nbytes), segment_(std::move(segment)), offset_(offset), block_(block),
-      counted_(counted) {
+      counted_(counted), device_(segment_->device()) {
   data_.store(segment_->payload() + offset, std::memory_order_relaxed);
   shared_.store(true, std::memory_order_relaxed);
 }
@@ -28,6 +30,15 @@ StorageImpl::StorageImpl(std::shared_ptr<Segment> segment, std::size_t offset,
 StorageImpl::~StorageImpl() {
   private_free(private_, private_capacity_);
   if (!segment_) return;
+  if (device_ >= 0 && !cuda::forked_after_load()) {
+    // Work this process queued on the block (a kernel launched on the tensor) must end
+    // before the block can be reused by its creator. A storage destructor cannot report
+    // a driver failure: the block is released all the same.
+    try {
+      cuda::synchronize(device_);
+    } catch (const std::exception&) {
+    }
+  }
   Registry::instance().remove_storage(*segment_, block_, this);
   segment_->release_block(block_, counted_);
 }
@@ -60,6 +71,14 @@ std::shared_ptr<StorageImpl> allocate_shared_storage(std::size_t nbytes,
   return impl;
 }
 
+std::shared_ptr<StorageImpl> allocate_device_storage(std::size_t nbytes, int device) {
+  Block b = arena_allocate_device(device, nbytes);
+  auto impl = std::make_shared<StorageImpl>(std::move(b.segment), b.offset, nbytes, b.index,
+                                            /*counted=*/false);
+  Registry::instance().add_storage(*impl->segment(), b.index, impl);
+  return impl;
+}
+
 }  // namespace internal
 
 Storage Storage::allocate(std::size_t nbytes) {
@@ -73,6 +92,22 @@ Storage Storage::allocate_shared(std::size_t nbytes) {
     return s;
   }
   return Storage(internal::allocate_shared_storage(nbytes, get_sharing_strategy()));
+}
+
+Storage Storage::allocate(std::size_t nbytes, Device device) {
+  if (device.is_cpu()) return allocate(nbytes);
+  if (device.index() < 0)
+    throw std::invalid_argument("Storage::allocate: " + device.to_string() + " is not a device");
+  if (nbytes == 0) {
+    (void)internal::cuda::Driver::get().device(device.index());  // exists, or throws
+    return Storage(std::make_shared<internal::StorageImpl>(
+        internal::StorageImpl::EmptyOnDevice{device.index()}));
+  }
+  return Storage(internal::allocate_device_storage(nbytes, device.index()));
+}
+
+Device Storage::device() const noexcept {
+  return impl_ && impl_->device() >= 0 ? Device::cuda(impl_->device()) : Device::cpu();
 }
 
 void* Storage::data() const noexcept { return impl_ ? impl_->data() : nullptr; }

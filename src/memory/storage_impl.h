@@ -17,6 +17,13 @@ class StorageImpl : public std::enable_shared_from_this<StorageImpl> {
  public:
   // Private heap memory of nbytes (uninitialised).
   explicit StorageImpl(std::size_t nbytes);
+  // An empty (0-byte) storage of CUDA device `device`: no memory, only the device.
+  struct EmptyOnDevice {
+    int device;
+  };
+  explicit StorageImpl(EmptyOnDevice e) noexcept : nbytes_(0), device_(e.device) {
+    shared_.store(true, std::memory_order_relaxed);
+  }
   // A storage in block `block` (at `offset` of the payload) of `segment`, which this
   // process already holds (its slot's bit, or a count when `counted`). The caller
   // registers it.
@@ -31,6 +38,9 @@ class StorageImpl : public std::enable_shared_from_this<StorageImpl> {
   std::byte* data() const noexcept { return data_.load(std::memory_order_acquire); }
   std::size_t nbytes() const noexcept { return nbytes_; }
   bool is_shared() const noexcept { return shared_.load(std::memory_order_acquire); }
+  // The CUDA device whose memory holds the bytes (this process's ordinal), -1 for host
+  // memory. Device storages are born shared (in a device segment) and never move.
+  int device() const noexcept { return device_; }
 
   // Moves into a new segment of `strategy` in place. No-op if shared or nbytes == 0.
   void share_memory_(SharingStrategy strategy);
@@ -53,10 +63,13 @@ class StorageImpl : public std::enable_shared_from_this<StorageImpl> {
   std::size_t offset_ = 0;
   std::uint32_t block_ = 0;
   bool counted_ = false;
+  int device_ = -1;
 };
 
 // A shared storage of nbytes (> 0) in a new segment of the current strategy, registered.
 std::shared_ptr<StorageImpl> allocate_shared_storage(std::size_t nbytes,
                                                      SharingStrategy strategy);
+// A storage of nbytes (> 0) in device memory of CUDA device `device`, registered.
+std::shared_ptr<StorageImpl> allocate_device_storage(std::size_t nbytes, int device);
 
 }  // namespace shmtensor::internal

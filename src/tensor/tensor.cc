@@ -226,11 +226,13 @@ R read_single(const Tensor& t, F&& f) {
 
 bool Tensor::item_bool() const {
   check_defined("item");
+  if (is_cuda()) return cpu().item_bool();
   return read_single<bool>(*this, [](const auto& v) { return internal::convert<bool>(v); });
 }
 
 std::int64_t Tensor::item_int64(std::int64_t min, std::uint64_t max) const {
   check_defined("item");
+  if (is_cuda()) return cpu().item_int64(min, max);
   auto overflow = [](const std::string& value) {
     return std::out_of_range("Tensor::item: value " + value +
                              " cannot be converted to the requested type without overflow");
@@ -257,11 +259,13 @@ std::int64_t Tensor::item_int64(std::int64_t min, std::uint64_t max) const {
 
 double Tensor::item_double() const {
   check_defined("item");
+  if (is_cuda()) return cpu().item_double();
   return read_single<double>(*this, [](const auto& v) { return internal::convert<double>(v); });
 }
 
 std::complex<double> Tensor::item_complex() const {
   check_defined("item");
+  if (is_cuda()) return cpu().item_complex();
   return read_single<std::complex<double>>(
       *this, [](const auto& v) { return internal::convert<std::complex<double>>(v); });
 }

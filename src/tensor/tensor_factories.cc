@@ -77,12 +77,12 @@ Tensor Tensor::arange(std::int64_t n, DType dtype) {
 
 Tensor Tensor::empty_like(const Tensor& other) {
   other.check_defined("empty_like");
-  return empty(other.sizes(), other.dtype());
+  return empty(other.sizes(), other.dtype(), other.device());
 }
 
 Tensor Tensor::zeros_like(const Tensor& other) {
   other.check_defined("zeros_like");
-  return zeros(other.sizes(), other.dtype());
+  return zeros(other.sizes(), other.dtype(), other.device());
 }
 
 namespace {
@@ -126,7 +126,7 @@ void copy_slices(const std::vector<Tensor>& tensors, Tensor& out, std::int64_t d
 
 Tensor stack(const std::vector<Tensor>& tensors, std::int64_t dim) {
   auto sizes = stacked_sizes(tensors, dim);
-  Tensor out = Tensor::empty(std::move(sizes), tensors.front().dtype());
+  Tensor out = Tensor::empty(std::move(sizes), tensors.front().dtype(), tensors.front().device());
   copy_slices(tensors, out, dim);
   return out;
 }

@@ -205,6 +205,12 @@ class Printer {
 
 std::string Tensor::to_string() const {
   if (!defined()) return "tensor(undefined)";
+  if (is_cuda()) {
+    // As torch prints it: the values, then the device before the dtype.
+    std::string host = cpu().to_string();
+    const std::size_t at = host.rfind(", dtype=");
+    return host.insert(at, ", device='" + device().to_string() + "'");
+  }
   std::string out = "tensor(";
   if (numel() == 0) {
     out += "[]";

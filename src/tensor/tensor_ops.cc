@@ -17,7 +17,7 @@ Tensor Tensor::contiguous() const {
 
 Tensor Tensor::clone() const {
   check_defined("clone");
-  Tensor out = empty(sizes_, dtype_);
+  Tensor out = empty(sizes_, dtype_, device());
   out.copy_(*this);
   return out;
 }
@@ -25,7 +25,7 @@ Tensor Tensor::clone() const {
 Tensor Tensor::to(DType dtype) const {
   check_defined("to");
   if (dtype == dtype_) return *this;
-  Tensor out = empty(sizes_, dtype);
+  Tensor out = empty(sizes_, dtype, device());
   out.copy_(*this);
   return out;
 }
@@ -33,6 +33,7 @@ Tensor Tensor::to(DType dtype) const {
 Tensor& Tensor::copy_(const Tensor& src) {
   check_defined("copy_");
   src.check_defined("copy_");
+  if (is_cuda() || src.is_cuda()) return copy_across_devices(src);
   // Reading from a storage we are writing could see already-overwritten elements (e.g.
   // x.copy_(x.transpose(0, 1))): copy the source out first. Distinct storages never overlap.
   Tensor source = src.storage_.is_same(storage_) && numel() > 0 ? src.clone() : src;
@@ -81,6 +82,11 @@ void fill_with(Tensor& t, const T& value) {
 
 Tensor& Tensor::fill_(double value) {
   check_defined("fill_");
+  if (is_cuda()) {
+    Tensor host = empty(sizes_, dtype_);
+    host.fill_(value);
+    return copy_(host);
+  }
   internal::dispatch(dtype_, [&](auto tag) {
     using T = typename decltype(tag)::type;
     fill_with<T>(*this, internal::convert<T>(value));
@@ -90,6 +96,11 @@ Tensor& Tensor::fill_(double value) {
 
 Tensor& Tensor::fill_(std::complex<double> value) {
   check_defined("fill_");
+  if (is_cuda()) {
+    Tensor host = empty(sizes_, dtype_);
+    host.fill_(value);
+    return copy_(host);
+  }
   internal::dispatch(dtype_, [&](auto tag) {
     using T = typename decltype(tag)::type;
     fill_with<T>(*this, internal::convert<T>(value));
@@ -108,6 +119,11 @@ Tensor& Tensor::add_(double value) {
                                 std::string(shmtensor::to_string(dtype_)));
   }
   if (numel() == 0) return *this;
+  if (is_cuda()) {
+    Tensor host = cpu();
+    host.add_(value);
+    return copy_(host);
+  }
   internal::dispatch(dtype_, [&](auto tag) {
     using T = typename decltype(tag)::type;
     T* data = static_cast<T*>(raw_data());
@@ -138,7 +154,8 @@ Tensor& Tensor::add_(double value) {
 
 bool Tensor::equal(const Tensor& other) const {
   if (!defined() || !other.defined()) return defined() == other.defined();
-  if (sizes_ != other.sizes_ || dtype_ != other.dtype_) return false;
+  if (sizes_ != other.sizes_ || dtype_ != other.dtype_ || device() != other.device()) return false;
+  if (is_cuda()) return cpu().equal(other.cpu());
   bool same = true;
   internal::dispatch(dtype_, [&](auto tag) {
     using T = typename decltype(tag)::type;

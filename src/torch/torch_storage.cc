@@ -100,6 +100,9 @@ const Storage* context_of(const c10::StorageImpl& impl) {
 
 c10::Storage to_torch(const Storage& storage) {
   if (!storage.defined()) throw std::invalid_argument("to_torch: an undefined Storage");
+  if (storage.device().is_cuda())
+    throw std::invalid_argument("to_torch: a " + storage.device().to_string() +
+                                " storage; the bridge converts CPU storages only");
   Storage shared = storage;
   shared.share_memory_();  // a no-op when shared already
   const void* key = key_of(shared);

@@ -52,6 +52,9 @@ DType dtype_from_torch(c10::ScalarType dtype) {
 
 at::Tensor to_torch(const Tensor& tensor) {
   if (!tensor.defined()) throw std::invalid_argument("to_torch: an undefined Tensor");
+  if (tensor.is_cuda())
+    throw std::invalid_argument("to_torch: a " + tensor.device().to_string() +
+                                " tensor; the bridge converts CPU tensors only (call .cpu() first)");
   c10::Storage storage = to_torch(tensor.storage());
   at::Tensor out = at::empty({0}, at::TensorOptions().dtype(to_torch(tensor.dtype())));
   // Within the storage by Tensor's invariant, so set_ never resizes (it cannot: the storage

@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <exception>
 #include <cstring>
 
 #include "memory/registry.h"
@@ -68,16 +69,22 @@ Tensor Decoder::read_tensor() {
   }
   for (auto s : sizes)
     if (s < 0) bad("negative tensor size");
+  if (head.device > 1) bad("unknown device " + std::to_string(head.device));
+  const Device device = head.device == 1 ? Device::cuda(0) : Device::cpu();
   if (index == internal::kEmptyTensor) {
     bool has_zero = ndim > 0 && std::find(sizes.begin(), sizes.end(), 0) != sizes.end();
     if (!has_zero) bad("tensor without storage has elements");
     try {
-      return Tensor::empty(std::move(sizes), dtype);
+      return Tensor::empty(std::move(sizes), dtype, device);
+    } catch (const CudaError&) {
+      throw;  // this process cannot hold CUDA tensors: not the message's fault
     } catch (const std::exception& e) {
       bad(std::string("empty tensor: ") + e.what());  // sizes whose strides overflow
     }
   }
   if (index >= state_->storages.size()) bad("storage index out of range");
+  if (state_->storages[index].device().is_cuda() != device.is_cuda())
+    bad("tensor's device disagrees with its storage's");
   try {
     // from_storage checks every reachable element lies inside the storage.
     return Tensor::from_storage(state_->storages[index], offset, std::move(sizes),
@@ -142,8 +149,46 @@ struct BodyReader {
   }
 };
 
+// A device segment this process cannot map (CudaError): resolve_segment returns its
+// metadata alone and records the error here, and parse_frame gives back the message's
+// counts of its blocks before throwing it.
+struct UnusableSegments {
+  std::vector<char> marked;  // by segment index; allocated only when one fails
+  std::exception_ptr error;
+};
+
 std::shared_ptr<Segment> resolve_segment(const SegmentEntry& e, std::string_view name,
-                                         std::vector<UniqueFd>& fds) {
+                                         std::vector<UniqueFd>& fds, std::size_t index,
+                                         UnusableSegments& unusable) {
+  if (e.strategy == 2) {
+    if (e.fd_index < 0 || static_cast<std::size_t>(e.fd_index) + 1 >= fds.size() ||
+        !fds[e.fd_index].valid() || !fds[e.fd_index + 1].valid())
+      bad("device segment fd index out of range");
+    UniqueFd meta = std::move(fds[e.fd_index]);
+    UniqueFd memory = std::move(fds[e.fd_index + 1]);
+    if (auto seg = Registry::instance().find_segment(e.uid)) {
+      // Mapped here already: nothing is imported, both fds close now.
+      if (seg->mapped_size() != e.total_size || !seg->is_device())
+        bad("device segment disagrees with its mapping");
+      return seg;
+    }
+    const int meta_fd = meta.get();
+    UniqueFd meta_copy = dup_cloexec(meta_fd);
+    std::shared_ptr<Segment> seg;
+    try {
+      seg = Segment::attach_device(std::move(meta), std::move(memory), e.uid);
+    } catch (const CudaError&) {
+      if (!unusable.error) unusable.error = std::current_exception();
+      unusable.marked.resize(index + 1, 0);
+      unusable.marked[index] = 1;
+      seg = Segment::attach_device_metadata(std::move(meta_copy), e.uid);
+      if (seg->mapped_size() != e.total_size) bad("device segment size disagrees with its fd");
+      return seg;
+    }
+    if (seg->mapped_size() != e.total_size) bad("device segment size disagrees with its fd");
+    Registry::instance().remember_received_segment(seg);
+    return seg;
+  }
   if (e.strategy == 0) {
     if (e.fd_index < 0 || static_cast<std::size_t>(e.fd_index) >= fds.size() ||
         !fds[e.fd_index].valid())
@@ -151,7 +196,8 @@ std::shared_ptr<Segment> resolve_segment(const SegmentEntry& e, std::string_view
     UniqueFd fd = std::move(fds[e.fd_index]);
     if (auto seg = Registry::instance().find_segment(e.uid)) {
       // Already mapped here (possibly our own segment): reuse it; the fd closes now.
-      if (seg->mapped_size() != e.total_size) bad("segment size disagrees with its mapping");
+      if (seg->mapped_size() != e.total_size || seg->is_device())
+        bad("segment size disagrees with its mapping");
       return seg;
     }
     auto seg = Segment::attach_fd(std::move(fd), e.uid);
@@ -262,6 +308,7 @@ Decoder parse_frame(std::span<const std::byte> datagram, std::vector<UniqueFd> f
     bad("segment count exceeds the body");
   std::vector<std::shared_ptr<Segment>>& segments = st->segments;
   segments.reserve(h.segment_count);
+  UnusableSegments unusable;
   for (std::uint32_t i = 0; i < h.segment_count; ++i) {
     auto e = r.take<SegmentEntry>();
     std::string_view name;
@@ -269,7 +316,7 @@ Decoder parse_frame(std::span<const std::byte> datagram, std::vector<UniqueFd> f
       if (e.name_length == 0 || e.name_length > kMaxNameLength) bad("bad segment name length");
       name = r.take_name(e.name_length);
     }
-    segments.push_back(resolve_segment(e, name, fds));
+    segments.push_back(resolve_segment(e, name, fds, i, unusable));
   }
   // A sender lists each segment once. Listed twice, a segment would have its message count
   // given back twice (NamedCounts) by a frame that carries one: a peer could rewrite a
@@ -296,6 +343,11 @@ Decoder parse_frame(std::span<const std::byte> datagram, std::vector<UniqueFd> f
     if (block < 0 || e.nbytes == 0 || e.nbytes > seg->block_size())
       bad("storage is not a block of its segment");
     const auto b = static_cast<std::uint32_t>(block);
+    if (e.segment_index < unusable.marked.size() && unusable.marked[e.segment_index]) {
+      // Not received: the message's count goes back, as if it had never been sent.
+      (void)seg->drop_block_in_flight(b);
+      continue;
+    }
     bool made = false, adopted = true;
     auto impl = Registry::instance().find_or_add_storage(*seg, b, [&] {
       made = true;
@@ -317,6 +369,7 @@ Decoder parse_frame(std::span<const std::byte> datagram, std::vector<UniqueFd> f
   // Senders list a segment only for its storages: a named one without would keep the
   // message's count on the name for good.
   if (!named_counts.all_named_proven()) bad("named segment that no storage uses");
+  if (unusable.error) std::rethrow_exception(unusable.error);
   st->payload = body.subspan(r.pos);
   st->keep = std::move(keep);
   // The segments stay mapped through the storages; the scratch lists are not needed now.

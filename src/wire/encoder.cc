@@ -1,6 +1,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "cuda/device_memory.h"
 #include "memory/storage_impl.h"
 #include "os/mapping.h"
 #include "os/shm.h"
@@ -55,8 +56,10 @@ void Encoder::write_tensor(const Tensor& t) {
     index = static_cast<std::uint32_t>(it - storages.begin());
   }
   std::int64_t dims[2 * internal::kMaxTensorDims];
-  const internal::EncodedTensorHead head{1, static_cast<std::uint8_t>(t.dtype()), static_cast<std::uint8_t>(ndim), 0,
-                  index, has_storage ? t.storage_offset() : 0};
+  const internal::EncodedTensorHead head{1, static_cast<std::uint8_t>(t.dtype()),
+                                        static_cast<std::uint8_t>(ndim),
+                                        static_cast<std::uint8_t>(t.is_cuda() ? 1 : 0), index,
+                                        has_storage ? t.storage_offset() : 0};
   for (std::size_t i = 0; i < ndim; ++i) {
     dims[i] = t.sizes()[i];
     dims[ndim + i] = has_storage ? t.strides()[i] : 0;
@@ -96,6 +99,16 @@ OutgoingFrame finish_frame(Encoder&& encoder) {
   // Into shared memory, in place: every tensor and view on these storages follows.
   const SharingStrategy strategy = get_sharing_strategy();
   for (const auto& impl : st.storages) impl->share_memory_(strategy);
+  // What this process wrote to device memory, kernels included, is complete before the
+  // message can be received: once per device the message carries.
+  int synced[8];
+  std::size_t nsynced = 0;
+  for (const auto& impl : st.storages) {
+    const int device = impl->device();
+    if (device < 0 || std::find(synced, synced + nsynced, device) != synced + nsynced) continue;
+    cuda::synchronize(device);
+    if (nsynced < std::size(synced)) synced[nsynced++] = device;
+  }
 
   // Segment table: one entry per distinct segment.
   st.storage_segment.resize(st.storages.size());
@@ -117,7 +130,14 @@ OutgoingFrame finish_frame(Encoder&& encoder) {
     SegmentEntry e{};
     e.uid = seg->uid();
     e.total_size = seg->mapped_size();
-    if (seg->strategy() == SharingStrategy::kFileDescriptor) {
+    if (seg->is_device()) {
+      // Two fds: the memfd of its header, slots and words, then the device allocation's.
+      e.strategy = 2;
+      e.fd_index = static_cast<std::int32_t>(st.fds.size());
+      st.fds.push_back(seg->fd());
+      st.fds.push_back(seg->device_fd());
+      append(&e, sizeof e);
+    } else if (seg->strategy() == SharingStrategy::kFileDescriptor) {
       e.strategy = 0;
       e.fd_index = static_cast<std::int32_t>(st.fds.size());
       st.fds.push_back(seg->fd());

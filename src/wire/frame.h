@@ -5,7 +5,8 @@
 //     SegmentEntry × segment_count   each followed by its name, padded to 8 bytes
 //     StorageEntry × storage_count
 //     payload                        the encoded value
-//   fds: one per file_descriptor segment (SegmentEntry::fd_index), then object fds
+//   fds: one per file_descriptor segment (SegmentEntry::fd_index), two per device
+//        segment (its memfd, then its CUDA allocation), then object fds
 //        (Connection / Queue), then the blob fd if kFlagBlob.
 #pragma once
 
@@ -44,10 +45,12 @@ static_assert(sizeof(FrameHeader) == 32);
 struct SegmentEntry {
   std::uint64_t uid;
   std::uint64_t total_size;  // the segment's size; checked against the fd / object
-  std::uint8_t strategy;     // 0 file_descriptor, 1 file_system
+  std::uint8_t strategy;     // 0 file_descriptor, 1 file_system, 2 device (two fds)
   std::uint8_t reserved;
   std::uint16_t name_length;  // file_system: bytes of the name that follows
-  std::int32_t fd_index;      // file_descriptor: index into the fds; -1 otherwise
+  // file_descriptor: index into the fds; device: the memfd's index, the allocation's fd
+  // follows it; -1 otherwise
+  std::int32_t fd_index;
 };
 static_assert(sizeof(SegmentEntry) == 24);
 
@@ -65,7 +68,7 @@ struct EncodedTensorHead {
   std::uint8_t defined;  // 1
   std::uint8_t dtype;
   std::uint8_t ndim;
-  std::uint8_t pad;
+  std::uint8_t device;  // 0 CPU, 1 CUDA (an empty CUDA tensor arrives on cuda:0)
   std::uint32_t storage_index;  // or kEmptyTensor
   std::int64_t storage_offset;
 };

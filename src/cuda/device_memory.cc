@@ -1,0 +1,165 @@
+#include "cuda/device_memory.h"
+
+#include <atomic>
+#include <string>
+
+#include "cuda/driver.h"
+#include "shmtensor/error.h"
+
+namespace shmtensor::internal::cuda {
+
+namespace {
+
+std::atomic<std::uint64_t> g_imports{0};
+
+std::size_t round_up(std::size_t n, std::size_t g) { return (n + g - 1) / g * g; }
+
+const DeviceInfo& usable_device(const Driver& d, int ordinal) {
+  const DeviceInfo& info = d.device(ordinal);
+  if (!info.vmm || info.granularity == 0)
+    throw CudaError("cuda:" + std::to_string(ordinal) + " (" + info.name +
+                    ") does not support CUDA virtual memory management, which shmtensor's "
+                    "device arenas need (driver 11.3 or newer, not under MPS or vGPU)");
+  if (!info.posix_fd)
+    throw CudaError("cuda:" + std::to_string(ordinal) + " (" + info.name +
+                    ") cannot export memory as POSIX file descriptors, which sharing CUDA "
+                    "tensors between processes needs");
+  return info;
+}
+
+// Reserves address space for `size` bytes, maps `handle` there read-write for the device.
+// Releases the handle in every case (the mapping keeps the memory).
+CUdeviceptr map_handle(const Driver& d, int ordinal, CUmemGenericAllocationHandle handle,
+                       std::size_t size, bool received) {
+  const DriverApi& api = d.api();
+  const DeviceInfo& info = d.device(ordinal);
+  CUdeviceptr va = 0;
+  CUresult r = api.cuMemAddressReserve(&va, size, info.granularity, 0, 0);
+  if (r != CUDA_SUCCESS) {
+    api.cuMemRelease(handle);
+    d.check(r, "cuMemAddressReserve");
+  }
+  r = api.cuMemMap(va, size, 0, handle, 0);
+  api.cuMemRelease(handle);
+  if (r != CUDA_SUCCESS) {
+    api.cuMemAddressFree(va, size);
+    if (received)
+      throw ProtocolError("received a CUDA allocation that cannot be mapped for " +
+                          std::to_string(size) + " bytes (cuMemMap: " + d.error_text(r) +
+                          "): smaller than its segment says, or not an allocation");
+    d.check(r, "cuMemMap");
+  }
+  CUmemAccessDesc access{};
+  access.location = {CU_MEM_LOCATION_TYPE_DEVICE, info.device};
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  r = api.cuMemSetAccess(va, size, &access, 1);
+  if (r != CUDA_SUCCESS) {
+    api.cuMemUnmap(va, size);
+    api.cuMemAddressFree(va, size);
+    d.check(r, "cuMemSetAccess");
+  }
+  return va;
+}
+
+}  // namespace
+
+std::unique_ptr<DeviceMemory> DeviceMemory::create(int ordinal, std::size_t size) {
+  const Driver& d = Driver::get();
+  const DeviceInfo& info = usable_device(d, ordinal);
+  const DriverApi& api = d.api();
+  d.make_current(ordinal);
+  size = round_up(size, info.granularity);
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  prop.location = {CU_MEM_LOCATION_TYPE_DEVICE, info.device};
+  CUmemGenericAllocationHandle handle = 0;
+  d.check(api.cuMemCreate(&handle, size, &prop, 0), "cuMemCreate");
+  int raw = -1;
+  CUresult r = api.cuMemExportToShareableHandle(&raw, handle,
+                                                CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+  if (r != CUDA_SUCCESS) {
+    api.cuMemRelease(handle);
+    d.check(r, "cuMemExportToShareableHandle");
+  }
+  UniqueFd fd(raw);
+  CUdeviceptr va = map_handle(d, ordinal, handle, size, /*received=*/false);
+  return std::make_unique<DeviceMemory>(ordinal, std::move(fd), va, size);
+}
+
+std::unique_ptr<DeviceMemory> DeviceMemory::import(UniqueFd fd, const CUuuid& uuid,
+                                                   std::size_t size) {
+  const Driver& d = Driver::get();
+  const int ordinal = d.ordinal_of(uuid);
+  if (ordinal < 0)
+    throw CudaError("received a CUDA tensor of device " + uuid_string(uuid) +
+                    ", which this process does not see (CUDA_VISIBLE_DEVICES?)");
+  const DeviceInfo& info = usable_device(d, ordinal);
+  const DriverApi& api = d.api();
+  d.make_current(ordinal);
+  CUmemGenericAllocationHandle handle = 0;
+  CUresult r = api.cuMemImportFromShareableHandle(
+      &handle, reinterpret_cast<void*>(static_cast<std::intptr_t>(fd.get())),
+      CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+  if (r != CUDA_SUCCESS)
+    throw ProtocolError("received an fd that the CUDA driver does not take as an allocation (" +
+                        d.error_text(r) + ")");
+  CUmemAllocationProp prop{};
+  r = api.cuMemGetAllocationPropertiesFromHandle(&prop, handle);
+  if (r != CUDA_SUCCESS || prop.location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
+      prop.location.id != info.device) {
+    api.cuMemRelease(handle);
+    throw ProtocolError("received a CUDA allocation that does not live on the device its "
+                        "segment names (" + uuid_string(uuid) + ")");
+  }
+  size = round_up(size, info.granularity);
+  CUdeviceptr va = map_handle(d, ordinal, handle, size, /*received=*/true);
+  g_imports.fetch_add(1, std::memory_order_relaxed);
+  return std::make_unique<DeviceMemory>(ordinal, std::move(fd), va, size);
+}
+
+DeviceMemory::~DeviceMemory() {
+  if (forked_after_load()) {
+    (void)fd_.release();  // the driver is unusable here: leave it all to exit
+    return;
+  }
+  std::string why;
+  if (!Driver::available(&why)) return;
+  const DriverApi& api = Driver::get().api();
+  api.cuMemUnmap(address_, size_);
+  api.cuMemAddressFree(address_, size_);
+}
+
+void copy_to_device(int device, CUdeviceptr dst, const void* src, std::size_t n) {
+  const Driver& d = Driver::get();
+  d.make_current(device);
+  d.check(d.api().cuMemcpyHtoD(dst, src, n), "cuMemcpyHtoD");
+}
+
+void copy_to_host(int device, void* dst, CUdeviceptr src, std::size_t n) {
+  const Driver& d = Driver::get();
+  d.make_current(device);
+  d.check(d.api().cuMemcpyDtoH(dst, src, n), "cuMemcpyDtoH");
+}
+
+void copy_device_to_device(int device, CUdeviceptr dst, CUdeviceptr src, std::size_t n) {
+  const Driver& d = Driver::get();
+  d.make_current(device);
+  d.check(d.api().cuMemcpyDtoD(dst, src, n), "cuMemcpyDtoD");
+}
+
+void fill_device(int device, CUdeviceptr dst, unsigned char value, std::size_t n) {
+  const Driver& d = Driver::get();
+  d.make_current(device);
+  d.check(d.api().cuMemsetD8(dst, value, n), "cuMemsetD8");
+}
+
+void synchronize(int device) {
+  const Driver& d = Driver::get();
+  d.make_current(device);
+  d.check(d.api().cuCtxSynchronize(), "cuCtxSynchronize");
+}
+
+std::uint64_t import_count() noexcept { return g_imports.load(std::memory_order_relaxed); }
+
+}  // namespace shmtensor::internal::cuda

@@ -1,0 +1,77 @@
+// The CUDA driver, loaded at run time, and this process's view of its devices.
+//
+// Driver::get() loads libcuda.so.1 (or the library SHMTENSOR_CUDA_LIBRARY names) with
+// dlopen on first use and resolves every entry point of DriverApi at the version it was
+// pinned to (driver.cc lists them), or, with SHMTENSOR_CUDA_DRIVER=fake, uses the fake
+// driver (fake_driver.cc: memfd-backed devices for tests without a GPU). It then calls
+// cuInit and reads each device's UUID, name, virtual-memory-management and POSIX-fd
+// export support, and allocation granularity.
+//
+// A process forked after the driver was loaded cannot use it (CUDA does not survive
+// fork): get() throws CudaError there, naming the exec start method as the fix. The fake
+// driver enforces the same rule, so that tests see what a GPU machine does.
+//
+// Thread-safe: loading happens once (a function-local static); the tables are constant.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cuda/driver_api.h"
+
+namespace shmtensor::internal::cuda {
+
+struct DeviceInfo {
+  int ordinal = 0;  // index in this process
+  CUdevice device = 0;
+  CUuuid uuid{};
+  std::string name;
+  bool vmm = false;       // CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
+  bool posix_fd = false;  // CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED
+  std::size_t granularity = 0;  // cuMemGetAllocationGranularity (minimum), 0 without VMM
+  CUcontext context = nullptr;  // the primary context, retained for the process's life
+};
+
+class Driver {
+ public:
+  // The loaded driver. Throws CudaError when it cannot be loaded or initialised, or in a
+  // process forked after it was loaded.
+  static const Driver& get();
+  // Whether get() would succeed; *why says why not. Never throws.
+  static bool available(std::string* why) noexcept;
+
+  const DriverApi& api() const noexcept { return *api_; }
+  bool fake() const noexcept { return fake_; }
+  int version() const noexcept { return version_; }  // cuDriverGetVersion: 13000 = 13.0
+  const std::string& library() const noexcept { return library_; }
+  int device_count() const noexcept { return static_cast<int>(devices_.size()); }
+  // Device `ordinal` of this process; std::invalid_argument if there is none such.
+  const DeviceInfo& device(int ordinal) const;
+  // The ordinal of the device with this UUID here, -1 if this process does not see it.
+  int ordinal_of(const CUuuid& uuid) const noexcept;
+  // Makes the device's primary context current on the calling thread.
+  void make_current(int ordinal) const;
+  // Throws CudaError "<call>: <driver's error name/text> (CUresult n)" unless r is success.
+  void check(CUresult r, const char* call) const;
+  std::string error_text(CUresult r) const;
+
+ private:
+  Driver() = default;
+  static Driver* load(std::string* why) noexcept;
+  const DriverApi* api_ = nullptr;
+  DriverApi real_{};
+  bool fake_ = false;
+  int version_ = 0;
+  std::string library_;
+  std::vector<DeviceInfo> devices_;
+};
+
+// Whether this process was forked after the driver was loaded (in it or an ancestor).
+bool forked_after_load() noexcept;
+
+// "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", as nvidia-smi prints UUIDs.
+std::string uuid_string(const CUuuid& uuid);
+
+}  // namespace shmtensor::internal::cuda

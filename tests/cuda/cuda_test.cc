@@ -1,0 +1,392 @@
+// CUDA tensors without a GPU: the fake driver (SHMTENSOR_CUDA_DRIVER=fake, two devices)
+// runs the real protocol paths (device arenas, export, import, the wire's device entries,
+// holder slots) across real processes. Every child is exec'd (CUDA does not survive fork);
+// one test checks that a forked child is refused.
+//
+// With SHMTENSOR_CUDA_TEST_REAL=1 the driver is not faked: these tests then run on a GPU
+// as they are (the `gpu` checks of docs/cuda.md).
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "cuda/device_memory.h"
+#include "cuda/driver.h"
+#include "memory/arena.h"
+#include "memory/segment.h"
+#include "os/shm.h"
+#include "shmtensor/device.h"
+#include "shmtensor/process.h"
+#include "shmtensor/queue.h"
+#include "shmtensor/start_method.h"
+#include "shmtensor/tensor.h"
+#include "support/leak_check.h"
+#include "wire/frame.h"
+#include "wire/wire.h"
+
+namespace cuda_test {
+
+using shmtensor::CudaError;
+using shmtensor::Device;
+using shmtensor::DType;
+using shmtensor::Process;
+using shmtensor::Queue;
+using shmtensor::StartMethod;
+using shmtensor::Tensor;
+using ::testing::HasSubstr;
+
+[[maybe_unused]] const bool kFakeDriver = [] {
+  if (std::getenv("SHMTENSOR_CUDA_TEST_REAL") == nullptr) {
+    setenv("SHMTENSOR_CUDA_DRIVER", "fake", 0);
+    setenv("SHMTENSOR_FAKE_CUDA_DEVICES", "2", 0);
+  }
+  return true;
+}();
+
+Tensor iota(std::int64_t n, float start = 0) {
+  std::vector<float> v(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) v[static_cast<std::size_t>(i)] = start + static_cast<float>(i);
+  return Tensor::from_vector(v);
+}
+
+Process exec_process(Process p) {
+  p.set_start_method(StartMethod::kExec);
+  p.start();
+  return p;
+}
+
+class CudaTest : public shmtensor::testing::LeakCheckedTest {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(shmtensor::cuda::is_available()) << shmtensor::cuda::unavailable_reason();
+    LeakCheckedTest::SetUp();
+  }
+};
+
+// ---- without a driver ----------------------------------------------------------------
+
+// Runs this binary again with `env` added and only `test` selected; returns its exit code.
+int run_self(const std::string& test, const std::vector<std::string>& env) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    unsetenv("SHMTENSOR_CUDA_DRIVER");
+    for (const auto& kv : env) putenv(const_cast<char*>(kv.c_str()));
+    std::string filter = "--gtest_filter=" + test;
+    execl("/proc/self/exe", "cuda_tests", filter.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+TEST(CudaWithoutDriver, IsUnavailableWithTheReasonAndDeviceTensorsThrow) {
+  ASSERT_EQ(run_self("CudaWithoutDriverChild.*",
+                     {"SHMTENSOR_CUDA_LIBRARY=/nonexistent/libcuda.so.1",
+                      "SHMTENSOR_CUDA_CHILD=1", "SHMTENSOR_CUDA_TEST_REAL=1"}),
+            0);
+}
+
+TEST(CudaWithoutDriverChild, Checks) {
+  if (std::getenv("SHMTENSOR_CUDA_CHILD") == nullptr) GTEST_SKIP() << "run by the test above";
+  EXPECT_FALSE(shmtensor::cuda::is_available());
+  EXPECT_EQ(shmtensor::cuda::device_count(), 0);
+  EXPECT_THAT(shmtensor::cuda::unavailable_reason(), HasSubstr("/nonexistent/libcuda.so.1"));
+  try {
+    (void)Tensor::empty({2}, DType::kFloat32, Device::cuda());
+    ADD_FAILURE() << "no CudaError";
+  } catch (const CudaError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("CUDA is not available: cannot load the CUDA driver"));
+  }
+  // CPU tensors are untouched by all this.
+  EXPECT_TRUE(iota(3).cpu().equal(iota(3)));
+}
+
+// ---- one process ---------------------------------------------------------------------
+
+TEST_F(CudaTest, DevicesHaveUuidsAndSupportFdExport) {
+  const auto& d = shmtensor::internal::cuda::Driver::get();
+  ASSERT_EQ(d.device_count(), 2);
+  EXPECT_NE(shmtensor::internal::cuda::uuid_string(d.device(0).uuid),
+            shmtensor::internal::cuda::uuid_string(d.device(1).uuid));
+  EXPECT_TRUE(d.device(0).vmm);
+  EXPECT_TRUE(d.device(0).posix_fd);
+  EXPECT_EQ(d.ordinal_of(d.device(1).uuid), 1);
+}
+
+TEST_F(CudaTest, CopiesBetweenHostAndDeviceKeepValues) {
+  Tensor h = iota(12).view({3, 4});
+  Tensor g = h.cuda();
+  EXPECT_EQ(g.device(), Device::cuda(0));
+  EXPECT_TRUE(g.is_cuda());
+  EXPECT_TRUE(g.is_shared());
+  EXPECT_NE(g.raw_data(), h.raw_data());
+  EXPECT_TRUE(g.cpu().equal(h));
+  EXPECT_FALSE(g.cpu().is_cuda());
+  // Non-contiguous both ways, across devices, with a dtype conversion.
+  EXPECT_TRUE(g.transpose(0, 1).cpu().equal(h.transpose(0, 1).contiguous()));
+  Tensor g1 = g.transpose(0, 1).to(Device::cuda(1));
+  EXPECT_EQ(g1.device(), Device::cuda(1));
+  EXPECT_TRUE(g1.cpu().equal(h.transpose(0, 1).contiguous()));
+  Tensor d = Tensor::zeros({4, 3}, DType::kFloat64, Device::cuda(1));
+  d.copy_(g.transpose(0, 1));
+  EXPECT_TRUE(d.cpu().equal(h.transpose(0, 1).to(DType::kFloat64)));
+  // Writing a strided view of a device tensor leaves the elements between untouched.
+  Tensor z = Tensor::zeros({3, 4}, DType::kFloat32, Device::cuda());
+  z.select(1, 2).copy_(Tensor::from_vector<float>({7, 8, 9}));
+  EXPECT_TRUE(z.cpu().equal(Tensor::from_vector<float>({0, 0, 7, 0, 0, 0, 8, 0, 0, 0, 9, 0}, {3, 4})));
+  // Element operations go through host copies.
+  z.fill_(2.0);
+  z.add_(1.5);
+  EXPECT_EQ(z[1][3].item<float>(), 3.5f);
+  EXPECT_TRUE(z.equal(z.clone()));
+  EXPECT_EQ(z.clone().device(), Device::cuda(0));
+  EXPECT_FALSE(z.equal(z.cpu())) << "devices differ";
+  EXPECT_EQ(Tensor::from_vector<float>({1, 2}).cuda().to_string(),
+            "tensor([1., 2.], device='cuda:0', dtype=float32)");
+  EXPECT_TRUE(shmtensor::stack({g, g}).cpu().equal(shmtensor::stack({h, h})));
+}
+
+TEST_F(CudaTest, ADeviceThisProcessDoesNotSeeIsAnInvalidArgument) {
+  EXPECT_THROW((void)Tensor::empty({2}, DType::kFloat32, Device::cuda(2)), std::invalid_argument);
+  EXPECT_THROW((void)iota(2).cuda(5), std::invalid_argument);
+}
+
+TEST_F(CudaTest, HundredThousandSmallTensorsShareAFewAllocations) {
+  const int fds_before = static_cast<int>(shmtensor::testing::open_fds().size());
+  std::vector<Tensor> kept;
+  kept.reserve(100000);
+  for (int i = 0; i < 100000; ++i) kept.push_back(Tensor::empty({10}, DType::kFloat32, Device::cuda()));
+  const auto stats = shmtensor::internal::arena_stats();
+  EXPECT_LE(stats.segments, 8u) << "device segments for 100,000 tensors of 40 bytes";
+  EXPECT_EQ(stats.blocks_held, 100000u);
+  EXPECT_LE(static_cast<int>(shmtensor::testing::open_fds().size()) - fds_before, 16);
+  kept.clear();
+  shmtensor::empty_cache();
+  EXPECT_EQ(shmtensor::internal::arena_stats().segments, 0u);
+}
+
+// ---- across processes ----------------------------------------------------------------
+
+// Gets tensors, checks their device and values, doubles them in place, sends them back,
+// then reports how many allocations this process imported.
+void double_and_return(Queue<Tensor> in, Queue<Tensor> out, Queue<long> imports, int count) {
+  for (int i = 0; i < count; ++i) {
+    Tensor t = in.get();
+    if (!t.is_cuda() || t.device() != Device::cuda(0)) throw std::runtime_error("not on cuda:0");
+    if (t[0].item<float>() != static_cast<float>(i)) throw std::runtime_error("wrong value");
+    t.copy_(t.cpu().add_(static_cast<double>(i)));  // t + i: i + i at element 0
+    out.put(t);
+  }
+  imports.put(static_cast<long>(shmtensor::internal::cuda::import_count()));
+}
+
+TEST_F(CudaTest, RoundTripKeepsIdentityAndWritesAreSeenBothWays) {
+  Queue<Tensor> to_child, from_child;
+  Queue<long> imports;
+  constexpr int kCount = 200;
+  Process p = exec_process(Process(double_and_return, to_child, from_child, imports, kCount));
+  std::vector<Tensor> sent;
+  for (int i = 0; i < kCount; ++i) {
+    sent.push_back(iota(10, static_cast<float>(i)).cuda());
+    to_child.put(sent.back());
+  }
+  for (int i = 0; i < kCount; ++i) {
+    Tensor back = from_child.get();
+    EXPECT_TRUE(back.storage().is_same(sent[static_cast<std::size_t>(i)].storage()))
+        << "the tensor came back as the very storage it left as";
+    EXPECT_EQ(back.raw_data(), sent[static_cast<std::size_t>(i)].raw_data());
+    EXPECT_EQ(sent[static_cast<std::size_t>(i)][0].item<float>(), 2.0f * i);
+  }
+  EXPECT_EQ(imports.get(), 1) << "200 tensors of one device segment: one import";
+  p.join();
+  EXPECT_EQ(p.exitcode(), 0) << p.error();
+}
+
+void produce_and_exit(Queue<Tensor> out, int kind) {
+  out.put(iota(100000, 1.0f).cuda(kind));
+}
+
+void produce_and_wait(Queue<Tensor> out, Queue<long> done) {
+  out.put(iota(1000, 5.0f).cuda());
+  (void)done.get();  // never comes: the test kills this process
+}
+
+TEST_F(CudaTest, ConsumerKeepsTheDataWhenTheProducerExitsOrIsKilled) {
+  {
+    Queue<Tensor> q;
+    Process p = exec_process(Process(produce_and_exit, q, 1));
+    p.join();
+    ASSERT_EQ(p.exitcode(), 0) << p.error();
+    Tensor t = q.get();  // received after the producer exited
+    EXPECT_EQ(t.device(), Device::cuda(1));
+    EXPECT_TRUE(t.cpu().equal(iota(100000, 1.0f)));
+  }
+  {
+    Queue<Tensor> q;
+    Queue<long> never;
+    Process p = exec_process(Process(produce_and_wait, q, never));
+    Tensor t = q.get();
+    p.kill();
+    p.join();
+    EXPECT_EQ(p.exitcode(), -SIGKILL);
+    EXPECT_TRUE(t.cpu().equal(iota(1000, 5.0f)));
+    t.fill_(3.0);
+    EXPECT_EQ(t[999].item<float>(), 3.0f);
+  }
+}
+
+void hold_forever(Queue<Tensor> in, Queue<long> ack) {
+  Tensor t = in.get();
+  ack.put(static_cast<long>(t.numel()));
+  (void)in.get();  // never comes
+}
+
+TEST_F(CudaTest, ABlockHeldByAKilledConsumerIsReclaimed) {
+  auto& driver = shmtensor::internal::cuda::Driver::get();
+  (void)driver;
+  for (int round = 0; round < 3; ++round) {
+    Queue<Tensor> q;
+    Queue<long> ack;
+    Process p = exec_process(Process(hold_forever, q, ack));
+    {
+      Tensor t = iota(64).cuda();
+      q.put(t);
+      EXPECT_EQ(ack.get(), 64);
+    }
+    // Only the consumer holds the block now.
+    EXPECT_EQ(shmtensor::internal::arena_stats().blocks_held, 1u);
+    p.kill();
+    p.join();
+    shmtensor::empty_cache();  // takes back the dead consumer's hold, returns the segment
+    EXPECT_EQ(shmtensor::internal::arena_stats().blocks_held, 0u);
+    EXPECT_EQ(shmtensor::internal::arena_stats().segments, 0u);
+  }
+}
+
+void forward(Queue<Tensor> in, Queue<Tensor> out) { out.put(in.get()); }
+
+void write_and_ack(Queue<Tensor> in, Queue<long> ack) {
+  Tensor t = in.get();
+  t.fill_(42.0);
+  ack.put(static_cast<long>(t.device().index()));
+}
+
+TEST_F(CudaTest, AReceivedTensorCanBeForwarded) {
+  Queue<Tensor> a, b;
+  Queue<long> ack;
+  Process first = exec_process(Process(forward, a, b));
+  Process second = exec_process(Process(write_and_ack, b, ack));
+  Tensor t = Tensor::zeros({256}, DType::kFloat32, Device::cuda(1));
+  a.put(t);
+  EXPECT_EQ(ack.get(), 1);
+  EXPECT_EQ(t[255].item<float>(), 42.0f);
+  first.join();
+  second.join();
+  EXPECT_EQ(first.exitcode(), 0) << first.error();
+  EXPECT_EQ(second.exitcode(), 0) << second.error();
+}
+
+void report_device(Queue<Tensor> in, Queue<long> out) {
+  Tensor t = in.get();
+  out.put(t.device().index());
+  out.put(static_cast<long>(t[3].item<float>()));
+  try {
+    (void)in.get();  // a tensor of a device this process does not see
+    out.put(-100);
+  } catch (const CudaError& e) {
+    out.put(std::string(e.what()).find("does not see") != std::string::npos ? -1 : -2);
+  }
+}
+
+TEST_F(CudaTest, DevicesAreMatchedByUuidNotIndex) {
+  Queue<Tensor> q;
+  Queue<long> out;
+  // The child sees only the second device, as its cuda:0.
+  setenv("CUDA_VISIBLE_DEVICES", "1", 1);
+  Process p = exec_process(Process(report_device, q, out));
+  unsetenv("CUDA_VISIBLE_DEVICES");
+  q.put(iota(8).cuda(1));
+  EXPECT_EQ(out.get(), 0) << "our cuda:1 is the child's cuda:0";
+  EXPECT_EQ(out.get(), 3);
+  q.put(iota(8).cuda(0));
+  EXPECT_EQ(out.get(), -1);
+  p.join();
+  EXPECT_EQ(p.exitcode(), 0) << p.error();
+}
+
+TEST_F(CudaTest, AForkedChildCannotUseCuda) {
+  Tensor t = iota(4).cuda();
+  int rc = shmtensor::testing::run_in_child([] {
+    try {
+      (void)Tensor::empty({2}, DType::kFloat32, Device::cuda());
+      _exit(3);
+    } catch (const CudaError& e) {
+      if (std::string(e.what()).find("exec start method") == std::string::npos) _exit(4);
+    }
+  });
+  EXPECT_EQ(rc, 0);
+  EXPECT_EQ(t[3].item<float>(), 3.0f) << "the parent still can";
+}
+
+// ---- hostile input -------------------------------------------------------------------
+
+using shmtensor::ProtocolError;
+using shmtensor::internal::Segment;
+using shmtensor::internal::SegmentKind;
+using shmtensor::internal::UniqueFd;
+
+TEST_F(CudaTest, DeviceSegmentsRefuseWhatIsNotTheirs) {
+  auto seg = Segment::create_device(0, 64, 4, SegmentKind::kDeviceArena);
+  auto dup = [](int fd) { return shmtensor::internal::dup_cloexec(fd); };
+  // Any memfd is not a device allocation.
+  UniqueFd plain = shmtensor::internal::create_sealed_memfd(std::size_t{2} << 20);
+  EXPECT_THROW(Segment::attach_device(dup(seg->fd()), dup(plain.get()), seg->uid()), ProtocolError);
+  // A device segment's memfd is not a host segment, and a host one not a device one.
+  EXPECT_THROW(Segment::attach_fd(dup(seg->fd()), seg->uid()), ProtocolError);
+  auto host = Segment::create(shmtensor::SharingStrategy::kFileDescriptor, 64, 4, SegmentKind::kArena);
+  EXPECT_THROW(Segment::attach_device(dup(host->fd()), dup(seg->device_fd()), host->uid()),
+               ProtocolError);
+  // An allocation of another device, or smaller than the segment's blocks.
+  auto other = Segment::create_device(1, 64, 4, SegmentKind::kDeviceArena);
+  EXPECT_THROW(Segment::attach_device(dup(seg->fd()), dup(other->device_fd()), seg->uid()),
+               ProtocolError);
+  auto big = Segment::create_device(0, std::size_t{4} << 20, 1, SegmentKind::kDeviceDedicated);
+  EXPECT_THROW(Segment::attach_device(dup(big->fd()), dup(seg->device_fd()), big->uid()),
+               ProtocolError);
+}
+
+TEST_F(CudaTest, AFrameWithADeviceEntryLackingItsFdsIsAProtocolError) {
+  using namespace shmtensor::internal;
+  auto seg = Segment::create_device(0, 64, 4, SegmentKind::kDeviceArena);
+  for (int fds_attached : {0, 1}) {
+    FrameHeader h{};
+    h.magic = kFrameMagic;
+    h.version = kWireVersion;
+    h.segment_count = 1;
+    h.fd_count = static_cast<std::uint32_t>(fds_attached);
+    SegmentEntry e{};
+    e.uid = seg->uid();
+    e.total_size = seg->mapped_size();
+    e.strategy = 2;
+    e.fd_index = 0;
+    h.body_size = sizeof e;
+    std::vector<std::byte> datagram(sizeof h + sizeof e);
+    std::memcpy(datagram.data(), &h, sizeof h);
+    std::memcpy(datagram.data() + sizeof h, &e, sizeof e);
+    std::vector<UniqueFd> fds;
+    if (fds_attached == 1) fds.push_back(dup_cloexec(seg->fd()));
+    EXPECT_THROW((void)parse_frame(datagram, std::move(fds)), ProtocolError);
+  }
+}
+
+}  // namespace cuda_test
