@@ -60,6 +60,36 @@ std::string limit_text(std::uint64_t v) {
 
 std::string human_size(std::uint64_t n) { return internal::human_bytes(n); }
 
+std::vector<Check> cuda_checks(const cuda::CudaProbe& p) {
+  std::vector<Check> out;
+  if (!p.available) {
+    out.push_back({"CUDA driver", "not available: " + p.why, "n/a",
+                   "CUDA tensors need an NVIDIA driver (libcuda.so.1, 11.3 or newer); CPU "
+                   "tensors do not"});
+    return out;
+  }
+  out.push_back({"CUDA driver",
+                 p.library + ", CUDA " + std::to_string(p.version / 1000) + "." +
+                     std::to_string(p.version % 1000 / 10),
+                 "ok", ""});
+  for (const auto& d : p.devices) {
+    Check c{"cuda:" + std::to_string(d.ordinal) + " " + d.name,
+            d.uuid + ", VMM " + (d.vmm ? "yes" : "no") + ", POSIX fd export " +
+                (d.posix_fd ? "yes" : "no") + ", granularity " + human_size(d.granularity) +
+                ", trial export: " + d.trial,
+            "ok", ""};
+    if (d.trial != "ok") {
+      c.verdict = "missing";
+      c.fix =
+          "shmtensor shares CUDA tensors through cuMemCreate allocations exported as POSIX "
+          "fds: it needs virtual memory management and POSIX-fd export (not available under "
+          "vGPU, MPS or WSL); CPU tensors are unaffected";
+    }
+    out.push_back(c);
+  }
+  return out;
+}
+
 std::vector<Check> doctor_checks(const SystemLimits& l) {
   std::vector<Check> out;
   {

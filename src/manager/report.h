@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/probe.h"
 #include "manager/segments.h"
 #include "os/limits.h"
 
@@ -18,6 +19,9 @@ struct Check {
 };
 // One check per limit that matters (see docs/cleanup.md and README "Tools").
 std::vector<Check> doctor_checks(const SystemLimits& limits);
+// The CUDA driver and one check per device (docs/cuda.md). A machine without CUDA gets
+// the verdict "n/a", which --strict does not count as a failure.
+std::vector<Check> cuda_checks(const cuda::CudaProbe& probe);
 std::string format_checks(const std::vector<Check>& checks);
 std::string checks_json(const std::vector<Check>& checks);
 

@@ -130,6 +130,14 @@ Segment::Segment(SharingStrategy strategy, UniqueFd fd, Mapping mapping, std::st
   if (!is_device_kind(kind_)) payload_ = mapping_.data() + data_offset_;
 }
 
+void Segment::adopt_as_creator(const FdFacts& facts) {
+  device_ = facts.device;
+  inode_ = facts.inode;
+  claim_slot(/*creator=*/true);
+  own_.store(true, std::memory_order_release);
+  Registry::instance().add_segment(shared_from_this());
+}
+
 int Segment::device_fd() const noexcept { return device_memory_ ? device_memory_->fd() : -1; }
 
 std::shared_ptr<Segment> Segment::create_device(int ordinal, std::size_t block_size,
@@ -153,11 +161,7 @@ std::shared_ptr<Segment> Segment::create_device(int ordinal, std::size_t block_s
   seg->payload_ = reinterpret_cast<std::byte*>(memory->address());
   seg->device_ordinal_ = ordinal;
   seg->device_memory_ = std::move(memory);
-  seg->device_ = facts.device;
-  seg->inode_ = facts.inode;
-  seg->claim_slot(/*creator=*/true);
-  seg->own_.store(true, std::memory_order_release);
-  Registry::instance().add_segment(seg);
+  seg->adopt_as_creator(facts);
   return seg;
 }
 
@@ -195,11 +199,7 @@ std::shared_ptr<Segment> Segment::create(SharingStrategy strategy, std::size_t b
                  1);
     seg = std::make_shared<Segment>(strategy, UniqueFd(), std::move(map), std::move(name));
   }
-  seg->device_ = facts.device;
-  seg->inode_ = facts.inode;
-  seg->claim_slot(/*creator=*/true);
-  seg->own_.store(true, std::memory_order_release);
-  Registry::instance().add_segment(seg);
+  seg->adopt_as_creator(facts);
   return seg;
 }
 

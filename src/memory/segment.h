@@ -34,8 +34,9 @@ namespace shmtensor::internal {
 namespace cuda {
 class DeviceMemory;
 }
+struct FdFacts;
 
-class Segment {
+class Segment : public std::enable_shared_from_this<Segment> {
  public:
   // A new segment of `block_count` blocks of `block_size` bytes (a multiple of 64), with
   // this process in slot 0, registered in this process's Registry. Throws
@@ -172,6 +173,9 @@ class Segment {
 
  private:
   void claim_slot(bool creator) noexcept;
+  // A segment this process just made: records its object's identity, takes slot 0, owns
+  // it, registers it.
+  void adopt_as_creator(const FdFacts& facts);
   void release_slot() noexcept;
   std::uint64_t* word_ptr(std::uint32_t block) const noexcept;
   std::uint64_t* slot_ptr(int slot) const noexcept;

@@ -78,17 +78,8 @@ Tensor Tensor::to(Device device) const {
   return out;
 }
 
-Tensor& Tensor::copy_across_devices(const Tensor& src) {
-  Tensor source = src;
-  try {
-    source = source.expand(sizes_);
-  } catch (const std::invalid_argument&) {
-    throw std::invalid_argument("copy_: source of sizes " + internal::sizes_to_string(src.sizes_) +
-                                " cannot be broadcast to sizes " +
-                                internal::sizes_to_string(sizes_));
-  }
-  if (numel() == 0) return *this;
-  if (src.storage_.is_same(storage_)) source = source.clone();  // may overlap *this
+Tensor& Tensor::copy_across_devices(const Tensor& source) {
+  // copy_ has broadcast the source to our sizes and copied it out if it shares our storage.
   const bool plain = dtype_ == source.dtype_ && is_contiguous() && source.is_contiguous();
   if (plain) {
     if (!is_cuda()) {

@@ -33,7 +33,6 @@ Tensor Tensor::to(DType dtype) const {
 Tensor& Tensor::copy_(const Tensor& src) {
   check_defined("copy_");
   src.check_defined("copy_");
-  if (is_cuda() || src.is_cuda()) return copy_across_devices(src);
   // Reading from a storage we are writing could see already-overwritten elements (e.g.
   // x.copy_(x.transpose(0, 1))): copy the source out first. Distinct storages never overlap.
   Tensor source = src.storage_.is_same(storage_) && numel() > 0 ? src.clone() : src;
@@ -45,6 +44,7 @@ Tensor& Tensor::copy_(const Tensor& src) {
                                 internal::sizes_to_string(sizes_));
   }
   if (numel() == 0) return *this;
+  if (is_cuda() || source.is_cuda()) return copy_across_devices(source);
   if (dtype_ == source.dtype_ && is_contiguous() && source.is_contiguous()) {
     std::memmove(raw_data(), source.raw_data(), nbytes());
     return *this;

@@ -21,6 +21,8 @@
 
 #include "cuda/device_memory.h"
 #include "cuda/driver.h"
+#include "cuda/probe.h"
+#include "manager/report.h"
 #include "memory/arena.h"
 #include "memory/segment.h"
 #include "os/shm.h"
@@ -121,6 +123,26 @@ TEST_F(CudaTest, DevicesHaveUuidsAndSupportFdExport) {
   EXPECT_TRUE(d.device(0).vmm);
   EXPECT_TRUE(d.device(0).posix_fd);
   EXPECT_EQ(d.ordinal_of(d.device(1).uuid), 1);
+}
+
+TEST_F(CudaTest, DoctorReportsTheDriverEachDeviceAndATrialExport) {
+  auto checks = shmtensor::internal::manager::cuda_checks(shmtensor::internal::cuda::probe_cuda());
+  ASSERT_EQ(checks.size(), 3u);
+  EXPECT_EQ(checks[0].what, "CUDA driver");
+  EXPECT_EQ(checks[0].value, "fake driver (SHMTENSOR_CUDA_DRIVER=fake), CUDA 12.0");
+  EXPECT_EQ(checks[1].what, "cuda:0 shmtensor fake CUDA device 0");
+  EXPECT_EQ(checks[1].value,
+            shmtensor::internal::cuda::uuid_string(
+                shmtensor::internal::cuda::Driver::get().device(0).uuid) +
+                ", VMM yes, POSIX fd export yes, granularity 2.0 MiB, trial export: ok");
+  EXPECT_EQ(checks[1].verdict, "ok");
+  EXPECT_EQ(checks[2].verdict, "ok");
+  shmtensor::internal::cuda::CudaProbe none;
+  none.why = "cannot load the CUDA driver libcuda.so.1";
+  auto unavailable = shmtensor::internal::manager::cuda_checks(none);
+  ASSERT_EQ(unavailable.size(), 1u);
+  EXPECT_EQ(unavailable[0].verdict, "n/a");
+  EXPECT_EQ(unavailable[0].value, "not available: cannot load the CUDA driver libcuda.so.1");
 }
 
 TEST_F(CudaTest, CopiesBetweenHostAndDeviceKeepValues) {

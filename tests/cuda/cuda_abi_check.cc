@@ -1,0 +1,49 @@
+// Compiled only where the CUDA toolkit's cuda.h is installed (tests/CMakeLists.txt): the
+// declarations of src/cuda/driver_api.h, which the library uses instead of cuda.h, must
+// have the driver's values and layouts. A mismatch fails the build of this file.
+#include <cuda.h>
+
+#include <cstddef>
+
+#include "cuda/driver_api.h"
+
+namespace ours = shmtensor::internal::cuda;
+
+static_assert(ours::CUDA_SUCCESS == CUDA_SUCCESS);
+static_assert(ours::CUDA_ERROR_INVALID_VALUE == CUDA_ERROR_INVALID_VALUE);
+static_assert(ours::CUDA_ERROR_OUT_OF_MEMORY == CUDA_ERROR_OUT_OF_MEMORY);
+static_assert(ours::CUDA_ERROR_NOT_INITIALIZED == CUDA_ERROR_NOT_INITIALIZED);
+static_assert(ours::CUDA_ERROR_NO_DEVICE == CUDA_ERROR_NO_DEVICE);
+static_assert(ours::CUDA_ERROR_INVALID_DEVICE == CUDA_ERROR_INVALID_DEVICE);
+static_assert(ours::CUDA_ERROR_NOT_SUPPORTED == CUDA_ERROR_NOT_SUPPORTED);
+static_assert(ours::CU_MEM_ALLOCATION_TYPE_PINNED == CU_MEM_ALLOCATION_TYPE_PINNED);
+static_assert(ours::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR ==
+              CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+static_assert(ours::CU_MEM_LOCATION_TYPE_DEVICE == CU_MEM_LOCATION_TYPE_DEVICE);
+static_assert(ours::CU_MEM_ACCESS_FLAGS_PROT_READWRITE == CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+static_assert(ours::CU_MEM_ALLOC_GRANULARITY_MINIMUM == CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+static_assert(ours::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED ==
+              CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED);
+static_assert(ours::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED ==
+              CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED);
+
+static_assert(sizeof(ours::CUuuid) == sizeof(CUuuid));
+static_assert(sizeof(ours::CUdeviceptr) == sizeof(CUdeviceptr));
+static_assert(sizeof(ours::CUmemGenericAllocationHandle) == sizeof(CUmemGenericAllocationHandle));
+static_assert(sizeof(ours::CUmemLocation) == sizeof(CUmemLocation));
+static_assert(offsetof(ours::CUmemLocation, id) == offsetof(CUmemLocation, id));
+static_assert(sizeof(ours::CUmemAllocationProp) == sizeof(CUmemAllocationProp));
+static_assert(offsetof(ours::CUmemAllocationProp, requestedHandleTypes) ==
+              offsetof(CUmemAllocationProp, requestedHandleTypes));
+static_assert(offsetof(ours::CUmemAllocationProp, location) ==
+              offsetof(CUmemAllocationProp, location));
+static_assert(offsetof(ours::CUmemAllocationProp, win32HandleMetaData) ==
+              offsetof(CUmemAllocationProp, win32HandleMetaData));
+static_assert(offsetof(ours::CUmemAllocationProp, allocFlags) ==
+              offsetof(CUmemAllocationProp, allocFlags));
+static_assert(sizeof(ours::CUmemAccessDesc) == sizeof(CUmemAccessDesc));
+static_assert(offsetof(ours::CUmemAccessDesc, flags) == offsetof(CUmemAccessDesc, flags));
+
+static_assert(sizeof(ours::CUresult) == sizeof(CUresult));
+
+int main() { return 0; }
