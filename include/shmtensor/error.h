@@ -4,7 +4,8 @@
 // operations: a system call that failed (SystemError: errno, the call, what we were
 // doing), shared memory that ran out (SharedMemoryFullError), bytes or descriptors from
 // another process that do not hold together (ProtocolError), a peer that is gone
-// (ConnectionClosed, QueueClosed), a child or worker that failed (ProcessException,
+// (ConnectionClosed, QueueClosed), CUDA that cannot be used (CudaError), a child or worker
+// that failed (ProcessException,
 // TaskError, DataLoaderError and their subclasses), and misused process control
 // (Process::start() twice, Process::join() before start(), spawn() with nprocs < 1, a Pool
 // of -1 processes, Pool::join() before close(), a task submitted after close()).

@@ -9,6 +9,7 @@
 #include "shmtensor/connection.h"
 #include "shmtensor/data_loader.h"
 #include "shmtensor/data_loader_errors.h"
+#include "shmtensor/device.h"
 #include "shmtensor/dtype.h"
 #include "shmtensor/error.h"
 #include "shmtensor/pool.h"

@@ -226,8 +226,9 @@ class Tensor {
                    std::vector<std::int64_t> strides) const;
   void check_defined(const char* op) const;
   void check_dtype(DType requested, const char* op) const;
-  // copy_ when either tensor is on a CUDA device (tensor_device.cc).
-  Tensor& copy_across_devices(const Tensor& src);
+  // copy_ when either tensor is on a CUDA device (tensor_device.cc), of a source already
+  // broadcast to sizes() and not sharing our storage; numel() > 0.
+  Tensor& copy_across_devices(const Tensor& source);
   // The single element (numel must be 1) in the widest type of its kind.
   bool item_bool() const;
   std::int64_t item_int64(std::int64_t min, std::uint64_t max) const;
