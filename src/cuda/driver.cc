@@ -68,6 +68,9 @@ const EntryPoint kEntryPoints[] = {
     SHMTENSOR_ENTRY(cuMemcpyDtoH, "cuMemcpyDtoH_v2"),
     SHMTENSOR_ENTRY(cuMemcpyDtoD, "cuMemcpyDtoD_v2"),
     SHMTENSOR_ENTRY(cuMemsetD8, "cuMemsetD8_v2"),
+    SHMTENSOR_ENTRY(cuStreamCreate, "cuStreamCreate"),
+    SHMTENSOR_ENTRY(cuStreamDestroy, "cuStreamDestroy_v2"),
+    SHMTENSOR_ENTRY(cuMemsetD32Async, "cuMemsetD32Async"),
 };
 #undef SHMTENSOR_ENTRY
 // The CUDA version every entry point is pinned to when resolved through cuGetProcAddress.

@@ -15,6 +15,8 @@ using CUdeviceptr = unsigned long long;
 using CUmemGenericAllocationHandle = unsigned long long;
 struct CUctx_st;
 using CUcontext = CUctx_st*;
+struct CUstream_st;
+using CUstream = CUstream_st*;
 
 inline constexpr CUresult CUDA_SUCCESS = 0;
 inline constexpr CUresult CUDA_ERROR_INVALID_VALUE = 1;
@@ -57,6 +59,7 @@ inline constexpr int CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 0x3;
 inline constexpr int CU_MEM_ALLOC_GRANULARITY_MINIMUM = 0x0;
 inline constexpr int CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED = 102;
 inline constexpr int CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED = 103;
+inline constexpr unsigned int CU_STREAM_NON_BLOCKING = 0x1;
 
 // Every driver entry point shmtensor uses. Filled by the loader (the real driver, through
 // dlsym of the versioned symbol each was pinned to) or by the test-only fake driver.
@@ -96,6 +99,11 @@ struct DriverApi {
   CUresult (*cuMemcpyDtoH)(void* dst, CUdeviceptr src, std::size_t bytes);
   CUresult (*cuMemcpyDtoD)(CUdeviceptr dst, CUdeviceptr src, std::size_t bytes);
   CUresult (*cuMemsetD8)(CUdeviceptr dst, unsigned char value, std::size_t count);
+  // Streams: for work a caller queues without waiting (the tests' ordering check).
+  CUresult (*cuStreamCreate)(CUstream* stream, unsigned int flags);
+  CUresult (*cuStreamDestroy)(CUstream stream);
+  CUresult (*cuMemsetD32Async)(CUdeviceptr dst, unsigned int value, std::size_t count,
+                               CUstream stream);
 };
 
 // The fake driver's table (fake_driver.cc): devices backed by memfd + mmap, for tests on

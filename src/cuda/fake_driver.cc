@@ -291,6 +291,24 @@ CUresult fake_memset(CUdeviceptr dst, unsigned char v, std::size_t n) {
   return CUDA_SUCCESS;
 }
 
+// The fake has no queue: "asynchronous" work is done at once, which is one order a real
+// stream may take.
+CUresult fake_stream_create(CUstream* stream, unsigned int) {
+  *stream = reinterpret_cast<CUstream>(new char);
+  return CUDA_SUCCESS;
+}
+
+CUresult fake_stream_destroy(CUstream stream) {
+  delete reinterpret_cast<char*>(stream);
+  return CUDA_SUCCESS;
+}
+
+CUresult fake_memset32_async(CUdeviceptr dst, unsigned int v, std::size_t n, CUstream) {
+  auto* p = reinterpret_cast<unsigned int*>(dst);
+  for (std::size_t i = 0; i < n; ++i) p[i] = v;
+  return CUDA_SUCCESS;
+}
+
 const DriverApi kFake = {
     fake_init,          fake_driver_version,     fake_error_string, fake_device_count,
     fake_device_get,    fake_device_name,        fake_device_uuid,  fake_device_attribute,
@@ -298,7 +316,8 @@ const DriverApi kFake = {
     fake_granularity,   fake_mem_create,         fake_mem_release,  fake_export,
     fake_import,        fake_properties,         fake_reserve,      fake_address_free,
     fake_map,           fake_unmap,              fake_set_access,   fake_htod,
-    fake_dtoh,          fake_dtod,               fake_memset,
+    fake_dtoh,          fake_dtod,               fake_memset,       fake_stream_create,
+    fake_stream_destroy, fake_memset32_async,
 };
 
 }  // namespace

@@ -45,5 +45,6 @@ static_assert(sizeof(ours::CUmemAccessDesc) == sizeof(CUmemAccessDesc));
 static_assert(offsetof(ours::CUmemAccessDesc, flags) == offsetof(CUmemAccessDesc, flags));
 
 static_assert(sizeof(ours::CUresult) == sizeof(CUresult));
+static_assert(ours::CU_STREAM_NON_BLOCKING == CU_STREAM_NON_BLOCKING);
 
 int main() { return 0; }
