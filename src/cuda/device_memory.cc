@@ -1,6 +1,9 @@
 #include "cuda/device_memory.h"
 
+#include <fcntl.h>
+
 #include <atomic>
+#include <cerrno>
 #include <string>
 
 #include "cuda/driver.h"
@@ -15,7 +18,7 @@ std::atomic<std::uint64_t> g_imports{0};
 std::size_t round_up(std::size_t n, std::size_t g) { return (n + g - 1) / g * g; }
 
 const DeviceInfo& usable_device(const Driver& d, int ordinal) {
-  const DeviceInfo& info = d.device(ordinal);
+  const DeviceInfo& info = d.ready(ordinal);
   if (!info.vmm || info.granularity == 0)
     throw CudaError("cuda:" + std::to_string(ordinal) + " (" + info.name +
                     ") does not support CUDA virtual memory management, which shmtensor's "
@@ -43,7 +46,7 @@ CUdeviceptr map_handle(const Driver& d, int ordinal, CUmemGenericAllocationHandl
   api.cuMemRelease(handle);
   if (r != CUDA_SUCCESS) {
     api.cuMemAddressFree(va, size);
-    if (received)
+    if (received && (r == CUDA_ERROR_INVALID_VALUE || r == CUDA_ERROR_INVALID_HANDLE))
       throw ProtocolError("received a CUDA allocation that cannot be mapped for " +
                           std::to_string(size) + " bytes (cuMemMap: " + d.error_text(r) +
                           "): smaller than its segment says, or not an allocation");
@@ -67,7 +70,7 @@ std::unique_ptr<DeviceMemory> DeviceMemory::create(int ordinal, std::size_t size
   const Driver& d = Driver::get();
   const DeviceInfo& info = usable_device(d, ordinal);
   const DriverApi& api = d.api();
-  d.make_current(ordinal);
+  CurrentDevice current(d, ordinal);
   size = round_up(size, info.granularity);
   CUmemAllocationProp prop{};
   prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
@@ -83,6 +86,12 @@ std::unique_ptr<DeviceMemory> DeviceMemory::create(int ordinal, std::size_t size
     d.check(r, "cuMemExportToShareableHandle");
   }
   UniqueFd fd(raw);
+  // Whatever the driver returned, the fd must not outlive an exec (it would keep the
+  // allocation alive in every exec'd child).
+  if (fcntl(fd.get(), F_SETFD, FD_CLOEXEC) != 0) {
+    api.cuMemRelease(handle);
+    throw SystemError(errno, "fcntl", "F_SETFD FD_CLOEXEC on an exported CUDA allocation");
+  }
   CUdeviceptr va = map_handle(d, ordinal, handle, size, /*received=*/false);
   return std::make_unique<DeviceMemory>(ordinal, std::move(fd), va, size);
 }
@@ -96,14 +105,17 @@ std::unique_ptr<DeviceMemory> DeviceMemory::import(UniqueFd fd, const CUuuid& uu
                     ", which this process does not see (CUDA_VISIBLE_DEVICES?)");
   const DeviceInfo& info = usable_device(d, ordinal);
   const DriverApi& api = d.api();
-  d.make_current(ordinal);
+  CurrentDevice current(d, ordinal);
   CUmemGenericAllocationHandle handle = 0;
   CUresult r = api.cuMemImportFromShareableHandle(
       &handle, reinterpret_cast<void*>(static_cast<std::intptr_t>(fd.get())),
       CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
-  if (r != CUDA_SUCCESS)
+  // What the fd is decides INVALID_VALUE / INVALID_HANDLE; anything else (out of memory,
+  // not permitted, not supported) is this process's condition, not the message's.
+  if (r == CUDA_ERROR_INVALID_VALUE || r == CUDA_ERROR_INVALID_HANDLE)
     throw ProtocolError("received an fd that the CUDA driver does not take as an allocation (" +
                         d.error_text(r) + ")");
+  d.check(r, "cuMemImportFromShareableHandle");
   CUmemAllocationProp prop{};
   r = api.cuMemGetAllocationPropertiesFromHandle(&prop, handle);
   if (r != CUDA_SUCCESS || prop.location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
@@ -119,44 +131,48 @@ std::unique_ptr<DeviceMemory> DeviceMemory::import(UniqueFd fd, const CUuuid& uu
 }
 
 DeviceMemory::~DeviceMemory() {
-  if (forked_after_load()) {
-    (void)fd_.release();  // the driver is unusable here: leave it all to exit
-    return;
-  }
+  // A DeviceMemory exists only where the driver loaded: unavailable now means a forked
+  // child, where the driver must not be called. The mapping is then left to the process's
+  // end; the fd closes either way.
   std::string why;
   if (!Driver::available(&why)) return;
-  const DriverApi& api = Driver::get().api();
-  api.cuMemUnmap(address_, size_);
-  api.cuMemAddressFree(address_, size_);
+  try {
+    const Driver& d = Driver::get();
+    CurrentDevice current(d, ordinal_);
+    d.api().cuMemUnmap(address_, size_);
+    d.api().cuMemAddressFree(address_, size_);
+  } catch (const std::exception&) {
+    // A destructor cannot report it; the address space stays reserved.
+  }
 }
 
 void copy_to_device(int device, CUdeviceptr dst, const void* src, std::size_t n) {
   const Driver& d = Driver::get();
-  d.make_current(device);
+  CurrentDevice current(d, device);
   d.check(d.api().cuMemcpyHtoD(dst, src, n), "cuMemcpyHtoD");
 }
 
 void copy_to_host(int device, void* dst, CUdeviceptr src, std::size_t n) {
   const Driver& d = Driver::get();
-  d.make_current(device);
+  CurrentDevice current(d, device);
   d.check(d.api().cuMemcpyDtoH(dst, src, n), "cuMemcpyDtoH");
 }
 
 void copy_device_to_device(int device, CUdeviceptr dst, CUdeviceptr src, std::size_t n) {
   const Driver& d = Driver::get();
-  d.make_current(device);
+  CurrentDevice current(d, device);
   d.check(d.api().cuMemcpyDtoD(dst, src, n), "cuMemcpyDtoD");
 }
 
 void fill_device(int device, CUdeviceptr dst, unsigned char value, std::size_t n) {
   const Driver& d = Driver::get();
-  d.make_current(device);
+  CurrentDevice current(d, device);
   d.check(d.api().cuMemsetD8(dst, value, n), "cuMemsetD8");
 }
 
 void synchronize(int device) {
   const Driver& d = Driver::get();
-  d.make_current(device);
+  CurrentDevice current(d, device);
   d.check(d.api().cuCtxSynchronize(), "cuCtxSynchronize");
 }
 

@@ -10,7 +10,7 @@
 // consumers hold its tensors.
 //
 // In a process forked after CUDA was loaded the driver must not be called: the destructor
-// then leaves the mapping and fd to the process's end.
+// then closes the fd and leaves the mapping to the process's end.
 #pragma once
 
 #include <cstddef>
@@ -52,8 +52,10 @@ class DeviceMemory {
   std::size_t size_;
 };
 
-// Copies between host and device memory (any direction; `device` is the device whose
-// context runs it). Synchronous: the bytes are in place when they return.
+// Copies between host and device memory (`device` is the device whose context runs them),
+// on its default stream, so in order with each other. copy_to_host returns once the bytes
+// are on the host; the others may return before the device has finished, which a later
+// copy_to_host, synchronize() or a message (the sender synchronizes) waits for.
 void copy_to_device(int device, CUdeviceptr dst, const void* src, std::size_t n);
 void copy_to_host(int device, void* dst, CUdeviceptr src, std::size_t n);
 void copy_device_to_device(int device, CUdeviceptr dst, CUdeviceptr src, std::size_t n);

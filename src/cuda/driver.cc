@@ -25,10 +25,33 @@ namespace {
 
 std::atomic<bool> g_loaded{false};
 std::atomic<bool> g_forked{false};
+std::atomic<bool> g_forked_child{false};
 std::atomic<const Driver*> g_instance{nullptr};
 
 void child_after_fork() noexcept {
+  g_forked_child.store(true, std::memory_order_relaxed);
   if (g_loaded.load(std::memory_order_relaxed)) g_forked.store(true, std::memory_order_relaxed);
+}
+
+// Registered when the library is loaded, so that every forked child knows it is one.
+[[maybe_unused]] const bool kForkHandler = [] {
+  pthread_atfork(nullptr, nullptr, child_after_fork);
+  return true;
+}();
+
+bool fake_requested() {
+  const char* which = std::getenv("SHMTENSOR_CUDA_DRIVER");
+  return which != nullptr && std::strcmp(which, "fake") == 0;
+}
+
+// A forked child in which libcuda.so.1 is already mapped got it from its parent (the
+// child has not loaded it through us): some other library (torch) used CUDA there.
+bool inherited_libcuda() {
+  if (!g_forked_child.load(std::memory_order_relaxed) || fake_requested()) return false;
+  void* lib = dlopen("libcuda.so.1", RTLD_NOLOAD | RTLD_LAZY);
+  if (lib == nullptr) return false;
+  dlclose(lib);
+  return true;
 }
 
 // Each entry point by its base name, and the versioned symbol libcuda exports for the ABI
@@ -49,6 +72,7 @@ const EntryPoint kEntryPoints[] = {
     SHMTENSOR_ENTRY(cuDeviceGetUuid, "cuDeviceGetUuid_v2"),
     SHMTENSOR_ENTRY(cuDeviceGetAttribute, "cuDeviceGetAttribute"),
     SHMTENSOR_ENTRY(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain"),
+    SHMTENSOR_ENTRY(cuCtxGetCurrent, "cuCtxGetCurrent"),
     SHMTENSOR_ENTRY(cuCtxSetCurrent, "cuCtxSetCurrent"),
     SHMTENSOR_ENTRY(cuCtxSynchronize, "cuCtxSynchronize"),
     SHMTENSOR_ENTRY(cuMemGetInfo, "cuMemGetInfo_v2"),
@@ -118,8 +142,7 @@ std::string uuid_string(const CUuuid& uuid) {
 Driver* Driver::load(std::string* why) noexcept {
   try {
     std::unique_ptr<Driver> d(new Driver);
-    const char* which = std::getenv("SHMTENSOR_CUDA_DRIVER");
-    if (which != nullptr && std::strcmp(which, "fake") == 0) {
+    if (fake_requested()) {
       d->api_ = &fake_driver_api();
       d->fake_ = true;
       d->library_ = "fake driver (SHMTENSOR_CUDA_DRIVER=fake)";
@@ -171,22 +194,10 @@ Driver* Driver::load(std::string* why) noexcept {
               &v, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, info.device) ==
           CUDA_SUCCESS)
         info.posix_fd = v != 0;
-      d->check(api.cuDevicePrimaryCtxRetain(&info.context, info.device),
-               "cuDevicePrimaryCtxRetain");
-      if (info.vmm) {
-        CUmemAllocationProp prop{};
-        prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-        prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-        prop.location = {CU_MEM_LOCATION_TYPE_DEVICE, info.device};
-        api.cuCtxSetCurrent(info.context);
-        if (api.cuMemGetAllocationGranularity(&info.granularity, &prop,
-                                              CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS)
-          info.granularity = 0;
-      }
       d->devices_.push_back(std::move(info));
     }
+    d->ready_.reset(new std::once_flag[d->devices_.size()]);
     g_loaded.store(true, std::memory_order_relaxed);
-    pthread_atfork(nullptr, nullptr, child_after_fork);
     return d.release();
   } catch (const std::exception& e) {
     *why = e.what();
@@ -202,7 +213,8 @@ struct Loaded {
 }  // namespace
 
 bool Driver::available(std::string* why) noexcept {
-  if (forked_after_load()) {
+  if (forked_after_load() || (g_instance.load(std::memory_order_acquire) == nullptr &&
+                              inherited_libcuda())) {
     *why =
         "CUDA cannot be used in a process forked after CUDA was used in its parent (CUDA does "
         "not survive fork): start it with the exec start method (StartMethod::kExec)";
@@ -240,8 +252,40 @@ int Driver::ordinal_of(const CUuuid& uuid) const noexcept {
   return -1;
 }
 
-void Driver::make_current(int ordinal) const {
-  check(api_->cuCtxSetCurrent(device(ordinal).context), "cuCtxSetCurrent");
+const DeviceInfo& Driver::ready(int ordinal) const {
+  const DeviceInfo& info = device(ordinal);
+  std::call_once(ready_[static_cast<std::size_t>(ordinal)], [&] {
+    DeviceInfo& d = devices_[static_cast<std::size_t>(ordinal)];
+    CUcontext context = nullptr;
+    check(api_->cuDevicePrimaryCtxRetain(&context, d.device), "cuDevicePrimaryCtxRetain");
+    d.context = context;
+    if (d.vmm) {
+      CUmemAllocationProp prop{};
+      prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+      prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+      prop.location = {CU_MEM_LOCATION_TYPE_DEVICE, d.device};
+      CurrentDevice current(*this, context);
+      if (api_->cuMemGetAllocationGranularity(&d.granularity, &prop,
+                                              CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS)
+        d.granularity = 0;
+    }
+  });
+  return info;
+}
+
+CurrentDevice::CurrentDevice(const Driver& driver, int ordinal)
+    : CurrentDevice(driver, driver.ready(ordinal).context) {}
+
+CurrentDevice::CurrentDevice(const Driver& driver, CUcontext context) : driver_(driver) {
+  const DriverApi& api = driver.api();
+  driver.check(api.cuCtxGetCurrent(&previous_), "cuCtxGetCurrent");
+  if (previous_ == context) return;
+  driver.check(api.cuCtxSetCurrent(context), "cuCtxSetCurrent");
+  changed_ = true;
+}
+
+CurrentDevice::~CurrentDevice() {
+  if (changed_) driver_.api().cuCtxSetCurrent(previous_);
 }
 
 std::string Driver::error_text(CUresult r) const {

@@ -8,14 +8,22 @@
 // export support, and allocation granularity.
 //
 // A process forked after the driver was loaded cannot use it (CUDA does not survive
-// fork): get() throws CudaError there, naming the exec start method as the fix. The fake
-// driver enforces the same rule, so that tests see what a GPU machine does.
+// fork): get() throws CudaError there, naming the exec start method as the fix, also when
+// another library (torch) loaded libcuda.so.1 in the parent. The fake driver enforces the
+// same rule, so that tests see what a GPU machine does.
+//
+// A device's primary context is retained, and its granularity read, the first time the
+// device is used (ready()): a process that uses cuda:0 holds no context on its other
+// devices. The library never leaves a context of its own current on a caller's thread
+// (CurrentDevice restores what was current).
 //
 // Thread-safe: loading happens once (a function-local static); the tables are constant.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -30,8 +38,10 @@ struct DeviceInfo {
   std::string name;
   bool vmm = false;       // CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
   bool posix_fd = false;  // CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED
-  std::size_t granularity = 0;  // cuMemGetAllocationGranularity (minimum), 0 without VMM
-  CUcontext context = nullptr;  // the primary context, retained for the process's life
+  // Set by Driver::ready(): cuMemGetAllocationGranularity (minimum; 0 without VMM) and
+  // the primary context, retained for the process's life.
+  std::size_t granularity = 0;
+  CUcontext context = nullptr;
 };
 
 class Driver {
@@ -47,12 +57,14 @@ class Driver {
   int version() const noexcept { return version_; }  // cuDriverGetVersion: 13000 = 13.0
   const std::string& library() const noexcept { return library_; }
   int device_count() const noexcept { return static_cast<int>(devices_.size()); }
-  // Device `ordinal` of this process; std::invalid_argument if there is none such.
+  // Device `ordinal` of this process; std::invalid_argument if there is none such. Its
+  // granularity and context are set once ready(ordinal) returned.
   const DeviceInfo& device(int ordinal) const;
+  // device(ordinal), its primary context retained and its granularity read (once).
+  // Throws CudaError when the driver refuses.
+  const DeviceInfo& ready(int ordinal) const;
   // The ordinal of the device with this UUID here, -1 if this process does not see it.
   int ordinal_of(const CUuuid& uuid) const noexcept;
-  // Makes the device's primary context current on the calling thread.
-  void make_current(int ordinal) const;
   // Throws CudaError "<call>: <driver's error name/text> (CUresult n)" unless r is success.
   void check(CUresult r, const char* call) const;
   std::string error_text(CUresult r) const;
@@ -65,7 +77,26 @@ class Driver {
   bool fake_ = false;
   int version_ = 0;
   std::string library_;
-  std::vector<DeviceInfo> devices_;
+  // Filled by ready(), once per device (its flag).
+  mutable std::vector<DeviceInfo> devices_;
+  std::unique_ptr<std::once_flag[]> ready_;
+};
+
+// Makes device `ordinal`'s primary context current on this thread while it lives, and
+// then restores the context that was current before (the caller's, torch's).
+class CurrentDevice {
+ public:
+  CurrentDevice(const Driver& driver, int ordinal);
+  // The same for a context already retained.
+  CurrentDevice(const Driver& driver, CUcontext context);
+  ~CurrentDevice();
+  CurrentDevice(const CurrentDevice&) = delete;
+  CurrentDevice& operator=(const CurrentDevice&) = delete;
+
+ private:
+  const Driver& driver_;
+  CUcontext previous_ = nullptr;
+  bool changed_ = false;
 };
 
 // Whether this process was forked after the driver was loaded (in it or an ancestor).

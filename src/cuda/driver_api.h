@@ -1,6 +1,6 @@
 // The part of the CUDA driver API (cuda.h) that shmtensor calls, declared here so that the
 // library builds without the CUDA toolkit and loads the driver at run time (driver.h).
-// Values and layouts are the driver's ABI: tests/unit/cuda_abi_check.cc compiles these
+// Values and layouts are the driver's ABI: tests/cuda/cuda_abi_check.cc compiles these
 // against the toolkit's cuda.h, when one is installed, and static_asserts they agree.
 #pragma once
 
@@ -24,6 +24,7 @@ inline constexpr CUresult CUDA_ERROR_OUT_OF_MEMORY = 2;
 inline constexpr CUresult CUDA_ERROR_NOT_INITIALIZED = 3;
 inline constexpr CUresult CUDA_ERROR_NO_DEVICE = 100;
 inline constexpr CUresult CUDA_ERROR_INVALID_DEVICE = 101;
+inline constexpr CUresult CUDA_ERROR_INVALID_HANDLE = 400;
 inline constexpr CUresult CUDA_ERROR_NOT_SUPPORTED = 801;
 
 struct CUuuid {
@@ -61,8 +62,9 @@ inline constexpr int CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED = 1
 inline constexpr int CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED = 103;
 inline constexpr unsigned int CU_STREAM_NON_BLOCKING = 0x1;
 
-// Every driver entry point shmtensor uses. Filled by the loader (the real driver, through
-// dlsym of the versioned symbol each was pinned to) or by the test-only fake driver.
+// Every driver entry point shmtensor uses. Filled by the loader (the real driver: through
+// cuGetProcAddress_v2 at the version each is pinned to, or dlsym of the versioned export on
+// drivers older than 12.0) or by the test-only fake driver.
 struct DriverApi {
   CUresult (*cuInit)(unsigned int flags);
   CUresult (*cuDriverGetVersion)(int* version);
@@ -73,6 +75,7 @@ struct DriverApi {
   CUresult (*cuDeviceGetUuid)(CUuuid* uuid, CUdevice device);
   CUresult (*cuDeviceGetAttribute)(int* value, int attribute, CUdevice device);
   CUresult (*cuDevicePrimaryCtxRetain)(CUcontext* ctx, CUdevice device);
+  CUresult (*cuCtxGetCurrent)(CUcontext* ctx);
   CUresult (*cuCtxSetCurrent)(CUcontext ctx);
   CUresult (*cuCtxSynchronize)();
   CUresult (*cuMemGetInfo)(std::size_t* free, std::size_t* total);
@@ -109,5 +112,8 @@ struct DriverApi {
 // The fake driver's table (fake_driver.cc): devices backed by memfd + mmap, for tests on
 // machines without a GPU. Selected by SHMTENSOR_CUDA_DRIVER=fake (driver.h).
 const DriverApi& fake_driver_api();
+// The fake driver's count of cuCtxSynchronize calls in this process (tests check who
+// waits for the device).
+std::uint64_t fake_synchronize_count() noexcept;
 
 }  // namespace shmtensor::internal::cuda

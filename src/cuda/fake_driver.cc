@@ -20,6 +20,7 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -142,12 +143,40 @@ CUresult fake_primary_ctx_retain(CUcontext* ctx, CUdevice d) {
   return CUDA_SUCCESS;
 }
 
+CUresult fake_ctx_get_current(CUcontext* ctx) {
+  *ctx = t_current;
+  return CUDA_SUCCESS;
+}
+
 CUresult fake_ctx_set_current(CUcontext ctx) {
   t_current = ctx;
   return CUDA_SUCCESS;
 }
 
-CUresult fake_ctx_synchronize() { return CUDA_SUCCESS; }
+// Work "queued on a stream" (cuMemsetD32Async): done only when the context is
+// synchronized or the stream destroyed, so that a test sees what a consumer would read if
+// nobody waited for it.
+struct PendingFill {
+  unsigned int* dst;
+  unsigned int value;
+  std::size_t count;
+};
+std::mutex g_pending_mu;
+std::vector<PendingFill> g_pending;
+std::atomic<std::uint64_t> g_synchronizations{0};
+
+void run_pending() {
+  std::lock_guard lock(g_pending_mu);
+  for (const auto& f : g_pending)
+    for (std::size_t i = 0; i < f.count; ++i) f.dst[i] = f.value;
+  g_pending.clear();
+}
+
+CUresult fake_ctx_synchronize() {
+  g_synchronizations.fetch_add(1, std::memory_order_relaxed);
+  run_pending();
+  return CUDA_SUCCESS;
+}
 
 CUresult fake_mem_info(std::size_t* free, std::size_t* total) {
   *total = kFakeTotal;
@@ -291,28 +320,28 @@ CUresult fake_memset(CUdeviceptr dst, unsigned char v, std::size_t n) {
   return CUDA_SUCCESS;
 }
 
-// The fake has no queue: "asynchronous" work is done at once, which is one order a real
-// stream may take.
 CUresult fake_stream_create(CUstream* stream, unsigned int) {
   *stream = reinterpret_cast<CUstream>(new char);
   return CUDA_SUCCESS;
 }
 
 CUresult fake_stream_destroy(CUstream stream) {
+  run_pending();  // a destroyed stream's work still completes
   delete reinterpret_cast<char*>(stream);
   return CUDA_SUCCESS;
 }
 
 CUresult fake_memset32_async(CUdeviceptr dst, unsigned int v, std::size_t n, CUstream) {
-  auto* p = reinterpret_cast<unsigned int*>(dst);
-  for (std::size_t i = 0; i < n; ++i) p[i] = v;
+  std::lock_guard lock(g_pending_mu);
+  g_pending.push_back({reinterpret_cast<unsigned int*>(dst), v, n});
   return CUDA_SUCCESS;
 }
 
 const DriverApi kFake = {
     fake_init,          fake_driver_version,     fake_error_string, fake_device_count,
     fake_device_get,    fake_device_name,        fake_device_uuid,  fake_device_attribute,
-    fake_primary_ctx_retain, fake_ctx_set_current, fake_ctx_synchronize, fake_mem_info,
+    fake_primary_ctx_retain, fake_ctx_get_current, fake_ctx_set_current, fake_ctx_synchronize,
+    fake_mem_info,
     fake_granularity,   fake_mem_create,         fake_mem_release,  fake_export,
     fake_import,        fake_properties,         fake_reserve,      fake_address_free,
     fake_map,           fake_unmap,              fake_set_access,   fake_htod,
@@ -323,5 +352,9 @@ const DriverApi kFake = {
 }  // namespace
 
 const DriverApi& fake_driver_api() { return kFake; }
+
+std::uint64_t fake_synchronize_count() noexcept {
+  return g_synchronizations.load(std::memory_order_relaxed);
+}
 
 }  // namespace shmtensor::internal::cuda

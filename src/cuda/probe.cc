@@ -40,15 +40,23 @@ CudaProbe probe_cuda() noexcept {
     p.library = d.library();
     p.version = d.version();
     for (int i = 0; i < d.device_count(); ++i) {
-      const DeviceInfo& info = d.device(i);
       DeviceProbe dp;
+      std::string ready_error;
+      try {
+        (void)d.ready(i);  // retains the context, reads the granularity
+      } catch (const std::exception& e) {
+        ready_error = e.what();
+      }
+      const DeviceInfo& info = d.device(i);
       dp.ordinal = i;
       dp.name = info.name;
       dp.uuid = uuid_string(info.uuid);
       dp.vmm = info.vmm;
       dp.posix_fd = info.posix_fd;
       dp.granularity = info.granularity;
-      dp.trial = info.vmm && info.posix_fd ? trial_export(info) : "not tried (unsupported)";
+      dp.trial = !ready_error.empty()              ? ready_error
+                 : info.vmm && info.posix_fd ? trial_export(info)
+                                             : "not tried (unsupported)";
       p.devices.push_back(std::move(dp));
     }
   } catch (const std::exception& e) {

@@ -123,7 +123,7 @@ std::size_t round_up(std::size_t n, std::size_t a) { return (n + a - 1) / a * a;
 // Device segments are whole allocations of the device's granularity (2 MiB on current
 // GPUs): a segment is made at least that big, with as many blocks as fit.
 std::size_t device_granularity(int device) {
-  return device < 0 ? 1 : cuda::Driver::get().device(device).granularity;
+  return device < 0 ? 1 : cuda::Driver::get().ready(device).granularity;
 }
 
 // Takes a block from the free list or the untouched tail. Blocks whose word a peer
@@ -241,7 +241,7 @@ void limit_large_cache(StrategyArena& sa, std::vector<std::shared_ptr<Segment>>*
     OwnSegment& os = *sa.large[k];
     if (os.held != 0) continue;
     ++count;
-    bytes += os.seg->mapped_size();
+    bytes += os.seg->backing_size();
     drop[k] = count > kLargeCacheCount || bytes > kLargeCacheBytes;
   }
   std::size_t k = 0;
@@ -418,7 +418,7 @@ ArenaStats arena_stats() {
   ArenaStats st;
   for (const auto& [seg, os] : g_state->index) {
     ++st.segments;
-    st.bytes += seg->mapped_size();
+    st.bytes += seg->backing_size();
     st.blocks_held += os->held;
     st.blocks_free += os->free.size() + (seg->block_count() - os->bump);
   }

@@ -52,7 +52,7 @@ std::size_t arena_trim();
 
 struct ArenaStats {
   std::size_t segments = 0;      // segments this process's arena owns
-  std::size_t bytes = 0;         // their mapped size
+  std::size_t bytes = 0;         // their memory (mapped, or on the device)
   std::size_t blocks_held = 0;   // blocks handed out and not known to be free
   std::size_t blocks_free = 0;   // blocks in the free lists
 };

@@ -115,17 +115,17 @@ void write_header(SegmentHeader* h, const Layout& l, std::size_t block_size,
 
 }  // namespace
 
-Segment::Segment(SharingStrategy strategy, UniqueFd fd, Mapping mapping, std::string name)
+Segment::Segment(SharingStrategy strategy, UniqueFd fd, Mapping mapping, std::string name,
+                 const SegmentGeometry& g)
     : strategy_(strategy), fd_(std::move(fd)), mapping_(std::move(mapping)), name_(std::move(name)) {
-  // Called only once the header was written here or validated: copy what we rely on.
-  const SegmentHeader* h = header();
-  uid_ = h->uid;
-  kind_ = static_cast<SegmentKind>(h->kind);
-  block_size_ = h->block_size;
-  block_count_ = h->block_count;
-  data_offset_ = h->data_offset;
-  slots_offset_ = h->slots_offset;
-  words_offset_ = h->words_offset;
+  // From the validated copy, never from the shared header: what we rely on.
+  uid_ = g.uid;
+  kind_ = g.kind;
+  block_size_ = g.block_size;
+  block_count_ = g.block_count;
+  data_offset_ = g.data_offset;
+  slots_offset_ = g.slots_offset;
+  words_offset_ = g.words_offset;
   quarantined_.reset(new std::atomic<std::uint64_t>[(block_count_ + 63) / 64]());
   if (!is_device_kind(kind_)) payload_ = mapping_.data() + data_offset_;
 }
@@ -136,6 +136,10 @@ void Segment::adopt_as_creator(const FdFacts& facts) {
   claim_slot(/*creator=*/true);
   own_.store(true, std::memory_order_release);
   Registry::instance().add_segment(shared_from_this());
+}
+
+std::size_t Segment::backing_size() const noexcept {
+  return device_memory_ ? device_memory_->size() : mapping_.size();
 }
 
 int Segment::device_fd() const noexcept { return device_memory_ ? device_memory_->fd() : -1; }
@@ -156,8 +160,9 @@ std::shared_ptr<Segment> Segment::create_device(int ordinal, std::size_t block_s
   auto* h = reinterpret_cast<SegmentHeader*>(map.data());
   std::memcpy(h->device_uuid, uuid.bytes, sizeof h->device_uuid);  // write_header keeps it
   write_header(h, l, block_size, block_count, kind, 0);
+  const SegmentGeometry g = validate_segment_header(*h, l.total, h->uid);
   auto seg = std::make_shared<Segment>(SharingStrategy::kFileDescriptor, std::move(fd),
-                                       std::move(map), std::string());
+                                       std::move(map), std::string(), g);
   seg->payload_ = reinterpret_cast<std::byte*>(memory->address());
   seg->device_ordinal_ = ordinal;
   seg->device_memory_ = std::move(memory);
@@ -176,9 +181,10 @@ std::shared_ptr<Segment> Segment::create(SharingStrategy strategy, std::size_t b
     UniqueFd fd = create_sealed_memfd(l.total);
     facts = inspect_fd(fd.get());
     Mapping map = Mapping::map_shared(fd.get(), l.total, "memfd segment");
-    write_header(reinterpret_cast<SegmentHeader*>(map.data()), l, block_size, block_count, kind,
-                 0);
-    seg = std::make_shared<Segment>(strategy, std::move(fd), std::move(map), std::string());
+    auto* h = reinterpret_cast<SegmentHeader*>(map.data());
+    write_header(h, l, block_size, block_count, kind, 0);
+    const SegmentGeometry g = validate_segment_header(*h, l.total, h->uid);
+    seg = std::make_shared<Segment>(strategy, std::move(fd), std::move(map), std::string(), g);
   } else {
     std::string name = next_segment_name();
     const SegmentObserver& obs = observer();
@@ -195,22 +201,48 @@ std::shared_ptr<Segment> Segment::create(SharingStrategy strategy, std::size_t b
       throw;
     }
     // The fd is not kept: the name is what travels, and the mapping keeps the pages.
-    write_header(reinterpret_cast<SegmentHeader*>(map.data()), l, block_size, block_count, kind,
-                 1);
-    seg = std::make_shared<Segment>(strategy, UniqueFd(), std::move(map), std::move(name));
+    auto* h = reinterpret_cast<SegmentHeader*>(map.data());
+    write_header(h, l, block_size, block_count, kind, 1);
+    const SegmentGeometry g = validate_segment_header(*h, l.total, h->uid);
+    seg = std::make_shared<Segment>(strategy, UniqueFd(), std::move(map), std::move(name), g);
   }
   seg->adopt_as_creator(facts);
   return seg;
 }
 
-void validate_segment_header(const SegmentHeader& h, std::size_t mapped_size,
-                             std::uint64_t expected_uid) {
+SegmentGeometry validate_segment_header(const SegmentHeader& mapped, std::size_t mapped_size,
+                                        std::uint64_t expected_uid) {
   auto fail = [](const std::string& what) {
     throw ProtocolError("invalid shmtensor segment header: " + what);
   };
   std::uint64_t magic =
-      std::atomic_ref<const std::uint64_t>(h.magic).load(std::memory_order_acquire);
+      std::atomic_ref<const std::uint64_t>(mapped.magic).load(std::memory_order_acquire);
   if (magic != kSegmentMagic) fail("bad magic (not a shmtensor segment, or not initialised)");
+  // Each field is read once, into this copy, and only the copy is checked and used: a peer
+  // that rewrites the shared header meanwhile cannot make a checked value differ from a
+  // used one.
+  struct {
+    std::uint32_t layout_version, header_size, kind, block_count;
+    std::uint64_t total_size, uid, block_size, data_size, data_offset, slots_offset,
+        words_offset;
+  } h{};
+  const auto read = [](const auto& field) {
+    using T = std::remove_cvref_t<decltype(field)>;
+    return std::atomic_ref<const T>(field).load(std::memory_order_relaxed);
+  };
+  h.layout_version = read(mapped.layout_version);
+  h.header_size = read(mapped.header_size);
+  h.kind = read(mapped.kind);
+  h.block_count = read(mapped.block_count);
+  h.total_size = read(mapped.total_size);
+  h.uid = read(mapped.uid);
+  h.block_size = read(mapped.block_size);
+  h.data_size = read(mapped.data_size);
+  h.data_offset = read(mapped.data_offset);
+  h.slots_offset = read(mapped.slots_offset);
+  h.words_offset = read(mapped.words_offset);
+  SegmentGeometry g;
+  for (std::size_t i = 0; i < sizeof g.device_uuid; ++i) g.device_uuid[i] = read(mapped.device_uuid[i]);
   if (h.layout_version != kSegmentLayoutVersion)
     fail("layout version " + std::to_string(h.layout_version) + ", this library reads " +
          std::to_string(kSegmentLayoutVersion));
@@ -236,18 +268,29 @@ void validate_segment_header(const SegmentHeader& h, std::size_t mapped_size,
   if (__builtin_mul_overflow(h.block_size, std::uint64_t{h.block_count}, &data_size) ||
       h.data_size != data_size)
     fail("data size disagrees with the blocks");
+  // Device blocks are not in the object: bound them as no device holds more.
+  if (device && data_size > kMaxDeviceSegmentBytes)
+    fail("device blocks of " + std::to_string(data_size) + " bytes");
   if (h.slots_offset != l.slots_offset || h.words_offset != l.words_offset ||
       h.data_offset % kSegmentAlignment != 0 ||
       h.data_offset < h.words_offset + std::uint64_t{h.block_count} * sizeof(std::uint64_t) ||
       h.data_offset > mapped_size ||
       (device ? h.data_offset != mapped_size : data_size > mapped_size - h.data_offset))
     fail("slots, words or blocks lie outside the object");
+  g.uid = h.uid;
+  g.kind = kind;
+  g.block_size = h.block_size;
+  g.block_count = h.block_count;
+  g.data_offset = h.data_offset;
+  g.slots_offset = h.slots_offset;
+  g.words_offset = h.words_offset;
+  return g;
 }
 
 namespace {
 
-// A received memfd, checked and mapped, its header validated.
-Mapping map_received_memfd(int fd, std::uint64_t uid, FdFacts* facts) {
+// A received memfd, checked and mapped, its header validated into *geometry.
+Mapping map_received_memfd(int fd, std::uint64_t uid, FdFacts* facts, SegmentGeometry* geometry) {
   *facts = inspect_fd(fd);
   if (!facts->sealed_against_resize)
     throw ProtocolError(
@@ -257,7 +300,8 @@ Mapping map_received_memfd(int fd, std::uint64_t uid, FdFacts* facts) {
     throw ProtocolError("received a segment fd of " + std::to_string(facts->size) +
                         " bytes, smaller than a segment header");
   Mapping map = Mapping::map_shared(fd, facts->size, "received memfd segment");
-  validate_segment_header(*reinterpret_cast<const SegmentHeader*>(map.data()), facts->size, uid);
+  *geometry =
+      validate_segment_header(*reinterpret_cast<const SegmentHeader*>(map.data()), facts->size, uid);
   return map;
 }
 
@@ -266,16 +310,15 @@ Mapping map_received_memfd(int fd, std::uint64_t uid, FdFacts* facts) {
 std::shared_ptr<Segment> Segment::attach_device(UniqueFd meta, UniqueFd memory,
                                                 std::uint64_t uid) {
   FdFacts facts;
-  Mapping map = map_received_memfd(meta.get(), uid, &facts);
-  const auto* h = reinterpret_cast<const SegmentHeader*>(map.data());
-  if (!is_device_kind(static_cast<SegmentKind>(h->kind)))
-    throw ProtocolError("a device segment entry names a host segment");
+  SegmentGeometry g;
+  Mapping map = map_received_memfd(meta.get(), uid, &facts, &g);
+  if (!is_device_kind(g.kind)) throw ProtocolError("a device segment entry names a host segment");
   cuda::CUuuid uuid{};
-  std::memcpy(uuid.bytes, h->device_uuid, sizeof uuid.bytes);
-  const std::size_t data_size = h->data_size;
-  auto device_memory = cuda::DeviceMemory::import(std::move(memory), uuid, data_size);
+  std::memcpy(uuid.bytes, g.device_uuid, sizeof uuid.bytes);
+  auto device_memory = cuda::DeviceMemory::import(std::move(memory), uuid,
+                                                  g.block_size * g.block_count);
   auto seg = std::make_shared<Segment>(SharingStrategy::kFileDescriptor, std::move(meta),
-                                       std::move(map), std::string());
+                                       std::move(map), std::string(), g);
   seg->payload_ = reinterpret_cast<std::byte*>(device_memory->address());
   seg->device_ordinal_ = device_memory->ordinal();
   seg->device_memory_ = std::move(device_memory);
@@ -287,11 +330,11 @@ std::shared_ptr<Segment> Segment::attach_device(UniqueFd meta, UniqueFd memory,
 
 std::shared_ptr<Segment> Segment::attach_device_metadata(UniqueFd meta, std::uint64_t uid) {
   FdFacts facts;
-  Mapping map = map_received_memfd(meta.get(), uid, &facts);
-  if (!is_device_kind(static_cast<SegmentKind>(reinterpret_cast<const SegmentHeader*>(map.data())->kind)))
-    throw ProtocolError("a device segment entry names a host segment");
+  SegmentGeometry g;
+  Mapping map = map_received_memfd(meta.get(), uid, &facts, &g);
+  if (!is_device_kind(g.kind)) throw ProtocolError("a device segment entry names a host segment");
   auto seg = std::make_shared<Segment>(SharingStrategy::kFileDescriptor, std::move(meta),
-                                       std::move(map), std::string());
+                                       std::move(map), std::string(), g);
   seg->device_ = facts.device;
   seg->inode_ = facts.inode;
   return seg;
@@ -299,11 +342,11 @@ std::shared_ptr<Segment> Segment::attach_device_metadata(UniqueFd meta, std::uin
 
 std::shared_ptr<Segment> Segment::attach_fd(UniqueFd fd, std::uint64_t uid) {
   FdFacts facts;
-  Mapping map = map_received_memfd(fd.get(), uid, &facts);
-  if (is_device_kind(static_cast<SegmentKind>(reinterpret_cast<const SegmentHeader*>(map.data())->kind)))
-    throw ProtocolError("a host segment entry names a device segment");
+  SegmentGeometry g;
+  Mapping map = map_received_memfd(fd.get(), uid, &facts, &g);
+  if (is_device_kind(g.kind)) throw ProtocolError("a host segment entry names a device segment");
   auto seg = std::make_shared<Segment>(SharingStrategy::kFileDescriptor, std::move(fd),
-                                       std::move(map), std::string());
+                                       std::move(map), std::string(), g);
   seg->device_ = facts.device;
   seg->inode_ = facts.inode;
   seg->claim_slot(/*creator=*/false);
@@ -320,11 +363,12 @@ std::shared_ptr<Segment> Segment::attach_name(const std::string& name, std::uint
     throw ProtocolError("named segment " + name + " has " + std::to_string(facts.size) +
                         " bytes, smaller than a segment header");
   Mapping map = Mapping::map_shared(fd.get(), facts.size, name.c_str());
-  validate_segment_header(*reinterpret_cast<const SegmentHeader*>(map.data()), facts.size, uid);
-  if (is_device_kind(static_cast<SegmentKind>(reinterpret_cast<const SegmentHeader*>(map.data())->kind)))
+  const SegmentGeometry g =
+      validate_segment_header(*reinterpret_cast<const SegmentHeader*>(map.data()), facts.size, uid);
+  if (is_device_kind(g.kind))
     throw ProtocolError("named segment " + name + " claims to be a device segment");
   auto seg = std::make_shared<Segment>(SharingStrategy::kFileSystem, UniqueFd(), std::move(map),
-                                       name);
+                                       name, g);
   seg->header()->refcount.fetch_add(1, std::memory_order_relaxed);  // given back by ~Segment
   seg->device_ = facts.device;
   seg->inode_ = facts.inode;

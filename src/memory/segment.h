@@ -36,6 +36,22 @@ class DeviceMemory;
 }
 struct FdFacts;
 
+// The most bytes of blocks a device segment may claim (more than any device has): its
+// blocks are not in the object, so the object's size cannot bound them.
+inline constexpr std::uint64_t kMaxDeviceSegmentBytes = std::uint64_t{1} << 40;
+
+// What a Segment relies on from its header, as validated (validate_segment_header).
+struct SegmentGeometry {
+  std::uint64_t uid = 0;
+  SegmentKind kind = SegmentKind::kArena;
+  std::size_t block_size = 0;
+  std::uint32_t block_count = 0;
+  std::size_t data_offset = 0;
+  std::size_t slots_offset = 0;
+  std::size_t words_offset = 0;
+  std::uint8_t device_uuid[16] = {};
+};
+
 class Segment : public std::enable_shared_from_this<Segment> {
  public:
   // A new segment of `block_count` blocks of `block_size` bytes (a multiple of 64), with
@@ -94,6 +110,8 @@ class Segment : public std::enable_shared_from_this<Segment> {
   int device_fd() const noexcept;
   std::size_t payload_size() const noexcept { return block_size_ * block_count_; }
   std::size_t mapped_size() const noexcept { return mapping_.size(); }
+  // The memory the segment keeps: the mapping, or for a device segment its device memory.
+  std::size_t backing_size() const noexcept;
   std::size_t block_size() const noexcept { return block_size_; }
   std::uint32_t block_count() const noexcept { return block_count_; }
   // file_descriptor: the memfd (kept open to send it again). -1 for file_system.
@@ -168,8 +186,9 @@ class Segment : public std::enable_shared_from_this<Segment> {
   void add_fork_count(std::uint32_t block) noexcept;
   void take_back_fork_count(std::uint32_t block) noexcept;
 
-  // Private: use the factories.
-  Segment(SharingStrategy strategy, UniqueFd fd, Mapping mapping, std::string name);
+  // Private: use the factories. `geometry` is the validated copy of the header.
+  Segment(SharingStrategy strategy, UniqueFd fd, Mapping mapping, std::string name,
+          const SegmentGeometry& geometry);
 
  private:
   void claim_slot(bool creator) noexcept;
@@ -213,10 +232,12 @@ class Segment : public std::enable_shared_from_this<Segment> {
 };
 
 // Checks a mapped header against what the mapping allows: magic, version, sizes, and that
-// slots, words and data lie inside the object without overlapping. Throws ProtocolError
-// naming the first bad field.
-void validate_segment_header(const SegmentHeader& h, std::size_t mapped_size,
-                             std::uint64_t expected_uid);
+// slots, words and data lie inside the object without overlapping. Each field is read
+// once; the copy it checked is returned, and a Segment is built from that copy only (a
+// peer rewriting the shared header meanwhile changes nothing this process relies on).
+// Throws ProtocolError naming the first bad field.
+SegmentGeometry validate_segment_header(const SegmentHeader& h, std::size_t mapped_size,
+                                        std::uint64_t expected_uid);
 
 // Removes one count from a named segment's refcount, unlinking it at zero. Used by
 // Segment's destructor and for in-flight counts of messages that were never received.

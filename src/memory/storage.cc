@@ -30,10 +30,11 @@ StorageImpl::StorageImpl(std::shared_ptr<Segment> segment, std::size_t offset,
 StorageImpl::~StorageImpl() {
   private_free(private_, private_capacity_);
   if (!segment_) return;
-  if (device_ >= 0 && !cuda::forked_after_load()) {
-    // Work this process queued on the block (a kernel launched on the tensor) must end
-    // before the block can be reused by its creator. A storage destructor cannot report
-    // a driver failure: the block is released all the same.
+  if (device_ >= 0 && !segment_->own() && !cuda::forked_after_load()) {
+    // A received block: work this process queued on it (a kernel launched on the tensor)
+    // must end before its creator, another process, may reuse it. (A block of our own is
+    // reused only here, after work queued in stream order.) A storage destructor cannot
+    // report a driver failure: the block is released all the same.
     try {
       cuda::synchronize(device_);
     } catch (const std::exception&) {

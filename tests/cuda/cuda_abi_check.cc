@@ -4,6 +4,7 @@
 #include <cuda.h>
 
 #include <cstddef>
+#include <string_view>
 
 #include "cuda/driver_api.h"
 
@@ -46,5 +47,43 @@ static_assert(offsetof(ours::CUmemAccessDesc, flags) == offsetof(CUmemAccessDesc
 
 static_assert(sizeof(ours::CUresult) == sizeof(CUresult));
 static_assert(ours::CU_STREAM_NON_BLOCKING == CU_STREAM_NON_BLOCKING);
+
+// The versioned symbols src/cuda/driver.cc falls back to (drivers without
+// cuGetProcAddress_v2) are the ones cuda.h maps the API names to.
+#define SHMTENSOR_STR2(x) #x
+#define SHMTENSOR_STR(x) SHMTENSOR_STR2(x)
+static_assert(std::string_view(SHMTENSOR_STR(cuMemGetInfo)) == "cuMemGetInfo_v2");
+static_assert(std::string_view(SHMTENSOR_STR(cuMemcpyHtoD)) == "cuMemcpyHtoD_v2");
+static_assert(std::string_view(SHMTENSOR_STR(cuMemcpyDtoH)) == "cuMemcpyDtoH_v2");
+static_assert(std::string_view(SHMTENSOR_STR(cuMemcpyDtoD)) == "cuMemcpyDtoD_v2");
+static_assert(std::string_view(SHMTENSOR_STR(cuMemsetD8)) == "cuMemsetD8_v2");
+static_assert(std::string_view(SHMTENSOR_STR(cuStreamDestroy)) == "cuStreamDestroy_v2");
+static_assert(std::string_view(SHMTENSOR_STR(cuDeviceGetUuid)) == "cuDeviceGetUuid_v2");
+static_assert(std::string_view(SHMTENSOR_STR(cuGetProcAddress)) == "cuGetProcAddress_v2");
+static_assert(std::string_view(SHMTENSOR_STR(cuMemsetD32Async)) == "cuMemsetD32Async");
+static_assert(std::string_view(SHMTENSOR_STR(cuCtxSynchronize)) == "cuCtxSynchronize");
+static_assert(std::string_view(SHMTENSOR_STR(cuMemCreate)) == "cuMemCreate");
+
+// Parameter types of entry points whose arguments are easy to get wrong: ours take the
+// same sizes in the same order (CUresult and enums are int-sized in both).
+template <class R1, class... A1, class R2, class... A2>
+constexpr bool same_shape(R1 (*)(A1...), R2 (*)(A2...)) {
+  if constexpr (sizeof...(A1) != sizeof...(A2)) {
+    return false;
+  } else {
+    return sizeof(R1) == sizeof(R2) && ((sizeof(A1) == sizeof(A2)) && ...);
+  }
+}
+static_assert(same_shape(ours::DriverApi{}.cuMemCreate, &::cuMemCreate));
+static_assert(same_shape(ours::DriverApi{}.cuMemMap, &::cuMemMap));
+static_assert(same_shape(ours::DriverApi{}.cuMemAddressReserve, &::cuMemAddressReserve));
+static_assert(same_shape(ours::DriverApi{}.cuMemImportFromShareableHandle,
+                         &::cuMemImportFromShareableHandle));
+static_assert(same_shape(ours::DriverApi{}.cuMemExportToShareableHandle,
+                         &::cuMemExportToShareableHandle));
+static_assert(same_shape(ours::DriverApi{}.cuMemSetAccess, &::cuMemSetAccess));
+static_assert(same_shape(ours::DriverApi{}.cuMemsetD32Async, &::cuMemsetD32Async));
+static_assert(same_shape(ours::DriverApi{}.cuMemGetAllocationGranularity,
+                         &::cuMemGetAllocationGranularity));
 
 int main() { return 0; }

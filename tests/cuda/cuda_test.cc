@@ -21,6 +21,8 @@
 #include <cstdlib>
 #include <iostream>
 #include <cstring>
+#include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -31,6 +33,7 @@
 #include "memory/arena.h"
 #include "memory/segment.h"
 #include "os/shm.h"
+#include "shmtensor/connection.h"
 #include "shmtensor/device.h"
 #include "shmtensor/process.h"
 #include "shmtensor/queue.h"
@@ -73,6 +76,16 @@ Process exec_process(Process p) {
   return p;
 }
 
+// What a ProtocolError says, when it is one.
+std::string protocol_error_text(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const shmtensor::ProtocolError& e) {
+    return e.what();
+  }
+  return "(no ProtocolError)";
+}
+
 class CudaTest : public shmtensor::testing::LeakCheckedTest {
  protected:
   void SetUp() override {
@@ -87,7 +100,7 @@ class CudaTest : public shmtensor::testing::LeakCheckedTest {
   // The second device, or the first when there is one.
   static int other_device() { return shmtensor::cuda::device_count() > 1 ? 1 : 0; }
   static std::size_t granularity() {
-    return shmtensor::internal::cuda::Driver::get().device(0).granularity;
+    return shmtensor::internal::cuda::Driver::get().ready(0).granularity;
   }
 };
 
@@ -335,10 +348,13 @@ void keep_and_count_imports(Queue<Tensor> in, Queue<long> out, long count) {
 }
 
 TEST_F(CudaTest, ImportsEqualTheChunksOfManySmallTensors) {
-  constexpr long kCount = 10000;
+  // 100,000 tensors of 40 bytes (64-byte blocks): 6.4 MB, several device segments.
+  constexpr long kCount = 100000;
   std::vector<Tensor> sent;
   for (long i = 0; i < kCount; ++i) sent.push_back(Tensor::zeros({10}, DType::kFloat32, Device::cuda()));
   const auto chunks = static_cast<long>(shmtensor::internal::arena_stats().segments);
+  ASSERT_GT(chunks, 1);
+  ASSERT_LE(chunks, 8);
   Queue<Tensor> q;
   Queue<long> imports;
   Process p = exec_process(Process(keep_and_count_imports, q, imports, kCount));
@@ -362,7 +378,7 @@ TEST_F(CudaTest, AConsumerSeesTheFinalValuesOfWorkQueuedWithoutAHostSync) {
   // the fake driver, which does the work at once.
   const std::int64_t n = real_driver() ? std::int64_t{64} << 20 : std::int64_t{1} << 20;
   Tensor t = Tensor::empty({n}, DType::kInt32, Device::cuda());
-  d.make_current(0);
+  shmtensor::internal::cuda::CurrentDevice current(d, 0);
   shmtensor::internal::cuda::CUstream stream = nullptr;
   d.check(d.api().cuStreamCreate(&stream, shmtensor::internal::cuda::CU_STREAM_NON_BLOCKING),
           "cuStreamCreate");
@@ -384,7 +400,7 @@ TEST_F(CudaTest, AConsumerSeesTheFinalValuesOfWorkQueuedWithoutAHostSync) {
 
 std::size_t device_free_bytes() {
   const auto& d = shmtensor::internal::cuda::Driver::get();
-  d.make_current(0);
+  shmtensor::internal::cuda::CurrentDevice current(d, 0);
   std::size_t free = 0, total = 0;
   d.check(d.api().cuMemGetInfo(&free, &total), "cuMemGetInfo");
   return free;
@@ -453,6 +469,39 @@ TEST_F(CudaTest, ThroughputAgainstADeviceToDeviceCopy) {
   EXPECT_EQ(p.exitcode(), 0) << p.error();
 }
 
+// Over a Connection (its end received through a Queue): receives a tensor, reports the device synchronizations its release
+// caused (the fake driver counts them), then those of dropping a tensor of its own.
+void release_and_count(Queue<shmtensor::Connection> connections) {
+  using shmtensor::internal::cuda::fake_synchronize_count;
+  shmtensor::Connection c = connections.get();
+  Tensor t = c.recv<Tensor>();
+  if (t[5].item<float>() != 5.0f) throw std::runtime_error("wrong value");
+  const auto before = fake_synchronize_count();
+  t = Tensor();
+  const auto after_received = fake_synchronize_count();
+  (void)Tensor::zeros({8}, DType::kFloat32, Device::cuda());
+  const auto after_own = fake_synchronize_count();
+  c.send(std::vector<long>{static_cast<long>(after_received - before),
+                           static_cast<long>(after_own - after_received)});
+}
+
+TEST_F(CudaTest, SendingAndReleasingAReceivedTensorWaitForTheDevice) {
+  if (real_driver()) GTEST_SKIP() << "counts the fake driver's synchronizations";
+  auto [mine, theirs] = shmtensor::pipe();
+  Queue<shmtensor::Connection> connections;
+  Process p = exec_process(Process(release_and_count, connections));
+  connections.put(theirs);  // the child's end travels as an fd
+  theirs = shmtensor::Connection();
+  const auto before = shmtensor::internal::cuda::fake_synchronize_count();
+  mine.send(iota(16).cuda());
+  EXPECT_EQ(shmtensor::internal::cuda::fake_synchronize_count() - before, 1u)
+      << "the sender waits once per device the message carries";
+  EXPECT_EQ(mine.recv<std::vector<long>>(), (std::vector<long>{1, 0}))
+      << "a received block's release waits for the device; a block of one's own does not";
+  p.join();
+  EXPECT_EQ(p.exitcode(), 0) << p.error();
+}
+
 void forward(Queue<Tensor> in, Queue<Tensor> out) { out.put(in.get()); }
 
 void write_and_ack(Queue<Tensor> in, Queue<long> ack) {
@@ -507,13 +556,21 @@ TEST_F(CudaTest, DevicesAreMatchedByUuidNotIndex) {
 
 TEST_F(CudaTest, AForkedChildCannotUseCuda) {
   Tensor t = iota(4).cuda();
-  int rc = shmtensor::testing::run_in_child([] {
+  Queue<Tensor> q;
+  int rc = shmtensor::testing::run_in_child([&t, &q] {
     try {
       (void)Tensor::empty({2}, DType::kFloat32, Device::cuda());
       _exit(3);
     } catch (const CudaError& e) {
       if (std::string(e.what()).find("exec start method") == std::string::npos) _exit(4);
     }
+    try {
+      q.put(t);  // sending waits for the device: refused
+      _exit(5);
+    } catch (const CudaError&) {
+    }
+    t = Tensor();  // the inherited hold goes back through the host metadata
+    shmtensor::empty_cache();
   });
   EXPECT_EQ(rc, 0);
   EXPECT_EQ(t[3].item<float>(), 3.0f) << "the parent still can";
@@ -531,45 +588,107 @@ TEST_F(CudaTest, DeviceSegmentsRefuseWhatIsNotTheirs) {
   auto dup = [](int fd) { return shmtensor::internal::dup_cloexec(fd); };
   // Any memfd is not a device allocation.
   UniqueFd plain = shmtensor::internal::create_sealed_memfd(std::size_t{2} << 20);
-  EXPECT_THROW(Segment::attach_device(dup(seg->fd()), dup(plain.get()), seg->uid()), ProtocolError);
+  EXPECT_THAT(protocol_error_text([&] {
+                (void)Segment::attach_device(dup(seg->fd()), dup(plain.get()), seg->uid());
+              }),
+              HasSubstr("does not take as an allocation"));
   // A device segment's memfd is not a host segment, and a host one not a device one.
-  EXPECT_THROW(Segment::attach_fd(dup(seg->fd()), seg->uid()), ProtocolError);
+  EXPECT_THAT(protocol_error_text([&] { (void)Segment::attach_fd(dup(seg->fd()), seg->uid()); }),
+              HasSubstr("a host segment entry names a device segment"));
   auto host = Segment::create(shmtensor::SharingStrategy::kFileDescriptor, 64, 4, SegmentKind::kArena);
-  EXPECT_THROW(Segment::attach_device(dup(host->fd()), dup(seg->device_fd()), host->uid()),
-               ProtocolError);
+  EXPECT_THAT(protocol_error_text([&] {
+                (void)Segment::attach_device(dup(host->fd()), dup(seg->device_fd()), host->uid());
+              }),
+              HasSubstr("a device segment entry names a host segment"));
   // An allocation of another device, or smaller than the segment's blocks.
   if (shmtensor::cuda::device_count() > 1) {
     auto other = Segment::create_device(1, 64, 4, SegmentKind::kDeviceArena);
-    EXPECT_THROW(Segment::attach_device(dup(seg->fd()), dup(other->device_fd()), seg->uid()),
-                 ProtocolError);
+    EXPECT_THAT(protocol_error_text([&] {
+                  (void)Segment::attach_device(dup(seg->fd()), dup(other->device_fd()), seg->uid());
+                }),
+                HasSubstr("does not live on the device its segment names"));
   }
   auto big = Segment::create_device(0, 2 * granularity(), 1, SegmentKind::kDeviceDedicated);
-  EXPECT_THROW(Segment::attach_device(dup(big->fd()), dup(seg->device_fd()), big->uid()),
-               ProtocolError);
+  EXPECT_THAT(protocol_error_text([&] {
+                (void)Segment::attach_device(dup(big->fd()), dup(seg->device_fd()), big->uid());
+              }),
+              HasSubstr("cannot be mapped"));
 }
 
-TEST_F(CudaTest, AFrameWithADeviceEntryLackingItsFdsIsAProtocolError) {
+TEST_F(CudaTest, TamperedDeviceHeadersAreRefused) {
+  auto seg = Segment::create_device(0, 64, 4, SegmentKind::kDeviceArena);
+  auto dup = [](int fd) { return shmtensor::internal::dup_cloexec(fd); };
+  auto* h = seg->header();
+  auto attach = [&] { (void)Segment::attach_device(dup(seg->fd()), dup(seg->device_fd()), seg->uid()); };
+  const auto count = h->block_count;
+  h->block_count = 1000;  // more words than the object holds
+  h->data_size = h->block_size * 1000;
+  EXPECT_THAT(protocol_error_text(attach), HasSubstr("slots, words or blocks lie outside the object"));
+  h->block_count = count;
+  h->data_size = h->block_size * count;
+  const auto kind = h->kind;
+  h->kind = static_cast<std::uint32_t>(SegmentKind::kDeviceDedicated);  // 4 blocks
+  EXPECT_THAT(protocol_error_text(attach), HasSubstr("more than a segment of this kind has"));
+  h->kind = kind;
+  const auto block_size = h->block_size;
+  h->block_size = std::uint64_t{1} << 39;  // 2 TiB of device blocks
+  h->data_size = h->block_size * h->block_count;
+  EXPECT_THAT(protocol_error_text(attach), HasSubstr("device blocks of"));
+  h->block_size = block_size;
+  h->data_size = block_size * count;
+  // Restored, it attaches: to the segment this process already has.
+  EXPECT_NO_THROW(attach());
+}
+
+// A frame of one device segment entry and no storage.
+std::vector<std::byte> device_entry_frame(const Segment& seg, std::int32_t fd_index,
+                                          std::uint32_t fds) {
+  using namespace shmtensor::internal;
+  FrameHeader h{};
+  h.magic = kFrameMagic;
+  h.version = kWireVersion;
+  h.segment_count = 1;
+  h.fd_count = fds;
+  SegmentEntry e{};
+  e.uid = seg.uid();
+  e.total_size = seg.mapped_size();
+  e.strategy = 2;
+  e.fd_index = fd_index;
+  h.body_size = sizeof e;
+  std::vector<std::byte> datagram(sizeof h + sizeof e);
+  std::memcpy(datagram.data(), &h, sizeof h);
+  std::memcpy(datagram.data() + sizeof h, &e, sizeof e);
+  return datagram;
+}
+
+TEST_F(CudaTest, MalformedDeviceEntriesAreProtocolErrors) {
   using namespace shmtensor::internal;
   auto seg = Segment::create_device(0, 64, 4, SegmentKind::kDeviceArena);
-  for (int fds_attached : {0, 1}) {
-    FrameHeader h{};
-    h.magic = kFrameMagic;
-    h.version = kWireVersion;
-    h.segment_count = 1;
-    h.fd_count = static_cast<std::uint32_t>(fds_attached);
-    SegmentEntry e{};
-    e.uid = seg->uid();
-    e.total_size = seg->mapped_size();
-    e.strategy = 2;
-    e.fd_index = 0;
-    h.body_size = sizeof e;
-    std::vector<std::byte> datagram(sizeof h + sizeof e);
-    std::memcpy(datagram.data(), &h, sizeof h);
-    std::memcpy(datagram.data() + sizeof h, &e, sizeof e);
+  auto parse = [](const std::vector<std::byte>& datagram, std::vector<UniqueFd> fds) {
+    return protocol_error_text([&] { (void)parse_frame(datagram, std::move(fds)); });
+  };
+  // Lacking one or both fds.
+  for (std::uint32_t attached : {0u, 1u}) {
     std::vector<UniqueFd> fds;
-    if (fds_attached == 1) fds.push_back(dup_cloexec(seg->fd()));
-    EXPECT_THROW((void)parse_frame(datagram, std::move(fds)), ProtocolError);
+    if (attached == 1) fds.push_back(dup_cloexec(seg->fd()));
+    EXPECT_THAT(parse(device_entry_frame(*seg, 0, attached), std::move(fds)),
+                HasSubstr("device segment fd index out of range"));
   }
+  // An index near INT32_MAX, or negative.
+  for (std::int32_t index : {std::numeric_limits<std::int32_t>::max(), -1}) {
+    std::vector<UniqueFd> fds;
+    fds.push_back(dup_cloexec(seg->fd()));
+    fds.push_back(dup_cloexec(seg->device_fd()));
+    EXPECT_THAT(parse(device_entry_frame(*seg, index, 2), std::move(fds)),
+                HasSubstr("device segment fd index out of range"));
+  }
+  // Naming a host segment this process has mapped.
+  auto host = Segment::create(shmtensor::SharingStrategy::kFileDescriptor, 64, 4, SegmentKind::kArena);
+  std::vector<UniqueFd> fds;
+  fds.push_back(dup_cloexec(host->fd()));
+  fds.push_back(dup_cloexec(seg->device_fd()));
+  EXPECT_THAT(parse(device_entry_frame(*host, 0, 2), std::move(fds)),
+              HasSubstr("device segment disagrees with its mapping"));
 }
 
 }  // namespace cuda_test
