@@ -1,9 +1,6 @@
 #include "cuda/device_memory.h"
 
-#include <fcntl.h>
-
 #include <atomic>
-#include <cerrno>
 #include <string>
 
 #include "cuda/driver.h"
@@ -85,12 +82,15 @@ std::unique_ptr<DeviceMemory> DeviceMemory::create(int ordinal, std::size_t size
     api.cuMemRelease(handle);
     d.check(r, "cuMemExportToShareableHandle");
   }
-  UniqueFd fd(raw);
-  // Whatever the driver returned, the fd must not outlive an exec (it would keep the
-  // allocation alive in every exec'd child).
-  if (fcntl(fd.get(), F_SETFD, FD_CLOEXEC) != 0) {
+  // Whatever the driver returned, the fd kept must not outlive an exec (it would keep the
+  // allocation alive in every exec'd child): a close-on-exec duplicate replaces it.
+  UniqueFd exported(raw);
+  UniqueFd fd;
+  try {
+    fd = dup_cloexec(exported.get());
+  } catch (...) {
     api.cuMemRelease(handle);
-    throw SystemError(errno, "fcntl", "F_SETFD FD_CLOEXEC on an exported CUDA allocation");
+    throw;
   }
   CUdeviceptr va = map_handle(d, ordinal, handle, size, /*received=*/false);
   return std::make_unique<DeviceMemory>(ordinal, std::move(fd), va, size);
