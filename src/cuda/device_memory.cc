@@ -1,6 +1,7 @@
 #include "cuda/device_memory.h"
 
 #include <atomic>
+#include <mutex>
 #include <string>
 
 #include "cuda/driver.h"
@@ -14,6 +15,39 @@ std::atomic<std::uint64_t> g_imports{0};
 
 std::size_t round_up(std::size_t n, std::size_t g) { return (n + g - 1) / g * g; }
 
+// Exports one granule as an fd and imports it back: "" when both work, else what failed.
+std::string trial_export(const Driver& d, const DeviceInfo& info) {
+  const DriverApi& api = d.api();
+  CurrentDevice current(d, info.ordinal);
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  prop.location = {CU_MEM_LOCATION_TYPE_DEVICE, info.device};
+  CUmemGenericAllocationHandle handle = 0;
+  CUresult r = api.cuMemCreate(&handle, info.granularity, &prop, 0);
+  if (r != CUDA_SUCCESS) return "cuMemCreate: " + d.error_text(r);
+  int raw = -1;
+  r = api.cuMemExportToShareableHandle(&raw, handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+  std::string failure;
+  if (r != CUDA_SUCCESS) {
+    failure = "cuMemExportToShareableHandle: " + d.error_text(r);
+  } else {
+    UniqueFd fd(raw);
+    CUmemGenericAllocationHandle imported = 0;
+    r = api.cuMemImportFromShareableHandle(
+        &imported, reinterpret_cast<void*>(static_cast<std::intptr_t>(fd.get())),
+        CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    if (r != CUDA_SUCCESS)
+      failure = "cuMemImportFromShareableHandle: " + d.error_text(r);
+    else
+      api.cuMemRelease(imported);
+  }
+  api.cuMemRelease(handle);
+  return failure;
+}
+
+constexpr int kMaxTrialDevices = 64;
+
 const DeviceInfo& usable_device(const Driver& d, int ordinal) {
   const DeviceInfo& info = d.ready(ordinal);
   if (!info.vmm || info.granularity == 0)
@@ -24,6 +58,17 @@ const DeviceInfo& usable_device(const Driver& d, int ordinal) {
     throw CudaError("cuda:" + std::to_string(ordinal) + " (" + info.name +
                     ") cannot export memory as POSIX file descriptors, which sharing CUDA "
                     "tensors between processes needs");
+  // The attributes can claim what a driver or container then refuses: the first use of
+  // a device tries it once, so that the refusal comes now, with its reason.
+  static std::once_flag tried[kMaxTrialDevices];
+  static std::string failures[kMaxTrialDevices];
+  if (ordinal < kMaxTrialDevices) {
+    std::call_once(tried[ordinal], [&] { failures[ordinal] = trial_export(d, info); });
+    if (!failures[ordinal].empty())
+      throw CudaError("cuda:" + std::to_string(ordinal) + " (" + info.name +
+                      ") cannot share memory between processes: a trial export failed (" +
+                      failures[ordinal] + ")");
+  }
   return info;
 }
 

@@ -7,6 +7,9 @@
 // read-write, copies are memcpy. So the bytes, the fds that travel and the mappings behave
 // as the real driver's do, and the leak checks of the tests (fds, mappings) see them.
 //
+// SHMTENSOR_FAKE_CUDA_REFUSE_EXPORT makes every export fail (while the device attribute
+// still claims support), as some containers do.
+//
 // Devices: SHMTENSOR_FAKE_CUDA_DEVICES of them (default 1, at most 8), with UUIDs
 // "shmtensor-fake\0<n>"; CUDA_VISIBLE_DEVICES (a comma list of indices) selects and orders
 // them as CUDA does, so processes can see one device under different indices.
@@ -226,6 +229,8 @@ CUresult fake_mem_release(CUmemGenericAllocationHandle h) {
 CUresult fake_export(void* shareable, CUmemGenericAllocationHandle h, int type,
                      unsigned long long) {
   if (h == 0 || type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_INVALID_VALUE;
+  // A container or driver that claims export support and then refuses it.
+  if (std::getenv("SHMTENSOR_FAKE_CUDA_REFUSE_EXPORT") != nullptr) return CUDA_ERROR_NOT_SUPPORTED;
   int fd = fcntl(allocation(h)->fd, F_DUPFD_CLOEXEC, 0);
   if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
   *static_cast<int*>(shareable) = fd;

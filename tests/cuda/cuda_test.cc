@@ -143,6 +143,26 @@ TEST(CudaWithoutDriverChild, Checks) {
   EXPECT_TRUE(iota(3).cpu().equal(iota(3)));
 }
 
+TEST(CudaWithoutDriver, ADeviceThatRefusesExportIsRefusedAtFirstUseWithTheReason) {
+  ASSERT_EQ(run_self("CudaRefusedExportChild.*",
+                     {"SHMTENSOR_CUDA_DRIVER=fake", "SHMTENSOR_FAKE_CUDA_REFUSE_EXPORT=1",
+                      "SHMTENSOR_CUDA_CHILD=1", "SHMTENSOR_CUDA_TEST_REAL=1"}),
+            0);
+}
+
+TEST(CudaRefusedExportChild, Checks) {
+  if (std::getenv("SHMTENSOR_CUDA_CHILD") == nullptr) GTEST_SKIP() << "run by the test above";
+  EXPECT_TRUE(shmtensor::cuda::is_available());
+  try {
+    (void)Tensor::empty({2}, DType::kFloat32, Device::cuda());
+    ADD_FAILURE() << "no CudaError";
+  } catch (const CudaError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("cannot share memory between processes: a trial export "
+                                    "failed (cuMemExportToShareableHandle: operation not "
+                                    "supported"));
+  }
+}
+
 // ---- one process ---------------------------------------------------------------------
 
 TEST_F(CudaTest, DevicesHaveUuidsAndSupportFdExport) {
