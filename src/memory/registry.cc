@@ -70,6 +70,7 @@ struct Registry::State {
 namespace {
 
 constexpr std::size_t kReceivedCacheSize = 8;
+constexpr std::size_t kReceivedCacheBytes = std::size_t{1} << 30;
 
 Registry::State* g_state = nullptr;
 
@@ -228,15 +229,20 @@ std::shared_ptr<StorageImpl> Registry::find_or_add_storage(
 }
 
 void Registry::remember_received_segment(const std::shared_ptr<Segment>& segment) {
-  std::shared_ptr<Segment> evicted;  // destroyed after unlocking (~Segment locks)
+  std::vector<std::shared_ptr<Segment>> evicted;  // destroyed after unlocking (~Segment locks)
   std::lock_guard lock(state_->mu);
   auto& r = state_->received;
   if (!r.empty() && r.front() == segment) return;
   auto it = std::find(r.begin(), r.end(), segment);
   if (it != r.end()) r.erase(it);
   r.push_front(segment);
-  if (r.size() > kReceivedCacheSize) {
-    evicted = std::move(r.back());
+  // At most kReceivedCacheSize segments and kReceivedCacheBytes of their memory (device
+  // memory included), the newest always kept.
+  std::size_t bytes = 0;
+  for (const auto& seg : r) bytes += seg->backing_size();
+  while (r.size() > 1 && (r.size() > kReceivedCacheSize || bytes > kReceivedCacheBytes)) {
+    bytes -= r.back()->backing_size();
+    evicted.push_back(std::move(r.back()));
     r.pop_back();
   }
 }

@@ -53,7 +53,9 @@ class Registry {
 
   // Keeps the last few segments received from other processes mapped after their last
   // storage here goes, so a stream of messages from one arena does not map and unmap it
-  // each time. forget_cached_segments() drops them (empty_cache()).
+  // each time (for a device segment: does not import it again). At most 8 segments and
+  // 1 GiB of their memory (device memory included); the newest is always kept.
+  // forget_cached_segments() drops them (empty_cache()).
   void remember_received_segment(const std::shared_ptr<Segment>& segment);
   void forget_cached_segments();
 

@@ -31,6 +31,7 @@
 #include "cuda/probe.h"
 #include "manager/report.h"
 #include "memory/arena.h"
+#include "memory/registry.h"
 #include "memory/segment.h"
 #include "os/shm.h"
 #include "shmtensor/connection.h"
@@ -602,6 +603,23 @@ using shmtensor::ProtocolError;
 using shmtensor::internal::Segment;
 using shmtensor::internal::SegmentKind;
 using shmtensor::internal::UniqueFd;
+
+TEST_F(CudaTest, TheReceiveCacheKeepsAtMostAGibibyteOfDeviceMemory) {
+  if (real_driver()) GTEST_SKIP() << "allocates 1.8 GiB of device memory";
+  using shmtensor::internal::Registry;
+  // Three 600 MiB device segments "received" in turn: only the newest fits in 1 GiB.
+  std::vector<std::weak_ptr<Segment>> cached;
+  for (int i = 0; i < 3; ++i) {
+    auto seg = Segment::create_device(0, std::size_t{600} << 20, 1, SegmentKind::kDeviceDedicated);
+    Registry::instance().remember_received_segment(seg);
+    cached.push_back(seg);
+  }
+  EXPECT_TRUE(cached[0].expired());
+  EXPECT_TRUE(cached[1].expired());
+  EXPECT_FALSE(cached[2].expired());
+  Registry::instance().forget_cached_segments();
+  EXPECT_TRUE(cached[2].expired());
+}
 
 TEST_F(CudaTest, DeviceSegmentsRefuseWhatIsNotTheirs) {
   auto seg = Segment::create_device(0, 64, 4, SegmentKind::kDeviceArena);
