@@ -38,6 +38,7 @@
 #include "shmtensor/device.h"
 #include "shmtensor/process.h"
 #include "shmtensor/queue.h"
+#include "shmtensor/spawn.h"
 #include "shmtensor/start_method.h"
 #include "shmtensor/tensor.h"
 #include "support/leak_check.h"
@@ -521,6 +522,24 @@ TEST_F(CudaTest, SendingAndReleasingAReceivedTensorWaitForTheDevice) {
       << "a received block's release waits for the device; a block of one's own does not";
   p.join();
   EXPECT_EQ(p.exitcode(), 0) << p.error();
+}
+
+void fill_argument(Tensor t, double value) { t.fill_(value); }
+
+void fill_rank(int rank, Tensor t) { t[rank].fill_(static_cast<double>(rank)); }
+
+TEST_F(CudaTest, ATensorArgumentOfAnExecProcessOrSpawnIsShared) {
+  Tensor t = Tensor::zeros({32}, DType::kFloat32, Device::cuda(other_device()));
+  Process p = exec_process(Process(fill_argument, t, 2.5));
+  p.join();
+  ASSERT_EQ(p.exitcode(), 0) << p.error();
+  EXPECT_EQ(t[31].item<float>(), 2.5f);
+  shmtensor::SpawnOptions options;
+  options.start_method = StartMethod::kExec;
+  shmtensor::spawn(fill_rank, 2, options, t);
+  EXPECT_EQ(t[0].item<float>(), 0.0f);
+  EXPECT_EQ(t[1].item<float>(), 1.0f);
+  EXPECT_EQ(t[2].item<float>(), 2.5f);
 }
 
 void forward(Queue<Tensor> in, Queue<Tensor> out) { out.put(in.get()); }
