@@ -83,7 +83,7 @@ Tensor Decoder::read_tensor() {
     }
   }
   if (index >= state_->storages.size()) bad("storage index out of range");
-  if (state_->storages[index].device().is_cuda() != device.is_cuda())
+  if ((internal::StorageAccess::impl(state_->storages[index])->device() >= 0) != device.is_cuda())
     bad("tensor's device disagrees with its storage's");
   try {
     // from_storage checks every reachable element lies inside the storage.
@@ -157,38 +157,45 @@ struct UnusableSegments {
   std::exception_ptr error;
 };
 
+// A device segment entry (strategy 2): its memfd and its allocation's fd. Kept out of
+// line: host messages, the common case, keep resolve_segment small enough to inline.
+[[gnu::noinline]] std::shared_ptr<Segment> resolve_device_segment(const SegmentEntry& e,
+                                                                 std::vector<UniqueFd>& fds,
+                                                                 std::size_t index,
+                                                                 UnusableSegments& unusable) {
+  if (e.fd_index < 0 || static_cast<std::size_t>(e.fd_index) + 1 >= fds.size() ||
+      !fds[e.fd_index].valid() || !fds[e.fd_index + 1].valid())
+    bad("device segment fd index out of range");
+  UniqueFd meta = std::move(fds[e.fd_index]);
+  UniqueFd memory = std::move(fds[e.fd_index + 1]);
+  if (auto seg = Registry::instance().find_segment(e.uid)) {
+    // Mapped here already: nothing is imported, both fds close now.
+    if (seg->mapped_size() != e.total_size || !seg->is_device())
+      bad("device segment disagrees with its mapping");
+    return seg;
+  }
+  const int meta_fd = meta.get();
+  UniqueFd meta_copy = dup_cloexec(meta_fd);
+  std::shared_ptr<Segment> seg;
+  try {
+    seg = Segment::attach_device(std::move(meta), std::move(memory), e.uid);
+  } catch (const CudaError&) {
+    if (!unusable.error) unusable.error = std::current_exception();
+    unusable.marked.resize(index + 1, 0);
+    unusable.marked[index] = 1;
+    seg = Segment::attach_device_metadata(std::move(meta_copy), e.uid);
+    if (seg->mapped_size() != e.total_size) bad("device segment size disagrees with its fd");
+    return seg;
+  }
+  if (seg->mapped_size() != e.total_size) bad("device segment size disagrees with its fd");
+  Registry::instance().remember_received_segment(seg);
+  return seg;
+}
+
 std::shared_ptr<Segment> resolve_segment(const SegmentEntry& e, std::string_view name,
                                          std::vector<UniqueFd>& fds, std::size_t index,
                                          UnusableSegments& unusable) {
-  if (e.strategy == 2) {
-    if (e.fd_index < 0 || static_cast<std::size_t>(e.fd_index) + 1 >= fds.size() ||
-        !fds[e.fd_index].valid() || !fds[e.fd_index + 1].valid())
-      bad("device segment fd index out of range");
-    UniqueFd meta = std::move(fds[e.fd_index]);
-    UniqueFd memory = std::move(fds[e.fd_index + 1]);
-    if (auto seg = Registry::instance().find_segment(e.uid)) {
-      // Mapped here already: nothing is imported, both fds close now.
-      if (seg->mapped_size() != e.total_size || !seg->is_device())
-        bad("device segment disagrees with its mapping");
-      return seg;
-    }
-    const int meta_fd = meta.get();
-    UniqueFd meta_copy = dup_cloexec(meta_fd);
-    std::shared_ptr<Segment> seg;
-    try {
-      seg = Segment::attach_device(std::move(meta), std::move(memory), e.uid);
-    } catch (const CudaError&) {
-      if (!unusable.error) unusable.error = std::current_exception();
-      unusable.marked.resize(index + 1, 0);
-      unusable.marked[index] = 1;
-      seg = Segment::attach_device_metadata(std::move(meta_copy), e.uid);
-      if (seg->mapped_size() != e.total_size) bad("device segment size disagrees with its fd");
-      return seg;
-    }
-    if (seg->mapped_size() != e.total_size) bad("device segment size disagrees with its fd");
-    Registry::instance().remember_received_segment(seg);
-    return seg;
-  }
+  if (e.strategy == 2) return resolve_device_segment(e, fds, index, unusable);
   if (e.strategy == 0) {
     if (e.fd_index < 0 || static_cast<std::size_t>(e.fd_index) >= fds.size() ||
         !fds[e.fd_index].valid())

@@ -43,10 +43,12 @@ void Encoder::write_tensor(const Tensor& t) {
     throw Error("cannot send a tensor with more than 64 dimensions");
   std::uint32_t index = internal::kEmptyTensor;
   const bool has_storage = t.numel() > 0;
+  bool cuda = false;
   if (has_storage) {
     // Only recorded here: the frame stage moves it into shared memory, once the transport
     // has admitted the message.
     std::shared_ptr<internal::StorageImpl> impl = internal::StorageAccess::impl(t.storage());
+    cuda = impl->device() >= 0;
     auto& storages = state_->storages;
     auto it = std::find(storages.begin(), storages.end(), impl);
     if (it == storages.end()) {
@@ -54,11 +56,13 @@ void Encoder::write_tensor(const Tensor& t) {
       it = storages.end() - 1;
     }
     index = static_cast<std::uint32_t>(it - storages.begin());
+  } else {
+    cuda = t.is_cuda();
   }
   std::int64_t dims[2 * internal::kMaxTensorDims];
   const internal::EncodedTensorHead head{1, static_cast<std::uint8_t>(t.dtype()),
                                         static_cast<std::uint8_t>(ndim),
-                                        static_cast<std::uint8_t>(t.is_cuda() ? 1 : 0), index,
+                                        static_cast<std::uint8_t>(cuda ? 1 : 0), index,
                                         has_storage ? t.storage_offset() : 0};
   for (std::size_t i = 0; i < ndim; ++i) {
     dims[i] = t.sizes()[i];
