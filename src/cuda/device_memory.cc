@@ -1,7 +1,9 @@
 #include "cuda/device_memory.h"
 
 #include <atomic>
+#include <map>
 #include <mutex>
+#include <set>
 #include <string>
 
 #include "cuda/driver.h"
@@ -15,8 +17,16 @@ std::atomic<std::uint64_t> g_imports{0};
 
 std::size_t round_up(std::size_t n, std::size_t g) { return (n + g - 1) / g * g; }
 
-// Exports one granule as an fd and imports it back: "" when both work, else what failed.
-std::string trial_export(const Driver& d, const DeviceInfo& info) {
+// Exports one granule as an fd and imports it back. `refused`: the driver refused the
+// export or the import of a valid allocation, which it will keep doing; otherwise a
+// failure (out of memory) may pass, and the next use of the device tries again.
+struct Trial {
+  bool ok = false;
+  bool refused = false;
+  std::string what;
+};
+
+Trial trial_export(const Driver& d, const DeviceInfo& info) {
   const DriverApi& api = d.api();
   CurrentDevice current(d, info.ordinal);
   CUmemAllocationProp prop{};
@@ -25,28 +35,40 @@ std::string trial_export(const Driver& d, const DeviceInfo& info) {
   prop.location = {CU_MEM_LOCATION_TYPE_DEVICE, info.device};
   CUmemGenericAllocationHandle handle = 0;
   CUresult r = api.cuMemCreate(&handle, info.granularity, &prop, 0);
-  if (r != CUDA_SUCCESS) return "cuMemCreate: " + d.error_text(r);
+  if (r != CUDA_SUCCESS) return {false, false, "cuMemCreate: " + d.error_text(r)};
+  Trial t;
   int raw = -1;
   r = api.cuMemExportToShareableHandle(&raw, handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
-  std::string failure;
   if (r != CUDA_SUCCESS) {
-    failure = "cuMemExportToShareableHandle: " + d.error_text(r);
+    t = {false, r != CUDA_ERROR_OUT_OF_MEMORY, "cuMemExportToShareableHandle: " + d.error_text(r)};
   } else {
     UniqueFd fd(raw);
     CUmemGenericAllocationHandle imported = 0;
     r = api.cuMemImportFromShareableHandle(
         &imported, reinterpret_cast<void*>(static_cast<std::intptr_t>(fd.get())),
         CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
-    if (r != CUDA_SUCCESS)
-      failure = "cuMemImportFromShareableHandle: " + d.error_text(r);
-    else
+    if (r != CUDA_SUCCESS) {
+      t = {false, r != CUDA_ERROR_OUT_OF_MEMORY,
+           "cuMemImportFromShareableHandle: " + d.error_text(r)};
+    } else {
       api.cuMemRelease(imported);
+      t.ok = true;
+    }
   }
   api.cuMemRelease(handle);
-  return failure;
+  return t;
 }
 
-constexpr int kMaxTrialDevices = 64;
+// Devices whose trial passed, and those whose driver refused it (for good).
+struct Trials {
+  std::mutex mu;
+  std::set<int> passed;
+  std::map<int, std::string> refused;
+};
+Trials& trials() {
+  static Trials* t = new Trials;  // leaked: used until the process ends
+  return *t;
+}
 
 const DeviceInfo& usable_device(const Driver& d, int ordinal) {
   const DeviceInfo& info = d.ready(ordinal);
@@ -59,17 +81,25 @@ const DeviceInfo& usable_device(const Driver& d, int ordinal) {
                     ") cannot export memory as POSIX file descriptors, which sharing CUDA "
                     "tensors between processes needs");
   // The attributes can claim what a driver or container then refuses: the first use of
-  // a device tries it once, so that the refusal comes now, with its reason.
-  static std::once_flag tried[kMaxTrialDevices];
-  static std::string failures[kMaxTrialDevices];
-  if (ordinal < kMaxTrialDevices) {
-    std::call_once(tried[ordinal], [&] { failures[ordinal] = trial_export(d, info); });
-    if (!failures[ordinal].empty())
+  // a device tries it, so that the refusal comes now, with its reason.
+  Trials& t = trials();
+  std::lock_guard lock(t.mu);
+  if (t.passed.count(ordinal) != 0) return info;
+  auto refused = t.refused.find(ordinal);
+  if (refused == t.refused.end()) {
+    Trial trial = trial_export(d, info);
+    if (trial.ok) {
+      t.passed.insert(ordinal);
+      return info;
+    }
+    if (!trial.refused)
       throw CudaError("cuda:" + std::to_string(ordinal) + " (" + info.name +
-                      ") cannot share memory between processes: a trial export failed (" +
-                      failures[ordinal] + ")");
+                      "): the trial export could not run (" + trial.what + ")");
+    refused = t.refused.emplace(ordinal, trial.what).first;
   }
-  return info;
+  throw CudaError("cuda:" + std::to_string(ordinal) + " (" + info.name +
+                  ") cannot share memory between processes: a trial export failed (" +
+                  refused->second + ")");
 }
 
 // Reserves address space for `size` bytes, maps `handle` there read-write for the device.
@@ -163,8 +193,11 @@ std::unique_ptr<DeviceMemory> DeviceMemory::import(UniqueFd fd, const CUuuid& uu
   d.check(r, "cuMemImportFromShareableHandle");
   CUmemAllocationProp prop{};
   r = api.cuMemGetAllocationPropertiesFromHandle(&prop, handle);
-  if (r != CUDA_SUCCESS || prop.location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
-      prop.location.id != info.device) {
+  if (r != CUDA_SUCCESS) {
+    api.cuMemRelease(handle);
+    d.check(r, "cuMemGetAllocationPropertiesFromHandle");
+  }
+  if (prop.location.type != CU_MEM_LOCATION_TYPE_DEVICE || prop.location.id != info.device) {
     api.cuMemRelease(handle);
     throw ProtocolError("received a CUDA allocation that does not live on the device its "
                         "segment names (" + uuid_string(uuid) + ")");
@@ -222,5 +255,7 @@ void synchronize(int device) {
 }
 
 std::uint64_t import_count() noexcept { return g_imports.load(std::memory_order_relaxed); }
+
+void check_usable(int ordinal) { (void)usable_device(Driver::get(), ordinal); }
 
 }  // namespace shmtensor::internal::cuda

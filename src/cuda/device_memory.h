@@ -63,6 +63,11 @@ void fill_device(int device, CUdeviceptr dst, unsigned char value, std::size_t n
 // Waits for the device's work (kernels the user launched on its tensors) to finish.
 void synchronize(int device);
 
+// Throws CudaError unless device `ordinal` can hold shareable memory: virtual memory
+// management, POSIX-fd export claimed, and a trial export and import at its first use
+// (a refusal is remembered; a failure that may pass, out of memory, is tried again).
+void check_usable(int ordinal);
+
 // Allocations this process imported (one per device segment received and not already
 // mapped): what tests and `shmtensor doctor` count.
 std::uint64_t import_count() noexcept;

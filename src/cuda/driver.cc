@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <stdexcept>
 
@@ -44,14 +45,21 @@ bool fake_requested() {
   return which != nullptr && std::strcmp(which, "fake") == 0;
 }
 
-// A forked child in which libcuda.so.1 is already mapped got it from its parent (the
-// child has not loaded it through us): some other library (torch) used CUDA there.
-bool inherited_libcuda() {
+constexpr const char* kForkedMessage =
+    "CUDA cannot be used in a process forked after CUDA was used in its parent (CUDA does "
+    "not survive fork): start it with the exec start method (StartMethod::kExec)";
+
+// A forked child that has an fd of /dev/nvidiactl before loading the driver itself got it
+// from its parent: some other library (torch) initialised CUDA there.
+bool inherited_cuda() noexcept {
   if (!g_forked_child.load(std::memory_order_relaxed) || fake_requested()) return false;
-  void* lib = dlopen("libcuda.so.1", RTLD_NOLOAD | RTLD_LAZY);
-  if (lib == nullptr) return false;
-  dlclose(lib);
-  return true;
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it("/proc/self/fd", ec), end; !ec && it != end;
+       it.increment(ec)) {
+    std::error_code link_ec;
+    if (std::filesystem::read_symlink(it->path(), link_ec) == "/dev/nvidiactl") return true;
+  }
+  return false;
 }
 
 // Each entry point by its base name, and the versioned symbol libcuda exports for the ABI
@@ -196,7 +204,7 @@ Driver* Driver::load(std::string* why) noexcept {
         info.posix_fd = v != 0;
       d->devices_.push_back(std::move(info));
     }
-    d->ready_.reset(new std::once_flag[d->devices_.size()]);
+    d->ready_.reset(new ReadyState[d->devices_.size()]);
     g_loaded.store(true, std::memory_order_relaxed);
     return d.release();
   } catch (const std::exception& e) {
@@ -213,23 +221,26 @@ struct Loaded {
 }  // namespace
 
 bool Driver::available(std::string* why) noexcept {
-  if (forked_after_load() || (g_instance.load(std::memory_order_acquire) == nullptr &&
-                              inherited_libcuda())) {
-    *why =
-        "CUDA cannot be used in a process forked after CUDA was used in its parent (CUDA does "
-        "not survive fork): start it with the exec start method (StartMethod::kExec)";
+  if (forked_after_load()) {
+    *why = kForkedMessage;
     return false;
   }
+  // Decided once per process (a forked child whose parent never loaded the driver through
+  // us decides for itself).
   static const Loaded loaded = [] {
     Loaded l;
-    l.driver = load(&l.why);
+    if (inherited_cuda())
+      l.why = kForkedMessage;
+    else
+      l.driver = load(&l.why);
     return l;
   }();
   if (loaded.driver == nullptr) {
     *why = loaded.why;
     return false;
   }
-  g_instance = loaded.driver;
+  if (g_instance.load(std::memory_order_relaxed) == nullptr)
+    g_instance.store(loaded.driver, std::memory_order_release);
   return true;
 }
 
@@ -254,22 +265,27 @@ int Driver::ordinal_of(const CUuuid& uuid) const noexcept {
 
 const DeviceInfo& Driver::ready(int ordinal) const {
   const DeviceInfo& info = device(ordinal);
-  std::call_once(ready_[static_cast<std::size_t>(ordinal)], [&] {
-    DeviceInfo& d = devices_[static_cast<std::size_t>(ordinal)];
+  ReadyState& state = ready_[static_cast<std::size_t>(ordinal)];
+  if (state.done.load(std::memory_order_acquire)) return info;
+  std::lock_guard lock(state.mu);
+  if (state.done.load(std::memory_order_relaxed)) return info;
+  DeviceInfo& d = devices_[static_cast<std::size_t>(ordinal)];
+  if (d.context == nullptr) {  // a retry after a failure below retains nothing twice
     CUcontext context = nullptr;
     check(api_->cuDevicePrimaryCtxRetain(&context, d.device), "cuDevicePrimaryCtxRetain");
     d.context = context;
-    if (d.vmm) {
-      CUmemAllocationProp prop{};
-      prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-      prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-      prop.location = {CU_MEM_LOCATION_TYPE_DEVICE, d.device};
-      CurrentDevice current(*this, context);
-      if (api_->cuMemGetAllocationGranularity(&d.granularity, &prop,
-                                              CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS)
-        d.granularity = 0;
-    }
-  });
+  }
+  if (d.vmm) {
+    CUmemAllocationProp prop{};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    prop.location = {CU_MEM_LOCATION_TYPE_DEVICE, d.device};
+    CurrentDevice current(*this, d.context);
+    if (api_->cuMemGetAllocationGranularity(&d.granularity, &prop,
+                                            CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS)
+      d.granularity = 0;
+  }
+  state.done.store(true, std::memory_order_release);
   return info;
 }
 

@@ -4,23 +4,26 @@
 // dlopen on first use and resolves every entry point of DriverApi at the version it was
 // pinned to (driver.cc lists them), or, with SHMTENSOR_CUDA_DRIVER=fake, uses the fake
 // driver (fake_driver.cc: memfd-backed devices for tests without a GPU). It then calls
-// cuInit and reads each device's UUID, name, virtual-memory-management and POSIX-fd
-// export support, and allocation granularity.
+// cuInit and reads each device's UUID, name, and virtual-memory-management and POSIX-fd
+// export support (the granularity comes with ready()).
 //
 // A process forked after the driver was loaded cannot use it (CUDA does not survive
 // fork): get() throws CudaError there, naming the exec start method as the fix, also when
-// another library (torch) loaded libcuda.so.1 in the parent. The fake driver enforces the
-// same rule, so that tests see what a GPU machine does.
+// another library (torch) initialised CUDA in the parent (the child inherited an fd of
+// /dev/nvidiactl). The fake driver enforces the same rule for its own loading, so that
+// tests see what a GPU machine does.
 //
 // A device's primary context is retained, and its granularity read, the first time the
 // device is used (ready()): a process that uses cuda:0 holds no context on its other
 // devices. The library never leaves a context of its own current on a caller's thread
 // (CurrentDevice restores what was current).
 //
-// Thread-safe: loading happens once (a function-local static); the tables are constant.
+// Thread-safe: loading happens once (a function-local static); a device's context and
+// granularity are set once, under its mutex, and read only after ready() returned.
 #pragma once
 
 #include <cstddef>
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -77,9 +80,15 @@ class Driver {
   bool fake_ = false;
   int version_ = 0;
   std::string library_;
-  // Filled by ready(), once per device (its flag).
+  // Completed by ready(), once per device, under its mutex (a failed attempt is retried
+  // by the next call; std::call_once is not used because libstdc++'s hangs on a retry
+  // after an exception).
   mutable std::vector<DeviceInfo> devices_;
-  std::unique_ptr<std::once_flag[]> ready_;
+  struct ReadyState {
+    std::mutex mu;
+    std::atomic<bool> done{false};
+  };
+  std::unique_ptr<ReadyState[]> ready_;
 };
 
 // Makes device `ordinal`'s primary context current on this thread while it lives, and

@@ -115,5 +115,7 @@ const DriverApi& fake_driver_api();
 // The fake driver's count of cuCtxSynchronize calls in this process (tests check who
 // waits for the device).
 std::uint64_t fake_synchronize_count() noexcept;
+// The fake driver's count of cuDevicePrimaryCtxRetain calls in this process.
+std::uint64_t fake_context_retains() noexcept;
 
 }  // namespace shmtensor::internal::cuda

@@ -8,7 +8,8 @@
 // as the real driver's do, and the leak checks of the tests (fds, mappings) see them.
 //
 // SHMTENSOR_FAKE_CUDA_REFUSE_EXPORT makes every export fail (while the device attribute
-// still claims support), as some containers do.
+// still claims support), as some containers do; SHMTENSOR_FAKE_CUDA_IMPORT_OUT_OF_MEMORY
+// makes every import fail as a full device would.
 //
 // Devices: SHMTENSOR_FAKE_CUDA_DEVICES of them (default 1, at most 8), with UUIDs
 // "shmtensor-fake\0<n>"; CUDA_VISIBLE_DEVICES (a comma list of indices) selects and orders
@@ -140,8 +141,11 @@ CUresult fake_device_attribute(int* v, int attr, CUdevice d) {
   return CUDA_SUCCESS;
 }
 
+std::atomic<std::uint64_t> g_retains{0};
+
 CUresult fake_primary_ctx_retain(CUcontext* ctx, CUdevice d) {
   if (physical_of(d) < 0) return CUDA_ERROR_INVALID_DEVICE;
+  g_retains.fetch_add(1, std::memory_order_relaxed);
   *ctx = reinterpret_cast<CUcontext>(static_cast<std::uintptr_t>(d) + 1);
   return CUDA_SUCCESS;
 }
@@ -231,7 +235,8 @@ CUresult fake_export(void* shareable, CUmemGenericAllocationHandle h, int type,
   if (h == 0 || type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_INVALID_VALUE;
   // A container or driver that claims export support and then refuses it.
   if (std::getenv("SHMTENSOR_FAKE_CUDA_REFUSE_EXPORT") != nullptr) return CUDA_ERROR_NOT_SUPPORTED;
-  int fd = fcntl(allocation(h)->fd, F_DUPFD_CLOEXEC, 0);
+  // Without FD_CLOEXEC, as nothing promises the real driver sets it: the library must.
+  int fd = fcntl(allocation(h)->fd, F_DUPFD, 0);
   if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
   *static_cast<int*>(shareable) = fd;
   return CUDA_SUCCESS;
@@ -239,6 +244,9 @@ CUresult fake_export(void* shareable, CUmemGenericAllocationHandle h, int type,
 
 CUresult fake_import(CUmemGenericAllocationHandle* h, void* os_handle, int type) {
   if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_INVALID_VALUE;
+  // A device out of memory, say: not the fd's fault.
+  if (std::getenv("SHMTENSOR_FAKE_CUDA_IMPORT_OUT_OF_MEMORY") != nullptr)
+    return CUDA_ERROR_OUT_OF_MEMORY;
   const int fd = static_cast<int>(reinterpret_cast<std::intptr_t>(os_handle));
   // Only what cuMemCreate made: a sealed memfd named after its device.
   char link[PATH_MAX] = {};
@@ -357,6 +365,8 @@ const DriverApi kFake = {
 }  // namespace
 
 const DriverApi& fake_driver_api() { return kFake; }
+
+std::uint64_t fake_context_retains() noexcept { return g_retains.load(std::memory_order_relaxed); }
 
 std::uint64_t fake_synchronize_count() noexcept {
   return g_synchronizations.load(std::memory_order_relaxed);

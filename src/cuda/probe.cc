@@ -47,13 +47,14 @@ CudaProbe probe_cuda() noexcept {
       } catch (const std::exception& e) {
         ready_error = e.what();
       }
+      // Until ready() succeeded, only the facts read at load may be read.
       const DeviceInfo& info = d.device(i);
       dp.ordinal = i;
       dp.name = info.name;
       dp.uuid = uuid_string(info.uuid);
       dp.vmm = info.vmm;
       dp.posix_fd = info.posix_fd;
-      dp.granularity = info.granularity;
+      dp.granularity = ready_error.empty() ? info.granularity : 0;
       dp.trial = !ready_error.empty()              ? ready_error
                  : info.vmm && info.posix_fd ? trial_export(info)
                                              : "not tried (unsupported)";

@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "cuda/device_memory.h"
 #include "cuda/driver.h"
 #include "memory/segment.h"
 #include "shmtensor/error.h"
@@ -334,6 +335,9 @@ Block arena_allocate_device(int device, std::size_t nbytes) {
     throw std::invalid_argument("cuda:" + std::to_string(device) + ": this process sees " +
                                 std::to_string(cuda::Driver::get().device_count()) +
                                 " CUDA device(s)");
+  // Before the arena's lock: the device's context, granularity (non-zero from here on)
+  // and trial export.
+  cuda::check_usable(device);
   return allocate_in({SharingStrategy::kFileDescriptor, device}, nbytes);
 }
 

@@ -243,6 +243,32 @@ TEST_F(CudaTest, CopiesBetweenHostAndDeviceKeepValues) {
   EXPECT_TRUE(shmtensor::stack({g, g}).cpu().equal(shmtensor::stack({h, h})));
 }
 
+TEST_F(CudaTest, TheCallersCurrentContextIsRestored) {
+  const auto& d = shmtensor::internal::cuda::Driver::get();
+  const auto& api = d.api();
+  shmtensor::internal::cuda::CUcontext current = nullptr;
+  ASSERT_EQ(api.cuCtxSetCurrent(nullptr), 0);
+  Tensor t = iota(8).cuda(0);
+  t.add_(1.0);
+  ASSERT_EQ(api.cuCtxGetCurrent(&current), 0);
+  EXPECT_EQ(current, nullptr) << "no context of ours left current";
+  const auto other = d.ready(other_device()).context;
+  ASSERT_EQ(api.cuCtxSetCurrent(other), 0);
+  EXPECT_EQ(t.cpu()[7].item<float>(), 8.0f);
+  t = Tensor();
+  ASSERT_EQ(api.cuCtxGetCurrent(&current), 0);
+  EXPECT_EQ(current, other) << "the caller's context is current again";
+  ASSERT_EQ(api.cuCtxSetCurrent(nullptr), 0);
+}
+
+TEST_F(CudaTest, ADeviceAllocationsFdIsCloseOnExec) {
+  auto seg = shmtensor::internal::Segment::create_device(0, 64, 4,
+                                                         shmtensor::internal::SegmentKind::kDeviceArena);
+  const int flags = fcntl(seg->device_fd(), F_GETFD);
+  ASSERT_GE(flags, 0);
+  EXPECT_TRUE(flags & FD_CLOEXEC);
+}
+
 TEST_F(CudaTest, ADeviceThisProcessDoesNotSeeIsAnInvalidArgument) {
   const int n = shmtensor::cuda::device_count();
   EXPECT_THROW((void)Tensor::empty({2}, DType::kFloat32, Device::cuda(n)), std::invalid_argument);
@@ -257,6 +283,7 @@ TEST_F(CudaTest, HundredThousandSmallTensorsShareAFewAllocations) {
   const auto stats = shmtensor::internal::arena_stats();
   EXPECT_LE(stats.segments, 8u) << "device segments for 100,000 tensors of 40 bytes";
   EXPECT_EQ(stats.blocks_held, 100000u);
+  EXPECT_GE(stats.bytes, stats.segments * granularity()) << "device memory, not the memfds";
   EXPECT_LE(static_cast<int>(shmtensor::testing::open_fds().size()) - fds_before, 16);
   kept.clear();
   shmtensor::empty_cache();
@@ -397,7 +424,7 @@ void count_not_equal(Queue<Tensor> in, Queue<long> out, long value) {
 TEST_F(CudaTest, AConsumerSeesTheFinalValuesOfWorkQueuedWithoutAHostSync) {
   const auto& d = shmtensor::internal::cuda::Driver::get();
   // 256 MiB of int32 on a GPU (long enough to be running when the message goes); 4 MiB on
-  // the fake driver, which does the work at once.
+  // the fake driver, which defers stream work until someone synchronizes.
   const std::int64_t n = real_driver() ? std::int64_t{64} << 20 : std::int64_t{1} << 20;
   Tensor t = Tensor::empty({n}, DType::kInt32, Device::cuda());
   shmtensor::internal::cuda::CurrentDevice current(d, 0);
@@ -540,6 +567,47 @@ TEST_F(CudaTest, ATensorArgumentOfAnExecProcessOrSpawnIsShared) {
   EXPECT_EQ(t[0].item<float>(), 0.0f);
   EXPECT_EQ(t[1].item<float>(), 1.0f);
   EXPECT_EQ(t[2].item<float>(), 2.5f);
+}
+
+void use_first_device_only(Queue<long> out) {
+  Tensor t = iota(4).cuda(0);
+  out.put(static_cast<long>(shmtensor::internal::cuda::fake_context_retains()));
+}
+
+TEST_F(CudaTest, AProcessRetainsAContextOnlyOnTheDevicesItUses) {
+  if (real_driver()) GTEST_SKIP() << "counts the fake driver's context retains";
+  Queue<long> out;
+  Process p = exec_process(Process(use_first_device_only, out));
+  EXPECT_EQ(out.get(), 1) << "two devices, one used: one primary context";
+  p.join();
+  EXPECT_EQ(p.exitcode(), 0) << p.error();
+}
+
+void receive_expecting_cuda_error(Queue<Tensor> in, Queue<long> out) {
+  try {
+    (void)in.get();
+    out.put(0);
+  } catch (const CudaError& e) {
+    out.put(std::string(e.what()).find("out of memory") != std::string::npos ? 1 : 2);
+  }
+}
+
+TEST_F(CudaTest, AnImportTheReceiverCannotAffordIsACudaErrorAndTheBlockComesBack) {
+  if (real_driver()) GTEST_SKIP() << "makes the fake driver's imports fail";
+  Queue<Tensor> q;
+  Queue<long> out;
+  setenv("SHMTENSOR_FAKE_CUDA_IMPORT_OUT_OF_MEMORY", "1", 1);
+  Process p = exec_process(Process(receive_expecting_cuda_error, q, out));
+  unsetenv("SHMTENSOR_FAKE_CUDA_IMPORT_OUT_OF_MEMORY");
+  {
+    Tensor t = iota(16).cuda();
+    q.put(t);
+    EXPECT_EQ(out.get(), 1) << "CudaError naming the driver's out of memory";
+  }
+  p.join();
+  EXPECT_EQ(p.exitcode(), 0) << p.error();
+  shmtensor::empty_cache();
+  EXPECT_EQ(shmtensor::internal::arena_stats().blocks_held, 0u) << "the message's count came back";
 }
 
 void forward(Queue<Tensor> in, Queue<Tensor> out) { out.put(in.get()); }
