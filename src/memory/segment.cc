@@ -117,17 +117,11 @@ void write_header(SegmentHeader* h, const Layout& l, std::size_t block_size,
 
 Segment::Segment(SharingStrategy strategy, UniqueFd fd, Mapping mapping, std::string name,
                  const SegmentGeometry& g)
-    : strategy_(strategy), fd_(std::move(fd)), mapping_(std::move(mapping)), name_(std::move(name)) {
+    : strategy_(strategy), fd_(std::move(fd)), mapping_(std::move(mapping)), name_(std::move(name)),
+      geometry_(g) {
   // From the validated copy, never from the shared header: what we rely on.
-  uid_ = g.uid;
-  kind_ = g.kind;
-  block_size_ = g.block_size;
-  block_count_ = g.block_count;
-  data_offset_ = g.data_offset;
-  slots_offset_ = g.slots_offset;
-  words_offset_ = g.words_offset;
-  quarantined_.reset(new std::atomic<std::uint64_t>[(block_count_ + 63) / 64]());
-  if (!is_device_kind(kind_)) payload_ = mapping_.data() + data_offset_;
+  quarantined_.reset(new std::atomic<std::uint64_t>[(geometry_.block_count + 63) / 64]());
+  if (!is_device_kind(geometry_.kind)) payload_ = mapping_.data() + geometry_.data_offset;
 }
 
 void Segment::adopt_as_creator(const FdFacts& facts) {
@@ -307,27 +301,6 @@ Mapping map_received_memfd(int fd, std::uint64_t uid, FdFacts* facts, SegmentGeo
 
 }  // namespace
 
-std::shared_ptr<Segment> Segment::attach_device(UniqueFd meta, UniqueFd memory,
-                                                std::uint64_t uid) {
-  FdFacts facts;
-  SegmentGeometry g;
-  Mapping map = map_received_memfd(meta.get(), uid, &facts, &g);
-  if (!is_device_kind(g.kind)) throw ProtocolError("a device segment entry names a host segment");
-  cuda::CUuuid uuid{};
-  std::memcpy(uuid.bytes, g.device_uuid, sizeof uuid.bytes);
-  auto device_memory = cuda::DeviceMemory::import(std::move(memory), uuid,
-                                                  g.block_size * g.block_count);
-  auto seg = std::make_shared<Segment>(SharingStrategy::kFileDescriptor, std::move(meta),
-                                       std::move(map), std::string(), g);
-  seg->payload_ = reinterpret_cast<std::byte*>(device_memory->address());
-  seg->device_ordinal_ = device_memory->ordinal();
-  seg->device_memory_ = std::move(device_memory);
-  seg->device_ = facts.device;
-  seg->inode_ = facts.inode;
-  seg->claim_slot(/*creator=*/false);
-  return Registry::instance().add_segment(seg);
-}
-
 std::shared_ptr<Segment> Segment::attach_device_metadata(UniqueFd meta, std::uint64_t uid) {
   FdFacts facts;
   SegmentGeometry g;
@@ -338,6 +311,24 @@ std::shared_ptr<Segment> Segment::attach_device_metadata(UniqueFd meta, std::uin
   seg->device_ = facts.device;
   seg->inode_ = facts.inode;
   return seg;
+}
+
+std::shared_ptr<Segment> Segment::map_device_memory(const std::shared_ptr<Segment>& metadata,
+                                                    UniqueFd memory) {
+  cuda::CUuuid uuid{};
+  std::memcpy(uuid.bytes, metadata->geometry_.device_uuid, sizeof uuid.bytes);
+  // First, so that a failure leaves the metadata as it was.
+  auto device_memory = cuda::DeviceMemory::import(std::move(memory), uuid, metadata->payload_size());
+  metadata->payload_ = reinterpret_cast<std::byte*>(device_memory->address());
+  metadata->device_ordinal_ = device_memory->ordinal();
+  metadata->device_memory_ = std::move(device_memory);
+  metadata->claim_slot(/*creator=*/false);
+  return Registry::instance().add_segment(metadata);
+}
+
+std::shared_ptr<Segment> Segment::attach_device(UniqueFd meta, UniqueFd memory,
+                                                std::uint64_t uid) {
+  return map_device_memory(attach_device_metadata(std::move(meta), uid), std::move(memory));
 }
 
 std::shared_ptr<Segment> Segment::attach_fd(UniqueFd fd, std::uint64_t uid) {
@@ -430,7 +421,7 @@ void Segment::drop_in_flight_count() noexcept {
 
 Segment::~Segment() {
   if (!mapping_) return;
-  Registry::instance().remove_segment(uid_, this);
+  Registry::instance().remove_segment(geometry_.uid, this);
   release_slot();
   if (strategy_ != SharingStrategy::kFileSystem) return;
   if (duplicate_)

@@ -81,20 +81,24 @@ class Segment : public std::enable_shared_from_this<Segment> {
   // attach_fd does, then the allocation on the device whose UUID the header names.
   // ProtocolError for anything inconsistent, CudaError when CUDA cannot be used here.
   static std::shared_ptr<Segment> attach_device(UniqueFd meta, UniqueFd memory, std::uint64_t uid);
-  // A received device segment's memfd alone, for a process that cannot map its device
-  // memory (CUDA unusable here, the device not visible): payload() is null, nothing is
-  // registered, no slot is taken. What it is for: giving back the in-flight counts of
-  // the message's blocks (drop_block_in_flight), so that a message refused for that
-  // reason leaks nothing.
+  // attach_device in two steps. First the memfd alone, mapped and validated: payload() is
+  // null, nothing is registered, no slot is taken. Then its device memory: imported,
+  // mapped, a slot taken, registered (returns the registered segment). When the second
+  // step throws (CudaError: CUDA unusable here, the device not visible), the first
+  // step's segment is unchanged and still serves to give back the in-flight counts of the
+  // message's blocks (drop_block_in_flight), so that a message refused for that reason
+  // leaks nothing.
   static std::shared_ptr<Segment> attach_device_metadata(UniqueFd meta, std::uint64_t uid);
+  static std::shared_ptr<Segment> map_device_memory(const std::shared_ptr<Segment>& metadata,
+                                                    UniqueFd memory);
 
   ~Segment();
   Segment(const Segment&) = delete;
   Segment& operator=(const Segment&) = delete;
 
   SharingStrategy strategy() const noexcept { return strategy_; }
-  std::uint64_t uid() const noexcept { return uid_; }
-  SegmentKind kind() const noexcept { return kind_; }
+  std::uint64_t uid() const noexcept { return geometry_.uid; }
+  SegmentKind kind() const noexcept { return geometry_.kind; }
   const SegmentHeader* header() const noexcept {
     return reinterpret_cast<const SegmentHeader*>(mapping_.data());
   }
@@ -108,12 +112,12 @@ class Segment : public std::enable_shared_from_this<Segment> {
   bool is_device() const noexcept { return device_ordinal_ >= 0; }
   // A device segment's allocation fd (sent with its memfd). -1 otherwise.
   int device_fd() const noexcept;
-  std::size_t payload_size() const noexcept { return block_size_ * block_count_; }
+  std::size_t payload_size() const noexcept { return geometry_.block_size * geometry_.block_count; }
   std::size_t mapped_size() const noexcept { return mapping_.size(); }
   // The memory the segment keeps: the mapping, or for a device segment its device memory.
   std::size_t backing_size() const noexcept;
-  std::size_t block_size() const noexcept { return block_size_; }
-  std::uint32_t block_count() const noexcept { return block_count_; }
+  std::size_t block_size() const noexcept { return geometry_.block_size; }
+  std::uint32_t block_count() const noexcept { return geometry_.block_count; }
   // file_descriptor: the memfd (kept open to send it again). -1 for file_system.
   int fd() const noexcept { return fd_.get(); }
   // file_system: "/shmtensor_<pid>_<hex>_<n>". Empty for file_descriptor.
@@ -213,13 +217,7 @@ class Segment : public std::enable_shared_from_this<Segment> {
   bool duplicate_ = false;
   std::atomic<bool> count_given_back_{false};
   // Copied from the validated header, never re-read.
-  std::uint64_t uid_ = 0;
-  SegmentKind kind_ = SegmentKind::kArena;
-  std::size_t block_size_ = 0;
-  std::uint32_t block_count_ = 0;
-  std::size_t data_offset_ = 0;
-  std::size_t slots_offset_ = 0;
-  std::size_t words_offset_ = 0;
+  SegmentGeometry geometry_;
   std::uint64_t device_ = 0;  // of the object, as /proc/<pid>/maps shows it
   std::uint64_t inode_ = 0;
   int slot_ = -1;

@@ -34,17 +34,17 @@ void Segment::report_corruption(const char* what, std::uint32_t block,
 }
 
 std::uint64_t* Segment::word_ptr(std::uint32_t block) const noexcept {
-  return reinterpret_cast<std::uint64_t*>(mapping_.data() + words_offset_) + block;
+  return reinterpret_cast<std::uint64_t*>(mapping_.data() + geometry_.words_offset) + block;
 }
 
 std::uint64_t* Segment::slot_ptr(int slot) const noexcept {
-  return reinterpret_cast<std::uint64_t*>(mapping_.data() + slots_offset_) + slot;
+  return reinterpret_cast<std::uint64_t*>(mapping_.data() + geometry_.slots_offset) + slot;
 }
 
 std::int64_t Segment::block_at(std::uint64_t offset) const noexcept {
-  if (offset % block_size_ != 0) return -1;
-  const std::uint64_t i = offset / block_size_;
-  return i < block_count_ ? static_cast<std::int64_t>(i) : -1;
+  if (offset % geometry_.block_size != 0) return -1;
+  const std::uint64_t i = offset / geometry_.block_size;
+  return i < geometry_.block_count ? static_cast<std::int64_t>(i) : -1;
 }
 
 std::size_t Segment::clear_slot_bits(int s) noexcept {
@@ -52,7 +52,7 @@ std::size_t Segment::clear_slot_bits(int s) noexcept {
   // this, before it sets any bit of its own there: the bits it clears are the dead owner's.
   std::size_t freed = 0;
   const std::uint64_t bit = std::uint64_t{1} << s;
-  for (std::uint32_t b = 0; b < block_count_; ++b) {
+  for (std::uint32_t b = 0; b < geometry_.block_count; ++b) {
     WordRef w(*word_ptr(b));
     if ((w.load(std::memory_order_relaxed) & bit) == 0) continue;
     if (w.fetch_and(~bit, std::memory_order_acq_rel) == bit) ++freed;

@@ -42,16 +42,6 @@ Tensor download_span(const Tensor& t, Span span) {
   return Tensor::from_storage(std::move(host), 0, t.sizes(), t.strides(), t.dtype());
 }
 
-// A CPU tensor with t's values (t on a device): contiguous when t is.
-Tensor to_host(const Tensor& t) {
-  if (t.is_contiguous()) {
-    Tensor out = Tensor::empty(t.sizes(), t.dtype());
-    internal::cuda::copy_to_host(t.device().index(), out.raw_data(), device_address(t), t.nbytes());
-    return out;
-  }
-  return download_span(t, span_of(t));
-}
-
 }  // namespace
 
 Tensor Tensor::empty(std::vector<std::int64_t> sizes, DType dtype, Device device) {
@@ -100,7 +90,7 @@ Tensor& Tensor::copy_across_devices(const Tensor& source) {
   }
   // Staged: the source's values on the host, converted and laid out there as *this has
   // them, then one copy to the device.
-  const Tensor host_source = source.is_cuda() ? to_host(source) : source;
+  const Tensor host_source = source.is_cuda() ? download_span(source, span_of(source)) : source;
   if (!is_cuda()) return copy_(host_source);
   if (is_contiguous()) {
     Tensor staged = Tensor::empty(sizes_, dtype_);

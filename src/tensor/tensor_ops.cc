@@ -82,11 +82,7 @@ void fill_with(Tensor& t, const T& value) {
 
 Tensor& Tensor::fill_(double value) {
   check_defined("fill_");
-  if (is_cuda()) {
-    Tensor host = empty(sizes_, dtype_);
-    host.fill_(value);
-    return copy_(host);
-  }
+  if (is_cuda()) return copy_(full({}, value, dtype_));  // broadcast, staged on the host
   internal::dispatch(dtype_, [&](auto tag) {
     using T = typename decltype(tag)::type;
     fill_with<T>(*this, internal::convert<T>(value));
@@ -96,11 +92,7 @@ Tensor& Tensor::fill_(double value) {
 
 Tensor& Tensor::fill_(std::complex<double> value) {
   check_defined("fill_");
-  if (is_cuda()) {
-    Tensor host = empty(sizes_, dtype_);
-    host.fill_(value);
-    return copy_(host);
-  }
+  if (is_cuda()) return copy_(full({}, value, dtype_));  // broadcast, staged on the host
   internal::dispatch(dtype_, [&](auto tag) {
     using T = typename decltype(tag)::type;
     fill_with<T>(*this, internal::convert<T>(value));

@@ -174,20 +174,17 @@ struct UnusableSegments {
       bad("device segment disagrees with its mapping");
     return seg;
   }
-  const int meta_fd = meta.get();
-  UniqueFd meta_copy = dup_cloexec(meta_fd);
+  auto metadata = Segment::attach_device_metadata(std::move(meta), e.uid);
+  if (metadata->mapped_size() != e.total_size) bad("device segment size disagrees with its fd");
   std::shared_ptr<Segment> seg;
   try {
-    seg = Segment::attach_device(std::move(meta), std::move(memory), e.uid);
+    seg = Segment::map_device_memory(metadata, std::move(memory));
   } catch (const CudaError&) {
     if (!unusable.error) unusable.error = std::current_exception();
     unusable.marked.resize(index + 1, 0);
     unusable.marked[index] = 1;
-    seg = Segment::attach_device_metadata(std::move(meta_copy), e.uid);
-    if (seg->mapped_size() != e.total_size) bad("device segment size disagrees with its fd");
-    return seg;
+    return metadata;
   }
-  if (seg->mapped_size() != e.total_size) bad("device segment size disagrees with its fd");
   Registry::instance().remember_received_segment(seg);
   return seg;
 }
