@@ -23,6 +23,8 @@ CMAKE       := cmake -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) -DCMAKE_EXPORT_CO
 # -LE long: tests of tens of minutes (the 1,000,000-sample blog workload) run only when asked
 # for: `ctest --test-dir build -L long`.
 CTEST       := ctest --output-on-failure -j$(CTEST_JOBS) --timeout 300 -LE long
+# A failed run prints its failed tests' output again at the end, where CI's tail shows it.
+FAILED      := tools/ci/show_failed_tests
 
 # What each package is for: docs/dependencies.md.
 DEB_PACKAGES := g++ make cmake ninja-build pkg-config python3 \
@@ -65,12 +67,12 @@ run: all
 	else echo "torch demo skipped: /usr/bin/python3 cannot import torch (python3-torch)"; fi
 
 test: all
-	$(CTEST) --test-dir build
+	$(CTEST) --test-dir build || { $(FAILED) build; exit 1; }
 
 asan: deps
 	$(CMAKE) -S . -B build-asan -DSHMTENSOR_SANITIZE=address,undefined $(LEAN)
 	cmake --build build-asan -j$(JOBS)
-	$(CTEST) --test-dir build-asan
+	$(CTEST) --test-dir build-asan || { $(FAILED) build-asan; exit 1; }
 
 # One Definition Rule check: the library and every test program built with link-time
 # optimisation and warnings as errors (without the libtorch bridge: torch's headers are not
@@ -94,7 +96,7 @@ NO_ASLR := $(shell setarch $$(uname -m) -R true 2>/dev/null && echo setarch $$(u
 tsan: deps
 	$(CMAKE) -S . -B build-tsan -DSHMTENSOR_SANITIZE=thread $(LEAN)
 	cmake --build build-tsan -j$(JOBS)
-	$(NO_ASLR) $(CTEST) --test-dir build-tsan
+	$(NO_ASLR) $(CTEST) --test-dir build-tsan || { $(FAILED) build-tsan; exit 1; }
 
 deps:
 	@missing=""; \
