@@ -44,11 +44,18 @@ constexpr auto kConnectDeadline = std::chrono::seconds(20);
 // stopped when the connection closes. It polls the connection and an eventfd (to be
 // stopped); what it decides it decides under Client::mu, which it only ever try_locks: the
 // thread that stops it holds that lock and waits for it to finish.
+//
+// The thread is joined when it is stopped, and its start is waited for: a fork while a
+// thread is starting or exiting can leave a lock of the runtime (ASan's thread registry:
+// its pthread_create returns before the new thread registers) held in the child for ever,
+// and the child's own first connection, which starts a thread, then hangs.
 struct Watch {
   UniqueFd wake;  // eventfd: stop
-  std::thread::id thread;
-  std::mutex mu;  // guards stop and done
+  std::thread thread;
+  std::thread::id thread_id;
+  std::mutex mu;  // guards started, stop and done
   std::condition_variable cv;
+  bool started = false;
   bool stop = false;
   bool done = false;
   // The Client's reference and the thread's: the last one to let go deletes it.
@@ -102,9 +109,14 @@ void stop_watch(Client& c) noexcept {
     w->stop = true;
     if (w->wake.valid()) signal_event_fd(w->wake.get());
   }
-  if (std::this_thread::get_id() != w->thread) {
-    std::unique_lock lock(w->mu);
-    w->cv.wait(lock, [w] { return w->done; });
+  if (std::this_thread::get_id() != w->thread_id) {
+    {
+      std::unique_lock lock(w->mu);
+      w->cv.wait(lock, [w] { return w->done; });
+    }
+    if (w->thread.joinable()) w->thread.join();
+  } else if (w->thread.joinable()) {
+    w->thread.detach();
   }
   unref(w);
 }
@@ -146,6 +158,11 @@ bool connection_ended(int conn) noexcept {
 
 void watch_connection(Watch* w, int conn) noexcept {
   Client& c = client();
+  {
+    std::lock_guard lock(w->mu);
+    w->started = true;
+  }
+  w->cv.notify_all();
   const int fds[] = {conn, w->wake.get()};
   for (;;) {
     bool failed = false;
@@ -169,8 +186,9 @@ void watch_connection(Watch* w, int conn) noexcept {
     const bool lost = connection_ended(conn);
     if (!failed && !lost) continue;
     // From here on this thread no longer watches: detach it from the client first, so
-    // that the disconnect below does not wait for it.
+    // that the disconnect below does not wait for it (nobody joins it then).
     c.watch = nullptr;
+    w->thread.detach();
     unref(w);
     if (lost) daemon_lost_locked(c);
     break;
@@ -191,10 +209,12 @@ void start_watch(Client& c) noexcept {
   try {
     w = new Watch;
     w->wake = make_event_fd();
-    std::thread t(watch_connection, w, c.fd.get());
-    w->thread = t.get_id();
-    t.detach();
+    // Under c.mu, which the thread takes (try_lock) before it touches w->thread.
+    w->thread = std::thread(watch_connection, w, c.fd.get());
+    w->thread_id = w->thread.get_id();
     c.watch = w;
+    std::unique_lock lock(w->mu);
+    w->cv.wait(lock, [w] { return w->started; });
   } catch (...) {
     delete w;
   }
