@@ -1,0 +1,503 @@
+#include "transport/ring.h"
+
+#include <algorithm>
+#include <atomic>
+#include <climits>
+#include <cstring>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+
+#include "os/futex.h"
+#include "os/proc.h"
+#include "os/shm.h"
+#include "shmtensor/error.h"
+
+namespace shmtensor::internal {
+
+namespace {
+
+constexpr std::uint64_t kRingMagic = 0x31474e4952545453ULL;  // "STTRING1"
+constexpr std::uint32_t kRingVersion = 1;
+// Holder records; index kNoHolder marks a claim by a process that found none free (more
+// than 127 live holders): such a claim is never judged abandoned.
+constexpr std::uint32_t kHolderRecords = 127;
+constexpr std::uint32_t kNoHolder = 127;
+
+// The slot word: pos (50 bits) | state (2) | holder (7) | epoch (5).
+constexpr int kEpochBits = 5;
+constexpr int kHolderBits = 7;
+constexpr int kStateShift = kEpochBits + kHolderBits;
+constexpr int kPosShift = kStateShift + 2;
+constexpr std::uint64_t kPosMask = (std::uint64_t{1} << (64 - kPosShift)) - 1;
+constexpr std::uint32_t kEpochMask = (1u << kEpochBits) - 1;
+
+enum State : std::uint64_t { kFree = 0, kWriting = 1, kReady = 2, kReading = 3 };
+
+constexpr std::uint64_t pack(std::uint64_t pos, State s, std::uint32_t holder = 0,
+                             std::uint32_t epoch = 0) {
+  return ((pos & kPosMask) << kPosShift) | (static_cast<std::uint64_t>(s) << kStateShift) |
+         (static_cast<std::uint64_t>(holder) << kEpochBits) | (epoch & kEpochMask);
+}
+constexpr std::uint64_t pos_of(std::uint64_t w) { return w >> kPosShift; }
+constexpr State state_of(std::uint64_t w) { return static_cast<State>((w >> kStateShift) & 3); }
+constexpr std::uint32_t holder_of(std::uint64_t w) {
+  return static_cast<std::uint32_t>(w >> kEpochBits) & ((1u << kHolderBits) - 1);
+}
+constexpr std::uint32_t epoch_of(std::uint64_t w) {
+  return static_cast<std::uint32_t>(w) & kEpochMask;
+}
+
+// A sleep is at most this long, so that a claim of a process that died is noticed.
+constexpr auto kSleepSlice = std::chrono::milliseconds(50);
+// Spins on a slot a producer is writing (a copy of at most 64 KiB) before sleeping.
+constexpr int kWritingSpins = 256;
+
+using Clock = std::chrono::steady_clock;
+
+}  // namespace
+
+struct HolderRecord {
+  std::atomic<std::uint64_t> owner;  // slot_owner(pid, start time); 0 = free
+  std::atomic<std::uint32_t> epoch;  // bumped whenever the record gets a new owner
+  std::uint32_t pad;
+};
+
+struct RingHeader {
+  std::uint64_t magic;
+  std::uint32_t version;
+  std::uint32_t slot_count;
+  std::uint32_t slot_bytes;
+  std::uint32_t slots_offset;
+  std::uint64_t total_bytes;
+  alignas(64) std::atomic<std::uint64_t> tail;  // hint: next position to claim for writing
+  alignas(64) std::atomic<std::uint64_t> head;  // hint: next position to claim for reading
+  alignas(64) std::atomic<std::uint32_t> published;  // futex word of sleeping consumers
+  std::atomic<std::uint32_t> consumers_asleep;
+  alignas(64) std::atomic<std::uint32_t> freed;  // futex word of sleeping producers
+  std::atomic<std::uint32_t> producers_asleep;
+  alignas(64) std::atomic<std::uint32_t> closed;
+  std::atomic<std::uint64_t> abandoned;  // claims of dead processes freed (diagnostics)
+  alignas(64) HolderRecord holders[kHolderRecords];
+};
+static_assert(std::is_standard_layout_v<RingHeader>);
+static_assert(std::atomic<std::uint64_t>::is_always_lock_free);
+
+namespace {
+
+struct SlotHead {
+  std::atomic<std::uint64_t> word;
+  std::uint32_t size;
+  std::uint32_t tag;
+};
+static_assert(sizeof(SlotHead) == Ring::kSlotHeaderBytes);
+
+constexpr std::uint32_t kSlotsOffset = (sizeof(RingHeader) + 63) / 64 * 64;
+
+bool valid_geometry(std::uint32_t count, std::uint32_t bytes) {
+  return count >= 2 && count <= Ring::kMaxSlotCount && (count & (count - 1)) == 0 &&
+         bytes >= 64 && bytes <= Ring::kMaxSlotBytes && bytes % 64 == 0;
+}
+
+SlotHead* head_of(std::byte* slot) { return reinterpret_cast<SlotHead*>(slot); }
+
+[[noreturn]] void corrupt(const char* what, std::uint64_t pos, std::uint64_t word) {
+  throw ProtocolError(std::string("message ring: ") + what + " (position " +
+                      std::to_string(pos) + ", slot word 0x" +
+                      [&] {
+                        char b[17];
+                        std::snprintf(b, sizeof b, "%016llx",
+                                      static_cast<unsigned long long>(word));
+                        return std::string(b);
+                      }() +
+                      "): another process wrote over the ring's shared memory");
+}
+
+// Sleeps on `word` (expected value `seen`) for at most a slice and the deadline. False when
+// the deadline has passed.
+bool sleep_on(std::atomic<std::uint32_t>* word, std::uint32_t seen,
+              const Ring::Deadline& deadline) {
+  auto slice = std::chrono::duration_cast<std::chrono::nanoseconds>(kSleepSlice);
+  if (deadline) {
+    const auto now = Clock::now();
+    if (now >= *deadline) return false;
+    slice = std::min(slice, std::chrono::duration_cast<std::chrono::nanoseconds>(*deadline - now));
+  }
+  futex_wait(word, seen, slice);
+  return true;
+}
+
+void pause_cpu() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+}  // namespace
+
+struct Ring::Local {
+  std::mutex mu;
+  std::atomic<int> pid{0};
+  std::uint32_t holder = kNoHolder;
+  std::uint32_t epoch = 0;
+};
+
+Ring::Ring(UniqueFd fd, Mapping map, std::uint32_t slot_count, std::uint32_t slot_bytes)
+    : fd_(std::move(fd)),
+      map_(std::move(map)),
+      slot_count_(slot_count),
+      slot_bytes_(slot_bytes),
+      slots_offset_(kSlotsOffset),
+      local_(std::make_unique<Local>()) {}
+
+Ring::Ring(Ring&&) noexcept = default;
+
+Ring& Ring::operator=(Ring&& o) noexcept {
+  if (this != &o) {
+    free_holder();
+    fd_ = std::move(o.fd_);
+    map_ = std::move(o.map_);
+    slot_count_ = o.slot_count_;
+    slot_bytes_ = o.slot_bytes_;
+    slots_offset_ = o.slots_offset_;
+    local_ = std::move(o.local_);
+  }
+  return *this;
+}
+
+Ring::~Ring() { free_holder(); }
+
+Ring Ring::create(std::uint32_t slot_count, std::uint32_t slot_bytes) {
+  if (!valid_geometry(slot_count, slot_bytes))
+    throw std::invalid_argument("Ring: slot_count must be a power of two in [2, 2^20] and "
+                                "slot_bytes a multiple of 64 in [64, 65536]");
+  const std::uint64_t total = kSlotsOffset + std::uint64_t{slot_count} * slot_bytes;
+  UniqueFd fd = create_sealed_memfd(total);
+  Mapping map = Mapping::map_shared(fd.get(), total, "message ring");
+  auto* h = new (map.data()) RingHeader{};
+  h->magic = kRingMagic;
+  h->version = kRingVersion;
+  h->slot_count = slot_count;
+  h->slot_bytes = slot_bytes;
+  h->slots_offset = kSlotsOffset;
+  h->total_bytes = total;
+  Ring r(std::move(fd), std::move(map), slot_count, slot_bytes);
+  for (std::uint64_t pos = 0; pos < slot_count; ++pos)
+    new (r.slot(pos)) SlotHead{{pack(pos, kFree)}, 0, 0};
+  return r;
+}
+
+Ring Ring::attach(UniqueFd fd) {
+  const FdFacts facts = inspect_fd(fd.get());
+  if (!facts.sealed_against_resize)
+    throw ProtocolError("message ring: the memfd is not sealed against resizing");
+  if (facts.size < sizeof(RingHeader))
+    throw ProtocolError("message ring: the memfd is smaller than a ring header");
+  Mapping map = Mapping::map_shared(fd.get(), facts.size, "message ring");
+  // Validated once, from a copy: a peer that rewrites the header afterwards changes nothing.
+  RingHeader copy;
+  std::memcpy(static_cast<void*>(&copy), map.data(), offsetof(RingHeader, tail));
+  if (copy.magic != kRingMagic) throw ProtocolError("message ring: bad magic");
+  if (copy.version != kRingVersion)
+    throw ProtocolError("message ring: layout version " + std::to_string(copy.version) +
+                        ", this library reads " + std::to_string(kRingVersion));
+  if (!valid_geometry(copy.slot_count, copy.slot_bytes) || copy.slots_offset != kSlotsOffset ||
+      copy.total_bytes != kSlotsOffset + std::uint64_t{copy.slot_count} * copy.slot_bytes ||
+      copy.total_bytes != facts.size)
+    throw ProtocolError("message ring: the header's geometry disagrees with its memfd");
+  return Ring(std::move(fd), std::move(map), copy.slot_count, copy.slot_bytes);
+}
+
+RingHeader* Ring::header() const noexcept { return reinterpret_cast<RingHeader*>(map_.data()); }
+
+std::byte* Ring::slot(std::uint64_t pos) const noexcept {
+  return map_.data() + slots_offset_ + (pos & (slot_count_ - 1)) * slot_bytes_;
+}
+
+std::pair<std::uint32_t, std::uint32_t> Ring::holder() {
+  Local& l = *local_;
+  const int me = own_pid();
+  if (l.pid.load(std::memory_order_acquire) == me) return {l.holder, l.epoch};
+  std::lock_guard lock(l.mu);
+  if (l.pid.load(std::memory_order_relaxed) == me) return {l.holder, l.epoch};
+  // A forked child starts here too: the record it inherited is its parent's.
+  const std::uint64_t owner = current_slot_owner();
+  RingHeader* h = header();
+  std::uint32_t found = kNoHolder;
+  for (std::uint32_t i = 0; i < kHolderRecords && found == kNoHolder; ++i) {
+    std::uint64_t expected = 0;
+    if (h->holders[i].owner.compare_exchange_strong(expected, owner)) found = i;
+  }
+  // None free: take over the record of a dead process. Its claims then belong to an old
+  // epoch, which marks them abandoned.
+  for (std::uint32_t i = 0; i < kHolderRecords && found == kNoHolder; ++i) {
+    std::uint64_t dead = h->holders[i].owner.load();
+    if (dead == 0 || slot_owner_alive(dead)) continue;
+    if (h->holders[i].owner.compare_exchange_strong(dead, owner)) found = i;
+  }
+  l.holder = found;
+  l.epoch = found == kNoHolder ? 0 : (h->holders[found].epoch.fetch_add(1) + 1) & kEpochMask;
+  l.pid.store(me, std::memory_order_release);
+  return {l.holder, l.epoch};
+}
+
+void Ring::free_holder() noexcept {
+  if (!local_ || !map_) return;
+  Local& l = *local_;
+  if (l.pid.load() != own_pid() || l.holder == kNoHolder) return;
+  std::uint64_t owner = current_slot_owner();
+  RingHeader* h = header();
+  // Bump the epoch first: a claim of ours left unfinished (an exception between claim and
+  // publish cannot happen, but a thread may still be inside one) is abandoned from now on.
+  h->holders[l.holder].epoch.fetch_add(1);
+  h->holders[l.holder].owner.compare_exchange_strong(owner, 0);
+  l.pid.store(0);
+}
+
+bool Ring::claimer_dead(std::uint64_t word) const noexcept {
+  const std::uint32_t who = holder_of(word);
+  if (who >= kHolderRecords) return false;  // no record: never judged
+  const HolderRecord& r = header()->holders[who];
+  if ((r.epoch.load() & kEpochMask) != epoch_of(word)) return true;  // the record moved on
+  const std::uint64_t owner = r.owner.load();
+  return owner == 0 || !slot_owner_alive(owner);
+}
+
+void Ring::wake_producers() noexcept {
+  RingHeader* h = header();
+  h->freed.fetch_add(1);
+  if (h->producers_asleep.load() != 0) futex_wake(&h->freed, 1);
+}
+
+Ring::Status Ring::push(std::span<const std::byte> message, std::uint32_t tag,
+                        Deadline deadline) {
+  if (message.size() > max_message())
+    throw std::invalid_argument("Ring::push: a message of " + std::to_string(message.size()) +
+                                " bytes does not fit a slot of " +
+                                std::to_string(max_message()));
+  RingHeader* h = header();
+  const auto [me, epoch] = holder();
+  for (;;) {
+    if (h->closed.load()) return Status::kClosed;
+    const std::uint64_t pos = h->tail.load();
+    SlotHead* s = head_of(slot(pos));
+    std::uint64_t w = s->word.load();
+    const std::uint64_t wp = pos_of(w);
+    if (wp == (pos & kPosMask)) {
+      if (state_of(w) != kFree) {  // claimed by another producer: help the hint on
+        std::uint64_t expected = pos;
+        h->tail.compare_exchange_strong(expected, pos + 1);
+        continue;
+      }
+      if (!s->word.compare_exchange_strong(w, pack(pos, kWriting, me, epoch))) continue;
+      std::uint64_t expected = pos;
+      h->tail.compare_exchange_strong(expected, pos + 1);
+      // A close() that came before our claim wins: no message may appear after a consumer
+      // found the ring closed and empty (pop reads `closed` before the slot).
+      if (h->closed.load()) {
+        s->word.store(pack(pos + slot_count_, kFree));
+        return Status::kClosed;
+      }
+      s->size = static_cast<std::uint32_t>(message.size());
+      s->tag = tag;
+      if (!message.empty())
+        std::memcpy(reinterpret_cast<std::byte*>(s) + kSlotHeaderBytes, message.data(),
+                    message.size());
+      s->word.store(pack(pos, kReady, me, epoch), std::memory_order_release);
+      h->published.fetch_add(1);
+      if (h->consumers_asleep.load() != 0) futex_wake(&h->published, 1);
+      return Status::kOk;
+    }
+    if (wp == ((pos + slot_count_) & kPosMask)) {
+      // Finished and freed for a later lap while the hint stayed behind (its claimer died
+      // before moving it): move it.
+      std::uint64_t expected = pos;
+      h->tail.compare_exchange_strong(expected, pos + 1);
+      continue;
+    }
+    if (wp + slot_count_ != (pos & kPosMask)) {
+      // Laps ahead (after a tail we read before others moved it on: look again), or
+      // behind: no protocol state explains it. The slot is made claimable for this position
+      // again (the ring goes on), and the push says so.
+      if (wp > (pos & kPosMask) && h->tail.load() != pos) continue;
+      if (!s->word.compare_exchange_strong(w, pack(pos, kFree))) continue;
+      resync_hints();
+      corrupt(wp > (pos & kPosMask) ? "slot word laps ahead of the tail"
+                                    : "slot word behind the tail",
+              pos, w);
+    }
+    // The previous lap's message is still there: the ring is full. A claim by a process
+    // that died is freed; otherwise sleep until a consumer frees a slot.
+    if ((state_of(w) == kWriting || state_of(w) == kReading) && claimer_dead(w)) {
+      if (s->word.compare_exchange_strong(w, pack(wp + slot_count_, kFree))) {
+        h->abandoned.fetch_add(1);
+        wake_producers();
+      }
+      continue;
+    }
+    const std::uint32_t seen = h->freed.load();
+    h->producers_asleep.fetch_add(1);
+    const bool unchanged = s->word.load() == w && h->tail.load() == pos && !h->closed.load();
+    const bool in_time = !unchanged || sleep_on(&h->freed, seen, deadline);
+    h->producers_asleep.fetch_sub(1);
+    if (!in_time) return Status::kTimeout;
+  }
+}
+
+Ring::Popped Ring::pop(std::span<std::byte> out, Deadline deadline) {
+  if (out.size() < max_message())
+    throw std::invalid_argument("Ring::pop: the buffer is smaller than a slot's message");
+  RingHeader* h = header();
+  const auto [me, epoch] = holder();
+  // A word no protocol state explains: its position is skipped (so the next pop goes on),
+  // and this pop says why. Returns (to look again) when the word changed since it was read:
+  // a word read before another process moved on is not evidence of anything.
+  auto skip_corrupt = [&](const char* what, std::uint64_t pos, std::uint64_t w) {
+    SlotHead* s = head_of(slot(pos));
+    std::uint64_t seen = w;
+    if (!s->word.compare_exchange_strong(seen, pack(pos + slot_count_, kFree))) return;
+    wake_producers();
+    std::uint64_t expected = pos;
+    h->head.compare_exchange_strong(expected, pos + 1);
+    resync_hints();
+    corrupt(what, pos, w);
+  };
+  int spins = 0;
+  for (;;) {
+    // `closed` before the slot: a push that claims after this sees it and withdraws.
+    const bool was_closed = h->closed.load() != 0;
+    const std::uint64_t pos = h->head.load();
+    SlotHead* s = head_of(slot(pos));
+    std::uint64_t w = s->word.load();
+    const std::uint64_t wp = pos_of(w);
+    if (wp == (pos & kPosMask)) {
+      switch (state_of(w)) {
+        case kReady: {
+          if (!s->word.compare_exchange_strong(w, pack(pos, kReading, me, epoch))) continue;
+          std::uint64_t expected = pos;
+          h->head.compare_exchange_strong(expected, pos + 1);
+          const std::uint32_t size = s->size, tag = s->tag;
+          const bool fits = size <= max_message();
+          if (fits && size != 0)
+            std::memcpy(out.data(), reinterpret_cast<std::byte*>(s) + kSlotHeaderBytes, size);
+          s->word.store(pack(pos + slot_count_, kFree), std::memory_order_release);
+          wake_producers();
+          if (!fits)  // the slot is free again: the next pop goes on
+            corrupt(("message of " + std::to_string(size) + " bytes in a slot of " +
+                     std::to_string(max_message()))
+                        .c_str(),
+                    pos, w);
+          return {Status::kOk, tag, size};
+        }
+        case kReading: {  // another consumer has it: help the hint on
+          std::uint64_t expected = pos;
+          h->head.compare_exchange_strong(expected, pos + 1);
+          continue;
+        }
+        case kWriting:
+          if (claimer_dead(w)) {
+            // Its producer died mid-write: the position is skipped.
+            if (s->word.compare_exchange_strong(w, pack(pos + slot_count_, kFree))) {
+              h->abandoned.fetch_add(1);
+              wake_producers();
+            }
+            continue;
+          }
+          if (++spins < kWritingSpins) {
+            pause_cpu();
+            continue;
+          }
+          break;  // a slow producer: sleep until it publishes
+        case kFree:
+          // Free for this position while the tail has passed it: nobody will ever write
+          // it (a scribbled word made a producer skip it). Only corruption leads here.
+          if (h->tail.load() > pos) {
+            skip_corrupt("position skipped by the producers", pos, w);
+            continue;
+          }
+          if (was_closed) return {Status::kClosed, 0, 0};
+          break;  // empty
+      }
+    } else if (wp == ((pos + slot_count_) & kPosMask)) {
+      std::uint64_t expected = pos;  // taken and freed while the hint stayed behind
+      h->head.compare_exchange_strong(expected, pos + 1);
+      continue;
+    } else if (wp + slot_count_ == (pos & kPosMask)) {
+      // The previous lap's message is still being read, so nothing for us is there yet.
+      if (state_of(w) == kReading && claimer_dead(w)) {
+        if (s->word.compare_exchange_strong(w, pack(pos, kFree))) {
+          h->abandoned.fetch_add(1);
+          wake_producers();
+        }
+        continue;
+      }
+      if (state_of(w) != kReading) {
+        skip_corrupt("slot word behind the head", pos, w);
+        continue;
+      }
+      if (was_closed) return {Status::kClosed, 0, 0};
+    } else {
+      if (h->head.load() != pos) continue;  // the hint moved: look again
+      skip_corrupt("slot word from another lap", pos, w);
+      continue;
+    }
+    const std::uint32_t seen = h->published.load();
+    h->consumers_asleep.fetch_add(1);
+    const bool unchanged = s->word.load() == w && h->head.load() == pos &&
+                           (h->closed.load() != 0) == was_closed;
+    const bool in_time = !unchanged || sleep_on(&h->published, seen, deadline);
+    h->consumers_asleep.fetch_sub(1);
+    if (!in_time) return {Status::kTimeout, 0, 0};
+    spins = 0;
+  }
+}
+
+void Ring::resync_hints() noexcept {
+  // In a ring nobody scribbled on, the tail is at most one lap (and a position or two of
+  // hints not yet moved) ahead of the head, and never behind it by more than that. Hints
+  // a peer set further apart would make the other side step through up to 2^50 positions:
+  // the head jumps to the tail (what lies between is lost; it was garbage).
+  RingHeader* h = header();
+  std::uint64_t head = h->head.load();
+  const std::uint64_t tail = h->tail.load();
+  const std::uint64_t slack = 2 * std::uint64_t{slot_count_};
+  if (tail > head + slack || head > tail + slack) h->head.compare_exchange_strong(head, tail);
+}
+
+void Ring::close() noexcept {
+  RingHeader* h = header();
+  h->closed.store(1);
+  h->published.fetch_add(1);
+  h->freed.fetch_add(1);
+  futex_wake(&h->published, INT_MAX);
+  futex_wake(&h->freed, INT_MAX);
+}
+
+bool Ring::closed() const noexcept { return header()->closed.load() != 0; }
+
+std::uint64_t Ring::abandoned() const noexcept { return header()->abandoned.load(); }
+
+std::uint64_t Ring::size() const noexcept {
+  std::uint64_t n = 0;
+  for (std::uint64_t i = 0; i < slot_count_; ++i)
+    if (state_of(head_of(slot(i))->word.load()) == kReady) ++n;
+  return n;
+}
+
+bool Ring::test_claim_and_abandon(bool as_consumer) {
+  RingHeader* h = header();
+  const auto [me, epoch] = holder();
+  const std::uint64_t pos = as_consumer ? h->head.load() : h->tail.load();
+  SlotHead* s = head_of(slot(pos));
+  std::uint64_t w = s->word.load();
+  if (pos_of(w) != (pos & kPosMask) || state_of(w) != (as_consumer ? kReady : kFree))
+    return false;
+  if (!s->word.compare_exchange_strong(w, pack(pos, as_consumer ? kReading : kWriting, me,
+                                               epoch)))
+    return false;
+  std::uint64_t expected = pos;
+  (as_consumer ? h->head : h->tail).compare_exchange_strong(expected, pos + 1);
+  return true;
+}
+
+}  // namespace shmtensor::internal

@@ -1,0 +1,134 @@
+// A ring of fixed-size message slots in shared memory: many producer and many consumer
+// processes (and threads), no syscall on the way of a message when nobody sleeps, and no
+// wait that a SIGKILLed peer can make endless. The building block of the descriptor ring
+// the transport issue asks for (docs/transport.md, "The descriptor ring"): messages that
+// carry no fds and fit a slot are to travel here instead of as socket datagrams.
+//
+// Layout: a sealed memfd (it travels to other processes as one fd, and cannot be truncated
+// under a reader) holding a header, a table of holder processes, and `slot_count` slots of
+// `slot_bytes` each. Every slot starts with a 64-bit word that says whose it is:
+//
+//   pos (50 bits) | state (2) | holder (7) | epoch (5)
+//
+// `pos` is the position (lap * slot_count + index) the slot is for; `state` is FREE (a
+// producer may claim it for pos), WRITING (claimed by a producer), READY (a message for
+// pos) or READING (claimed by a consumer). A claim is one CAS on the word that also names
+// the claimer's holder record and the record's epoch, so a process that dies between its
+// claim and its next store is always known: anyone who finds a slot WRITING or READING for
+// a holder that is dead (or whose record was taken over since, a new epoch) frees it. A
+// consumer then skips the position (the message was never finished, or was taken by a
+// consumer that died with it). `tail` and `head` are hints that every process helps
+// forward; the slot words decide.
+//
+// Waiting: consumers sleep on the `published` futex word and producers on `freed`, each
+// with a count of sleepers, so a push or pop makes a FUTEX_WAKE only when someone sleeps.
+// Sleeps are sliced (50 ms) so that a claim held by a process that died is noticed.
+//
+// A peer can scribble on the shared memory: the geometry is read once from a validated
+// copy of the header, a message longer than its slot or a word no protocol state explains
+// is a ProtocolError (the slot is freed first where that is possible), never a crash. A
+// live peer that claims a slot and never finishes it stalls the positions behind it, as a
+// live peer that holds a lock would; that is not detectable, and not a crash either.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+
+#include "os/mapping.h"
+#include "os/unique_fd.h"
+
+namespace shmtensor::internal {
+
+struct RingHeader;
+
+class Ring {
+ public:
+  static constexpr std::uint32_t kSlotHeaderBytes = 16;  // word, size, tag
+  static constexpr std::uint32_t kMaxSlotCount = 1u << 20;
+  static constexpr std::uint32_t kMaxSlotBytes = 1u << 16;
+  using Deadline = std::optional<std::chrono::steady_clock::time_point>;
+
+  // A new ring in a new sealed memfd. slot_count: a power of two in [2, kMaxSlotCount];
+  // slot_bytes: a multiple of 64 in [64, kMaxSlotBytes]. Throws std::invalid_argument,
+  // SystemError.
+  static Ring create(std::uint32_t slot_count, std::uint32_t slot_bytes);
+  // Maps a ring another process made. Throws ProtocolError when the fd is not a sealed
+  // memfd of the size its header says, or the header is not a ring's (magic, version,
+  // geometry); SystemError when it cannot be mapped.
+  static Ring attach(UniqueFd fd);
+
+  Ring() = default;
+  Ring(Ring&&) noexcept;
+  Ring& operator=(Ring&&) noexcept;
+  Ring(const Ring&) = delete;
+  Ring& operator=(const Ring&) = delete;
+  // Frees this process's holder record (a forked child frees its own, not its parent's).
+  ~Ring();
+
+  [[nodiscard]] int fd() const noexcept { return fd_.get(); }
+  [[nodiscard]] std::uint32_t slot_count() const noexcept { return slot_count_; }
+  // The most bytes one message may have.
+  [[nodiscard]] std::size_t max_message() const noexcept {
+    return slot_bytes_ - kSlotHeaderBytes;
+  }
+
+  enum class Status { kOk, kTimeout, kClosed };
+  // Writes one message (at most max_message() bytes; std::invalid_argument otherwise) with
+  // a caller-defined tag. Waits while the ring is full, until `deadline` (nullopt: for
+  // ever; a past one: does not wait). kClosed once close() was called anywhere: nothing
+  // was written. Throws ProtocolError when the shared words are corrupt.
+  Status push(std::span<const std::byte> message, std::uint32_t tag, Deadline deadline);
+  struct Popped {
+    Status status = Status::kTimeout;
+    std::uint32_t tag = 0;
+    std::size_t size = 0;  // bytes written to `out`
+  };
+  // Takes the oldest message into `out` (at least max_message() bytes). Waits while the
+  // ring is empty, until `deadline`. kClosed once the ring is closed and nothing is left.
+  // Throws ProtocolError for a corrupt word or a message size larger than its slot (that
+  // slot is freed first: the next pop goes on).
+  Popped pop(std::span<std::byte> out, Deadline deadline);
+  // Every later push returns kClosed; pops return what is left, then kClosed; every
+  // sleeper wakes.
+  void close() noexcept;
+  [[nodiscard]] bool closed() const noexcept;
+  // Messages published and not yet taken (a snapshot; abandoned claims count until they
+  // are found).
+  [[nodiscard]] std::uint64_t size() const noexcept;
+  // Claims of processes that died, found and freed so far (each a message lost: never
+  // finished, or taken by a consumer that died with it).
+  [[nodiscard]] std::uint64_t abandoned() const noexcept;
+
+  // For tests: claims the next position as a producer (or, with `as_consumer`, the oldest
+  // message as a consumer) and leaves it so, as a process killed at that instant would.
+  // Returns false when there was nothing to claim.
+  bool test_claim_and_abandon(bool as_consumer);
+
+ private:
+  Ring(UniqueFd fd, Mapping map, std::uint32_t slot_count, std::uint32_t slot_bytes);
+  RingHeader* header() const noexcept;
+  std::byte* slot(std::uint64_t pos) const noexcept;
+  // This process's holder record (index, epoch), claimed on first use in each process.
+  std::pair<std::uint32_t, std::uint32_t> holder();
+  bool claimer_dead(std::uint64_t word) const noexcept;
+  void free_holder() noexcept;
+  void wake_producers() noexcept;
+  void resync_hints() noexcept;
+
+  UniqueFd fd_;
+  Mapping map_;
+  // From the validated copy of the header; never re-read from shared memory.
+  std::uint32_t slot_count_ = 0;
+  std::uint32_t slot_bytes_ = 0;
+  std::size_t slots_offset_ = 0;
+  // The holder record this process took, claimed once per process (a forked child
+  // claims its own); threads of one process share it.
+  struct Local;
+  std::unique_ptr<Local> local_;
+};
+
+}  // namespace shmtensor::internal
