@@ -1,6 +1,7 @@
 #include "os/proc.h"
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -44,6 +45,24 @@ std::uint64_t start_time_of(pid_t pid) noexcept { return read_process_status(pid
 }  // namespace
 
 pid_t own_pid() noexcept { return ::getpid(); }
+
+namespace {
+std::atomic<pid_t> g_cached_pid{0};
+// Registered when the library is loaded: every forked child forgets its parent's pid.
+[[maybe_unused]] const bool kCachedPidForkHandler = [] {
+  ::pthread_atfork(nullptr, nullptr, [] { g_cached_pid.store(0, std::memory_order_relaxed); });
+  return true;
+}();
+}  // namespace
+
+pid_t cached_own_pid() noexcept {
+  pid_t pid = g_cached_pid.load(std::memory_order_relaxed);
+  if (pid == 0) {
+    pid = ::getpid();
+    g_cached_pid.store(pid, std::memory_order_relaxed);
+  }
+  return pid;
+}
 pid_t own_process_group() noexcept { return ::getpgrp(); }
 uid_t effective_uid() noexcept { return ::geteuid(); }
 

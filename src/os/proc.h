@@ -16,6 +16,10 @@ namespace shmtensor::internal {
 
 // getpid(): not cached by glibc, so right in a forked child; async-signal-safe.
 pid_t own_pid() noexcept;
+// The same, read once per process (a pthread_atfork child handler forgets it): for paths
+// that ask on every message. Not for a child made without fork handlers (_Fork, clone)
+// that does not exec.
+pid_t cached_own_pid() noexcept;
 pid_t own_process_group() noexcept;
 uid_t effective_uid() noexcept;
 

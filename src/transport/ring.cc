@@ -216,7 +216,7 @@ std::byte* Ring::slot(std::uint64_t pos) const noexcept {
 
 std::pair<std::uint32_t, std::uint32_t> Ring::holder() {
   Local& l = *local_;
-  const int me = own_pid();
+  const int me = cached_own_pid();
   if (l.pid.load(std::memory_order_acquire) == me) return {l.holder, l.epoch};
   std::lock_guard lock(l.mu);
   if (l.pid.load(std::memory_order_relaxed) == me) return {l.holder, l.epoch};
@@ -244,7 +244,7 @@ std::pair<std::uint32_t, std::uint32_t> Ring::holder() {
 void Ring::free_holder() noexcept {
   if (!local_ || !map_) return;
   Local& l = *local_;
-  if (l.pid.load() != own_pid() || l.holder == kNoHolder) return;
+  if (l.pid.load() != cached_own_pid() || l.holder == kNoHolder) return;
   std::uint64_t owner = current_slot_owner();
   RingHeader* h = header();
   // Bump the epoch first: a claim of ours left unfinished (an exception between claim and

@@ -13,6 +13,10 @@
 //   bare_seqpacket   round trips of a --bytes datagram over a SOCK_SEQPACKET socket pair
 //   bare_stream      --count datagrams of --bytes one way: the ceiling of any transport
 //                    that costs one datagram per message
+//   ring_pingpong    round trips of a --bytes message through the message ring
+//                    (src/transport/ring.h: one ring each way), blocking like bare_futex
+//   ring_stream      --count messages of --bytes one way through one ring: the ceiling of
+//                    a transport whose messages are ring slots (no encoding, no tensors)
 // Each scenario's x_bare column is its cost per message over the bare one: pingpong's p50
 // over bare_futex's p50, and for queue_fresh, queue_preshared and retain bare_stream's
 // messages/s over the scenario's tensors/s.
@@ -41,6 +45,7 @@
 #include "shmtensor/busy_poll.h"
 #include "shmtensor/connection.h"
 #include "shmtensor/queue.h"
+#include "transport/ring.h"
 
 namespace shmtensor::tool {
 namespace {
@@ -414,6 +419,66 @@ Result run_bare_stream(const BenchOptions& o) {
   return res;
 }
 
+// The message ring alone (not a bare OS baseline: our own code, without encoding). Ring
+// slots of 256 bytes hold a message of up to 240: larger --bytes are cut to that.
+std::size_t ring_message_bytes(const BenchOptions& o) {
+  return std::min<std::size_t>(std::max<std::size_t>(o.bytes, 1), 240);
+}
+
+Result run_ring_pingpong(const BenchOptions& o) {
+  using internal::Ring;
+  Ring there = Ring::create(64, 256), back = Ring::create(64, 256);
+  const std::size_t n = ring_message_bytes(o);
+  pid_t child = fork_worker([&] {
+    std::vector<std::byte> buf(there.max_message());
+    for (std::int64_t i = 0; i < o.count; ++i) {
+      auto p = there.pop(buf, std::nullopt);
+      if (p.status != Ring::Status::kOk ||
+          back.push(std::span(buf.data(), p.size), 0, std::nullopt) != Ring::Status::kOk)
+        throw Error("ring_pingpong: the ring failed");
+    }
+  });
+  std::vector<std::byte> buf(there.max_message(), std::byte{1});
+  std::vector<double> rtt;
+  rtt.reserve(static_cast<std::size_t>(o.count));
+  const double start = now_ns();
+  for (std::int64_t i = 0; i < o.count; ++i) {
+    const double t0 = now_ns();
+    if (there.push(std::span(buf.data(), n), 0, std::nullopt) != Ring::Status::kOk ||
+        back.pop(buf, std::nullopt).status != Ring::Status::kOk)
+      throw Error("ring_pingpong: the ring failed");
+    rtt.push_back((now_ns() - t0) / 1000.0);
+  }
+  const double secs = (now_ns() - start) / 1e9;
+  reap(child, false);
+  return finish_round_trips(rtt, secs, o.count, n);
+}
+
+Result run_ring_stream(const BenchOptions& o) {
+  using internal::Ring;
+  Ring ring = Ring::create(1024, 256);
+  const std::size_t n = ring_message_bytes(o);
+  pid_t child = fork_worker([&] {
+    std::vector<std::byte> buf(n, std::byte{1});
+    for (std::int64_t i = 0; i < o.count; ++i)
+      if (ring.push(buf, 0, std::nullopt) != Ring::Status::kOk)
+        throw Error("ring_stream: push failed");
+  });
+  std::vector<std::byte> buf(ring.max_message());
+  const double start = now_ns();
+  for (std::int64_t i = 0; i < o.count; ++i)
+    if (ring.pop(buf, std::nullopt).status != Ring::Status::kOk)
+      throw Error("ring_stream: pop failed");
+  const double secs = (now_ns() - start) / 1e9;
+  reap(child, false);
+  Result res;
+  res.count = res.completed = o.count;
+  res.bytes = n;
+  res.tensors_per_s = static_cast<double>(o.count) / secs;
+  res.gb_per_s = res.tensors_per_s * static_cast<double>(n) / 1e9;
+  return res;
+}
+
 std::string json_escape(const std::string& s) {
   std::string out;
   for (char c : s) {
@@ -473,7 +538,9 @@ void run_bench(BenchOptions o) {
   if (o.bare)
     for (const auto& [name, run] : {std::pair{"bare_futex", &run_bare_futex},
                                     std::pair{"bare_seqpacket", &run_bare_seqpacket},
-                                    std::pair{"bare_stream", &run_bare_stream}}) {
+                                    std::pair{"bare_stream", &run_bare_stream},
+                                    std::pair{"ring_pingpong", &run_ring_pingpong},
+                                    std::pair{"ring_stream", &run_ring_stream}}) {
       Result r = run(o);
       r.scenario = name;
       r.strategy = "-";
