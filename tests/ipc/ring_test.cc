@@ -117,7 +117,7 @@ TEST_F(RingTest, MessagesComeOutInOrderWithTheirTagsAndSizes) {
     ASSERT_EQ(p.status, Ring::Status::kOk);
     EXPECT_EQ(p.tag, 1000 + i);
     ASSERT_EQ(p.size, m.size());
-    EXPECT_EQ(std::memcmp(out.data(), m.data(), m.size()), 0);
+    if (!m.empty()) EXPECT_EQ(std::memcmp(out.data(), m.data(), m.size()), 0);
   }
   EXPECT_EQ(r.pop(out, Clock::now()).status, Ring::Status::kTimeout);
 }
