@@ -81,6 +81,8 @@ struct RingHeader {
   alignas(64) HolderRecord holders[kHolderRecords];
 };
 static_assert(std::is_standard_layout_v<RingHeader>);
+static_assert(offsetof(RingHeader, tail) == Ring::kTailOffset);
+static_assert(offsetof(RingHeader, head) == Ring::kHeadOffset);
 static_assert(std::atomic<std::uint64_t>::is_always_lock_free);
 
 namespace {

@@ -50,6 +50,10 @@ class Ring {
   static constexpr std::uint32_t kSlotHeaderBytes = 16;  // word, size, tag
   static constexpr std::uint32_t kMaxSlotCount = 1u << 20;
   static constexpr std::uint32_t kMaxSlotBytes = 1u << 16;
+  // Where the tail and head hints are in the memfd (for tests and the fuzz target, which
+  // write over them as a hostile peer would).
+  static constexpr std::size_t kTailOffset = 64;
+  static constexpr std::size_t kHeadOffset = 128;
   using Deadline = std::optional<std::chrono::steady_clock::time_point>;
 
   // A new ring in a new sealed memfd. slot_count: a power of two in [2, kMaxSlotCount];
@@ -71,6 +75,9 @@ class Ring {
 
   [[nodiscard]] int fd() const noexcept { return fd_.get(); }
   [[nodiscard]] std::uint32_t slot_count() const noexcept { return slot_count_; }
+  [[nodiscard]] std::uint32_t slot_bytes() const noexcept { return slot_bytes_; }
+  // Where the first slot starts in the memfd (tests, fuzzing).
+  [[nodiscard]] std::size_t slots_offset() const noexcept { return slots_offset_; }
   // The most bytes one message may have.
   [[nodiscard]] std::size_t max_message() const noexcept {
     return slot_bytes_ - kSlotHeaderBytes;
