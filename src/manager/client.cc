@@ -45,14 +45,15 @@ constexpr auto kConnectDeadline = std::chrono::seconds(20);
 // stopped); what it decides it decides under Client::mu, which it only ever try_locks: the
 // thread that stops it holds that lock and waits for it to finish.
 //
-// The thread is joined when it is stopped, and its start is waited for: a fork while a
-// thread is starting or exiting can leave a lock of the runtime (ASan's thread registry:
-// its pthread_create returns before the new thread registers) held in the child for ever,
-// and the child's own first connection, which starts a thread, then hangs.
+// Its start is waited for: a fork while a thread is starting can leave a lock of the
+// runtime (ASan's thread registry: its pthread_create returns before the new thread
+// registers) held in the child for ever, and the child's own first connection, which
+// starts a thread, then hangs. It is detached, not joined: a forked child inherits the
+// runtime's record of every joinable thread, and TSan refuses a new thread that reuses one
+// ("dup thread with used id").
 struct Watch {
   UniqueFd wake;  // eventfd: stop
-  std::thread thread;
-  std::thread::id thread_id;
+  std::thread::id thread;
   std::mutex mu;  // guards started, stop and done
   std::condition_variable cv;
   bool started = false;
@@ -109,14 +110,9 @@ void stop_watch(Client& c) noexcept {
     w->stop = true;
     if (w->wake.valid()) signal_event_fd(w->wake.get());
   }
-  if (std::this_thread::get_id() != w->thread_id) {
-    {
-      std::unique_lock lock(w->mu);
-      w->cv.wait(lock, [w] { return w->done; });
-    }
-    if (w->thread.joinable()) w->thread.join();
-  } else if (w->thread.joinable()) {
-    w->thread.detach();
+  if (std::this_thread::get_id() != w->thread) {
+    std::unique_lock lock(w->mu);
+    w->cv.wait(lock, [w] { return w->done; });
   }
   unref(w);
 }
@@ -186,9 +182,8 @@ void watch_connection(Watch* w, int conn) noexcept {
     const bool lost = connection_ended(conn);
     if (!failed && !lost) continue;
     // From here on this thread no longer watches: detach it from the client first, so
-    // that the disconnect below does not wait for it (nobody joins it then).
+    // that the disconnect below does not wait for it.
     c.watch = nullptr;
-    w->thread.detach();
     unref(w);
     if (lost) daemon_lost_locked(c);
     break;
@@ -209,9 +204,9 @@ void start_watch(Client& c) noexcept {
   try {
     w = new Watch;
     w->wake = make_event_fd();
-    // Under c.mu, which the thread takes (try_lock) before it touches w->thread.
-    w->thread = std::thread(watch_connection, w, c.fd.get());
-    w->thread_id = w->thread.get_id();
+    std::thread t(watch_connection, w, c.fd.get());
+    w->thread = t.get_id();
+    t.detach();
     c.watch = w;
     std::unique_lock lock(w->mu);
     w->cv.wait(lock, [w] { return w->started; });
