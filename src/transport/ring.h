@@ -1,7 +1,7 @@
 // A ring of fixed-size message slots in shared memory: many producer and many consumer
 // processes (and threads), no syscall on the way of a message when nobody sleeps, and no
 // wait that a SIGKILLed peer can make endless. The building block of the descriptor ring
-// the transport issue asks for (docs/transport.md, "The descriptor ring"): messages that
+// the transport issue asks for (docs/transport.md, "The message ring"): messages that
 // carry no fds and fit a slot are to travel here instead of as socket datagrams.
 //
 // Layout: a sealed memfd (it travels to other processes as one fd, and cannot be truncated

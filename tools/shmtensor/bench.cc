@@ -334,6 +334,16 @@ Result finish_round_trips(std::vector<double>& rtt, double secs, std::int64_t co
   return res;
 }
 
+// `count` messages of `bytes` one way in `secs`.
+Result finish_stream(double secs, std::int64_t count, std::size_t bytes) {
+  Result res;
+  res.count = res.completed = count;
+  res.bytes = bytes;
+  res.tensors_per_s = static_cast<double>(count) / secs;
+  res.gb_per_s = res.tensors_per_s * static_cast<double>(bytes) / 1e9;
+  return res;
+}
+
 Result run_bare_futex(const BenchOptions& o) {
   void* page = ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (page == MAP_FAILED) throw Error("bare_futex: mmap failed");
@@ -411,12 +421,7 @@ Result run_bare_stream(const BenchOptions& o) {
   const double secs = (now_ns() - start) / 1e9;
   ::close(b);
   reap(child, false);
-  Result res;
-  res.count = res.completed = o.count;
-  res.bytes = n;
-  res.tensors_per_s = static_cast<double>(o.count) / secs;
-  res.gb_per_s = res.tensors_per_s * static_cast<double>(n) / 1e9;
-  return res;
+  return finish_stream(secs, o.count, n);
 }
 
 // The message ring alone (not a bare OS baseline: our own code, without encoding). Ring
@@ -471,12 +476,7 @@ Result run_ring_stream(const BenchOptions& o) {
       throw Error("ring_stream: pop failed");
   const double secs = (now_ns() - start) / 1e9;
   reap(child, false);
-  Result res;
-  res.count = res.completed = o.count;
-  res.bytes = n;
-  res.tensors_per_s = static_cast<double>(o.count) / secs;
-  res.gb_per_s = res.tensors_per_s * static_cast<double>(n) / 1e9;
-  return res;
+  return finish_stream(secs, o.count, n);
 }
 
 std::string json_escape(const std::string& s) {
