@@ -73,6 +73,13 @@ class Queue {
   // No more put()s anywhere; get()s drain what is there, then throw QueueClosed.
   void close() noexcept { core_->close(); }
   [[nodiscard]] bool closed() const noexcept { return core_->closed(); }
+  // An fd for poll/select/epoll that is readable while an item may be there or the queue
+  // is closed (multiprocessing.Pool and connection.wait wait on such an fd). Owned by the
+  // queue: do not close it. A get() after it became readable may still wait (another
+  // consumer took the item first). Once any process asked for it, every put() of every
+  // process makes one write() on it, and a get() that empties the queue one read(): a
+  // queue whose readiness nobody asks for costs nothing.
+  [[nodiscard]] int readiness_fd() noexcept { return core_->readiness_fd(); }
   // Estimates: other processes change them concurrently.
   [[nodiscard]] std::size_t size() const noexcept { return core_->size(); }
   [[nodiscard]] bool empty() const noexcept { return size() == 0; }

@@ -190,21 +190,13 @@ class PyQueue {
     return item_to_python(std::move(*item));
   }
   Queue<Item>& get_queue() { return q_; }
-  // An fd that is readable when an item (or the end of a closed queue) is there, for
-  // multiprocessing.connection.wait (Pool waits on its queues so). A duplicate of the
-  // queue's receive socket, owned here.
-  int fileno() {
-    if (!readable_.valid()) {
-      Encoder e;  // its three fds are duplicates; the in-flight count is undone with it
-      e.encode(q_);
-      readable_ = std::move(internal::CodecAccess::state(e).object_fds.at(1));
-    }
-    return readable_.get();
-  }
+  // An fd that is readable when an item (or the end of a closed queue) may be there, for
+  // multiprocessing.connection.wait (Pool waits on its queues so): the queue's readiness
+  // eventfd, owned by the queue.
+  int fileno() { return q_.readiness_fd(); }
 
  private:
   Queue<Item> q_;
-  internal::UniqueFd readable_;
 };
 
 }  // namespace

@@ -119,6 +119,15 @@ bool process_group_exists(pid_t pgid) noexcept {
   return ::kill(-pgid, 0) == 0 || errno == EPERM;
 }
 
+std::string fd_target(int fd) {
+  char path[40];
+  std::snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+  char target[256];
+  const ssize_t n = ::readlink(path, target, sizeof target);
+  if (n <= 0) return {};
+  return std::string(target, static_cast<std::size_t>(n));
+}
+
 UniqueFd open_pidfd(pid_t pid, bool* unsupported) noexcept {
   *unsupported = false;
   // No glibc wrapper before 2.36. pidfds are always close-on-exec.

@@ -9,6 +9,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <string>
 
 #include "os/unique_fd.h"
 
@@ -58,6 +59,10 @@ bool slot_owner_alive(std::uint64_t owner) noexcept;
 
 // True while some process (a zombie included) is in process group `pgid`: kill(-pgid, 0).
 bool process_group_exists(pid_t pgid) noexcept;
+
+// What /proc/self/fd/<fd> links to ("anon_inode:[eventfd]", "socket:[1234]", a path);
+// empty when it cannot be read (no such fd). A peer-sent fd's kind is checked so.
+std::string fd_target(int fd);
 
 // pidfd_open(pid): readable (POLLIN) once the process has exited. Invalid when the kernel
 // has no pidfds (before 5.3) or the process is gone; *unsupported says which.

@@ -15,22 +15,20 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// The buffer the next datagram is received in. A Decoder reads its payload in place and
-// keeps the buffer alive, so a thread reuses its buffer only once no Decoder holds it, and
-// otherwise starts a new one. (use_count() may read high while another thread drops its
-// Decoder: that only costs an allocation.)
-std::shared_ptr<std::byte[]> receive_buffer() {
-  thread_local std::shared_ptr<std::byte[]> buffer;
-  if (!buffer || buffer.use_count() > 1) buffer.reset(new std::byte[kMaxInlineFrame]);
-  return buffer;
-}
-
 std::optional<std::chrono::nanoseconds> time_left(const Deadline& deadline) {
   if (!deadline) return std::nullopt;
   return std::max(*deadline - Clock::now(), Clock::duration::zero());
 }
 
 }  // namespace
+
+// (use_count() may read high while another thread drops its Decoder: that only costs an
+// allocation.)
+std::shared_ptr<std::byte[]> receive_buffer() {
+  thread_local std::shared_ptr<std::byte[]> buffer;
+  if (!buffer || buffer.use_count() > 1) buffer.reset(new std::byte[kMaxInlineFrame]);
+  return buffer;
+}
 
 Deadline deadline_after(std::optional<std::chrono::nanoseconds> timeout) {
   if (!timeout) return std::nullopt;

@@ -43,6 +43,10 @@ struct Datagram {
 // (MSG_TRUNC) were cut, so it is lost; SystemError when the socket failed and nothing was
 // taken.
 Datagram receive_datagram(int sock, Deadline deadline);
+// The buffer of kMaxInlineFrame bytes the next message is received in, this thread's: a
+// Decoder that reads a payload in place keeps it alive, and a thread reuses it only once
+// no Decoder holds it.
+std::shared_ptr<std::byte[]> receive_buffer();
 // The parse stage (wire/wire.h, parse_frame) over a received datagram: its Decoder reads
 // the payload in the datagram's buffer, which it keeps alive.
 Decoder parse_datagram(Datagram&& datagram);

@@ -8,6 +8,9 @@
 // drops it), which gives the counts back. "Last" is decided from the table: one slot per
 // holding process, keyed by pid + start time like arena slots, plus a count of encoded
 // copies of the queue that are inside messages not yet received (docs/transport.md).
+#include <sys/eventfd.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <mutex>
@@ -23,7 +26,9 @@
 #include "os/shm.h"
 #include "os/socket.h"
 #include "shmtensor/queue.h"
+#include "transport/busy_poll.h"
 #include "transport/channel.h"
+#include "transport/ring.h"
 #include "wire/wire.h"
 
 namespace shmtensor::internal {
@@ -31,7 +36,7 @@ namespace shmtensor::internal {
 namespace {
 
 constexpr std::uint64_t kQueueMagic = 0x314555455154534dULL;  // "MSTQUEU1"
-constexpr std::uint32_t kQueueLayoutVersion = 4;
+constexpr std::uint32_t kQueueLayoutVersion = 5;
 constexpr int kQueueHolderSlots = 128;
 
 // Shared by every process holding the queue (a sealed memfd, so it can be passed on).
@@ -55,7 +60,10 @@ struct QueueControl {
   // Producers asleep (or about to sleep) on `count`: a consumer that frees a place calls
   // FUTEX_WAKE only when this is non-zero, so a get() nobody waits for makes no syscall.
   std::atomic<std::uint32_t> waiters;
-  std::uint8_t pad[48];
+  // 1 once a process asked for the readiness fd (QueueCore::readiness_fd): from then on
+  // every put signals the queue's eventfd, and every get clears it when the ring is empty.
+  std::atomic<std::uint32_t> readiness_wanted;
+  std::uint8_t pad[44];
   // slot_owner(pid, start time) of each holding process; 0 = free. Set by CAS from 0 by the
   // process itself (or, at fork, by the parent on the child's behalf, with the parent's
   // value, which the child then swaps for its own); cleared by CAS by its owner.
@@ -194,6 +202,12 @@ struct QueueCore::State {
   UniqueFd recv_fd;
   UniqueFd control_fd;
   Mapping control_map;
+  // Items without fds that fit a slot travel here; the others as datagrams, each announced
+  // by a marker slot (docs/transport.md, "The message ring").
+  Ring ring;
+  // Readable while an item may be in the ring or the queue is closed, for poll/select
+  // callers (multiprocessing.Pool waits on it); signalled only once `readiness_wanted`.
+  UniqueFd ready_fd;
   int slot = -1;       // our holder slot (-1: none, overflow was set)
   int fork_slot = -1;  // claimed in prepare_fork for the child about to be forked
   QueueControl* control() const { return reinterpret_cast<QueueControl*>(control_map.data()); }
@@ -255,22 +269,89 @@ void unregister_live(QueueCore::State* st) noexcept {
   std::erase(*g_live, st);
 }
 
+// The datagram a marker announces: sent before the marker was pushed, so it is in the
+// socket now (more datagrams than markers can be there, never fewer: a producer killed
+// between its send and its marker leaves one without). None is a hostile marker.
+Datagram announced_datagram(int sock) {
+  Datagram d = receive_datagram(sock, std::chrono::steady_clock::now());
+  if (d.status == RecvStatus::kTimeout)
+    throw ProtocolError("a marker in the queue's ring announces a datagram the socket does "
+                        "not have (another process wrote over the ring)");
+  // After close() an empty datagram cannot be told from the end of the stream (nothing
+  // else is queued behind it): either way the marker announced nothing valid.
+  if (d.status == RecvStatus::kEof)
+    throw ProtocolError("a marker in the queue's ring announces an empty datagram, or none "
+                        "(the queue's socket is at end of stream)");
+  return d;
+}
+
+// One item taken off the ring, not parsed yet: its bytes in `buffer`, or its datagram.
+struct TakenItem {
+  Ring::Status status = Ring::Status::kTimeout;
+  std::shared_ptr<std::byte[]> buffer;
+  std::size_t size = 0;
+  std::uint32_t tag = 0;
+};
+
+TakenItem take_item(Ring& ring, const Deadline& deadline) {
+  TakenItem t;
+  t.buffer = receive_buffer();
+  Ring::Popped p = ring.pop(std::span(t.buffer.get(), kMaxInlineFrame), deadline);
+  t.status = p.status;
+  t.size = p.size;
+  t.tag = p.tag;
+  return t;
+}
+
+// Opt-in busy polling (busy_poll.h): looks at the ring without sleeping for up to the
+// thread's budget, then waits as usual; the time to the item adapts the next budget.
+TakenItem take_item_polling(Ring& ring, const Deadline& deadline) {
+  using Clock = std::chrono::steady_clock;
+  if (deadline && Clock::now() >= *deadline) return take_item(ring, deadline);
+  const auto budget = busy_poll_budget();
+  if (budget.count() <= 0) return take_item(ring, deadline);
+  const auto start = Clock::now();
+  auto until = start + std::chrono::duration_cast<Clock::duration>(budget);
+  if (deadline) until = std::min(until, *deadline);
+  TakenItem t;
+  do t = take_item(ring, Clock::now());
+  while (t.status == Ring::Status::kTimeout && Clock::now() < until);
+  if (t.status == Ring::Status::kTimeout) t = take_item(ring, deadline);
+  busy_poll_observe(t.status == Ring::Status::kTimeout
+                        ? std::nullopt
+                        : std::optional<std::chrono::nanoseconds>(Clock::now() - start));
+  return t;
+}
+
 // Receives and drops every item left, so their counts go back. Errors are skipped: what
-// cannot be parsed cannot be given back either (it was malformed or is gone).
+// cannot be parsed cannot be given back either (it was malformed or is gone). Datagrams no
+// marker announced (their producer was killed between send and marker) are taken last.
 void drain(QueueCore::State& st) noexcept {
   auto* c = st.control();
+  for (;;) {
+    try {
+      TakenItem t = take_item(st.ring, std::chrono::steady_clock::now());
+      if (t.status != Ring::Status::kOk) break;
+      release_item(c);
+      if (t.tag == kQueueRingItem) {
+        (void)parse_frame(std::span(t.buffer.get(), t.size), {}, t.buffer);
+      } else if (t.tag == kQueueRingMarker) {
+        t.buffer.reset();
+        (void)parse_datagram(announced_datagram(st.recv_fd.get()));
+      }
+    } catch (...) {
+    }
+  }
   for (;;) {
     Datagram d;
     try {
       d = receive_datagram(st.recv_fd.get(), std::chrono::steady_clock::now());
     } catch (const ProtocolError&) {
-      release_item(c);  // taken, and lost
-      continue;
+      continue;  // taken, and lost
     } catch (...) {
       return;  // the socket itself failed: nothing more to read
     }
     if (d.status != RecvStatus::kOk) return;
-    release_item(c);
     try {
       (void)parse_datagram(std::move(d));  // dropping it gives back what it adopted
     } catch (...) {
@@ -302,6 +383,47 @@ QueueCore::~QueueCore() {
   drain(*state_);
 }
 
+namespace {
+
+UniqueFd make_ready_fd() {
+  UniqueFd fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!fd.valid())
+    throw SystemError(errno, "eventfd", "a queue's readiness fd", "raise `ulimit -n`");
+  return fd;
+}
+
+// Makes the readiness fd readable. A full counter (2^64 - 2 signals nobody read) is
+// readable all the same, so EAGAIN changes nothing.
+void signal_ready(const QueueCore::State& st) noexcept {
+  const std::uint64_t one = 1;
+  (void)!::write(st.ready_fd.get(), &one, sizeof one);
+}
+
+// After a put: signals the readiness fd when some process asked for it. The publish in the
+// ring (a seq_cst read-modify-write) comes before this load, and rearm_ready's check of
+// the ring comes after its seq_cst store: either the producer sees the flag, or the process
+// that set it sees the item.
+void notify_ready(const QueueCore::State& st) noexcept {
+  if (st.control()->readiness_wanted.load(std::memory_order_seq_cst) != 0) signal_ready(st);
+}
+
+// After a get (or when the fd is asked for): the fd stays readable while the ring may hold
+// an item or the queue is closed, and is cleared otherwise. Cleared first and the ring
+// looked at after, so that an item published in between signals again (by its producer, or
+// here).
+void rearm_ready(const QueueCore::State& st) noexcept {
+  const QueueControl* c = st.control();
+  if (c->readiness_wanted.load(std::memory_order_seq_cst) == 0) return;
+  if (st.ring.maybe_nonempty() || c->closed.load(std::memory_order_seq_cst) != 0) return;
+  std::uint64_t n;
+  (void)!::read(st.ready_fd.get(), &n, sizeof n);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (st.ring.maybe_nonempty() || c->closed.load(std::memory_order_seq_cst) != 0)
+    signal_ready(st);
+}
+
+}  // namespace
+
 std::shared_ptr<QueueCore> QueueCore::create(std::size_t maxsize) {
   if (maxsize > 0x7fffffff)
     throw std::invalid_argument("Queue maxsize " + std::to_string(maxsize) +
@@ -310,6 +432,8 @@ std::shared_ptr<QueueCore> QueueCore::create(std::size_t maxsize) {
   auto [a, b] = seqpacket_pair();
   st->send_fd = std::move(a);
   st->recv_fd = std::move(b);
+  st->ring = Ring::create(kQueueRingSlots, kQueueRingSlotBytes);
+  st->ready_fd = make_ready_fd();
   st->control_fd = create_sealed_memfd(sizeof(QueueControl));
   st->control_map =
       Mapping::map_shared(st->control_fd.get(), sizeof(QueueControl), "queue control");
@@ -322,6 +446,7 @@ std::shared_ptr<QueueCore> QueueCore::create(std::size_t maxsize) {
   c->in_flight.store(0, std::memory_order_relaxed);
   c->overflow.store(0, std::memory_order_relaxed);
   c->waiters.store(0, std::memory_order_relaxed);
+  c->readiness_wanted.store(0, std::memory_order_relaxed);
   for (auto& h : c->holders) h.store(0, std::memory_order_relaxed);
   for (auto& n : c->sending) n.store(0, std::memory_order_relaxed);
   st->slot = claim_holder(c, current_slot_owner());
@@ -335,6 +460,12 @@ std::shared_ptr<QueueCore> QueueCore::decode(Decoder& d) {
   st->send_fd.reset(d.take_fd());
   st->recv_fd.reset(d.take_fd());
   st->control_fd.reset(d.take_fd());
+  UniqueFd ring_fd(d.take_fd());
+  st->ready_fd.reset(d.take_fd());
+  // A peer could send another kind of fd: a pipe or socket here would be written to, and
+  // would never say when items are there.
+  if (fd_target(st->ready_fd.get()) != "anon_inode:[eventfd]")
+    throw ProtocolError("received queue readiness fd is not an eventfd");
   FdFacts facts = inspect_fd(st->control_fd.get());
   if (!facts.sealed_against_resize || facts.size != sizeof(QueueControl))
     throw ProtocolError("received queue control block has the wrong size or is not sealed");
@@ -345,6 +476,9 @@ std::shared_ptr<QueueCore> QueueCore::decode(Decoder& d) {
       c->layout_version != kQueueLayoutVersion || c->size_of != sizeof(QueueControl) ||
       c->maxsize > 0x7fffffff)
     throw ProtocolError("received queue control block is invalid");
+  st->ring = Ring::attach(std::move(ring_fd));
+  if (st->ring.slot_count() != kQueueRingSlots || st->ring.slot_bytes() != kQueueRingSlotBytes)
+    throw ProtocolError("received queue ring has another geometry than a queue's");
   // Our slot first, then the message's in-flight count back (see ~QueueCore). Never below
   // 0: a raw peer may send a queue nobody counted.
   st->slot = claim_holder(c, current_slot_owner());
@@ -358,45 +492,92 @@ bool QueueCore::put(Encoder&& e, std::optional<std::chrono::nanoseconds> timeout
   const Deadline deadline = deadline_after(timeout);
   ItemPlace place;
   if (!admit(state_->control(), deadline, state_->slot, &place)) return false;
+  Ring& ring = state_->ring;
   try {
     OutgoingFrame frame = finish_frame(std::move(e));
-    if (!send_frame(state_->send_fd.get(), frame, deadline)) return false;
+    const auto parts = frame.parts();
+    std::size_t size = 0;
+    for (const auto& part : parts) size += part.size();
+    if (frame.fds().empty() && size <= ring.max_message()) {
+      switch (ring.push_parts(parts, kQueueRingItem, deadline)) {
+        case Ring::Status::kOk:
+          frame.sent = true;  // the receiver now owns the in-flight counts
+          break;
+        case Ring::Status::kTimeout:
+          return false;
+        case Ring::Status::kClosed:
+          throw QueueClosed("put() on a closed queue");
+      }
+    } else {
+      // The marker's place first (it keeps this item's place in the order, and a full ring
+      // waits here, before anything is sent), then the datagram, then the marker: a
+      // consumer that meets the reserved slot waits for it and then finds the datagram.
+      const Ring::Reservation r = ring.reserve(deadline);
+      if (r.status == Ring::Status::kTimeout) return false;
+      if (r.status == Ring::Status::kClosed) throw QueueClosed("put() on a closed queue");
+      bool sent = false;
+      try {
+        sent = send_frame(state_->send_fd.get(), frame, deadline);
+      } catch (...) {
+        ring.cancel(r.pos);
+        throw;
+      }
+      if (!sent) {
+        ring.cancel(r.pos);
+        return false;
+      }
+      ring.commit(r.pos, {}, kQueueRingMarker);
+    }
   } catch (const SystemError& err) {
     if (err.error_code() == EPIPE) throw QueueClosed("put() on a closed queue");
     throw;
   }
   place.sent();
+  notify_ready(*state_);
   return true;
 }
 
 std::optional<Decoder> QueueCore::get(std::optional<std::chrono::nanoseconds> timeout) {
   auto* c = state_->control();
-  Datagram d;
-  try {
-    d = receive_datagram(state_->recv_fd.get(), deadline_after(timeout));
-  } catch (const ProtocolError&) {
-    release_item(c);  // taken, its fds or bytes cut: lost, but its place is free
-    throw;
-  }
-  if (d.status == RecvStatus::kTimeout) return std::nullopt;
-  if (d.status == RecvStatus::kEof) throw QueueClosed("get() on a closed and empty queue");
-  // The place is free once the datagram left the socket, before it is parsed: parsing may
-  // wait seconds (mapping a named segment may have to start the manager daemon), and a
-  // consumer SIGKILLed meanwhile would take the place with it. A datagram that fails to
-  // parse (malformed, or a segment that cannot be mapped here) frees it all the same.
+  TakenItem t = take_item_polling(state_->ring, deadline_after(timeout));
+  rearm_ready(*state_);
+  if (t.status == Ring::Status::kTimeout) return std::nullopt;
+  if (t.status == Ring::Status::kClosed) throw QueueClosed("get() on a closed and empty queue");
+  // The place is free once the item left the ring, before it is parsed: parsing may wait
+  // seconds (mapping a named segment may have to start the manager daemon), and a consumer
+  // SIGKILLed meanwhile would take the place with it. An item that fails to parse
+  // (malformed, or a segment that cannot be mapped here) frees it all the same.
   // acq_rel (release_item): a producer that sees the freed place may reuse it.
   release_item(c);
-  return parse_datagram(std::move(d));
+  if (t.tag == kQueueRingItem) {
+    const std::span<const std::byte> bytes(t.buffer.get(), t.size);
+    return parse_frame(bytes, {}, std::move(t.buffer));
+  }
+  if (t.tag != kQueueRingMarker)
+    throw ProtocolError("a slot of the queue's ring has tag " + std::to_string(t.tag) +
+                        ", neither an item nor a marker");
+  t.buffer.reset();  // the datagram is received into the same per-thread buffer
+  return parse_datagram(announced_datagram(state_->recv_fd.get()));
 }
 
 void QueueCore::close() noexcept {
   auto* c = state_->control();
   c->closed.store(1, std::memory_order_release);
-  // Readers everywhere get EOF once drained; writers get EPIPE.
+  // Readers everywhere get QueueClosed once the ring is drained; writers are refused.
+  state_->ring.close();
   shutdown_write(state_->send_fd.get());
   // Wake producers waiting for room so they see `closed`.
   c->count.fetch_add(0, std::memory_order_acq_rel);
   futex_wake(&c->count, 0x7fffffff);
+  signal_ready(*state_);  // a closed queue is readable (get says QueueClosed once drained)
+}
+
+int QueueCore::readiness_fd() noexcept {
+  state_->control()->readiness_wanted.store(1, std::memory_order_seq_cst);
+  // Items put before the flag was seen signalled nothing: look now.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (state_->ring.maybe_nonempty() || closed()) signal_ready(*state_);
+  return state_->ready_fd.get();
 }
 
 bool QueueCore::closed() const noexcept {
@@ -413,6 +594,8 @@ void QueueCore::encode(Encoder& e) const {
   e.write_fd(state_->send_fd.get());
   e.write_fd(state_->recv_fd.get());
   e.write_fd(state_->control_fd.get());
+  e.write_fd(state_->ring.fd());
+  e.write_fd(state_->ready_fd.get());
   // A copy of the queue is in flight until a process decodes it: no one may drain it
   // meanwhile. If the message is never sent, the count is taken back.
   state_->control()->in_flight.fetch_add(1, std::memory_order_seq_cst);

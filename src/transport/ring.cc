@@ -152,6 +152,7 @@ Ring::Ring(UniqueFd fd, Mapping map, std::uint32_t slot_count, std::uint32_t slo
       slots_offset_(kSlotsOffset),
       local_(std::make_unique<Local>()) {}
 
+Ring::Ring() noexcept = default;
 Ring::Ring(Ring&&) noexcept = default;
 
 Ring& Ring::operator=(Ring&& o) noexcept {
@@ -271,16 +272,11 @@ void Ring::wake_producers() noexcept {
   if (h->producers_asleep.load() != 0) futex_wake(&h->freed, 1);
 }
 
-Ring::Status Ring::push(std::span<const std::byte> message, std::uint32_t tag,
-                        Deadline deadline) {
-  if (message.size() > max_message())
-    throw std::invalid_argument("Ring::push: a message of " + std::to_string(message.size()) +
-                                " bytes does not fit a slot of " +
-                                std::to_string(max_message()));
+Ring::Reservation Ring::reserve(Deadline deadline) {
   RingHeader* h = header();
   const auto [me, epoch] = holder();
   for (;;) {
-    if (h->closed.load()) return Status::kClosed;
+    if (h->closed.load()) return {Status::kClosed, 0};
     const std::uint64_t pos = h->tail.load();
     SlotHead* s = head_of(slot(pos));
     std::uint64_t w = s->word.load();
@@ -298,17 +294,9 @@ Ring::Status Ring::push(std::span<const std::byte> message, std::uint32_t tag,
       // found the ring closed and empty (pop reads `closed` before the slot).
       if (h->closed.load()) {
         s->word.store(pack(pos + slot_count_, kFree));
-        return Status::kClosed;
+        return {Status::kClosed, 0};
       }
-      s->size = static_cast<std::uint32_t>(message.size());
-      s->tag = tag;
-      if (!message.empty())
-        std::memcpy(reinterpret_cast<std::byte*>(s) + kSlotHeaderBytes, message.data(),
-                    message.size());
-      s->word.store(pack(pos, kReady, me, epoch), std::memory_order_release);
-      h->published.fetch_add(1);
-      if (h->consumers_asleep.load() != 0) futex_wake(&h->published, 1);
-      return Status::kOk;
+      return {Status::kOk, pos};
     }
     if (wp == ((pos + slot_count_) & kPosMask)) {
       // Finished and freed for a later lap while the hint stayed behind (its claimer died
@@ -342,9 +330,53 @@ Ring::Status Ring::push(std::span<const std::byte> message, std::uint32_t tag,
     const bool unchanged = s->word.load() == w && h->tail.load() == pos && !h->closed.load();
     const bool in_time = !unchanged || sleep_on(&h->freed, seen, deadline);
     h->producers_asleep.fetch_sub(1);
-    if (!in_time) return Status::kTimeout;
+    if (!in_time) return {Status::kTimeout, 0};
   }
 }
+
+void Ring::commit(std::uint64_t pos, std::span<const std::span<const std::byte>> parts,
+                  std::uint32_t tag) noexcept {
+  RingHeader* h = header();
+  const auto [me, epoch] = holder();
+  SlotHead* s = head_of(slot(pos));
+  std::size_t total = 0;
+  std::byte* to = reinterpret_cast<std::byte*>(s) + kSlotHeaderBytes;
+  for (const auto& part : parts) {
+    if (part.empty()) continue;
+    std::memcpy(to, part.data(), part.size());
+    to += part.size();
+    total += part.size();
+  }
+  s->size = static_cast<std::uint32_t>(total);
+  s->tag = tag;
+  s->word.store(pack(pos, kReady, me, epoch), std::memory_order_release);
+  h->published.fetch_add(1);
+  if (h->consumers_asleep.load() != 0) futex_wake(&h->published, 1);
+}
+
+void Ring::cancel(std::uint64_t pos) noexcept {
+  // As an abandoned claim: consumers step over the position.
+  head_of(slot(pos))->word.store(pack(pos + slot_count_, kFree), std::memory_order_release);
+  RingHeader* h = header();
+  h->published.fetch_add(1);
+  if (h->consumers_asleep.load() != 0) futex_wake(&h->published, 1);
+  wake_producers();
+}
+
+Ring::Status Ring::push_parts(std::span<const std::span<const std::byte>> parts,
+                              std::uint32_t tag, Deadline deadline) {
+  std::size_t total = 0;
+  for (const auto& part : parts) total += part.size();
+  if (total > max_message())
+    throw std::invalid_argument("Ring::push: a message of " + std::to_string(total) +
+                                " bytes does not fit a slot of " +
+                                std::to_string(max_message()));
+  const Reservation r = reserve(deadline);
+  if (r.status == Status::kOk) commit(r.pos, parts, tag);
+  return r.status;
+}
+
+
 
 Ring::Popped Ring::pop(std::span<std::byte> out, Deadline deadline) {
   if (out.size() < max_message())
@@ -478,6 +510,11 @@ void Ring::close() noexcept {
 bool Ring::closed() const noexcept { return header()->closed.load() != 0; }
 
 std::uint64_t Ring::abandoned() const noexcept { return header()->abandoned.load(); }
+
+bool Ring::maybe_nonempty() const noexcept {
+  const RingHeader* h = header();
+  return h->tail.load() != h->head.load();
+}
 
 std::uint64_t Ring::size() const noexcept {
   std::uint64_t n = 0;

@@ -65,7 +65,7 @@ class Ring {
   // geometry); SystemError when it cannot be mapped.
   static Ring attach(UniqueFd fd);
 
-  Ring() = default;
+  Ring() noexcept;
   Ring(Ring&&) noexcept;
   Ring& operator=(Ring&&) noexcept;
   Ring(const Ring&) = delete;
@@ -88,7 +88,25 @@ class Ring {
   // a caller-defined tag. Waits while the ring is full, until `deadline` (nullopt: for
   // ever; a past one: does not wait). kClosed once close() was called anywhere: nothing
   // was written. Throws ProtocolError when the shared words are corrupt.
-  Status push(std::span<const std::byte> message, std::uint32_t tag, Deadline deadline);
+  Status push(std::span<const std::byte> message, std::uint32_t tag, Deadline deadline) {
+    return push_parts(std::span(&message, 1), tag, deadline);
+  }
+  // The same for a message in parts, copied one after the other into the slot.
+  Status push_parts(std::span<const std::span<const std::byte>> parts, std::uint32_t tag,
+                    Deadline deadline);
+  // A push in two steps, for a message whose place in the order must be taken before it
+  // can be written (a queue's marker, whose datagram is sent in between): reserve() claims
+  // the next position (waiting like push), then commit() writes and publishes it, or
+  // cancel() gives it up (consumers step over it). A process killed in between leaves an
+  // abandoned claim, found and skipped as any other. The parts must fit max_message().
+  struct Reservation {
+    Status status = Status::kTimeout;
+    std::uint64_t pos = 0;  // kOk
+  };
+  Reservation reserve(Deadline deadline);
+  void commit(std::uint64_t pos, std::span<const std::span<const std::byte>> parts,
+              std::uint32_t tag) noexcept;
+  void cancel(std::uint64_t pos) noexcept;
   struct Popped {
     Status status = Status::kTimeout;
     std::uint32_t tag = 0;
@@ -106,6 +124,10 @@ class Ring {
   // Messages published and not yet taken (a snapshot; abandoned claims count until they
   // are found).
   [[nodiscard]] std::uint64_t size() const noexcept;
+  // False only when no message is published or being written: the tail hint
+  // equals the head hint (a claimer moves the tail past its position before it writes).
+  // One pair of loads, for a readiness check; true may be stale.
+  [[nodiscard]] bool maybe_nonempty() const noexcept;
   // Claims of processes that died, found and freed so far (each a message lost: never
   // finished, or taken by a consumer that died with it).
   [[nodiscard]] std::uint64_t abandoned() const noexcept;

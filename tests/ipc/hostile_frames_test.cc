@@ -22,12 +22,14 @@
 #include "os/socket.h"
 #include "os/unique_fd.h"
 #include "shmtensor/connection.h"
+#include "shmtensor/internal/queue_core.h"
 #include "shmtensor/internal/storage_access.h"
 #include "shmtensor/queue.h"
 #include "shmtensor/storage.h"
 #include "shmtensor/tensor.h"
 #include "support/leak_check.h"
 #include "support/pipe.h"
+#include "transport/ring.h"
 #include "wire/frame.h"
 
 namespace shmtensor {
@@ -134,22 +136,42 @@ class HostileFramesTest : public testing::LeakCheckedTest {
     h.flags = internal::kFlagBlob;
     return h;
   }
-  // A queue travels as three fds: its send socket, its receive socket, its control block.
-  // Sends `q` through the raw end, keeps a duplicate of its send socket (to inject
-  // datagrams with) and passes the message on, received as a Received: decoding it gives
-  // back the queue's in-flight count.
+  // A queue travels as five fds: its send socket, its receive socket, its control block,
+  // its message ring, its readiness eventfd. Sends `q` through the raw end, keeps duplicates of its send socket
+  // and its ring (to inject items with, as a hostile producer would) and passes the
+  // message on, received as a Received: decoding it gives back the queue's in-flight count.
+  struct QueueInjector {
+    internal::UniqueFd sock;
+    internal::Ring ring;
+    // A datagram, announced by a marker in the ring (the path of an item with fds).
+    void datagram(const std::vector<std::byte>& frame, std::vector<int> fds = {}) {
+      std::span<const std::byte> part(frame);
+      internal::send_message(sock.get(), std::span(&part, 1), fds);
+      marker();
+    }
+    void marker() {
+      ASSERT_EQ(ring.push({}, internal::kQueueRingMarker, std::nullopt),
+                internal::Ring::Status::kOk);
+    }
+    // Bytes in a ring slot (the path of an item without fds).
+    void slot(const std::vector<std::byte>& frame, std::uint32_t tag = internal::kQueueRingItem) {
+      ASSERT_EQ(ring.push(frame, tag, std::nullopt), internal::Ring::Status::kOk);
+    }
+  };
   template <class Received, class Q>
-  std::pair<internal::UniqueFd, Received> intercept_queue(Q& q) {
+  std::pair<QueueInjector, Received> intercept_queue(Q& q) {
     conn_.send(q);
     RawFrame f = take_raw_frame();
-    if (f.fds.size() != 3u)
+    if (f.fds.size() != 5u)
       throw std::runtime_error("a queue travelled with " + std::to_string(f.fds.size()) +
-                               " fds, not 3");
-    internal::UniqueFd inject = internal::dup_cloexec(f.fds[0].get());
+                               " fds, not 5");
+    QueueInjector inject{internal::dup_cloexec(f.fds[0].get()),
+                         internal::Ring::attach(internal::dup_cloexec(f.fds[3].get()))};
     send_raw(f.bytes, f.fd_numbers());
     f.fds.clear();
     return {std::move(inject), conn_.recv<Received>()};
   }
+
   int raw_ = -1;
   Connection conn_;
 };
@@ -813,48 +835,62 @@ TEST_F(HostileFramesTest, VariantIndexAndBoolByte) {
 
 // ---- a queue -------------------------------------------------------------------------
 
-// An empty datagram ahead of real items on a queue that was then closed: it is refused,
-// and the items behind it still arrive before the end of stream (POLLRDHUP alone would say
-// EOF at the empty datagram).
-TEST_F(HostileFramesTest, EmptyDatagramBeforeItemsOfAClosedQueueHidesNothing) {
+// A queue whose readiness fd is not an eventfd (a pipe would be written to by every put and
+// never tell a poll() caller when items are there) is refused, and leaks no fd.
+TEST_F(HostileFramesTest, QueueWithAnotherKindOfReadinessFdIsRefused) {
   Queue<std::int64_t> q;
-  internal::UniqueFd inject = intercept_queue<Queue<std::int64_t>>(q).first;
+  conn_.send(q);
+  RawFrame f = take_raw_frame();
+  ASSERT_EQ(f.fds.size(), 5u);
+  int ends[2];
+  ASSERT_EQ(::pipe2(ends, O_CLOEXEC), 0);
+  internal::UniqueFd read_end(ends[0]), write_end(ends[1]);
+  f.fds[4] = std::move(write_end);
+  send_raw(f.bytes, f.fd_numbers());
+  f.fds.clear();
+  expect_protocol_error_for<Queue<std::int64_t>>("readiness fd is not an eventfd");
+  // The queue itself is untouched.
+  q.put(3);
+  EXPECT_EQ(q.get(), 3);
+}
 
-  std::span<const std::byte> none;
-  internal::send_message(inject.get(), std::span(&none, 1), {});
+// An empty item ahead of real items on a queue that was then closed, as a datagram and as
+// a ring slot: each is refused, and the items behind them still arrive before the end of
+// stream (recvmsg returns 0 for an empty datagram as at EOF).
+TEST_F(HostileFramesTest, EmptyItemsBeforeItemsOfAClosedQueueHideNothing) {
+  Queue<std::int64_t> q;
+  auto inject = intercept_queue<Queue<std::int64_t>>(q).first;
+
+  inject.datagram({});
+  inject.slot({});
   q.put(5);
   q.put(6);
   q.close();
-  EXPECT_THROW(
-      {
-        try {
-          q.get();
-        } catch (const ProtocolError& e) {
-          EXPECT_NE(std::string(e.what()).find("shorter than a frame header"), std::string::npos)
-              << e.what();
-          throw;
-        }
-      },
-      ProtocolError);
+  // The closed socket holds the empty datagram alone: it reads as the end of the stream,
+  // which a marker never announces. The empty slot is an empty frame.
+  for (const char* words : {"announces an empty datagram, or none", "shorter than a frame header"}) {
+    try {
+      q.get();
+      ADD_FAILURE() << "no error for an empty item";
+    } catch (const ProtocolError& e) {
+      EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+    }
+  }
   EXPECT_EQ(q.get(), 5);
   EXPECT_EQ(q.get(), 6);
   EXPECT_THROW(q.get(), QueueClosed);
 }
 
-// The same datagrams injected into a queue's socket: each get() that takes one fails with
-// a ProtocolError, and the queue stays usable, its item count exact (a bounded queue loses
-// no place, and the count never goes below 0).
+// Hostile items injected into a queue, as announced datagrams and as ring slots: each get()
+// that takes one fails with a ProtocolError, and the queue stays usable, its item count
+// exact (a bounded queue loses no place, and the count never goes below 0).
 TEST_F(HostileFramesTest, QueueStaysUsableAfterHostileItems) {
   Queue<std::int64_t> q(2);
   // The same queue, read as strings: items put through it do not decode as int64.
   auto intercepted = intercept_queue<Queue<std::string>>(q);
-  internal::UniqueFd inject = std::move(intercepted.first);
+  QueueInjector inject = std::move(intercepted.first);
   Queue<std::string> as_strings = std::move(intercepted.second);
 
-  auto inject_raw = [&](const std::vector<std::byte>& frame, std::vector<int> fds = {}) {
-    std::span<const std::byte> part(frame);
-    internal::send_message(inject.get(), std::span(&part, 1), fds);
-  };
   auto expect_get_fails = [&](const std::string& words) {
     try {
       q.get();
@@ -874,27 +910,42 @@ TEST_F(HostileFramesTest, QueueStaysUsableAfterHostileItems) {
 
   FrameHeader h = header(8);
   h.magic = 0xdeadbeef;
-  inject_raw(bytes(h, std::int64_t{1}));
-  expect_get_fails("bad magic");
-
-  // recvmsg returns 0 for an empty datagram as at end of stream: it must not end the
-  // consumer's loop (QueueClosed) on a queue that is open.
-  inject_raw({});
-  expect_get_fails("shorter than a frame header");
-  EXPECT_FALSE(q.closed());
+  for (bool in_slot : {false, true}) {
+    SCOPED_TRACE(in_slot ? "in a ring slot" : "as a datagram");
+    auto inject_item = [&](const std::vector<std::byte>& frame) {
+      if (in_slot)
+        inject.slot(frame);
+      else
+        inject.datagram(frame);
+    };
+    inject_item(bytes(h, std::int64_t{1}));
+    expect_get_fails("bad magic");
+    // Not the end of the stream: the queue is open.
+    inject_item({});
+    expect_get_fails("shorter than a frame header");
+    EXPECT_FALSE(q.closed());
+    inject_item(bytes(header(16), std::int64_t{1}, std::int64_t{2}));
+    expect_get_fails("trailing bytes");
+    // A frame whose header announces fds, in a slot (which carries none), or with fewer.
+    inject_item(bytes(header(8, 0, 0, 1), std::int64_t{1}));
+    expect_get_fails("header announces 1 fds but 0 arrived");
+  }
 
   std::vector<std::byte> big = bytes(header(70000 - sizeof(FrameHeader)));
   big.resize(70000);
-  inject_raw(big);
+  inject.datagram(big);
   expect_get_fails("larger than the 65536-byte frame limit");
 
   internal::UniqueFd extra = memfd(64);
-  inject_raw(bytes(header(8, 0, 0, 1), std::int64_t{1}), {extra.get()});
+  inject.datagram(bytes(header(8, 0, 0, 1), std::int64_t{1}), {extra.get()});
   extra.reset();
   expect_get_fails("fd attached to the message that no segment uses");
 
-  inject_raw(bytes(header(16), std::int64_t{1}, std::int64_t{2}));
-  expect_get_fails("trailing bytes");
+  // A marker whose datagram is not there, and a slot of no known kind.
+  inject.marker();
+  expect_get_fails("announces a datagram the socket does not have");
+  inject.slot(bytes(header(8), std::int64_t{1}), 77);
+  expect_get_fails("tag 77, neither an item nor a marker");
 
   // A real item that does not decode as the type read: its place is freed all the same.
   q.put(7);

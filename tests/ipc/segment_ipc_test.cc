@@ -390,26 +390,28 @@ TEST_F(CloseOnExecTest, TransportFdsAreCloseOnExec) {
   };
   std::vector<Made> made;
   std::set<int> known = before;
-  auto record = [&](const std::string& what, int sockets, int memfds) {
+  auto record = [&](const std::string& what, int sockets, int memfds, int eventfds = 0) {
     auto fds = fds_opened_since(known);
-    int s = 0, m = 0;
+    int s = 0, m = 0, e = 0;
     std::string all;
     for (const auto& [fd, target] : fds) {
       known.insert(fd);
       s += target.rfind("socket:[", 0) == 0;
       m += target.rfind("/memfd:shmtensor", 0) == 0;
+      e += target == "anon_inode:[eventfd]";
       all += " " + std::to_string(fd) + " -> " + target + ";";
     }
     EXPECT_EQ(s, sockets) << what << ":" << all;
     EXPECT_EQ(m, memfds) << what << ":" << all;
-    EXPECT_EQ(static_cast<int>(fds.size()), sockets + memfds) << what << ":" << all;
+    EXPECT_EQ(e, eventfds) << what << ":" << all;
+    EXPECT_EQ(static_cast<int>(fds.size()), sockets + memfds + eventfds) << what << ":" << all;
     made.push_back({what, std::move(fds)});
   };
 
   auto [a, b] = pipe();
   record("pipe()", 2, 0);
   Queue<std::int64_t> q;
-  record("Queue", 2, 1);
+  record("Queue", 2, 2, 1);  // its sockets, control block, message ring, readiness eventfd
   auto [c, d] = pipe();
   record("pipe() to be sent", 2, 0);
 
@@ -418,7 +420,7 @@ TEST_F(CloseOnExecTest, TransportFdsAreCloseOnExec) {
   record("received Connection", 1, 0);
   a.send(q);
   auto received_queue = b.recv<Queue<std::int64_t>>();
-  record("received Queue", 2, 1);
+  record("received Queue", 2, 2, 1);
   // A segment this process does not map yet: made and sent by a child.
   pid_t pid = fork_child([&] {
     Tensor t = Tensor::arange(64);

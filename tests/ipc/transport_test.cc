@@ -1,5 +1,6 @@
 // Queues and connections across real forked processes, for both sharing strategies.
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -11,12 +12,14 @@
 #include "shmtensor/connection.h"
 #include "shmtensor/queue.h"
 #include "support/leak_check.h"
+#include "support/pipe.h"
 #include "support/strategy_test.h"
 
 namespace shmtensor {
 namespace {
 
 using testing::fork_child;
+using testing::Pipe;
 using testing::wait_child;
 
 class TransportTest : public testing::StrategyTest {};
@@ -241,6 +244,51 @@ TEST_P(TransportTest, CloseDrainsThenThrowsQueueClosed) {
   q.close();
   EXPECT_EQ(wait_child(child), 0);
   EXPECT_THROW(q.put(3), QueueClosed);
+}
+
+// Whether the queue's readiness fd polls readable, waiting up to `ms`.
+bool readable(int fd, int ms) {
+  pollfd p{fd, POLLIN, 0};
+  const int n = ::poll(&p, 1, ms);
+  return n == 1 && (p.revents & POLLIN) != 0;
+}
+
+// The readiness fd (what multiprocessing.Pool waits on): readable while items are there,
+// whichever process put them and whichever path they took (a tensor with fds as a datagram
+// and a marker, an item without fds in a ring slot), cleared by the get that empties the
+// queue, and readable for good once the queue is closed.
+TEST_P(TransportTest, ReadinessFdIsReadableWhileItemsAreThere) {
+  Queue<Tensor> q;
+  // Items put before anyone asked for the fd make it readable when it is asked for.
+  pid_t early = fork_child([&] { q.put(Tensor::full({4}, 7, DType::kInt32)); });
+  EXPECT_EQ(wait_child(early), 0);
+  const int fd = q.readiness_fd();
+  EXPECT_EQ(q.readiness_fd(), fd);
+  EXPECT_TRUE(readable(fd, 0));
+  EXPECT_EQ(q.get().data_ptr<std::int32_t>()[3], 7);
+  EXPECT_FALSE(readable(fd, 0));
+
+  // A producer in another process, while this one waits in poll: a tensor (fds), an empty
+  // tensor (no shared memory, so no fds), then close.
+  Pipe go;
+  pid_t producer = fork_child([&] {
+    EXPECT_EQ(go.receive(), 'x');
+    q.put(Tensor::full({4}, 8, DType::kInt32));
+    q.put(Tensor::empty({0}, DType::kFloat32));
+    EXPECT_EQ(go.receive(), 'x');
+    q.close();
+  });
+  go.send();
+  EXPECT_TRUE(readable(fd, 10000));
+  EXPECT_EQ(q.get().data_ptr<std::int32_t>()[0], 8);
+  EXPECT_TRUE(readable(fd, 10000));  // the second item is there or on its way
+  EXPECT_EQ(q.get().numel(), 0);
+  EXPECT_FALSE(readable(fd, 0));
+  go.send();
+  EXPECT_TRUE(readable(fd, 10000));
+  EXPECT_EQ(wait_child(producer), 0);
+  EXPECT_THROW(q.get(), QueueClosed);
+  EXPECT_TRUE(readable(fd, 0));  // closed: stays readable
 }
 
 TEST_P(TransportTest, TrySendRefusesWithoutBlockingWhenThePeerIsNotReading) {

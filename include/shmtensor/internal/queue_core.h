@@ -5,12 +5,21 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <optional>
 
 #include "shmtensor/codec.h"
 
 namespace shmtensor::internal {
+
+// The queue's message ring (src/transport/ring.h): its geometry, and the tags of its slots.
+// 4,096 slots (2 MiB): an unbounded queue holds that many items before put() waits for a
+// get, about what its socket's buffer held before the ring (several thousand small items).
+inline constexpr std::uint32_t kQueueRingSlots = 4096;
+inline constexpr std::uint32_t kQueueRingSlotBytes = 512;
+inline constexpr std::uint32_t kQueueRingItem = 1;    // the slot holds the item's frame
+inline constexpr std::uint32_t kQueueRingMarker = 2;  // the item is the socket's next datagram
 
 // When the last handle anywhere is gone (no live process holds the queue, none is in
 // flight), the process that dropped it drains the items left so that their shared memory
@@ -19,8 +28,8 @@ class QueueCore : public std::enable_shared_from_this<QueueCore> {
  public:
   // Throws std::invalid_argument for a maxsize above 2^31 - 1.
   static std::shared_ptr<QueueCore> create(std::size_t maxsize);
-  // From an encoded queue: takes its three fds and validates its control block. Throws
-  // ProtocolError.
+  // From an encoded queue: takes its five fds (two sockets, the control block, the ring,
+  // the readiness eventfd) and validates them. Throws ProtocolError.
   static std::shared_ptr<QueueCore> decode(Decoder& d);
   ~QueueCore();
   QueueCore(const QueueCore&) = delete;
@@ -35,6 +44,8 @@ class QueueCore : public std::enable_shared_from_this<QueueCore> {
   [[nodiscard]] std::optional<Decoder> get(std::optional<std::chrono::nanoseconds> timeout);
   void close() noexcept;
   [[nodiscard]] bool closed() const noexcept;
+  // See Queue::readiness_fd.
+  [[nodiscard]] int readiness_fd() noexcept;
   [[nodiscard]] std::size_t size() const noexcept;
   [[nodiscard]] std::size_t maxsize() const noexcept;
   void encode(Encoder& e) const;
