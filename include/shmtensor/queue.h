@@ -9,10 +9,12 @@
 // Tensors travel by reference as with Connection: the sender's storage moves into shared
 // memory in place, the receiver's tensor views the same bytes.
 //
-// Mechanism: one SOCK_SEQPACKET socket pair (the kernel delivers each datagram, fds
-// included, to exactly one reader) plus a small shared control block (item count for
-// maxsize, closed flag, the processes holding the queue) on which blocked producers wait
-// with a futex.
+// Mechanism: a ring of message slots in shared memory (an item without fds that fits a
+// slot is written there: no syscall while nobody sleeps), one SOCK_SEQPACKET socket pair
+// for the items that carry fds (each a datagram, announced by a slot in the ring so that
+// one producer's items stay in order), a readiness eventfd, and a small shared control
+// block (item count for maxsize, closed flag, the processes holding the queue) on which
+// blocked producers wait with a futex (docs/transport.md).
 //
 // Lifetime: when the last process holding a queue drops its last handle, the items never
 // received are drained and their shared memory released (docs/transport.md says what
