@@ -1,6 +1,7 @@
 #include "transport/channel.h"
 
 #include <algorithm>
+#include <array>
 #include <memory>
 #include <vector>
 
@@ -35,8 +36,14 @@ Deadline deadline_after(std::optional<std::chrono::nanoseconds> timeout) {
   return Clock::now() + std::chrono::duration_cast<Clock::duration>(*timeout);
 }
 
-bool send_frame(int sock, OutgoingFrame& frame, Deadline deadline) {
-  const auto parts = frame.parts();
+bool send_frame(int sock, OutgoingFrame& frame, Deadline deadline,
+                std::span<const std::byte> prefix) {
+  const auto frame_parts = frame.parts();
+  const std::array<std::span<const std::byte>, 4> with_prefix{prefix, frame_parts[0],
+                                                             frame_parts[1], frame_parts[2]};
+  const std::span<const std::span<const std::byte>> parts =
+      prefix.empty() ? std::span<const std::span<const std::byte>>(frame_parts)
+                     : std::span<const std::span<const std::byte>>(with_prefix);
   if (!deadline) {
     send_message(sock, parts, frame.fds(), /*nonblocking=*/false);
   } else {

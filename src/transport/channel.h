@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <memory>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include "os/unique_fd.h"
@@ -27,7 +28,9 @@ Deadline deadline_after(std::optional<std::chrono::nanoseconds> timeout);
 // the deadline passed first: nothing was sent, and the frame's destructor gives its counts
 // back. On success the receiver owns the frame's counts. Throws SystemError (EPIPE: the
 // receiving end is shut down or closed).
-bool send_frame(int sock, OutgoingFrame& frame, Deadline deadline);
+// `prefix`: bytes sent ahead of the frame in the same datagram (a queue's marker position).
+bool send_frame(int sock, OutgoingFrame& frame, Deadline deadline,
+                std::span<const std::byte> prefix = {});
 
 enum class RecvStatus { kOk, kEof, kTimeout };
 // One datagram taken off a socket, not parsed yet.

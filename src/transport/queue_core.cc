@@ -8,11 +8,16 @@
 // drops it), which gives the counts back. "Last" is decided from the table: one slot per
 // holding process, keyed by pid + start time like arena slots, plus a count of encoded
 // copies of the queue that are inside messages not yet received (docs/transport.md).
+#include <pthread.h>
 #include <sys/eventfd.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <thread>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -36,7 +41,7 @@ namespace shmtensor::internal {
 namespace {
 
 constexpr std::uint64_t kQueueMagic = 0x314555455154534dULL;  // "MSTQUEU1"
-constexpr std::uint32_t kQueueLayoutVersion = 5;
+constexpr std::uint32_t kQueueLayoutVersion = 6;
 constexpr int kQueueHolderSlots = 128;
 
 // Shared by every process holding the queue (a sealed memfd, so it can be passed on).
@@ -64,6 +69,13 @@ struct QueueControl {
   // every put signals the queue's eventfd, and every get clears it when the ring is empty.
   std::atomic<std::uint32_t> readiness_wanted;
   std::uint8_t pad[44];
+  // Robust, process-shared. Producers send datagrams under send_lock (reserve the marker,
+  // send, publish the marker), so the socket holds them in the order of their markers;
+  // consumers take a datagram under recv_lock (look at the next one's marker position, take
+  // it). A holder that dies leaves the lock to the next (EOWNERDEAD); what it left half done
+  // is repaired by the protocol (docs/transport.md, "Items with fds").
+  alignas(64) pthread_mutex_t send_lock;
+  alignas(64) pthread_mutex_t recv_lock;
   // slot_owner(pid, start time) of each holding process; 0 = free. Set by CAS from 0 by the
   // process itself (or, at fork, by the parent on the child's behalf, with the parent's
   // value, which the child then swaps for its own); cleared by CAS by its owner.
@@ -77,7 +89,7 @@ struct QueueControl {
 static_assert(std::is_standard_layout_v<QueueControl>);
 static_assert(std::atomic<std::uint32_t>::is_always_lock_free);
 static_assert(std::atomic<std::uint64_t>::is_always_lock_free);
-static_assert(sizeof(QueueControl) == 192 + 8 * kQueueHolderSlots + 4 * kQueueHolderSlots);
+static_assert(sizeof(QueueControl) == 320 + 8 * kQueueHolderSlots + 4 * kQueueHolderSlots);
 
 // Frees one reserved item slot; never below 0 (a raw peer may send a datagram for which no
 // producer reserved one).
@@ -269,20 +281,157 @@ void unregister_live(QueueCore::State* st) noexcept {
   std::erase(*g_live, st);
 }
 
-// The datagram a marker announces: sent before the marker was pushed, so it is in the
-// socket now (more datagrams than markers can be there, never fewer: a producer killed
-// between its send and its marker leaves one without). None is a hostile marker.
-Datagram announced_datagram(int sock) {
-  Datagram d = receive_datagram(sock, std::chrono::steady_clock::now());
-  if (d.status == RecvStatus::kTimeout)
-    throw ProtocolError("a marker in the queue's ring announces a datagram the socket does "
-                        "not have (another process wrote over the ring)");
-  // After close() an empty datagram cannot be told from the end of the stream (nothing
-  // else is queued behind it): either way the marker announced nothing valid.
-  if (d.status == RecvStatus::kEof)
-    throw ProtocolError("a marker in the queue's ring announces an empty datagram, or none "
-                        "(the queue's socket is at end of stream)");
-  return d;
+// ---- items with fds: datagrams announced by markers ------------------------------------
+// A datagram is the position of the marker that announces it (8 bytes), then the frame.
+// Producers send under send_lock, in the order of their markers; a consumer that took a
+// marker (the ring keeps its slot claimed in the consumer's name) takes, under recv_lock,
+// the datagram of that position, which is the socket's next one once every earlier marker's
+// datagram was taken. Earlier ones whose marker nobody will take (their producer died
+// between the send and the marker, or the consumer that took the marker died) are dropped.
+
+constexpr std::size_t kMarkerIdBytes = sizeof(std::uint64_t);
+
+void init_shared_mutex(pthread_mutex_t* m) {
+  pthread_mutexattr_t attr;
+  ::pthread_mutexattr_init(&attr);
+  ::pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
+  ::pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST);
+  const int rc = ::pthread_mutex_init(m, &attr);
+  ::pthread_mutexattr_destroy(&attr);
+  if (rc != 0) throw SystemError(rc, "pthread_mutex_init", "a queue's lock");
+}
+
+// Locks `m`, waiting until `deadline` (false when it passed first). A holder that died
+// leaves it consistent-able (EOWNERDEAD): the lock goes on, and the caller's protocol
+// repairs what the dead holder left.
+bool lock_shared(pthread_mutex_t* m, const Deadline& deadline) {
+  int rc;
+  if (!deadline) {
+    rc = ::pthread_mutex_lock(m);
+  } else {
+    const auto since = deadline->time_since_epoch();  // steady_clock is CLOCK_MONOTONIC
+    const auto secs = std::chrono::duration_cast<std::chrono::seconds>(since);
+    timespec ts{static_cast<time_t>(secs.count()),
+                static_cast<long>(std::chrono::duration_cast<std::chrono::nanoseconds>(since - secs)
+                                      .count())};
+    rc = ::pthread_mutex_clocklock(m, CLOCK_MONOTONIC, &ts);
+  }
+  if (rc == EOWNERDEAD) {
+    ::pthread_mutex_consistent(m);
+    return true;
+  }
+  if (rc == ETIMEDOUT) return false;
+  if (rc != 0)
+    throw ProtocolError(std::string("a queue's lock in shared memory cannot be taken (") +
+                        std::strerror(rc) + "): another process wrote over its control block");
+  return true;
+}
+
+struct SharedLockGuard {
+  pthread_mutex_t* m;
+  ~SharedLockGuard() { ::pthread_mutex_unlock(m); }
+};
+
+// One datagram off the socket without waiting; kTimeout when there is none.
+Datagram datagram_now(int sock) { return receive_datagram(sock, std::chrono::steady_clock::now()); }
+
+// The frame of a datagram taken off a queue's socket, parsed (the caller checked that it
+// holds a marker position).
+Decoder parse_announced(Datagram&& d) {
+  const std::span<const std::byte> frame(d.buffer.get() + kMarkerIdBytes, d.size - kMarkerIdBytes);
+  return parse_frame(frame, std::move(d.fds), std::move(d.buffer));
+}
+
+// A datagram no marker will claim: parsed and dropped, so that the counts it carries go
+// back (a malformed one has none to give back). Its place in a bounded queue is not
+// freed here: a producer that died before its marker had its place given back as a dead
+// sender's, and a consumer frees its place when it takes the marker.
+void drop_datagram(Datagram&& d) noexcept {
+  if (d.status != RecvStatus::kOk || d.size < kMarkerIdBytes) return;
+  try {
+    (void)parse_announced(std::move(d));
+  } catch (...) {
+  }
+}
+
+// Sends an item that carries fds (or does not fit a slot): the marker's position reserved,
+// then [position][frame] sent, then the marker published, all under send_lock. False when
+// the deadline passed first (nothing was sent; a reserved position is given up).
+bool send_announced(QueueCore::State& st, OutgoingFrame& frame, const Deadline& deadline) {
+  QueueControl* c = st.control();
+  if (!lock_shared(&c->send_lock, deadline)) return false;
+  SharedLockGuard unlock{&c->send_lock};
+  const Ring::Reservation r = st.ring.reserve(deadline);
+  if (r.status == Ring::Status::kTimeout) return false;
+  if (r.status == Ring::Status::kClosed) throw QueueClosed("put() on a closed queue");
+  const std::uint64_t id = r.pos;
+  bool sent = false;
+  try {
+    sent = send_frame(st.send_fd.get(), frame, deadline, std::as_bytes(std::span(&id, 1)));
+  } catch (...) {
+    st.ring.cancel(r.pos);
+    throw;
+  }
+  if (!sent) {
+    st.ring.cancel(r.pos);
+    return false;
+  }
+  st.ring.commit(r.pos, {}, kQueueRingMarker);
+  return true;
+}
+
+// The datagram of the marker at `pos`, which this thread took (its slot stays claimed in
+// our name until the datagram is taken; then, or on an error, it is released). Throws
+// ProtocolError when the socket does not have it (a marker another process wrote, or a
+// datagram another process took).
+Datagram take_announced(QueueCore::State& st, std::uint64_t pos) {
+  struct Release {
+    Ring& ring;
+    std::uint64_t pos;
+    ~Release() { ring.release(pos); }
+  } release{st.ring, pos};
+  QueueControl* c = st.control();
+  const int sock = st.recv_fd.get();
+  for (;;) {
+    bool wait = false;
+    {
+      (void)lock_shared(&c->recv_lock, std::nullopt);
+      SharedLockGuard unlock{&c->recv_lock};
+      while (!wait) {
+        std::uint64_t id = 0;
+        const ssize_t n = ::recv(sock, &id, sizeof id, MSG_PEEK | MSG_DONTWAIT);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)
+          throw SystemError(errno, "recv", "a queue's socket");
+        if (n < 0)
+          throw ProtocolError("a marker in the queue's ring at position " + std::to_string(pos) +
+                              " announces a datagram the socket does not have (another "
+                              "process wrote the marker, or took the datagram)");
+        const bool has_id = n == static_cast<ssize_t>(sizeof id);
+        if (has_id && id == pos) {
+          Datagram d = datagram_now(sock);
+          if (d.status == RecvStatus::kOk && d.size >= kMarkerIdBytes) return d;
+          throw ProtocolError("the datagram of the queue's marker at position " +
+                              std::to_string(pos) + " went while it was being taken");
+        }
+        if (has_id && id > pos && id < st.ring.tail())
+          throw ProtocolError("the datagram of the queue's marker at position " +
+                              std::to_string(pos) + " is missing: the socket's next is for " +
+                              std::to_string(id) + " (another process took it)");
+        if (has_id && id < pos) {
+          // An earlier marker's: its consumer is on its way (it holds the marker and waits
+          // for this lock), or nobody will take it.
+          const Ring::SlotView v = st.ring.inspect(id);
+          wait = v.where == Ring::Where::kReady || (v.where != Ring::Where::kGone && v.claimer_alive);
+          if (wait) break;
+        }
+        // Nobody's: the datagram of a producer that died before its marker, of a consumer
+        // that died holding the marker, or one a peer wrote (too short, no such position).
+        drop_datagram(datagram_now(sock));
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
 }
 
 // One item taken off the ring, not parsed yet: its bytes in `buffer`, or its datagram.
@@ -291,15 +440,18 @@ struct TakenItem {
   std::shared_ptr<std::byte[]> buffer;
   std::size_t size = 0;
   std::uint32_t tag = 0;
+  std::uint64_t pos = 0;  // a marker's, whose slot stays claimed until released
 };
 
 TakenItem take_item(Ring& ring, const Deadline& deadline) {
   TakenItem t;
   t.buffer = receive_buffer();
-  Ring::Popped p = ring.pop(std::span(t.buffer.get(), kMaxInlineFrame), deadline);
+  Ring::Popped p =
+      ring.pop(std::span(t.buffer.get(), kMaxInlineFrame), deadline, kQueueRingMarker);
   t.status = p.status;
   t.size = p.size;
   t.tag = p.tag;
+  t.pos = p.pos;
   return t;
 }
 
@@ -337,7 +489,7 @@ void drain(QueueCore::State& st) noexcept {
         (void)parse_frame(std::span(t.buffer.get(), t.size), {}, t.buffer);
       } else if (t.tag == kQueueRingMarker) {
         t.buffer.reset();
-        (void)parse_datagram(announced_datagram(st.recv_fd.get()));
+        drop_datagram(take_announced(st, t.pos));
       }
     } catch (...) {
     }
@@ -352,10 +504,7 @@ void drain(QueueCore::State& st) noexcept {
       return;  // the socket itself failed: nothing more to read
     }
     if (d.status != RecvStatus::kOk) return;
-    try {
-      (void)parse_datagram(std::move(d));  // dropping it gives back what it adopted
-    } catch (...) {
-    }
+    drop_datagram(std::move(d));  // dropping it gives back what it adopted
   }
 }
 
@@ -447,6 +596,8 @@ std::shared_ptr<QueueCore> QueueCore::create(std::size_t maxsize) {
   c->overflow.store(0, std::memory_order_relaxed);
   c->waiters.store(0, std::memory_order_relaxed);
   c->readiness_wanted.store(0, std::memory_order_relaxed);
+  init_shared_mutex(&c->send_lock);
+  init_shared_mutex(&c->recv_lock);
   for (auto& h : c->holders) h.store(0, std::memory_order_relaxed);
   for (auto& n : c->sending) n.store(0, std::memory_order_relaxed);
   st->slot = claim_holder(c, current_slot_owner());
@@ -508,25 +659,8 @@ bool QueueCore::put(Encoder&& e, std::optional<std::chrono::nanoseconds> timeout
         case Ring::Status::kClosed:
           throw QueueClosed("put() on a closed queue");
       }
-    } else {
-      // The marker's place first (it keeps this item's place in the order, and a full ring
-      // waits here, before anything is sent), then the datagram, then the marker: a
-      // consumer that meets the reserved slot waits for it and then finds the datagram.
-      const Ring::Reservation r = ring.reserve(deadline);
-      if (r.status == Ring::Status::kTimeout) return false;
-      if (r.status == Ring::Status::kClosed) throw QueueClosed("put() on a closed queue");
-      bool sent = false;
-      try {
-        sent = send_frame(state_->send_fd.get(), frame, deadline);
-      } catch (...) {
-        ring.cancel(r.pos);
-        throw;
-      }
-      if (!sent) {
-        ring.cancel(r.pos);
-        return false;
-      }
-      ring.commit(r.pos, {}, kQueueRingMarker);
+    } else if (!send_announced(*state_, frame, deadline)) {
+      return false;
     }
   } catch (const SystemError& err) {
     if (err.error_code() == EPIPE) throw QueueClosed("put() on a closed queue");
@@ -557,7 +691,7 @@ std::optional<Decoder> QueueCore::get(std::optional<std::chrono::nanoseconds> ti
     throw ProtocolError("a slot of the queue's ring has tag " + std::to_string(t.tag) +
                         ", neither an item nor a marker");
   t.buffer.reset();  // the datagram is received into the same per-thread buffer
-  return parse_datagram(announced_datagram(state_->recv_fd.get()));
+  return parse_announced(take_announced(*state_, t.pos));
 }
 
 void QueueCore::close() noexcept {

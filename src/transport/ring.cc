@@ -378,7 +378,7 @@ Ring::Status Ring::push_parts(std::span<const std::span<const std::byte>> parts,
 
 
 
-Ring::Popped Ring::pop(std::span<std::byte> out, Deadline deadline) {
+Ring::Popped Ring::pop(std::span<std::byte> out, Deadline deadline, std::uint32_t hold_tag) {
   if (out.size() < max_message())
     throw std::invalid_argument("Ring::pop: the buffer is smaller than a slot's message");
   RingHeader* h = header();
@@ -414,6 +414,7 @@ Ring::Popped Ring::pop(std::span<std::byte> out, Deadline deadline) {
           const bool fits = size <= max_message();
           if (fits && size != 0)
             std::memcpy(out.data(), reinterpret_cast<std::byte*>(s) + kSlotHeaderBytes, size);
+          if (fits && tag == hold_tag) return {Status::kOk, tag, size, pos};
           s->word.store(pack(pos + slot_count_, kFree), std::memory_order_release);
           wake_producers();
           if (!fits)  // the slot is free again: the next pop goes on
@@ -421,7 +422,7 @@ Ring::Popped Ring::pop(std::span<std::byte> out, Deadline deadline) {
                      std::to_string(max_message()))
                         .c_str(),
                     pos, w);
-          return {Status::kOk, tag, size};
+          return {Status::kOk, tag, size, pos};
         }
         case kReading: {  // another consumer has it: help the hint on
           std::uint64_t expected = pos;
@@ -510,6 +511,31 @@ void Ring::close() noexcept {
 bool Ring::closed() const noexcept { return header()->closed.load() != 0; }
 
 std::uint64_t Ring::abandoned() const noexcept { return header()->abandoned.load(); }
+
+void Ring::release(std::uint64_t pos) noexcept {
+  SlotHead* s = head_of(slot(pos));
+  std::uint64_t w = s->word.load();
+  // Ours unless a peer wrote over it; then whatever is there stays for the checks of pop.
+  if (pos_of(w) != (pos & kPosMask) || state_of(w) != kReading) return;
+  if (s->word.compare_exchange_strong(w, pack(pos + slot_count_, kFree))) wake_producers();
+}
+
+Ring::SlotView Ring::inspect(std::uint64_t pos) const noexcept {
+  const std::uint64_t w = head_of(slot(pos))->word.load();
+  if (pos_of(w) != (pos & kPosMask)) return {};
+  switch (state_of(w)) {
+    case kWriting:
+      return {Where::kWriting, !claimer_dead(w)};
+    case kReady:
+      return {Where::kReady, true};
+    case kReading:
+      return {Where::kReading, !claimer_dead(w)};
+    default:
+      return {};
+  }
+}
+
+std::uint64_t Ring::tail() const noexcept { return header()->tail.load(); }
 
 bool Ring::maybe_nonempty() const noexcept {
   const RingHeader* h = header();

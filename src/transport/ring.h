@@ -110,13 +110,30 @@ class Ring {
   struct Popped {
     Status status = Status::kTimeout;
     std::uint32_t tag = 0;
-    std::size_t size = 0;  // bytes written to `out`
+    std::size_t size = 0;   // bytes written to `out`
+    std::uint64_t pos = 0;  // kOk: the message's position
   };
   // Takes the oldest message into `out` (at least max_message() bytes). Waits while the
   // ring is empty, until `deadline`. kClosed once the ring is closed and nothing is left.
   // Throws ProtocolError for a corrupt word or a message size larger than its slot (that
-  // slot is freed first: the next pop goes on).
-  Popped pop(std::span<std::byte> out, Deadline deadline);
+  // slot is freed first: the next pop goes on). A message whose tag is `hold_tag` stays
+  // claimed (READING, in this process's name) until release(pos): what the caller does
+  // with it is not over when the copy is (a queue's marker, until its datagram is taken).
+  static constexpr std::uint32_t kHoldNone = 0xffffffffu;
+  Popped pop(std::span<std::byte> out, Deadline deadline, std::uint32_t hold_tag = kHoldNone);
+  // Frees a slot that pop() left claimed.
+  void release(std::uint64_t pos) noexcept;
+  // What the slot of `pos` says about that position now: gone (its message was taken and
+  // freed, or skipped, or the slot never reached it), or being written, published, or
+  // being read; and for a claim, whether its claimer still lives.
+  enum class Where { kGone, kWriting, kReady, kReading };
+  struct SlotView {
+    Where where = Where::kGone;
+    bool claimer_alive = false;
+  };
+  [[nodiscard]] SlotView inspect(std::uint64_t pos) const noexcept;
+  // The tail hint: every position a producer claimed is below it.
+  [[nodiscard]] std::uint64_t tail() const noexcept;
   // Every later push returns kClosed; pops return what is left, then kClosed; every
   // sleeper wakes.
   void close() noexcept;

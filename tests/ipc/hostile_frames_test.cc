@@ -143,11 +143,24 @@ class HostileFramesTest : public testing::LeakCheckedTest {
   struct QueueInjector {
     internal::UniqueFd sock;
     internal::Ring ring;
-    // A datagram, announced by a marker in the ring (the path of an item with fds).
+    // A datagram, announced by a marker in the ring (the path of an item with fds): the
+    // marker's position reserved, [position][frame] sent, the marker published.
     void datagram(const std::vector<std::byte>& frame, std::vector<int> fds = {}) {
-      std::span<const std::byte> part(frame);
-      internal::send_message(sock.get(), std::span(&part, 1), fds);
-      marker();
+      const internal::Ring::Reservation r = ring.reserve(std::nullopt);
+      ASSERT_EQ(r.status, internal::Ring::Status::kOk);
+      unannounced(r.pos, frame, std::move(fds));
+      ring.commit(r.pos, {}, internal::kQueueRingMarker);
+    }
+    // A datagram that says it is for marker position `id`, and no marker.
+    void unannounced(std::uint64_t id, const std::vector<std::byte>& frame,
+                     std::vector<int> fds = {}) {
+      const std::span<const std::byte> parts[2] = {std::as_bytes(std::span(&id, 1)), frame};
+      internal::send_message(sock.get(), parts, fds);
+    }
+    // Raw bytes as a datagram, with no marker.
+    void raw(const std::vector<std::byte>& bytes) {
+      std::span<const std::byte> part(bytes);
+      internal::send_message(sock.get(), std::span(&part, 1), {});
     }
     void marker() {
       ASSERT_EQ(ring.push({}, internal::kQueueRingMarker, std::nullopt),
@@ -866,9 +879,8 @@ TEST_F(HostileFramesTest, EmptyItemsBeforeItemsOfAClosedQueueHideNothing) {
   q.put(5);
   q.put(6);
   q.close();
-  // The closed socket holds the empty datagram alone: it reads as the end of the stream,
-  // which a marker never announces. The empty slot is an empty frame.
-  for (const char* words : {"announces an empty datagram, or none", "shorter than a frame header"}) {
+  // The datagram (its marker's position, then nothing) and the slot are empty frames.
+  for (const char* words : {"shorter than a frame header", "shorter than a frame header"}) {
     try {
       q.get();
       ADD_FAILURE() << "no error for an empty item";
@@ -953,6 +965,46 @@ TEST_F(HostileFramesTest, QueueStaysUsableAfterHostileItems) {
   EXPECT_EQ(q.size(), 2u);
   EXPECT_EQ(q.get(), 7);
   expect_get_fails("trailing bytes");
+}
+
+// Datagrams in a queue's socket that no marker claims (too short to name a marker, naming a
+// position the ring never reached, or one whose marker is long gone: what a producer killed
+// between its datagram and its marker leaves) are dropped by the consumer that meets them,
+// and the item behind them arrives. A marker whose datagram is behind a later marker's is a
+// ProtocolError, and the later one still arrives.
+TEST_F(HostileFramesTest, DatagramsNoMarkerClaimsAreDroppedAndTheItemsBehindArrive) {
+  Queue<Tensor> q;
+  QueueInjector inject = intercept_queue<Queue<Tensor>>(q).first;
+  q.put(Tensor::full({2}, 1.0f));  // position 0, with its segment's fd: a datagram
+  EXPECT_EQ(q.get().data_ptr<float>()[1], 1.0f);
+
+  inject.raw({});
+  inject.raw(std::vector<std::byte>(5));
+  inject.unannounced(std::uint64_t{1} << 40, bytes(header(8), std::int64_t{1}));
+  inject.unannounced(0, bytes(header(8), std::int64_t{1}));  // position 0 was taken
+  q.put(Tensor::full({2}, 2.0f));
+  EXPECT_EQ(q.get().data_ptr<float>()[1], 2.0f);
+  EXPECT_FALSE(q.try_get().has_value());
+
+  // Two markers, and only the second one's datagram.
+  const internal::Ring::Reservation first = inject.ring.reserve(std::nullopt);
+  const internal::Ring::Reservation second = inject.ring.reserve(std::nullopt);
+  ASSERT_EQ(second.pos, first.pos + 1);
+  q.put(Tensor::full({2}, 3.0f));  // waits for nothing: it goes behind both
+  Queue<Tensor> other = q;
+  inject.unannounced(second.pos, bytes(header(8), std::int64_t{1}));
+  inject.ring.commit(first.pos, {}, internal::kQueueRingMarker);
+  inject.ring.commit(second.pos, {}, internal::kQueueRingMarker);
+  try {
+    (void)q.get();
+    ADD_FAILURE() << "no error for a marker whose datagram is missing";
+  } catch (const ProtocolError& e) {
+    EXPECT_NE(std::string(e.what()).find("is missing"), std::string::npos) << e.what();
+  }
+  // The second marker's datagram is a frame that does not decode as a tensor.
+  EXPECT_THROW((void)q.get(), ProtocolError);
+  EXPECT_EQ(q.get().data_ptr<float>()[1], 3.0f);
+  EXPECT_FALSE(q.try_get().has_value());
 }
 
 }  // namespace

@@ -321,10 +321,13 @@ TEST_F(RingTest, ProducersKilledAtRandomInstantsLeaveNoTornMessageAndNoStall) {
   int round = 0;
   for (; round < kMaxRounds && (round < kMinRounds || r.abandoned() < 3); ++round) {
     const auto producer = static_cast<std::uint32_t>(round + 1);
+    // Built here, not in the child: a child forked while the consumer thread allocates must
+    // not allocate before it says it started (ASan's allocator is not made safe across fork:
+    // a child can inherit its lock held, and would then never start).
+    std::vector<std::vector<std::byte>> msgs(kSeqs);
+    for (std::uint32_t s = 0; s < kSeqs; ++s) make_big(producer, s, msgs[s]);
     Pipe started;
     pid_t pid = fork_child([&] {
-      std::vector<std::vector<std::byte>> msgs(kSeqs);
-      for (std::uint32_t s = 0; s < kSeqs; ++s) make_big(producer, s, msgs[s]);
       started.send();
       for (std::uint32_t s = 0;; ++s) (void)r.push(msgs[s % kSeqs], producer, std::nullopt);
     });
