@@ -101,7 +101,7 @@ Received receive_message(int sock, std::span<std::byte> buffer, bool nonblocking
   }
   if (msg.msg_flags & MSG_TRUNC)
     throw ProtocolError("a received message was larger than the " + std::to_string(buffer.size()) +
-                        "-byte frame limit");
+                        "-byte datagram limit");
   r.size = static_cast<std::size_t>(n);
   // recvmsg returns 0 both at end of stream and for an empty datagram, which any holder of
   // the socket can send: only the socket's own state says which. End of stream: the peer

@@ -12,6 +12,8 @@
 
 namespace shmtensor::internal {
 
+static_assert(kMaxDatagram == kMaxInlineFrame + 8);
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -27,7 +29,7 @@ std::optional<std::chrono::nanoseconds> time_left(const Deadline& deadline) {
 // allocation.)
 std::shared_ptr<std::byte[]> receive_buffer() {
   thread_local std::shared_ptr<std::byte[]> buffer;
-  if (!buffer || buffer.use_count() > 1) buffer.reset(new std::byte[kMaxInlineFrame]);
+  if (!buffer || buffer.use_count() > 1) buffer.reset(new std::byte[kMaxDatagram]);
   return buffer;
 }
 
@@ -37,21 +39,28 @@ Deadline deadline_after(std::optional<std::chrono::nanoseconds> timeout) {
 }
 
 bool send_frame(int sock, OutgoingFrame& frame, Deadline deadline,
-                std::span<const std::byte> prefix) {
+                std::span<const std::byte> prefix, const std::function<void()>& on_full) {
   const auto frame_parts = frame.parts();
   const std::array<std::span<const std::byte>, 4> with_prefix{prefix, frame_parts[0],
                                                              frame_parts[1], frame_parts[2]};
   const std::span<const std::span<const std::byte>> parts =
       prefix.empty() ? std::span<const std::span<const std::byte>>(frame_parts)
                      : std::span<const std::span<const std::byte>>(with_prefix);
-  if (!deadline) {
+  if (!deadline && !on_full) {
     send_message(sock, parts, frame.fds(), /*nonblocking=*/false);
   } else {
     // Non-blocking attempts, and poll for room in between: a blocking sendmsg could not
-    // be interrupted at the deadline.
+    // be interrupted at the deadline, nor make room itself.
     while (!send_message(sock, parts, frame.fds(), /*nonblocking=*/true)) {
-      const auto left = time_left(deadline);
-      if (left->count() == 0 || !wait_writable(sock, *left)) return false;
+      if (on_full) on_full();
+      std::optional<std::chrono::nanoseconds> wait;
+      if (on_full) wait = std::chrono::milliseconds(10);
+      if (deadline) {
+        const auto left = *time_left(deadline);
+        if (left.count() == 0) return false;
+        wait = wait ? std::min(*wait, left) : left;
+      }
+      (void)wait_writable(sock, wait);
     }
   }
   frame.sent = true;  // the receiver now owns the in-flight counts
@@ -78,7 +87,7 @@ std::optional<Datagram> poll_for_datagram(int sock, Clock::time_point start,
   if (deadline) until = std::min(until, *deadline);
   do {
     auto buffer = receive_buffer();
-    Received r = receive_message(sock, std::span(buffer.get(), kMaxInlineFrame),
+    Received r = receive_message(sock, std::span(buffer.get(), kMaxDatagram),
                                  /*nonblocking=*/true);
     if (!r.would_block) return datagram_of(std::move(r), std::move(buffer));
   } while (Clock::now() < until);
@@ -96,7 +105,7 @@ Datagram wait_for_datagram(int sock, const Deadline& deadline) {
       if (wait_readable(fds, time_left(deadline)).empty()) return {};
     }
     auto buffer = receive_buffer();
-    Received r = receive_message(sock, std::span(buffer.get(), kMaxInlineFrame),
+    Received r = receive_message(sock, std::span(buffer.get(), kMaxDatagram),
                                  /*nonblocking=*/deadline.has_value());
     if (r.would_block) {
       if (Clock::now() >= *deadline) return {};

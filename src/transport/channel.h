@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -29,8 +30,11 @@ Deadline deadline_after(std::optional<std::chrono::nanoseconds> timeout);
 // back. On success the receiver owns the frame's counts. Throws SystemError (EPIPE: the
 // receiving end is shut down or closed).
 // `prefix`: bytes sent ahead of the frame in the same datagram (a queue's marker position).
+// `on_full`, when set, runs each time the socket's buffer is found full (a queue drops
+// datagrams nobody will take there), and the wait for room is then sliced into 10 ms polls.
 bool send_frame(int sock, OutgoingFrame& frame, Deadline deadline,
-                std::span<const std::byte> prefix = {});
+                std::span<const std::byte> prefix = {},
+                const std::function<void()>& on_full = {});
 
 enum class RecvStatus { kOk, kEof, kTimeout };
 // One datagram taken off a socket, not parsed yet.
@@ -46,7 +50,10 @@ struct Datagram {
 // (MSG_TRUNC) were cut, so it is lost; SystemError when the socket failed and nothing was
 // taken.
 Datagram receive_datagram(int sock, Deadline deadline);
-// The buffer of kMaxInlineFrame bytes the next message is received in, this thread's: a
+// What a datagram may hold: a frame of up to kMaxInlineFrame bytes (a larger body travels
+// in a blob), after a queue's 8-byte marker position.
+inline constexpr std::size_t kMaxDatagram = 64 * 1024 + 8;
+// The buffer of kMaxDatagram bytes the next message is received in, this thread's: a
 // Decoder that reads a payload in place keeps it alive, and a thread reuses it only once
 // no Decoder holds it.
 std::shared_ptr<std::byte[]> receive_buffer();

@@ -1,5 +1,7 @@
-// Queue mechanism: a SOCK_SEQPACKET pair for the items, a sealed memfd control block for
-// the item count (maxsize), the closed flag and the table of processes holding the queue.
+// Queue mechanism: a message ring in shared memory for the items (an item with fds is a
+// datagram on a SOCK_SEQPACKET pair, announced by a marker in the ring), a readiness
+// eventfd, and a sealed memfd control block for the item count (maxsize), the closed flag,
+// the locks of the datagram path and the table of processes holding the queue.
 //
 // Why a holder table: an item that is put carries counts in shared memory (its blocks'
 // in-flight counts, a named segment's refcount). Closing sockets does not give them back,
@@ -8,6 +10,7 @@
 // drops it), which gives the counts back. "Last" is decided from the table: one slot per
 // holding process, keyed by pid + start time like arena slots, plus a count of encoded
 // copies of the queue that are inside messages not yet received (docs/transport.md).
+#include <fcntl.h>
 #include <pthread.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -17,6 +20,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <limits>
 #include <thread>
 #include <mutex>
 #include <stdexcept>
@@ -50,9 +54,9 @@ struct QueueControl {
   std::uint32_t layout_version;
   std::uint32_t size_of;
   std::uint64_t maxsize;  // 0 = unbounded
-  // Places taken: items being sent or in the socket. Futex word of producers waiting for
-  // room. A producer takes a place by CAS right before sending (acq_rel pairs with a
-  // consumer's release of a place), so at most maxsize items are ever in the socket.
+  // Places taken: items being sent, or in the ring and the socket. Futex word of producers
+  // waiting for room. A producer takes a place by CAS before it frames (acq_rel pairs with
+  // a consumer's release of a place), so at most maxsize items are ever queued.
   alignas(64) std::atomic<std::uint32_t> count;
   // 1 once close() was called anywhere; also a futex wake-up source for producers.
   alignas(64) std::atomic<std::uint32_t> closed;
@@ -309,12 +313,19 @@ bool lock_shared(pthread_mutex_t* m, const Deadline& deadline) {
   if (!deadline) {
     rc = ::pthread_mutex_lock(m);
   } else {
-    const auto since = deadline->time_since_epoch();  // steady_clock is CLOCK_MONOTONIC
-    const auto secs = std::chrono::duration_cast<std::chrono::seconds>(since);
+    // pthread_mutex_timedlock takes CLOCK_REALTIME: the steady deadline is carried over to
+    // it (a jump of the wall clock meanwhile moves it). Not pthread_mutex_clocklock: the
+    // ThreadSanitizer of GCC 12 does not know it, and then reports our unlock as one of a
+    // mutex nobody locked.
+    const auto left = std::max(*deadline - std::chrono::steady_clock::now(),
+                               std::chrono::steady_clock::duration::zero());
+    const auto at = std::chrono::system_clock::now().time_since_epoch() +
+                    std::chrono::duration_cast<std::chrono::system_clock::duration>(left);
+    const auto secs = std::chrono::duration_cast<std::chrono::seconds>(at);
     timespec ts{static_cast<time_t>(secs.count()),
-                static_cast<long>(std::chrono::duration_cast<std::chrono::nanoseconds>(since - secs)
+                static_cast<long>(std::chrono::duration_cast<std::chrono::nanoseconds>(at - secs)
                                       .count())};
-    rc = ::pthread_mutex_clocklock(m, CLOCK_MONOTONIC, &ts);
+    rc = ::pthread_mutex_timedlock(m, &ts);
   }
   if (rc == EOWNERDEAD) {
     ::pthread_mutex_consistent(m);
@@ -354,12 +365,74 @@ void drop_datagram(Datagram&& d) noexcept {
   }
 }
 
+// Whose is the socket's next datagram, which names marker position `id` (nullopt: it is too
+// short to name one)? kMine: the marker at `pos`. kEarlier: an earlier marker's that a live
+// consumer holds (or that is published and not yet taken), which that consumer will take.
+// kLater: a later marker's (the one at `pos` is missing). kNobody: no marker will claim it
+// (its producer died before the marker, the consumer holding the marker died, or no
+// producer of this ring sent it).
+enum class HeadOwner { kMine, kEarlier, kLater, kNobody };
+HeadOwner owner_of(const Ring& ring, std::optional<std::uint64_t> id, std::uint64_t pos) {
+  if (!id) return HeadOwner::kNobody;
+  if (*id == pos) return HeadOwner::kMine;
+  if (*id > pos) return *id < ring.tail() ? HeadOwner::kLater : HeadOwner::kNobody;
+  const Ring::SlotView v = ring.inspect(*id);
+  if (v.where == Ring::Where::kReady || (v.where != Ring::Where::kGone && v.claimer_alive))
+    return HeadOwner::kEarlier;
+  return HeadOwner::kNobody;
+}
+
+// The marker position the socket's next datagram names, without taking it (no fds are
+// received by a peek without a control buffer). Empty: no datagram (or the end of the
+// stream); nullopt inside: a datagram too short to name one. An empty datagram is taken
+// and dropped here (recv says 0 for it as at the end of the stream: only taking it tells).
+// Called under recv_lock.
+std::optional<std::optional<std::uint64_t>> peek_head(int sock) {
+  for (;;) {
+    std::uint64_t id = 0;
+    const ssize_t n = ::recv(sock, &id, sizeof id, MSG_PEEK | MSG_DONTWAIT);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return std::nullopt;
+    if (n < 0) throw SystemError(errno, "recv", "a queue's socket");
+    if (n == static_cast<ssize_t>(sizeof id)) return std::optional<std::uint64_t>(id);
+    if (n > 0) return std::optional<std::uint64_t>();
+    if (datagram_now(sock).status != RecvStatus::kOk) return std::nullopt;
+  }
+}
+
+// Takes every datagram at the socket's head that no marker will claim, under recv_lock,
+// and returns them: the caller drops them after unlocking (parsing one can take long, and
+// one may hold a copy of this very queue, whose drop can drain and so take the lock).
+std::vector<Datagram> take_dead_heads(QueueCore::State& st) {
+  std::vector<Datagram> dead;
+  QueueControl* c = st.control();
+  (void)lock_shared(&c->recv_lock, std::nullopt);
+  SharedLockGuard unlock{&c->recv_lock};
+  const int sock = st.recv_fd.get();
+  while (auto head = peek_head(sock)) {
+    // No marker is at position max(): every real one is below the tail.
+    if (owner_of(st.ring, *head, std::numeric_limits<std::uint64_t>::max()) != HeadOwner::kNobody)
+      break;
+    Datagram d = datagram_now(sock);
+    if (d.status != RecvStatus::kOk) break;
+    dead.push_back(std::move(d));
+  }
+  return dead;
+}
+
 // Sends an item that carries fds (or does not fit a slot): the marker's position reserved,
 // then [position][frame] sent, then the marker published, all under send_lock. False when
-// the deadline passed first (nothing was sent; a reserved position is given up).
+// the deadline passed first (nothing was sent; a reserved position is given up). While the
+// socket is full, datagrams at its head that nobody will take are dropped: consumers stop
+// at this producer's reserved marker, so only this producer can make that room.
 bool send_announced(QueueCore::State& st, OutgoingFrame& frame, const Deadline& deadline) {
   QueueControl* c = st.control();
-  if (!lock_shared(&c->send_lock, deadline)) return false;
+  // The lock is held for a few syscalls, or while its holder waits for room: a put whose
+  // deadline is now (put_nowait) waits a little for it rather than report a full queue.
+  Deadline lock_deadline = deadline;
+  if (deadline)
+    lock_deadline = std::max(*deadline, std::chrono::steady_clock::now() + std::chrono::milliseconds(20));
+  if (!lock_shared(&c->send_lock, lock_deadline)) return false;
   SharedLockGuard unlock{&c->send_lock};
   const Ring::Reservation r = st.ring.reserve(deadline);
   if (r.status == Ring::Status::kTimeout) return false;
@@ -367,7 +440,9 @@ bool send_announced(QueueCore::State& st, OutgoingFrame& frame, const Deadline& 
   const std::uint64_t id = r.pos;
   bool sent = false;
   try {
-    sent = send_frame(st.send_fd.get(), frame, deadline, std::as_bytes(std::span(&id, 1)));
+    sent = send_frame(st.send_fd.get(), frame, deadline, std::as_bytes(std::span(&id, 1)), [&] {
+      for (Datagram& d : take_dead_heads(st)) drop_datagram(std::move(d));
+    });
   } catch (...) {
     st.ring.cancel(r.pos);
     throw;
@@ -383,7 +458,7 @@ bool send_announced(QueueCore::State& st, OutgoingFrame& frame, const Deadline& 
 // The datagram of the marker at `pos`, which this thread took (its slot stays claimed in
 // our name until the datagram is taken; then, or on an error, it is released). Throws
 // ProtocolError when the socket does not have it (a marker another process wrote, or a
-// datagram another process took).
+// datagram another process took). Datagrams before it that nobody will take are dropped.
 Datagram take_announced(QueueCore::State& st, std::uint64_t pos) {
   struct Release {
     Ring& ring;
@@ -392,42 +467,35 @@ Datagram take_announced(QueueCore::State& st, std::uint64_t pos) {
   } release{st.ring, pos};
   QueueControl* c = st.control();
   const int sock = st.recv_fd.get();
+  std::vector<Datagram> dead;
+  struct DropDead {  // after the lock is given back, on every path
+    std::vector<Datagram>& dead;
+    ~DropDead() {
+      for (Datagram& d : dead) drop_datagram(std::move(d));
+    }
+  } drop_dead{dead};
   for (;;) {
-    bool wait = false;
     {
       (void)lock_shared(&c->recv_lock, std::nullopt);
       SharedLockGuard unlock{&c->recv_lock};
-      while (!wait) {
-        std::uint64_t id = 0;
-        const ssize_t n = ::recv(sock, &id, sizeof id, MSG_PEEK | MSG_DONTWAIT);
-        if (n < 0 && errno == EINTR) continue;
-        if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)
-          throw SystemError(errno, "recv", "a queue's socket");
-        if (n < 0)
+      for (;;) {
+        const auto head = peek_head(sock);
+        if (!head)
           throw ProtocolError("a marker in the queue's ring at position " + std::to_string(pos) +
                               " announces a datagram the socket does not have (another "
                               "process wrote the marker, or took the datagram)");
-        const bool has_id = n == static_cast<ssize_t>(sizeof id);
-        if (has_id && id == pos) {
-          Datagram d = datagram_now(sock);
-          if (d.status == RecvStatus::kOk && d.size >= kMarkerIdBytes) return d;
-          throw ProtocolError("the datagram of the queue's marker at position " +
-                              std::to_string(pos) + " went while it was being taken");
-        }
-        if (has_id && id > pos && id < st.ring.tail())
+        const HeadOwner owner = owner_of(st.ring, *head, pos);
+        if (owner == HeadOwner::kEarlier) break;  // its consumer waits for the lock
+        if (owner == HeadOwner::kLater)
           throw ProtocolError("the datagram of the queue's marker at position " +
                               std::to_string(pos) + " is missing: the socket's next is for " +
-                              std::to_string(id) + " (another process took it)");
-        if (has_id && id < pos) {
-          // An earlier marker's: its consumer is on its way (it holds the marker and waits
-          // for this lock), or nobody will take it.
-          const Ring::SlotView v = st.ring.inspect(id);
-          wait = v.where == Ring::Where::kReady || (v.where != Ring::Where::kGone && v.claimer_alive);
-          if (wait) break;
-        }
-        // Nobody's: the datagram of a producer that died before its marker, of a consumer
-        // that died holding the marker, or one a peer wrote (too short, no such position).
-        drop_datagram(datagram_now(sock));
+                              std::to_string(**head) + " (another process took it)");
+        Datagram d = datagram_now(sock);
+        if (d.status != RecvStatus::kOk)
+          throw ProtocolError("the datagram of the queue's marker at position " +
+                              std::to_string(pos) + " went while it was being taken");
+        if (owner == HeadOwner::kMine) return d;
+        dead.push_back(std::move(d));
       }
     }
     std::this_thread::sleep_for(std::chrono::microseconds(20));
@@ -617,6 +685,11 @@ std::shared_ptr<QueueCore> QueueCore::decode(Decoder& d) {
   // would never say when items are there.
   if (fd_target(st->ready_fd.get()) != "anon_inode:[eventfd]")
     throw ProtocolError("received queue readiness fd is not an eventfd");
+  // Non-blocking (a flag of the open file every holder shares): a get that clears it must
+  // not wait in read() for a put.
+  const int flags = ::fcntl(st->ready_fd.get(), F_GETFL);
+  if (flags < 0 || (flags & O_NONBLOCK) == 0)
+    throw ProtocolError("received queue readiness eventfd is not non-blocking");
   FdFacts facts = inspect_fd(st->control_fd.get());
   if (!facts.sealed_against_resize || facts.size != sizeof(QueueControl))
     throw ProtocolError("received queue control block has the wrong size or is not sealed");

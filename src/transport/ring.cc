@@ -137,12 +137,22 @@ void pause_cpu() noexcept {
 
 }  // namespace
 
+// This process's claim, packed into one word (pid << 32 | holder << 8 | epoch) so that
+// threads agree on it without a lock: a mutex here could be inherited locked by a child
+// forked while another thread claimed, whose first push or pop would then hang.
 struct Ring::Local {
-  std::mutex mu;
-  std::atomic<int> pid{0};
-  std::uint32_t holder = kNoHolder;
-  std::uint32_t epoch = 0;
+  std::atomic<std::uint64_t> claim{0};
 };
+
+namespace {
+constexpr std::uint64_t pack_claim(int pid, std::uint32_t holder, std::uint32_t epoch) {
+  return std::uint64_t{static_cast<std::uint32_t>(pid)} << 32 | std::uint64_t{holder} << 8 |
+         epoch;
+}
+constexpr int claim_pid(std::uint64_t c) { return static_cast<int>(c >> 32); }
+constexpr std::uint32_t claim_holder(std::uint64_t c) { return (c >> 8) & 0xff; }
+constexpr std::uint32_t claim_epoch(std::uint64_t c) { return c & 0xff; }
+}  // namespace
 
 Ring::Ring(UniqueFd fd, Mapping map, std::uint32_t slot_count, std::uint32_t slot_bytes)
     : fd_(std::move(fd)),
@@ -220,10 +230,10 @@ std::byte* Ring::slot(std::uint64_t pos) const noexcept {
 std::pair<std::uint32_t, std::uint32_t> Ring::holder() {
   Local& l = *local_;
   const int me = cached_own_pid();
-  if (l.pid.load(std::memory_order_acquire) == me) return {l.holder, l.epoch};
-  std::lock_guard lock(l.mu);
-  if (l.pid.load(std::memory_order_relaxed) == me) return {l.holder, l.epoch};
-  // A forked child starts here too: the record it inherited is its parent's.
+  std::uint64_t seen = l.claim.load(std::memory_order_acquire);
+  if (claim_pid(seen) == me) return {claim_holder(seen), claim_epoch(seen)};
+  // A forked child starts here too: the record it inherited is its parent's. Two threads
+  // may both claim a record; the one that publishes second gives its record back.
   const std::uint64_t owner = current_slot_owner();
   RingHeader* h = header();
   std::uint32_t found = kNoHolder;
@@ -238,23 +248,29 @@ std::pair<std::uint32_t, std::uint32_t> Ring::holder() {
     if (dead == 0 || slot_owner_alive(dead)) continue;
     if (h->holders[i].owner.compare_exchange_strong(dead, owner)) found = i;
   }
-  l.holder = found;
-  l.epoch = found == kNoHolder ? 0 : (h->holders[found].epoch.fetch_add(1) + 1) & kEpochMask;
-  l.pid.store(me, std::memory_order_release);
-  return {l.holder, l.epoch};
+  const std::uint32_t epoch =
+      found == kNoHolder ? 0 : (h->holders[found].epoch.fetch_add(1) + 1) & kEpochMask;
+  const std::uint64_t mine = pack_claim(me, found, epoch);
+  if (l.claim.compare_exchange_strong(seen, mine, std::memory_order_acq_rel)) return {found, epoch};
+  if (found != kNoHolder) {  // another thread of ours published first: ours goes back
+    std::uint64_t ours = owner;
+    h->holders[found].epoch.fetch_add(1);
+    h->holders[found].owner.compare_exchange_strong(ours, 0);
+  }
+  return {claim_holder(seen), claim_epoch(seen)};
 }
 
 void Ring::free_holder() noexcept {
   if (!local_ || !map_) return;
-  Local& l = *local_;
-  if (l.pid.load() != cached_own_pid() || l.holder == kNoHolder) return;
+  const std::uint64_t c = local_->claim.load();
+  if (claim_pid(c) != cached_own_pid() || claim_holder(c) == kNoHolder) return;
   std::uint64_t owner = current_slot_owner();
   RingHeader* h = header();
   // Bump the epoch first: a claim of ours left unfinished (an exception between claim and
   // publish cannot happen, but a thread may still be inside one) is abandoned from now on.
-  h->holders[l.holder].epoch.fetch_add(1);
-  h->holders[l.holder].owner.compare_exchange_strong(owner, 0);
-  l.pid.store(0);
+  h->holders[claim_holder(c)].epoch.fetch_add(1);
+  h->holders[claim_holder(c)].owner.compare_exchange_strong(owner, 0);
+  local_->claim.store(0);
 }
 
 bool Ring::claimer_dead(std::uint64_t word) const noexcept {

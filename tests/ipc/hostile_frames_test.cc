@@ -3,6 +3,7 @@
 // usable. A well-formed name whose object is gone is the one SystemError (shm_open ENOENT).
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -512,17 +513,20 @@ TEST_F(HostileFramesTest, OversizedDatagramIsTruncatedAndItsFdsClosed) {
   auto received = conn_.recv<std::vector<std::uint8_t>>();
   ASSERT_EQ(received.size(), fill);
   EXPECT_EQ(received.back(), 3);
-  // One byte more is cut by the kernel (MSG_TRUNC); the fd it carried is closed.
-  frame = bytes(header(kLimit + 1 - sizeof(FrameHeader), 0, 0, 1), std::uint64_t{fill + 1});
-  frame.resize(kLimit + 1, std::byte{3});
+  // A datagram one byte longer than the receive buffer (a frame of the limit after a
+  // queue's 8-byte marker position) is cut by the kernel (MSG_TRUNC); the fd it carried is
+  // closed.
+  constexpr std::size_t kDatagram = kLimit + 8 + 1;
+  frame = bytes(header(kDatagram - sizeof(FrameHeader), 0, 0, 1), std::uint64_t{kDatagram});
+  frame.resize(kDatagram, std::byte{3});
   internal::UniqueFd fd = memfd(64);
   send_raw(frame, {fd.get()});
   fd.reset();
-  expect_protocol_error("larger than the 65536-byte frame limit");
+  expect_protocol_error("larger than the 65544-byte datagram limit");
   // Far larger, too.
   frame.assign(100000, std::byte{0});
   send_raw(frame);
-  expect_protocol_error("larger than the 65536-byte frame limit");
+  expect_protocol_error("larger than the 65544-byte datagram limit");
 }
 
 TEST_F(HostileFramesTest, BlobFrames) {
@@ -862,6 +866,14 @@ TEST_F(HostileFramesTest, QueueWithAnotherKindOfReadinessFdIsRefused) {
   send_raw(f.bytes, f.fd_numbers());
   f.fds.clear();
   expect_protocol_error_for<Queue<std::int64_t>>("readiness fd is not an eventfd");
+  // A blocking eventfd: a get that clears it could wait in read() for a put.
+  conn_.send(q);
+  f = take_raw_frame();
+  ASSERT_EQ(f.fds.size(), 5u);
+  f.fds[4] = internal::UniqueFd(::eventfd(0, EFD_CLOEXEC));
+  send_raw(f.bytes, f.fd_numbers());
+  f.fds.clear();
+  expect_protocol_error_for<Queue<std::int64_t>>("readiness eventfd is not non-blocking");
   // The queue itself is untouched.
   q.put(3);
   EXPECT_EQ(q.get(), 3);
@@ -946,7 +958,7 @@ TEST_F(HostileFramesTest, QueueStaysUsableAfterHostileItems) {
   std::vector<std::byte> big = bytes(header(70000 - sizeof(FrameHeader)));
   big.resize(70000);
   inject.datagram(big);
-  expect_get_fails("larger than the 65536-byte frame limit");
+  expect_get_fails("larger than the 65544-byte datagram limit");
 
   internal::UniqueFd extra = memfd(64);
   inject.datagram(bytes(header(8, 0, 0, 1), std::int64_t{1}), {extra.get()});
@@ -986,15 +998,31 @@ TEST_F(HostileFramesTest, DatagramsNoMarkerClaimsAreDroppedAndTheItemsBehindArri
   EXPECT_EQ(q.get().data_ptr<float>()[1], 2.0f);
   EXPECT_FALSE(q.try_get().has_value());
 
-  // Two markers, and only the second one's datagram.
+  // A marker whose datagram is missing on a closed queue (the socket at its end of stream).
+  inject.marker();
+  q.close();
+  try {
+    (void)q.get();
+    ADD_FAILURE() << "no error for a marker without its datagram";
+  } catch (const ProtocolError& e) {
+    EXPECT_NE(std::string(e.what()).find("announces a datagram the socket does not have"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW((void)q.get(), QueueClosed);
+}
+
+// The same, on an open queue: two markers, and only the second one's datagram.
+TEST_F(HostileFramesTest, AMarkerWhoseDatagramIsBehindALaterOnesIsAnErrorAndTheLaterArrives) {
+  Queue<Tensor> q;
+  QueueInjector inject = intercept_queue<Queue<Tensor>>(q).first;
   const internal::Ring::Reservation first = inject.ring.reserve(std::nullopt);
   const internal::Ring::Reservation second = inject.ring.reserve(std::nullopt);
   ASSERT_EQ(second.pos, first.pos + 1);
-  q.put(Tensor::full({2}, 3.0f));  // waits for nothing: it goes behind both
-  Queue<Tensor> other = q;
   inject.unannounced(second.pos, bytes(header(8), std::int64_t{1}));
   inject.ring.commit(first.pos, {}, internal::kQueueRingMarker);
   inject.ring.commit(second.pos, {}, internal::kQueueRingMarker);
+  q.put(Tensor::full({2}, 3.0f));  // behind both
   try {
     (void)q.get();
     ADD_FAILURE() << "no error for a marker whose datagram is missing";

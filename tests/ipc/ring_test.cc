@@ -329,7 +329,21 @@ TEST_F(RingTest, ProducersKilledAtRandomInstantsLeaveNoTornMessageAndNoStall) {
     Pipe started;
     pid_t pid = fork_child([&] {
       started.send();
-      for (std::uint32_t s = 0;; ++s) (void)r.push(msgs[s % kSeqs], producer, std::nullopt);
+      for (std::uint32_t s = 0;; ++s) {
+        const auto& m = msgs[s % kSeqs];
+        if (s % 2 == 0) {
+          (void)r.push(m, producer, std::nullopt);
+          continue;
+        }
+        // A slow producer: 20 us between claim and publish (under a sanitizer, and on a
+        // loaded machine, a push's own copy is too quick a target to hit by chance).
+        const Ring::Reservation res = r.reserve(std::nullopt);
+        if (res.status != Ring::Status::kOk) continue;
+        for (const auto until = Clock::now() + 20us; Clock::now() < until;) {
+        }
+        const std::span<const std::byte> part(m);
+        r.commit(res.pos, std::span(&part, 1), producer);
+      }
     });
     ASSERT_EQ(started.receive(), 'x');
     std::this_thread::sleep_for(std::chrono::microseconds(200 + rng() % 2000));

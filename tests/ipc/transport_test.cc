@@ -165,6 +165,28 @@ TEST_P(TransportTest, SenderMayExitRightAfterPut) {
   }
 }
 
+// Items whose frame is just under, at and over the 64 KiB a datagram carries inline (a
+// frame is a 32-byte header, then the vector's 8-byte count and bytes): a queue's datagram
+// adds its marker's position to the frame, and must still be received whole.
+TEST_P(TransportTest, ItemsAroundTheInlineFrameLimitArriveWhole) {
+  Queue<std::vector<std::uint8_t>> q;
+  const std::size_t sizes[] = {65480, 65495, 65496, 65497, 70000};
+  pid_t child = fork_child([&] {
+    for (std::size_t n : sizes) {
+      std::vector<std::uint8_t> v(n);
+      for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<std::uint8_t>(i * 7 + n);
+      q.put(v);
+    }
+  });
+  for (std::size_t n : sizes) {
+    const std::vector<std::uint8_t> v = q.get();
+    ASSERT_EQ(v.size(), n);
+    for (std::size_t i = 0; i < n; ++i)
+      ASSERT_EQ(v[i], static_cast<std::uint8_t>(i * 7 + n)) << "size " << n << ", byte " << i;
+  }
+  EXPECT_EQ(wait_child(child), 0);
+}
+
 TEST_P(TransportTest, ManyProducersManyConsumersEveryItemExactlyOnce) {
   constexpr int kProducers = 3, kConsumers = 3, kPerProducer = 300;
   Queue<std::pair<int, Tensor>> q(16);
