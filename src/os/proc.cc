@@ -47,22 +47,20 @@ std::uint64_t start_time_of(pid_t pid) noexcept { return read_process_status(pid
 pid_t own_pid() noexcept { return ::getpid(); }
 
 namespace {
-std::atomic<pid_t> g_cached_pid{0};
-// Registered when the library is loaded: every forked child forgets its parent's pid.
-[[maybe_unused]] const bool kCachedPidForkHandler = [] {
-  ::pthread_atfork(nullptr, nullptr, [] { g_cached_pid.store(0, std::memory_order_relaxed); });
+std::atomic<std::uint32_t> g_fork_generation{1};
+// Registered when the library is loaded: every forked child counts one generation more
+// than its parent.
+[[maybe_unused]] const bool kForkGenerationHandler = [] {
+  ::pthread_atfork(nullptr, nullptr,
+                   [] { g_fork_generation.fetch_add(1, std::memory_order_relaxed); });
   return true;
 }();
 }  // namespace
 
-pid_t cached_own_pid() noexcept {
-  pid_t pid = g_cached_pid.load(std::memory_order_relaxed);
-  if (pid == 0) {
-    pid = ::getpid();
-    g_cached_pid.store(pid, std::memory_order_relaxed);
-  }
-  return pid;
+std::uint32_t fork_generation() noexcept {
+  return g_fork_generation.load(std::memory_order_relaxed);
 }
+
 pid_t own_process_group() noexcept { return ::getpgrp(); }
 uid_t effective_uid() noexcept { return ::geteuid(); }
 
@@ -70,11 +68,19 @@ ProcessStatus read_process_status(pid_t pid) noexcept {
   if (pid <= 0) return {};
   char path[64];
   std::snprintf(path, sizeof path, "/proc/%d/stat", static_cast<int>(pid));
+  // Gone: ENOENT (no such pid) or ESRCH (it exited while we read). Any other failure says
+  // nothing about the process.
+  auto failed = [] {
+    ProcessStatus st;
+    st.unknown = errno != ENOENT && errno != ESRCH;
+    return st;
+  };
   UniqueFd fd(::open(path, O_RDONLY | O_CLOEXEC));
-  if (!fd) return {};
+  if (!fd) return failed();
   char buf[1024];
   ssize_t n = retry_eintr([&] { return ::read(fd.get(), buf, sizeof buf - 1); });
-  if (n <= 0) return {};
+  if (n < 0) return failed();
+  if (n == 0) return {};
   buf[n] = '\0';
   return parse_stat(buf);
 }
@@ -98,7 +104,7 @@ ProcessId own_process_id() noexcept {
 bool is_alive(const ProcessId& id) noexcept {
   if (id.pid <= 0 || id.start_time == 0) return false;
   ProcessStatus st = read_process_status(id.pid);
-  return st.exists && st.start_time == id.start_time;
+  return st.unknown || (st.exists && st.start_time == id.start_time);
 }
 
 std::uint64_t current_slot_owner() noexcept {
@@ -109,8 +115,9 @@ std::uint64_t current_slot_owner() noexcept {
 bool slot_owner_alive(std::uint64_t owner) noexcept {
   const auto pid = static_cast<pid_t>(owner >> 32);
   if (pid <= 0) return false;
-  const std::uint64_t start = start_time_of(pid);
-  return start != 0 && (start & 0xffffffffu) == (owner & 0xffffffffu);
+  const ProcessStatus st = read_process_status(pid);
+  return st.unknown ||
+         (st.start_time != 0 && (st.start_time & 0xffffffffu) == (owner & 0xffffffffu));
 }
 
 bool process_group_exists(pid_t pgid) noexcept {

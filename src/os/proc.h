@@ -17,15 +17,22 @@ namespace shmtensor::internal {
 
 // getpid(): not cached by glibc, so right in a forked child; async-signal-safe.
 pid_t own_pid() noexcept;
-// The same, read once per process (a pthread_atfork child handler forgets it): for paths
-// that ask on every message. Not for a child made without fork handlers (_Fork, clone)
-// that does not exec.
-pid_t cached_own_pid() noexcept;
+// 1 in a process that was not forked (after exec too), and one more than its parent's in a
+// forked child (a pthread_atfork child handler registered at load time): state inherited by
+// fork that records the generation it was made in is this process's own exactly when the
+// values are equal (a pid can be reused by a descendant; a generation cannot). A relaxed
+// load, for paths that ask on every message. Not for a child made without fork handlers
+// (_Fork, clone) that does not exec.
+std::uint32_t fork_generation() noexcept;
 pid_t own_process_group() noexcept;
 uid_t effective_uid() noexcept;
 
 struct ProcessStatus {
   bool exists = false;           // /proc/<pid> exists and is not a zombie
+  // /proc/<pid>/stat could not be read for another reason than the process being gone
+  // (this process at its fd limit, no memory): whether it lives is not known, and callers
+  // that judge processes dead must not take that as dead.
+  bool unknown = false;
   std::uint64_t start_time = 0;  // clock ticks since boot
   pid_t parent = 0;
   pid_t process_group = 0;

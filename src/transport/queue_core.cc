@@ -20,7 +20,6 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
-#include <limits>
 #include <thread>
 #include <mutex>
 #include <stdexcept>
@@ -366,16 +365,17 @@ void drop_datagram(Datagram&& d) noexcept {
 }
 
 // Whose is the socket's next datagram, which names marker position `id` (nullopt: it is too
-// short to name one)? kMine: the marker at `pos`. kEarlier: an earlier marker's that a live
-// consumer holds (or that is published and not yet taken), which that consumer will take.
-// kLater: a later marker's (the one at `pos` is missing). kNobody: no marker will claim it
-// (its producer died before the marker, the consumer holding the marker died, or no
-// producer of this ring sent it).
+// short to name one)? kMine: the marker at `pos`, which this thread holds. kEarlier: a
+// marker's that is published and not yet taken, or that a live consumer holds (that
+// consumer will take it). kLater: a later marker's (the one at `pos` is missing). kNobody:
+// no marker will claim it (its producer died before the marker, the consumer holding the
+// marker died, or no producer of this ring sent it). `pos` nullopt: this thread holds none.
 enum class HeadOwner { kMine, kEarlier, kLater, kNobody };
-HeadOwner owner_of(const Ring& ring, std::optional<std::uint64_t> id, std::uint64_t pos) {
-  if (!id) return HeadOwner::kNobody;
-  if (*id == pos) return HeadOwner::kMine;
-  if (*id > pos) return *id < ring.tail() ? HeadOwner::kLater : HeadOwner::kNobody;
+HeadOwner owner_of(const Ring& ring, std::optional<std::uint64_t> id,
+                   std::optional<std::uint64_t> pos) {
+  if (!id || *id >= ring.tail()) return HeadOwner::kNobody;  // no producer claimed it
+  if (pos && *id == *pos) return HeadOwner::kMine;
+  if (pos && *id > *pos) return HeadOwner::kLater;
   const Ring::SlotView v = ring.inspect(*id);
   if (v.where == Ring::Where::kReady || (v.where != Ring::Where::kGone && v.claimer_alive))
     return HeadOwner::kEarlier;
@@ -410,12 +410,15 @@ std::vector<Datagram> take_dead_heads(QueueCore::State& st) {
   SharedLockGuard unlock{&c->recv_lock};
   const int sock = st.recv_fd.get();
   while (auto head = peek_head(sock)) {
-    // No marker is at position max(): every real one is below the tail.
-    if (owner_of(st.ring, *head, std::numeric_limits<std::uint64_t>::max()) != HeadOwner::kNobody)
-      break;
-    Datagram d = datagram_now(sock);
-    if (d.status != RecvStatus::kOk) break;
-    dead.push_back(std::move(d));
+    if (owner_of(st.ring, *head, std::nullopt) != HeadOwner::kNobody) break;
+    try {
+      Datagram d = datagram_now(sock);
+      if (d.status != RecvStatus::kOk) break;
+      dead.push_back(std::move(d));
+    } catch (const ProtocolError&) {
+      // Taken and cut (its fds past this process's fd limit, or larger than any datagram
+      // of ours): it was nobody's anyway.
+    }
   }
   return dead;
 }
@@ -451,7 +454,11 @@ bool send_announced(QueueCore::State& st, OutgoingFrame& frame, const Deadline& 
     st.ring.cancel(r.pos);
     return false;
   }
-  st.ring.commit(r.pos, {}, kQueueRingMarker);
+  // The datagram is out: without its marker nobody claims it, and it is dropped.
+  if (!st.ring.commit(r.pos, {}, kQueueRingMarker))
+    throw Error("a queue's item was lost: this producer's place in the queue's ring was "
+                "taken from it while it sent the item (it was judged dead, or another "
+                "process wrote over the ring)");
   return true;
 }
 
@@ -490,12 +497,19 @@ Datagram take_announced(QueueCore::State& st, std::uint64_t pos) {
           throw ProtocolError("the datagram of the queue's marker at position " +
                               std::to_string(pos) + " is missing: the socket's next is for " +
                               std::to_string(**head) + " (another process took it)");
-        Datagram d = datagram_now(sock);
-        if (d.status != RecvStatus::kOk)
+        if (owner == HeadOwner::kMine) {
+          Datagram d = datagram_now(sock);  // MSG_CTRUNC at the fd limit throws: it is lost
+          if (d.status == RecvStatus::kOk) return d;
           throw ProtocolError("the datagram of the queue's marker at position " +
                               std::to_string(pos) + " went while it was being taken");
-        if (owner == HeadOwner::kMine) return d;
-        dead.push_back(std::move(d));
+        }
+        try {
+          Datagram d = datagram_now(sock);
+          if (d.status != RecvStatus::kOk) continue;  // the next peek says what is left
+          dead.push_back(std::move(d));
+        } catch (const ProtocolError&) {
+          // A dead one, taken and cut: nothing of it to give back.
+        }
       }
     }
     std::this_thread::sleep_for(std::chrono::microseconds(20));

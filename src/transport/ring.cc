@@ -137,7 +137,8 @@ void pause_cpu() noexcept {
 
 }  // namespace
 
-// This process's claim, packed into one word (pid << 32 | holder << 8 | epoch) so that
+// This process's claim, packed into one word (fork generation << 32 | holder << 8 | epoch:
+// os/proc.h, fork_generation; 0: none) so that
 // threads agree on it without a lock: a mutex here could be inherited locked by a child
 // forked while another thread claimed, whose first push or pop would then hang.
 struct Ring::Local {
@@ -145,11 +146,13 @@ struct Ring::Local {
 };
 
 namespace {
-constexpr std::uint64_t pack_claim(int pid, std::uint32_t holder, std::uint32_t epoch) {
-  return std::uint64_t{static_cast<std::uint32_t>(pid)} << 32 | std::uint64_t{holder} << 8 |
-         epoch;
+constexpr std::uint64_t pack_claim(std::uint32_t generation, std::uint32_t holder,
+                                   std::uint32_t epoch) {
+  return std::uint64_t{generation} << 32 | std::uint64_t{holder} << 8 | epoch;
 }
-constexpr int claim_pid(std::uint64_t c) { return static_cast<int>(c >> 32); }
+constexpr std::uint32_t claim_generation(std::uint64_t c) {
+  return static_cast<std::uint32_t>(c >> 32);
+}
 constexpr std::uint32_t claim_holder(std::uint64_t c) { return (c >> 8) & 0xff; }
 constexpr std::uint32_t claim_epoch(std::uint64_t c) { return c & 0xff; }
 }  // namespace
@@ -229,9 +232,9 @@ std::byte* Ring::slot(std::uint64_t pos) const noexcept {
 
 std::pair<std::uint32_t, std::uint32_t> Ring::holder() {
   Local& l = *local_;
-  const int me = cached_own_pid();
+  const std::uint32_t me = fork_generation();
   std::uint64_t seen = l.claim.load(std::memory_order_acquire);
-  if (claim_pid(seen) == me) return {claim_holder(seen), claim_epoch(seen)};
+  if (claim_generation(seen) == me) return {claim_holder(seen), claim_epoch(seen)};
   // A forked child starts here too: the record it inherited is its parent's. Two threads
   // may both claim a record; the one that publishes second gives its record back.
   const std::uint64_t owner = current_slot_owner();
@@ -263,7 +266,7 @@ std::pair<std::uint32_t, std::uint32_t> Ring::holder() {
 void Ring::free_holder() noexcept {
   if (!local_ || !map_) return;
   const std::uint64_t c = local_->claim.load();
-  if (claim_pid(c) != cached_own_pid() || claim_holder(c) == kNoHolder) return;
+  if (claim_generation(c) != fork_generation() || claim_holder(c) == kNoHolder) return;
   std::uint64_t owner = current_slot_owner();
   RingHeader* h = header();
   // Bump the epoch first: a claim of ours left unfinished (an exception between claim and
@@ -350,11 +353,15 @@ Ring::Reservation Ring::reserve(Deadline deadline) {
   }
 }
 
-void Ring::commit(std::uint64_t pos, std::span<const std::span<const std::byte>> parts,
+bool Ring::commit(std::uint64_t pos, std::span<const std::span<const std::byte>> parts,
                   std::uint32_t tag) noexcept {
   RingHeader* h = header();
   const auto [me, epoch] = holder();
   SlotHead* s = head_of(slot(pos));
+  // Still ours? A claim is taken away only from a claimer judged dead (so not us, unless
+  // the judgement was wrong) or by a peer writing over the ring.
+  std::uint64_t mine = pack(pos, kWriting, me, epoch);
+  if (s->word.load() != mine) return false;
   std::size_t total = 0;
   std::byte* to = reinterpret_cast<std::byte*>(s) + kSlotHeaderBytes;
   for (const auto& part : parts) {
@@ -365,14 +372,22 @@ void Ring::commit(std::uint64_t pos, std::span<const std::span<const std::byte>>
   }
   s->size = static_cast<std::uint32_t>(total);
   s->tag = tag;
-  s->word.store(pack(pos, kReady, me, epoch), std::memory_order_release);
+  if (!s->word.compare_exchange_strong(mine, pack(pos, kReady, me, epoch),
+                                       std::memory_order_acq_rel))
+    return false;
   h->published.fetch_add(1);
   if (h->consumers_asleep.load() != 0) futex_wake(&h->published, 1);
+  return true;
 }
 
 void Ring::cancel(std::uint64_t pos) noexcept {
-  // As an abandoned claim: consumers step over the position.
-  head_of(slot(pos))->word.store(pack(pos + slot_count_, kFree), std::memory_order_release);
+  // As an abandoned claim: consumers step over the position. Only if the claim is still
+  // ours (see commit).
+  const auto [me, epoch] = holder();
+  std::uint64_t mine = pack(pos, kWriting, me, epoch);
+  if (!head_of(slot(pos))->word.compare_exchange_strong(mine, pack(pos + slot_count_, kFree),
+                                                        std::memory_order_acq_rel))
+    return;
   RingHeader* h = header();
   h->published.fetch_add(1);
   if (h->consumers_asleep.load() != 0) futex_wake(&h->published, 1);
@@ -387,9 +402,11 @@ Ring::Status Ring::push_parts(std::span<const std::span<const std::byte>> parts,
     throw std::invalid_argument("Ring::push: a message of " + std::to_string(total) +
                                 " bytes does not fit a slot of " +
                                 std::to_string(max_message()));
-  const Reservation r = reserve(deadline);
-  if (r.status == Status::kOk) commit(r.pos, parts, tag);
-  return r.status;
+  for (;;) {
+    const Reservation r = reserve(deadline);
+    // A claim taken away from us (judged dead, wrongly) was not published: claim again.
+    if (r.status != Status::kOk || commit(r.pos, parts, tag)) return r.status;
+  }
 }
 
 

@@ -104,8 +104,11 @@ class Ring {
     std::uint64_t pos = 0;  // kOk
   };
   Reservation reserve(Deadline deadline);
-  void commit(std::uint64_t pos, std::span<const std::span<const std::byte>> parts,
-              std::uint32_t tag) noexcept;
+  // commit() is false, having written and published nothing, when the claim is no longer
+  // ours: it was freed as a dead process's (a wrong judgement: /proc said this process
+  // was gone) or a peer wrote over it.
+  [[nodiscard]] bool commit(std::uint64_t pos, std::span<const std::span<const std::byte>> parts,
+                            std::uint32_t tag) noexcept;
   void cancel(std::uint64_t pos) noexcept;
   struct Popped {
     Status status = Status::kTimeout;
@@ -132,7 +135,8 @@ class Ring {
     bool claimer_alive = false;
   };
   [[nodiscard]] SlotView inspect(std::uint64_t pos) const noexcept;
-  // The tail hint: every position a producer claimed is below it.
+  // The tail hint: a producer moves it past the position it claimed right after the claim,
+  // so every position whose message (or datagram) was written is below it.
   [[nodiscard]] std::uint64_t tail() const noexcept;
   // Every later push returns kClosed; pops return what is left, then kClosed; every
   // sleeper wakes.

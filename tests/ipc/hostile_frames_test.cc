@@ -150,7 +150,7 @@ class HostileFramesTest : public testing::LeakCheckedTest {
       const internal::Ring::Reservation r = ring.reserve(std::nullopt);
       ASSERT_EQ(r.status, internal::Ring::Status::kOk);
       unannounced(r.pos, frame, std::move(fds));
-      ring.commit(r.pos, {}, internal::kQueueRingMarker);
+      ASSERT_TRUE(ring.commit(r.pos, {}, internal::kQueueRingMarker));
     }
     // A datagram that says it is for marker position `id`, and no marker.
     void unannounced(std::uint64_t id, const std::vector<std::byte>& frame,
@@ -1020,8 +1020,8 @@ TEST_F(HostileFramesTest, AMarkerWhoseDatagramIsBehindALaterOnesIsAnErrorAndTheL
   const internal::Ring::Reservation second = inject.ring.reserve(std::nullopt);
   ASSERT_EQ(second.pos, first.pos + 1);
   inject.unannounced(second.pos, bytes(header(8), std::int64_t{1}));
-  inject.ring.commit(first.pos, {}, internal::kQueueRingMarker);
-  inject.ring.commit(second.pos, {}, internal::kQueueRingMarker);
+  ASSERT_TRUE(inject.ring.commit(first.pos, {}, internal::kQueueRingMarker));
+  ASSERT_TRUE(inject.ring.commit(second.pos, {}, internal::kQueueRingMarker));
   q.put(Tensor::full({2}, 3.0f));  // behind both
   try {
     (void)q.get();

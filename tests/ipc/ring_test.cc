@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -21,6 +22,7 @@
 #include <gtest/gtest.h>
 
 #include "os/mapping.h"
+#include "os/proc.h"
 #include "os/shm.h"
 #include "shmtensor/error.h"
 #include "support/leak_check.h"
@@ -342,7 +344,7 @@ TEST_F(RingTest, ProducersKilledAtRandomInstantsLeaveNoTornMessageAndNoStall) {
         for (const auto until = Clock::now() + 20us; Clock::now() < until;) {
         }
         const std::span<const std::byte> part(m);
-        r.commit(res.pos, std::span(&part, 1), producer);
+        (void)r.commit(res.pos, std::span(&part, 1), producer);
       }
     });
     ASSERT_EQ(started.receive(), 'x');
@@ -372,6 +374,31 @@ TEST_F(RingTest, ProducersKilledAtRandomInstantsLeaveNoTornMessageAndNoStall) {
     ASSERT_EQ(p.status, Ring::Status::kOk);
     EXPECT_EQ(p.tag, i);
   }
+}
+
+// Claims are freed only when their claimer is known to be dead: a process that cannot read
+// /proc (at its fd limit) judges nobody dead, so it never takes a live process's claim.
+// And a forked child counts one fork generation more than its parent (a ring claim made in
+// the parent is then not the child's).
+TEST_F(RingTest, AProcessAtItsFdLimitJudgesNobodyDead) {
+  pid_t gone = fork_child([] {});
+  const ProcessId id = identify_process(gone);
+  ASSERT_NE(id.start_time, 0u);
+  ASSERT_EQ(wait_child(gone), 0);
+  const std::uint64_t owner = slot_owner(id.pid, id.start_time);
+  EXPECT_FALSE(slot_owner_alive(owner));
+  EXPECT_FALSE(is_alive(id));
+  EXPECT_FALSE(read_process_status(id.pid).unknown);
+  const std::uint32_t generation = fork_generation();
+  pid_t child = fork_child([&] {
+    EXPECT_EQ(fork_generation(), generation + 1);
+    rlimit lim{3, 3};  // 0, 1 and 2 are open: every new fd is refused (EMFILE)
+    ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &lim), 0);
+    EXPECT_TRUE(read_process_status(id.pid).unknown);
+    EXPECT_TRUE(slot_owner_alive(owner));
+    EXPECT_TRUE(is_alive(id));
+  });
+  EXPECT_EQ(wait_child(child), 0);
 }
 
 TEST_F(RingTest, AttachValidatesTheMemfd) {
