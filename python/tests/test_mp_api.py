@@ -91,6 +91,30 @@ def test_simple_queue():
     q.close()
 
 
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_simple_queue_fileno_is_readable_while_items_are_there(method):
+    # What multiprocessing.Pool waits on: items in the ring (an int) and items sent as
+    # datagrams (an array in shared memory) both make it readable, from another process.
+    ctx = smp.get_context(method)
+    q = ctx.SimpleQueue()
+    r = q._reader
+    assert multiprocessing.connection.wait([r], timeout=0) == []
+    p = ctx.Process(target=_put_two, args=(q,))
+    p.start()
+    assert multiprocessing.connection.wait([r], timeout=30) == [r]
+    assert q.get() == 7
+    assert multiprocessing.connection.wait([r], timeout=30) == [r]
+    assert q.get().sum() == 4096
+    assert multiprocessing.connection.wait([r], timeout=0) == []
+    p.join()
+    assert p.exitcode == 0
+
+
+def _put_two(q):
+    q.put(7)
+    q.put(np.ones(4096, dtype=np.int64))
+
+
 def test_pipe_methods():
     a, b = smp.Pipe()
     assert not b.poll()
