@@ -79,6 +79,9 @@ struct QueueControl {
   // is repaired by the protocol (docs/transport.md, "Items with fds").
   alignas(64) pthread_mutex_t send_lock;
   alignas(64) pthread_mutex_t recv_lock;
+  // Under recv_lock: the position of the last marker whose datagram was taken (a hint for
+  // take_announced's fast path; whatever a peer writes here only sends it the slow way).
+  std::uint64_t taken_upto;
   // slot_owner(pid, start time) of each holding process; 0 = free. Set by CAS from 0 by the
   // process itself (or, at fork, by the parent on the child's behalf, with the parent's
   // value, which the child then swaps for its own); cleared by CAS by its owner.
@@ -294,6 +297,12 @@ void unregister_live(QueueCore::State* st) noexcept {
 
 constexpr std::size_t kMarkerIdBytes = sizeof(std::uint64_t);
 
+std::uint64_t load_u64(const std::byte* p) noexcept {
+  std::uint64_t v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
 void init_shared_mutex(pthread_mutex_t* m) {
   pthread_mutexattr_t attr;
   ::pthread_mutexattr_init(&attr);
@@ -481,16 +490,43 @@ Datagram take_announced(QueueCore::State& st, std::uint64_t pos) {
       for (Datagram& d : dead) drop_datagram(std::move(d));
     }
   } drop_dead{dead};
+  auto missing = [&] {
+    return ProtocolError("a marker in the queue's ring at position " + std::to_string(pos) +
+                         " announces a datagram the socket does not have (another process "
+                         "wrote the marker, or took the datagram)");
+  };
   for (;;) {
     {
       (void)lock_shared(&c->recv_lock, std::nullopt);
       SharedLockGuard unlock{&c->recv_lock};
+      // Fast path: when no consumer holds a marker between the last one whose datagram was
+      // taken and ours, the socket's next datagram is ours, or one nobody will take: take
+      // it without a peek (a syscall less). Otherwise, or when that is far, look first.
+      const std::uint64_t upto = c->taken_upto;
+      bool fast = upto < pos && pos - upto <= 64;
+      for (std::uint64_t p = upto + 1; fast && p < pos; ++p)
+        fast = !st.ring.being_read(p, kQueueRingMarker);
+      while (fast) {
+        Datagram d = datagram_now(sock);  // MSG_CTRUNC at the fd limit throws: it is lost
+        if (d.status != RecvStatus::kOk) throw missing();
+        std::optional<std::uint64_t> id;
+        if (d.size >= kMarkerIdBytes) id = load_u64(d.buffer.get());
+        const HeadOwner owner = owner_of(st.ring, id, pos);
+        if (owner == HeadOwner::kMine) {
+          c->taken_upto = std::max(c->taken_upto, pos);
+          return d;
+        }
+        dead.push_back(std::move(d));
+        // A later marker's (only if another process took ours, or wrote one): it is lost.
+        if (owner == HeadOwner::kLater)
+          throw ProtocolError("the datagram of the queue's marker at position " +
+                              std::to_string(pos) + " is missing: the socket's next was for " +
+                              std::to_string(*id) + " (another process took it)");
+        // kEarlier cannot be (no earlier marker is held): nobody's, dropped.
+      }
       for (;;) {
         const auto head = peek_head(sock);
-        if (!head)
-          throw ProtocolError("a marker in the queue's ring at position " + std::to_string(pos) +
-                              " announces a datagram the socket does not have (another "
-                              "process wrote the marker, or took the datagram)");
+        if (!head) throw missing();
         const HeadOwner owner = owner_of(st.ring, *head, pos);
         if (owner == HeadOwner::kEarlier) break;  // its consumer waits for the lock
         if (owner == HeadOwner::kLater)
@@ -499,7 +535,10 @@ Datagram take_announced(QueueCore::State& st, std::uint64_t pos) {
                               std::to_string(**head) + " (another process took it)");
         if (owner == HeadOwner::kMine) {
           Datagram d = datagram_now(sock);  // MSG_CTRUNC at the fd limit throws: it is lost
-          if (d.status == RecvStatus::kOk) return d;
+          if (d.status == RecvStatus::kOk) {
+            c->taken_upto = std::max(c->taken_upto, pos);
+            return d;
+          }
           throw ProtocolError("the datagram of the queue's marker at position " +
                               std::to_string(pos) + " went while it was being taken");
         }
@@ -680,6 +719,7 @@ std::shared_ptr<QueueCore> QueueCore::create(std::size_t maxsize) {
   c->readiness_wanted.store(0, std::memory_order_relaxed);
   init_shared_mutex(&c->send_lock);
   init_shared_mutex(&c->recv_lock);
+  c->taken_upto = 0;
   for (auto& h : c->holders) h.store(0, std::memory_order_relaxed);
   for (auto& n : c->sending) n.store(0, std::memory_order_relaxed);
   st->slot = claim_holder(c, current_slot_owner());

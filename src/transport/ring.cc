@@ -568,6 +568,12 @@ Ring::SlotView Ring::inspect(std::uint64_t pos) const noexcept {
   }
 }
 
+bool Ring::being_read(std::uint64_t pos, std::uint32_t tag) const noexcept {
+  const SlotHead* s = head_of(slot(pos));
+  const std::uint64_t w = s->word.load();
+  return pos_of(w) == (pos & kPosMask) && state_of(w) == kReading && s->tag == tag;
+}
+
 std::uint64_t Ring::tail() const noexcept { return header()->tail.load(); }
 
 bool Ring::maybe_nonempty() const noexcept {
