@@ -20,6 +20,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <exception>
 #include <thread>
 #include <mutex>
 #include <stdexcept>
@@ -80,7 +81,8 @@ struct QueueControl {
   alignas(64) pthread_mutex_t send_lock;
   alignas(64) pthread_mutex_t recv_lock;
   // Under recv_lock: the position of the last marker whose datagram was taken (a hint for
-  // take_announced's fast path; whatever a peer writes here only sends it the slow way).
+  // take_announced's fast path). A peer that writes a wrong value here can make consumers
+  // drop items (as one that reads the socket can), never crash or hang them.
   std::uint64_t taken_upto;
   // slot_owner(pid, start time) of each holding process; 0 = free. Set by CAS from 0 by the
   // process itself (or, at fork, by the parent on the child's behalf, with the parent's
@@ -506,8 +508,18 @@ Datagram take_announced(QueueCore::State& st, std::uint64_t pos) {
       bool fast = upto < pos && pos - upto <= 64;
       for (std::uint64_t p = upto + 1; fast && p < pos; ++p)
         fast = !st.ring.being_read(p, kQueueRingMarker);
+      std::exception_ptr cut;
       while (fast) {
-        Datagram d = datagram_now(sock);  // MSG_CTRUNC at the fd limit throws: it is lost
+        Datagram d;
+        try {
+          d = datagram_now(sock);
+        } catch (const ProtocolError&) {
+          // Taken and cut (MSG_CTRUNC at the fd limit, MSG_TRUNC): ours or not, the peek
+          // path says which (ours still there; or missing: then it was ours, and its error
+          // is the one to report).
+          cut = std::current_exception();
+          break;
+        }
         if (d.status != RecvStatus::kOk) throw missing();
         std::optional<std::uint64_t> id;
         if (d.size >= kMarkerIdBytes) id = load_u64(d.buffer.get());
@@ -517,18 +529,25 @@ Datagram take_announced(QueueCore::State& st, std::uint64_t pos) {
           return d;
         }
         dead.push_back(std::move(d));
-        // A later marker's (only if another process took ours, or wrote one): it is lost.
-        if (owner == HeadOwner::kLater)
+        // A later marker's (only if another process took ours, or wrote one): it is lost,
+        // and so is ours. Everything up to it is gone from the socket now: the consumers of
+        // the markers in between go the slow way and lose nothing more.
+        if (owner == HeadOwner::kLater) {
+          c->taken_upto = std::max(c->taken_upto, *id);
           throw ProtocolError("the datagram of the queue's marker at position " +
                               std::to_string(pos) + " is missing: the socket's next was for " +
                               std::to_string(*id) + " (another process took it)");
-        // kEarlier cannot be (no earlier marker is held): nobody's, dropped.
+        }
+        // kEarlier cannot be (no earlier marker is held, unless a peer wrote taken_upto):
+        // nobody's, dropped.
       }
       for (;;) {
         const auto head = peek_head(sock);
+        if (!head && cut) std::rethrow_exception(cut);
         if (!head) throw missing();
         const HeadOwner owner = owner_of(st.ring, *head, pos);
         if (owner == HeadOwner::kEarlier) break;  // its consumer waits for the lock
+        if (owner == HeadOwner::kLater && cut) std::rethrow_exception(cut);
         if (owner == HeadOwner::kLater)
           throw ProtocolError("the datagram of the queue's marker at position " +
                               std::to_string(pos) + " is missing: the socket's next is for " +

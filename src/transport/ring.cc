@@ -371,7 +371,7 @@ bool Ring::commit(std::uint64_t pos, std::span<const std::span<const std::byte>>
     total += part.size();
   }
   s->size = static_cast<std::uint32_t>(total);
-  s->tag = tag;
+  std::atomic_ref<std::uint32_t>(s->tag).store(tag, std::memory_order_relaxed);  // being_read
   if (!s->word.compare_exchange_strong(mine, pack(pos, kReady, me, epoch),
                                        std::memory_order_acq_rel))
     return false;
@@ -569,9 +569,11 @@ Ring::SlotView Ring::inspect(std::uint64_t pos) const noexcept {
 }
 
 bool Ring::being_read(std::uint64_t pos, std::uint32_t tag) const noexcept {
-  const SlotHead* s = head_of(slot(pos));
+  SlotHead* s = head_of(slot(pos));
   const std::uint64_t w = s->word.load();
-  return pos_of(w) == (pos & kPosMask) && state_of(w) == kReading && s->tag == tag;
+  // The tag as an atomic: the slot may move on meanwhile and a producer write it.
+  return pos_of(w) == (pos & kPosMask) && state_of(w) == kReading &&
+         std::atomic_ref<std::uint32_t>(s->tag).load(std::memory_order_relaxed) == tag;
 }
 
 std::uint64_t Ring::tail() const noexcept { return header()->tail.load(); }
