@@ -80,10 +80,11 @@ struct QueueControl {
   // is repaired by the protocol (docs/transport.md, "Items with fds").
   alignas(64) pthread_mutex_t send_lock;
   alignas(64) pthread_mutex_t recv_lock;
-  // Under recv_lock: the position of the last marker whose datagram was taken (a hint for
-  // take_announced's fast path). A peer that writes a wrong value here can make consumers
+  // Under recv_lock: no datagram of a marker below this position is in the socket any more
+  // (one past the last marker whose datagram was taken; 0 at first). A hint for
+  // take_announced's fast path. A peer that writes a wrong value here can make consumers
   // drop items (as one that reads the socket can), never crash or hang them.
-  std::uint64_t taken_upto;
+  std::uint64_t taken_below;
   // slot_owner(pid, start time) of each holding process; 0 = free. Set by CAS from 0 by the
   // process itself (or, at fork, by the parent on the child's behalf, with the parent's
   // value, which the child then swaps for its own); cleared by CAS by its owner.
@@ -504,9 +505,9 @@ Datagram take_announced(QueueCore::State& st, std::uint64_t pos) {
       // Fast path: when no consumer holds a marker between the last one whose datagram was
       // taken and ours, the socket's next datagram is ours, or one nobody will take: take
       // it without a peek (a syscall less). Otherwise, or when that is far, look first.
-      const std::uint64_t upto = c->taken_upto;
-      bool fast = upto < pos && pos - upto <= 64;
-      for (std::uint64_t p = upto + 1; fast && p < pos; ++p)
+      const std::uint64_t below = c->taken_below;
+      bool fast = below <= pos && pos - below <= 64;
+      for (std::uint64_t p = below; fast && p < pos; ++p)
         fast = !st.ring.being_read(p, kQueueRingMarker);
       std::exception_ptr cut;
       while (fast) {
@@ -525,7 +526,7 @@ Datagram take_announced(QueueCore::State& st, std::uint64_t pos) {
         if (d.size >= kMarkerIdBytes) id = load_u64(d.buffer.get());
         const HeadOwner owner = owner_of(st.ring, id, pos);
         if (owner == HeadOwner::kMine) {
-          c->taken_upto = std::max(c->taken_upto, pos);
+          c->taken_below = std::max(c->taken_below, pos + 1);
           return d;
         }
         dead.push_back(std::move(d));
@@ -533,12 +534,12 @@ Datagram take_announced(QueueCore::State& st, std::uint64_t pos) {
         // and so is ours. Everything up to it is gone from the socket now: the consumers of
         // the markers in between go the slow way and lose nothing more.
         if (owner == HeadOwner::kLater) {
-          c->taken_upto = std::max(c->taken_upto, *id);
+          c->taken_below = std::max(c->taken_below, *id + 1);
           throw ProtocolError("the datagram of the queue's marker at position " +
                               std::to_string(pos) + " is missing: the socket's next was for " +
                               std::to_string(*id) + " (another process took it)");
         }
-        // kEarlier cannot be (no earlier marker is held, unless a peer wrote taken_upto):
+        // kEarlier cannot be (no earlier marker is held, unless a peer wrote taken_below):
         // nobody's, dropped.
       }
       for (;;) {
@@ -555,7 +556,7 @@ Datagram take_announced(QueueCore::State& st, std::uint64_t pos) {
         if (owner == HeadOwner::kMine) {
           Datagram d = datagram_now(sock);  // MSG_CTRUNC at the fd limit throws: it is lost
           if (d.status == RecvStatus::kOk) {
-            c->taken_upto = std::max(c->taken_upto, pos);
+            c->taken_below = std::max(c->taken_below, pos + 1);
             return d;
           }
           throw ProtocolError("the datagram of the queue's marker at position " +
@@ -738,7 +739,7 @@ std::shared_ptr<QueueCore> QueueCore::create(std::size_t maxsize) {
   c->readiness_wanted.store(0, std::memory_order_relaxed);
   init_shared_mutex(&c->send_lock);
   init_shared_mutex(&c->recv_lock);
-  c->taken_upto = 0;
+  c->taken_below = 0;
   for (auto& h : c->holders) h.store(0, std::memory_order_relaxed);
   for (auto& n : c->sending) n.store(0, std::memory_order_relaxed);
   st->slot = claim_holder(c, current_slot_owner());

@@ -381,10 +381,12 @@ TEST_F(RingTest, ProducersKilledAtRandomInstantsLeaveNoTornMessageAndNoStall) {
 // And a forked child counts one fork generation more than its parent (a ring claim made in
 // the parent is then not the child's).
 TEST_F(RingTest, AProcessAtItsFdLimitJudgesNobodyDead) {
-  pid_t gone = fork_child([] {});
-  const ProcessId id = identify_process(gone);
-  ASSERT_NE(id.start_time, 0u);
+  Pipe release;
+  pid_t gone = fork_child([&] { EXPECT_EQ(release.receive(), 'x'); });
+  const ProcessId id = identify_process(gone);  // while it lives (a zombie has no start time)
+  release.send();
   ASSERT_EQ(wait_child(gone), 0);
+  ASSERT_NE(id.start_time, 0u);
   const std::uint64_t owner = slot_owner(id.pid, id.start_time);
   EXPECT_FALSE(slot_owner_alive(owner));
   EXPECT_FALSE(is_alive(id));
