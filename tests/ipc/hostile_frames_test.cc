@@ -158,6 +158,11 @@ class HostileFramesTest : public testing::LeakCheckedTest {
       const std::span<const std::byte> parts[2] = {std::as_bytes(std::span(&id, 1)), frame};
       internal::send_message(sock.get(), parts, fds);
     }
+    // The same without waiting: false when the socket's buffer is full.
+    bool unannounced_now(std::uint64_t id, const std::vector<std::byte>& frame) {
+      const std::span<const std::byte> parts[2] = {std::as_bytes(std::span(&id, 1)), frame};
+      return internal::send_message(sock.get(), parts, {}, /*nonblocking=*/true);
+    }
     // Raw bytes as a datagram, with no marker.
     void raw(const std::vector<std::byte>& bytes) {
       std::span<const std::byte> part(bytes);
@@ -1010,6 +1015,24 @@ TEST_F(HostileFramesTest, DatagramsNoMarkerClaimsAreDroppedAndTheItemsBehindArri
         << e.what();
   }
   EXPECT_THROW((void)q.get(), QueueClosed);
+}
+
+// A socket full of datagrams nobody will take (what producers killed between their send
+// and their marker leave) does not stop the queue: a producer that finds it full drops them
+// (consumers stop at its reserved marker, so nobody else could), and its item arrives.
+TEST_F(HostileFramesTest, DeadDatagramsFillingTheSocketAreDroppedByTheNextProducer) {
+  Queue<Tensor> q;
+  QueueInjector inject = intercept_queue<Queue<Tensor>>(q).first;
+  const std::vector<std::byte> dead = bytes(header(8), std::int64_t{1});
+  std::vector<std::byte> big = dead;
+  big.resize(60 * 1024);
+  int sent = 0;
+  while (inject.unannounced_now(std::uint64_t{1} << 40, big)) ++sent;
+  ASSERT_GT(sent, 0);
+  ASSERT_TRUE(q.try_put(Tensor::full({2}, 9.0f), std::chrono::seconds(10)))
+      << "the producer found no room after " << sent << " dead datagrams";
+  EXPECT_EQ(q.get().data_ptr<float>()[1], 9.0f);
+  EXPECT_FALSE(q.try_get().has_value());
 }
 
 // The same, on an open queue: two markers, and only the second one's datagram.
