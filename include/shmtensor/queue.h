@@ -89,6 +89,7 @@ class Queue {
 
  private:
   friend struct Codec<Queue<T>>;
+  friend struct internal::QueueAccess;
   explicit Queue(std::shared_ptr<internal::QueueCore> core) : core_(std::move(core)) {}
   static Encoder encode(const T& value) {
     Encoder e;

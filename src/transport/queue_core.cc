@@ -28,12 +28,16 @@
 #include <utility>
 #include <vector>
 
+#include "memory/registry.h"
+#include "memory/segment.h"
+#include "memory/storage_impl.h"
 #include "os/fork_handlers.h"
 #include "os/futex.h"
 #include "os/mapping.h"
 #include "os/proc.h"
 #include "os/shm.h"
 #include "os/socket.h"
+#include "shmtensor/internal/storage_access.h"
 #include "shmtensor/queue.h"
 #include "transport/busy_poll.h"
 #include "transport/channel.h"
@@ -45,8 +49,23 @@ namespace shmtensor::internal {
 namespace {
 
 constexpr std::uint64_t kQueueMagic = 0x314555455154534dULL;  // "MSTQUEU1"
-constexpr std::uint32_t kQueueLayoutVersion = 6;
+constexpr std::uint32_t kQueueLayoutVersion = 7;
 constexpr int kQueueHolderSlots = 128;
+// Segments a queue's depot can hold (docs/transport.md, "fds once per segment").
+constexpr int kQueueDepotSegments = 32;
+// The most datagrams a process looks at in the depot for one segment: more than the
+// producers put there (kQueueDepotSegments), so that a peer's junk cannot make it look for
+// ever.
+constexpr int kQueueDepotScan = 4 * kQueueDepotSegments;
+
+// A segment whose fd is in the queue's depot: items may name it without its fd. `uid` is
+// taken once, by CAS from 0, by the producer that deposits it; `deposited` is set (release)
+// once its fd is in the depot.
+struct DepotEntry {
+  std::atomic<std::uint64_t> uid;
+  std::atomic<std::uint64_t> deposited;
+};
+static_assert(sizeof(DepotEntry) == 16);
 
 // Shared by every process holding the queue (a sealed memfd, so it can be passed on).
 struct QueueControl {
@@ -94,11 +113,16 @@ struct QueueControl {
   // start), and a producer SIGKILLed before its sendmsg returned would take its place with
   // it; a producer that finds the queue full gives back those of dead holders.
   alignas(64) std::atomic<std::uint32_t> sending[kQueueHolderSlots];
+  // Robust, process-shared: held while a process looks through the depot (the socket's
+  // peek offset is shared by every holder).
+  alignas(64) pthread_mutex_t depot_lock;
+  alignas(64) DepotEntry depot[kQueueDepotSegments];
 };
 static_assert(std::is_standard_layout_v<QueueControl>);
 static_assert(std::atomic<std::uint32_t>::is_always_lock_free);
 static_assert(std::atomic<std::uint64_t>::is_always_lock_free);
-static_assert(sizeof(QueueControl) == 320 + 8 * kQueueHolderSlots + 4 * kQueueHolderSlots);
+static_assert(sizeof(QueueControl) ==
+              320 + 8 * kQueueHolderSlots + 4 * kQueueHolderSlots + 64 + 16 * kQueueDepotSegments);
 
 // Frees one reserved item slot; never below 0 (a raw peer may send a datagram for which no
 // producer reserved one).
@@ -231,6 +255,13 @@ struct QueueCore::State {
   UniqueFd ready_fd;
   int slot = -1;       // our holder slot (-1: none, overflow was set)
   int fork_slot = -1;  // claimed in prepare_fork for the child about to be forked
+  // Deposited segments this handle keeps mapped while it holds the queue, so that it looks
+  // in the depot once per segment. Guarded by pins_mu, which the fork handlers hold across
+  // fork (a child never inherits it locked).
+  std::mutex pins_mu;
+  std::vector<std::shared_ptr<Segment>> pins;
+  std::atomic<std::uint64_t> fds_sent{0};     // file_descriptor segment fds put in items
+  std::atomic<std::uint64_t> fds_omitted{0};  // left out of items
   QueueControl* control() const { return reinterpret_cast<QueueControl*>(control_map.data()); }
 };
 
@@ -248,14 +279,20 @@ void prepare_fork() noexcept {
   // The child will hold every queue we hold. Its slot is taken now, in our name, so that no
   // holder of ours can see "no other holder" and drain between fork and the child's start.
   g_fork_owner = current_slot_owner();
-  for (auto* st : *g_live) st->fork_slot = claim_holder(st->control(), g_fork_owner);
+  for (auto* st : *g_live) {
+    st->pins_mu.lock();  // held until after fork: no child inherits it locked
+    st->fork_slot = claim_holder(st->control(), g_fork_owner);
+  }
 }
 
 void parent_after_fork(bool /*fork_failed*/) noexcept {
   // The slot is the child's now. If the fork failed, it stays in our name until we exit:
   // that queue is then drained late, never too soon.
   if (g_live != nullptr)
-    for (auto* st : *g_live) st->fork_slot = -1;
+    for (auto* st : *g_live) {
+      st->fork_slot = -1;
+      st->pins_mu.unlock();
+    }
   g_live_mu.unlock();
 }
 
@@ -264,12 +301,15 @@ void child_after_fork() noexcept {
     const std::uint64_t me = current_slot_owner();  // recomputed: our pid changed
     for (auto* st : *g_live) {
       st->slot = std::exchange(st->fork_slot, -1);
-      if (st->slot < 0) continue;
-      // A CAS: had the parent died already, its slot could have been taken over.
-      std::uint64_t parent = g_fork_owner;
-      if (!st->control()->holders[st->slot].compare_exchange_strong(parent, me,
-                                                                    std::memory_order_seq_cst))
-        st->slot = claim_holder(st->control(), me);
+      if (st->slot >= 0) {
+        // A CAS: had the parent died already, its slot could have been taken over.
+        std::uint64_t parent = g_fork_owner;
+        if (!st->control()->holders[st->slot].compare_exchange_strong(
+                parent, me, std::memory_order_seq_cst)) {
+          st->slot = claim_holder(st->control(), me);
+        }
+      }
+      st->pins_mu.unlock();
     }
   }
   g_live_mu.unlock();
@@ -354,24 +394,177 @@ struct SharedLockGuard {
   ~SharedLockGuard() { ::pthread_mutex_unlock(m); }
 };
 
+// ---- fds once per segment (docs/transport.md) -------------------------------------------
+// The first producer that sends an arena segment deposits its fd in the queue: a datagram
+// [uid] with the fd, sent on the receiving end of the queue's socket pair to the sending
+// end, whose receive queue nobody reads (the depot). Once deposited, items name the
+// segment without its fd. A process that meets such an item and does not map the segment
+// peeks through the depot (MSG_PEEK with SO_PEEK_OFF: nothing is taken, so a process killed
+// meanwhile loses nothing) and maps it from there. The depot's fds live as long as the
+// queue's sockets: a producer may exit right after put, and a process that joins later
+// finds every segment there.
+
+// Only arena segments are deposited: they hold many blocks and live as long as their
+// arena. A dedicated segment (one large tensor) would stay alive with the queue.
+bool depositable(const Segment& seg) noexcept {
+  return seg.strategy() == SharingStrategy::kFileDescriptor && !seg.is_device() &&
+         seg.kind() == SegmentKind::kArena;
+}
+
+// The depot entry of `uid`, or -1. With `claim`, a free entry is taken for it: `claimed`
+// says whether this call took it (and must deposit).
+int find_depot_entry(QueueControl* c, std::uint64_t uid, bool claim, bool* claimed) noexcept {
+  for (int i = 0; i < kQueueDepotSegments; ++i) {
+    std::uint64_t u = c->depot[i].uid.load(std::memory_order_acquire);
+    if (u == uid) return i;
+    if (u != 0 || !claim) continue;
+    if (c->depot[i].uid.compare_exchange_strong(u, uid, std::memory_order_acq_rel)) {
+      *claimed = true;
+      return i;
+    }
+    if (u == uid) return i;
+  }
+  return -1;
+}
+
+bool is_pinned(const QueueCore::State& st, std::uint64_t uid) noexcept {
+  for (const auto& p : st.pins)
+    if (p->uid() == uid) return true;
+  return false;
+}
+
+// Under pins_mu.
+void pin(QueueCore::State& st, const std::shared_ptr<Segment>& seg) {
+  if (st.pins.size() < kQueueDepotSegments && !is_pinned(st, seg->uid())) st.pins.push_back(seg);
+}
+
+// FdElision::omit of a put (context: the handle's state): true once the segment is in the
+// depot. The first producer to send a segment claims its entry and deposits it; the item
+// that made it do so still carries the fd.
+bool omit_fd(void* context, const std::shared_ptr<Segment>& seg) {
+  auto& st = *static_cast<QueueCore::State*>(context);
+  QueueControl* c = st.control();
+  bool omit = false;
+  if (depositable(*seg)) {
+    bool claimed = false;
+    const int entry = find_depot_entry(c, seg->uid(), /*claim=*/true, &claimed);
+    if (entry >= 0 && claimed) {
+      // The receiving end sends to the sending end. A depot that cannot take it (a full
+      // buffer, too many fds in flight) leaves the entry undeposited: that segment's fd is
+      // then always sent.
+      const std::uint64_t uid = seg->uid();
+      const int fd = seg->fd();
+      try {
+        if (send_message(st.recv_fd.get(), std::array{std::as_bytes(std::span(&uid, 1))},
+                         std::span(&fd, 1), /*nonblocking=*/true))
+          c->depot[entry].deposited.store(1, std::memory_order_release);
+      } catch (const SystemError&) {
+      }
+    } else if (entry >= 0) {
+      omit = c->depot[entry].deposited.load(std::memory_order_acquire) != 0;
+    }
+  }
+  (omit ? st.fds_omitted : st.fds_sent).fetch_add(1, std::memory_order_relaxed);
+  return omit;
+}
+
+// SegmentFetcher::fetch of a get: maps segment `uid` from the depot (null when the depot
+// does not have it), and pins it.
+std::shared_ptr<Segment> fetch_deposited(void* context, std::uint64_t uid) {
+  auto& st = *static_cast<QueueCore::State*>(context);
+  QueueControl* c = st.control();
+  bool unused = false;
+  const int entry = find_depot_entry(c, uid, false, &unused);
+  if (entry < 0 || c->depot[entry].deposited.load(std::memory_order_acquire) == 0) return nullptr;
+  UniqueFd found;
+  {
+    (void)lock_shared(&c->depot_lock, std::nullopt);
+    SharedLockGuard unlock{&c->depot_lock};
+    const int sock = st.send_fd.get();
+    int offset = 0;  // from the first datagram, whatever a process killed here left
+    if (::setsockopt(sock, SOL_SOCKET, SO_PEEK_OFF, &offset, sizeof offset) != 0)
+      throw SystemError(errno, "setsockopt(SO_PEEK_OFF)", "a queue's depot");
+    for (int i = 0; i < kQueueDepotScan && !found.valid(); ++i) {
+      std::uint64_t id = 0;
+      iovec iov{&id, sizeof id};
+      alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)];
+      msghdr msg{};
+      msg.msg_iov = &iov;
+      msg.msg_iovlen = 1;
+      msg.msg_control = control;
+      msg.msg_controllen = sizeof control;
+      const ssize_t n = ::recvmsg(sock, &msg, MSG_PEEK | MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;  // looked at all
+      if (n < 0) throw SystemError(errno, "recvmsg", "a queue's depot");
+      // A peek installs copies of the datagram's fds here: each is owned at once.
+      std::vector<UniqueFd> fds;
+      for (cmsghdr* h = CMSG_FIRSTHDR(&msg); h != nullptr; h = CMSG_NXTHDR(&msg, h))
+        if (h->cmsg_level == SOL_SOCKET && h->cmsg_type == SCM_RIGHTS)
+          for (std::size_t k = 0; k < (h->cmsg_len - CMSG_LEN(0)) / sizeof(int); ++k) {
+            int fd;
+            std::memcpy(&fd, CMSG_DATA(h) + k * sizeof(int), sizeof fd);
+            fds.emplace_back(fd);
+          }
+      if (msg.msg_flags & MSG_CTRUNC)
+        throw ProtocolError(
+            "a queue's item names a segment that this process must map from the queue's "
+            "depot, and the depot's fd did not arrive (MSG_CTRUNC): this process is at its "
+            "open-file limit. Raise it with `ulimit -n`");
+      // What a producer deposits: 8 bytes and one fd. Anything else is a peer's junk.
+      if (n == static_cast<ssize_t>(sizeof id) && (msg.msg_flags & MSG_TRUNC) == 0 &&
+          fds.size() == 1 && id == uid)
+        found = std::move(fds[0]);
+    }
+    offset = -1;  // peeks without an offset again
+    (void)::setsockopt(sock, SOL_SOCKET, SO_PEEK_OFF, &offset, sizeof offset);
+  }
+  if (!found.valid()) return nullptr;
+  // Two threads may fetch at once: attach_fd registers one segment per uid.
+  std::shared_ptr<Segment> seg = Registry::instance().find_segment(uid);
+  if (!seg) seg = Segment::attach_fd(std::move(found), uid);
+  if (!depositable(*seg))
+    throw ProtocolError("a queue's depot holds a segment that is not an arena's");
+  std::lock_guard lock(st.pins_mu);
+  pin(st, seg);
+  return seg;
+}
+
+// After an item with fds was parsed: pins the deposited segments it named, so that this
+// handle never needs to look them up in the depot.
+void pin_received(QueueCore::State& st, Decoder& d) {
+  const auto& storages = CodecAccess::state(d).storages;
+  QueueControl* c = st.control();
+  std::lock_guard lock(st.pins_mu);
+  for (const Storage& s : storages) {
+    const auto& seg = StorageAccess::impl(s)->segment();
+    if (!depositable(*seg) || is_pinned(st, seg->uid())) continue;
+    bool unused = false;
+    if (find_depot_entry(c, seg->uid(), false, &unused) >= 0) pin(st, seg);
+  }
+}
+
+SegmentFetcher depot_of(QueueCore::State& st) noexcept { return {fetch_deposited, &st}; }
+
 // One datagram off the socket without waiting; kTimeout when there is none.
 Datagram datagram_now(int sock) { return receive_datagram(sock, std::chrono::steady_clock::now()); }
 
 // The frame of a datagram taken off a queue's socket, parsed (the caller checked that it
 // holds a marker position).
-Decoder parse_announced(Datagram&& d) {
+Decoder parse_announced(Datagram&& d, QueueCore::State& st) {
   const std::span<const std::byte> frame(d.buffer.get() + kMarkerIdBytes, d.size - kMarkerIdBytes);
-  return parse_frame(frame, std::move(d.fds), std::move(d.buffer));
+  const SegmentFetcher depot = depot_of(st);
+  return parse_frame(frame, std::move(d.fds), std::move(d.buffer), &depot);
 }
 
 // A datagram no marker will claim: parsed and dropped, so that the counts it carries go
 // back (a malformed one has none to give back). Its place in a bounded queue is not
 // freed here: a producer that died before its marker had its place given back as a dead
 // sender's, and a consumer frees its place when it takes the marker.
-void drop_datagram(Datagram&& d) noexcept {
+void drop_datagram(Datagram&& d, QueueCore::State& st) noexcept {
   if (d.status != RecvStatus::kOk || d.size < kMarkerIdBytes) return;
   try {
-    (void)parse_announced(std::move(d));
+    (void)parse_announced(std::move(d), st);
   } catch (...) {
   }
 }
@@ -456,7 +649,7 @@ bool send_announced(QueueCore::State& st, OutgoingFrame& frame, const Deadline& 
   bool sent = false;
   try {
     sent = send_frame(st.send_fd.get(), frame, deadline, std::as_bytes(std::span(&id, 1)), [&] {
-      for (Datagram& d : take_dead_heads(st)) drop_datagram(std::move(d));
+      for (Datagram& d : take_dead_heads(st)) drop_datagram(std::move(d), st);
     });
   } catch (...) {
     st.ring.cancel(r.pos);
@@ -489,10 +682,11 @@ Datagram take_announced(QueueCore::State& st, std::uint64_t pos) {
   std::vector<Datagram> dead;
   struct DropDead {  // after the lock is given back, on every path
     std::vector<Datagram>& dead;
+    QueueCore::State& st;
     ~DropDead() {
-      for (Datagram& d : dead) drop_datagram(std::move(d));
+      for (Datagram& d : dead) drop_datagram(std::move(d), st);
     }
-  } drop_dead{dead};
+  } drop_dead{dead, st};
   auto missing = [&] {
     return ProtocolError("a marker in the queue's ring at position " + std::to_string(pos) +
                          " announces a datagram the socket does not have (another process "
@@ -627,10 +821,11 @@ void drain(QueueCore::State& st) noexcept {
       if (t.status != Ring::Status::kOk) break;
       release_item(c);
       if (t.tag == kQueueRingItem) {
-        (void)parse_frame(std::span(t.buffer.get(), t.size), {}, t.buffer);
+        const SegmentFetcher depot = depot_of(st);
+        (void)parse_frame(std::span(t.buffer.get(), t.size), {}, t.buffer, &depot);
       } else if (t.tag == kQueueRingMarker) {
         t.buffer.reset();
-        drop_datagram(take_announced(st, t.pos));
+        drop_datagram(take_announced(st, t.pos), st);
       }
     } catch (...) {
     }
@@ -645,7 +840,7 @@ void drain(QueueCore::State& st) noexcept {
       return;  // the socket itself failed: nothing more to read
     }
     if (d.status != RecvStatus::kOk) return;
-    drop_datagram(std::move(d));  // dropping it gives back what it adopted
+    drop_datagram(std::move(d), st);  // dropping it gives back what it adopted
   }
 }
 
@@ -742,6 +937,11 @@ std::shared_ptr<QueueCore> QueueCore::create(std::size_t maxsize) {
   c->taken_below = 0;
   for (auto& h : c->holders) h.store(0, std::memory_order_relaxed);
   for (auto& n : c->sending) n.store(0, std::memory_order_relaxed);
+  init_shared_mutex(&c->depot_lock);
+  for (auto& e : c->depot) {
+    e.uid.store(0, std::memory_order_relaxed);
+    e.deposited.store(0, std::memory_order_relaxed);
+  }
   st->slot = claim_holder(c, current_slot_owner());
   std::atomic_ref<std::uint64_t>(c->magic).store(kQueueMagic, std::memory_order_release);
   return std::make_shared<QueueCore>(std::move(st));
@@ -792,7 +992,8 @@ bool QueueCore::put(Encoder&& e, std::optional<std::chrono::nanoseconds> timeout
   if (!admit(state_->control(), deadline, state_->slot, &place)) return false;
   Ring& ring = state_->ring;
   try {
-    OutgoingFrame frame = finish_frame(std::move(e));
+    const FdElision elision{omit_fd, state_.get()};
+    OutgoingFrame frame = finish_frame(std::move(e), &elision);
     const auto parts = frame.parts();
     std::size_t size = 0;
     for (const auto& part : parts) size += part.size();
@@ -832,13 +1033,16 @@ std::optional<Decoder> QueueCore::get(std::optional<std::chrono::nanoseconds> ti
   release_item(c);
   if (t.tag == kQueueRingItem) {
     const std::span<const std::byte> bytes(t.buffer.get(), t.size);
-    return parse_frame(bytes, {}, std::move(t.buffer));
+    const SegmentFetcher depot = depot_of(*state_);
+    return parse_frame(bytes, {}, std::move(t.buffer), &depot);
   }
   if (t.tag != kQueueRingMarker)
     throw ProtocolError("a slot of the queue's ring has tag " + std::to_string(t.tag) +
                         ", neither an item nor a marker");
   t.buffer.reset();  // the datagram is received into the same per-thread buffer
-  return parse_announced(take_announced(*state_, t.pos));
+  Decoder d = parse_announced(take_announced(*state_, t.pos), *state_);
+  pin_received(*state_, d);
+  return d;
 }
 
 void QueueCore::close() noexcept {
@@ -859,6 +1063,11 @@ int QueueCore::readiness_fd() noexcept {
   std::atomic_thread_fence(std::memory_order_seq_cst);
   if (state_->ring.maybe_nonempty() || closed()) signal_ready(*state_);
   return state_->ready_fd.get();
+}
+
+QueueCore::FdCounts QueueCore::fd_counts() const noexcept {
+  return {state_->fds_sent.load(std::memory_order_relaxed),
+          state_->fds_omitted.load(std::memory_order_relaxed)};
 }
 
 bool QueueCore::closed() const noexcept {

@@ -191,8 +191,22 @@ struct UnusableSegments {
 
 std::shared_ptr<Segment> resolve_segment(const SegmentEntry& e, std::string_view name,
                                          std::vector<UniqueFd>& fds, std::size_t index,
-                                         UnusableSegments& unusable) {
+                                         UnusableSegments& unusable,
+                                         const SegmentFetcher* fetcher) {
   if (e.strategy == 2) return resolve_device_segment(e, fds, index, unusable);
+  if (e.strategy == 0 && e.fd_index == kFdOmitted) {
+    // Sent without its fd: mapped here already, or the transport has it (a queue's
+    // deposited segments, docs/transport.md).
+    auto seg = Registry::instance().find_segment(e.uid);
+    if (!seg && fetcher != nullptr) seg = fetcher->fetch(fetcher->context, e.uid);
+    if (!seg)
+      bad("a file_descriptor segment sent without its fd is neither mapped here nor "
+          "deposited with the transport (uid " + std::to_string(e.uid) + ")");
+    if (seg->mapped_size() != e.total_size || seg->is_device() ||
+        seg->strategy() != SharingStrategy::kFileDescriptor)
+      bad("segment sent without its fd disagrees with its mapping");
+    return seg;
+  }
   if (e.strategy == 0) {
     if (e.fd_index < 0 || static_cast<std::size_t>(e.fd_index) >= fds.size() ||
         !fds[e.fd_index].valid())
@@ -259,7 +273,7 @@ class NamedCounts {
 }  // namespace
 
 Decoder parse_frame(std::span<const std::byte> datagram, std::vector<UniqueFd> fds,
-                    std::shared_ptr<const void> keep) {
+                    std::shared_ptr<const void> keep, const SegmentFetcher* fetcher) {
   if (datagram.size() < sizeof(FrameHeader)) bad("shorter than a frame header");
   FrameHeader h;
   std::memcpy(&h, datagram.data(), sizeof h);
@@ -320,7 +334,7 @@ Decoder parse_frame(std::span<const std::byte> datagram, std::vector<UniqueFd> f
       if (e.name_length == 0 || e.name_length > kMaxNameLength) bad("bad segment name length");
       name = r.take_name(e.name_length);
     }
-    segments.push_back(resolve_segment(e, name, fds, i, unusable));
+    segments.push_back(resolve_segment(e, name, fds, i, unusable, fetcher));
   }
   // A sender lists each segment once. Listed twice, a segment would have its message count
   // given back twice (NamedCounts) by a frame that carries one: a peer could rewrite a

@@ -93,7 +93,7 @@ OutgoingFrame::~OutgoingFrame() {
   recycle(std::move(st));
 }
 
-OutgoingFrame finish_frame(Encoder&& encoder) {
+OutgoingFrame finish_frame(Encoder&& encoder, const FdElision* elision) {
   // The frame owns the message's state from here: if anything below throws, its
   // destructor gives back what was counted so far and runs the encoded objects' undo.
   OutgoingFrame frame;
@@ -143,8 +143,12 @@ OutgoingFrame finish_frame(Encoder&& encoder) {
       append(&e, sizeof e);
     } else if (seg->strategy() == SharingStrategy::kFileDescriptor) {
       e.strategy = 0;
-      e.fd_index = static_cast<std::int32_t>(st.fds.size());
-      st.fds.push_back(seg->fd());
+      if (elision != nullptr && elision->omit(elision->context, seg)) {
+        e.fd_index = kFdOmitted;
+      } else {
+        e.fd_index = static_cast<std::int32_t>(st.fds.size());
+        st.fds.push_back(seg->fd());
+      }
       append(&e, sizeof e);
     } else {
       e.strategy = 1;

@@ -48,11 +48,16 @@ struct SegmentEntry {
   std::uint8_t strategy;     // 0 file_descriptor, 1 file_system, 2 device (two fds)
   std::uint8_t reserved;
   std::uint16_t name_length;  // file_system: bytes of the name that follows
-  // file_descriptor: index into the fds; device: the memfd's index, the allocation's fd
-  // follows it; -1 otherwise
+  // file_descriptor: index into the fds, or kFdOmitted; device: the memfd's index, the
+  // allocation's fd follows it; -1 otherwise
   std::int32_t fd_index;
 };
 static_assert(sizeof(SegmentEntry) == 24);
+
+// A file_descriptor segment's fd_index when its fd was left out: a Queue's producer
+// deposited the segment with the queue (docs/transport.md, "fds once per segment"). A
+// receiver that neither maps it nor has it in its transport's depot refuses the message.
+inline constexpr std::int32_t kFdOmitted = -2;
 
 struct StorageEntry {
   std::uint32_t segment_index;

@@ -93,6 +93,7 @@ struct CodecAccess {
   }
   static std::vector<std::byte>& payload(Encoder& e) noexcept { return e.payload_; }
   static Decoder decoder(std::unique_ptr<DecoderState> state) { return Decoder(std::move(state)); }
+  static DecoderState& state(Decoder& d) noexcept { return *d.state_; }
 };
 
 // An encoded message ready to send: its header and the encoder's state, which holds the
@@ -116,20 +117,38 @@ struct OutgoingFrame {
   OutgoingFrame& operator=(OutgoingFrame&&) = delete;
 };
 
+// A transport's say in which segment fds a frame leaves out (docs/transport.md, "fds once
+// per segment"): asked once per file_descriptor segment (not device) the message uses;
+// true leaves its fd out (SegmentEntry::fd_index kFdOmitted). Null: every fd is sent.
+struct FdElision {
+  bool (*omit)(void* context, const std::shared_ptr<Segment>& segment);
+  void* context;
+};
+
+// A transport's way to get a segment that a frame names without its fd (kFdOmitted) and
+// that this process does not map: returns it mapped, or null when the transport does not
+// have it. Null: such a frame is refused.
+struct SegmentFetcher {
+  std::shared_ptr<Segment> (*fetch)(void* context, std::uint64_t uid);
+  void* context;
+};
+
 // The frame stage. Moves every storage the encoder collected into shared memory (with the
 // current sharing strategy), then adds the counts the receiver adopts (block in-flight
 // counts; file_system segments' refcounts), last, once nothing else can fail. Throws
 // SystemError / SharedMemoryFullError (no shared memory), Error (more fds than a message
 // carries, or a block carried by 65535 unreceived messages).
-OutgoingFrame finish_frame(Encoder&& encoder);
+OutgoingFrame finish_frame(Encoder&& encoder, const FdElision* elision = nullptr);
 
 // The parse stage. Validates one received datagram and its fds and resolves every storage
 // reference (mapping segments not yet mapped, reusing those that are). The Decoder reads
 // its payload in place: `keep` must own the datagram's bytes, or be null when the caller
-// keeps them alive as long as the Decoder. Throws ProtocolError on any malformed or
+// keeps them alive as long as the Decoder. A segment named without its fd (kFdOmitted)
+// must be mapped here already, or be one `fetcher` has. Throws ProtocolError on any malformed or
 // inconsistent input, SystemError when a named segment cannot be opened or mapped; the
 // fds are closed then.
 Decoder parse_frame(std::span<const std::byte> datagram, std::vector<UniqueFd> fds,
-                    std::shared_ptr<const void> keep = nullptr);
+                    std::shared_ptr<const void> keep = nullptr,
+                    const SegmentFetcher* fetcher = nullptr);
 
 }  // namespace shmtensor::internal

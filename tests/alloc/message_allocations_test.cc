@@ -98,9 +98,16 @@ TEST_P(MessageAllocationsTest, ATupleThroughAQueueAllocatesOnlyItsDecodedTensors
     }
   });
   EXPECT_EQ(labels, std::int64_t{kRounds} * (kRounds - 1) / 2 + kRounds);
-  // Two tensors: 4 vectors; file_descriptor: their segments' fds arrive in one list.
-  const std::int64_t per_message = GetParam() == SharingStrategy::kFileDescriptor ? 5 : 4;
-  EXPECT_EQ(n, per_message * kRounds);
+  // Two tensors: 4 vectors. No fd list with file_descriptor either: the segments were
+  // deposited with the queue by the first put, and items name them without fds.
+  EXPECT_EQ(n, 4 * kRounds);
+  const auto fds = internal::QueueAccess::core(q).fd_counts();
+  if (GetParam() == SharingStrategy::kFileDescriptor) {
+    EXPECT_EQ(fds.omitted, 2u * (16 + kRounds) - fds.sent);
+    EXPECT_LE(fds.sent, 2u);  // the first put's (both tensors may share one segment)
+  } else {
+    EXPECT_EQ(fds.sent + fds.omitted, 0u);
+  }
 }
 
 // States given back on another thread than the one that took them join that thread's

@@ -144,6 +144,13 @@ class HostileFramesTest : public testing::LeakCheckedTest {
   struct QueueInjector {
     internal::UniqueFd sock;
     internal::Ring ring;
+    // The receive socket: what it sends lands in the send socket's receive queue, the
+    // queue's depot of segment fds.
+    internal::UniqueFd depot;
+    void deposit(const std::vector<std::byte>& bytes, std::vector<int> fds = {}) {
+      std::span<const std::byte> part(bytes);
+      internal::send_message(depot.get(), std::span(&part, 1), fds);
+    }
     // A datagram, announced by a marker in the ring (the path of an item with fds): the
     // marker's position reserved, [position][frame] sent, the marker published.
     void datagram(const std::vector<std::byte>& frame, std::vector<int> fds = {}) {
@@ -185,7 +192,8 @@ class HostileFramesTest : public testing::LeakCheckedTest {
       throw std::runtime_error("a queue travelled with " + std::to_string(f.fds.size()) +
                                " fds, not 5");
     QueueInjector inject{internal::dup_cloexec(f.fds[0].get()),
-                         internal::Ring::attach(internal::dup_cloexec(f.fds[3].get()))};
+                         internal::Ring::attach(internal::dup_cloexec(f.fds[3].get())),
+                         internal::dup_cloexec(f.fds[1].get())};
     send_raw(f.bytes, f.fd_numbers());
     f.fds.clear();
     return {std::move(inject), conn_.recv<Received>()};
@@ -1055,6 +1063,36 @@ TEST_F(HostileFramesTest, AMarkerWhoseDatagramIsBehindALaterOnesIsAnErrorAndTheL
   // The second marker's datagram is a frame that does not decode as a tensor.
   EXPECT_THROW((void)q.get(), ProtocolError);
   EXPECT_EQ(q.get().data_ptr<float>()[1], 3.0f);
+  EXPECT_FALSE(q.try_get().has_value());
+}
+
+// A queue's depot (the send socket's receive queue) holds what any holder sends there, and
+// its peek offset is whatever the last process left: a consumer looking for a deposited
+// segment skips datagrams that are not a producer's deposit (no fd, two fds, a short one,
+// another uid) and starts from the first datagram whatever the offset.
+TEST_F(HostileFramesTest, JunkInAQueuesDepotAndAStalePeekOffsetAreSkipped) {
+  ASSERT_EQ(get_sharing_strategy(), SharingStrategy::kFileDescriptor);
+  Queue<Tensor> q;
+  auto [inject, copy] = intercept_queue<Queue<Tensor>>(q);
+  inject.deposit(bytes(std::uint64_t{5}));
+  {
+    internal::UniqueFd a = memfd(4096), b = memfd(4096);
+    inject.deposit(bytes(std::uint32_t{7}), {a.get()});
+    inject.deposit(bytes(std::uint64_t{12345}), {a.get()});
+    inject.deposit(bytes(std::uint64_t{0}), {a.get(), b.get()});
+  }
+  // The producer takes back the one item that carries the fd: no process but it ever
+  // receives the segment's fd, and this one maps the segment only from the depot.
+  EXPECT_EQ(testing::run_in_child([&q] {
+              q.put(Tensor::full({10}, -1, DType::kInt32));
+              EXPECT_EQ(q.get().data_ptr<std::int32_t>()[0], -1);
+              for (int i = 0; i < 10; ++i) q.put(Tensor::full({10}, i, DType::kInt32));
+              EXPECT_EQ(internal::QueueAccess::core(q).fd_counts().omitted, 10u);
+            }),
+            0);
+  const int offset = 1 << 20;  // past every datagram there, the deposit included
+  ASSERT_EQ(::setsockopt(inject.sock.get(), SOL_SOCKET, SO_PEEK_OFF, &offset, sizeof offset), 0);
+  for (int i = 0; i < 10; ++i) EXPECT_EQ(copy.get().data_ptr<std::int32_t>()[9], i);
   EXPECT_FALSE(q.try_get().has_value());
 }
 

@@ -49,12 +49,27 @@ class QueueCore : public std::enable_shared_from_this<QueueCore> {
   [[nodiscard]] std::size_t size() const noexcept;
   [[nodiscard]] std::size_t maxsize() const noexcept;
   void encode(Encoder& e) const;
+  // file_descriptor segment fds this handle put in items, and left out of them because
+  // every holder maps the segment (docs/transport.md, "fds once per segment").
+  struct FdCounts {
+    std::uint64_t sent = 0;
+    std::uint64_t omitted = 0;
+  };
+  [[nodiscard]] FdCounts fd_counts() const noexcept;
 
   struct State;
   explicit QueueCore(std::unique_ptr<State> state);  // for make_shared: use the factories
 
  private:
   std::unique_ptr<State> state_;
+};
+
+// Tests and benchmarks reach a Queue's core through this (Queue befriends it).
+struct QueueAccess {
+  template <class Q>
+  static QueueCore& core(Q& q) noexcept {
+    return *q.core_;
+  }
 };
 
 }  // namespace shmtensor::internal
