@@ -12,7 +12,9 @@
 // Mechanism: a ring of message slots in shared memory (an item without fds that fits a
 // slot is written there: no syscall while nobody sleeps), one SOCK_SEQPACKET socket pair
 // for the items that carry fds (each a datagram, announced by a slot in the ring so that
-// one producer's items stay in order), a readiness eventfd, and a small shared control
+// one producer's items stay in order; a file_descriptor arena segment's fd goes once, into
+// the queue's depot, and later items name the segment without it), a readiness eventfd,
+// and a small shared control
 // block (item count for maxsize, closed flag, the processes holding the queue) on which
 // blocked producers wait with a futex (docs/transport.md).
 //
@@ -29,7 +31,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <exception>
 #include <optional>
+#include <span>
+#include <vector>
 
 #include "shmtensor/codec.h"
 #include "shmtensor/internal/duration.h"
@@ -72,6 +77,30 @@ class Queue {
     if (!d) return std::nullopt;
     return decode(*d);
   }
+  // Batches: put() of each value in order, waking consumers asleep once for the batch
+  // rather than once per item (a wake-up on another CPU costs microseconds). Blocks while
+  // the queue is full, waking the consumers first. Throws as put(); the values before the
+  // error are in the queue.
+  void put_many(std::span<const T> values) { (void)put_batch(values, std::nullopt); }
+  // The same, waiting up to `timeout` in all for room; returns how many were put (the
+  // first ones, in order: all, or fewer when the timeout passed first).
+  [[nodiscard]] std::size_t try_put_many(std::span<const T> values,
+                                         Duration timeout = Duration::zero()) {
+    return put_batch(values, internal::to_nanoseconds(timeout));
+  }
+  // Waits for one item as get() does, then takes up to max_items - 1 more that are there
+  // already, in one call. An item after the first that cannot be received (malformed, not
+  // a T, a segment that cannot be mapped here) is consumed as by get(): the others are
+  // returned, and its error is thrown by the next get, try_get, get_many or try_get_many
+  // on this queue object or its copies in this process.
+  [[nodiscard]] std::vector<T> get_many(std::size_t max_items) {
+    return get_batch(max_items, std::nullopt);
+  }
+  // The same, waiting up to `timeout` for the first item; empty if none came.
+  [[nodiscard]] std::vector<T> try_get_many(std::size_t max_items,
+                                            Duration timeout = Duration::zero()) {
+    return get_batch(max_items, internal::to_nanoseconds(timeout));
+  }
   // No more put()s anywhere; get()s drain what is there, then throw QueueClosed.
   void close() noexcept { core_->close(); }
   [[nodiscard]] bool closed() const noexcept { return core_->closed(); }
@@ -100,6 +129,28 @@ class Queue {
     T value = d.template decode<T>();
     d.finish();
     return value;
+  }
+  std::size_t put_batch(std::span<const T> values, std::optional<std::chrono::nanoseconds> timeout) {
+    std::vector<Encoder> encoded;
+    encoded.reserve(values.size());
+    for (const T& v : values) encoded.push_back(encode(v));
+    return core_->put_many(encoded, timeout);
+  }
+  std::vector<T> get_batch(std::size_t max_items, std::optional<std::chrono::nanoseconds> timeout) {
+    std::vector<Decoder> taken = core_->get_many(max_items, timeout);
+    std::vector<T> out;
+    out.reserve(taken.size());
+    std::exception_ptr error;
+    for (Decoder& d : taken) {
+      try {
+        out.push_back(decode(d));
+      } catch (...) {
+        if (!error) error = std::current_exception();
+      }
+    }
+    if (error && out.empty()) std::rethrow_exception(error);
+    if (error) core_->defer_error(error);
+    return out;
   }
   std::shared_ptr<internal::QueueCore> core_;
 };

@@ -189,6 +189,31 @@ class PyQueue {
     if (!item) return std::nullopt;
     return item_to_python(std::move(*item));
   }
+  // Batches (Queue.put_many / get_many): `items` are (data, blocks) pairs. Returns how many
+  // were put (timeout None: all, waiting for room as needed).
+  std::size_t put_many(const std::vector<std::pair<py::bytes, std::vector<Tensor>>>& items,
+                       std::optional<double> timeout) {
+    std::vector<Item> batch;
+    batch.reserve(items.size());
+    for (const auto& [data, blocks] : items) batch.push_back(make_item(data, blocks));
+    py::gil_scoped_release release;
+    if (!timeout) {
+      q_.put_many(batch);
+      return batch.size();
+    }
+    return q_.try_put_many(batch, *to_timeout(timeout));
+  }
+  // Up to max_items (data, blocks) tuples; empty on timeout.
+  py::list get_many(std::size_t max_items, std::optional<double> timeout) {
+    std::vector<Item> items;
+    {
+      py::gil_scoped_release release;
+      items = timeout ? q_.try_get_many(max_items, *to_timeout(timeout)) : q_.get_many(max_items);
+    }
+    py::list out;
+    for (Item& item : items) out.append(item_to_python(std::move(item)));
+    return out;
+  }
   Queue<Item>& get_queue() { return q_; }
   // An fd that is readable when an item (or the end of a closed queue) may be there, for
   // multiprocessing.connection.wait (Pool waits on its queues so): the queue's readiness
@@ -268,6 +293,8 @@ void bind_transport(py::module_& m) {
            py::arg("maxsize") = 0)
       .def("put", &PyQueue::put, py::arg("data"), py::arg("blocks"), py::arg("timeout"))
       .def("get", &PyQueue::get, py::arg("timeout"))
+      .def("put_many", &PyQueue::put_many, py::arg("items"), py::arg("timeout"))
+      .def("get_many", &PyQueue::get_many, py::arg("max_items"), py::arg("timeout"))
       .def("qsize", [](PyQueue& q) { return q.get_queue().size(); })
       .def("fileno", &PyQueue::fileno)
       .def_property_readonly("maxsize", [](PyQueue& q) { return q.get_queue().maxsize(); })

@@ -82,6 +82,61 @@ def test_queue_methods():
         q.get()
 
 
+def _put_batches(q, n, batch):
+    for start in range(0, n, batch):
+        objs = [(i, np.full(5, i, dtype=np.int64)) for i in range(start, min(start + batch, n))]
+        assert q.put_many(objs) == len(objs)
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_queue_put_many_and_get_many_across_processes(method):
+    # A bounded queue smaller than a batch: the producer wakes the consumer before it
+    # waits for room. Every item arrives once, in order, with its array.
+    ctx = smp.get_context(method)
+    q = ctx.Queue(maxsize=8)
+    p = ctx.Process(target=_put_batches, args=(q, 1000, 64))
+    p.start()
+    got = []
+    while len(got) < 1000:
+        batch = q.get_many(50, timeout=60)
+        assert 1 <= len(batch) <= 50
+        got.extend(batch)
+    assert [i for i, _ in got] == list(range(1000))
+    assert all(a.tolist() == [i] * 5 for i, a in got)
+    p.join(60)
+    assert p.exitcode == 0
+    with pytest.raises(queue.Empty):
+        q.get_many(10, block=False)
+
+
+class _Unpicklable:
+    def __reduce__(self):
+        return (_refuse, ())
+
+
+def _refuse():
+    raise RuntimeError("refused to unpickle")
+
+
+def test_queue_batches_timeouts_and_errors():
+    q = smp.Queue(maxsize=3)
+    assert q.put_many([1, 2, 3, 4, 5], timeout=0.05) == 3
+    assert q.put_many([6], block=False) == 0
+    assert q.get_many(10) == [1, 2, 3]
+    with pytest.raises(queue.Empty):
+        q.get_many(10, timeout=0.05)
+    with pytest.raises(ValueError, match="at least 1"):
+        q.get_many(0)
+    # An item that cannot be unpickled: the others of its batch are returned, its error
+    # is raised by the next call, then the queue goes on.
+    assert q.put_many([7, _Unpicklable(), 8]) == 3
+    assert q.get_many(10) == [7, 8]
+    with pytest.raises(RuntimeError, match="refused to unpickle"):
+        q.get_many(10, block=False)
+    q.put(9)
+    assert q.get() == 9
+
+
 def test_simple_queue():
     q = smp.SimpleQueue()
     assert q.empty()

@@ -262,6 +262,10 @@ struct QueueCore::State {
   std::vector<std::shared_ptr<Segment>> pins;
   std::atomic<std::uint64_t> fds_sent{0};     // file_descriptor segment fds put in items
   std::atomic<std::uint64_t> fds_omitted{0};  // left out of items
+  // An error get_many() met after it had taken items: thrown by the next get or get_many.
+  std::mutex deferred_mu;
+  std::exception_ptr deferred;
+  std::atomic<bool> has_deferred{false};
   QueueControl* control() const { return reinterpret_cast<QueueControl*>(control_map.data()); }
 };
 
@@ -769,20 +773,29 @@ Datagram take_announced(QueueCore::State& st, std::uint64_t pos) {
   }
 }
 
-// One item taken off the ring, not parsed yet: its bytes in `buffer`, or its datagram.
+// One item taken off the ring, not parsed yet: its bytes at `data` (in `buffer`), or its
+// datagram.
 struct TakenItem {
   Ring::Status status = Ring::Status::kTimeout;
   std::shared_ptr<std::byte[]> buffer;
+  std::byte* data = nullptr;
   std::size_t size = 0;
   std::uint32_t tag = 0;
   std::uint64_t pos = 0;  // a marker's, whose slot stays claimed until released
 };
 
-TakenItem take_item(Ring& ring, const Deadline& deadline) {
+// Into `at`, max_message() bytes of `buffer`; by default this thread's receive buffer.
+TakenItem take_item(Ring& ring, const Deadline& deadline,
+                    std::shared_ptr<std::byte[]> buffer = nullptr, std::byte* at = nullptr) {
   TakenItem t;
-  t.buffer = receive_buffer();
-  Ring::Popped p =
-      ring.pop(std::span(t.buffer.get(), kMaxInlineFrame), deadline, kQueueRingMarker);
+  if (buffer) {
+    t.buffer = std::move(buffer);
+    t.data = at;
+  } else {
+    t.buffer = receive_buffer();
+    t.data = t.buffer.get();
+  }
+  Ring::Popped p = ring.pop(std::span(t.data, ring.max_message()), deadline, kQueueRingMarker);
   t.status = p.status;
   t.size = p.size;
   t.tag = p.tag;
@@ -822,7 +835,7 @@ void drain(QueueCore::State& st) noexcept {
       release_item(c);
       if (t.tag == kQueueRingItem) {
         const SegmentFetcher depot = depot_of(st);
-        (void)parse_frame(std::span(t.buffer.get(), t.size), {}, t.buffer, &depot);
+        (void)parse_frame(std::span(t.data, t.size), {}, t.buffer, &depot);
       } else if (t.tag == kQueueRingMarker) {
         t.buffer.reset();
         drop_datagram(take_announced(st, t.pos), st);
@@ -986,63 +999,161 @@ std::shared_ptr<QueueCore> QueueCore::decode(Decoder& d) {
   return std::make_shared<QueueCore>(std::move(st));
 }
 
-bool QueueCore::put(Encoder&& e, std::optional<std::chrono::nanoseconds> timeout) {
+std::size_t QueueCore::put_many(std::span<Encoder> items,
+                               std::optional<std::chrono::nanoseconds> timeout) {
   const Deadline deadline = deadline_after(timeout);
-  ItemPlace place;
-  if (!admit(state_->control(), deadline, state_->slot, &place)) return false;
+  QueueControl* c = state_->control();
   Ring& ring = state_->ring;
-  try {
-    const FdElision elision{omit_fd, state_.get()};
-    OutgoingFrame frame = finish_frame(std::move(e), &elision);
-    const auto parts = frame.parts();
-    std::size_t size = 0;
-    for (const auto& part : parts) size += part.size();
-    if (frame.fds().empty() && size <= ring.max_message()) {
-      switch (ring.push_parts(parts, kQueueRingItem, deadline)) {
-        case Ring::Status::kOk:
-          frame.sent = true;  // the receiver now owns the in-flight counts
-          break;
-        case Ring::Status::kTimeout:
-          return false;
-        case Ring::Status::kClosed:
-          throw QueueClosed("put() on a closed queue");
-      }
-    } else if (!send_announced(*state_, frame, deadline)) {
-      return false;
+  const FdElision elision{omit_fd, state_.get()};
+  // Consumers asleep are woken once for the items published so far, at the end and
+  // before any wait (for room, for the ring, for send_lock): a consumer is never left
+  // asleep while this producer waits for it.
+  std::size_t put = 0;
+  struct Batch {
+    State& st;
+    std::size_t& put;
+    int unwoken = 0;
+    void wake() noexcept {
+      st.ring.wake_consumers(unwoken);
+      unwoken = 0;
     }
-  } catch (const SystemError& err) {
-    if (err.error_code() == EPIPE) throw QueueClosed("put() on a closed queue");
-    throw;
+    ~Batch() {  // also when an error ends the batch
+      wake();
+      if (put > 0) notify_ready(st);
+    }
+  } batch{*state_, put};
+  auto wake = [&batch] { batch.wake(); };
+  int& unwoken = batch.unwoken;
+  // A deadline already past: a first try that does not wait (and reads no clock).
+  const Deadline now = std::chrono::steady_clock::time_point{};
+  for (Encoder& e : items) {
+    ItemPlace place;
+    if (!admit(c, now, state_->slot, &place)) {
+      wake();
+      if (!admit(c, deadline, state_->slot, &place)) break;
+    }
+    try {
+      OutgoingFrame frame = finish_frame(std::move(e), &elision);
+      const auto parts = frame.parts();
+      std::size_t size = 0;
+      for (const auto& part : parts) size += part.size();
+      if (frame.fds().empty() && size <= ring.max_message()) {
+        Ring::Status status = ring.push_parts(parts, kQueueRingItem, now, Ring::Wake::kDeferred);
+        if (status == Ring::Status::kTimeout) {
+          wake();
+          status = ring.push_parts(parts, kQueueRingItem, deadline, Ring::Wake::kDeferred);
+        }
+        if (status == Ring::Status::kTimeout) break;
+        if (status == Ring::Status::kClosed) throw QueueClosed("put() on a closed queue");
+        frame.sent = true;  // the receiver now owns the in-flight counts
+        ++unwoken;
+      } else {
+        wake();
+        if (!send_announced(*state_, frame, deadline)) break;
+      }
+    } catch (const SystemError& err) {
+      if (err.error_code() == EPIPE) throw QueueClosed("put() on a closed queue");
+      throw;
+    }
+    place.sent();
+    ++put;
   }
-  place.sent();
-  notify_ready(*state_);
-  return true;
+  return put;
 }
 
-std::optional<Decoder> QueueCore::get(std::optional<std::chrono::nanoseconds> timeout) {
-  auto* c = state_->control();
-  TakenItem t = take_item_polling(state_->ring, deadline_after(timeout));
-  rearm_ready(*state_);
-  if (t.status == Ring::Status::kTimeout) return std::nullopt;
-  if (t.status == Ring::Status::kClosed) throw QueueClosed("get() on a closed and empty queue");
+namespace {
+
+// The rest of a get once the item left the ring: frees its place, then parses it.
+Decoder receive_taken(QueueCore::State& st, TakenItem&& t) {
   // The place is free once the item left the ring, before it is parsed: parsing may wait
   // seconds (mapping a named segment may have to start the manager daemon), and a consumer
   // SIGKILLed meanwhile would take the place with it. An item that fails to parse
   // (malformed, or a segment that cannot be mapped here) frees it all the same.
   // acq_rel (release_item): a producer that sees the freed place may reuse it.
-  release_item(c);
+  release_item(st.control());
   if (t.tag == kQueueRingItem) {
-    const std::span<const std::byte> bytes(t.buffer.get(), t.size);
-    const SegmentFetcher depot = depot_of(*state_);
-    return parse_frame(bytes, {}, std::move(t.buffer), &depot);
+    const std::span<const std::byte> bytes(t.data, t.size);
+    const SegmentFetcher depot = depot_of(st);
+    // Aliasing: the decoder keeps the whole buffer alive, and reads its own bytes.
+    return parse_frame(bytes, {}, std::shared_ptr<const void>(std::move(t.buffer), t.data),
+                       &depot);
   }
   if (t.tag != kQueueRingMarker)
     throw ProtocolError("a slot of the queue's ring has tag " + std::to_string(t.tag) +
                         ", neither an item nor a marker");
   t.buffer.reset();  // the datagram is received into the same per-thread buffer
-  Decoder d = parse_announced(take_announced(*state_, t.pos), *state_);
-  pin_received(*state_, d);
+  Decoder d = parse_announced(take_announced(st, t.pos), st);
+  pin_received(st, d);
   return d;
+}
+
+}  // namespace
+
+void QueueCore::defer_error(std::exception_ptr error) noexcept {
+  std::lock_guard lock(state_->deferred_mu);
+  if (!state_->deferred) state_->deferred = std::move(error);
+  state_->has_deferred.store(true, std::memory_order_release);
+}
+
+void QueueCore::rethrow_deferred() {
+  if (!state_->has_deferred.load(std::memory_order_acquire)) return;
+  std::exception_ptr error;
+  {
+    std::lock_guard lock(state_->deferred_mu);
+    error = std::exchange(state_->deferred, nullptr);
+    state_->has_deferred.store(false, std::memory_order_release);
+  }
+  if (error) std::rethrow_exception(error);
+}
+
+std::optional<Decoder> QueueCore::get(std::optional<std::chrono::nanoseconds> timeout) {
+  rethrow_deferred();
+  TakenItem t = take_item_polling(state_->ring, deadline_after(timeout));
+  rearm_ready(*state_);
+  if (t.status == Ring::Status::kTimeout) return std::nullopt;
+  if (t.status == Ring::Status::kClosed) throw QueueClosed("get() on a closed and empty queue");
+  return receive_taken(*state_, std::move(t));
+}
+
+std::vector<Decoder> QueueCore::get_many(std::size_t max_items,
+                                         std::optional<std::chrono::nanoseconds> timeout) {
+  rethrow_deferred();
+  std::vector<Decoder> out;
+  if (max_items == 0) return out;
+  struct Rearm {
+    const State& st;
+    ~Rearm() { rearm_ready(st); }
+  } rearm{*state_};
+  TakenItem first = take_item_polling(state_->ring, deadline_after(timeout));
+  if (first.status == Ring::Status::kTimeout) return out;
+  if (first.status == Ring::Status::kClosed)
+    throw QueueClosed("get() on a closed and empty queue");
+  out.reserve(std::min<std::size_t>(max_items, 1024));
+  out.push_back(receive_taken(*state_, std::move(first)));
+  // The rest only if they are there already, copied from their slots into buffers of 64
+  // slots each (one allocation per 64 items, not a 64 KiB receive buffer per item).
+  constexpr std::size_t kPerBuffer = 64;
+  const std::size_t stride = state_->ring.max_message();
+  std::shared_ptr<std::byte[]> buffer;
+  std::size_t used = kPerBuffer;
+  while (out.size() < max_items) {
+    if (used == kPerBuffer) {
+      buffer.reset(new std::byte[kPerBuffer * stride]);
+      used = 0;
+    }
+    TakenItem t = take_item(state_->ring, std::chrono::steady_clock::now(), buffer,
+                            buffer.get() + used * stride);
+    if (t.status != Ring::Status::kOk) break;  // empty now (or closed: the next get says so)
+    ++used;
+    try {
+      out.push_back(receive_taken(*state_, std::move(t)));
+    } catch (...) {
+      // Consumed, as by get(); the items before it are returned, and the next get says why.
+      defer_error(std::current_exception());
+      break;
+    }
+  }
+  return out;
 }
 
 void QueueCore::close() noexcept {

@@ -354,7 +354,7 @@ Ring::Reservation Ring::reserve(Deadline deadline) {
 }
 
 bool Ring::commit(std::uint64_t pos, std::span<const std::span<const std::byte>> parts,
-                  std::uint32_t tag) noexcept {
+                  std::uint32_t tag, Wake wake) noexcept {
   RingHeader* h = header();
   const auto [me, epoch] = holder();
   SlotHead* s = head_of(slot(pos));
@@ -376,8 +376,15 @@ bool Ring::commit(std::uint64_t pos, std::span<const std::span<const std::byte>>
                                        std::memory_order_acq_rel))
     return false;
   h->published.fetch_add(1);
-  if (h->consumers_asleep.load() != 0) futex_wake(&h->published, 1);
+  if (wake == Wake::kNow) wake_consumers(1);
   return true;
+}
+
+void Ring::wake_consumers(int n) noexcept {
+  // The publish (a seq_cst increment of `published`) came before this load, and a sleeper
+  // counts itself before it looks: either we see it, or its FUTEX_WAIT sees the new value.
+  RingHeader* h = header();
+  if (n > 0 && h->consumers_asleep.load() != 0) futex_wake(&h->published, n);
 }
 
 void Ring::cancel(std::uint64_t pos) noexcept {
@@ -395,7 +402,7 @@ void Ring::cancel(std::uint64_t pos) noexcept {
 }
 
 Ring::Status Ring::push_parts(std::span<const std::span<const std::byte>> parts,
-                              std::uint32_t tag, Deadline deadline) {
+                              std::uint32_t tag, Deadline deadline, Wake wake) {
   std::size_t total = 0;
   for (const auto& part : parts) total += part.size();
   if (total > max_message())
@@ -405,7 +412,7 @@ Ring::Status Ring::push_parts(std::span<const std::span<const std::byte>> parts,
   for (;;) {
     const Reservation r = reserve(deadline);
     // A claim taken away from us (judged dead, wrongly) was not published: claim again.
-    if (r.status != Status::kOk || commit(r.pos, parts, tag)) return r.status;
+    if (r.status != Status::kOk || commit(r.pos, parts, tag, wake)) return r.status;
   }
 }
 

@@ -92,8 +92,14 @@ class Ring {
     return push_parts(std::span(&message, 1), tag, deadline);
   }
   // The same for a message in parts, copied one after the other into the slot.
+  // Wake::kDeferred makes no FUTEX_WAKE: the caller, which publishes a batch, calls
+  // wake_consumers() once after it (and before it waits for anything: a consumer asleep
+  // meanwhile wakes only at the end of its 50 ms slice).
+  enum class Wake { kNow, kDeferred };
   Status push_parts(std::span<const std::span<const std::byte>> parts, std::uint32_t tag,
-                    Deadline deadline);
+                    Deadline deadline, Wake wake = Wake::kNow);
+  // Wakes up to `n` consumers asleep (no syscall when none sleeps).
+  void wake_consumers(int n) noexcept;
   // A push in two steps, for a message whose place in the order must be taken before it
   // can be written (a queue's marker, whose datagram is sent in between): reserve() claims
   // the next position (waiting like push), then commit() writes and publishes it, or
@@ -108,7 +114,7 @@ class Ring {
   // ours: it was freed as a dead process's (a wrong judgement: /proc said this process
   // was gone) or a peer wrote over it.
   [[nodiscard]] bool commit(std::uint64_t pos, std::span<const std::span<const std::byte>> parts,
-                            std::uint32_t tag) noexcept;
+                            std::uint32_t tag, Wake wake = Wake::kNow) noexcept;
   void cancel(std::uint64_t pos) noexcept;
   struct Popped {
     Status status = Status::kTimeout;

@@ -1096,5 +1096,36 @@ TEST_F(HostileFramesTest, JunkInAQueuesDepotAndAStalePeekOffsetAreSkipped) {
   EXPECT_FALSE(q.try_get().has_value());
 }
 
+// A batch that meets an item it cannot receive: the items before it (and, for one that
+// parses but is not a T, after it) are returned, the item is consumed, and its error is
+// thrown by the next call; then the queue goes on.
+TEST_F(HostileFramesTest, GetManyReturnsTheGoodItemsAndTheNextCallThrowsTheBadOnesError) {
+  Queue<std::int64_t> q;
+  QueueInjector inject = intercept_queue<Queue<std::int64_t>>(q).first;
+  inject.slot(bytes(header(8), std::int64_t{77}));
+  inject.slot(bytes(header(8), std::int64_t{78}, internal::kFrameMagic));  // body != datagram
+  inject.slot(bytes(header(8), std::int64_t{79}));
+  EXPECT_EQ(q.try_get_many(10), (std::vector<std::int64_t>{77}));  // the parse error ended it
+  try {
+    (void)q.try_get_many(10);
+    ADD_FAILURE() << "the malformed item's error was not thrown by the next call";
+  } catch (const ProtocolError& e) {
+    EXPECT_NE(std::string(e.what()).find("body size"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(q.try_get_many(10), (std::vector<std::int64_t>{79}));
+  // A frame that parses but is not an int64 (4 bytes of payload): decoded after the batch
+  // was taken, so the items on both sides of it are returned.
+  inject.slot(bytes(header(8), std::int64_t{80}));
+  inject.slot(bytes(header(4), std::uint32_t{5}));
+  inject.slot(bytes(header(8), std::int64_t{81}));
+  EXPECT_EQ(q.try_get_many(10), (std::vector<std::int64_t>{80, 81}));
+  EXPECT_THROW((void)q.try_get(), ProtocolError);
+  // A batch whose only item is bad throws at once.
+  inject.slot(bytes(header(4), std::uint32_t{5}));
+  EXPECT_THROW((void)q.try_get_many(10), ProtocolError);
+  q.put(82);
+  EXPECT_EQ(q.try_get_many(10), (std::vector<std::int64_t>{82}));
+}
+
 }  // namespace
 }  // namespace shmtensor

@@ -60,6 +60,7 @@ struct BenchOptions {
   bool json = false;
   bool bare = true;         // run the bare baselines first
   double busy_poll_us = 0;  // set_busy_poll for the scenarios (0: off)
+  std::int64_t batch = 1;   // queue scenarios: put_many / get_many of this many (1: put / get)
   DataLoaderBenchOptions loader;
 };
 
@@ -181,14 +182,24 @@ Result run_queue(const std::string& scenario, const BenchOptions& o) {
       // Every k-th latency: enough for percentiles, small enough for the report message.
       const std::int64_t every = std::max<std::int64_t>(1, per_consumer / 5000);
       try {
-        for (std::int64_t i = 0; i < per_consumer; ++i) {
-          auto [sent_ns, t] = q.get();
+        // One item (get), or what get_many takes in one call. Reused: a get costs the
+        // benchmark no allocation of its own.
+        std::vector<std::pair<double, Tensor>> got;
+        for (std::int64_t i = 0; i < per_consumer;) {
+          got.clear();
+          if (o.batch > 1)
+            got = q.get_many(static_cast<std::size_t>(std::min(o.batch, per_consumer - i)));
+          else
+            got.push_back(q.get());
           double now = now_ns();
           if (i == 0) r.first_ns = now;
           r.last_ns = now;
-          if (i % every == 0) r.latencies_us.push_back((now - sent_ns) / 1000.0);
-          if (keep) kept.push_back(std::move(t));
-          ++r.received;
+          for (auto& [sent_ns, t] : got) {
+            if (i % every == 0) r.latencies_us.push_back((now - sent_ns) / 1000.0);
+            if (keep) kept.push_back(std::move(t));
+            ++r.received;
+            ++i;
+          }
         }
       } catch (const std::exception& e) {
         r.error = e.what();
@@ -210,12 +221,17 @@ Result run_queue(const std::string& scenario, const BenchOptions& o) {
       // pay for new pages as users' code does.
       Tensor same = Tensor::ones({elems}, DType::kUInt8);
       same.share_memory_();
+      std::vector<std::pair<double, Tensor>> batch;
       for (std::int64_t i = 0; i < share; ++i) {
-        if (preshared) {
-          q.put({now_ns(), same});
-        } else {
-          Tensor t = Tensor::ones({elems}, DType::kUInt8);
+        Tensor t = preshared ? same : Tensor::ones({elems}, DType::kUInt8);
+        if (o.batch <= 1) {
           q.put({now_ns(), t});
+          continue;
+        }
+        batch.emplace_back(now_ns(), std::move(t));
+        if (static_cast<std::int64_t>(batch.size()) == o.batch || i + 1 == share) {
+          q.put_many(batch);
+          batch.clear();
         }
       }
     }));
@@ -584,6 +600,11 @@ const bool registered = register_command([](CLI::App& app) {
   cmd->add_option("--producers", o->producers, "producer processes")->check(CLI::PositiveNumber);
   cmd->add_option("--consumers", o->consumers, "consumer processes")->check(CLI::PositiveNumber);
   cmd->add_flag("--json", o->json, "one JSON object per line");
+  cmd->add_option("--batch", o->batch,
+                  "queue_fresh, queue_preshared, retain: put_many / get_many of this many items "
+                  "(1: put / get)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   cmd->add_option("--busy-poll-us", o->busy_poll_us,
                   "set_busy_poll for the scenarios' processes, in microseconds (0: off)")
       ->check(CLI::Range(0.0, 1e6))

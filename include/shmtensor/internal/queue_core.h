@@ -7,7 +7,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <exception>
 #include <optional>
+#include <span>
+#include <vector>
 
 #include "shmtensor/codec.h"
 
@@ -39,9 +42,26 @@ class QueueCore : public std::enable_shared_from_this<QueueCore> {
   // queue), then frames and sends it. False, with nothing moved into shared memory or sent,
   // when no room came before the timeout (nullopt: wait forever); false also, with the
   // tensors in shared memory, when the socket's buffer stayed full until then.
-  [[nodiscard]] bool put(Encoder&& e, std::optional<std::chrono::nanoseconds> timeout);
+  [[nodiscard]] bool put(Encoder&& e, std::optional<std::chrono::nanoseconds> timeout) {
+    return put_many(std::span(&e, 1), timeout) == 1;
+  }
+  // put() of each item in order (each moved from), with consumers asleep woken once for
+  // the batch rather than once per item. Returns how many were put: all, or fewer when
+  // the timeout passed first (the items after moved nothing into shared memory, except
+  // one whose datagram found the socket's buffer full). Throws as put(); the items before
+  // the error are in the queue.
+  [[nodiscard]] std::size_t put_many(std::span<Encoder> items,
+                                     std::optional<std::chrono::nanoseconds> timeout);
   // nullopt on timeout; throws QueueClosed when closed and drained.
   [[nodiscard]] std::optional<Decoder> get(std::optional<std::chrono::nanoseconds> timeout);
+  // Waits for one item as get() does, then takes up to max_items - 1 more that are there
+  // already. Empty on timeout (or max_items 0). An item after the first that cannot be
+  // parsed is consumed and ends the batch: its error is thrown by the next get or get_many
+  // of this handle (defer_error), the items before it are returned.
+  [[nodiscard]] std::vector<Decoder> get_many(std::size_t max_items,
+                                              std::optional<std::chrono::nanoseconds> timeout);
+  // Keeps `error` (the first, if several) for the next get or get_many of this handle.
+  void defer_error(std::exception_ptr error) noexcept;
   void close() noexcept;
   [[nodiscard]] bool closed() const noexcept;
   // See Queue::readiness_fd.
@@ -61,6 +81,7 @@ class QueueCore : public std::enable_shared_from_this<QueueCore> {
   explicit QueueCore(std::unique_ptr<State> state);  // for make_shared: use the factories
 
  private:
+  void rethrow_deferred();
   std::unique_ptr<State> state_;
 };
 
