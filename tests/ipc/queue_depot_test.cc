@@ -3,11 +3,14 @@
 // segment"). Real forked processes; every test checks exact values, and the fixture that
 // no fd, mapping or /dev/shm name is left.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
 #include <exception>
 #include <optional>
+#include <random>
+#include <thread>
 
 #include "memory/arena.h"
 #include "shmtensor/connection.h"
@@ -135,6 +138,39 @@ TEST_F(QueueDepotTest, TheLastHolderDrainsItemsWithoutFdsAndTheirBlocksComeBack)
   q.reset();  // the last holder: drains the 100 items, mapping the segment from the depot
   dropped.send();
   EXPECT_EQ(wait_child(producer), 0);
+}
+
+// Consumers SIGKILLed at random instants around their first get, which looks in the
+// depot (under its robust lock, moving the socket's shared peek offset): the next process
+// still finds the segment there. Each child takes at most one item; the parent takes the
+// rest, each exact and in order.
+TEST_F(QueueDepotTest, ConsumersKilledWhileTheyLookInTheDepotLeaveItUsable) {
+  constexpr int kItems = 200, kKills = 40;
+  Queue<Tensor> q;
+  auto [report_in, report_out] = pipe();
+  pid_t producer = produce(q, kItems, /*take_first=*/true, report_out);
+  (void)report_in.recv<std::pair<std::uint64_t, std::uint64_t>>();
+  EXPECT_EQ(wait_child(producer), 0);
+  std::mt19937 rng(12345);
+  for (int k = 0; k < kKills; ++k) {
+    pid_t consumer = fork_child([&q] {
+      (void)q.get();
+      ::pause();
+    });
+    std::this_thread::sleep_for(std::chrono::microseconds(rng() % 3000));
+    ::kill(consumer, SIGKILL);
+    EXPECT_EQ(wait_child(consumer), 128 + SIGKILL);
+  }
+  int received = 0, last = -1;
+  while (std::optional<Tensor> t = q.try_get(std::chrono::milliseconds(200))) {
+    const int i = t->data_ptr<std::int32_t>()[0];
+    EXPECT_GT(i, last);
+    EXPECT_EQ(t->data_ptr<std::int32_t>()[9], i);
+    last = i;
+    ++received;
+  }
+  EXPECT_GE(received, kItems - kKills);
+  EXPECT_EQ(last, kItems - 1);
 }
 
 // At its fd limit a process cannot take a segment's fd from the depot: that item is a
