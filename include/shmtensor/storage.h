@@ -70,7 +70,9 @@ class Storage {
 // block is held (after taking back the holds of processes that died), cached large
 // segments, and the mappings kept of segments received recently. Like torch's
 // cuda.empty_cache(): never needed for correctness, useful before measuring what a process
-// maps. Thread-safe.
+// maps. Thread-safe. Not released: segments a Queue handle keeps mapped because their fd
+// is in the queue's depot (up to 32 per handle, while it holds the queue), and the depot's
+// own copies, which live as long as the queue (docs/transport.md, "fds once per segment").
 void empty_cache();
 
 }  // namespace shmtensor

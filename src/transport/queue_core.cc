@@ -91,7 +91,10 @@ struct QueueControl {
   // 1 once a process asked for the readiness fd (QueueCore::readiness_fd): from then on
   // every put signals the queue's eventfd, and every get clears it when the ring is empty.
   std::atomic<std::uint32_t> readiness_wanted;
-  std::uint8_t pad[44];
+  // 1 when the creating process found that peeks at an offset work on its sockets
+  // (peek_offset_works): only then do producers leave fds out. Every holder goes by it.
+  std::atomic<std::uint32_t> depot_usable;
+  std::uint8_t pad[40];
   // Robust, process-shared. Producers send datagrams under send_lock (reserve the marker,
   // send, publish the marker), so the socket holds them in the order of their markers;
   // consumers take a datagram under recv_lock (look at the next one's marker position, take
@@ -418,6 +421,7 @@ bool depositable(const Segment& seg) noexcept {
 // The depot entry of `uid`, or -1. With `claim`, a free entry is taken for it: `claimed`
 // says whether this call took it (and must deposit).
 int find_depot_entry(QueueControl* c, std::uint64_t uid, bool claim, bool* claimed) noexcept {
+  if (uid == 0) return -1;  // 0 marks a free entry
   for (int i = 0; i < kQueueDepotSegments; ++i) {
     std::uint64_t u = c->depot[i].uid.load(std::memory_order_acquire);
     if (u == uid) return i;
@@ -449,21 +453,25 @@ bool omit_fd(void* context, const std::shared_ptr<Segment>& seg) {
   auto& st = *static_cast<QueueCore::State*>(context);
   QueueControl* c = st.control();
   bool omit = false;
-  if (depositable(*seg)) {
+  if (depositable(*seg) && c->depot_usable.load(std::memory_order_relaxed) != 0) {
     bool claimed = false;
     const int entry = find_depot_entry(c, seg->uid(), /*claim=*/true, &claimed);
     if (entry >= 0 && claimed) {
       // The receiving end sends to the sending end. A depot that cannot take it (a full
       // buffer, too many fds in flight) leaves the entry undeposited: that segment's fd is
       // then always sent.
-      const std::uint64_t uid = seg->uid();
+      std::uint64_t uid = seg->uid();
       const int fd = seg->fd();
+      bool deposited = false;
       try {
-        if (send_message(st.recv_fd.get(), std::array{std::as_bytes(std::span(&uid, 1))},
-                         std::span(&fd, 1), /*nonblocking=*/true))
-          c->depot[entry].deposited.store(1, std::memory_order_release);
-      } catch (const SystemError&) {
+        deposited = send_message(st.recv_fd.get(), std::array{std::as_bytes(std::span(&uid, 1))},
+                                 std::span(&fd, 1), /*nonblocking=*/true);
+      } catch (const SystemError&) {  // ETOOMANYREFS, ENOBUFS: see docs/transport.md
       }
+      if (deposited)
+        c->depot[entry].deposited.store(1, std::memory_order_release);
+      else  // the entry is free again: a later item may try
+        c->depot[entry].uid.compare_exchange_strong(uid, 0, std::memory_order_acq_rel);
     } else if (entry >= 0) {
       omit = c->depot[entry].deposited.load(std::memory_order_acquire) != 0;
     }
@@ -472,32 +480,67 @@ bool omit_fd(void* context, const std::shared_ptr<Segment>& seg) {
   return omit;
 }
 
-// SegmentFetcher::fetch of a get: maps segment `uid` from the depot (null when the depot
-// does not have it), and pins it.
+// Whether a peek at an offset (SO_PEEK_OFF) starts at that offset on this kernel, as the
+// depot needs: probed once per process, on a scratch socket pair.
+bool peek_offset_works() noexcept {
+  static const bool works = [] {
+    try {
+      auto [a, b] = seqpacket_pair();
+      const char one[1] = {'a'}, two[2] = {'b', 'c'};
+      if (::send(a.get(), one, 1, MSG_DONTWAIT) != 1 || ::send(a.get(), two, 2, MSG_DONTWAIT) != 2)
+        return false;
+      int offset = 1;
+      if (::setsockopt(b.get(), SOL_SOCKET, SO_PEEK_OFF, &offset, sizeof offset) != 0) return false;
+      char got[4] = {};
+      const ssize_t n = ::recv(b.get(), got, sizeof got, MSG_PEEK | MSG_DONTWAIT | MSG_TRUNC);
+      return n == 2 && got[0] == 'b' && got[1] == 'c';
+    } catch (...) {
+      return false;
+    }
+  }();
+  return works;
+}
+
+// Sets the depot's peek offset (the sending end's, shared by every holder).
+void set_peek_offset(int sock, int offset) {
+  while (::setsockopt(sock, SOL_SOCKET, SO_PEEK_OFF, &offset, sizeof offset) != 0) {
+    if (errno != EINTR) throw SystemError(errno, "setsockopt(SO_PEEK_OFF)", "a queue's depot");
+  }
+}
+
+// SegmentFetcher::fetch of a get, for every segment an item names without its fd: only a
+// segment deposited with this queue. Mapped here already: that one; else mapped from the
+// depot, and pinned. Null when the depot does not have it.
 std::shared_ptr<Segment> fetch_deposited(void* context, std::uint64_t uid) {
   auto& st = *static_cast<QueueCore::State*>(context);
   QueueControl* c = st.control();
   bool unused = false;
   const int entry = find_depot_entry(c, uid, false, &unused);
   if (entry < 0 || c->depot[entry].deposited.load(std::memory_order_acquire) == 0) return nullptr;
+  if (auto seg = Registry::instance().find_segment(uid)) return seg;
   UniqueFd found;
   {
     (void)lock_shared(&c->depot_lock, std::nullopt);
     SharedLockGuard unlock{&c->depot_lock};
     const int sock = st.send_fd.get();
-    int offset = 0;  // from the first datagram, whatever a process killed here left
-    if (::setsockopt(sock, SOL_SOCKET, SO_PEEK_OFF, &offset, sizeof offset) != 0)
-      throw SystemError(errno, "setsockopt(SO_PEEK_OFF)", "a queue's depot");
-    for (int i = 0; i < kQueueDepotScan && !found.valid(); ++i) {
+    // Datagram by datagram, each peek at the byte offset where the next one starts (a
+    // peek moves the shared offset by the bytes it copied, not by the datagram: set it
+    // each time). MSG_TRUNC returns a datagram's whole length. An empty datagram is
+    // returned once (n = 0), then stepped over at the same offset.
+    std::size_t at = 0;
+    for (int i = 0; i < kQueueDepotScan && !found.valid() && at < (1u << 30); ++i) {
+      set_peek_offset(sock, static_cast<int>(at));
       std::uint64_t id = 0;
       iovec iov{&id, sizeof id};
-      alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)];
+      alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFdsPerMessage) +
+                                    CMSG_SPACE(sizeof(ucred)) + CMSG_SPACE(sizeof(int))];
       msghdr msg{};
       msg.msg_iov = &iov;
       msg.msg_iovlen = 1;
       msg.msg_control = control;
       msg.msg_controllen = sizeof control;
-      const ssize_t n = ::recvmsg(sock, &msg, MSG_PEEK | MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+      const ssize_t n =
+          ::recvmsg(sock, &msg, MSG_PEEK | MSG_DONTWAIT | MSG_TRUNC | MSG_CMSG_CLOEXEC);
       if (n < 0 && errno == EINTR) continue;
       if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;  // looked at all
       if (n < 0) throw SystemError(errno, "recvmsg", "a queue's depot");
@@ -510,18 +553,19 @@ std::shared_ptr<Segment> fetch_deposited(void* context, std::uint64_t uid) {
             std::memcpy(&fd, CMSG_DATA(h) + k * sizeof(int), sizeof fd);
             fds.emplace_back(fd);
           }
-      if (msg.msg_flags & MSG_CTRUNC)
+      at += static_cast<std::size_t>(n);
+      // What a producer deposits: exactly 8 bytes (the uid) and one fd. Anything else is
+      // a holder's junk, stepped over.
+      const bool ours = n == static_cast<ssize_t>(sizeof id) && id == uid;
+      if (ours && (msg.msg_flags & MSG_CTRUNC) != 0 && fds.empty())
         throw ProtocolError(
             "a queue's item names a segment that this process must map from the queue's "
             "depot, and the depot's fd did not arrive (MSG_CTRUNC): this process is at its "
             "open-file limit. Raise it with `ulimit -n`");
-      // What a producer deposits: 8 bytes and one fd. Anything else is a peer's junk.
-      if (n == static_cast<ssize_t>(sizeof id) && (msg.msg_flags & MSG_TRUNC) == 0 &&
-          fds.size() == 1 && id == uid)
-        found = std::move(fds[0]);
+      if (ours && fds.size() == 1 && (msg.msg_flags & MSG_CTRUNC) == 0) found = std::move(fds[0]);
     }
-    offset = -1;  // peeks without an offset again
-    (void)::setsockopt(sock, SOL_SOCKET, SO_PEEK_OFF, &offset, sizeof offset);
+    const int none = -1;  // peeks without an offset again
+    (void)::setsockopt(sock, SOL_SOCKET, SO_PEEK_OFF, &none, sizeof none);
   }
   if (!found.valid()) return nullptr;
   // Two threads may fetch at once: attach_fd registers one segment per uid.
@@ -951,6 +995,7 @@ std::shared_ptr<QueueCore> QueueCore::create(std::size_t maxsize) {
   for (auto& h : c->holders) h.store(0, std::memory_order_relaxed);
   for (auto& n : c->sending) n.store(0, std::memory_order_relaxed);
   init_shared_mutex(&c->depot_lock);
+  c->depot_usable.store(peek_offset_works() ? 1 : 0, std::memory_order_relaxed);
   for (auto& e : c->depot) {
     e.uid.store(0, std::memory_order_relaxed);
     e.deposited.store(0, std::memory_order_relaxed);

@@ -195,13 +195,14 @@ std::shared_ptr<Segment> resolve_segment(const SegmentEntry& e, std::string_view
                                          const SegmentFetcher* fetcher) {
   if (e.strategy == 2) return resolve_device_segment(e, fds, index, unusable);
   if (e.strategy == 0 && e.fd_index == kFdOmitted) {
-    // Sent without its fd: mapped here already, or the transport has it (a queue's
-    // deposited segments, docs/transport.md).
-    auto seg = Registry::instance().find_segment(e.uid);
-    if (!seg && fetcher != nullptr) seg = fetcher->fetch(fetcher->context, e.uid);
+    // Sent without its fd: only a segment deposited with the transport (a queue's depot,
+    // docs/transport.md) may be named so; a transport without a depot refuses it.
+    if (fetcher == nullptr)
+      bad("a file_descriptor segment sent without its fd, on a transport that has no depot");
+    auto seg = fetcher->fetch(fetcher->context, e.uid);
     if (!seg)
-      bad("a file_descriptor segment sent without its fd is neither mapped here nor "
-          "deposited with the transport (uid " + std::to_string(e.uid) + ")");
+      bad("a file_descriptor segment sent without its fd is not in the queue's depot (uid " +
+          std::to_string(e.uid) + ")");
     if (seg->mapped_size() != e.total_size || seg->is_device() ||
         seg->strategy() != SharingStrategy::kFileDescriptor)
       bad("segment sent without its fd disagrees with its mapping");

@@ -1068,8 +1068,8 @@ TEST_F(HostileFramesTest, AMarkerWhoseDatagramIsBehindALaterOnesIsAnErrorAndTheL
 
 // A queue's depot (the send socket's receive queue) holds what any holder sends there, and
 // its peek offset is whatever the last process left: a consumer looking for a deposited
-// segment skips datagrams that are not a producer's deposit (no fd, two fds, a short one,
-// another uid) and starts from the first datagram whatever the offset.
+// segment skips datagrams that are not a producer's deposit (no fd, several fds, shorter,
+// longer, empty, another uid) and starts from the first datagram whatever the offset.
 TEST_F(HostileFramesTest, JunkInAQueuesDepotAndAStalePeekOffsetAreSkipped) {
   ASSERT_EQ(get_sharing_strategy(), SharingStrategy::kFileDescriptor);
   Queue<Tensor> q;
@@ -1080,6 +1080,12 @@ TEST_F(HostileFramesTest, JunkInAQueuesDepotAndAStalePeekOffsetAreSkipped) {
     inject.deposit(bytes(std::uint32_t{7}), {a.get()});
     inject.deposit(bytes(std::uint64_t{12345}), {a.get()});
     inject.deposit(bytes(std::uint64_t{0}), {a.get(), b.get()});
+    // Longer ones (a peek copies 8 bytes of them: the scan must step over the whole
+    // datagram, not 8 bytes of it), an empty one, one with six fds.
+    inject.deposit(std::vector<std::byte>(64 * 1024, std::byte{0x5a}), {a.get()});
+    inject.deposit({});
+    inject.deposit(bytes(std::uint64_t{1}, std::uint64_t{2}), {a.get()});
+    inject.deposit(bytes(std::uint64_t{3}), {a.get(), b.get(), a.get(), b.get(), a.get(), b.get()});
   }
   // The producer takes back the one item that carries the fd: no process but it ever
   // receives the segment's fd, and this one maps the segment only from the depot.

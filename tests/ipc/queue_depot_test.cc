@@ -10,9 +10,13 @@
 #include <exception>
 #include <optional>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "memory/arena.h"
+#include "memory/segment.h"
+#include "memory/storage_impl.h"
+#include "shmtensor/internal/storage_access.h"
 #include "shmtensor/connection.h"
 #include "shmtensor/queue.h"
 #include "shmtensor/sharing_strategy.h"
@@ -173,6 +177,40 @@ TEST_F(QueueDepotTest, ConsumersKilledWhileTheyLookInTheDepotLeaveItUsable) {
   EXPECT_EQ(last, kItems - 1);
 }
 
+// The depot holds 32 segments: items of a 33rd and later arena segments carry their fds
+// as before, and arrive all the same.
+TEST_F(QueueDepotTest, PastThirtyTwoSegmentsItemsCarryTheirFds) {
+  EXPECT_EQ(run_in_child([] {  // our own arena: its segments are this test's alone
+              Queue<Tensor> q;
+              std::vector<Tensor> tensors;  // one per arena segment (size class)
+              std::set<std::uint64_t> uids;
+              for (std::size_t bytes = 64; uids.size() < 40 && bytes <= (1u << 16);
+                   bytes = bytes < 1024 ? bytes + 64 : bytes + bytes / 4) {
+                Tensor t = Tensor::full({static_cast<std::int64_t>(bytes)},
+                                        static_cast<int>(tensors.size()), DType::kUInt8);
+                t.share_memory_();
+                const auto& seg = internal::StorageAccess::impl(t.storage())->segment();
+                if (seg->kind() != internal::SegmentKind::kArena || !uids.insert(seg->uid()).second)
+                  continue;
+                tensors.push_back(t);
+              }
+              ASSERT_GE(tensors.size(), 33u);
+              const std::uint64_t extra = tensors.size() - 32;
+              for (int round = 0; round < 2; ++round)
+                for (const Tensor& t : tensors) q.put(t);
+              const FdCounts c = fd_counts(q);
+              EXPECT_EQ(c.omitted, 32u);             // the second item of each deposited one
+              EXPECT_EQ(c.sent, 32u + 2u * extra);   // and every item of the others
+              for (int round = 0; round < 2; ++round)
+                for (std::size_t i = 0; i < tensors.size(); ++i) {
+                  Tensor got = q.get();
+                  ASSERT_EQ(got.numel(), tensors[i].numel());
+                  EXPECT_EQ(got.data_ptr<std::uint8_t>()[got.numel() - 1], i);
+                }
+            }),
+            0);
+}
+
 // At its fd limit a process cannot take a segment's fd from the depot: that item is a
 // ProtocolError that says so, and the next get, with room for an fd, works.
 TEST_F(QueueDepotTest, AConsumerAtItsFdLimitGetsAClearErrorThenGoesOn) {
@@ -218,9 +256,9 @@ TEST_F(QueueDepotTest, AConsumerAtItsFdLimitGetsAClearErrorThenGoesOn) {
             0);
 }
 
-// A frame that names a file_descriptor segment without its fd is refused by a receiver
-// that does not map the segment and has no depot (a Connection).
-TEST_F(QueueDepotTest, ASegmentNamedWithoutItsFdIsRefusedWhereItIsNotMapped) {
+// A frame that names a file_descriptor segment without its fd is refused by a transport
+// that has no depot (a Connection), whether or not the receiver maps the segment.
+TEST_F(QueueDepotTest, ASegmentNamedWithoutItsFdIsRefusedByAConnection) {
   // The refused message keeps its block's count (docs/transport.md): the sender is a child,
   // whose arena goes with it.
   EXPECT_EQ(run_in_child([] {
@@ -232,7 +270,7 @@ TEST_F(QueueDepotTest, ASegmentNamedWithoutItsFdIsRefusedWhereItIsNotMapped) {
                   (void)b.recv<Tensor>();
                   ADD_FAILURE() << "a Connection decoded a segment it does not map";
                 } catch (const ProtocolError& e) {
-                  EXPECT_NE(std::string(e.what()).find("neither mapped here nor deposited"),
+                  EXPECT_NE(std::string(e.what()).find("on a transport that has no depot"),
                             std::string::npos)
                       << e.what();
                 }
@@ -249,6 +287,14 @@ TEST_F(QueueDepotTest, ASegmentNamedWithoutItsFdIsRefusedWhereItIsNotMapped) {
               ASSERT_TRUE(internal::send_frame(a.native_handle(), frame, std::nullopt));
               a.send(std::int64_t{7});
               EXPECT_EQ(wait_child(receiver), 0);
+              // Mapped here (our own segment), it is refused all the same.
+              Encoder again;
+              again.encode(t);
+              internal::OutgoingFrame mapped = internal::finish_frame(std::move(again), &always);
+              ASSERT_TRUE(internal::send_frame(b.native_handle(), mapped, std::nullopt));
+              EXPECT_THROW((void)a.recv<Tensor>(), ProtocolError);
+              b.send(std::int64_t{8});
+              EXPECT_EQ(a.recv<std::int64_t>(), 8);
             }),
             0);
 }

@@ -70,7 +70,7 @@ class QueueCore : public std::enable_shared_from_this<QueueCore> {
   [[nodiscard]] std::size_t maxsize() const noexcept;
   void encode(Encoder& e) const;
   // file_descriptor segment fds this handle put in items, and left out of them because
-  // every holder maps the segment (docs/transport.md, "fds once per segment").
+  // the segment is in the queue's depot (docs/transport.md, "fds once per segment").
   struct FdCounts {
     std::uint64_t sent = 0;
     std::uint64_t omitted = 0;
