@@ -61,6 +61,7 @@ class Queue {
   // Blocks while empty. Throws QueueClosed when closed and drained; ProtocolError or
   // SystemError for an item that cannot be decoded or mapped, as Connection::recv (the
   // item is consumed, its place in a bounded queue freed, and the queue stays usable).
+  // First throws, without taking anything, an error a get_many kept (see get_many).
   T get() {
     auto d = core_->get(std::nullopt);
     return decode(*d);
@@ -79,8 +80,10 @@ class Queue {
   }
   // Batches: put() of each value in order, waking consumers asleep once for the batch
   // rather than once per item (a wake-up on another CPU costs microseconds). Blocks while
-  // the queue is full, waking the consumers first. Throws as put(); the values before the
-  // error are in the queue.
+  // the queue is full, waking the consumers (and signalling the readiness fd) first.
+  // Throws as put(): every value is encoded first, so an encoding error puts none; an error
+  // while putting (QueueClosed, no shared memory) leaves the values before it in the queue,
+  // and does not say how many those were.
   void put_many(std::span<const T> values) { (void)put_batch(values, std::nullopt); }
   // The same, waiting up to `timeout` in all for room; returns how many were put (the
   // first ones, in order: all, or fewer when the timeout passed first).
@@ -89,10 +92,13 @@ class Queue {
     return put_batch(values, internal::to_nanoseconds(timeout));
   }
   // Waits for one item as get() does, then takes up to max_items - 1 more that are there
-  // already, in one call. An item after the first that cannot be received (malformed, not
-  // a T, a segment that cannot be mapped here) is consumed as by get(): the others are
-  // returned, and its error is thrown by the next get, try_get, get_many or try_get_many
-  // on this queue object or its copies in this process.
+  // already, in one call. An item after the first that cannot be received is consumed as
+  // by get(), and its error is kept: thrown by a later get, try_get, get_many or
+  // try_get_many on this queue object or its copies in this process (one error per call,
+  // oldest first; a forked child does not inherit them). One that cannot be parsed
+  // (malformed, a segment that cannot be mapped here, a slot the ring refuses) ends the
+  // batch: the items before it are returned. One that parses but is not a T does not: the
+  // items on both sides of it are returned.
   [[nodiscard]] std::vector<T> get_many(std::size_t max_items) {
     return get_batch(max_items, std::nullopt);
   }
@@ -140,16 +146,18 @@ class Queue {
     std::vector<Decoder> taken = core_->get_many(max_items, timeout);
     std::vector<T> out;
     out.reserve(taken.size());
-    std::exception_ptr error;
+    std::vector<std::exception_ptr> errors;
     for (Decoder& d : taken) {
       try {
         out.push_back(decode(d));
       } catch (...) {
-        if (!error) error = std::current_exception();
+        errors.push_back(std::current_exception());
       }
     }
-    if (error && out.empty()) std::rethrow_exception(error);
-    if (error) core_->defer_error(error);
+    // One error per item that failed, thrown one per call (this one when it has nothing
+    // else to return).
+    for (std::size_t i = out.empty() ? 1 : 0; i < errors.size(); ++i) core_->defer_error(errors[i]);
+    if (out.empty() && !errors.empty()) std::rethrow_exception(errors.front());
     return out;
   }
   std::shared_ptr<internal::QueueCore> core_;

@@ -135,6 +135,15 @@ def test_queue_batches_timeouts_and_errors():
         q.get_many(10, block=False)
     q.put(9)
     assert q.get() == 9
+    # Two of them: one error per call, then the queue goes on.
+    assert q.put_many([_Unpicklable(), 10, _Unpicklable()]) == 3
+    assert q.get_many(10) == [10]
+    with pytest.raises(RuntimeError, match="refused to unpickle"):
+        q.get()
+    with pytest.raises(RuntimeError, match="refused to unpickle"):
+        q.get_many(10)
+    with pytest.raises(queue.Empty):
+        q.get_many(10, block=False)
 
 
 def test_simple_queue():

@@ -20,6 +20,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <deque>
 #include <exception>
 #include <thread>
 #include <mutex>
@@ -49,7 +50,7 @@ namespace shmtensor::internal {
 namespace {
 
 constexpr std::uint64_t kQueueMagic = 0x314555455154534dULL;  // "MSTQUEU1"
-constexpr std::uint32_t kQueueLayoutVersion = 7;
+constexpr std::uint32_t kQueueLayoutVersion = 8;
 constexpr int kQueueHolderSlots = 128;
 // Segments a queue's depot can hold (docs/transport.md, "fds once per segment").
 constexpr int kQueueDepotSegments = 32;
@@ -59,11 +60,13 @@ constexpr int kQueueDepotSegments = 32;
 constexpr int kQueueDepotScan = 4 * kQueueDepotSegments;
 
 // A segment whose fd is in the queue's depot: items may name it without its fd. `uid` is
-// taken once, by CAS from 0, by the producer that deposits it; `deposited` is set (release)
-// once its fd is in the depot.
+// taken once, by CAS from 0, and never changes. `state`: kDepositing (taken, or being
+// tried again), kDeposited (release: its fd is in the depot), kDepositFailed (a producer
+// may try again: CAS to kDepositing).
+enum : std::uint64_t { kDepositing = 0, kDeposited = 1, kDepositFailed = 2 };
 struct DepotEntry {
   std::atomic<std::uint64_t> uid;
-  std::atomic<std::uint64_t> deposited;
+  std::atomic<std::uint64_t> state;
 };
 static_assert(sizeof(DepotEntry) == 16);
 
@@ -266,8 +269,10 @@ struct QueueCore::State {
   std::atomic<std::uint64_t> fds_sent{0};     // file_descriptor segment fds put in items
   std::atomic<std::uint64_t> fds_omitted{0};  // left out of items
   // An error get_many() met after it had taken items: thrown by the next get or get_many.
+  // One per item that failed, thrown one per call, oldest first. deferred_mu is held
+  // across fork (fork handlers); a child starts with none (they are its parent's).
   std::mutex deferred_mu;
-  std::exception_ptr deferred;
+  std::deque<std::exception_ptr> deferred;
   std::atomic<bool> has_deferred{false};
   QueueControl* control() const { return reinterpret_cast<QueueControl*>(control_map.data()); }
 };
@@ -288,6 +293,7 @@ void prepare_fork() noexcept {
   g_fork_owner = current_slot_owner();
   for (auto* st : *g_live) {
     st->pins_mu.lock();  // held until after fork: no child inherits it locked
+    st->deferred_mu.lock();
     st->fork_slot = claim_holder(st->control(), g_fork_owner);
   }
 }
@@ -298,6 +304,7 @@ void parent_after_fork(bool /*fork_failed*/) noexcept {
   if (g_live != nullptr)
     for (auto* st : *g_live) {
       st->fork_slot = -1;
+      st->deferred_mu.unlock();
       st->pins_mu.unlock();
     }
   g_live_mu.unlock();
@@ -316,6 +323,9 @@ void child_after_fork() noexcept {
           st->slot = claim_holder(st->control(), me);
         }
       }
+      st->deferred.clear();  // errors of items the parent took: the parent reports them
+      st->has_deferred.store(false, std::memory_order_relaxed);
+      st->deferred_mu.unlock();
       st->pins_mu.unlock();
     }
   }
@@ -422,15 +432,17 @@ bool depositable(const Segment& seg) noexcept {
 // says whether this call took it (and must deposit).
 int find_depot_entry(QueueControl* c, std::uint64_t uid, bool claim, bool* claimed) noexcept {
   if (uid == 0) return -1;  // 0 marks a free entry
+  // Entries are taken in order and never freed: the first free one ends the search.
   for (int i = 0; i < kQueueDepotSegments; ++i) {
     std::uint64_t u = c->depot[i].uid.load(std::memory_order_acquire);
     if (u == uid) return i;
-    if (u != 0 || !claim) continue;
+    if (u != 0) continue;
+    if (!claim) return -1;
     if (c->depot[i].uid.compare_exchange_strong(u, uid, std::memory_order_acq_rel)) {
       *claimed = true;
       return i;
     }
-    if (u == uid) return i;
+    if (u == uid) return i;  // another producer took it for the same segment
   }
   return -1;
 }
@@ -456,6 +468,12 @@ bool omit_fd(void* context, const std::shared_ptr<Segment>& seg) {
   if (depositable(*seg) && c->depot_usable.load(std::memory_order_relaxed) != 0) {
     bool claimed = false;
     const int entry = find_depot_entry(c, seg->uid(), /*claim=*/true, &claimed);
+    if (entry >= 0 && !claimed) {
+      // A deposit that failed may be tried again by one producer (this CAS decides who).
+      std::uint64_t failed = kDepositFailed;
+      claimed = c->depot[entry].state.compare_exchange_strong(failed, kDepositing,
+                                                              std::memory_order_acq_rel);
+    }
     if (entry >= 0 && claimed) {
       // The receiving end sends to the sending end. A depot that cannot take it (a full
       // buffer, too many fds in flight) leaves the entry undeposited: that segment's fd is
@@ -468,12 +486,11 @@ bool omit_fd(void* context, const std::shared_ptr<Segment>& seg) {
                                  std::span(&fd, 1), /*nonblocking=*/true);
       } catch (const SystemError&) {  // ETOOMANYREFS, ENOBUFS: see docs/transport.md
       }
-      if (deposited)
-        c->depot[entry].deposited.store(1, std::memory_order_release);
-      else  // the entry is free again: a later item may try
-        c->depot[entry].uid.compare_exchange_strong(uid, 0, std::memory_order_acq_rel);
+      // The uid stays: an entry never changes hands, so whoever read it reads it right.
+      c->depot[entry].state.store(deposited ? kDeposited : kDepositFailed,
+                                  std::memory_order_release);
     } else if (entry >= 0) {
-      omit = c->depot[entry].deposited.load(std::memory_order_acquire) != 0;
+      omit = c->depot[entry].state.load(std::memory_order_acquire) == kDeposited;
     }
   }
   (omit ? st.fds_omitted : st.fds_sent).fetch_add(1, std::memory_order_relaxed);
@@ -516,7 +533,8 @@ std::shared_ptr<Segment> fetch_deposited(void* context, std::uint64_t uid) {
   QueueControl* c = st.control();
   bool unused = false;
   const int entry = find_depot_entry(c, uid, false, &unused);
-  if (entry < 0 || c->depot[entry].deposited.load(std::memory_order_acquire) == 0) return nullptr;
+  if (entry < 0 || c->depot[entry].state.load(std::memory_order_acquire) != kDeposited)
+    return nullptr;
   if (auto seg = Registry::instance().find_segment(uid)) return seg;
   UniqueFd found;
   {
@@ -998,7 +1016,7 @@ std::shared_ptr<QueueCore> QueueCore::create(std::size_t maxsize) {
   c->depot_usable.store(peek_offset_works() ? 1 : 0, std::memory_order_relaxed);
   for (auto& e : c->depot) {
     e.uid.store(0, std::memory_order_relaxed);
-    e.deposited.store(0, std::memory_order_relaxed);
+    e.state.store(kDepositing, std::memory_order_relaxed);
   }
   st->slot = claim_holder(c, current_slot_owner());
   std::atomic_ref<std::uint64_t>(c->magic).store(kQueueMagic, std::memory_order_release);
@@ -1054,18 +1072,20 @@ std::size_t QueueCore::put_many(std::span<Encoder> items,
   // before any wait (for room, for the ring, for send_lock): a consumer is never left
   // asleep while this producer waits for it.
   std::size_t put = 0;
+  // Items put and not signalled yet: consumers asleep on the ring, and the readiness fd
+  // (a consumer may wait in poll() on it rather than in the ring).
   struct Batch {
     State& st;
     std::size_t& put;
     int unwoken = 0;
+    std::size_t notified = 0;
     void wake() noexcept {
       st.ring.wake_consumers(unwoken);
       unwoken = 0;
+      if (put > notified) notify_ready(st);
+      notified = put;
     }
-    ~Batch() {  // also when an error ends the batch
-      wake();
-      if (put > 0) notify_ready(st);
-    }
+    ~Batch() { wake(); }  // also when an error ends the batch
   } batch{*state_, put};
   auto wake = [&batch] { batch.wake(); };
   int& unwoken = batch.unwoken;
@@ -1136,8 +1156,11 @@ Decoder receive_taken(QueueCore::State& st, TakenItem&& t) {
 
 void QueueCore::defer_error(std::exception_ptr error) noexcept {
   std::lock_guard lock(state_->deferred_mu);
-  if (!state_->deferred) state_->deferred = std::move(error);
-  state_->has_deferred.store(true, std::memory_order_release);
+  try {
+    state_->deferred.push_back(std::move(error));
+  } catch (...) {  // no memory for it: that error is lost, not the queue
+  }
+  state_->has_deferred.store(!state_->deferred.empty(), std::memory_order_release);
 }
 
 void QueueCore::rethrow_deferred() {
@@ -1145,10 +1168,12 @@ void QueueCore::rethrow_deferred() {
   std::exception_ptr error;
   {
     std::lock_guard lock(state_->deferred_mu);
-    error = std::exchange(state_->deferred, nullptr);
-    state_->has_deferred.store(false, std::memory_order_release);
+    if (state_->deferred.empty()) return;
+    error = std::move(state_->deferred.front());
+    state_->deferred.pop_front();
+    state_->has_deferred.store(!state_->deferred.empty(), std::memory_order_release);
   }
-  if (error) std::rethrow_exception(error);
+  std::rethrow_exception(error);
 }
 
 std::optional<Decoder> QueueCore::get(std::optional<std::chrono::nanoseconds> timeout) {
@@ -1169,34 +1194,37 @@ std::vector<Decoder> QueueCore::get_many(std::size_t max_items,
     const State& st;
     ~Rearm() { rearm_ready(st); }
   } rearm{*state_};
+  // Before anything is taken: nothing below may fail between taking an item and keeping it.
+  out.reserve(std::min<std::size_t>(max_items, 1024));
   TakenItem first = take_item_polling(state_->ring, deadline_after(timeout));
   if (first.status == Ring::Status::kTimeout) return out;
   if (first.status == Ring::Status::kClosed)
     throw QueueClosed("get() on a closed and empty queue");
-  out.reserve(std::min<std::size_t>(max_items, 1024));
   out.push_back(receive_taken(*state_, std::move(first)));
   // The rest only if they are there already, copied from their slots into buffers of 64
-  // slots each (one allocation per 64 items, not a 64 KiB receive buffer per item).
+  // slots each (one allocation per 64 items, not a 64 KiB receive buffer per item; none
+  // when the ring looks empty).
   constexpr std::size_t kPerBuffer = 64;
   const std::size_t stride = state_->ring.max_message();
   std::shared_ptr<std::byte[]> buffer;
   std::size_t used = kPerBuffer;
-  while (out.size() < max_items) {
-    if (used == kPerBuffer) {
-      buffer.reset(new std::byte[kPerBuffer * stride]);
-      used = 0;
-    }
-    TakenItem t = take_item(state_->ring, std::chrono::steady_clock::now(), buffer,
-                            buffer.get() + used * stride);
-    if (t.status != Ring::Status::kOk) break;  // empty now (or closed: the next get says so)
-    ++used;
-    try {
+  const Deadline no_wait = std::chrono::steady_clock::time_point{};
+  try {
+    while (out.size() < max_items && state_->ring.maybe_nonempty()) {
+      if (used == kPerBuffer) {
+        buffer.reset(new std::byte[kPerBuffer * stride]);
+        used = 0;
+      }
+      TakenItem t = take_item(state_->ring, no_wait, buffer, buffer.get() + used * stride);
+      if (t.status != Ring::Status::kOk) break;  // empty now (or closed: the next get says so)
+      ++used;
+      if (out.size() == out.capacity()) out.reserve(out.size() * 2);
       out.push_back(receive_taken(*state_, std::move(t)));
-    } catch (...) {
-      // Consumed, as by get(); the items before it are returned, and the next get says why.
-      defer_error(std::current_exception());
-      break;
     }
+  } catch (...) {
+    // An item consumed and not received (as by get()), a slot the ring refused, or no
+    // memory: the items taken are returned, and the next get throws the error.
+    defer_error(std::current_exception());
   }
   return out;
 }

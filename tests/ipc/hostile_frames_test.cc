@@ -1119,13 +1119,26 @@ TEST_F(HostileFramesTest, GetManyReturnsTheGoodItemsAndTheNextCallThrowsTheBadOn
     EXPECT_NE(std::string(e.what()).find("body size"), std::string::npos) << e.what();
   }
   EXPECT_EQ(q.try_get_many(10), (std::vector<std::int64_t>{79}));
-  // A frame that parses but is not an int64 (4 bytes of payload): decoded after the batch
-  // was taken, so the items on both sides of it are returned.
+  // Frames that parse but are not an int64 (4 bytes of payload): decoded after the batch
+  // was taken, so the items on both sides of them are returned; each error is thrown by
+  // a call of its own.
   inject.slot(bytes(header(8), std::int64_t{80}));
   inject.slot(bytes(header(4), std::uint32_t{5}));
+  inject.slot(bytes(header(4), std::uint32_t{6}));
   inject.slot(bytes(header(8), std::int64_t{81}));
   EXPECT_EQ(q.try_get_many(10), (std::vector<std::int64_t>{80, 81}));
+  // A forked child does not inherit the errors of items its parent took.
+  EXPECT_EQ(testing::run_in_child([&q] { EXPECT_TRUE(q.try_get_many(10).empty()); }), 0);
   EXPECT_THROW((void)q.try_get(), ProtocolError);
+  EXPECT_THROW((void)q.try_get_many(10), ProtocolError);
+  EXPECT_TRUE(q.try_get_many(10).empty());
+  // A marker whose datagram is missing, in the middle of a batch.
+  inject.slot(bytes(header(8), std::int64_t{90}));
+  inject.marker();
+  inject.slot(bytes(header(8), std::int64_t{91}));
+  EXPECT_EQ(q.try_get_many(10), (std::vector<std::int64_t>{90}));
+  EXPECT_THROW((void)q.try_get_many(10), ProtocolError);
+  EXPECT_EQ(q.try_get_many(10), (std::vector<std::int64_t>{91}));
   // A batch whose only item is bad throws at once.
   inject.slot(bytes(header(4), std::uint32_t{5}));
   EXPECT_THROW((void)q.try_get_many(10), ProtocolError);

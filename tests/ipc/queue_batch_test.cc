@@ -2,6 +2,7 @@
 // both sharing strategies: order, exact values, bounded queues smaller than a batch,
 // timeouts, close. (A batch that meets a malformed item: hostile_frames_test.cc.)
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -58,6 +59,43 @@ TEST_P(QueueBatchTest, BatchesLargerThanABoundedQueueCrossProcessesInOrder) {
   EXPECT_EQ(wait_child(producer), 0);
   EXPECT_LE(batches, static_cast<std::size_t>(kTotal));
   EXPECT_TRUE(q.try_get_many(10).empty());
+}
+
+// A consumer that waits in poll() on the readiness fd, not in the ring: a batch larger than
+// the bounded queue must signal the fd before it waits for room, or both would wait (the
+// consumer until its poll times out, the producer for ever).
+TEST_P(QueueBatchTest, ABatchSignalsTheReadinessFdBeforeItWaitsForRoom) {
+  Queue<std::int64_t> q(8);
+  const int ready = q.readiness_fd();
+  pid_t consumer = fork_child([&q, ready] {
+    std::vector<std::int64_t> got;
+    const auto start = std::chrono::steady_clock::now();
+    while (got.size() < 100) {
+      pollfd p{ready, POLLIN, 0};
+      ASSERT_EQ(::poll(&p, 1, 10000), 1) << "the readiness fd stayed silent with "
+                                          << got.size() << " items taken";
+      std::vector<std::int64_t> more = q.try_get_many(100);
+      got.insert(got.end(), more.begin(), more.end());
+    }
+    EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
+    for (std::int64_t i = 0; i < 100; ++i) EXPECT_EQ(got[i], i);
+  });
+  std::vector<std::int64_t> values(100);
+  for (std::int64_t i = 0; i < 100; ++i) values[i] = i;
+  q.put_many(values);
+  EXPECT_EQ(wait_child(consumer), 0);
+}
+
+// More than the 64 items of one receive buffer in one call.
+TEST_P(QueueBatchTest, GetManyTakesMoreThanOneBuffersWorth) {
+  Queue<Item> q;
+  q.put_many(items(0, 150));
+  std::vector<Item> got = q.get_many(1000);
+  ASSERT_EQ(got.size(), 150u);
+  for (std::int64_t i = 0; i < 150; ++i) {
+    EXPECT_EQ(got[i].first, i);
+    EXPECT_EQ(got[i].second.data_ptr<double>()[0], static_cast<double>(i));
+  }
 }
 
 TEST_P(QueueBatchTest, TryPutManyPutsThePrefixThatFitsBeforeItsTimeout) {

@@ -60,9 +60,9 @@ class Queue:
     def get_many(self, max_items, block=True, timeout=None):
         """Waits for one object as get() does, then takes up to `max_items` - 1 more that
         are there already: a list of 1 to `max_items` objects. Raises queue.Empty when none
-        came. An item after the first that cannot be received is consumed (as by get()):
-        the others are returned, and its error is raised by the next get or get_many of
-        this queue object. An extension of multiprocessing's API."""
+        came. An item that cannot be received is consumed (as by get()): the others are
+        returned, and its error is raised by a later get or get_many of this queue object
+        (one per call, oldest first). An extension of multiprocessing's API."""
         q = self._check()
         max_items = int(max_items)
         if max_items < 1:
@@ -72,23 +72,23 @@ class Queue:
         if not items:
             raise _queue.Empty
         out = []
-        error = None
+        errors = []
         for item in items:
             try:
                 out.append(reductions.loads(*item))
             except Exception as e:  # consumed; the others are still returned
-                if error is None:
-                    error = e
-        if error is not None:
+                errors.append(e)
+        del items, item  # the kept errors' tracebacks must not keep the batch alive
+        if errors:
+            self.__dict__.setdefault("_deferred", []).extend(errors[0 if out else 1:])
             if not out:
-                raise error
-            self._deferred = error
+                raise errors[0]
         return out
 
     def _raise_deferred(self):
-        error = self.__dict__.pop("_deferred", None)
-        if error is not None:
-            raise error
+        deferred = self.__dict__.get("_deferred")
+        if deferred:
+            raise deferred.pop(0)
 
     def put_nowait(self, obj):
         return self.put(obj, False)
