@@ -82,17 +82,7 @@ Received receive_message(int sock, std::span<std::byte> buffer, bool nonblocking
     throw_system_error(errno, "recvmsg", "shmtensor message");
   }
   // Take ownership of every fd that arrived before judging the message, so none leaks.
-  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
-      std::size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-      r.fds.reserve(r.fds.size() + count);  // one allocation for the list, not one per fd
-      for (std::size_t i = 0; i < count; ++i) {
-        int fd;
-        std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
-        r.fds.emplace_back(fd);
-      }
-    }
-  }
+  take_passed_fds(msg, r.fds);
   if (msg.msg_flags & MSG_CTRUNC) {
     throw ProtocolError(
         "a received message lost some of its file descriptors (MSG_CTRUNC): this process is "
@@ -117,6 +107,20 @@ Received receive_message(int sock, std::span<std::byte> buffer, bool nonblocking
             queued == 0;
   }
   return r;
+}
+
+void take_passed_fds(msghdr& msg, std::vector<UniqueFd>& out) {
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+      std::size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      out.reserve(out.size() + count);  // one allocation for the list, not one per fd
+      for (std::size_t i = 0; i < count; ++i) {
+        int fd;
+        std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
+        out.emplace_back(fd);
+      }
+    }
+  }
 }
 
 void shutdown_write(int sock) noexcept { ::shutdown(sock, SHUT_WR); }

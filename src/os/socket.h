@@ -8,6 +8,8 @@
 
 #include "os/unique_fd.h"
 
+struct msghdr;
+
 namespace shmtensor::internal {
 
 // The kernel's limit of fds in one SCM_RIGHTS message (SCM_MAX_FD).
@@ -33,6 +35,10 @@ struct Received {
 // buffer (MSG_TRUNC) or its fds were cut (MSG_CTRUNC: names the fd limit and the other
 // strategy); the fds that did arrive are closed.
 Received receive_message(int sock, std::span<std::byte> buffer, bool nonblocking = false);
+
+// Owns every fd that the SCM_RIGHTS messages of a received (or peeked) `msg` carry,
+// appending them to `out`.
+void take_passed_fds(msghdr& msg, std::vector<UniqueFd>& out);
 
 // shutdown(SHUT_WR): readers of the peer get EOF after draining; writers get EPIPE.
 void shutdown_write(int sock) noexcept;

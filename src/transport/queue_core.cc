@@ -428,16 +428,16 @@ bool depositable(const Segment& seg) noexcept {
          seg.kind() == SegmentKind::kArena;
 }
 
-// The depot entry of `uid`, or -1. With `claim`, a free entry is taken for it: `claimed`
-// says whether this call took it (and must deposit).
-int find_depot_entry(QueueControl* c, std::uint64_t uid, bool claim, bool* claimed) noexcept {
+// The depot entry of `uid`, or -1. With `claimed`, a free entry is taken for it when it
+// has none, and `claimed` says whether this call took it (and must deposit).
+int find_depot_entry(QueueControl* c, std::uint64_t uid, bool* claimed = nullptr) noexcept {
   if (uid == 0) return -1;  // 0 marks a free entry
   // Entries are taken in order and never freed: the first free one ends the search.
   for (int i = 0; i < kQueueDepotSegments; ++i) {
     std::uint64_t u = c->depot[i].uid.load(std::memory_order_acquire);
     if (u == uid) return i;
     if (u != 0) continue;
-    if (!claim) return -1;
+    if (claimed == nullptr) return -1;
     if (c->depot[i].uid.compare_exchange_strong(u, uid, std::memory_order_acq_rel)) {
       *claimed = true;
       return i;
@@ -467,7 +467,7 @@ bool omit_fd(void* context, const std::shared_ptr<Segment>& seg) {
   bool omit = false;
   if (depositable(*seg) && c->depot_usable.load(std::memory_order_relaxed) != 0) {
     bool claimed = false;
-    const int entry = find_depot_entry(c, seg->uid(), /*claim=*/true, &claimed);
+    const int entry = find_depot_entry(c, seg->uid(), &claimed);
     if (entry >= 0 && !claimed) {
       // A deposit that failed may be tried again by one producer (this CAS decides who).
       std::uint64_t failed = kDepositFailed;
@@ -531,8 +531,7 @@ void set_peek_offset(int sock, int offset) {
 std::shared_ptr<Segment> fetch_deposited(void* context, std::uint64_t uid) {
   auto& st = *static_cast<QueueCore::State*>(context);
   QueueControl* c = st.control();
-  bool unused = false;
-  const int entry = find_depot_entry(c, uid, false, &unused);
+  const int entry = find_depot_entry(c, uid);
   if (entry < 0 || c->depot[entry].state.load(std::memory_order_acquire) != kDeposited)
     return nullptr;
   if (auto seg = Registry::instance().find_segment(uid)) return seg;
@@ -564,13 +563,7 @@ std::shared_ptr<Segment> fetch_deposited(void* context, std::uint64_t uid) {
       if (n < 0) throw SystemError(errno, "recvmsg", "a queue's depot");
       // A peek installs copies of the datagram's fds here: each is owned at once.
       std::vector<UniqueFd> fds;
-      for (cmsghdr* h = CMSG_FIRSTHDR(&msg); h != nullptr; h = CMSG_NXTHDR(&msg, h))
-        if (h->cmsg_level == SOL_SOCKET && h->cmsg_type == SCM_RIGHTS)
-          for (std::size_t k = 0; k < (h->cmsg_len - CMSG_LEN(0)) / sizeof(int); ++k) {
-            int fd;
-            std::memcpy(&fd, CMSG_DATA(h) + k * sizeof(int), sizeof fd);
-            fds.emplace_back(fd);
-          }
+      take_passed_fds(msg, fds);
       at += static_cast<std::size_t>(n);
       // What a producer deposits: exactly 8 bytes (the uid) and one fd. Anything else is
       // a holder's junk, stepped over.
@@ -605,8 +598,7 @@ void pin_received(QueueCore::State& st, Decoder& d) {
   for (const Storage& s : storages) {
     const auto& seg = StorageAccess::impl(s)->segment();
     if (!depositable(*seg) || is_pinned(st, seg->uid())) continue;
-    bool unused = false;
-    if (find_depot_entry(c, seg->uid(), false, &unused) >= 0) pin(st, seg);
+    if (find_depot_entry(c, seg->uid()) >= 0) pin(st, seg);
   }
 }
 
@@ -1087,14 +1079,12 @@ std::size_t QueueCore::put_many(std::span<Encoder> items,
     }
     ~Batch() { wake(); }  // also when an error ends the batch
   } batch{*state_, put};
-  auto wake = [&batch] { batch.wake(); };
-  int& unwoken = batch.unwoken;
   // A deadline already past: a first try that does not wait (and reads no clock).
   const Deadline now = std::chrono::steady_clock::time_point{};
   for (Encoder& e : items) {
     ItemPlace place;
     if (!admit(c, now, state_->slot, &place)) {
-      wake();
+      batch.wake();
       if (!admit(c, deadline, state_->slot, &place)) break;
     }
     try {
@@ -1105,15 +1095,15 @@ std::size_t QueueCore::put_many(std::span<Encoder> items,
       if (frame.fds().empty() && size <= ring.max_message()) {
         Ring::Status status = ring.push_parts(parts, kQueueRingItem, now, Ring::Wake::kDeferred);
         if (status == Ring::Status::kTimeout) {
-          wake();
+          batch.wake();
           status = ring.push_parts(parts, kQueueRingItem, deadline, Ring::Wake::kDeferred);
         }
         if (status == Ring::Status::kTimeout) break;
         if (status == Ring::Status::kClosed) throw QueueClosed("put() on a closed queue");
         frame.sent = true;  // the receiver now owns the in-flight counts
-        ++unwoken;
+        ++batch.unwoken;
       } else {
-        wake();
+        batch.wake();
         if (!send_announced(*state_, frame, deadline)) break;
       }
     } catch (const SystemError& err) {

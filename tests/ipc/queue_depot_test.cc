@@ -70,6 +70,16 @@ pid_t produce(Queue<Tensor>& q, int n, bool take_first, Connection& report) {
   });
 }
 
+// produce() into a queue with room for every item, and wait until the producer exited:
+// its fd counts.
+FdCounts produce_then_exit(Queue<Tensor>& q, int n, bool take_first) {
+  auto [report_in, report_out] = pipe();
+  pid_t producer = produce(q, n, take_first, report_out);
+  auto [sent, omitted] = report_in.recv<std::pair<std::uint64_t, std::uint64_t>>();
+  EXPECT_EQ(wait_child(producer), 0);
+  return {sent, omitted};
+}
+
 TEST_F(QueueDepotTest, OneProducerSendsEachSegmentsFdOnce) {
   constexpr int kItems = 3000;
   Queue<Tensor> q(256);
@@ -89,19 +99,17 @@ TEST_F(QueueDepotTest, AProcessThatJoinsLaterMapsDepositedSegmentsAfterTheProduc
   // The consumer exists before the queue and before the producer's segment: it can map
   // that segment only from the queue's depot.
   auto [to_consumer, from_parent] = pipe();
-  auto [report_in, report_out] = pipe();
-  pid_t consumer = fork_child([&from_parent = from_parent, &report_out = report_out] {
+  pid_t consumer = fork_child([&from_parent = from_parent] {
     auto q = from_parent.recv<Queue<Tensor>>();
     for (int i = 0; i < 50; ++i) expect_item(q.get(), i);
     EXPECT_FALSE(q.try_get().has_value());
   });
   {
     Queue<Tensor> q;
-    pid_t producer = produce(q, 50, /*take_first=*/true, report_out);
-    auto [sent, omitted] = report_in.recv<std::pair<std::uint64_t, std::uint64_t>>();
-    EXPECT_EQ(wait_child(producer), 0);  // gone before anyone else looks at its segment
-    EXPECT_EQ(sent, 1u);                 // the item it took back itself
-    EXPECT_EQ(omitted, 50u);
+    // The producer is gone before anyone else looks at its segment.
+    const FdCounts c = produce_then_exit(q, 50, /*take_first=*/true);
+    EXPECT_EQ(c.sent, 1u);  // the item it took back itself
+    EXPECT_EQ(c.omitted, 50u);
     to_consumer.send(q);
   }
   EXPECT_EQ(wait_child(consumer), 0);
@@ -109,10 +117,7 @@ TEST_F(QueueDepotTest, AProcessThatJoinsLaterMapsDepositedSegmentsAfterTheProduc
 
 TEST_F(QueueDepotTest, AForkedChildOfAHolderThatNeverMappedTheSegmentFetchesIt) {
   Queue<Tensor> q;
-  auto [report_in, report_out] = pipe();
-  pid_t producer = produce(q, 20, /*take_first=*/true, report_out);
-  (void)report_in.recv<std::pair<std::uint64_t, std::uint64_t>>();
-  EXPECT_EQ(wait_child(producer), 0);
+  (void)produce_then_exit(q, 20, /*take_first=*/true);
   EXPECT_EQ(run_in_child([&q] {
               for (int i = 0; i < 10; ++i) expect_item(q.get(), i);
             }),
@@ -151,10 +156,7 @@ TEST_F(QueueDepotTest, TheLastHolderDrainsItemsWithoutFdsAndTheirBlocksComeBack)
 TEST_F(QueueDepotTest, ConsumersKilledWhileTheyLookInTheDepotLeaveItUsable) {
   constexpr int kItems = 200, kKills = 40;
   Queue<Tensor> q;
-  auto [report_in, report_out] = pipe();
-  pid_t producer = produce(q, kItems, /*take_first=*/true, report_out);
-  (void)report_in.recv<std::pair<std::uint64_t, std::uint64_t>>();
-  EXPECT_EQ(wait_child(producer), 0);
+  (void)produce_then_exit(q, kItems, /*take_first=*/true);
   std::mt19937 rng(12345);
   for (int k = 0; k < kKills; ++k) {
     pid_t consumer = fork_child([&q] {
@@ -215,10 +217,7 @@ TEST_F(QueueDepotTest, PastThirtyTwoSegmentsItemsCarryTheirFds) {
 // ProtocolError that says so, and the next get, with room for an fd, works.
 TEST_F(QueueDepotTest, AConsumerAtItsFdLimitGetsAClearErrorThenGoesOn) {
   Queue<Tensor> q;
-  auto [report_in, report_out] = pipe();
-  pid_t producer = produce(q, 5, /*take_first=*/true, report_out);
-  (void)report_in.recv<std::pair<std::uint64_t, std::uint64_t>>();
-  EXPECT_EQ(wait_child(producer), 0);
+  (void)produce_then_exit(q, 5, /*take_first=*/true);
   EXPECT_EQ(run_in_child([&q] {
               rlimit saved{};
               ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &saved), 0);
