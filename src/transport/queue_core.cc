@@ -41,11 +41,14 @@
 #include "shmtensor/internal/storage_access.h"
 #include "shmtensor/queue.h"
 #include "transport/busy_poll.h"
+#include "transport/announced.h"
 #include "transport/channel.h"
 #include "transport/ring.h"
 #include "wire/wire.h"
 
 namespace shmtensor::internal {
+
+static_assert(kQueueRingItem == kRingMessageTag && kQueueRingMarker == kRingMarkerTag);
 
 namespace {
 
@@ -275,6 +278,12 @@ struct QueueCore::State {
   std::deque<std::exception_ptr> deferred;
   std::atomic<bool> has_deferred{false};
   QueueControl* control() const { return reinterpret_cast<QueueControl*>(control_map.data()); }
+  // The datagram path (transport/announced.h); `depot` is this handle's depot fetcher.
+  AnnouncedPath path(const SegmentFetcher* depot = nullptr) {
+    QueueControl* c = control();
+    return {&ring, send_fd.get(), recv_fd.get(), &c->send_lock, &c->recv_lock,
+            &c->taken_below, depot, "queue"};
+  }
 };
 
 namespace {
@@ -346,70 +355,6 @@ void unregister_live(QueueCore::State* st) noexcept {
   if (g_live == nullptr) return;
   std::erase(*g_live, st);
 }
-
-// ---- items with fds: datagrams announced by markers ------------------------------------
-// A datagram is the position of the marker that announces it (8 bytes), then the frame.
-// Producers send under send_lock, in the order of their markers; a consumer that took a
-// marker (the ring keeps its slot claimed in the consumer's name) takes, under recv_lock,
-// the datagram of that position, which is the socket's next one once every earlier marker's
-// datagram was taken. Earlier ones whose marker nobody will take (their producer died
-// between the send and the marker, or the consumer that took the marker died) are dropped.
-
-constexpr std::size_t kMarkerIdBytes = sizeof(std::uint64_t);
-
-std::uint64_t load_u64(const std::byte* p) noexcept {
-  std::uint64_t v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-
-void init_shared_mutex(pthread_mutex_t* m) {
-  pthread_mutexattr_t attr;
-  ::pthread_mutexattr_init(&attr);
-  ::pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
-  ::pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST);
-  const int rc = ::pthread_mutex_init(m, &attr);
-  ::pthread_mutexattr_destroy(&attr);
-  if (rc != 0) throw SystemError(rc, "pthread_mutex_init", "a queue's lock");
-}
-
-// Locks `m`, waiting until `deadline` (false when it passed first). A holder that died
-// leaves it consistent-able (EOWNERDEAD): the lock goes on, and the caller's protocol
-// repairs what the dead holder left.
-bool lock_shared(pthread_mutex_t* m, const Deadline& deadline) {
-  int rc;
-  if (!deadline) {
-    rc = ::pthread_mutex_lock(m);
-  } else {
-    // pthread_mutex_timedlock takes CLOCK_REALTIME: the steady deadline is carried over to
-    // it (a jump of the wall clock meanwhile moves it). Not pthread_mutex_clocklock: the
-    // ThreadSanitizer of GCC 12 does not know it, and then reports our unlock as one of a
-    // mutex nobody locked.
-    const auto left = std::max(*deadline - std::chrono::steady_clock::now(),
-                               std::chrono::steady_clock::duration::zero());
-    const auto at = std::chrono::system_clock::now().time_since_epoch() +
-                    std::chrono::duration_cast<std::chrono::system_clock::duration>(left);
-    const auto secs = std::chrono::duration_cast<std::chrono::seconds>(at);
-    timespec ts{static_cast<time_t>(secs.count()),
-                static_cast<long>(std::chrono::duration_cast<std::chrono::nanoseconds>(at - secs)
-                                      .count())};
-    rc = ::pthread_mutex_timedlock(m, &ts);
-  }
-  if (rc == EOWNERDEAD) {
-    ::pthread_mutex_consistent(m);
-    return true;
-  }
-  if (rc == ETIMEDOUT) return false;
-  if (rc != 0)
-    throw ProtocolError(std::string("a queue's lock in shared memory cannot be taken (") +
-                        std::strerror(rc) + "): another process wrote over its control block");
-  return true;
-}
-
-struct SharedLockGuard {
-  pthread_mutex_t* m;
-  ~SharedLockGuard() { ::pthread_mutex_unlock(m); }
-};
 
 // ---- fds once per segment (docs/transport.md) -------------------------------------------
 // The first producer that sends an arena segment deposits its fd in the queue: a datagram
@@ -604,229 +549,6 @@ void pin_received(QueueCore::State& st, Decoder& d) {
 
 SegmentFetcher depot_of(QueueCore::State& st) noexcept { return {fetch_deposited, &st}; }
 
-// One datagram off the socket without waiting; kTimeout when there is none.
-Datagram datagram_now(int sock) { return receive_datagram(sock, std::chrono::steady_clock::now()); }
-
-// The frame of a datagram taken off a queue's socket, parsed (the caller checked that it
-// holds a marker position).
-Decoder parse_announced(Datagram&& d, QueueCore::State& st) {
-  const std::span<const std::byte> frame(d.buffer.get() + kMarkerIdBytes, d.size - kMarkerIdBytes);
-  const SegmentFetcher depot = depot_of(st);
-  return parse_frame(frame, std::move(d.fds), std::move(d.buffer), &depot);
-}
-
-// A datagram no marker will claim: parsed and dropped, so that the counts it carries go
-// back (a malformed one has none to give back). Its place in a bounded queue is not
-// freed here: a producer that died before its marker had its place given back as a dead
-// sender's, and a consumer frees its place when it takes the marker.
-void drop_datagram(Datagram&& d, QueueCore::State& st) noexcept {
-  if (d.status != RecvStatus::kOk || d.size < kMarkerIdBytes) return;
-  try {
-    (void)parse_announced(std::move(d), st);
-  } catch (...) {
-  }
-}
-
-// Whose is the socket's next datagram, which names marker position `id` (nullopt: it is too
-// short to name one)? kMine: the marker at `pos`, which this thread holds. kEarlier: a
-// marker's that is published and not yet taken, or that a live consumer holds (that
-// consumer will take it). kLater: a later marker's (the one at `pos` is missing). kNobody:
-// no marker will claim it (its producer died before the marker, the consumer holding the
-// marker died, or no producer of this ring sent it). `pos` nullopt: this thread holds none.
-enum class HeadOwner { kMine, kEarlier, kLater, kNobody };
-HeadOwner owner_of(const Ring& ring, std::optional<std::uint64_t> id,
-                   std::optional<std::uint64_t> pos) {
-  if (!id || *id >= ring.tail()) return HeadOwner::kNobody;  // no producer claimed it
-  if (pos && *id == *pos) return HeadOwner::kMine;
-  if (pos && *id > *pos) return HeadOwner::kLater;
-  const Ring::SlotView v = ring.inspect(*id);
-  if (v.where == Ring::Where::kReady || (v.where != Ring::Where::kGone && v.claimer_alive))
-    return HeadOwner::kEarlier;
-  return HeadOwner::kNobody;
-}
-
-// The marker position the socket's next datagram names, without taking it (no fds are
-// received by a peek without a control buffer). Empty: no datagram (or the end of the
-// stream); nullopt inside: a datagram too short to name one. An empty datagram is taken
-// and dropped here (recv says 0 for it as at the end of the stream: only taking it tells).
-// Called under recv_lock.
-std::optional<std::optional<std::uint64_t>> peek_head(int sock) {
-  for (;;) {
-    std::uint64_t id = 0;
-    const ssize_t n = ::recv(sock, &id, sizeof id, MSG_PEEK | MSG_DONTWAIT);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return std::nullopt;
-    if (n < 0) throw SystemError(errno, "recv", "a queue's socket");
-    if (n == static_cast<ssize_t>(sizeof id)) return std::optional<std::uint64_t>(id);
-    if (n > 0) return std::optional<std::uint64_t>();
-    if (datagram_now(sock).status != RecvStatus::kOk) return std::nullopt;
-  }
-}
-
-// Takes every datagram at the socket's head that no marker will claim, under recv_lock,
-// and returns them: the caller drops them after unlocking (parsing one can take long, and
-// one may hold a copy of this very queue, whose drop can drain and so take the lock).
-std::vector<Datagram> take_dead_heads(QueueCore::State& st) {
-  std::vector<Datagram> dead;
-  QueueControl* c = st.control();
-  (void)lock_shared(&c->recv_lock, std::nullopt);
-  SharedLockGuard unlock{&c->recv_lock};
-  const int sock = st.recv_fd.get();
-  while (auto head = peek_head(sock)) {
-    if (owner_of(st.ring, *head, std::nullopt) != HeadOwner::kNobody) break;
-    try {
-      Datagram d = datagram_now(sock);
-      if (d.status != RecvStatus::kOk) break;
-      dead.push_back(std::move(d));
-    } catch (const ProtocolError&) {
-      // Taken and cut (its fds past this process's fd limit, or larger than any datagram
-      // of ours): it was nobody's anyway.
-    }
-  }
-  return dead;
-}
-
-// Sends an item that carries fds (or does not fit a slot): the marker's position reserved,
-// then [position][frame] sent, then the marker published, all under send_lock. False when
-// the deadline passed first (nothing was sent; a reserved position is given up). While the
-// socket is full, datagrams at its head that nobody will take are dropped: consumers stop
-// at this producer's reserved marker, so only this producer can make that room.
-bool send_announced(QueueCore::State& st, OutgoingFrame& frame, const Deadline& deadline) {
-  QueueControl* c = st.control();
-  // The lock is held for a few syscalls, or while its holder waits for room: a put whose
-  // deadline is now (put_nowait) waits a little for it rather than report a full queue.
-  Deadline lock_deadline = deadline;
-  if (deadline)
-    lock_deadline = std::max(*deadline, std::chrono::steady_clock::now() + std::chrono::milliseconds(20));
-  if (!lock_shared(&c->send_lock, lock_deadline)) return false;
-  SharedLockGuard unlock{&c->send_lock};
-  const Ring::Reservation r = st.ring.reserve(deadline);
-  if (r.status == Ring::Status::kTimeout) return false;
-  if (r.status == Ring::Status::kClosed) throw QueueClosed("put() on a closed queue");
-  const std::uint64_t id = r.pos;
-  bool sent = false;
-  try {
-    sent = send_frame(st.send_fd.get(), frame, deadline, std::as_bytes(std::span(&id, 1)), [&] {
-      for (Datagram& d : take_dead_heads(st)) drop_datagram(std::move(d), st);
-    });
-  } catch (...) {
-    st.ring.cancel(r.pos);
-    throw;
-  }
-  if (!sent) {
-    st.ring.cancel(r.pos);
-    return false;
-  }
-  // The datagram is out: without its marker nobody claims it, and it is dropped.
-  if (!st.ring.commit(r.pos, {}, kQueueRingMarker))
-    throw Error("a queue's item was lost: this producer's place in the queue's ring was "
-                "taken from it while it sent the item (it was judged dead, or another "
-                "process wrote over the ring)");
-  return true;
-}
-
-// The datagram of the marker at `pos`, which this thread took (its slot stays claimed in
-// our name until the datagram is taken; then, or on an error, it is released). Throws
-// ProtocolError when the socket does not have it (a marker another process wrote, or a
-// datagram another process took). Datagrams before it that nobody will take are dropped.
-Datagram take_announced(QueueCore::State& st, std::uint64_t pos) {
-  struct Release {
-    Ring& ring;
-    std::uint64_t pos;
-    ~Release() { ring.release(pos); }
-  } release{st.ring, pos};
-  QueueControl* c = st.control();
-  const int sock = st.recv_fd.get();
-  std::vector<Datagram> dead;
-  struct DropDead {  // after the lock is given back, on every path
-    std::vector<Datagram>& dead;
-    QueueCore::State& st;
-    ~DropDead() {
-      for (Datagram& d : dead) drop_datagram(std::move(d), st);
-    }
-  } drop_dead{dead, st};
-  auto missing = [&] {
-    return ProtocolError("a marker in the queue's ring at position " + std::to_string(pos) +
-                         " announces a datagram the socket does not have (another process "
-                         "wrote the marker, or took the datagram)");
-  };
-  for (;;) {
-    {
-      (void)lock_shared(&c->recv_lock, std::nullopt);
-      SharedLockGuard unlock{&c->recv_lock};
-      // Fast path: when no consumer holds a marker between the last one whose datagram was
-      // taken and ours, the socket's next datagram is ours, or one nobody will take: take
-      // it without a peek (a syscall less). Otherwise, or when that is far, look first.
-      const std::uint64_t below = c->taken_below;
-      bool fast = below <= pos && pos - below <= 64;
-      for (std::uint64_t p = below; fast && p < pos; ++p)
-        fast = !st.ring.being_read(p, kQueueRingMarker);
-      std::exception_ptr cut;
-      while (fast) {
-        Datagram d;
-        try {
-          d = datagram_now(sock);
-        } catch (const ProtocolError&) {
-          // Taken and cut (MSG_CTRUNC at the fd limit, MSG_TRUNC): ours or not, the peek
-          // path says which (ours still there; or missing: then it was ours, and its error
-          // is the one to report).
-          cut = std::current_exception();
-          break;
-        }
-        if (d.status != RecvStatus::kOk) throw missing();
-        std::optional<std::uint64_t> id;
-        if (d.size >= kMarkerIdBytes) id = load_u64(d.buffer.get());
-        const HeadOwner owner = owner_of(st.ring, id, pos);
-        if (owner == HeadOwner::kMine) {
-          c->taken_below = std::max(c->taken_below, pos + 1);
-          return d;
-        }
-        dead.push_back(std::move(d));
-        // A later marker's (only if another process took ours, or wrote one): it is lost,
-        // and so is ours. Everything up to it is gone from the socket now: the consumers of
-        // the markers in between go the slow way and lose nothing more.
-        if (owner == HeadOwner::kLater) {
-          c->taken_below = std::max(c->taken_below, *id + 1);
-          throw ProtocolError("the datagram of the queue's marker at position " +
-                              std::to_string(pos) + " is missing: the socket's next was for " +
-                              std::to_string(*id) + " (another process took it)");
-        }
-        // kEarlier cannot be (no earlier marker is held, unless a peer wrote taken_below):
-        // nobody's, dropped.
-      }
-      for (;;) {
-        const auto head = peek_head(sock);
-        if (!head && cut) std::rethrow_exception(cut);
-        if (!head) throw missing();
-        const HeadOwner owner = owner_of(st.ring, *head, pos);
-        if (owner == HeadOwner::kEarlier) break;  // its consumer waits for the lock
-        if (owner == HeadOwner::kLater && cut) std::rethrow_exception(cut);
-        if (owner == HeadOwner::kLater)
-          throw ProtocolError("the datagram of the queue's marker at position " +
-                              std::to_string(pos) + " is missing: the socket's next is for " +
-                              std::to_string(**head) + " (another process took it)");
-        if (owner == HeadOwner::kMine) {
-          Datagram d = datagram_now(sock);  // MSG_CTRUNC at the fd limit throws: it is lost
-          if (d.status == RecvStatus::kOk) {
-            c->taken_below = std::max(c->taken_below, pos + 1);
-            return d;
-          }
-          throw ProtocolError("the datagram of the queue's marker at position " +
-                              std::to_string(pos) + " went while it was being taken");
-        }
-        try {
-          Datagram d = datagram_now(sock);
-          if (d.status != RecvStatus::kOk) continue;  // the next peek says what is left
-          dead.push_back(std::move(d));
-        } catch (const ProtocolError&) {
-          // A dead one, taken and cut: nothing of it to give back.
-        }
-      }
-    }
-    std::this_thread::sleep_for(std::chrono::microseconds(20));
-  }
-}
-
 // One item taken off the ring, not parsed yet: its bytes at `data` (in `buffer`), or its
 // datagram.
 struct TakenItem {
@@ -892,7 +614,9 @@ void drain(QueueCore::State& st) noexcept {
         (void)parse_frame(std::span(t.data, t.size), {}, t.buffer, &depot);
       } else if (t.tag == kQueueRingMarker) {
         t.buffer.reset();
-        drop_datagram(take_announced(st, t.pos), st);
+        const SegmentFetcher depot = depot_of(st);
+        const AnnouncedPath path = st.path(&depot);
+        drop_datagram(path, take_announced(path, t.pos));
       }
     } catch (...) {
     }
@@ -907,7 +631,8 @@ void drain(QueueCore::State& st) noexcept {
       return;  // the socket itself failed: nothing more to read
     }
     if (d.status != RecvStatus::kOk) return;
-    drop_datagram(std::move(d), st);  // dropping it gives back what it adopted
+    const SegmentFetcher depot = depot_of(st);
+    drop_datagram(st.path(&depot), std::move(d));  // dropping it gives back what it adopted
   }
 }
 
@@ -1104,7 +829,9 @@ std::size_t QueueCore::put_many(std::span<Encoder> items,
         ++batch.unwoken;
       } else {
         batch.wake();
-        if (!send_announced(*state_, frame, deadline)) break;
+        const AnnouncedSend sent = send_announced(state_->path(), frame, deadline);
+        if (sent == AnnouncedSend::kTimeout) break;
+        if (sent == AnnouncedSend::kClosed) throw QueueClosed("put() on a closed queue");
       }
     } catch (const SystemError& err) {
       if (err.error_code() == EPIPE) throw QueueClosed("put() on a closed queue");
@@ -1137,7 +864,9 @@ Decoder receive_taken(QueueCore::State& st, TakenItem&& t) {
     throw ProtocolError("a slot of the queue's ring has tag " + std::to_string(t.tag) +
                         ", neither an item nor a marker");
   t.buffer.reset();  // the datagram is received into the same per-thread buffer
-  Decoder d = parse_announced(take_announced(st, t.pos), st);
+  const SegmentFetcher depot = depot_of(st);
+  const AnnouncedPath path = st.path(&depot);
+  Decoder d = parse_announced(path, take_announced(path, t.pos));
   pin_received(st, d);
   return d;
 }

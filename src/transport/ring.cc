@@ -18,7 +18,7 @@ namespace shmtensor::internal {
 namespace {
 
 constexpr std::uint64_t kRingMagic = 0x31474e4952545453ULL;  // "STTRING1"
-constexpr std::uint32_t kRingVersion = 1;
+constexpr std::uint32_t kRingVersion = 2;
 // Holder records; index kNoHolder marks a claim by a process that found none free (more
 // than 127 live holders): such a claim is never judged abandoned.
 constexpr std::uint32_t kHolderRecords = 127;
@@ -79,6 +79,8 @@ struct RingHeader {
   alignas(64) std::atomic<std::uint32_t> closed;
   std::atomic<std::uint64_t> abandoned;  // claims of dead processes freed (diagnostics)
   alignas(64) HolderRecord holders[kHolderRecords];
+  // The user's (Ring::user_area): zero in a new ring.
+  alignas(64) std::byte user[Ring::kUserBytes];
 };
 static_assert(std::is_standard_layout_v<RingHeader>);
 static_assert(offsetof(RingHeader, tail) == Ring::kTailOffset);
@@ -549,6 +551,27 @@ void Ring::close() noexcept {
 }
 
 bool Ring::closed() const noexcept { return header()->closed.load() != 0; }
+
+std::byte* Ring::user_area() const noexcept { return header()->user; }
+
+std::uint32_t Ring::publish_count() const noexcept { return header()->published.load(); }
+
+bool Ring::wait_for_publish(std::uint32_t seen, Deadline deadline) noexcept {
+  RingHeader* h = header();
+  h->consumers_asleep.fetch_add(1);
+  // consumers_asleep before the look at `published`, as in pop: a publish after this load
+  // sees the sleeper and wakes it, or changed the word before the futex compares it.
+  bool in_time = true;
+  if (h->published.load() == seen) in_time = sleep_on(&h->published, seen, deadline);
+  h->consumers_asleep.fetch_sub(1);
+  return in_time;
+}
+
+void Ring::kick() noexcept {
+  RingHeader* h = header();
+  h->published.fetch_add(1);
+  futex_wake(&h->published, INT_MAX);
+}
 
 std::uint64_t Ring::abandoned() const noexcept { return header()->abandoned.load(); }
 

@@ -54,6 +54,8 @@ class Ring {
   // write over them as a hostile peer would).
   static constexpr std::size_t kTailOffset = 64;
   static constexpr std::size_t kHeadOffset = 128;
+  // Bytes of the header left to the ring's user (Connection keeps its locks there).
+  static constexpr std::size_t kUserBytes = 256;
   using Deadline = std::optional<std::chrono::steady_clock::time_point>;
 
   // A new ring in a new sealed memfd. slot_count: a power of two in [2, kMaxSlotCount];
@@ -151,6 +153,19 @@ class Ring {
   // sleeper wakes.
   void close() noexcept;
   [[nodiscard]] bool closed() const noexcept;
+  // kUserBytes of shared memory in the ring's header, zero in a new ring, for the user's
+  // own words (a peer can write them too: validate what is read there).
+  [[nodiscard]] std::byte* user_area() const noexcept;
+  // For a consumer that waits without popping (a poll, or a pop that must not sleep in
+  // pop: Connection looks at its socket between waits): publish_count() before looking at
+  // the ring, then wait_for_publish(seen) sleeps until a message is published (or kick()
+  // is called) after that read, at most one 50 ms slice and until `deadline`. False when
+  // the deadline has passed.
+  [[nodiscard]] std::uint32_t publish_count() const noexcept;
+  bool wait_for_publish(std::uint32_t seen, Deadline deadline) noexcept;
+  // Wakes every consumer in wait_for_publish (a Connection's close: they look at the
+  // socket). pop() waiters look at the ring again and sleep on.
+  void kick() noexcept;
   // Messages published and not yet taken (a snapshot; abandoned claims count until they
   // are found).
   [[nodiscard]] std::uint64_t size() const noexcept;

@@ -1,0 +1,79 @@
+// The datagram path of a message ring, shared by Queue and Connection: a message that
+// carries fds (or does not fit a slot) is a datagram on a SOCK_SEQPACKET socket, and a
+// marker slot in the ring keeps its place in the order (docs/transport.md, "Items with
+// fds"). A datagram is the position of its marker (8 bytes), then the frame.
+//
+// Senders send under send_lock, in the order of their markers: reserve the marker's
+// position, send, publish the marker. A receiver that took a marker (the ring keeps its
+// slot claimed in the receiver's name) takes, under recv_lock, the datagram of that
+// position, which is the socket's next one once every earlier marker's datagram was taken.
+// Earlier ones that no marker will claim (their sender died between the send and the
+// marker, or the receiver that took the marker died) are dropped, which gives back the
+// counts they carry.
+#pragma once
+
+#include <pthread.h>
+
+#include <cstdint>
+#include <optional>
+
+#include "transport/channel.h"
+#include "transport/ring.h"
+#include "wire/wire.h"
+
+namespace shmtensor::internal {
+
+// Tags of ring slots: the message's frame is in the slot, or the message is a datagram.
+inline constexpr std::uint32_t kRingMessageTag = 1;
+inline constexpr std::uint32_t kRingMarkerTag = 2;
+
+// One direction of datagrams announced in a ring, as this process sees it. The locks and
+// `taken_below` live in shared memory that every process using the path maps.
+struct AnnouncedPath {
+  Ring* ring = nullptr;
+  int send_fd = -1;  // where this process sends datagrams (-1: it sends none here)
+  int recv_fd = -1;  // where it takes them (-1: it takes none here)
+  pthread_mutex_t* send_lock = nullptr;
+  pthread_mutex_t* recv_lock = nullptr;
+  // Under recv_lock: no datagram of a marker below this position is in the socket any more
+  // (a hint for the fast path of take_announced; a peer that writes a wrong value here can
+  // make receivers drop messages, never crash or hang them).
+  std::uint64_t* taken_below = nullptr;
+  // For frames that name segments without their fds (a queue's depot); may be null.
+  const SegmentFetcher* fetcher = nullptr;
+  const char* owner = "queue";  // in error messages: "the queue's ring"
+};
+
+// A robust, process-shared mutex in shared memory. Throws SystemError.
+void init_shared_mutex(pthread_mutex_t* m);
+// Locks `m`, waiting until `deadline` (false when it passed first). A holder that died
+// leaves it consistent-able (EOWNERDEAD): the lock goes on, and the caller's protocol
+// repairs what the dead holder left. Throws ProtocolError for a lock a peer wrote over.
+bool lock_shared(pthread_mutex_t* m, const Deadline& deadline);
+struct SharedLockGuard {
+  pthread_mutex_t* m;
+  ~SharedLockGuard() { ::pthread_mutex_unlock(m); }
+};
+
+// Sends `frame` as a datagram announced by a marker: the marker's position reserved, then
+// [position][frame] sent, then the marker published, all under send_lock. kTimeout when the
+// deadline passed first (nothing was sent; a reserved position is given up); kClosed when
+// the ring is closed. Throws SystemError (EPIPE: the receiving end is gone). While the
+// socket is full, datagrams at its head that nobody will take are dropped (when this
+// process also receives there: receivers stop at this sender's reserved marker, so only
+// it can make that room).
+enum class AnnouncedSend { kSent, kTimeout, kClosed };
+AnnouncedSend send_announced(const AnnouncedPath& path, OutgoingFrame& frame,
+                             const Deadline& deadline);
+// The datagram of the marker at `pos`, which this thread took (its slot stays claimed in
+// our name until the datagram is taken; then, or on an error, it is released). Throws
+// ProtocolError when the socket does not have it (a marker another process wrote, or a
+// datagram another process took). Datagrams before it that nobody will take are dropped.
+Datagram take_announced(const AnnouncedPath& path, std::uint64_t pos);
+// The frame of a datagram take_announced returned, parsed.
+Decoder parse_announced(const AnnouncedPath& path, Datagram&& d);
+// A datagram no marker will claim: parsed and dropped, so that the counts it carries go
+// back (a malformed one has none to give back).
+void drop_datagram(const AnnouncedPath& path, Datagram&& d) noexcept;
+
+}  // namespace shmtensor::internal
