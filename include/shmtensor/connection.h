@@ -8,6 +8,11 @@
 // With file_descriptor the segment fds ride on the same message (SCM_RIGHTS), so the sender
 // may exit right after send().
 //
+// A connection made by pipe() carries its messages in a ring of slots in shared memory, one
+// each way: a message without fds that fits a slot costs no syscall while the receiver is
+// awake. Messages with fds (or larger) go over a SOCK_SEQPACKET socket pair, in order with
+// the others; the socket also says when the peer is gone (docs/transport.md).
+//
 // Thread safety: send() and recv() may be called concurrently from several threads; each
 // message is delivered whole to one recv(). close() must not race with other calls.
 #pragma once
@@ -24,6 +29,7 @@ namespace shmtensor {
 
 namespace internal {
 struct ConnectionAccess;  // internal/connection_access.h
+struct ConnectionCore;    // src/transport/connection.cc
 }  // namespace internal
 
 // recv() on a connection whose peer closed (or that was closed here).
@@ -34,29 +40,25 @@ class ConnectionClosed : public Error {
 
 class Connection {
  public:
-  Connection() = default;  // not connected: valid() is false
-  Connection(Connection&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
-  Connection& operator=(Connection&& other) noexcept {
-    if (this != &other) {
-      close();
-      fd_ = std::exchange(other.fd_, -1);
-    }
-    return *this;
-  }
+  Connection() noexcept;  // not connected: valid() is false
+  Connection(Connection&& other) noexcept;
+  Connection& operator=(Connection&& other) noexcept;
   Connection(const Connection&) = delete;
   Connection& operator=(const Connection&) = delete;
-  ~Connection() { close(); }
+  ~Connection();
 
-  // Blocks while the socket's buffer is full. Throws ConnectionClosed when the peer has
-  // closed, SharedMemoryFullError / SystemError when shared memory for a tensor cannot be
-  // made, Error for a message that needs more than 253 fds.
+  // Blocks while the ring (or the socket's buffer) is full. Throws ConnectionClosed when the
+  // peer has closed (noticed at once when it called close(), within ~10 ms when it died),
+  // SharedMemoryFullError / SystemError when shared memory for a tensor cannot be made,
+  // Error for a message that needs more than 253 fds.
   template <class T>
   void send(const T& value) {
     Encoder e;
     e.encode(value);
     send_encoded(std::move(e));
   }
-  // Like send() but never waits: false, and nothing sent, when the socket's buffer is full.
+  // Like send() but never waits: false, and nothing sent, when the ring or the socket's
+  // buffer is full.
   // The value's tensors are moved into shared memory all the same.
   template <class T>
   [[nodiscard]] bool try_send(const T& value) {
@@ -89,29 +91,39 @@ class Connection {
   // True when a message (or EOF) is ready; waits up to timeout (nullopt = forever).
   [[nodiscard]] bool poll(Timeout timeout = Duration::zero()) const;
   void close() noexcept;
-  [[nodiscard]] bool valid() const noexcept { return fd_ >= 0; }
+  [[nodiscard]] bool valid() const noexcept { return core_ != nullptr; }
 
-  // The socket fd (owned by this object), e.g. to poll several connections at once.
-  [[nodiscard]] int native_handle() const noexcept { return fd_; }
-  // Takes ownership of a connected SOCK_SEQPACKET unix socket.
-  [[nodiscard]] static Connection adopt(int fd) noexcept;
-  // Gives up ownership of the socket: the caller closes it.
+  // An fd (owned by this object) that polls readable while a message may be there or the
+  // peer has gone, e.g. to poll several connections at once (Python's fileno()). For a
+  // connection made by pipe() it is an epoll fd over the socket and an eventfd the peer
+  // signals, made on the first call; from then on every message sent to this end costs
+  // its sender a write() to that eventfd. For an adopted socket: the socket. Throws
+  // SystemError when no fd can be made (the open-file limit).
+  [[nodiscard]] int native_handle() const;
+  // Takes ownership of a connected SOCK_SEQPACKET unix socket: a connection whose messages
+  // all travel on it (the peer must be one too: adopt() of the other end).
+  [[nodiscard]] static Connection adopt(int fd);
+  // Gives up ownership of the socket of an adopted connection: the caller closes it.
+  // -1, and nothing changes, for a connection made by pipe() (its socket alone does not
+  // carry the messages in its rings).
   [[nodiscard]] int release() noexcept;
 
  private:
   friend struct internal::ConnectionAccess;
-  explicit Connection(int fd) noexcept : fd_(fd) {}
+  friend struct Codec<Connection>;
+  explicit Connection(std::unique_ptr<internal::ConnectionCore> core) noexcept;
   void send_encoded(Encoder&& encoder);
   bool try_send_encoded(Encoder&& encoder);
   Decoder recv_encoded(std::optional<std::chrono::nanoseconds> timeout);
   std::optional<Decoder> try_recv_encoded(std::chrono::nanoseconds timeout);
-  int fd_ = -1;
+  std::unique_ptr<internal::ConnectionCore> core_;
 };
 
-// A connected pair of duplex connections.
+// A connected pair of duplex connections (a socket pair and a ring each way).
 std::pair<Connection, Connection> pipe();
 
-// A Connection travels as a duplicate of its socket.
+// A Connection travels as duplicates of its fds: the socket, and for one made by pipe() its
+// two rings and two eventfds.
 template <>
 struct Codec<Connection> {
   static void encode(Encoder& e, const Connection& c);

@@ -8,6 +8,7 @@
 #include "process/child_side.h"
 #include "process/process_state.h"
 #include "process/shutdown.h"
+#include "shmtensor/internal/connection_access.h"
 #include "shmtensor/internal/process_access.h"
 
 namespace shmtensor::internal {
@@ -21,9 +22,10 @@ void WorkerGroup::start(std::size_t index) {
   auto [mine, theirs] = shmtensor::pipe();
   WorkerLink link{std::make_shared<Connection>(std::move(theirs))};
   LaunchSpec spec = launch_(static_cast<int>(index), link);
-  std::vector<int> ours{mine.native_handle()};
+  std::vector<int> ours = ConnectionAccess::fds(mine);
   for (std::size_t i = 0; i < connections_.size(); ++i)
-    if (i != index && connections_[i].valid()) ours.push_back(connections_[i].native_handle());
+    if (i != index && connections_[i].valid())
+      for (const int fd : ConnectionAccess::fds(connections_[i])) ours.push_back(fd);
   close_in_forked_child(spec, std::move(ours));
   Process process = ProcessAccess::make(std::move(spec));
   // From here only the launch spec holds the worker's end; start() drops it, so that the

@@ -1,81 +1,577 @@
+// Connection: a SOCK_SEQPACKET socket pair and, for a pair made by pipe(), a message ring
+// each way (transport/ring.h) with an eventfd each way for readiness. A message without fds
+// that fits a slot travels in the ring of its direction; any other is a datagram announced
+// by a marker in that ring (transport/announced.h), so one order holds for both. The
+// socket also tells that the peer is gone: it hangs up when the last copy of the other end
+// is closed, in whatever process (docs/transport.md, "Connection").
 #include "shmtensor/connection.h"
 
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <atomic>
 #include <cerrno>
+#include <string>
+#include <thread>
 
 #include "os/poll.h"
+#include "os/proc.h"
 #include "os/socket.h"
 #include "os/unique_fd.h"
+#include "shmtensor/internal/connection_access.h"
+#include "transport/announced.h"
+#include "transport/busy_poll.h"
 #include "transport/channel.h"
+#include "transport/ring.h"
 #include "wire/wire.h"
 
 namespace shmtensor {
 
-void Connection::close() noexcept { internal::UniqueFd(std::exchange(fd_, -1)); }
-
-Connection Connection::adopt(int fd) noexcept { return Connection(fd); }
-
-int Connection::release() noexcept { return std::exchange(fd_, -1); }
-
-bool Connection::poll(Timeout timeout) const {
-  if (fd_ < 0) throw ConnectionClosed("poll() on a closed connection");
-  const int fds[1] = {fd_};
-  return !internal::wait_readable(fds, internal::to_nanoseconds(timeout)).empty();
-}
+namespace internal {
 
 namespace {
 
-// The send path of every Connection: frame, then send.
-bool send_until(int fd, Encoder&& encoder, internal::Deadline deadline) {
-  if (fd < 0) throw ConnectionClosed("send() on a closed connection");
-  try {
-    internal::OutgoingFrame frame = internal::finish_frame(std::move(encoder));
-    return internal::send_frame(fd, frame, deadline);
-  } catch (const SystemError& e) {
-    if (e.error_code() == EPIPE || e.error_code() == ECONNRESET)
-      throw ConnectionClosed("send() on a connection whose peer has closed");
-    throw;
-  }
+using Clock = std::chrono::steady_clock;
+
+// Each direction's ring: 256 slots of 1 KiB (256 KiB; a message of up to 1,008 bytes fits a
+// slot). A sender waits when its peer has 256 messages it has not taken.
+constexpr std::uint32_t kConnectionRingSlots = 256;
+constexpr std::uint32_t kConnectionRingSlotBytes = 1024;
+constexpr std::uint64_t kLinkMagic = 0x314b4e494c545453ULL;  // "STTLINK1"
+// A peer that died without close() is noticed by a sender at most this long after.
+constexpr auto kPeerCheckInterval = std::chrono::milliseconds(10);
+// How long a receive whose deadline passed still waits for a message being written.
+constexpr auto kBeingWrittenGrace = std::chrono::milliseconds(20);
+// How long a blocked send or receive waits before it looks at the socket again.
+constexpr auto kWaitSlice = std::chrono::milliseconds(50);
+
+// One direction's shared words, in the user area of its ring (a peer can write them: the
+// locks' protocol survives that as a queue's does, and the rest are hints).
+struct LinkControl {
+  std::uint64_t magic;
+  // The datagram path's (transport/announced.h).
+  alignas(64) pthread_mutex_t send_lock;
+  alignas(64) pthread_mutex_t recv_lock;
+  std::uint64_t taken_below;
+  // 1 once the receiving end's native_handle() was asked for: from then on every message
+  // sent this way signals the direction's eventfd.
+  std::atomic<std::uint32_t> readiness_wanted;
+  // Bumped by every close() of either end: a sender or receiver that sees it change looks
+  // at the socket (did the peer hang up?) before it goes on.
+  std::atomic<std::uint32_t> close_epoch;
+  // Senders between publishing a message and signalling the eventfd for it (only while
+  // readiness_wanted): a receiver that clears the eventfd waits for them first, or their
+  // late signal would leave it readable with nothing there.
+  std::atomic<std::uint32_t> signalling;
+};
+static_assert(sizeof(LinkControl) <= Ring::kUserBytes);
+static_assert(std::atomic<std::uint32_t>::is_always_lock_free);
+
+bool socket_hung_up(int sock) noexcept {
+  pollfd p{sock, 0, 0};
+  return ::poll(&p, 1, 0) == 1 && (p.revents & (POLLHUP | POLLERR)) != 0;
 }
 
-std::optional<Decoder> receive_until(int fd, internal::Deadline deadline) {
-  if (fd < 0) throw ConnectionClosed("recv() on a closed connection");
-  internal::Datagram d = internal::receive_datagram(fd, deadline);
-  if (d.status == internal::RecvStatus::kEof)
-    throw ConnectionClosed("recv(): the peer closed the connection");
-  if (d.status == internal::RecvStatus::kTimeout) return std::nullopt;
-  return internal::parse_datagram(std::move(d));
+UniqueFd make_eventfd() {
+  UniqueFd fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!fd.valid())
+    throw SystemError(errno, "eventfd", "a connection's readiness fd", "raise `ulimit -n`");
+  return fd;
+}
+
+void signal_eventfd(int fd) noexcept {
+  const std::uint64_t one = 1;
+  (void)!::write(fd, &one, sizeof one);
 }
 
 }  // namespace
 
+struct ConnectionCore {
+  UniqueFd sock;
+  // A connection made by pipe(): the rings this end sends in and receives from, and the
+  // eventfds it signals (the peer's readiness) and that say it has something (its own).
+  Ring out;
+  Ring in;
+  UniqueFd out_ready;
+  UniqueFd in_ready;
+  // native_handle()'s epoll fd, made on first use (a CAS from -1: no mutex a forked child
+  // could inherit locked).
+  mutable std::atomic<int> epoll{-1};
+  // What this process last saw of close_epoch, and when a sender last looked at the socket.
+  std::atomic<std::uint32_t> seen_close_epoch{0};
+  std::atomic<std::int64_t> last_peer_check_ns{0};
+  // Set once the socket was seen hung up (for good: the other end cannot reopen).
+  std::atomic<bool> peer_gone{false};
+
+  ~ConnectionCore() {
+    if (const int fd = epoll.load(std::memory_order_relaxed); fd >= 0) UniqueFd closing(fd);
+  }
+  bool ringed() const noexcept { return in.fd() >= 0; }
+  LinkControl* out_control() const noexcept {
+    return reinterpret_cast<LinkControl*>(out.user_area());
+  }
+  LinkControl* in_control() const noexcept {
+    return reinterpret_cast<LinkControl*>(in.user_area());
+  }
+  AnnouncedPath out_path() {
+    LinkControl* c = out_control();
+    return {&out, sock.get(), -1, &c->send_lock, &c->recv_lock, &c->taken_below, nullptr,
+            "connection"};
+  }
+  AnnouncedPath in_path() {
+    LinkControl* c = in_control();
+    return {&in, -1, sock.get(), &c->send_lock, &c->recv_lock, &c->taken_below, nullptr,
+            "connection"};
+  }
+};
+
+namespace {
+
+bool hung_up(ConnectionCore& c) noexcept {
+  if (c.peer_gone.load(std::memory_order_relaxed)) return true;
+  if (!socket_hung_up(c.sock.get())) return false;
+  c.peer_gone.store(true, std::memory_order_relaxed);
+  return true;
+}
+
+[[noreturn]] void throw_peer_closed() {
+  throw ConnectionClosed("send() on a connection whose peer has closed");
+}
+
+// Before a send on the ring (where nothing fails when the peer is gone): looks at the
+// socket when an end was closed since the last look, or every kPeerCheckInterval (a peer
+// that died called no close()).
+void check_peer(ConnectionCore& c) {
+  if (c.peer_gone.load(std::memory_order_relaxed)) throw_peer_closed();
+  const std::uint32_t epoch = c.out_control()->close_epoch.load(std::memory_order_acquire);
+  const std::int64_t now = Clock::now().time_since_epoch().count();
+  const bool closed_since = epoch != c.seen_close_epoch.load(std::memory_order_relaxed);
+  if (!closed_since &&
+      now - c.last_peer_check_ns.load(std::memory_order_relaxed) <
+          std::chrono::duration_cast<Clock::duration>(kPeerCheckInterval).count())
+    return;
+  c.seen_close_epoch.store(epoch, std::memory_order_relaxed);
+  c.last_peer_check_ns.store(now, std::memory_order_relaxed);
+  if (hung_up(c)) throw_peer_closed();
+}
+
+Deadline next_slice(const Deadline& deadline) {
+  const auto slice = Clock::now() + kWaitSlice;
+  return deadline ? std::min(*deadline, slice) : slice;
+}
+
+bool passed(const Deadline& deadline) { return deadline && Clock::now() >= *deadline; }
+
+// After a message was published in the peer's ring: its readiness fd, if it asked for it.
+// The publish (a seq_cst read-modify-write) comes before this load; see rearm_ready.
+void notify_peer(ConnectionCore& c) noexcept {
+  if (c.out_control()->readiness_wanted.load(std::memory_order_seq_cst) != 0)
+    signal_eventfd(c.out_ready.get());
+}
+
+// Counts this send in `signalling` while the peer wants its readiness fd.
+class Signalling {
+ public:
+  explicit Signalling(LinkControl* c) noexcept
+      : c_(c->readiness_wanted.load(std::memory_order_relaxed) != 0 ? c : nullptr) {
+    if (c_ != nullptr) c_->signalling.fetch_add(1, std::memory_order_seq_cst);
+  }
+  ~Signalling() {
+    if (c_ != nullptr) c_->signalling.fetch_sub(1, std::memory_order_seq_cst);
+  }
+  Signalling(const Signalling&) = delete;
+  Signalling& operator=(const Signalling&) = delete;
+
+ private:
+  LinkControl* c_;
+};
+
+// After a receive: our readiness fd stays readable while our ring may hold a message, and
+// is cleared otherwise (then the ring is looked at again: a message published in between
+// signals, by its sender or here). Senders still to signal a message we took are waited
+// for first (at most ~1 ms: one killed in between never signals).
+void rearm_ready(ConnectionCore& c) noexcept {
+  LinkControl* ic = c.in_control();
+  if (ic->readiness_wanted.load(std::memory_order_seq_cst) == 0) return;
+  if (c.in.maybe_nonempty()) return;
+  const auto give_up = Clock::now() + std::chrono::milliseconds(1);
+  while (ic->signalling.load(std::memory_order_seq_cst) != 0 && Clock::now() < give_up)
+    std::this_thread::yield();
+  std::uint64_t n;
+  (void)!::read(c.in_ready.get(), &n, sizeof n);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (c.in.maybe_nonempty()) signal_eventfd(c.in_ready.get());
+}
+
+bool send_ringed(ConnectionCore& c, Encoder&& encoder, const Deadline& deadline) {
+  check_peer(c);
+  const Signalling signalling(c.out_control());
+  OutgoingFrame frame = finish_frame(std::move(encoder));
+  const auto parts = frame.parts();
+  std::size_t size = 0;
+  for (const auto& part : parts) size += part.size();
+  // A wait for room is sliced: between slices, is the peer still there to make it?
+  if (frame.fds().empty() && size <= c.out.max_message()) {
+    for (Deadline until = deadline ? deadline : next_slice(deadline);; until = next_slice(deadline)) {
+      const Ring::Status st = c.out.push_parts(parts, kRingMessageTag, until);
+      if (st == Ring::Status::kOk) break;
+      if (st == Ring::Status::kClosed)
+        throw ProtocolError("a connection's ring was closed by another process");
+      if (passed(deadline)) return false;
+      if (hung_up(c)) throw_peer_closed();
+    }
+    frame.sent = true;  // the receiver now owns the in-flight counts
+  } else {
+    const AnnouncedPath path = c.out_path();
+    for (Deadline until = deadline ? deadline : next_slice(deadline);; until = next_slice(deadline)) {
+      AnnouncedSend st;
+      try {
+        st = send_announced(path, frame, until);
+      } catch (const SystemError& e) {
+        if (e.error_code() == EPIPE || e.error_code() == ECONNRESET) throw_peer_closed();
+        throw;
+      }
+      if (st == AnnouncedSend::kSent) break;
+      if (st == AnnouncedSend::kClosed)
+        throw ProtocolError("a connection's ring was closed by another process");
+      if (passed(deadline)) return false;
+      if (hung_up(c)) throw_peer_closed();
+    }
+  }
+  notify_peer(c);
+  return true;
+}
+
+// A slot taken off our ring, parsed: the frame in the slot, or the datagram it announces.
+Decoder receive_popped(ConnectionCore& c, std::shared_ptr<std::byte[]> buffer,
+                       const Ring::Popped& p) {
+  if (p.tag == kRingMessageTag) {
+    std::byte* data = buffer.get();
+    // Aliasing: the decoder keeps the whole buffer alive, and reads its own bytes.
+    return parse_frame(std::span<const std::byte>(data, p.size), {},
+                       std::shared_ptr<const void>(std::move(buffer), data));
+  }
+  if (p.tag != kRingMarkerTag)
+    throw ProtocolError("a slot of the connection's ring has tag " + std::to_string(p.tag) +
+                        ", neither a message nor a marker");
+  buffer.reset();  // the datagram is received into the same per-thread buffer
+  const AnnouncedPath path = c.in_path();
+  return parse_announced(path, take_announced(path, p.pos));
+}
+
+std::optional<Decoder> recv_ringed(ConnectionCore& c, const Deadline& deadline) {
+  // Opt-in busy polling (busy_poll.h): pops without sleeping for up to the budget.
+  const auto start = Clock::now();
+  const bool now_only = deadline && start >= *deadline;
+  const auto budget = now_only ? std::chrono::nanoseconds(0) : busy_poll_budget();
+  auto poll_until = start + std::chrono::duration_cast<Clock::duration>(budget);
+  if (deadline) poll_until = std::min(poll_until, *deadline);
+  const Deadline no_wait = Clock::time_point{};
+  bool woke = false;
+  for (;;) {
+    const std::uint32_t seen = c.in.publish_count();
+    auto buffer = receive_buffer();
+    const Ring::Popped p =
+        c.in.pop(std::span(buffer.get(), c.in.max_message()), no_wait, kRingMarkerTag);
+    if (p.status == Ring::Status::kOk) {
+      if (budget.count() > 0) busy_poll_observe(Clock::now() - start);
+      rearm_ready(c);
+      return receive_popped(c, std::move(buffer), p);
+    }
+    if (p.status == Ring::Status::kClosed)
+      throw ProtocolError("a connection's ring was closed by another process");
+    if (budget.count() > 0 && !woke && Clock::now() < poll_until) continue;
+    // Nothing there. The socket says whether the peer is gone; it is looked at when we were
+    // woken for nothing (a kick from close(), a slice that ran out) or an end was closed.
+    // So is a receive that is about to give up (as recv on a hung-up socket says EOF).
+    const std::uint32_t epoch = c.in_control()->close_epoch.load(std::memory_order_acquire);
+    if (woke || passed(deadline) || epoch != c.seen_close_epoch.load(std::memory_order_relaxed)) {
+      c.seen_close_epoch.store(epoch, std::memory_order_relaxed);
+      if (hung_up(c)) {
+        // What it sent before it went comes first.
+        const Ring::Popped last =
+            c.in.pop(std::span(buffer.get(), c.in.max_message()), no_wait, kRingMarkerTag);
+        if (last.status == Ring::Status::kOk) return receive_popped(c, std::move(buffer), last);
+        throw ConnectionClosed("recv(): the peer closed the connection");
+      }
+    }
+    if (passed(deadline)) {
+      // A message being written (its slot claimed: the tail is past the head) is waited
+      // for a little even so: poll() said "ready" for it, and a receive with a zero timeout
+      // after poll() must not miss it. A claim whose writer died is skipped by pop.
+      if (c.in.maybe_nonempty() && Clock::now() < *deadline + kBeingWrittenGrace) {
+        c.in.wait_for_publish(seen, Clock::now() + std::chrono::milliseconds(1));
+        continue;
+      }
+      if (budget.count() > 0) busy_poll_observe(std::nullopt);
+      return std::nullopt;
+    }
+    c.in.wait_for_publish(seen, deadline ? std::min(*deadline, Clock::now() + kWaitSlice)
+                                         : Clock::now() + kWaitSlice);
+    woke = true;
+  }
+}
+
+// The path of an adopted socket: every message a datagram.
+bool send_socket(int fd, Encoder&& encoder, const Deadline& deadline) {
+  try {
+    OutgoingFrame frame = finish_frame(std::move(encoder));
+    return send_frame(fd, frame, deadline);
+  } catch (const SystemError& e) {
+    if (e.error_code() == EPIPE || e.error_code() == ECONNRESET) throw_peer_closed();
+    throw;
+  }
+}
+
+std::optional<Decoder> recv_socket(int fd, const Deadline& deadline) {
+  Datagram d = receive_datagram(fd, deadline);
+  if (d.status == RecvStatus::kEof) throw ConnectionClosed("recv(): the peer closed the connection");
+  if (d.status == RecvStatus::kTimeout) return std::nullopt;
+  return parse_datagram(std::move(d));
+}
+
+ConnectionCore& live(const std::unique_ptr<ConnectionCore>& core, const char* call) {
+  if (!core) throw ConnectionClosed(std::string(call) + " on a closed connection");
+  return *core;
+}
+
+void init_link(Ring& ring) {
+  auto* c = new (ring.user_area()) LinkControl{};
+  init_shared_mutex(&c->send_lock);
+  init_shared_mutex(&c->recv_lock);
+  c->taken_below = 0;
+  c->readiness_wanted.store(0, std::memory_order_relaxed);
+  c->close_epoch.store(0, std::memory_order_relaxed);
+  c->signalling.store(0, std::memory_order_relaxed);
+  std::atomic_ref<std::uint64_t>(c->magic).store(kLinkMagic, std::memory_order_release);
+}
+
+Ring attach_link(UniqueFd fd) {
+  Ring ring = Ring::attach(std::move(fd));
+  if (ring.slot_count() != kConnectionRingSlots || ring.slot_bytes() != kConnectionRingSlotBytes)
+    throw ProtocolError("received connection ring has another geometry than a connection's");
+  auto* c = reinterpret_cast<LinkControl*>(ring.user_area());
+  if (std::atomic_ref<std::uint64_t>(c->magic).load(std::memory_order_acquire) != kLinkMagic)
+    throw ProtocolError("received connection ring is not a connection's");
+  return ring;
+}
+
+// A received fd must be what the connection will use it as: a pipe or a file in place of
+// the eventfd would be written to and never say when a message is there.
+void require_eventfd(int fd) {
+  if (fd_target(fd) != "anon_inode:[eventfd]")
+    throw ProtocolError("received connection readiness fd is not an eventfd");
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags < 0 || (flags & O_NONBLOCK) == 0)
+    throw ProtocolError("received connection readiness eventfd is not non-blocking");
+}
+
+void require_socket(int fd) {
+  if (fd_target(fd).rfind("socket:", 0) != 0)
+    throw ProtocolError("received connection fd is not a socket");
+}
+
+}  // namespace
+
+std::vector<int> ConnectionAccess::fds(const Connection& c) {
+  std::vector<int> out;
+  if (!c.core_) return out;
+  const ConnectionCore& k = *c.core_;
+  out.push_back(k.sock.get());
+  if (k.ringed()) {
+    out.insert(out.end(), {k.out.fd(), k.in.fd(), k.out_ready.get(), k.in_ready.get()});
+    if (const int e = k.epoll.load(std::memory_order_acquire); e >= 0) out.push_back(e);
+  }
+  return out;
+}
+
+Connection ConnectionAccess::wrap(std::unique_ptr<ConnectionCore> core) noexcept {
+  return Connection(std::move(core));
+}
+
+std::pair<Connection, Connection> ConnectionAccess::socket_pair() {
+  auto [a, b] = seqpacket_pair();
+  return {Connection::adopt(a.release()), Connection::adopt(b.release())};
+}
+
+}  // namespace internal
+
+using internal::ConnectionCore;
+
+Connection::Connection() noexcept = default;
+Connection::Connection(std::unique_ptr<ConnectionCore> core) noexcept : core_(std::move(core)) {}
+Connection::Connection(Connection&& other) noexcept = default;
+Connection& Connection::operator=(Connection&& other) noexcept {
+  if (this != &other) {
+    close();
+    core_ = std::move(other.core_);
+  }
+  return *this;
+}
+Connection::~Connection() { close(); }
+
+void Connection::close() noexcept {
+  std::unique_ptr<ConnectionCore> core = std::move(core_);
+  if (!core || !core->ringed()) return;
+  // The socket first: a peer woken below finds it hung up if this was the last copy of this
+  // end anywhere (another process may hold one: then nothing is closed for the peer).
+  core->sock.reset();
+  core->out_control()->close_epoch.fetch_add(1, std::memory_order_acq_rel);
+  core->in_control()->close_epoch.fetch_add(1, std::memory_order_acq_rel);
+  core->out.kick();
+  // A peer waiting in poll() on its native_handle() sees the hang-up there itself.
+}
+
+Connection Connection::adopt(int fd) {
+  internal::UniqueFd owned(fd);
+  auto core = std::make_unique<ConnectionCore>();
+  core->sock = std::move(owned);
+  return Connection(std::move(core));
+}
+
+int Connection::release() noexcept {
+  if (!core_ || core_->ringed()) return -1;
+  const int fd = core_->sock.release();
+  core_.reset();
+  return fd;
+}
+
+int Connection::native_handle() const {
+  if (!core_) return -1;
+  ConnectionCore& c = *core_;
+  if (!c.ringed()) return c.sock.get();
+  if (const int e = c.epoll.load(std::memory_order_acquire); e >= 0) return e;
+  internal::UniqueFd ep(::epoll_create1(EPOLL_CLOEXEC));
+  if (!ep.valid())
+    throw SystemError(errno, "epoll_create1", "a connection's readiness fd", "raise `ulimit -n`");
+  // The socket for its hang-up only (a datagram's marker signals the eventfd once it is
+  // published: readable before that, a receive could find nothing yet).
+  for (const int fd : {c.sock.get(), c.in_ready.get()}) {
+    epoll_event ev{};
+    ev.events = fd == c.sock.get() ? EPOLLRDHUP : EPOLLIN;
+    ev.data.fd = fd;
+    if (::epoll_ctl(ep.get(), EPOLL_CTL_ADD, fd, &ev) != 0)
+      throw SystemError(errno, "epoll_ctl", "a connection's readiness fd");
+  }
+  // Messages sent before the flag was seen signalled nothing: look now.
+  c.in_control()->readiness_wanted.store(1, std::memory_order_seq_cst);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (c.in.maybe_nonempty()) internal::signal_eventfd(c.in_ready.get());
+  int expected = -1;
+  if (!c.epoll.compare_exchange_strong(expected, ep.get(), std::memory_order_acq_rel))
+    return expected;  // another thread made one first; ours closes
+  return ep.release();
+}
+
+bool Connection::poll(Timeout timeout) const {
+  ConnectionCore& c = internal::live(core_, "poll()");
+  const internal::Deadline deadline = internal::deadline_after(internal::to_nanoseconds(timeout));
+  if (!c.ringed()) {
+    const int fds[1] = {c.sock.get()};
+    return !internal::wait_readable(fds, internal::to_nanoseconds(timeout)).empty();
+  }
+  for (;;) {
+    const std::uint32_t seen = c.in.publish_count();
+    if (c.in.maybe_nonempty() || internal::hung_up(c)) return true;
+    if (internal::passed(deadline)) return false;
+    c.in.wait_for_publish(seen, internal::next_slice(deadline));
+  }
+}
+
 void Connection::send_encoded(Encoder&& encoder) {
-  send_until(fd_, std::move(encoder), std::nullopt);
+  ConnectionCore& c = internal::live(core_, "send()");
+  if (c.ringed())
+    (void)internal::send_ringed(c, std::move(encoder), std::nullopt);
+  else
+    (void)internal::send_socket(c.sock.get(), std::move(encoder), std::nullopt);
 }
 
 bool Connection::try_send_encoded(Encoder&& encoder) {
-  return send_until(fd_, std::move(encoder), std::chrono::steady_clock::now());
+  ConnectionCore& c = internal::live(core_, "send()");
+  const internal::Deadline now = std::chrono::steady_clock::now();
+  return c.ringed() ? internal::send_ringed(c, std::move(encoder), now)
+                    : internal::send_socket(c.sock.get(), std::move(encoder), now);
 }
 
+namespace internal {
+namespace {
+std::optional<Decoder> receive_on(const std::unique_ptr<ConnectionCore>& core,
+                                  std::optional<std::chrono::nanoseconds> timeout) {
+  ConnectionCore& c = live(core, "recv()");
+  const Deadline deadline = deadline_after(timeout);
+  return c.ringed() ? recv_ringed(c, deadline) : recv_socket(c.sock.get(), deadline);
+}
+}  // namespace
+}  // namespace internal
+
 Decoder Connection::recv_encoded(std::optional<std::chrono::nanoseconds> timeout) {
-  std::optional<Decoder> d = receive_until(fd_, internal::deadline_after(timeout));
+  std::optional<Decoder> d = internal::receive_on(core_, timeout);
   if (!d) throw Error("recv(): timed out");
   return std::move(*d);
 }
 
 std::optional<Decoder> Connection::try_recv_encoded(std::chrono::nanoseconds timeout) {
-  return receive_until(fd_, internal::deadline_after(timeout));
+  return internal::receive_on(core_, timeout);
 }
 
 std::pair<Connection, Connection> pipe() {
+  using internal::Ring;
   auto [a, b] = internal::seqpacket_pair();
-  return {Connection::adopt(a.release()), Connection::adopt(b.release())};
+  Ring ab = Ring::create(internal::kConnectionRingSlots, internal::kConnectionRingSlotBytes);
+  Ring ba = Ring::create(internal::kConnectionRingSlots, internal::kConnectionRingSlotBytes);
+  internal::init_link(ab);
+  internal::init_link(ba);
+  internal::UniqueFd ready_a = internal::make_eventfd();  // says end a has messages
+  internal::UniqueFd ready_b = internal::make_eventfd();
+  // Each end attaches its own Ring objects (a Ring's holder record is per object).
+  auto end = [](internal::UniqueFd sock, const Ring& out, const Ring& in, int out_ready,
+                int in_ready) {
+    auto core = std::make_unique<ConnectionCore>();
+    core->sock = std::move(sock);
+    core->out = Ring::attach(internal::dup_cloexec(out.fd()));
+    core->in = Ring::attach(internal::dup_cloexec(in.fd()));
+    core->out_ready = internal::dup_cloexec(out_ready);
+    core->in_ready = internal::dup_cloexec(in_ready);
+    return internal::ConnectionAccess::wrap(std::move(core));
+  };
+  Connection first = end(std::move(a), ab, ba, ready_b.get(), ready_a.get());
+  Connection second = end(std::move(b), ba, ab, ready_a.get(), ready_b.get());
+  return {std::move(first), std::move(second)};
 }
 
 void Codec<Connection>::encode(Encoder& e, const Connection& c) {
   if (!c.valid()) throw Error("cannot send a closed connection");
-  e.write_fd(c.native_handle());
+  const ConnectionCore& k = *c.core_;
+  e.write_pod<std::uint8_t>(k.ringed() ? 1 : 0);
+  e.write_fd(k.sock.get());
+  if (!k.ringed()) return;
+  e.write_fd(k.out.fd());
+  e.write_fd(k.in.fd());
+  e.write_fd(k.out_ready.get());
+  e.write_fd(k.in_ready.get());
 }
 
-Connection Codec<Connection>::decode(Decoder& d) { return Connection::adopt(d.take_fd()); }
+Connection Codec<Connection>::decode(Decoder& d) {
+  const auto kind = d.read_pod<std::uint8_t>();
+  if (kind > 1) throw ProtocolError("a connection's kind byte is " + std::to_string(kind));
+  // Each fd is owned at once, so a message missing the later ones leaks none.
+  internal::UniqueFd sock(d.take_fd());
+  internal::require_socket(sock.get());
+  if (kind == 0) return Connection::adopt(sock.release());
+  auto core = std::make_unique<ConnectionCore>();
+  core->sock = std::move(sock);
+  internal::UniqueFd out(d.take_fd());
+  internal::UniqueFd in(d.take_fd());
+  core->out_ready.reset(d.take_fd());
+  core->in_ready.reset(d.take_fd());
+  internal::require_eventfd(core->out_ready.get());
+  internal::require_eventfd(core->in_ready.get());
+  core->out = internal::attach_link(std::move(out));
+  core->in = internal::attach_link(std::move(in));
+  return Connection(std::move(core));
+}
 
 }  // namespace shmtensor

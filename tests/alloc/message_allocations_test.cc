@@ -18,6 +18,7 @@
 #include <utility>
 
 #include "shmtensor/connection.h"
+#include "shmtensor/internal/connection_access.h"
 #include "shmtensor/queue.h"
 #include "support/strategy_test.h"
 #include "transport/channel.h"
@@ -113,7 +114,7 @@ TEST_P(MessageAllocationsTest, ATupleThroughAQueueAllocatesOnlyItsDecodedTensors
 // States given back on another thread than the one that took them join that thread's
 // pool, and a thread that exits frees its pool: values stay exact, nothing leaks.
 TEST_P(MessageAllocationsTest, MessageStatesMayEndOnAnotherThread) {
-  auto [a, b] = pipe();
+  auto [a, b] = internal::ConnectionAccess::socket_pair();  // frames sent by hand
   Tensor t = Tensor::full({5}, 3.0, DType::kFloat64);
   for (int i = 0; i < 50; ++i) {
     {

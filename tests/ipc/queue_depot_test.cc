@@ -18,6 +18,7 @@
 #include "memory/storage_impl.h"
 #include "shmtensor/internal/storage_access.h"
 #include "shmtensor/connection.h"
+#include "shmtensor/internal/connection_access.h"
 #include "shmtensor/queue.h"
 #include "shmtensor/sharing_strategy.h"
 #include "shmtensor/tensor.h"
@@ -261,7 +262,7 @@ TEST_F(QueueDepotTest, ASegmentNamedWithoutItsFdIsRefusedByAConnection) {
   // The refused message keeps its block's count (docs/transport.md): the sender is a child,
   // whose arena goes with it.
   EXPECT_EQ(run_in_child([] {
-              auto [a, b] = pipe();
+              auto [a, b] = internal::ConnectionAccess::socket_pair();  // frames sent by hand
               testing::Pipe go;
               pid_t receiver = fork_child([&b = b, &go] {  // maps nothing of the sender's
                 ASSERT_EQ(go.receive(), 'x');

@@ -18,6 +18,7 @@
 #include "memory/segment.h"
 #include "memory/storage_impl.h"
 #include "os/socket.h"
+#include "shmtensor/internal/connection_access.h"
 #include "shmtensor/connection.h"
 #include "shmtensor/internal/storage_access.h"
 #include "shmtensor/queue.h"
@@ -374,9 +375,10 @@ std::map<int, std::string> fds_opened_since(const std::set<int>& known) {
   return out;
 }
 
-// The transport's fds: the sockets of pipe() and of a Queue, a queue's control memfd, fds
-// received through a Connection (MSG_CMSG_CLOEXEC: a Connection, a Queue, a segment memfd
-// from another process) and a message blob on both sides.
+// The transport's fds: the sockets, rings and eventfds of pipe() and of a Queue, a queue's
+// control memfd, a connection's epoll fd (native_handle), fds received through a Connection
+// (MSG_CMSG_CLOEXEC: a Connection, a Queue, a segment memfd from another process) and a
+// message blob on both sides.
 TEST_F(CloseOnExecTest, TransportFdsAreCloseOnExec) {
   const std::set<int> before = testing::open_fds();
   std::set<int> may_inherit;
@@ -390,34 +392,40 @@ TEST_F(CloseOnExecTest, TransportFdsAreCloseOnExec) {
   };
   std::vector<Made> made;
   std::set<int> known = before;
-  auto record = [&](const std::string& what, int sockets, int memfds, int eventfds = 0) {
+  auto record = [&](const std::string& what, int sockets, int memfds, int eventfds = 0,
+                    int epolls = 0) {
     auto fds = fds_opened_since(known);
-    int s = 0, m = 0, e = 0;
+    int s = 0, m = 0, e = 0, p = 0;
     std::string all;
     for (const auto& [fd, target] : fds) {
       known.insert(fd);
       s += target.rfind("socket:[", 0) == 0;
       m += target.rfind("/memfd:shmtensor", 0) == 0;
       e += target == "anon_inode:[eventfd]";
+      p += target == "anon_inode:[eventpoll]";
       all += " " + std::to_string(fd) + " -> " + target + ";";
     }
     EXPECT_EQ(s, sockets) << what << ":" << all;
     EXPECT_EQ(m, memfds) << what << ":" << all;
     EXPECT_EQ(e, eventfds) << what << ":" << all;
-    EXPECT_EQ(static_cast<int>(fds.size()), sockets + memfds + eventfds) << what << ":" << all;
+    EXPECT_EQ(p, epolls) << what << ":" << all;
+    EXPECT_EQ(static_cast<int>(fds.size()), sockets + memfds + eventfds + epolls)
+        << what << ":" << all;
     made.push_back({what, std::move(fds)});
   };
 
   auto [a, b] = pipe();
-  record("pipe()", 2, 0);
+  record("pipe()", 2, 4, 4);  // per end: its socket, two rings, two readiness eventfds
+  (void)b.native_handle();
+  record("native_handle()", 0, 0, 0, 1);
   Queue<std::int64_t> q;
   record("Queue", 2, 2, 1);  // its sockets, control block, message ring, readiness eventfd
   auto [c, d] = pipe();
-  record("pipe() to be sent", 2, 0);
+  record("pipe() to be sent", 2, 4, 4);
 
   a.send(c);
   Connection received_connection = b.recv<Connection>();
-  record("received Connection", 1, 0);
+  record("received Connection", 1, 2, 2);
   a.send(q);
   auto received_queue = b.recv<Queue<std::int64_t>>();
   record("received Queue", 2, 2, 1);
@@ -440,9 +448,11 @@ TEST_F(CloseOnExecTest, TransportFdsAreCloseOnExec) {
   internal::OutgoingFrame frame = internal::finish_frame(std::move(e));
   ASSERT_TRUE(frame.header.flags & internal::kFlagBlob);
   record("message blob (sender)", 0, 1);
-  ASSERT_TRUE(internal::send_frame(a.native_handle(), frame, std::nullopt));
+  auto [raw_a, raw_b] = internal::ConnectionAccess::socket_pair();
+  record("socket_pair()", 2, 0);
+  ASSERT_TRUE(internal::send_frame(raw_a.native_handle(), frame, std::nullopt));
   std::vector<std::byte> buffer(internal::kMaxInlineFrame);
-  internal::Received blob = internal::receive_message(b.native_handle(), buffer);
+  internal::Received blob = internal::receive_message(raw_b.native_handle(), buffer);
   ASSERT_EQ(blob.fds.size(), 1u);
   record("message blob (received)", 0, 1);
 
@@ -452,8 +462,9 @@ TEST_F(CloseOnExecTest, TransportFdsAreCloseOnExec) {
 
   // The control: a socket made inheritable on purpose shows up in the child, by number and
   // by target, or the checks below prove nothing.
-  const std::string a_target = made[0].fds.at(a.native_handle());
-  int inheritable = ::fcntl(a.native_handle(), F_DUPFD, 200);
+  const int a_socket = internal::ConnectionAccess::fds(a).at(0);
+  const std::string a_target = made[0].fds.at(a_socket);
+  int inheritable = ::fcntl(a_socket, F_DUPFD, 200);
   ASSERT_GE(inheritable, 0);
   std::string listing = fds_after_exec();
   EXPECT_TRUE(listed_fds(listing).count(inheritable)) << listing;

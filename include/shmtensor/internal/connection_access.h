@@ -4,8 +4,10 @@
 #pragma once
 
 #include <chrono>
+#include <memory>
 #include <optional>
 #include <utility>
+#include <vector>
 
 #include "shmtensor/connection.h"
 
@@ -26,6 +28,13 @@ struct ConnectionAccess {
                                                        std::chrono::nanoseconds timeout) {
     return c.try_recv_encoded(timeout);
   }
+  // Every fd the connection owns in this process (to close them in a forked child that
+  // must not hold it).
+  [[nodiscard]] static std::vector<int> fds(const Connection& c);
+  // A connected pair whose messages all travel on the socket (adopt() of both ends): for a
+  // peer that receives its end as a bare inherited fd (an exec'd child's arguments).
+  [[nodiscard]] static std::pair<Connection, Connection> socket_pair();
+  [[nodiscard]] static Connection wrap(std::unique_ptr<ConnectionCore> core) noexcept;
 };
 
 }  // namespace shmtensor::internal

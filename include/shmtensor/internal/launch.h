@@ -13,6 +13,7 @@
 
 #include "shmtensor/codec.h"
 #include "shmtensor/connection.h"
+#include "shmtensor/internal/connection_access.h"
 #include "shmtensor/error.h"
 
 namespace shmtensor::internal {
@@ -99,7 +100,8 @@ template <class Tuple>
 class ExecArgsOver final : public ExecArgs {
  public:
   explicit ExecArgsOver(const Tuple& args) : args_(args) {
-    auto ends = shmtensor::pipe();
+    // A bare socket pair: the child gets its end as one inherited fd.
+    auto ends = ConnectionAccess::socket_pair();
     mine_ = std::move(ends.first);
     theirs_ = std::move(ends.second);
   }

@@ -1,0 +1,296 @@
+// Connection on its rings (docs/transport.md, "Connection"): a message without fds that fits
+// a slot travels in shared memory, not on the socket; one order holds for ring messages and
+// datagrams; the peer's close() is seen at once and its death soon; a forked copy keeps an
+// end open; native_handle() polls readable exactly while something waits; slots a hostile
+// peer writes are ProtocolErrors and the connection goes on. Real processes, both strategies.
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/ioctl.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "shmtensor/connection.h"
+#include "shmtensor/internal/connection_access.h"
+#include "shmtensor/tensor.h"
+#include "support/pipe.h"
+#include "support/strategy_test.h"
+#include "os/unique_fd.h"
+#include "transport/announced.h"
+#include "transport/ring.h"
+
+namespace shmtensor {
+namespace {
+
+using testing::fork_child;
+using testing::wait_child;
+
+class ConnectionRingTest : public testing::StrategyTest {};
+
+// Bytes queued on a socket for its reader.
+int queued_bytes(int sock) {
+  int n = -1;
+  EXPECT_EQ(::ioctl(sock, FIONREAD, &n), 0);
+  return n;
+}
+
+int socket_of(const Connection& c) { return internal::ConnectionAccess::fds(c).at(0); }
+
+bool readable(int fd, int timeout_ms) {
+  pollfd p{fd, POLLIN, 0};
+  return ::poll(&p, 1, timeout_ms) == 1;
+}
+
+TEST_P(ConnectionRingTest, SmallMessagesTravelInTheRingAndFdsOnTheSocketInOneOrder) {
+  auto [a, b] = pipe();
+  // 100 messages without fds: none of them is on the socket.
+  for (std::int64_t i = 0; i < 100; ++i) a.send(i);
+  EXPECT_EQ(queued_bytes(socket_of(b)), 0);
+  // Tensors: with file_system, descriptors in slots; with file_descriptor each carries its
+  // segment's fd, so it is a datagram (announced in the ring, to keep its place).
+  Tensor t = Tensor::arange(8, DType::kInt32);
+  a.send(t);
+  a.send(std::int64_t{100});
+  if (GetParam() == SharingStrategy::kFileDescriptor)
+    EXPECT_GT(queued_bytes(socket_of(b)), 0);
+  else
+    EXPECT_EQ(queued_bytes(socket_of(b)), 0);
+  // A value larger than a slot is a datagram too.
+  std::vector<std::int64_t> large(2000, 7);
+  a.send(large);
+  a.send(std::int64_t{101});
+  // Received in another process, in order, exact.
+  const pid_t child = fork_child([&b = b] {
+    for (std::int64_t i = 0; i < 100; ++i) ASSERT_EQ(b.recv<std::int64_t>(), i);
+    Tensor got = b.recv<Tensor>();
+    ASSERT_EQ(got.numel(), 8);
+    EXPECT_EQ(got.data_ptr<std::int32_t>()[7], 7);
+    got.data_ptr<std::int32_t>()[0] = 42;  // seen by the sender: the same memory
+    EXPECT_EQ(b.recv<std::int64_t>(), 100);
+    EXPECT_EQ(b.recv<std::vector<std::int64_t>>(), std::vector<std::int64_t>(2000, 7));
+    EXPECT_EQ(b.recv<std::int64_t>(), 101);
+    b.send(std::string("done"));
+  });
+  EXPECT_EQ(a.recv<std::string>(), "done");
+  EXPECT_EQ(wait_child(child), 0);
+  EXPECT_EQ(t.data_ptr<std::int32_t>()[0], 42);
+  EXPECT_EQ(queued_bytes(socket_of(b)), 0);
+  EXPECT_FALSE(b.poll());
+}
+
+TEST_P(ConnectionRingTest, AReceiverBlockedInRecvSeesThePeersCloseAndGetsWhatWasSentFirst) {
+  auto [a, b] = pipe();
+  testing::Pipe ready;
+  const pid_t child = fork_child([&a = a, &b = b, &ready] {
+    a.close();  // the child holds only its end
+    EXPECT_EQ(b.recv<std::int64_t>(), 1);
+    ready.send();
+    EXPECT_EQ(b.recv<std::int64_t>(), 2);  // sent right before the close
+    EXPECT_THROW((void)b.recv<std::int64_t>(), ConnectionClosed);
+    EXPECT_THROW((void)b.recv<std::int64_t>(), ConnectionClosed);  // and stays so
+  });
+  b.close();
+  a.send(std::int64_t{1});
+  EXPECT_EQ(ready.receive(), 'x');
+  a.send(std::int64_t{2});
+  a.close();
+  EXPECT_EQ(wait_child(child), 0);
+}
+
+// A peer that exits without close() (a child's _exit) bumps nothing in shared memory: a
+// receive that would give up looks at the socket all the same, as recv on a bare socket
+// says EOF (a pool that polls then receives with a zero timeout relies on it).
+TEST_P(ConnectionRingTest, AZeroTimeoutReceiveAfterThePeerExitedSaysClosed) {
+  auto [a, b] = pipe();
+  const pid_t child = fork_child([&a = a, &b = b] {
+    a.close();
+    b.send(std::int64_t{1});
+  });
+  b.close();
+  EXPECT_EQ(wait_child(child), 0);
+  EXPECT_TRUE(a.poll());
+  EXPECT_EQ(a.try_recv<std::int64_t>(), std::optional<std::int64_t>(1));
+  EXPECT_TRUE(a.poll()) << "the end waits";
+  EXPECT_THROW((void)a.try_recv<std::int64_t>(), ConnectionClosed);
+}
+
+TEST_P(ConnectionRingTest, AForkedCopyKeepsAnEndOpenUntilItsLastHolderCloses) {
+  auto [a, b] = pipe();
+  testing::Pipe go;
+  const pid_t child = fork_child([&a = a, &b = b, &go] {
+    a.close();
+    EXPECT_EQ(go.receive(), 'x');
+    EXPECT_EQ(b.recv<std::int64_t>(), 5);
+    b.send(std::int64_t{6});
+  });
+  b.close();  // the child's copy of b is still open: nothing is closed for a
+  a.send(std::int64_t{5});
+  go.send();
+  EXPECT_EQ(a.recv<std::int64_t>(), 6);
+  EXPECT_EQ(wait_child(child), 0);
+  // Its last holder exited: the peer is gone now.
+  EXPECT_THROW((void)a.recv<std::int64_t>(), ConnectionClosed);
+  EXPECT_THROW(a.send(std::int64_t{7}), ConnectionClosed);
+}
+
+TEST_P(ConnectionRingTest, APeerKilledIsNoticedByAReceiverAndABlockedSender) {
+  auto [a, b] = pipe();
+  testing::Pipe started;
+  const pid_t child = fork_child([&a = a, &b = b, &started] {
+    a.close();
+    started.send();
+    ::pause();
+  });
+  b.close();
+  EXPECT_EQ(started.receive(), 'x');
+  ASSERT_EQ(::kill(child, SIGKILL), 0);
+  EXPECT_EQ(wait_child(child), 128 + SIGKILL);
+  EXPECT_THROW((void)a.recv<std::int64_t>(), ConnectionClosed);
+  // Sends: refused once the socket says so (at once here: the receive above looked).
+  EXPECT_THROW(a.send(std::int64_t{1}), ConnectionClosed);
+
+  // A sender blocked on a full ring whose reader dies wakes up with ConnectionClosed.
+  auto [c, d] = pipe();
+  const pid_t reader = fork_child([&c = c, &started] {
+    c.close();
+    started.send();
+    ::pause();
+  });
+  d.close();
+  EXPECT_EQ(started.receive(), 'x');
+  std::int64_t sent = 0;
+  while (c.try_send(sent)) ++sent;
+  EXPECT_EQ(sent, 256) << "one ring of 256 slots";
+  const pid_t killer = fork_child([reader] {
+    ::usleep(20'000);
+    ASSERT_EQ(::kill(reader, SIGKILL), 0);
+  });
+  EXPECT_THROW(c.send(sent), ConnectionClosed);
+  EXPECT_EQ(wait_child(killer), 0);
+  EXPECT_EQ(wait_child(reader), 128 + SIGKILL);
+}
+
+TEST_P(ConnectionRingTest, NativeHandleIsReadableExactlyWhileAMessageOrTheEndWaits) {
+  auto [a, b] = pipe();
+  a.send(std::int64_t{1});  // before anyone asked for the handle
+  const int fd = b.native_handle();
+  EXPECT_EQ(b.native_handle(), fd) << "made once";
+  EXPECT_TRUE(readable(fd, 0));
+  EXPECT_EQ(b.recv<std::int64_t>(), 1);
+  EXPECT_FALSE(readable(fd, 0));
+  // From another process, with a ring message and a datagram (a tensor with an fd, or not).
+  testing::Pipe go;
+  const pid_t child = fork_child([&a = a, &go] {
+    EXPECT_EQ(go.receive(), 'x');
+    a.send(std::int64_t{2});
+    EXPECT_EQ(go.receive(), 'x');
+    a.send(Tensor::ones({3}));
+    EXPECT_EQ(go.receive(), 'x');
+  });
+  EXPECT_FALSE(readable(fd, 0));
+  go.send();
+  EXPECT_TRUE(readable(fd, 10'000));
+  EXPECT_EQ(b.recv<std::int64_t>(), 2);
+  EXPECT_FALSE(readable(fd, 0));
+  go.send();
+  EXPECT_TRUE(readable(fd, 10'000));
+  EXPECT_EQ(b.recv<Tensor>().data_ptr<float>()[2], 1.0f);
+  EXPECT_FALSE(readable(fd, 0));
+  a.close();  // the child's copy is the last
+  go.send();
+  EXPECT_EQ(wait_child(child), 0);
+  EXPECT_TRUE(readable(fd, 10'000)) << "the peer is gone: readable, and recv says so";
+  EXPECT_THROW((void)b.recv<std::int64_t>(), ConnectionClosed);
+}
+
+TEST_P(ConnectionRingTest, AReceivedEndIsUsableAndEndsAreRefusedWhenTheirFdsAreNot) {
+  auto [a, b] = pipe();
+  auto [c, d] = pipe();
+  a.send(c);
+  Connection got = b.recv<Connection>();
+  c.close();
+  const pid_t child = fork_child([&d = d] {
+    EXPECT_EQ(d.recv<std::int64_t>(), 9);
+    d.send(std::int64_t{10});
+  });
+  got.send(std::int64_t{9});
+  EXPECT_EQ(got.recv<std::int64_t>(), 10);
+  EXPECT_EQ(wait_child(child), 0);
+  // A kind byte other than 0 (socket) or 1 (rings), and an eventfd slot holding a pipe.
+  auto [raw_a, raw_b] = internal::ConnectionAccess::socket_pair();
+  {
+    Encoder e;
+    e.write_pod<std::uint8_t>(2);
+    e.write_fd(socket_of(raw_a));
+    internal::ConnectionAccess::send(a, std::move(e));
+  }
+  EXPECT_THROW((void)b.recv<Connection>(), ProtocolError);
+  int p[2];
+  ASSERT_EQ(::pipe(p), 0);
+  {
+    const std::vector<int> fds = internal::ConnectionAccess::fds(d);
+    Encoder e;
+    e.write_pod<std::uint8_t>(1);
+    for (int fd : {fds[0], fds[1], fds[2], p[0], fds[4]}) e.write_fd(fd);
+    internal::ConnectionAccess::send(a, std::move(e));
+  }
+  try {
+    (void)b.recv<Connection>();
+    ADD_FAILURE() << "a pipe taken for a readiness eventfd";
+  } catch (const ProtocolError& e) {
+    EXPECT_NE(std::string(e.what()).find("not an eventfd"), std::string::npos) << e.what();
+  }
+  ::close(p[0]);
+  ::close(p[1]);
+  a.send(std::int64_t{11});
+  EXPECT_EQ(b.recv<std::int64_t>(), 11) << "the connection goes on";
+}
+
+// A peer that maps the ring can write any slot: each bad one is one ProtocolError, and the
+// connection goes on with the next message.
+TEST_P(ConnectionRingTest, SlotsAHostilePeerWritesAreProtocolErrors) {
+  auto [a, b] = pipe();
+  const std::vector<int> fds = internal::ConnectionAccess::fds(a);
+  internal::Ring ring = internal::Ring::attach(internal::dup_cloexec(fds[1]));  // a's out
+  const std::byte junk[12] = {std::byte{0xde}, std::byte{0xad}};
+  auto push = [&](std::span<const std::byte> bytes, std::uint32_t tag) {
+    ASSERT_EQ(ring.push(bytes, tag, std::nullopt), internal::Ring::Status::kOk);
+  };
+  push(junk, internal::kRingMessageTag);  // not a frame
+  a.send(std::int64_t{1});
+  push(junk, 77);  // neither a message nor a marker
+  a.send(std::int64_t{2});
+  push({}, internal::kRingMarkerTag);  // a marker whose datagram was never sent
+  a.send(std::int64_t{3});
+  EXPECT_THROW((void)b.recv<std::int64_t>(), ProtocolError);
+  EXPECT_EQ(b.recv<std::int64_t>(), 1);
+  try {
+    (void)b.recv<std::int64_t>();
+    ADD_FAILURE() << "a slot tagged 77 was taken";
+  } catch (const ProtocolError& e) {
+    EXPECT_NE(std::string(e.what()).find("neither a message nor a marker"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(b.recv<std::int64_t>(), 2);
+  try {
+    (void)b.recv<std::int64_t>();
+    ADD_FAILURE() << "a marker without its datagram was taken";
+  } catch (const ProtocolError& e) {
+    EXPECT_NE(std::string(e.what()).find("announces a datagram the socket does not have"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(b.recv<std::int64_t>(), 3);
+  EXPECT_FALSE(b.poll());
+}
+
+INSTANTIATE_TEST_SUITE_P(Strategies, ConnectionRingTest, testing::kAllStrategies,
+                         testing::strategy_name);
+
+}  // namespace
+}  // namespace shmtensor
