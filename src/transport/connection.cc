@@ -20,11 +20,15 @@
 #include "os/poll.h"
 #include "os/proc.h"
 #include "os/socket.h"
+#include "memory/segment.h"
+#include "memory/storage_impl.h"
 #include "os/unique_fd.h"
+#include "shmtensor/internal/storage_access.h"
 #include "shmtensor/internal/connection_access.h"
 #include "transport/announced.h"
 #include "transport/busy_poll.h"
 #include "transport/channel.h"
+#include "transport/depot.h"
 #include "transport/ring.h"
 #include "wire/wire.h"
 
@@ -66,6 +70,9 @@ struct LinkControl {
   // readiness_wanted): a receiver that clears the eventfd waits for them first, or their
   // late signal would leave it readable with nothing there.
   std::atomic<std::uint32_t> signalling;
+  // Segments whose fds were deposited for this direction (transport/depot.h): in the
+  // receive queue of the receiving end's depot socket, sent there by senders on theirs.
+  alignas(64) DepotTable depot;
 };
 static_assert(sizeof(LinkControl) <= Ring::kUserBytes);
 static_assert(std::atomic<std::uint32_t>::is_always_lock_free);
@@ -91,6 +98,13 @@ void signal_eventfd(int fd) noexcept {
 
 struct ConnectionCore {
   UniqueFd sock;
+  // A connection made by pipe(): one end of a second socket pair, which carries only
+  // deposits (fds once per segment) and is never read, only peeked: what the peer deposits
+  // for us queues here, and what we deposit for the peer queues at its end.
+  UniqueFd depot_sock;
+  DepotPins pins;  // segments deposited for us that this process keeps mapped
+  std::atomic<std::uint64_t> fds_sent{0};     // file_descriptor segment fds in messages
+  std::atomic<std::uint64_t> fds_omitted{0};  // left out of messages (deposited)
   // A connection made by pipe(): the rings this end sends in and receives from, and the
   // eventfds it signals (the peer's readiness) and that say it has something (its own).
   Ring out;
@@ -121,14 +135,38 @@ struct ConnectionCore {
     return {&out, sock.get(), -1, &c->send_lock, &c->recv_lock, &c->taken_below, nullptr,
             "connection"};
   }
-  AnnouncedPath in_path() {
+  AnnouncedPath in_path(const SegmentFetcher* depot) {
     LinkControl* c = in_control();
-    return {&in, -1, sock.get(), &c->send_lock, &c->recv_lock, &c->taken_below, nullptr,
+    return {&in, -1, sock.get(), &c->send_lock, &c->recv_lock, &c->taken_below, depot,
             "connection"};
   }
 };
 
 namespace {
+
+// FdElision::omit of a send: true once the segment is in the peer's depot.
+bool omit_fd(void* context, const std::shared_ptr<Segment>& seg) {
+  auto& c = *static_cast<ConnectionCore*>(context);
+  const bool omit = depot_omit(&c.out_control()->depot, c.depot_sock.get(), *seg);
+  (omit ? c.fds_omitted : c.fds_sent).fetch_add(1, std::memory_order_relaxed);
+  return omit;
+}
+
+// SegmentFetcher::fetch of a receive: from our depot socket's receive queue, pinned.
+std::shared_ptr<Segment> fetch_deposited(void* context, std::uint64_t uid) {
+  auto& c = *static_cast<ConnectionCore*>(context);
+  std::shared_ptr<Segment> seg = depot_fetch(&c.in_control()->depot, c.depot_sock.get(), uid);
+  if (seg) c.pins.pin(seg);
+  return seg;
+}
+
+// After a message with fds was parsed: pins the deposited segments it named.
+void pin_received(ConnectionCore& c, Decoder& d) {
+  for (const Storage& s : CodecAccess::state(d).storages) {
+    const auto& seg = StorageAccess::impl(s)->segment();
+    if (depositable(*seg) && depot_names(&c.in_control()->depot, seg->uid())) c.pins.pin(seg);
+  }
+}
 
 bool hung_up(ConnectionCore& c) noexcept {
   if (c.peer_gone.load(std::memory_order_relaxed)) return true;
@@ -209,7 +247,8 @@ void rearm_ready(ConnectionCore& c) noexcept {
 bool send_ringed(ConnectionCore& c, Encoder&& encoder, const Deadline& deadline) {
   check_peer(c);
   const Signalling signalling(c.out_control());
-  OutgoingFrame frame = finish_frame(std::move(encoder));
+  const FdElision elision{omit_fd, &c};
+  OutgoingFrame frame = finish_frame(std::move(encoder), &elision);
   const auto parts = frame.parts();
   std::size_t size = 0;
   for (const auto& part : parts) size += part.size();
@@ -248,18 +287,21 @@ bool send_ringed(ConnectionCore& c, Encoder&& encoder, const Deadline& deadline)
 // A slot taken off our ring, parsed: the frame in the slot, or the datagram it announces.
 Decoder receive_popped(ConnectionCore& c, std::shared_ptr<std::byte[]> buffer,
                        const Ring::Popped& p) {
+  const SegmentFetcher depot{fetch_deposited, &c};
   if (p.tag == kRingMessageTag) {
     std::byte* data = buffer.get();
     // Aliasing: the decoder keeps the whole buffer alive, and reads its own bytes.
     return parse_frame(std::span<const std::byte>(data, p.size), {},
-                       std::shared_ptr<const void>(std::move(buffer), data));
+                       std::shared_ptr<const void>(std::move(buffer), data), &depot);
   }
   if (p.tag != kRingMarkerTag)
     throw ProtocolError("a slot of the connection's ring has tag " + std::to_string(p.tag) +
                         ", neither a message nor a marker");
   buffer.reset();  // the datagram is received into the same per-thread buffer
-  const AnnouncedPath path = c.in_path();
-  return parse_announced(path, take_announced(path, p.pos));
+  const AnnouncedPath path = c.in_path(&depot);
+  Decoder d = parse_announced(path, take_announced(path, p.pos));
+  pin_received(c, d);
+  return d;
 }
 
 std::optional<Decoder> recv_ringed(ConnectionCore& c, const Deadline& deadline) {
@@ -346,6 +388,7 @@ void init_link(Ring& ring) {
   c->readiness_wanted.store(0, std::memory_order_relaxed);
   c->close_epoch.store(0, std::memory_order_relaxed);
   c->signalling.store(0, std::memory_order_relaxed);
+  init_depot(&c->depot);
   std::atomic_ref<std::uint64_t>(c->magic).store(kLinkMagic, std::memory_order_release);
 }
 
@@ -382,10 +425,17 @@ std::vector<int> ConnectionAccess::fds(const Connection& c) {
   const ConnectionCore& k = *c.core_;
   out.push_back(k.sock.get());
   if (k.ringed()) {
-    out.insert(out.end(), {k.out.fd(), k.in.fd(), k.out_ready.get(), k.in_ready.get()});
+    out.insert(out.end(), {k.depot_sock.get(), k.out.fd(), k.in.fd(), k.out_ready.get(),
+                           k.in_ready.get()});
     if (const int e = k.epoll.load(std::memory_order_acquire); e >= 0) out.push_back(e);
   }
   return out;
+}
+
+ConnectionAccess::FdCounts ConnectionAccess::fd_counts(const Connection& c) noexcept {
+  if (!c.core_) return {};
+  return {c.core_->fds_sent.load(std::memory_order_relaxed),
+          c.core_->fds_omitted.load(std::memory_order_relaxed)};
 }
 
 Connection ConnectionAccess::wrap(std::unique_ptr<ConnectionCore> core) noexcept {
@@ -520,6 +570,7 @@ std::optional<Decoder> Connection::try_recv_encoded(std::chrono::nanoseconds tim
 std::pair<Connection, Connection> pipe() {
   using internal::Ring;
   auto [a, b] = internal::seqpacket_pair();
+  auto [depot_a, depot_b] = internal::seqpacket_pair();
   Ring ab = Ring::create(internal::kConnectionRingSlots, internal::kConnectionRingSlotBytes);
   Ring ba = Ring::create(internal::kConnectionRingSlots, internal::kConnectionRingSlotBytes);
   internal::init_link(ab);
@@ -527,18 +578,19 @@ std::pair<Connection, Connection> pipe() {
   internal::UniqueFd ready_a = internal::make_eventfd();  // says end a has messages
   internal::UniqueFd ready_b = internal::make_eventfd();
   // Each end attaches its own Ring objects (a Ring's holder record is per object).
-  auto end = [](internal::UniqueFd sock, const Ring& out, const Ring& in, int out_ready,
-                int in_ready) {
+  auto end = [](internal::UniqueFd sock, internal::UniqueFd depot, const Ring& out,
+                const Ring& in, int out_ready, int in_ready) {
     auto core = std::make_unique<ConnectionCore>();
     core->sock = std::move(sock);
+    core->depot_sock = std::move(depot);
     core->out = Ring::attach(internal::dup_cloexec(out.fd()));
     core->in = Ring::attach(internal::dup_cloexec(in.fd()));
     core->out_ready = internal::dup_cloexec(out_ready);
     core->in_ready = internal::dup_cloexec(in_ready);
     return internal::ConnectionAccess::wrap(std::move(core));
   };
-  Connection first = end(std::move(a), ab, ba, ready_b.get(), ready_a.get());
-  Connection second = end(std::move(b), ba, ab, ready_a.get(), ready_b.get());
+  Connection first = end(std::move(a), std::move(depot_a), ab, ba, ready_b.get(), ready_a.get());
+  Connection second = end(std::move(b), std::move(depot_b), ba, ab, ready_a.get(), ready_b.get());
   return {std::move(first), std::move(second)};
 }
 
@@ -548,6 +600,7 @@ void Codec<Connection>::encode(Encoder& e, const Connection& c) {
   e.write_pod<std::uint8_t>(k.ringed() ? 1 : 0);
   e.write_fd(k.sock.get());
   if (!k.ringed()) return;
+  e.write_fd(k.depot_sock.get());
   e.write_fd(k.out.fd());
   e.write_fd(k.in.fd());
   e.write_fd(k.out_ready.get());
@@ -563,6 +616,8 @@ Connection Codec<Connection>::decode(Decoder& d) {
   if (kind == 0) return Connection::adopt(sock.release());
   auto core = std::make_unique<ConnectionCore>();
   core->sock = std::move(sock);
+  core->depot_sock.reset(d.take_fd());
+  internal::require_socket(core->depot_sock.get());
   internal::UniqueFd out(d.take_fd());
   internal::UniqueFd in(d.take_fd());
   core->out_ready.reset(d.take_fd());

@@ -43,6 +43,7 @@
 #include "transport/busy_poll.h"
 #include "transport/announced.h"
 #include "transport/channel.h"
+#include "transport/depot.h"
 #include "transport/ring.h"
 #include "wire/wire.h"
 
@@ -53,26 +54,8 @@ static_assert(kQueueRingItem == kRingMessageTag && kQueueRingMarker == kRingMark
 namespace {
 
 constexpr std::uint64_t kQueueMagic = 0x314555455154534dULL;  // "MSTQUEU1"
-constexpr std::uint32_t kQueueLayoutVersion = 8;
+constexpr std::uint32_t kQueueLayoutVersion = 9;
 constexpr int kQueueHolderSlots = 128;
-// Segments a queue's depot can hold (docs/transport.md, "fds once per segment").
-constexpr int kQueueDepotSegments = 32;
-// The most datagrams a process looks at in the depot for one segment: more than the
-// producers put there (kQueueDepotSegments), so that a peer's junk cannot make it look for
-// ever.
-constexpr int kQueueDepotScan = 4 * kQueueDepotSegments;
-
-// A segment whose fd is in the queue's depot: items may name it without its fd. `uid` is
-// taken once, by CAS from 0, and never changes. `state`: kDepositing (taken, or being
-// tried again), kDeposited (release: its fd is in the depot), kDepositFailed (a producer
-// may try again: CAS to kDepositing).
-enum : std::uint64_t { kDepositing = 0, kDeposited = 1, kDepositFailed = 2 };
-struct DepotEntry {
-  std::atomic<std::uint64_t> uid;
-  std::atomic<std::uint64_t> state;
-};
-static_assert(sizeof(DepotEntry) == 16);
-
 // Shared by every process holding the queue (a sealed memfd, so it can be passed on).
 struct QueueControl {
   std::uint64_t magic;
@@ -97,10 +80,7 @@ struct QueueControl {
   // 1 once a process asked for the readiness fd (QueueCore::readiness_fd): from then on
   // every put signals the queue's eventfd, and every get clears it when the ring is empty.
   std::atomic<std::uint32_t> readiness_wanted;
-  // 1 when the creating process found that peeks at an offset work on its sockets
-  // (peek_offset_works): only then do producers leave fds out. Every holder goes by it.
-  std::atomic<std::uint32_t> depot_usable;
-  std::uint8_t pad[40];
+  std::uint8_t pad[44];
   // Robust, process-shared. Producers send datagrams under send_lock (reserve the marker,
   // send, publish the marker), so the socket holds them in the order of their markers;
   // consumers take a datagram under recv_lock (look at the next one's marker position, take
@@ -122,16 +102,14 @@ struct QueueControl {
   // start), and a producer SIGKILLed before its sendmsg returned would take its place with
   // it; a producer that finds the queue full gives back those of dead holders.
   alignas(64) std::atomic<std::uint32_t> sending[kQueueHolderSlots];
-  // Robust, process-shared: held while a process looks through the depot (the socket's
-  // peek offset is shared by every holder).
-  alignas(64) pthread_mutex_t depot_lock;
-  alignas(64) DepotEntry depot[kQueueDepotSegments];
+  // Segments whose fds are deposited in the sending end's receive queue (transport/depot.h).
+  alignas(64) DepotTable depot;
 };
 static_assert(std::is_standard_layout_v<QueueControl>);
 static_assert(std::atomic<std::uint32_t>::is_always_lock_free);
 static_assert(std::atomic<std::uint64_t>::is_always_lock_free);
 static_assert(sizeof(QueueControl) ==
-              320 + 8 * kQueueHolderSlots + 4 * kQueueHolderSlots + 64 + 16 * kQueueDepotSegments);
+              320 + 8 * kQueueHolderSlots + 4 * kQueueHolderSlots + sizeof(DepotTable));
 
 // Frees one reserved item slot; never below 0 (a raw peer may send a datagram for which no
 // producer reserved one).
@@ -265,10 +243,8 @@ struct QueueCore::State {
   int slot = -1;       // our holder slot (-1: none, overflow was set)
   int fork_slot = -1;  // claimed in prepare_fork for the child about to be forked
   // Deposited segments this handle keeps mapped while it holds the queue, so that it looks
-  // in the depot once per segment. Guarded by pins_mu, which the fork handlers hold across
-  // fork (a child never inherits it locked).
-  std::mutex pins_mu;
-  std::vector<std::shared_ptr<Segment>> pins;
+  // in the depot once per segment.
+  DepotPins pins;
   std::atomic<std::uint64_t> fds_sent{0};     // file_descriptor segment fds put in items
   std::atomic<std::uint64_t> fds_omitted{0};  // left out of items
   // An error get_many() met after it had taken items: thrown by the next get or get_many.
@@ -301,8 +277,7 @@ void prepare_fork() noexcept {
   // holder of ours can see "no other holder" and drain between fork and the child's start.
   g_fork_owner = current_slot_owner();
   for (auto* st : *g_live) {
-    st->pins_mu.lock();  // held until after fork: no child inherits it locked
-    st->deferred_mu.lock();
+    st->deferred_mu.lock();  // held until after fork: no child inherits it locked
     st->fork_slot = claim_holder(st->control(), g_fork_owner);
   }
 }
@@ -314,7 +289,6 @@ void parent_after_fork(bool /*fork_failed*/) noexcept {
     for (auto* st : *g_live) {
       st->fork_slot = -1;
       st->deferred_mu.unlock();
-      st->pins_mu.unlock();
     }
   g_live_mu.unlock();
 }
@@ -335,7 +309,6 @@ void child_after_fork() noexcept {
       st->deferred.clear();  // errors of items the parent took: the parent reports them
       st->has_deferred.store(false, std::memory_order_relaxed);
       st->deferred_mu.unlock();
-      st->pins_mu.unlock();
     }
   }
   g_live_mu.unlock();
@@ -356,194 +329,32 @@ void unregister_live(QueueCore::State* st) noexcept {
   std::erase(*g_live, st);
 }
 
-// ---- fds once per segment (docs/transport.md) -------------------------------------------
-// The first producer that sends an arena segment deposits its fd in the queue: a datagram
-// [uid] with the fd, sent on the receiving end of the queue's socket pair to the sending
-// end, whose receive queue nobody reads (the depot). Once deposited, items name the
-// segment without its fd. A process that meets such an item and does not map the segment
-// peeks through the depot (MSG_PEEK with SO_PEEK_OFF: nothing is taken, so a process killed
-// meanwhile loses nothing) and maps it from there. The depot's fds live as long as the
-// queue's sockets: a producer may exit right after put, and a process that joins later
-// finds every segment there.
+// ---- fds once per segment (transport/depot.h) ------------------------------------------
+// A queue's depot is the receive queue of its sending end: a producer deposits by sending
+// on the receiving end, and nobody takes from the sending end's queue.
 
-// Only arena segments are deposited: they hold many blocks and live as long as their
-// arena. A dedicated segment (one large tensor) would stay alive with the queue.
-bool depositable(const Segment& seg) noexcept {
-  return seg.strategy() == SharingStrategy::kFileDescriptor && !seg.is_device() &&
-         seg.kind() == SegmentKind::kArena;
-}
-
-// The depot entry of `uid`, or -1. With `claimed`, a free entry is taken for it when it
-// has none, and `claimed` says whether this call took it (and must deposit).
-int find_depot_entry(QueueControl* c, std::uint64_t uid, bool* claimed = nullptr) noexcept {
-  if (uid == 0) return -1;  // 0 marks a free entry
-  // Entries are taken in order and never freed: the first free one ends the search.
-  for (int i = 0; i < kQueueDepotSegments; ++i) {
-    std::uint64_t u = c->depot[i].uid.load(std::memory_order_acquire);
-    if (u == uid) return i;
-    if (u != 0) continue;
-    if (claimed == nullptr) return -1;
-    if (c->depot[i].uid.compare_exchange_strong(u, uid, std::memory_order_acq_rel)) {
-      *claimed = true;
-      return i;
-    }
-    if (u == uid) return i;  // another producer took it for the same segment
-  }
-  return -1;
-}
-
-bool is_pinned(const QueueCore::State& st, std::uint64_t uid) noexcept {
-  for (const auto& p : st.pins)
-    if (p->uid() == uid) return true;
-  return false;
-}
-
-// Under pins_mu.
-void pin(QueueCore::State& st, const std::shared_ptr<Segment>& seg) {
-  if (st.pins.size() < kQueueDepotSegments && !is_pinned(st, seg->uid())) st.pins.push_back(seg);
-}
-
-// FdElision::omit of a put (context: the handle's state): true once the segment is in the
-// depot. The first producer to send a segment claims its entry and deposits it; the item
-// that made it do so still carries the fd.
+// FdElision::omit of a put (context: the handle's state).
 bool omit_fd(void* context, const std::shared_ptr<Segment>& seg) {
   auto& st = *static_cast<QueueCore::State*>(context);
-  QueueControl* c = st.control();
-  bool omit = false;
-  if (depositable(*seg) && c->depot_usable.load(std::memory_order_relaxed) != 0) {
-    bool claimed = false;
-    const int entry = find_depot_entry(c, seg->uid(), &claimed);
-    if (entry >= 0 && !claimed) {
-      // A deposit that failed may be tried again by one producer (this CAS decides who).
-      std::uint64_t failed = kDepositFailed;
-      claimed = c->depot[entry].state.compare_exchange_strong(failed, kDepositing,
-                                                              std::memory_order_acq_rel);
-    }
-    if (entry >= 0 && claimed) {
-      // The receiving end sends to the sending end. A depot that cannot take it (a full
-      // buffer, too many fds in flight) leaves the entry undeposited: that segment's fd is
-      // then always sent.
-      std::uint64_t uid = seg->uid();
-      const int fd = seg->fd();
-      bool deposited = false;
-      try {
-        deposited = send_message(st.recv_fd.get(), std::array{std::as_bytes(std::span(&uid, 1))},
-                                 std::span(&fd, 1), /*nonblocking=*/true);
-      } catch (const SystemError&) {  // ETOOMANYREFS, ENOBUFS: see docs/transport.md
-      }
-      // The uid stays: an entry never changes hands, so whoever read it reads it right.
-      c->depot[entry].state.store(deposited ? kDeposited : kDepositFailed,
-                                  std::memory_order_release);
-    } else if (entry >= 0) {
-      omit = c->depot[entry].state.load(std::memory_order_acquire) == kDeposited;
-    }
-  }
+  const bool omit = depot_omit(&st.control()->depot, st.recv_fd.get(), *seg);
   (omit ? st.fds_omitted : st.fds_sent).fetch_add(1, std::memory_order_relaxed);
   return omit;
 }
 
-// Whether a peek at an offset (SO_PEEK_OFF) starts at that offset on this kernel, as the
-// depot needs: probed once per process, on a scratch socket pair.
-bool peek_offset_works() noexcept {
-  static const bool works = [] {
-    try {
-      auto [a, b] = seqpacket_pair();
-      const char one[1] = {'a'}, two[2] = {'b', 'c'};
-      if (::send(a.get(), one, 1, MSG_DONTWAIT) != 1 || ::send(a.get(), two, 2, MSG_DONTWAIT) != 2)
-        return false;
-      int offset = 1;
-      if (::setsockopt(b.get(), SOL_SOCKET, SO_PEEK_OFF, &offset, sizeof offset) != 0) return false;
-      char got[4] = {};
-      const ssize_t n = ::recv(b.get(), got, sizeof got, MSG_PEEK | MSG_DONTWAIT | MSG_TRUNC);
-      return n == 2 && got[0] == 'b' && got[1] == 'c';
-    } catch (...) {
-      return false;
-    }
-  }();
-  return works;
-}
-
-// Sets the depot's peek offset (the sending end's, shared by every holder).
-void set_peek_offset(int sock, int offset) {
-  while (::setsockopt(sock, SOL_SOCKET, SO_PEEK_OFF, &offset, sizeof offset) != 0) {
-    if (errno != EINTR) throw SystemError(errno, "setsockopt(SO_PEEK_OFF)", "a queue's depot");
-  }
-}
-
-// SegmentFetcher::fetch of a get, for every segment an item names without its fd: only a
-// segment deposited with this queue. Mapped here already: that one; else mapped from the
-// depot, and pinned. Null when the depot does not have it.
+// SegmentFetcher::fetch of a get: from the depot, pinned.
 std::shared_ptr<Segment> fetch_deposited(void* context, std::uint64_t uid) {
   auto& st = *static_cast<QueueCore::State*>(context);
-  QueueControl* c = st.control();
-  const int entry = find_depot_entry(c, uid);
-  if (entry < 0 || c->depot[entry].state.load(std::memory_order_acquire) != kDeposited)
-    return nullptr;
-  if (auto seg = Registry::instance().find_segment(uid)) return seg;
-  UniqueFd found;
-  {
-    (void)lock_shared(&c->depot_lock, std::nullopt);
-    SharedLockGuard unlock{&c->depot_lock};
-    const int sock = st.send_fd.get();
-    // Datagram by datagram, each peek at the byte offset where the next one starts (a
-    // peek moves the shared offset by the bytes it copied, not by the datagram: set it
-    // each time). MSG_TRUNC returns a datagram's whole length. An empty datagram is
-    // returned once (n = 0), then stepped over at the same offset.
-    std::size_t at = 0;
-    for (int i = 0; i < kQueueDepotScan && !found.valid() && at < (1u << 30); ++i) {
-      set_peek_offset(sock, static_cast<int>(at));
-      std::uint64_t id = 0;
-      iovec iov{&id, sizeof id};
-      alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFdsPerMessage) +
-                                    CMSG_SPACE(sizeof(ucred)) + CMSG_SPACE(sizeof(int))];
-      msghdr msg{};
-      msg.msg_iov = &iov;
-      msg.msg_iovlen = 1;
-      msg.msg_control = control;
-      msg.msg_controllen = sizeof control;
-      const ssize_t n =
-          ::recvmsg(sock, &msg, MSG_PEEK | MSG_DONTWAIT | MSG_TRUNC | MSG_CMSG_CLOEXEC);
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;  // looked at all
-      if (n < 0) throw SystemError(errno, "recvmsg", "a queue's depot");
-      // A peek installs copies of the datagram's fds here: each is owned at once.
-      std::vector<UniqueFd> fds;
-      take_passed_fds(msg, fds);
-      at += static_cast<std::size_t>(n);
-      // What a producer deposits: exactly 8 bytes (the uid) and one fd. Anything else is
-      // a holder's junk, stepped over.
-      const bool ours = n == static_cast<ssize_t>(sizeof id) && id == uid;
-      if (ours && (msg.msg_flags & MSG_CTRUNC) != 0 && fds.empty())
-        throw ProtocolError(
-            "a queue's item names a segment that this process must map from the queue's "
-            "depot, and the depot's fd did not arrive (MSG_CTRUNC): this process is at its "
-            "open-file limit. Raise it with `ulimit -n`");
-      if (ours && fds.size() == 1 && (msg.msg_flags & MSG_CTRUNC) == 0) found = std::move(fds[0]);
-    }
-    const int none = -1;  // peeks without an offset again
-    (void)::setsockopt(sock, SOL_SOCKET, SO_PEEK_OFF, &none, sizeof none);
-  }
-  if (!found.valid()) return nullptr;
-  // Two threads may fetch at once: attach_fd registers one segment per uid.
-  std::shared_ptr<Segment> seg = Registry::instance().find_segment(uid);
-  if (!seg) seg = Segment::attach_fd(std::move(found), uid);
-  if (!depositable(*seg))
-    throw ProtocolError("a queue's depot holds a segment that is not an arena's");
-  std::lock_guard lock(st.pins_mu);
-  pin(st, seg);
+  std::shared_ptr<Segment> seg = depot_fetch(&st.control()->depot, st.send_fd.get(), uid);
+  if (seg) st.pins.pin(seg);
   return seg;
 }
 
 // After an item with fds was parsed: pins the deposited segments it named, so that this
 // handle never needs to look them up in the depot.
 void pin_received(QueueCore::State& st, Decoder& d) {
-  const auto& storages = CodecAccess::state(d).storages;
-  QueueControl* c = st.control();
-  std::lock_guard lock(st.pins_mu);
-  for (const Storage& s : storages) {
+  for (const Storage& s : CodecAccess::state(d).storages) {
     const auto& seg = StorageAccess::impl(s)->segment();
-    if (!depositable(*seg) || is_pinned(st, seg->uid())) continue;
-    if (find_depot_entry(c, seg->uid()) >= 0) pin(st, seg);
+    if (depositable(*seg) && depot_names(&st.control()->depot, seg->uid())) st.pins.pin(seg);
   }
 }
 
@@ -729,12 +540,7 @@ std::shared_ptr<QueueCore> QueueCore::create(std::size_t maxsize) {
   c->taken_below = 0;
   for (auto& h : c->holders) h.store(0, std::memory_order_relaxed);
   for (auto& n : c->sending) n.store(0, std::memory_order_relaxed);
-  init_shared_mutex(&c->depot_lock);
-  c->depot_usable.store(peek_offset_works() ? 1 : 0, std::memory_order_relaxed);
-  for (auto& e : c->depot) {
-    e.uid.store(0, std::memory_order_relaxed);
-    e.state.store(kDepositing, std::memory_order_relaxed);
-  }
+  init_depot(&c->depot);
   st->slot = claim_holder(c, current_slot_owner());
   std::atomic_ref<std::uint64_t>(c->magic).store(kQueueMagic, std::memory_order_release);
   return std::make_shared<QueueCore>(std::move(st));

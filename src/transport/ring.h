@@ -55,7 +55,7 @@ class Ring {
   static constexpr std::size_t kTailOffset = 64;
   static constexpr std::size_t kHeadOffset = 128;
   // Bytes of the header left to the ring's user (Connection keeps its locks there).
-  static constexpr std::size_t kUserBytes = 256;
+  static constexpr std::size_t kUserBytes = 1024;
   using Deadline = std::optional<std::chrono::steady_clock::time_point>;
 
   // A new ring in a new sealed memfd. slot_count: a power of two in [2, kMaxSlotCount];

@@ -201,7 +201,7 @@ std::shared_ptr<Segment> resolve_segment(const SegmentEntry& e, std::string_view
       bad("a file_descriptor segment sent without its fd, on a transport that has no depot");
     auto seg = fetcher->fetch(fetcher->context, e.uid);
     if (!seg)
-      bad("a file_descriptor segment sent without its fd is not in the queue's depot (uid " +
+      bad("a file_descriptor segment sent without its fd is not in its queue's or connection's depot (uid " +
           std::to_string(e.uid) + ")");
     if (seg->mapped_size() != e.total_size || seg->is_device() ||
         seg->strategy() != SharingStrategy::kFileDescriptor)

@@ -236,7 +236,7 @@ TEST_P(ConnectionRingTest, AReceivedEndIsUsableAndEndsAreRefusedWhenTheirFdsAreN
     const std::vector<int> fds = internal::ConnectionAccess::fds(d);
     Encoder e;
     e.write_pod<std::uint8_t>(1);
-    for (int fd : {fds[0], fds[1], fds[2], p[0], fds[4]}) e.write_fd(fd);
+    for (int fd : {fds[0], fds[1], fds[2], fds[3], p[0], fds[5]}) e.write_fd(fd);
     internal::ConnectionAccess::send(a, std::move(e));
   }
   try {
@@ -251,12 +251,57 @@ TEST_P(ConnectionRingTest, AReceivedEndIsUsableAndEndsAreRefusedWhenTheirFdsAreN
   EXPECT_EQ(b.recv<std::int64_t>(), 11) << "the connection goes on";
 }
 
+// fds once per segment on a connection: with file_descriptor, a segment's fd travels in
+// the first message that names it (and is deposited with the peer); later messages name it
+// by uid alone and travel in the ring. A receiver that does not map it takes it from the
+// depot: a forked child, a process that received the end itself, after the sender exited.
+TEST_P(ConnectionRingTest, AnArenaSegmentsFdTravelsOncePerConnection) {
+  auto [a, b] = pipe();
+  constexpr int kMessages = 240;  // fits the ring (256 slots): nobody receives while they are sent
+  // Sent by a child that exits right after: the receiver maps nothing of its own.
+  const pid_t sender = fork_child([&a = a, &b = b] {
+    b.close();
+    for (int i = 0; i < kMessages; ++i) a.send(Tensor::full({4}, i, DType::kInt32));
+    const auto counts = internal::ConnectionAccess::fd_counts(a);
+    if (GetParam() == SharingStrategy::kFileDescriptor) {
+      EXPECT_EQ(counts.sent, 1u) << "one arena segment, one fd";
+      EXPECT_EQ(counts.omitted, kMessages - 1u);
+    } else {
+      EXPECT_EQ(counts.sent + counts.omitted, 0u);
+    }
+  });
+  a.close();
+  EXPECT_EQ(wait_child(sender), 0);
+  // A forked child takes the first half (the first message, with the fd, among them); the
+  // parent, which never mapped the segment, the rest: from the depot.
+  const pid_t first_half = fork_child([&b = b] {
+    for (int i = 0; i < kMessages / 2; ++i)
+      ASSERT_EQ(b.recv<Tensor>().data_ptr<std::int32_t>()[3], i);
+  });
+  EXPECT_EQ(wait_child(first_half), 0);
+  // Half the rest here; the other half in a process that receives this end in a message.
+  for (int i = kMessages / 2; i < 3 * kMessages / 4; ++i)
+    ASSERT_EQ(b.recv<Tensor>().data_ptr<std::int32_t>()[3], i);
+  auto [c, d] = pipe();
+  const pid_t joiner = fork_child([&c = c, &d = d] {
+    c.close();
+    Connection end = d.recv<Connection>();
+    for (int i = 3 * kMessages / 4; i < kMessages; ++i)
+      ASSERT_EQ(end.recv<Tensor>().data_ptr<std::int32_t>()[3], i);
+    EXPECT_THROW((void)end.recv<Tensor>(), ConnectionClosed);
+  });
+  d.close();
+  c.send(b);
+  b.close();
+  EXPECT_EQ(wait_child(joiner), 0);
+}
+
 // A peer that maps the ring can write any slot: each bad one is one ProtocolError, and the
 // connection goes on with the next message.
 TEST_P(ConnectionRingTest, SlotsAHostilePeerWritesAreProtocolErrors) {
   auto [a, b] = pipe();
   const std::vector<int> fds = internal::ConnectionAccess::fds(a);
-  internal::Ring ring = internal::Ring::attach(internal::dup_cloexec(fds[1]));  // a's out
+  internal::Ring ring = internal::Ring::attach(internal::dup_cloexec(fds[2]));  // a's out
   const std::byte junk[12] = {std::byte{0xde}, std::byte{0xad}};
   auto push = [&](std::span<const std::byte> bytes, std::uint32_t tag) {
     ASSERT_EQ(ring.push(bytes, tag, std::nullopt), internal::Ring::Status::kOk);

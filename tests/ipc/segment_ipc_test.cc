@@ -415,17 +415,17 @@ TEST_F(CloseOnExecTest, TransportFdsAreCloseOnExec) {
   };
 
   auto [a, b] = pipe();
-  record("pipe()", 2, 4, 4);  // per end: its socket, two rings, two readiness eventfds
+  record("pipe()", 4, 4, 4);  // per end: its socket, depot socket, two rings, two eventfds
   (void)b.native_handle();
   record("native_handle()", 0, 0, 0, 1);
   Queue<std::int64_t> q;
   record("Queue", 2, 2, 1);  // its sockets, control block, message ring, readiness eventfd
   auto [c, d] = pipe();
-  record("pipe() to be sent", 2, 4, 4);
+  record("pipe() to be sent", 4, 4, 4);
 
   a.send(c);
   Connection received_connection = b.recv<Connection>();
-  record("received Connection", 1, 2, 2);
+  record("received Connection", 2, 2, 2);
   a.send(q);
   auto received_queue = b.recv<Queue<std::int64_t>>();
   record("received Queue", 2, 2, 1);

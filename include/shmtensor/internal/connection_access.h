@@ -4,6 +4,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -35,6 +36,13 @@ struct ConnectionAccess {
   // peer that receives its end as a bare inherited fd (an exec'd child's arguments).
   [[nodiscard]] static std::pair<Connection, Connection> socket_pair();
   [[nodiscard]] static Connection wrap(std::unique_ptr<ConnectionCore> core) noexcept;
+  // file_descriptor segment fds this end put in messages, and left out of them (the
+  // segment was deposited with the peer: fds once per segment), since it was made here.
+  struct FdCounts {
+    std::uint64_t sent = 0;
+    std::uint64_t omitted = 0;
+  };
+  [[nodiscard]] static FdCounts fd_counts(const Connection& c) noexcept;
 };
 
 }  // namespace shmtensor::internal

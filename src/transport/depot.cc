@@ -1,0 +1,194 @@
+#include "transport/depot.h"
+
+#include <sys/socket.h>
+
+#include <array>
+#include <cerrno>
+#include <new>
+#include <span>
+#include <vector>
+
+#include "memory/registry.h"
+#include "memory/segment.h"
+#include "os/socket.h"
+#include "os/unique_fd.h"
+#include "shmtensor/error.h"
+#include "transport/announced.h"
+
+namespace shmtensor::internal {
+
+namespace {
+
+enum : std::uint64_t { kDepositing = 0, kDeposited = 1, kDepositFailed = 2 };
+
+// The most datagrams a process looks at in a depot for one segment: more than the senders
+// put there (kDepotSegments), so that a peer's junk cannot make it look for ever.
+constexpr int kDepotScan = 4 * kDepotSegments;
+
+// Whether a peek at an offset (SO_PEEK_OFF) starts at that offset on this kernel, as the
+// depot needs: probed once per process, on a scratch socket pair.
+bool peek_offset_works() noexcept {
+  static const bool works = [] {
+    try {
+      auto [a, b] = seqpacket_pair();
+      const char one[1] = {'a'}, two[2] = {'b', 'c'};
+      if (::send(a.get(), one, 1, MSG_DONTWAIT) != 1 || ::send(a.get(), two, 2, MSG_DONTWAIT) != 2)
+        return false;
+      int offset = 1;
+      if (::setsockopt(b.get(), SOL_SOCKET, SO_PEEK_OFF, &offset, sizeof offset) != 0) return false;
+      char got[4] = {};
+      const ssize_t n = ::recv(b.get(), got, sizeof got, MSG_PEEK | MSG_DONTWAIT | MSG_TRUNC);
+      return n == 2 && got[0] == 'b' && got[1] == 'c';
+    } catch (...) {
+      return false;
+    }
+  }();
+  return works;
+}
+
+void set_peek_offset(int sock, int offset) {
+  while (::setsockopt(sock, SOL_SOCKET, SO_PEEK_OFF, &offset, sizeof offset) != 0) {
+    if (errno != EINTR) throw SystemError(errno, "setsockopt(SO_PEEK_OFF)", "a depot");
+  }
+}
+
+// The entry of `uid`, or -1. With `claimed`, a free entry is taken for it when it has none,
+// and `claimed` says whether this call took it (and must deposit).
+int find_entry(DepotTable* t, std::uint64_t uid, bool* claimed = nullptr) noexcept {
+  if (uid == 0) return -1;  // 0 marks a free entry
+  // Entries are taken in order and never freed: the first free one ends the search.
+  for (int i = 0; i < kDepotSegments; ++i) {
+    std::uint64_t u = t->entries[i].uid.load(std::memory_order_acquire);
+    if (u == uid) return i;
+    if (u != 0) continue;
+    if (claimed == nullptr) return -1;
+    if (t->entries[i].uid.compare_exchange_strong(u, uid, std::memory_order_acq_rel)) {
+      *claimed = true;
+      return i;
+    }
+    if (u == uid) return i;  // another sender took it for the same segment
+  }
+  return -1;
+}
+
+}  // namespace
+
+void init_depot(DepotTable* t) {
+  t->usable.store(peek_offset_works() ? 1 : 0, std::memory_order_relaxed);
+  init_shared_mutex(&t->lock);
+  for (auto& e : t->entries) {
+    e.uid.store(0, std::memory_order_relaxed);
+    e.state.store(kDepositing, std::memory_order_relaxed);
+  }
+}
+
+bool depositable(const Segment& seg) noexcept {
+  return seg.strategy() == SharingStrategy::kFileDescriptor && !seg.is_device() &&
+         seg.kind() == SegmentKind::kArena;
+}
+
+bool depot_omit(DepotTable* t, int deposit_sock, const Segment& seg) {
+  if (!depositable(seg) || t->usable.load(std::memory_order_relaxed) == 0) return false;
+  bool claimed = false;
+  const int entry = find_entry(t, seg.uid(), &claimed);
+  if (entry < 0) return false;
+  if (!claimed) {
+    // A deposit that failed may be tried again by one sender (this CAS decides who).
+    std::uint64_t failed = kDepositFailed;
+    claimed = t->entries[entry].state.compare_exchange_strong(failed, kDepositing,
+                                                             std::memory_order_acq_rel);
+  }
+  if (!claimed) return t->entries[entry].state.load(std::memory_order_acquire) == kDeposited;
+  std::uint64_t uid = seg.uid();
+  const int fd = seg.fd();
+  bool deposited = false;
+  try {
+    deposited = send_message(deposit_sock, std::array{std::as_bytes(std::span(&uid, 1))},
+                             std::span(&fd, 1), /*nonblocking=*/true);
+  } catch (const SystemError&) {  // ETOOMANYREFS, ENOBUFS: see docs/transport.md
+  }
+  // The uid stays: an entry never changes hands, so whoever read it reads it right.
+  t->entries[entry].state.store(deposited ? kDeposited : kDepositFailed,
+                                std::memory_order_release);
+  return false;  // this message carries the fd
+}
+
+bool depot_names(DepotTable* t, std::uint64_t uid) noexcept { return find_entry(t, uid) >= 0; }
+
+std::shared_ptr<Segment> depot_fetch(DepotTable* t, int peek_sock, std::uint64_t uid) {
+  const int entry = find_entry(t, uid);
+  if (entry < 0 || t->entries[entry].state.load(std::memory_order_acquire) != kDeposited)
+    return nullptr;
+  if (auto seg = Registry::instance().find_segment(uid)) return seg;
+  UniqueFd found;
+  {
+    (void)lock_shared(&t->lock, std::nullopt);
+    SharedLockGuard unlock{&t->lock};
+    // Datagram by datagram, each peek at the byte offset where the next one starts (a
+    // peek moves the shared offset by the bytes it copied, not by the datagram: set it
+    // each time). MSG_TRUNC returns a datagram's whole length. An empty datagram is
+    // returned once (n = 0), then stepped over at the same offset.
+    std::size_t at = 0;
+    for (int i = 0; i < kDepotScan && !found.valid() && at < (1u << 30); ++i) {
+      set_peek_offset(peek_sock, static_cast<int>(at));
+      std::uint64_t id = 0;
+      iovec iov{&id, sizeof id};
+      alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFdsPerMessage) +
+                                    CMSG_SPACE(sizeof(ucred)) + CMSG_SPACE(sizeof(int))];
+      msghdr msg{};
+      msg.msg_iov = &iov;
+      msg.msg_iovlen = 1;
+      msg.msg_control = control;
+      msg.msg_controllen = sizeof control;
+      const ssize_t n =
+          ::recvmsg(peek_sock, &msg, MSG_PEEK | MSG_DONTWAIT | MSG_TRUNC | MSG_CMSG_CLOEXEC);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;  // looked at all
+      if (n < 0) throw SystemError(errno, "recvmsg", "a depot");
+      // A peek installs copies of the datagram's fds here: each is owned at once.
+      std::vector<UniqueFd> fds;
+      take_passed_fds(msg, fds);
+      at += static_cast<std::size_t>(n);
+      // What a sender deposits: exactly 8 bytes (the uid) and one fd. Anything else is a
+      // holder's junk, stepped over.
+      const bool ours = n == static_cast<ssize_t>(sizeof id) && id == uid;
+      if (ours && (msg.msg_flags & MSG_CTRUNC) != 0 && fds.empty())
+        throw ProtocolError(
+            "a message names a segment that this process must map from its channel's "
+            "depot, and the depot's fd did not arrive (MSG_CTRUNC): this process is at its "
+            "open-file limit. Raise it with `ulimit -n`");
+      if (ours && fds.size() == 1 && (msg.msg_flags & MSG_CTRUNC) == 0) found = std::move(fds[0]);
+    }
+    const int none = -1;  // peeks without an offset again
+    (void)::setsockopt(peek_sock, SOL_SOCKET, SO_PEEK_OFF, &none, sizeof none);
+  }
+  if (!found.valid()) return nullptr;
+  // Two threads may fetch at once: attach_fd registers one segment per uid.
+  std::shared_ptr<Segment> seg = Registry::instance().find_segment(uid);
+  if (!seg) seg = Segment::attach_fd(std::move(found), uid);
+  if (!depositable(*seg)) throw ProtocolError("a depot holds a segment that is not an arena's");
+  return seg;
+}
+
+DepotPins::~DepotPins() {
+  for (int i = 0; i < kDepotSegments; ++i)
+    if (ready_[i].load(std::memory_order_acquire))
+      std::launder(reinterpret_cast<Ptr*>(slots_[i]))->~Ptr();
+}
+
+void DepotPins::pin(const std::shared_ptr<Segment>& seg) noexcept {
+  const std::uint64_t uid = seg->uid();
+  for (int i = 0; i < kDepotSegments; ++i) {
+    std::uint64_t u = uids_[i].load(std::memory_order_acquire);
+    if (u == uid) return;
+    if (u != 0) continue;
+    if (uids_[i].compare_exchange_strong(u, uid, std::memory_order_acq_rel)) {
+      new (slots_[i]) Ptr(seg);
+      ready_[i].store(true, std::memory_order_release);
+      return;
+    }
+    if (u == uid) return;
+  }
+}
+
+}  // namespace shmtensor::internal
