@@ -51,14 +51,28 @@ std::vector<int> WorkerGroup::pids() const {
 }
 
 std::vector<bool> WorkerGroup::wait(std::optional<Clock::time_point> deadline, int extra_fd) {
-  // Two fds per worker, so that fd k / 2 is worker k's: its connection, its pidfd.
+  // Two fds per worker, so that fd k / 2 is worker k's: its connection, its pidfd. A
+  // connection's readiness fd is signalled only while we wait here (begin_wait), so its
+  // worker pays no syscall for the messages it sends while we are busy.
   std::vector<int> fds;
   fds.reserve(2 * processes_.size() + 1);
+  struct EndWaits {
+    std::vector<Connection*> waiting;
+    ~EndWaits() {
+      for (Connection* c : waiting) ConnectionAccess::end_wait(*c);
+    }
+  } end_waits;
+  end_waits.waiting.reserve(processes_.size());
   bool polling = false;
   for (std::size_t i = 0; i < processes_.size(); ++i) {
     ProcessState* s = ProcessAccess::state(processes_[i]);
     const bool reaped = s->ended() && !connections_[i].valid();
-    fds.push_back(reaped ? -1 : connections_[i].native_handle());
+    int fd = -1;
+    if (!reaped && connections_[i].valid()) {
+      fd = ConnectionAccess::begin_wait(connections_[i]);
+      end_waits.waiting.push_back(&connections_[i]);
+    }
+    fds.push_back(fd);
     fds.push_back(reaped ? -1 : s->pidfd());
     polling = polling || s->needs_polling();
   }

@@ -60,7 +60,10 @@ struct LinkControl {
   alignas(64) pthread_mutex_t send_lock;
   alignas(64) pthread_mutex_t recv_lock;
   std::uint64_t taken_below;
-  // 1 once the receiving end's native_handle() was asked for: from then on every message
+  // How many want the receiving end's readiness fd signalled: one per handle whose
+  // native_handle() was asked for (for good: nobody knows when its caller polls), and one
+  // per waiter of the library's own (ConnectionAccess::begin_wait, for as long as it
+  // sleeps). While it is not 0 every message
   // sent this way signals the direction's eventfd.
   std::atomic<std::uint32_t> readiness_wanted;
   // Bumped by every close() of either end: a sender or receiver that sees it change looks
@@ -111,6 +114,10 @@ struct ConnectionCore {
   Ring in;
   UniqueFd out_ready;
   UniqueFd in_ready;
+  // The fork generation (os/proc.h) of the process whose native_handle() counted this
+  // handle in readiness_wanted; 0: none. Only that process takes it back, at close(): a
+  // forked child's copy counts itself when it asks.
+  std::atomic<std::uint32_t> counted_by{0};
   // native_handle()'s epoll fd, made on first use (a CAS from -1: no mutex a forked child
   // could inherit locked).
   mutable std::atomic<int> epoll{-1};
@@ -242,6 +249,51 @@ void rearm_ready(ConnectionCore& c) noexcept {
   (void)!::read(c.in_ready.get(), &n, sizeof n);
   std::atomic_thread_fence(std::memory_order_seq_cst);
   if (c.in.maybe_nonempty()) signal_eventfd(c.in_ready.get());
+}
+
+// The end's epoll fd (made once): the socket, for its hang-up only (a datagram's marker
+// signals the eventfd once it is published: readable before that, a receive could find
+// nothing yet), and the end's eventfd.
+int readiness_epoll(ConnectionCore& c) {
+  if (const int e = c.epoll.load(std::memory_order_acquire); e >= 0) return e;
+  UniqueFd ep(::epoll_create1(EPOLL_CLOEXEC));
+  if (!ep.valid())
+    throw SystemError(errno, "epoll_create1", "a connection's readiness fd", "raise `ulimit -n`");
+  for (const int fd : {c.sock.get(), c.in_ready.get()}) {
+    epoll_event ev{};
+    ev.events = fd == c.sock.get() ? EPOLLRDHUP : EPOLLIN;
+    ev.data.fd = fd;
+    if (::epoll_ctl(ep.get(), EPOLL_CTL_ADD, fd, &ev) != 0)
+      throw SystemError(errno, "epoll_ctl", "a connection's readiness fd");
+  }
+  int expected = -1;
+  if (!c.epoll.compare_exchange_strong(expected, ep.get(), std::memory_order_acq_rel))
+    return expected;  // another thread made one first; ours closes
+  return ep.release();
+}
+
+// Counts one more reader of the readiness fd, then makes it say what is there now:
+// cleared of signals nobody needs any more (a sender between its publish and its signal
+// is waited for first, as in rearm_ready), then signalled if the ring holds a message.
+// The count before the look at the ring (both sequentially consistent) and a sender's
+// publish before its look at the count: either it signals, or we see its message.
+void want_readiness(ConnectionCore& c) noexcept {
+  LinkControl* ic = c.in_control();
+  ic->readiness_wanted.fetch_add(1, std::memory_order_seq_cst);
+  const auto give_up = Clock::now() + std::chrono::milliseconds(1);
+  while (ic->signalling.load(std::memory_order_seq_cst) != 0 && Clock::now() < give_up)
+    std::this_thread::yield();
+  std::uint64_t n;
+  (void)!::read(c.in_ready.get(), &n, sizeof n);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (c.in.maybe_nonempty()) signal_eventfd(c.in_ready.get());
+}
+
+void unwant_readiness(ConnectionCore& c) noexcept {
+  auto& wanted = c.in_control()->readiness_wanted;
+  std::uint32_t n = wanted.load(std::memory_order_relaxed);  // never below 0
+  while (n > 0 && !wanted.compare_exchange_weak(n, n - 1, std::memory_order_seq_cst)) {
+  }
 }
 
 bool send_ringed(ConnectionCore& c, Encoder&& encoder, const Deadline& deadline) {
@@ -473,6 +525,8 @@ void Connection::close() noexcept {
   core->in_control()->close_epoch.fetch_add(1, std::memory_order_acq_rel);
   core->out.kick();
   // A peer waiting in poll() on its native_handle() sees the hang-up there itself.
+  if (core->counted_by.load(std::memory_order_relaxed) == internal::fork_generation())
+    internal::unwant_readiness(*core);
 }
 
 Connection Connection::adopt(int fd) {
@@ -489,31 +543,31 @@ int Connection::release() noexcept {
   return fd;
 }
 
+namespace internal {
+
+int ConnectionAccess::begin_wait(Connection& conn) {
+  if (!conn.core_) return -1;
+  ConnectionCore& c = *conn.core_;
+  if (!c.ringed()) return c.sock.get();
+  const int fd = readiness_epoll(c);
+  want_readiness(c);
+  return fd;
+}
+
+void ConnectionAccess::end_wait(Connection& conn) noexcept {
+  if (conn.core_ && conn.core_->ringed()) unwant_readiness(*conn.core_);
+}
+
+}  // namespace internal
+
 int Connection::native_handle() const {
   if (!core_) return -1;
   ConnectionCore& c = *core_;
   if (!c.ringed()) return c.sock.get();
-  if (const int e = c.epoll.load(std::memory_order_acquire); e >= 0) return e;
-  internal::UniqueFd ep(::epoll_create1(EPOLL_CLOEXEC));
-  if (!ep.valid())
-    throw SystemError(errno, "epoll_create1", "a connection's readiness fd", "raise `ulimit -n`");
-  // The socket for its hang-up only (a datagram's marker signals the eventfd once it is
-  // published: readable before that, a receive could find nothing yet).
-  for (const int fd : {c.sock.get(), c.in_ready.get()}) {
-    epoll_event ev{};
-    ev.events = fd == c.sock.get() ? EPOLLRDHUP : EPOLLIN;
-    ev.data.fd = fd;
-    if (::epoll_ctl(ep.get(), EPOLL_CTL_ADD, fd, &ev) != 0)
-      throw SystemError(errno, "epoll_ctl", "a connection's readiness fd");
-  }
-  // Messages sent before the flag was seen signalled nothing: look now.
-  c.in_control()->readiness_wanted.store(1, std::memory_order_seq_cst);
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (c.in.maybe_nonempty()) internal::signal_eventfd(c.in_ready.get());
-  int expected = -1;
-  if (!c.epoll.compare_exchange_strong(expected, ep.get(), std::memory_order_acq_rel))
-    return expected;  // another thread made one first; ours closes
-  return ep.release();
+  const int fd = internal::readiness_epoll(c);
+  const std::uint32_t me = internal::fork_generation();
+  if (c.counted_by.exchange(me, std::memory_order_acq_rel) != me) internal::want_readiness(c);
+  return fd;
 }
 
 bool Connection::poll(Timeout timeout) const {

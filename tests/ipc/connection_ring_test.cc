@@ -208,6 +208,37 @@ TEST_P(ConnectionRingTest, NativeHandleIsReadableExactlyWhileAMessageOrTheEndWai
   EXPECT_THROW((void)b.recv<std::int64_t>(), ConnectionClosed);
 }
 
+// The library's own waiters (a worker group) ask for readiness only while they sleep: a
+// message sent meanwhile signals, one sent while nobody waits does not (no syscall for its
+// sender), and the next wait finds it all the same.
+TEST_P(ConnectionRingTest, AWaitersReadinessIsSignalledOnlyWhileItWaits) {
+  using internal::ConnectionAccess;
+  auto [a, b] = pipe();
+  a.send(std::int64_t{1});
+  const int fd = ConnectionAccess::begin_wait(b);
+  EXPECT_TRUE(readable(fd, 0)) << "a message was there before the wait";
+  EXPECT_EQ(b.recv<std::int64_t>(), 1);
+  ConnectionAccess::end_wait(b);
+  a.send(std::int64_t{2});  // nobody waits: no signal
+  EXPECT_FALSE(readable(fd, 0));
+  EXPECT_EQ(ConnectionAccess::begin_wait(b), fd);
+  EXPECT_TRUE(readable(fd, 0)) << "the wait looks at the ring";
+  EXPECT_EQ(b.recv<std::int64_t>(), 2);
+  ConnectionAccess::end_wait(b);
+  (void)ConnectionAccess::begin_wait(b);
+  EXPECT_FALSE(readable(fd, 0)) << "cleared: nothing is there";
+  const pid_t child = fork_child([&a = a] { a.send(Tensor::ones({2})); });
+  EXPECT_TRUE(readable(fd, 10'000)) << "signalled while we wait";
+  ConnectionAccess::end_wait(b);
+  EXPECT_EQ(wait_child(child), 0);
+  EXPECT_EQ(b.recv<Tensor>().data_ptr<float>()[1], 1.0f);
+  a.close();
+  (void)ConnectionAccess::begin_wait(b);
+  EXPECT_TRUE(readable(fd, 10'000)) << "the peer is gone";
+  ConnectionAccess::end_wait(b);
+  EXPECT_THROW((void)b.recv<std::int64_t>(), ConnectionClosed);
+}
+
 TEST_P(ConnectionRingTest, AReceivedEndIsUsableAndEndsAreRefusedWhenTheirFdsAreNot) {
   auto [a, b] = pipe();
   auto [c, d] = pipe();

@@ -35,6 +35,13 @@ struct ConnectionAccess {
   // A connected pair whose messages all travel on the socket (adopt() of both ends): for a
   // peer that receives its end as a bare inherited fd (an exec'd child's arguments).
   [[nodiscard]] static std::pair<Connection, Connection> socket_pair();
+  // For a waiter that sleeps in poll() on several connections (a worker group): the fd to
+  // poll for this one (for an end made by pipe(), its epoll fd), which is signalled for
+  // messages sent from now until end_wait() (and readable at once if one is there), without
+  // every later send to this end paying for a signal as after native_handle(). Throws
+  // SystemError when no fd can be made.
+  [[nodiscard]] static int begin_wait(Connection& c);
+  static void end_wait(Connection& c) noexcept;
   [[nodiscard]] static Connection wrap(std::unique_ptr<ConnectionCore> core) noexcept;
   // file_descriptor segment fds this end put in messages, and left out of them (the
   // segment was deposited with the peer: fds once per segment), since it was made here.
