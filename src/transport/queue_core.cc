@@ -80,7 +80,11 @@ struct QueueControl {
   // 1 once a process asked for the readiness fd (QueueCore::readiness_fd): from then on
   // every put signals the queue's eventfd, and every get clears it when the ring is empty.
   std::atomic<std::uint32_t> readiness_wanted;
-  std::uint8_t pad[44];
+  // Producers between publishing an item and signalling the readiness fd for it (only
+  // while readiness_wanted): a consumer that clears the fd waits for them first (≤ 1 ms),
+  // or their late signal would leave it readable with nothing there.
+  std::atomic<std::uint32_t> signalling;
+  std::uint8_t pad[40];
   // Robust, process-shared. Producers send datagrams under send_lock (reserve the marker,
   // send, publish the marker), so the socket holds them in the order of their markers;
   // consumers take a datagram under recv_lock (look at the next one's marker position, take
@@ -503,6 +507,10 @@ void rearm_ready(const QueueCore::State& st) noexcept {
   const QueueControl* c = st.control();
   if (c->readiness_wanted.load(std::memory_order_seq_cst) == 0) return;
   if (st.ring.maybe_nonempty() || c->closed.load(std::memory_order_seq_cst) != 0) return;
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::milliseconds(1);
+  while (c->signalling.load(std::memory_order_seq_cst) != 0 &&
+         std::chrono::steady_clock::now() < give_up)
+    std::this_thread::yield();
   std::uint64_t n;
   (void)!::read(st.ready_fd.get(), &n, sizeof n);
   std::atomic_thread_fence(std::memory_order_seq_cst);
@@ -535,6 +543,7 @@ std::shared_ptr<QueueCore> QueueCore::create(std::size_t maxsize) {
   c->overflow.store(0, std::memory_order_relaxed);
   c->waiters.store(0, std::memory_order_relaxed);
   c->readiness_wanted.store(0, std::memory_order_relaxed);
+  c->signalling.store(0, std::memory_order_relaxed);
   init_shared_mutex(&c->send_lock);
   init_shared_mutex(&c->recv_lock);
   c->taken_below = 0;
@@ -602,11 +611,22 @@ std::size_t QueueCore::put_many(std::span<Encoder> items,
     std::size_t& put;
     int unwoken = 0;
     std::size_t notified = 0;
+    bool signalling = false;  // counted in the control block's `signalling`
+    // Before each publish: counted from before the first one not signalled yet.
+    void before_publish() noexcept {
+      if (signalling) return;
+      QueueControl* c = st.control();
+      if (c->readiness_wanted.load(std::memory_order_relaxed) == 0) return;
+      c->signalling.fetch_add(1, std::memory_order_seq_cst);
+      signalling = true;
+    }
     void wake() noexcept {
       st.ring.wake_consumers(unwoken);
       unwoken = 0;
       if (put > notified) notify_ready(st);
       notified = put;
+      if (signalling) st.control()->signalling.fetch_sub(1, std::memory_order_seq_cst);
+      signalling = false;
     }
     ~Batch() { wake(); }  // also when an error ends the batch
   } batch{*state_, put};
@@ -623,10 +643,12 @@ std::size_t QueueCore::put_many(std::span<Encoder> items,
       const auto parts = frame.parts();
       std::size_t size = 0;
       for (const auto& part : parts) size += part.size();
+      batch.before_publish();
       if (frame.fds().empty() && size <= ring.max_message()) {
         Ring::Status status = ring.push_parts(parts, kQueueRingItem, now, Ring::Wake::kDeferred);
         if (status == Ring::Status::kTimeout) {
           batch.wake();
+          batch.before_publish();
           status = ring.push_parts(parts, kQueueRingItem, deadline, Ring::Wake::kDeferred);
         }
         if (status == Ring::Status::kTimeout) break;
@@ -635,6 +657,7 @@ std::size_t QueueCore::put_many(std::span<Encoder> items,
         ++batch.unwoken;
       } else {
         batch.wake();
+        batch.before_publish();
         const AnnouncedSend sent = send_announced(state_->path(), frame, deadline);
         if (sent == AnnouncedSend::kTimeout) break;
         if (sent == AnnouncedSend::kClosed) throw QueueClosed("put() on a closed queue");
