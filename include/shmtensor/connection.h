@@ -5,8 +5,9 @@
 //
 // Tensors travel by reference: send() moves an unshared storage into shared memory in
 // place, then only a descriptor travels; the received tensor is a view of the same memory.
-// With file_descriptor the segment fds ride on the same message (SCM_RIGHTS), so the sender
-// may exit right after send().
+// With file_descriptor a segment's fd rides on the first message that names it (SCM_RIGHTS)
+// and is deposited with the peer, so the sender may exit right after send(); later messages
+// name the segment without it.
 //
 // A connection made by pipe() carries its messages in a ring of slots in shared memory, one
 // each way: a message without fds that fits a slot costs no syscall while the receiver is

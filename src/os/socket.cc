@@ -72,7 +72,12 @@ Received receive_message(int sock, std::span<std::byte> buffer, bool nonblocking
   msg.msg_control = control;
   msg.msg_controllen = sizeof control;
   int flags = MSG_CMSG_CLOEXEC | (nonblocking ? MSG_DONTWAIT : 0);
-  ssize_t n = retry_eintr([&] { return ::recvmsg(sock, &msg, flags); });
+  // ECONNRESET: the peer's last copy closed while its own receive queue held datagrams
+  // (reported once, by the next receive, even with datagrams queued here): what is queued
+  // here is still whole, so receive again.
+  ssize_t n;
+  do n = retry_eintr([&] { return ::recvmsg(sock, &msg, flags); });
+  while (n == -1 && errno == ECONNRESET);
   Received r;
   if (n == -1) {
     if (nonblocking && (errno == EAGAIN || errno == EWOULDBLOCK)) {

@@ -72,6 +72,17 @@ bool lock_shared(pthread_mutex_t* m, const Deadline& deadline) {
 }
 
 
+void wait_for_signallers(const std::atomic<std::uint32_t>& signalling,
+                         std::atomic<std::uint32_t>& stuck) noexcept {
+  const std::uint32_t floor = stuck.load(std::memory_order_relaxed);
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::milliseconds(1);
+  std::uint32_t n;
+  while ((n = signalling.load(std::memory_order_seq_cst)) > floor &&
+         std::chrono::steady_clock::now() < give_up)
+    std::this_thread::yield();
+  if (n != floor) stuck.store(n, std::memory_order_relaxed);
+}
+
 Decoder parse_announced(const AnnouncedPath& p, Datagram&& d) {
   const std::span<const std::byte> frame(d.buffer.get() + kMarkerIdBytes, d.size - kMarkerIdBytes);
   return parse_frame(frame, std::move(d.fds), std::move(d.buffer), p.fetcher);
@@ -118,7 +129,9 @@ std::optional<std::optional<std::uint64_t>> peek_head(int sock) {
   for (;;) {
     std::uint64_t id = 0;
     const ssize_t n = ::recv(sock, &id, sizeof id, MSG_PEEK | MSG_DONTWAIT);
-    if (n < 0 && errno == EINTR) continue;
+    // ECONNRESET: the sender's last copy closed with datagrams of ours unread (reported
+    // once): what is queued here is still there.
+    if (n < 0 && (errno == EINTR || errno == ECONNRESET)) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return std::nullopt;
     if (n < 0) throw SystemError(errno, "recv", "a message ring's socket");
     if (n == static_cast<ssize_t>(sizeof id)) return std::optional<std::uint64_t>(id);

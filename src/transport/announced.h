@@ -14,6 +14,7 @@
 
 #include <pthread.h>
 
+#include <atomic>
 #include <cstdint>
 #include <optional>
 
@@ -75,5 +76,13 @@ Decoder parse_announced(const AnnouncedPath& path, Datagram&& d);
 // A datagram no marker will claim: parsed and dropped, so that the counts it carries go
 // back (a malformed one has none to give back).
 void drop_datagram(const AnnouncedPath& path, Datagram&& d) noexcept;
+
+// Readiness fds (Queue, Connection): a receiver about to clear one waits first for senders
+// counted in `signalling` (between their publish and their signal), or a late signal would
+// leave it readable with nothing there. At most 1 ms: a sender killed while counted never
+// leaves, so a count that outlasts the wait is remembered in `stuck` (this process's) and
+// not waited for again; a count below it lowers it.
+void wait_for_signallers(const std::atomic<std::uint32_t>& signalling,
+                         std::atomic<std::uint32_t>& stuck) noexcept;
 
 }  // namespace shmtensor::internal

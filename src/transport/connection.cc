@@ -122,7 +122,11 @@ struct ConnectionCore {
   // could inherit locked).
   mutable std::atomic<int> epoll{-1};
   // What this process last saw of close_epoch, and when a sender last looked at the socket.
-  std::atomic<std::uint32_t> seen_close_epoch{0};
+  // close_epoch of each direction as a sender (out) and a receiver (in) last saw it.
+  std::atomic<std::uint32_t> seen_out_epoch{0};
+  std::atomic<std::uint32_t> seen_in_epoch{0};
+  // wait_for_signallers' memory of a count left by senders that died (announced.h).
+  std::atomic<std::uint32_t> stuck_signalling{0};
   std::atomic<std::int64_t> last_peer_check_ns{0};
   // Set once the socket was seen hung up (for good: the other end cannot reopen).
   std::atomic<bool> peer_gone{false};
@@ -193,12 +197,12 @@ void check_peer(ConnectionCore& c) {
   if (c.peer_gone.load(std::memory_order_relaxed)) throw_peer_closed();
   const std::uint32_t epoch = c.out_control()->close_epoch.load(std::memory_order_acquire);
   const std::int64_t now = Clock::now().time_since_epoch().count();
-  const bool closed_since = epoch != c.seen_close_epoch.load(std::memory_order_relaxed);
+  const bool closed_since = epoch != c.seen_out_epoch.load(std::memory_order_relaxed);
   if (!closed_since &&
       now - c.last_peer_check_ns.load(std::memory_order_relaxed) <
           std::chrono::duration_cast<Clock::duration>(kPeerCheckInterval).count())
     return;
-  c.seen_close_epoch.store(epoch, std::memory_order_relaxed);
+  c.seen_out_epoch.store(epoch, std::memory_order_relaxed);
   c.last_peer_check_ns.store(now, std::memory_order_relaxed);
   if (hung_up(c)) throw_peer_closed();
 }
@@ -221,7 +225,7 @@ void notify_peer(ConnectionCore& c) noexcept {
 class Signalling {
  public:
   explicit Signalling(LinkControl* c) noexcept
-      : c_(c->readiness_wanted.load(std::memory_order_relaxed) != 0 ? c : nullptr) {
+      : c_(c->readiness_wanted.load(std::memory_order_seq_cst) != 0 ? c : nullptr) {
     if (c_ != nullptr) c_->signalling.fetch_add(1, std::memory_order_seq_cst);
   }
   ~Signalling() {
@@ -241,14 +245,12 @@ class Signalling {
 void rearm_ready(ConnectionCore& c) noexcept {
   LinkControl* ic = c.in_control();
   if (ic->readiness_wanted.load(std::memory_order_seq_cst) == 0) return;
-  if (c.in.maybe_nonempty()) return;
-  const auto give_up = Clock::now() + std::chrono::milliseconds(1);
-  while (ic->signalling.load(std::memory_order_seq_cst) != 0 && Clock::now() < give_up)
-    std::this_thread::yield();
+  if (c.in.has_ready()) return;
+  wait_for_signallers(ic->signalling, c.stuck_signalling);
   std::uint64_t n;
   (void)!::read(c.in_ready.get(), &n, sizeof n);
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (c.in.maybe_nonempty()) signal_eventfd(c.in_ready.get());
+  if (c.in.has_ready()) signal_eventfd(c.in_ready.get());
 }
 
 // The end's epoll fd (made once): the socket, for its hang-up only (a datagram's marker
@@ -278,15 +280,12 @@ int readiness_epoll(ConnectionCore& c) {
 // The count before the look at the ring (both sequentially consistent) and a sender's
 // publish before its look at the count: either it signals, or we see its message.
 void want_readiness(ConnectionCore& c) noexcept {
-  LinkControl* ic = c.in_control();
-  ic->readiness_wanted.fetch_add(1, std::memory_order_seq_cst);
-  const auto give_up = Clock::now() + std::chrono::milliseconds(1);
-  while (ic->signalling.load(std::memory_order_seq_cst) != 0 && Clock::now() < give_up)
-    std::this_thread::yield();
-  std::uint64_t n;
-  (void)!::read(c.in_ready.get(), &n, sizeof n);
+  c.in_control()->readiness_wanted.fetch_add(1, std::memory_order_seq_cst);
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (c.in.maybe_nonempty()) signal_eventfd(c.in_ready.get());
+  if (c.in.has_ready())
+    signal_eventfd(c.in_ready.get());
+  else
+    rearm_ready(c);
 }
 
 void unwant_readiness(ConnectionCore& c) noexcept {
@@ -298,12 +297,13 @@ void unwant_readiness(ConnectionCore& c) noexcept {
 
 bool send_ringed(ConnectionCore& c, Encoder&& encoder, const Deadline& deadline) {
   check_peer(c);
-  const Signalling signalling(c.out_control());
   const FdElision elision{omit_fd, &c};
   OutgoingFrame frame = finish_frame(std::move(encoder), &elision);
   const auto parts = frame.parts();
   std::size_t size = 0;
   for (const auto& part : parts) size += part.size();
+  // Counted from here (its publish may come while it waits for room) to its signal.
+  const Signalling signalling(c.out_control());
   // A wait for room is sliced: between slices, is the peer still there to make it?
   if (frame.fds().empty() && size <= c.out.max_message()) {
     for (Deadline until = deadline ? deadline : next_slice(deadline);; until = next_slice(deadline)) {
@@ -382,8 +382,9 @@ std::optional<Decoder> recv_ringed(ConnectionCore& c, const Deadline& deadline) 
     // woken for nothing (a kick from close(), a slice that ran out) or an end was closed.
     // So is a receive that is about to give up (as recv on a hung-up socket says EOF).
     const std::uint32_t epoch = c.in_control()->close_epoch.load(std::memory_order_acquire);
-    if (woke || passed(deadline) || epoch != c.seen_close_epoch.load(std::memory_order_relaxed)) {
-      c.seen_close_epoch.store(epoch, std::memory_order_relaxed);
+    if (woke || passed(deadline) || c.peer_gone.load(std::memory_order_relaxed) ||
+        epoch != c.seen_in_epoch.load(std::memory_order_relaxed)) {
+      c.seen_in_epoch.store(epoch, std::memory_order_relaxed);
       if (hung_up(c)) {
         // What it sent before it went comes first.
         const Ring::Popped last =
@@ -401,6 +402,7 @@ std::optional<Decoder> recv_ringed(ConnectionCore& c, const Deadline& deadline) 
         continue;
       }
       if (budget.count() > 0) busy_poll_observe(std::nullopt);
+      rearm_ready(c);  // a readiness fd that said "ready" for nothing says so no more
       return std::nullopt;
     }
     c.in.wait_for_publish(seen, deadline ? std::min(*deadline, Clock::now() + kWaitSlice)
@@ -579,8 +581,11 @@ bool Connection::poll(Timeout timeout) const {
   }
   for (;;) {
     const std::uint32_t seen = c.in.publish_count();
-    if (c.in.maybe_nonempty() || internal::hung_up(c)) return true;
-    if (internal::passed(deadline)) return false;
+    if (c.in.has_ready() || internal::hung_up(c)) return true;
+    if (internal::passed(deadline)) {
+      internal::rearm_ready(c);
+      return false;
+    }
     c.in.wait_for_publish(seen, internal::next_slice(deadline));
   }
 }

@@ -142,7 +142,9 @@ std::shared_ptr<Segment> depot_fetch(DepotTable* t, int peek_sock, std::uint64_t
       msg.msg_controllen = sizeof control;
       const ssize_t n =
           ::recvmsg(peek_sock, &msg, MSG_PEEK | MSG_DONTWAIT | MSG_TRUNC | MSG_CMSG_CLOEXEC);
-      if (n < 0 && errno == EINTR) continue;
+      // ECONNRESET: the peer's last copy of its depot socket closed with our deposits in
+      // it (reported once, by the next receive, peeks included): its deposits are still here.
+      if (n < 0 && (errno == EINTR || errno == ECONNRESET)) continue;
       if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;  // looked at all
       if (n < 0) throw SystemError(errno, "recvmsg", "a depot");
       // A peek installs copies of the datagram's fds here: each is owned at once.

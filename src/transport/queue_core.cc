@@ -257,6 +257,8 @@ struct QueueCore::State {
   std::mutex deferred_mu;
   std::deque<std::exception_ptr> deferred;
   std::atomic<bool> has_deferred{false};
+  // wait_for_signallers' memory of a count left by producers that died (announced.h).
+  std::atomic<std::uint32_t> stuck_signalling{0};
   QueueControl* control() const { return reinterpret_cast<QueueControl*>(control_map.data()); }
   // The datagram path (transport/announced.h); `depot` is this handle's depot fetcher.
   AnnouncedPath path(const SegmentFetcher* depot = nullptr) {
@@ -503,18 +505,15 @@ void notify_ready(const QueueCore::State& st) noexcept {
 // an item or the queue is closed, and is cleared otherwise. Cleared first and the ring
 // looked at after, so that an item published in between signals again (by its producer, or
 // here).
-void rearm_ready(const QueueCore::State& st) noexcept {
+void rearm_ready(QueueCore::State& st) noexcept {
   const QueueControl* c = st.control();
   if (c->readiness_wanted.load(std::memory_order_seq_cst) == 0) return;
-  if (st.ring.maybe_nonempty() || c->closed.load(std::memory_order_seq_cst) != 0) return;
-  const auto give_up = std::chrono::steady_clock::now() + std::chrono::milliseconds(1);
-  while (c->signalling.load(std::memory_order_seq_cst) != 0 &&
-         std::chrono::steady_clock::now() < give_up)
-    std::this_thread::yield();
+  if (st.ring.has_ready() || c->closed.load(std::memory_order_seq_cst) != 0) return;
+  wait_for_signallers(c->signalling, st.stuck_signalling);
   std::uint64_t n;
   (void)!::read(st.ready_fd.get(), &n, sizeof n);
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (st.ring.maybe_nonempty() || c->closed.load(std::memory_order_seq_cst) != 0)
+  if (st.ring.has_ready() || c->closed.load(std::memory_order_seq_cst) != 0)
     signal_ready(st);
 }
 
@@ -658,7 +657,8 @@ std::size_t QueueCore::put_many(std::span<Encoder> items,
       } else {
         batch.wake();
         batch.before_publish();
-        const AnnouncedSend sent = send_announced(state_->path(), frame, deadline);
+        const SegmentFetcher depot = depot_of(*state_);  // for dead datagrams it drops
+        const AnnouncedSend sent = send_announced(state_->path(&depot), frame, deadline);
         if (sent == AnnouncedSend::kTimeout) break;
         if (sent == AnnouncedSend::kClosed) throw QueueClosed("put() on a closed queue");
       }
@@ -739,7 +739,7 @@ std::vector<Decoder> QueueCore::get_many(std::size_t max_items,
   std::vector<Decoder> out;
   if (max_items == 0) return out;
   struct Rearm {
-    const State& st;
+    State& st;
     ~Rearm() { rearm_ready(st); }
   } rearm{*state_};
   // Before anything is taken: nothing below may fail between taking an item and keeping it.

@@ -613,6 +613,17 @@ bool Ring::maybe_nonempty() const noexcept {
   return h->tail.load() != h->head.load();
 }
 
+bool Ring::has_ready() const noexcept {
+  const RingHeader* h = header();
+  std::uint64_t pos = h->head.load();
+  const std::uint64_t tail = h->tail.load();
+  for (std::uint32_t n = 0; pos < tail && n < slot_count_; ++pos, ++n) {
+    const std::uint64_t w = head_of(slot(pos))->word.load();
+    if (pos_of(w) == (pos & kPosMask) && state_of(w) == kReady) return true;
+  }
+  return false;
+}
+
 std::uint64_t Ring::size() const noexcept {
   std::uint64_t n = 0;
   for (std::uint64_t i = 0; i < slot_count_; ++i)

@@ -173,6 +173,10 @@ class Ring {
   // equals the head hint (a claimer moves the tail past its position before it writes).
   // One pair of loads, for a readiness check; true may be stale.
   [[nodiscard]] bool maybe_nonempty() const noexcept;
+  // Whether a published message waits (a slot between the head and tail hints is READY for
+  // its position): unlike maybe_nonempty, false while claims are only being written or were
+  // given up. For readiness fds, which must not stay readable for a cancelled claim.
+  [[nodiscard]] bool has_ready() const noexcept;
   // Claims of processes that died, found and freed so far (each a message lost: never
   // finished, or taken by a consumer that died with it).
   [[nodiscard]] std::uint64_t abandoned() const noexcept;

@@ -327,6 +327,70 @@ TEST_P(ConnectionRingTest, AnArenaSegmentsFdTravelsOncePerConnection) {
   EXPECT_EQ(wait_child(joiner), 0);
 }
 
+// When the last copy of a socket closes with datagrams in its own receive queue, the
+// other end's next receive on it, a peek included, says ECONNRESET once, with everything
+// the closing end sent still queued. Here both the connection's socket (a datagram the
+// child never took) and, with file_descriptor, the depot socket (our deposit, which nobody
+// ever takes) are reset so: nothing the child sent may be lost.
+TEST_P(ConnectionRingTest, APeerExitingWithOurMessagesUnreadLosesNothingItSent) {
+  auto [a, b] = pipe();
+  Tensor ours = Tensor::arange(4, DType::kInt32);
+  a.send(ours);  // file_descriptor: its fd is deposited at the child's depot socket
+  a.send(std::vector<std::int64_t>(2000, 5));  // a datagram the child never takes
+  const pid_t child = fork_child([&a = a, &b = b] {
+    a.close();
+    EXPECT_EQ(b.recv<Tensor>().data_ptr<std::int32_t>()[3], 3);  // (its counts come back)
+    b.send(std::vector<std::int64_t>(2000, 6));
+    Tensor t = Tensor::full({4}, 7, DType::kInt32);
+    b.send(t);  // its segment's fd (deposited at our depot socket)
+    b.send(t);  // by uid alone, with file_descriptor
+  });
+  b.close();
+  EXPECT_EQ(wait_child(child), 0);
+  // A forked copy takes the first two (and so maps the segment); we take the third, whose
+  // segment we must fetch from the depot.
+  const pid_t first = fork_child([&a = a] {
+    EXPECT_EQ(a.recv<std::vector<std::int64_t>>(), std::vector<std::int64_t>(2000, 6));
+    EXPECT_EQ(a.recv<Tensor>().data_ptr<std::int32_t>()[3], 7);
+  });
+  EXPECT_EQ(wait_child(first), 0);
+  EXPECT_EQ(a.recv<Tensor>().data_ptr<std::int32_t>()[3], 7);
+  EXPECT_THROW((void)a.recv<Tensor>(), ConnectionClosed);
+}
+
+// A readiness fd left readable with nothing there (a signal that came after its message
+// was taken, here written by hand) is cleared by the next receive or poll that finds
+// nothing, and a claim given up (a reservation cancelled) does not count as a message.
+TEST_P(ConnectionRingTest, AReadinessFdReadableForNothingIsClearedByTheNextLook) {
+  auto [a, b] = pipe();
+  const int fd = b.native_handle();
+  const int own_ready = internal::ConnectionAccess::fds(b).at(5);
+  const std::uint64_t one = 1;
+  ASSERT_EQ(::write(own_ready, &one, sizeof one), 8);
+  EXPECT_TRUE(readable(fd, 0));
+  EXPECT_EQ(b.try_recv<std::int64_t>(), std::nullopt);
+  EXPECT_FALSE(readable(fd, 0));
+  ASSERT_EQ(::write(own_ready, &one, sizeof one), 8);
+  EXPECT_FALSE(b.poll());
+  EXPECT_FALSE(readable(fd, 0));
+  // A reservation in b's ring, given up: the ring is not empty by its hints, yet nothing
+  // is there.
+  internal::Ring ring = internal::Ring::attach(internal::dup_cloexec(internal::ConnectionAccess::fds(a).at(2)));
+  const internal::Ring::Reservation r = ring.reserve(std::nullopt);
+  ASSERT_EQ(r.status, internal::Ring::Status::kOk);
+  ring.cancel(r.pos);
+  EXPECT_TRUE(ring.maybe_nonempty());
+  EXPECT_FALSE(ring.has_ready());
+  ASSERT_EQ(::write(own_ready, &one, sizeof one), 8);
+  EXPECT_FALSE(b.poll());
+  EXPECT_FALSE(readable(fd, 0));
+  a.send(std::int64_t{3});
+  EXPECT_TRUE(ring.has_ready());
+  EXPECT_TRUE(readable(fd, 10'000));
+  EXPECT_EQ(b.recv<std::int64_t>(), 3);
+  EXPECT_FALSE(readable(fd, 0));
+}
+
 // A peer that maps the ring can write any slot: each bad one is one ProtocolError, and the
 // connection goes on with the next message.
 TEST_P(ConnectionRingTest, SlotsAHostilePeerWritesAreProtocolErrors) {
