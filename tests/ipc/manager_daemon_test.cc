@@ -56,7 +56,12 @@ std::string raw_recv(int fd) {
   return std::string(buf, static_cast<std::size_t>(n));
 }
 
-// In a child: creates `count` named segments, reports their names, then waits for SIGKILL.
+// In a child: creates `count` named segments, reports their names once the daemon has read
+// (and journaled) their registrations, then waits for SIGKILL. A registration is one-way:
+// without the sync, a test that kills the daemon right after reading the names could kill
+// it before it read them, and its successor would adopt them under the documented limit
+// L2 of cleanup.md (kept until the creator's process group, the test's, ends). CI's ASan
+// run once failed KilledDaemonIsReplacedAndTheNewOneSweepsOrphans that way.
 pid_t child_holding_segments(int count, Pipe& names, std::vector<Storage>* inherited = nullptr) {
   return fork_child([&names, count, inherited] {
     if (inherited) inherited->clear();  // not these: the test wants only the new ones held
@@ -64,8 +69,9 @@ pid_t child_holding_segments(int count, Pipe& names, std::vector<Storage>* inher
     for (int i = 0; i < count; ++i) {
       keep.push_back(Storage::allocate_shared(4096 * (i + 1)));
       std::memset(keep.back().data(), i + 1, keep.back().nbytes());
-      names.send_line(segment_name(keep.back()));
     }
+    mgr::sync();
+    for (const auto& s : keep) names.send_line(segment_name(s));
     for (;;) ::pause();
   });
 }
