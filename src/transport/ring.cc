@@ -472,16 +472,21 @@ Ring::Popped Ring::pop(std::span<std::byte> out, Deadline deadline, std::uint32_
           continue;
         }
         case kWriting:
+          // A producer is writing the slot: it publishes within a few hundred nanoseconds,
+          // so spin first. Whether it died is asked only after that (it reads
+          // /proc/<pid>/stat: microseconds, and a consumer polling for a message catches
+          // many slots mid-write).
+          if (++spins < kWritingSpins) {
+            pause_cpu();
+            continue;
+          }
           if (claimer_dead(w)) {
             // Its producer died mid-write: the position is skipped.
             if (s->word.compare_exchange_strong(w, pack(pos + slot_count_, kFree))) {
               h->abandoned.fetch_add(1);
               wake_producers();
             }
-            continue;
-          }
-          if (++spins < kWritingSpins) {
-            pause_cpu();
+            spins = 0;
             continue;
           }
           break;  // a slow producer: sleep until it publishes
@@ -516,6 +521,17 @@ Ring::Popped Ring::pop(std::span<std::byte> out, Deadline deadline, std::uint32_
     } else {
       if (h->head.load() != pos) continue;  // the hint moved: look again
       skip_corrupt("slot word from another lap", pos, w);
+      continue;
+    }
+    if (deadline && Clock::now() >= *deadline) {
+      // A pop that may not wait (a poll: busy polling pops so, many times a microsecond)
+      // looks once more, and does not count itself among the sleepers: counted, it would
+      // make a producer publishing meanwhile call FUTEX_WAKE for nobody, and move the
+      // count's cache line between the two CPUs at every poll.
+      const bool unchanged = s->word.load() == w && h->head.load() == pos &&
+                             (h->closed.load() != 0) == was_closed;
+      if (unchanged) return {Status::kTimeout, 0, 0};
+      spins = 0;
       continue;
     }
     const std::uint32_t seen = h->published.load();
