@@ -166,6 +166,9 @@ bool omit_fd(void* context, const std::shared_ptr<Segment>& seg) {
 // SegmentFetcher::fetch of a receive: from our depot socket's receive queue, pinned.
 std::shared_ptr<Segment> fetch_deposited(void* context, std::uint64_t uid) {
   auto& c = *static_cast<ConnectionCore*>(context);
+  // Fetched before (only a segment of this direction's depot is pinned here): no look at
+  // the shared table, the registry or the depot socket.
+  if (auto pinned = c.pins.find(uid)) return pinned;
   std::shared_ptr<Segment> seg = depot_fetch(&c.in_control()->depot, c.depot_sock.get(), uid);
   if (seg) c.pins.pin(seg);
   return seg;
@@ -306,7 +309,9 @@ bool send_ringed(ConnectionCore& c, Encoder&& encoder, const Deadline& deadline)
   const Signalling signalling(c.out_control());
   // A wait for room is sliced: between slices, is the peer still there to make it?
   if (frame.fds().empty() && size <= c.out.max_message()) {
-    for (Deadline until = deadline ? deadline : next_slice(deadline);; until = next_slice(deadline)) {
+    // A first try that does not wait (and reads no clock) when there is no deadline: the
+    // ring almost always has room.
+    for (Deadline until = deadline ? deadline : Ring::kNoWait;; until = next_slice(deadline)) {
       const Ring::Status st = c.out.push_parts(parts, kRingMessageTag, until);
       if (st == Ring::Status::kOk) break;
       if (st == Ring::Status::kClosed)
@@ -357,17 +362,22 @@ Decoder receive_popped(ConnectionCore& c, std::shared_ptr<std::byte[]> buffer,
 }
 
 std::optional<Decoder> recv_ringed(ConnectionCore& c, const Deadline& deadline) {
-  // Opt-in busy polling (busy_poll.h): pops without sleeping for up to the budget.
-  const auto start = Clock::now();
-  const bool now_only = deadline && start >= *deadline;
+  // Opt-in busy polling (busy_poll.h): spins on the ring's publish count for up to the
+  // budget, popping whenever it moves. The clock is read only when polling or given a
+  // deadline.
+  const bool now_only = deadline && Clock::now() >= *deadline;
   const auto budget = now_only ? std::chrono::nanoseconds(0) : busy_poll_budget();
-  auto poll_until = start + std::chrono::duration_cast<Clock::duration>(budget);
-  if (deadline) poll_until = std::min(poll_until, *deadline);
-  const Deadline no_wait = Clock::time_point{};
+  Clock::time_point start{}, poll_until{};
+  if (budget.count() > 0) {
+    start = Clock::now();
+    poll_until = start + std::chrono::duration_cast<Clock::duration>(budget);
+    if (deadline) poll_until = std::min(poll_until, *deadline);
+  }
+  const Deadline no_wait = Ring::kNoWait;
   bool woke = false;
+  auto buffer = receive_buffer();
   for (;;) {
     const std::uint32_t seen = c.in.publish_count();
-    auto buffer = receive_buffer();
     const Ring::Popped p =
         c.in.pop(std::span(buffer.get(), c.in.max_message()), no_wait, kRingMarkerTag);
     if (p.status == Ring::Status::kOk) {
@@ -377,7 +387,7 @@ std::optional<Decoder> recv_ringed(ConnectionCore& c, const Deadline& deadline) 
     }
     if (p.status == Ring::Status::kClosed)
       throw ProtocolError("a connection's ring was closed by another process");
-    if (budget.count() > 0 && !woke && Clock::now() < poll_until) continue;
+    if (budget.count() > 0 && !woke && c.in.spin_for_publish(seen, poll_until)) continue;
     // Nothing there. The socket says whether the peer is gone; it is looked at when we were
     // woken for nothing (a kick from close(), a slice that ran out) or an end was closed.
     // So is a receive that is about to give up (as recv on a hung-up socket says EOF).

@@ -193,4 +193,15 @@ void DepotPins::pin(const std::shared_ptr<Segment>& seg) noexcept {
   }
 }
 
+std::shared_ptr<Segment> DepotPins::find(std::uint64_t uid) const noexcept {
+  for (int i = 0; i < kDepotSegments; ++i) {
+    const std::uint64_t u = uids_[i].load(std::memory_order_acquire);
+    // Slots are claimed in order and never given back: none is taken after a free one.
+    if (u == 0) return nullptr;
+    if (u == uid && ready_[i].load(std::memory_order_acquire))
+      return *std::launder(reinterpret_cast<const Ptr*>(slots_[i]));
+  }
+  return nullptr;
+}
+
 }  // namespace shmtensor::internal

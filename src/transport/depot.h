@@ -71,6 +71,9 @@ class DepotPins {
   DepotPins& operator=(const DepotPins&) = delete;
   ~DepotPins();
   void pin(const std::shared_ptr<Segment>& seg) noexcept;
+  // The segment pinned with this uid, or null: a lookup without locks, for a receiver
+  // whose later messages name a segment it fetched before.
+  std::shared_ptr<Segment> find(std::uint64_t uid) const noexcept;
 
  private:
   using Ptr = std::shared_ptr<Segment>;

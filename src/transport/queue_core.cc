@@ -350,6 +350,9 @@ bool omit_fd(void* context, const std::shared_ptr<Segment>& seg) {
 // SegmentFetcher::fetch of a get: from the depot, pinned.
 std::shared_ptr<Segment> fetch_deposited(void* context, std::uint64_t uid) {
   auto& st = *static_cast<QueueCore::State*>(context);
+  // Fetched before (only a segment of this queue's depot is pinned here): no look at the
+  // shared table, the registry or the depot socket.
+  if (auto pinned = st.pins.find(uid)) return pinned;
   std::shared_ptr<Segment> seg = depot_fetch(&st.control()->depot, st.send_fd.get(), uid);
   if (seg) st.pins.pin(seg);
   return seg;
@@ -406,9 +409,13 @@ TakenItem take_item_polling(Ring& ring, const Deadline& deadline) {
   const auto start = Clock::now();
   auto until = start + std::chrono::duration_cast<Clock::duration>(budget);
   if (deadline) until = std::min(until, *deadline);
+  // Pops when the ring's publish count moves, spinning on it in between.
   TakenItem t;
-  do t = take_item(ring, Clock::now());
-  while (t.status == Ring::Status::kTimeout && Clock::now() < until);
+  for (;;) {
+    const std::uint32_t seen = ring.publish_count();
+    t = take_item(ring, Ring::kNoWait);
+    if (t.status != Ring::Status::kTimeout || !ring.spin_for_publish(seen, until)) break;
+  }
   if (t.status == Ring::Status::kTimeout) t = take_item(ring, deadline);
   busy_poll_observe(t.status == Ring::Status::kTimeout
                         ? std::nullopt

@@ -523,7 +523,7 @@ Ring::Popped Ring::pop(std::span<std::byte> out, Deadline deadline, std::uint32_
       skip_corrupt("slot word from another lap", pos, w);
       continue;
     }
-    if (deadline && Clock::now() >= *deadline) {
+    if (deadline && (*deadline == kNoWait || Clock::now() >= *deadline)) {
       // A pop that may not wait (a poll: busy polling pops so, many times a microsecond)
       // looks once more, and does not count itself among the sleepers: counted, it would
       // make a producer publishing meanwhile call FUTEX_WAKE for nobody, and move the
@@ -571,6 +571,16 @@ bool Ring::closed() const noexcept { return header()->closed.load() != 0; }
 std::byte* Ring::user_area() const noexcept { return header()->user; }
 
 std::uint32_t Ring::publish_count() const noexcept { return header()->published.load(); }
+
+bool Ring::spin_for_publish(std::uint32_t seen, Clock::time_point until) const noexcept {
+  const RingHeader* h = header();
+  for (std::uint32_t spins = 0;; ++spins) {
+    if (h->published.load(std::memory_order_acquire) != seen) return true;
+    // The clock every 32 spins: a spin is a load and a pause, tens of nanoseconds.
+    if (spins % 32 == 31 && Clock::now() >= until) return false;
+    pause_cpu();
+  }
+}
 
 bool Ring::wait_for_publish(std::uint32_t seen, Deadline deadline) noexcept {
   RingHeader* h = header();

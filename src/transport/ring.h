@@ -57,6 +57,9 @@ class Ring {
   // Bytes of the header left to the ring's user (Connection keeps its locks there).
   static constexpr std::size_t kUserBytes = 1024;
   using Deadline = std::optional<std::chrono::steady_clock::time_point>;
+  // A deadline that has always passed (the clock's epoch): a pop given it looks once and
+  // does not wait, without reading the clock.
+  static constexpr std::chrono::steady_clock::time_point kNoWait{};
 
   // A new ring in a new sealed memfd. slot_count: a power of two in [2, kMaxSlotCount];
   // slot_bytes: a multiple of 64 in [64, kMaxSlotBytes]. Throws std::invalid_argument,
@@ -163,6 +166,11 @@ class Ring {
   // the deadline has passed.
   [[nodiscard]] std::uint32_t publish_count() const noexcept;
   bool wait_for_publish(std::uint32_t seen, Deadline deadline) noexcept;
+  // For busy polling: spins (no syscall, no store to shared memory) until publish_count()
+  // differs from `seen` (true) or `until` has passed (false). One cache line is watched,
+  // so the producer's publish is seen within a few tens of nanoseconds.
+  bool spin_for_publish(std::uint32_t seen,
+                        std::chrono::steady_clock::time_point until) const noexcept;
   // Wakes every consumer in wait_for_publish (a Connection's close: they look at the
   // socket). pop() waiters look at the ring again and sleep on.
   void kick() noexcept;

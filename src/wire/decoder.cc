@@ -340,7 +340,7 @@ Decoder parse_frame(std::span<const std::byte> datagram, std::vector<UniqueFd> f
   // A sender lists each segment once. Listed twice, a segment would have its message count
   // given back twice (NamedCounts) by a frame that carries one: a peer could rewrite a
   // genuine two-storage message so, and unlink a name under its live holders.
-  {
+  if (segments.size() > 1) {
     std::vector<const Segment*>& distinct = st->distinct;
     distinct.reserve(segments.size());
     for (const auto& seg : segments) distinct.push_back(seg.get());
