@@ -83,6 +83,11 @@ std::chrono::nanoseconds busy_poll_budget() noexcept {
   return std::chrono::nanoseconds(s.budget_ns);
 }
 
+std::chrono::nanoseconds spin_before_sleep() noexcept {
+  constexpr std::chrono::nanoseconds kSpin = std::chrono::microseconds(4);
+  return state().several_cpus ? kSpin : std::chrono::nanoseconds(0);
+}
+
 void busy_poll_observe(std::optional<std::chrono::nanoseconds> waited) noexcept {
   ThreadState& s = state();
   const std::int64_t most = budget_set_ns();

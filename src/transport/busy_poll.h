@@ -18,6 +18,12 @@ std::chrono::nanoseconds busy_poll_budget() noexcept;
 // poll that long would have caught it); a longer wait, or none, halves the budget, never
 // below 1/64 of the one set.
 void busy_poll_observe(std::optional<std::chrono::nanoseconds> waited) noexcept;
+// How long a blocking receive that found nothing spins (watching one word of the ring, no
+// syscall) before it sleeps, whether or not busy polling is on: a few microseconds, less
+// than a sleep and wake-up cost (a FUTEX_WAKE for the sender, 5 to 50 microseconds for the
+// sleeper on a VM), so that a sender that is producing right now never has to wake its
+// receiver. Zero when this thread may run on one CPU only (its peer needs that CPU).
+std::chrono::nanoseconds spin_before_sleep() noexcept;
 // SHMTENSOR_BUSY_POLL_US's value in nanoseconds: nullopt when unset, empty or invalid (not
 // a whole number of microseconds from 0 to 1,000,000).
 std::optional<std::chrono::nanoseconds> parse_busy_poll_us(const char* text) noexcept;

@@ -11,6 +11,7 @@
 #include "os/futex.h"
 #include "os/proc.h"
 #include "os/shm.h"
+#include "transport/busy_poll.h"
 #include "shmtensor/error.h"
 
 namespace shmtensor::internal {
@@ -439,6 +440,7 @@ Ring::Popped Ring::pop(std::span<std::byte> out, Deadline deadline, std::uint32_
     corrupt(what, pos, w);
   };
   int spins = 0;
+  bool spun = false;
   for (;;) {
     // `closed` before the slot: a push that claims after this sees it and withdraws.
     const bool was_closed = h->closed.load() != 0;
@@ -535,6 +537,16 @@ Ring::Popped Ring::pop(std::span<std::byte> out, Deadline deadline, std::uint32_
       continue;
     }
     const std::uint32_t seen = h->published.load();
+    if (!spun) {
+      // Once per pop, before sleeping: a short spin on the publish count (busy_poll.h,
+      // spin_before_sleep), so that a producer producing right now need not wake us.
+      spun = true;
+      if (const auto spin = spin_before_sleep(); spin.count() > 0) {
+        auto until = Clock::now() + spin;
+        if (deadline) until = std::min(until, *deadline);
+        if (spin_for_publish(seen, until)) continue;
+      }
+    }
     h->consumers_asleep.fetch_add(1);
     const bool unchanged = s->word.load() == w && h->head.load() == pos &&
                            (h->closed.load() != 0) == was_closed;

@@ -81,6 +81,11 @@ TEST(BusyPollSettingTest, AdaptsPerThreadAndNeverPollsOnOneCpu) {
     for (int call = 9; call < 64; ++call) EXPECT_EQ(busy_poll_budget(), 1us) << call;
     EXPECT_EQ(busy_poll_budget(), 64us) << "the 64th call probes";
     EXPECT_EQ(busy_poll_budget(), 1us);
+    // A blocking receive spins a few microseconds before it sleeps, polling on or off.
+    EXPECT_EQ(internal::spin_before_sleep(), 4us);
+    set_busy_poll(0us);
+    EXPECT_EQ(internal::spin_before_sleep(), 4us);
+    set_busy_poll(64us);
   }
   // A process that may run on one CPU only never polls: its peer needs that CPU.
   pid_t child = fork_child([] {
@@ -90,6 +95,7 @@ TEST(BusyPollSettingTest, AdaptsPerThreadAndNeverPollsOnOneCpu) {
     ASSERT_EQ(::sched_setaffinity(0, sizeof one, &one), 0);
     set_busy_poll(64us);  // a new setting: the thread reads its affinity again
     EXPECT_EQ(internal::busy_poll_budget().count(), 0);
+    EXPECT_EQ(internal::spin_before_sleep().count(), 0) << "nor spins before it sleeps";
   });
   EXPECT_EQ(wait_child(child), 0);
 }
