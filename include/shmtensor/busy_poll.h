@@ -1,10 +1,12 @@
 // Opt-in busy polling for latency-critical receivers: Connection::recv and Queue::get look
 // for a message, without sleeping, for a short while before they block.
 //
-// A blocking receive sleeps in the kernel and is woken when the message arrives; on a
-// machine with several CPUs that wake-up can cost tens of microseconds (a sleeping CPU, or
-// a wake-up sent to another one). A receiver that polls instead sees the message as soon as
-// the sender's sendmsg returns, at the price of the CPU time it spends polling.
+// A blocking receive spins a few microseconds (4) on the message ring, then sleeps in the
+// kernel and is woken when the message arrives; on a machine with several CPUs that
+// wake-up can cost tens of microseconds (a sleeping CPU, or a wake-up sent to another
+// one). A receiver that polls keeps spinning for up to the budget instead, and sees the
+// message within tens of nanoseconds of its publication, at the price of the CPU time it
+// spends polling.
 //
 //   shmtensor::set_busy_poll(std::chrono::microseconds(50));  // this process, every thread
 //
