@@ -10,8 +10,9 @@
 //
 //   shmtensor::set_busy_poll(std::chrono::microseconds(50));  // this process, every thread
 //
-// Each receive polls for at most the budget, then blocks as before: a receiver with nothing
-// to receive never burns a CPU for more than the budget per call. The budget adapts per
+// Each receive polls for at most the budget, then blocks as before (after the 4 µs spin
+// every blocking receive makes): a receiver with nothing to receive never burns a CPU for
+// more than the budget plus 4 µs per call. The budget adapts per
 // thread to how long its receives wait: a message that came within the budget set makes
 // the next poll twice that wait, a longer wait (or none) halves it, down to 1/64 of the
 // budget set; every 64th receive polls for the whole budget, so that two peers that both

@@ -132,6 +132,11 @@ def _rebuild_storage(block):
     return _storage_of_block(block)
 
 
+def _rebuild_native(index):
+    """The storage of block `index` of the message being unpickled."""
+    return _storage_of_block(_red._native_block(index))
+
+
 # ---- what install() puts in place -----------------------------------------------------------
 
 
@@ -139,6 +144,11 @@ def _reduce_storage(storage):
     block = _in_arena(storage)
     if block is None:
         return _treductions.reduce_storage(storage)
+    message = _red._sending_message()
+    if message is not None:
+        # The block travels once beside the pickle (queues, pipes, ForkingPickler.dumps):
+        # its index is enough. Identity holds on the way back through _storage_of_block.
+        return _rebuild_native, (message.add(block),)
     return _rebuild_storage, (_red._ref(block),)
 
 
@@ -159,7 +169,10 @@ def _new_shared(cls, size, *, device="cpu"):
     if device.type != "cpu" or size == 0:
         return _saved["_new_shared"](size, device=device)  # bound to UntypedStorage
     _sync_strategy()
-    return _storage_of_block(_C._empty((size,), "uint8", True))
+    block = _C._empty((size,), "uint8", True)
+    storage = _wrap(block)  # a new block: no storage of it can be known here yet
+    _remember(storage, block)
+    return storage
 
 
 _SHADOWED = {"share_memory_": _share_memory_, "is_shared": _is_shared,

@@ -9,6 +9,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "os/proc.h"
 #include "transport/busy_poll.h"
 
 namespace shmtensor {
@@ -40,22 +41,36 @@ std::int64_t budget_set_ns() noexcept {
   return g_budget_ns.load(std::memory_order_relaxed);
 }
 
+// How many uses of a thread's state between two reads of its affinity mask (one
+// sched_getaffinity: a process moved by `taskset -p`, or a thread that pins itself, is
+// noticed within that many receives).
+constexpr std::uint32_t kAffinityRereads = 1024;
+
 struct ThreadState {
   std::uint64_t generation = ~std::uint64_t{0};
   std::int64_t budget_ns = 0;  // this thread's next poll
   std::uint32_t calls = 0;     // since the budget was set: every 64th is a probe
+  std::uint32_t fork_generation = 0;  // of the process whose mask several_cpus is
+  std::uint32_t affinity_age = 0;     // uses since the mask was read
   bool several_cpus = true;
 };
 thread_local ThreadState t_state;
 
 // This thread's state, restarted when the budget was set anew (or on first use). The
-// affinity is read then too: a thread's mask rarely changes while it runs.
+// affinity mask is read then, in a forked child (whose copy of this thread's state is its
+// parent's), and every kAffinityRereads uses.
 ThreadState& state() noexcept {
   const std::uint64_t gen = g_generation.load(std::memory_order_acquire);
+  const std::uint32_t forks = internal::fork_generation();
   if (t_state.generation != gen) {
     t_state.generation = gen;
     t_state.budget_ns = budget_set_ns();
     t_state.calls = 0;
+    t_state.affinity_age = kAffinityRereads;  // read below
+  }
+  if (t_state.fork_generation != forks || ++t_state.affinity_age >= kAffinityRereads) {
+    t_state.fork_generation = forks;
+    t_state.affinity_age = 0;
     t_state.several_cpus = may_run_on_several_cpus();
   }
   return t_state;

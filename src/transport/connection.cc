@@ -387,7 +387,11 @@ std::optional<Decoder> recv_ringed(ConnectionCore& c, const Deadline& deadline) 
     }
     if (p.status == Ring::Status::kClosed)
       throw ProtocolError("a connection's ring was closed by another process");
-    if (budget.count() > 0 && !woke && c.in.spin_for_publish(seen, poll_until)) continue;
+    // The clock before each spin: a publish count that keeps moving with nothing for us (a
+    // kick, another process storing to it) must not keep us polling past the budget.
+    if (budget.count() > 0 && !woke && Clock::now() < poll_until &&
+        c.in.spin_for_publish(seen, poll_until))
+      continue;
     // Nothing there. The socket says whether the peer is gone; it is looked at when we were
     // woken for nothing (a kick from close(), a slice that ran out) or an end was closed.
     // So is a receive that is about to give up (as recv on a hung-up socket says EOF).

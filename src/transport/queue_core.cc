@@ -414,7 +414,11 @@ TakenItem take_item_polling(Ring& ring, const Deadline& deadline) {
   for (;;) {
     const std::uint32_t seen = ring.publish_count();
     t = take_item(ring, Ring::kNoWait);
-    if (t.status != Ring::Status::kTimeout || !ring.spin_for_publish(seen, until)) break;
+    // The clock before each spin: a publish count that keeps moving with nothing for us
+    // must not keep us polling past the budget or the deadline.
+    if (t.status != Ring::Status::kTimeout || Clock::now() >= until ||
+        !ring.spin_for_publish(seen, until))
+      break;
   }
   if (t.status == Ring::Status::kTimeout) t = take_item(ring, deadline);
   busy_poll_observe(t.status == Ring::Status::kTimeout

@@ -540,11 +540,18 @@ Ring::Popped Ring::pop(std::span<std::byte> out, Deadline deadline, std::uint32_
     if (!spun) {
       // Once per pop, before sleeping: a short spin on the publish count (busy_poll.h,
       // spin_before_sleep), so that a producer producing right now need not wake us.
+      // It watches the slot too: a publish between the look at the slot and the read of
+      // `seen` above changed the slot, and must not cost the whole spin.
       spun = true;
       if (const auto spin = spin_before_sleep(); spin.count() > 0) {
         auto until = Clock::now() + spin;
         if (deadline) until = std::min(until, *deadline);
-        if (spin_for_publish(seen, until)) continue;
+        for (std::uint32_t i = 0;; ++i) {
+          if (h->published.load(std::memory_order_acquire) != seen || s->word.load() != w) break;
+          if (i % 32 == 31 && Clock::now() >= until) break;
+          pause_cpu();
+        }
+        continue;  // look again; the next pass sleeps if nothing changed
       }
     }
     h->consumers_asleep.fetch_add(1);

@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <stdexcept>
+#include <thread>
 
 #include "shmtensor/connection.h"
 #include "shmtensor/queue.h"
@@ -98,6 +99,36 @@ TEST(BusyPollSettingTest, AdaptsPerThreadAndNeverPollsOnOneCpu) {
     EXPECT_EQ(internal::spin_before_sleep().count(), 0) << "nor spins before it sleeps";
   });
   EXPECT_EQ(wait_child(child), 0);
+}
+
+// The mask is read again in a forked child (whose copy of the thread's state is its
+// parent's) and every so many receives, without a new set_busy_poll: a DataLoader worker
+// that pins itself, or a process moved by `taskset -p`, stops spinning.
+TEST(BusyPollSettingTest, AChildOrAThreadThatPinsItselfStopsSpinning) {
+  cpu_set_t all;
+  ASSERT_EQ(::sched_getaffinity(0, sizeof all, &all), 0);
+  if (CPU_COUNT(&all) < 2) GTEST_SKIP() << "needs two CPUs";
+  ASSERT_EQ(internal::spin_before_sleep(), 4us);  // the parent's state: several CPUs
+  auto pin_to_one = [] {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(sched_getcpu(), &one);
+    return ::sched_setaffinity(0, sizeof one, &one) == 0;
+  };
+  pid_t child = fork_child([&] {
+    ASSERT_TRUE(pin_to_one());
+    EXPECT_EQ(internal::spin_before_sleep().count(), 0) << "a forked child reads its own mask";
+  });
+  EXPECT_EQ(wait_child(child), 0);
+  std::thread t([&] {
+    EXPECT_EQ(internal::spin_before_sleep(), 4us);
+    ASSERT_TRUE(pin_to_one());
+    int spinning = 0;
+    for (int i = 0; i < 2048; ++i) spinning += internal::spin_before_sleep().count() > 0;
+    EXPECT_LE(spinning, 1024) << "the mask is read again within 1,024 uses";
+    EXPECT_EQ(internal::spin_before_sleep().count(), 0);
+  });
+  t.join();
 }
 
 TEST_P(BusyPollTest, RoundTripsCarryExactValuesAndEndOfStreamIsSeen) {

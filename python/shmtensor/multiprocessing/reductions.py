@@ -161,6 +161,14 @@ def loads(data, blocks):
         stack.pop()
 
 
+def _sending_message():
+    """The message being pickled on this thread (a native message, or a ForkingPickler.dumps
+    that gathers its blocks in one frame), or None: a reducer may then name a block by its
+    index in the message (message.add) and rebuild it with _native_block."""
+    stack = getattr(_local, "sending", None)
+    return stack[-1] if stack else None
+
+
 def _native_block(index):
     stack = getattr(_local, "receiving", None)
     if not stack:
