@@ -225,14 +225,17 @@ std::shared_ptr<Segment> resolve_segment(const SegmentEntry& e, std::string_view
     return seg;
   }
   if (e.strategy != 1) bad("unknown segment strategy");
-  if (!is_valid_segment_name(name)) bad("invalid segment name");
   // The count the sender added for this message is given back by parse_frame, and only
   // once a storage of this segment proved the message carries counts (NamedCounts).
   if (auto seg = Registry::instance().find_segment(e.uid)) {
+    // Mapped here: its name was checked when it was made or first received, and the
+    // message's must equal it (so the character-by-character check, ~250 instructions,
+    // is made once per segment, not once per message).
     if (seg->mapped_size() != e.total_size || seg->name() != name)
       bad("named segment disagrees with its mapping");
     return seg;
   }
+  if (!is_valid_segment_name(name)) bad("invalid segment name");
   auto seg = Segment::attach_name(std::string(name), e.uid);  // with this process's own count
   if (seg->mapped_size() != e.total_size || seg->name() != name)
     bad("named segment size disagrees with the message");
