@@ -11,8 +11,8 @@
 #include "os/futex.h"
 #include "os/proc.h"
 #include "os/shm.h"
-#include "transport/busy_poll.h"
 #include "shmtensor/error.h"
+#include "transport/busy_poll.h"
 
 namespace shmtensor::internal {
 
