@@ -103,6 +103,15 @@ std::chrono::nanoseconds spin_before_sleep() noexcept {
   return state().several_cpus ? kSpin : std::chrono::nanoseconds(0);
 }
 
+std::optional<std::chrono::steady_clock::time_point> spin_before_sleep_until(
+    const std::optional<std::chrono::steady_clock::time_point>& deadline) noexcept {
+  const auto spin = spin_before_sleep();
+  if (spin.count() <= 0) return std::nullopt;
+  const auto until = std::chrono::steady_clock::now() +
+                     std::chrono::duration_cast<std::chrono::steady_clock::duration>(spin);
+  return deadline ? std::min(until, *deadline) : until;
+}
+
 void busy_poll_observe(std::optional<std::chrono::nanoseconds> waited) noexcept {
   ThreadState& s = state();
   const std::int64_t most = budget_set_ns();

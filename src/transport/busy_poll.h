@@ -24,6 +24,10 @@ void busy_poll_observe(std::optional<std::chrono::nanoseconds> waited) noexcept;
 // sleeper on a VM), so that a sender that is producing right now never has to wake its
 // receiver. Zero when this thread may run on one CPU only (its peer needs that CPU).
 std::chrono::nanoseconds spin_before_sleep() noexcept;
+// When that spin ends for a receive with `deadline` (the earlier of the two), or nullopt
+// when this thread does not spin.
+std::optional<std::chrono::steady_clock::time_point> spin_before_sleep_until(
+    const std::optional<std::chrono::steady_clock::time_point>& deadline) noexcept;
 // SHMTENSOR_BUSY_POLL_US's value in nanoseconds: nullopt when unset, empty or invalid (not
 // a whole number of microseconds from 0 to 1,000,000).
 std::optional<std::chrono::nanoseconds> parse_busy_poll_us(const char* text) noexcept;

@@ -422,13 +422,10 @@ std::optional<Decoder> recv_ringed(ConnectionCore& c, const Deadline& deadline) 
     if (!woke) {
       // Before the first sleep, a short spin (busy_poll.h, spin_before_sleep): a peer that
       // answers within microseconds is not made to wake us.
-      if (const auto spin = spin_before_sleep(); spin.count() > 0) {
-        auto until = Clock::now() + spin;
-        if (deadline) until = std::min(until, *deadline);
-        if (c.in.spin_for_publish(seen, until)) {
-          woke = true;  // looked at once more below, then sleeps if it was not a message
-          continue;
-        }
+      if (const auto until = spin_before_sleep_until(deadline);
+          until && c.in.spin_for_publish(seen, *until)) {
+        woke = true;  // looked at once more below, then sleeps if it was not a message
+        continue;
       }
     }
     c.in.wait_for_publish(seen, deadline ? std::min(*deadline, Clock::now() + kWaitSlice)

@@ -138,6 +138,17 @@ void pause_cpu() noexcept {
 #endif
 }
 
+// Spins (loads and pauses, no store; the clock every 32 spins) while `unchanged()` holds
+// and `until` has not passed. True when it stopped because something changed.
+template <class Unchanged>
+bool spin_while(const Unchanged& unchanged, Clock::time_point until) noexcept {
+  for (std::uint32_t i = 0;; ++i) {
+    if (!unchanged()) return true;
+    if (i % 32 == 31 && Clock::now() >= until) return false;
+    pause_cpu();
+  }
+}
+
 }  // namespace
 
 // This process's claim, packed into one word (fork generation << 32 | holder << 8 | epoch:
@@ -543,14 +554,12 @@ Ring::Popped Ring::pop(std::span<std::byte> out, Deadline deadline, std::uint32_
       // It watches the slot too: a publish between the look at the slot and the read of
       // `seen` above changed the slot, and must not cost the whole spin.
       spun = true;
-      if (const auto spin = spin_before_sleep(); spin.count() > 0) {
-        auto until = Clock::now() + spin;
-        if (deadline) until = std::min(until, *deadline);
-        for (std::uint32_t i = 0;; ++i) {
-          if (h->published.load(std::memory_order_acquire) != seen || s->word.load() != w) break;
-          if (i % 32 == 31 && Clock::now() >= until) break;
-          pause_cpu();
-        }
+      if (const auto until = spin_before_sleep_until(deadline)) {
+        (void)spin_while(
+            [&] {
+              return h->published.load(std::memory_order_acquire) == seen && s->word.load() == w;
+            },
+            *until);
         continue;  // look again; the next pass sleeps if nothing changed
       }
     }
@@ -593,12 +602,7 @@ std::uint32_t Ring::publish_count() const noexcept { return header()->published.
 
 bool Ring::spin_for_publish(std::uint32_t seen, Clock::time_point until) const noexcept {
   const RingHeader* h = header();
-  for (std::uint32_t spins = 0;; ++spins) {
-    if (h->published.load(std::memory_order_acquire) != seen) return true;
-    // The clock every 32 spins: a spin is a load and a pause, tens of nanoseconds.
-    if (spins % 32 == 31 && Clock::now() >= until) return false;
-    pause_cpu();
-  }
+  return spin_while([&] { return h->published.load(std::memory_order_acquire) == seen; }, until);
 }
 
 bool Ring::wait_for_publish(std::uint32_t seen, Deadline deadline) noexcept {

@@ -80,6 +80,21 @@ class HostileFramesTest : public testing::LeakCheckedTest {
     const auto* p = reinterpret_cast<const std::byte*>(&v);
     out.insert(out.end(), p, p + sizeof v);
   }
+  // A file_system segment's table entry: the entry, then its name padded to 8 bytes.
+  static std::vector<std::byte> named_segment_entry(std::uint64_t uid, std::uint64_t total_size,
+                                                    const std::string& name) {
+    SegmentEntry se{};
+    se.uid = uid;
+    se.total_size = total_size;
+    se.strategy = 1;
+    se.fd_index = -1;
+    se.name_length = static_cast<std::uint16_t>(name.size());
+    std::vector<std::byte> body = bytes(se);
+    const auto* chars = reinterpret_cast<const std::byte*>(name.data());
+    body.insert(body.end(), chars, chars + name.size());
+    body.resize((body.size() + 7) / 8 * 8);
+    return body;
+  }
   // After each hostile frame, a good one still arrives.
   void expect_still_usable() {
     auto [a, b] = pipe();  // unused; make sure nothing else is disturbed
@@ -320,16 +335,7 @@ TEST_F(HostileFramesTest, ReplayedNamedFrameIsRefusedAndTakesNoCountOffTheName) 
     EXPECT_EQ(refcount(), before) << "replay " << replay;
   }
   // The name alone, no storage of it: a sender's count that nothing proves is not taken.
-  SegmentEntry se{};
-  se.uid = seg->uid();
-  se.total_size = seg->mapped_size();
-  se.strategy = 1;
-  se.fd_index = -1;
-  se.name_length = static_cast<std::uint16_t>(name.size());
-  std::vector<std::byte> body = bytes(se);
-  const auto* chars = reinterpret_cast<const std::byte*>(name.data());
-  body.insert(body.end(), chars, chars + name.size());
-  body.resize((body.size() + 7) / 8 * 8);
+  std::vector<std::byte> body = named_segment_entry(seg->uid(), seg->mapped_size(), name);
   append(body, std::int64_t{5});
   std::vector<std::byte> frame = bytes(header(body.size(), 1, 0, 0));
   frame.insert(frame.end(), body.begin(), body.end());
@@ -446,16 +452,7 @@ TEST_F(HostileFramesTest, FdCountMismatchClosesTheFds) {
 }
 
 TEST_F(HostileFramesTest, NamesThatAreNotOurs) {
-  SegmentEntry se{};
-  se.uid = 1;
-  se.total_size = 4096;
-  se.strategy = 1;
-  se.fd_index = -1;
-  std::string name = "/etc/passwd";
-  se.name_length = static_cast<std::uint16_t>(name.size());
-  std::vector<std::byte> body = bytes(se);
-  for (char c : name) body.push_back(static_cast<std::byte>(c));
-  body.resize(sizeof se + 16);
+  std::vector<std::byte> body = named_segment_entry(1, 4096, "/etc/passwd");
   std::vector<std::byte> frame = bytes(header(body.size(), 1));
   frame.insert(frame.end(), body.begin(), body.end());
   send_raw(frame);
@@ -683,6 +680,27 @@ TEST_F(HostileFramesTest, SegmentFdSmallerThanItsEntryClaims) {
   expect_protocol_error("but the object has 4096 bytes");
 }
 
+// A segment this process maps is named exactly as it is: its name's shape is checked when it
+// is first mapped, so any other name for its uid, of any shape, is refused.
+TEST_F(HostileFramesTest, AMappedNamedSegmentUnderAnotherNameIsRefused) {
+  set_sharing_strategy(SharingStrategy::kFileSystem);
+  struct Restore {
+    ~Restore() { set_sharing_strategy(SharingStrategy::kFileDescriptor); }
+  } restore;
+  Storage mine = Storage::allocate_shared(200);
+  const auto& seg = internal::StorageAccess::impl(mine)->segment();
+  const std::string valid_other = "/shmtensor_999999999_0123456789abcdef_0";
+  for (const std::string& name : {std::string("/etc/passwd"), valid_other}) {
+    SCOPED_TRACE(name);
+    std::vector<std::byte> body = named_segment_entry(seg->uid(), seg->mapped_size(), name);
+    std::vector<std::byte> frame = bytes(header(body.size(), 1));
+    frame.insert(frame.end(), body.begin(), body.end());
+    send_raw(frame);
+    expect_protocol_error("named segment disagrees with its mapping");
+  }
+  expect_still_usable();
+}
+
 TEST_F(HostileFramesTest, WellFormedNameOfNoObjectIsASystemErrorNamingIt) {
   // A name of the right shape whose object does not exist (its segment was unlinked, or
   // it never was): shm_open fails with ENOENT. That is a SystemError, not a
@@ -690,15 +708,7 @@ TEST_F(HostileFramesTest, WellFormedNameOfNoObjectIsASystemErrorNamingIt) {
   const std::string name = "/shmtensor_999999999_0123456789abcdef_0";
   ASSERT_TRUE(internal::is_valid_segment_name(name));
   ASSERT_NE(::access(("/dev/shm" + name).c_str(), F_OK), 0);
-  SegmentEntry se{};
-  se.uid = 1;
-  se.total_size = 4096;
-  se.strategy = 1;
-  se.fd_index = -1;
-  se.name_length = static_cast<std::uint16_t>(name.size());
-  std::vector<std::byte> body = bytes(se);
-  for (char c : name) body.push_back(static_cast<std::byte>(c));
-  body.resize(sizeof se + (name.size() + 7) / 8 * 8);
+  std::vector<std::byte> body = named_segment_entry(1, 4096, name);
   std::vector<std::byte> frame = bytes(header(body.size(), 1));
   frame.insert(frame.end(), body.begin(), body.end());
   send_raw(frame);

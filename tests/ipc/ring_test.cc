@@ -251,19 +251,26 @@ TEST_F(RingTest, CloseWakesSleepersAndDrainsFirst) {
   EXPECT_EQ(q.pop(out, std::nullopt).status, Ring::Status::kClosed);
 }
 
+// A child that claims the ring's next position as a producer, says so, and waits for its
+// SIGKILL without publishing.
+pid_t producer_claiming_the_next_position(Ring& r) {
+  Pipe claimed;
+  pid_t child = fork_child([&] {
+    ASSERT_TRUE(r.test_claim_and_abandon(/*as_consumer=*/false));
+    claimed.send();
+    for (;;) ::pause();
+  });
+  EXPECT_EQ(claimed.receive(), 'x');
+  return child;
+}
+
 // A producer killed between its claim and its publish: the consumer skips that position
 // once it sees the claimer is dead, and the messages behind it arrive.
 TEST_F(RingTest, ClaimOfAProducerThatDiedIsSkipped) {
   Ring r = Ring::create(8, 64);
   std::uint32_t v = 1;
   ASSERT_EQ(r.push(bytes_of(&v, 4), 1, std::nullopt), Ring::Status::kOk);
-  Pipe claimed;
-  pid_t dead = fork_child([&] {
-    ASSERT_TRUE(r.test_claim_and_abandon(/*as_consumer=*/false));
-    claimed.send();
-    for (;;) ::pause();
-  });
-  ASSERT_EQ(claimed.receive(), 'x');
+  pid_t dead = producer_claiming_the_next_position(r);
   v = 3;
   ASSERT_EQ(r.push(bytes_of(&v, 4), 3, std::nullopt), Ring::Status::kOk);
   std::vector<std::byte> out(r.max_message());
@@ -276,6 +283,25 @@ TEST_F(RingTest, ClaimOfAProducerThatDiedIsSkipped) {
   ASSERT_EQ(p.status, Ring::Status::kOk);
   EXPECT_EQ(p.tag, 3u);
   EXPECT_EQ(r.size(), 0u);
+}
+
+// The same through polls (pops that may not wait, as busy polling makes): a live claimer's
+// slot is a timeout, not skipped; once the claimer is dead, a poll skips its position.
+TEST_F(RingTest, APollWaitsForALiveClaimerAndSkipsADeadOne) {
+  Ring r = Ring::create(8, 64);
+  pid_t dead = producer_claiming_the_next_position(r);
+  std::uint32_t v = 3;
+  ASSERT_EQ(r.push(bytes_of(&v, 4), 3, std::nullopt), Ring::Status::kOk);
+  std::vector<std::byte> out(r.max_message());
+  EXPECT_EQ(r.pop(out, Ring::kNoWait).status, Ring::Status::kTimeout);
+  EXPECT_EQ(r.pop(out, Ring::kNoWait).status, Ring::Status::kTimeout);
+  ::kill(dead, SIGKILL);
+  EXPECT_EQ(wait_child(dead), 128 + SIGKILL);
+  auto p = r.pop(out, Ring::kNoWait);
+  ASSERT_EQ(p.status, Ring::Status::kOk);
+  EXPECT_EQ(p.tag, 3u);
+  EXPECT_EQ(r.abandoned(), 1u);
+  EXPECT_EQ(r.pop(out, Ring::kNoWait).status, Ring::Status::kTimeout);
 }
 
 // A consumer killed after its claim: producers get the slot back when the ring is full.
