@@ -18,7 +18,8 @@
 // budget set; every 64th receive polls for the whole budget, so that two peers that both
 // block find out when polling on both sides would pay. A process
 // that may run on one CPU only (its affinity mask, as `taskset -c 0` sets it) never polls:
-// its peer would need the CPU it spins on. Off by default.
+// its peer would need the CPU it spins on. Off by default. One queue's gets can have a
+// budget of their own in place of the process's: Queue::set_busy_poll (queue.h).
 #pragma once
 
 #include "shmtensor/timeout.h"

@@ -34,6 +34,7 @@
 #include <exception>
 #include <optional>
 #include <span>
+#include <stdexcept>
 #include <vector>
 
 #include "shmtensor/codec.h"
@@ -106,6 +107,21 @@ class Queue {
   [[nodiscard]] std::vector<T> try_get_many(std::size_t max_items,
                                             Duration timeout = Duration::zero()) {
     return get_batch(max_items, internal::to_nanoseconds(timeout));
+  }
+  // Busy polling for this queue's get()s in this process (its copies here share it), in
+  // place of the process's setting (busy_poll.h): each get polls the queue for up to
+  // `budget`, adapting, before it blocks; Duration(0) never polls; nullopt (the default)
+  // follows the process's set_busy_poll. Other processes' handles are not affected. Throws
+  // std::invalid_argument outside 0 to 1 second.
+  void set_busy_poll(std::optional<Duration> budget) {
+    if (budget && !(budget->count() >= 0))  // to_nanoseconds would make it 0
+      throw std::invalid_argument("Queue::set_busy_poll: a negative budget");
+    core_->set_busy_poll(internal::to_nanoseconds(budget));
+  }
+  [[nodiscard]] std::optional<Duration> busy_poll() const noexcept {
+    auto ns = core_->busy_poll();
+    if (!ns) return std::nullopt;
+    return Duration(static_cast<double>(ns->count()) / 1e9);
   }
   // No more put()s anywhere; get()s drain what is there, then throw QueueClosed.
   void close() noexcept { core_->close(); }

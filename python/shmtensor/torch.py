@@ -8,9 +8,12 @@ shmtensor.torch.context("fork")): only the loader's workers use the arenas.
 
 What install() changes, and uninstall() restores exactly:
   * the ForkingPickler reducer of torch.UntypedStorage (which torch's reduce_tensor reaches
-    for tensors, parameters and subclasses): a CPU storage travels as a shmtensor block,
-    moved into an arena in place first when it is not in one (every view follows, as with
-    torch's own share_memory_); CUDA, meta and empty storages go to torch's own reducer;
+    for parameters and subclasses): a CPU storage travels as a shmtensor block, moved into
+    an arena in place first when it is not in one (every view follows, as with torch's own
+    share_memory_); CUDA, meta and empty storages go to torch's own reducer;
+  * with the bridge, the reducer of torch.Tensor itself: a plain CPU tensor travels as its
+    block and metadata, one C++ call each way; what the bridge does not take (requires_grad,
+    named, conjugate bits, quantized, other devices and layouts) goes to torch's reduce_tensor;
   * UntypedStorage.share_memory_, .is_shared and ._new_shared (what a DataLoader worker's
     default_collate allocates each batch with), shadowed by Python attributes.
 The sharing strategy is torch's own (torch.multiprocessing.set_sharing_strategy): each
@@ -73,13 +76,11 @@ def _cache_key(block):
     return ("shmtensor", _C._block_address(block))
 
 
-def _remember(storage, block):
-    """Makes block, when it comes back to this process, rebuild as this very storage."""
-    _treductions.shared_cache[_cache_key(block)] = _treductions.StorageWeakRef(storage)
-
-
 def _wrap(block):
-    """A new torch storage over the whole block, keeping it alive."""
+    """A new torch storage over the whole block, keeping it alive. With the bridge, one
+    torch storage per block in this process while it lives (its C++ cache): the same one
+    comes back however the block arrives. Without it, torch's shared_cache keeps that
+    identity for blocks received (_storage_of_block)."""
     if _bridge is not None:
         return _bridge.storage_from_block(block)
     storage = torch.frombuffer(block, dtype=torch.uint8)._storage()
@@ -91,16 +92,16 @@ def _wrap(block):
                 if ref.expired():
                     del _fallback[key]
             _fallback_limit[0] = max(128, 2 * len(_fallback))
+    _treductions.shared_cache[_cache_key(block)] = _treductions.StorageWeakRef(storage)
     return storage
 
 
 def _storage_of_block(block):
     """The torch storage over block: the one this process has already, if any (identity)."""
+    if _bridge is not None:
+        return _bridge.storage_from_block(block)
     storage = _treductions.storage_from_cache(_Untyped, _cache_key(block))
-    if storage is None:
-        storage = _wrap(block)
-        _remember(storage, block)
-    return storage
+    return storage if storage is not None else _wrap(block)
 
 
 def _block_of(storage):
@@ -124,7 +125,6 @@ def _in_arena(storage):
     if block is None and _bridge is not None:
         _sync_strategy()
         block = _bridge.share_storage_(storage)
-        _remember(storage, block)
     return block
 
 
@@ -135,6 +135,15 @@ def _rebuild_storage(block):
 def _rebuild_native(index):
     """The storage of block `index` of the message being unpickled."""
     return _storage_of_block(_red._native_block(index))
+
+
+def _rebuild_tensor(block, dtype, offset, size, stride):
+    return _bridge.tensor_from_block(block, dtype, offset, size, stride)
+
+
+def _rebuild_tensor_native(index, dtype, offset, size, stride):
+    """A tensor on block `index` of the message being unpickled."""
+    return _bridge.tensor_from_block(_red._native_block(index), dtype, offset, size, stride)
 
 
 # ---- what install() puts in place -----------------------------------------------------------
@@ -152,6 +161,24 @@ def _reduce_storage(storage):
     return _rebuild_storage, (_red._ref(block),)
 
 
+def _reduce_tensor(tensor):
+    """An exact torch.Tensor (with the bridge): one C++ call for its block and metadata, in
+    place of torch's reduce_tensor, TypedStorage and storage reducer; anything the bridge
+    does not take (tensor_parts) goes to torch's reduce_tensor."""
+    parts = _bridge.tensor_parts(tensor, False)
+    if parts is not None and parts[0] is None:  # not in an arena yet: moved there with
+        _sync_strategy()                        # torch's strategy
+        parts = _bridge.tensor_parts(tensor, True)
+    if parts is None:
+        saved = _saved  # None once uninstalled (a pickler may still hold this reducer)
+        return (saved["tensor_reducer"] if saved else _treductions.reduce_tensor)(tensor)
+    block, dtype, offset, size, stride = parts
+    message = _red._sending_message()
+    if message is not None:
+        return _rebuild_tensor_native, (message.add(block), dtype, offset, size, stride)
+    return _rebuild_tensor, (_red._ref(block), dtype, offset, size, stride)
+
+
 def _share_memory_(self):
     if _in_arena(self) is None:
         return _saved["share_memory_"](self)
@@ -164,15 +191,14 @@ def _is_shared(self):
     return _saved["is_shared"](self)
 
 
+_CPU = torch.device("cpu")
+
+
 def _new_shared(cls, size, *, device="cpu"):
-    device = torch.device(device)
-    if device.type != "cpu" or size == 0:
+    if size == 0 or not (device == _CPU or torch.device(device).type == "cpu"):
         return _saved["_new_shared"](size, device=device)  # bound to UntypedStorage
     _sync_strategy()
-    block = _C._empty((size,), "uint8", True)
-    storage = _wrap(block)  # a new block: no storage of it can be known here yet
-    _remember(storage, block)
-    return storage
+    return _wrap(_C._empty((size,), "uint8", True))
 
 
 _SHADOWED = {"share_memory_": _share_memory_, "is_shared": _is_shared,
@@ -187,6 +213,9 @@ def install():
         if _saved is not None:
             return
         saved = {"reducer": ForkingPickler._extra_reducers.get(_Untyped, _MISSING),
+                 "tensor": ForkingPickler._extra_reducers.get(torch.Tensor, _MISSING),
+                 "tensor_reducer": ForkingPickler._extra_reducers.get(
+                     torch.Tensor, _treductions.reduce_tensor),
                  "own": {name: _Untyped.__dict__.get(name, _MISSING) for name in _SHADOWED}}
         for name in _SHADOWED:
             saved[name] = getattr(_Untyped, name)
@@ -194,6 +223,8 @@ def install():
         for name, value in _SHADOWED.items():
             setattr(_Untyped, name, value)
         ForkingPickler.register(_Untyped, _reduce_storage)
+        if _bridge is not None:
+            ForkingPickler.register(torch.Tensor, _reduce_tensor)
 
 
 def uninstall():
@@ -209,10 +240,11 @@ def uninstall():
                 delattr(_Untyped, name)
             else:
                 setattr(_Untyped, name, own)
-        if saved["reducer"] is _MISSING:
-            del ForkingPickler._extra_reducers[_Untyped]
-        else:
-            ForkingPickler._extra_reducers[_Untyped] = saved["reducer"]
+        for cls, reducer in ((_Untyped, saved["reducer"]), (torch.Tensor, saved["tensor"])):
+            if reducer is _MISSING:
+                ForkingPickler._extra_reducers.pop(cls, None)
+            else:
+                ForkingPickler._extra_reducers[cls] = reducer
 
 
 def is_installed():
@@ -242,26 +274,56 @@ class ForkServerProcess(_InstallFirst, _mpcontext.ForkServerProcess):
     pass
 
 
-class _ForkContext(_smpcontext.ForkContext):
+# How long the DataLoader's consumer polls its result queue before it sleeps (context()).
+_DEFAULT_BUSY_POLL = 50e-6
+
+
+class _PollingQueues:
+    """Queues made by this context poll in the process that made them (the DataLoader's
+    main process gets every batch from one), for up to `_busy_poll` seconds per get."""
+
+    _busy_poll = _DEFAULT_BUSY_POLL
+
+    def Queue(self, maxsize=0):
+        q = super().Queue(maxsize)
+        q.set_busy_poll(self._busy_poll)
+        return q
+
+
+class _ForkContext(_PollingQueues, _smpcontext.ForkContext):
     Process = ForkProcess
 
 
-class _SpawnContext(_smpcontext.SpawnContext):
+class _SpawnContext(_PollingQueues, _smpcontext.SpawnContext):
     Process = SpawnProcess
 
 
-class _ForkServerContext(_smpcontext.ForkServerContext):
+class _ForkServerContext(_PollingQueues, _smpcontext.ForkServerContext):
     Process = ForkServerProcess
 
 
-_contexts = {"fork": _ForkContext(), "spawn": _SpawnContext(), "forkserver": _ForkServerContext()}
+_context_classes = {"fork": _ForkContext, "spawn": _SpawnContext,
+                    "forkserver": _ForkServerContext}
+_contexts = {}
 
 
-def context(method="fork"):
+def context(method="fork", *, busy_poll=_DEFAULT_BUSY_POLL):
     """A multiprocessing context for DataLoader(multiprocessing_context=...) and the like:
     its processes run install() first, and its Queue, SimpleQueue and Pipe are shmtensor's
-    native transport. Nothing changes in the calling process."""
-    try:
-        return _contexts[method]
-    except KeyError:
-        raise ValueError("cannot find context for %r" % method) from None
+    native transport. Nothing changes in the calling process, except that a get() on a
+    Queue made by this context polls for up to `busy_poll` seconds (adapting; 50 us by
+    default, 0: never) before it sleeps: the DataLoader's main process then takes each
+    batch as it comes instead of being woken for it (Queue.set_busy_poll)."""
+    cls = _context_classes.get(method)
+    if cls is None:
+        raise ValueError("cannot find context for %r" % method)
+    busy_poll = float(busy_poll)
+    if not 0 <= busy_poll <= 1:
+        raise ValueError("busy_poll is from 0 to 1 second, not %r" % busy_poll)
+    key = (method, busy_poll)
+    with _lock:
+        ctx = _contexts.get(key)
+        if ctx is None:
+            ctx = _contexts[key] = cls()
+            ctx._busy_poll = busy_poll
+    return ctx

@@ -8,11 +8,20 @@
 // failure arrives as shmtensor's own Python exception (SharedMemoryFullError, ...).
 //
 // The GIL is released while share_storage_ copies the bytes; _C._empty is called with it.
+//
+// Tensors: tensor_parts / tensor_from_block carry an exact torch.Tensor as (block, dtype,
+// offset, sizes, strides), so that shmtensor.torch's tensor reducer and its rebuild are one
+// call each into C++ instead of torch's reduce_tensor/rebuild_tensor and the storage's own.
 #define SHMTENSOR_TORCH_COMPAT_PYTHON
 #include <pybind11/pybind11.h>
+#include <ATen/Functions.h>
+#include <torch/csrc/autograd/python_variable.h>
 
+#include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "shmtensor/torch.h"
 #include "torch/torch_compat.h"
@@ -29,9 +38,14 @@ constexpr const char* kStorageCapsule = "shmtensor.Storage";  // _C's name for i
 
 py::module_ c_module() { return py::module_::import("shmtensor._C"); }
 
+// A function of shmtensor._C, looked up once (a new reference kept for the process's life:
+// released, never decref'd at exit, when the interpreter may be gone).
+py::handle c_function(const char* name) { return py::object(c_module().attr(name)).release(); }
+
 // The Storage of a block (through _C._storage_capsule, which checks the type).
 Storage storage_of_block(const py::handle& block) {
-  py::object capsule = c_module().attr("_storage_capsule")(block);
+  static const py::handle to_capsule = c_function("_storage_capsule");
+  py::object capsule = to_capsule(block);
   auto* storage = static_cast<Storage*>(PyCapsule_GetPointer(capsule.ptr(), kStorageCapsule));
   if (storage == nullptr) throw py::error_already_set();
   return *storage;
@@ -39,12 +53,13 @@ Storage storage_of_block(const py::handle& block) {
 
 // The block of a Storage (through _C._block_of_capsule).
 py::object block_of(const Storage& storage) {
+  static const py::handle of_capsule = c_function("_block_of_capsule");
   auto copy = std::make_unique<Storage>(storage);
   py::capsule capsule(copy.get(), kStorageCapsule, [](PyObject* o) {
     delete static_cast<Storage*>(PyCapsule_GetPointer(o, kStorageCapsule));
   });
   copy.release();  // the capsule's now
-  return c_module().attr("_block_of_capsule")(capsule);
+  return of_capsule(capsule);
 }
 
 // The C++ storage of a torch.UntypedStorage; TypeError for anything else.
@@ -76,19 +91,115 @@ py::object block_of_storage(const py::handle& storage) {
   return block_of(*ours);
 }
 
+// Moves impl into shared memory (allocating through _C._empty); nullopt for 0 bytes. The
+// caller's reference keeps impl alive meanwhile.
+std::optional<Storage> share_impl(c10::StorageImpl& impl) {
+  py::gil_scoped_release release;
+  return share_memory_(impl, [](std::size_t nbytes) {
+    py::gil_scoped_acquire acquire;
+    return storage_of_block(c_module().attr("_empty")(py::make_tuple(nbytes), "uint8", true));
+  });
+}
+
 py::object share_storage(const py::handle& storage) {
-  c10::StorageImpl& impl = storage_impl_of(storage, "share_storage_");
-  std::optional<Storage> moved;
-  {
-    // `storage` (the caller's reference) keeps impl alive meanwhile.
-    py::gil_scoped_release release;
-    moved = share_memory_(impl, [](std::size_t nbytes) {
-      py::gil_scoped_acquire acquire;
-      return storage_of_block(c_module().attr("_empty")(py::make_tuple(nbytes), "uint8", true));
-    });
-  }
+  std::optional<Storage> moved = share_impl(storage_impl_of(storage, "share_storage_"));
   if (!moved) return py::none();
   return block_of(*moved);
+}
+
+py::tuple int_tuple(c10::IntArrayRef values) {
+  py::tuple out(values.size());
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    PyObject* v = PyLong_FromLongLong(values[i]);
+    if (v == nullptr) throw py::error_already_set();
+    PyTuple_SET_ITEM(out.ptr(), static_cast<Py_ssize_t>(i), v);
+  }
+  return out;
+}
+
+// (block, dtype, offset, sizes, strides) of an exact torch.Tensor whose values are the bytes
+// of a CPU storage; None for anything torch's own reducer must take (a subclass, another
+// device or layout, requires_grad, names, lazy conjugate/negative bits, quantized, no storage,
+// an empty storage). When the storage is not shmtensor's yet: moved into an arena in place
+// if `move` (every view follows), else (None, ...) so that the caller can set the strategy
+// first.
+py::object tensor_parts(const py::handle& obj, bool move) {
+  if (Py_TYPE(obj.ptr()) != reinterpret_cast<PyTypeObject*>(THPVariableClass)) return py::none();
+  const at::Tensor& t = THPVariable_Unpack(obj.ptr());
+  if (!t.defined() || t.device().type() != c10::kCPU || t.layout() != c10::kStrided ||
+      t.requires_grad() || t.has_names() || t.is_conj() || t.is_neg() || t.is_quantized() ||
+      !t.has_storage())
+    return py::none();
+  c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
+  if (impl->nbytes() == 0) return py::none();
+  std::optional<Storage> ours = shared_storage_of(*impl);
+  if (!ours && !move) return py::make_tuple(py::none(), 0, 0, py::tuple(), py::tuple());
+  if (!ours) {
+    // `obj` holds t, which holds impl, while the bytes are copied.
+    ours = share_impl(*impl);
+    if (!ours) return py::none();
+  }
+  return py::make_tuple(block_of(*ours), static_cast<int>(t.scalar_type()), t.storage_offset(),
+                        int_tuple(t.sizes()), int_tuple(t.strides()));
+}
+
+[[noreturn]] void bad_tensor(const std::string& what) {
+  throw py::value_error("shmtensor: a received tensor " + what +
+                        " (a corrupt or hostile message)");
+}
+
+std::vector<std::int64_t> int64s(const py::handle& seq, const char* what) {
+  if (!PyTuple_Check(seq.ptr())) bad_tensor(std::string("has ") + what + " that are not a tuple");
+  std::vector<std::int64_t> out;
+  out.reserve(static_cast<std::size_t>(PyTuple_GET_SIZE(seq.ptr())));
+  for (py::handle v : py::reinterpret_borrow<py::tuple>(seq)) {
+    if (!PyLong_Check(v.ptr())) bad_tensor(std::string("has ") + what + " that are not ints");
+    int overflow = 0;
+    const long long x = PyLong_AsLongLongAndOverflow(v.ptr(), &overflow);
+    if (overflow != 0 || x < 0) bad_tensor(std::string("has ") + what + " out of range");
+    out.push_back(x);
+  }
+  return out;
+}
+
+// The inverse of tensor_parts, in the receiving process: a torch.Tensor on the block's
+// storage (one torch storage per shmtensor storage in a process, so every tensor received on
+// a block shares it). ValueError for metadata that does not fit the block.
+py::object tensor_from_block(const py::handle& block, int dtype, std::int64_t offset,
+                             const py::handle& sizes_obj, const py::handle& strides_obj) {
+  if (dtype < 0 || dtype >= static_cast<int>(c10::ScalarType::NumOptions)) bad_tensor("has no dtype");
+  const auto scalar_type = static_cast<c10::ScalarType>(dtype);
+  if (scalar_type == c10::ScalarType::Undefined || c10::isQIntType(scalar_type))
+    bad_tensor("has no dtype");
+  const std::vector<std::int64_t> sizes = int64s(sizes_obj, "sizes");
+  const std::vector<std::int64_t> strides = int64s(strides_obj, "strides");
+  if (sizes.size() != strides.size()) bad_tensor("has as many strides as sizes");
+  if (offset < 0) bad_tensor("has a negative offset");
+  Storage storage = storage_of_block(block);
+  if (!storage.is_shared()) bad_tensor("names a block that is not in shared memory");
+  // The last element's index, and the bytes up to its end, within the storage.
+  const auto itemsize = static_cast<std::uint64_t>(c10::elementSize(scalar_type));
+  std::uint64_t last = static_cast<std::uint64_t>(offset);
+  bool empty = false;
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    if (sizes[i] == 0) empty = true;
+    std::uint64_t step = 0;
+    if (sizes[i] > 0 &&
+        (__builtin_mul_overflow(static_cast<std::uint64_t>(sizes[i] - 1),
+                                static_cast<std::uint64_t>(strides[i]), &step) ||
+         __builtin_add_overflow(last, step, &last)))
+      bad_tensor("overflows");
+  }
+  std::uint64_t end = 0;
+  if (__builtin_mul_overflow(empty ? static_cast<std::uint64_t>(offset) : last + 1, itemsize, &end) ||
+      end > storage.nbytes())
+    bad_tensor("reaches past its block");
+  c10::Storage torch_storage = to_torch(storage);
+  at::Tensor out = at::empty({0}, at::TensorOptions().dtype(scalar_type));
+  out.set_(std::move(torch_storage), offset, sizes, strides);
+  PyObject* wrapped = THPVariable_Wrap(std::move(out));
+  if (wrapped == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<py::object>(wrapped);
 }
 
 }  // namespace
@@ -117,4 +228,13 @@ PYBIND11_MODULE(_torch, m) {
         "as it is and its block returned; a 0-byte storage is left alone (None). Raises "
         "shmtensor's exceptions (SharedMemoryFullError, ...) on allocation failures, ValueError "
         "for a storage not on the CPU, TypeError for anything but an UntypedStorage.");
+  m.def("tensor_parts", &sp::tensor_parts, py::arg("tensor"), py::arg("move"),
+        "(block, dtype, offset, sizes, strides) of an exact CPU torch.Tensor that shmtensor.torch "
+        "sends itself; None for one torch's reduce_tensor must take (a subclass, not CPU or "
+        "strided, requires_grad, named, conjugate/negative bit, quantized, an empty storage). A "
+        "storage not yet in shared memory is moved in place if `move`, else block is None.");
+  m.def("tensor_from_block", &sp::tensor_from_block, py::arg("block"), py::arg("dtype"),
+        py::arg("offset"), py::arg("sizes"), py::arg("strides"),
+        "The torch.Tensor of tensor_parts' other values over `block`'s storage (shared with every "
+        "other tensor received on it here). ValueError when they do not fit the block.");
 }

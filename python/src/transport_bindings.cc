@@ -296,6 +296,18 @@ void bind_transport(py::module_& m) {
       .def("put_many", &PyQueue::put_many, py::arg("items"), py::arg("timeout"))
       .def("get_many", &PyQueue::get_many, py::arg("max_items"), py::arg("timeout"))
       .def("qsize", [](PyQueue& q) { return q.get_queue().size(); })
+      .def(
+          "set_busy_poll",
+          [](PyQueue& q, std::optional<double> seconds) {
+            q.get_queue().set_busy_poll(seconds ? std::optional(Duration(*seconds)) : std::nullopt);
+          },
+          py::arg("seconds"))
+      .def_property_readonly("busy_poll",
+                             [](PyQueue& q) -> std::optional<double> {
+                               auto b = q.get_queue().busy_poll();
+                               if (!b) return std::nullopt;
+                               return b->count();
+                             })
       .def("fileno", &PyQueue::fileno)
       .def_property_readonly("maxsize", [](PyQueue& q) { return q.get_queue().maxsize(); })
       .def("close", [](PyQueue& q) { q.get_queue().close(); })

@@ -109,6 +109,38 @@ def test_queue_put_many_and_get_many_across_processes(method):
         q.get_many(10, block=False)
 
 
+def _put_numbers(q, n):
+    for i in range(n):
+        q.put((i, np.full(3, i)))
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_queue_set_busy_poll(method):
+    """A queue's own busy-poll budget in this process: validated, shown by the handle, and
+    every item still arrives once, in order, while its gets poll."""
+    ctx = smp.get_context(method)
+    q = ctx.Queue()
+    assert q._q.busy_poll is None  # follows the process's setting
+    for bad in (-1e-6, 1.5, float("nan")):
+        with pytest.raises(ValueError):
+            q.set_busy_poll(bad)
+    assert q._q.busy_poll is None
+    q.set_busy_poll(200e-6)
+    assert q._q.busy_poll == pytest.approx(200e-6)
+    assert shmtensor.get_busy_poll() == 0  # the process's is untouched
+    p = ctx.Process(target=_put_numbers, args=(q, 500))
+    p.start()
+    got = [q.get(timeout=60) for _ in range(500)]
+    assert [i for i, _ in got] == list(range(500))
+    assert all(a.tolist() == [i] * 3 for i, a in got)
+    p.join(60)
+    assert p.exitcode == 0
+    with pytest.raises(queue.Empty):
+        q.get(timeout=0.01)
+    q.set_busy_poll(None)
+    assert q._q.busy_poll is None
+
+
 class _Unpicklable:
     def __reduce__(self):
         return (_refuse, ())

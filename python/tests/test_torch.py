@@ -1,5 +1,6 @@
 """shmtensor.torch: torch's own DataLoader and queues on shmtensor arenas, with real
 processes (fork and spawn), both strategies, and the leak check after every test."""
+import gc
 import multiprocessing
 import os
 import resource
@@ -65,14 +66,19 @@ def test_install_and_uninstall_restore_torch_exactly():
     U = torch.UntypedStorage
     before = {n: U.__dict__.get(n) for n in ("share_memory_", "is_shared", "_new_shared")}
     reducer = ForkingPickler._extra_reducers[U]
+    tensor_reducer = ForkingPickler._extra_reducers[torch.Tensor]
     st.install()
     st.install()  # idempotent
     assert st.is_installed()
     assert ForkingPickler._extra_reducers[U] is st._reduce_storage
+    expected = st._reduce_tensor if st.has_bridge() else tensor_reducer
+    assert ForkingPickler._extra_reducers[torch.Tensor] is expected
+    assert ForkingPickler._extra_reducers[torch.nn.Parameter] is tensor_reducer
     assert U.__dict__["is_shared"] is st._is_shared
     st.uninstall()
     assert not st.is_installed()
     assert ForkingPickler._extra_reducers[U] is reducer
+    assert ForkingPickler._extra_reducers[torch.Tensor] is tensor_reducer
     assert {n: U.__dict__.get(n) for n in before} == before
     st.uninstall()  # idempotent
 
@@ -196,3 +202,82 @@ def test_strategy_is_torchs_own(installed, strategy):
     import shmtensor
     torch.UntypedStorage._new_shared(8)
     assert shmtensor.get_sharing_strategy() == strategy
+
+
+def echo(q_in, q_out):
+    st.install()  # a spawned child starts without it
+    while True:
+        item = q_in.get()
+        if item is None:
+            return
+        q_out.put(item)
+
+
+@needs_bridge
+@pytest.mark.parametrize("native", [True, False], ids=["native queue", "torch queue"])
+def test_plain_tensors_take_the_bridge_and_others_torchs_reducer(installed, strategy, native):
+    """A plain CPU tensor is one call into the bridge each way; a Parameter, a tensor that
+    requires grad and one with a lazy conjugate bit go through torch's reduce_tensor, and
+    every one arrives as torch would deliver it (type, requires_grad, values, views)."""
+    from multiprocessing.reduction import ForkingPickler
+    from shmtensor.multiprocessing import reductions
+    plain = torch.arange(12, dtype=torch.float32).view(3, 4)[:, 1:3]
+    # (Each pickle made here is loaded here too: an unloaded one keeps its blocks' counts.)
+    if native:
+        data, blocks = reductions.dumps(plain)
+        assert b"shmtensor.torch\x94\x8c\x16_rebuild_tensor_native" in data
+        assert torch.equal(reductions.loads(data, blocks), plain)
+    else:
+        data = bytes(ForkingPickler.dumps(plain))  # its blocks in one frame, as a message's
+        assert b"shmtensor.torch\x94\x8c\x16_rebuild_tensor_native" in data
+        assert torch.equal(ForkingPickler.loads(data), plain)
+    data = bytes(ForkingPickler.dumps(torch.nn.Parameter(torch.ones(2))))
+    assert b"torch.multiprocessing.reductions\x94\x8c\x0erebuild_tensor" in data
+    assert type(ForkingPickler.loads(data)) is torch.nn.Parameter
+    del data
+    ctx = st.context("fork") if native else tmp.get_context("fork")
+    q_in, q_out = ctx.Queue(), ctx.Queue()
+    p = ctx.Process(target=echo, args=(q_in, q_out))
+    p.start()
+    param = torch.nn.Parameter(torch.full((3,), 2.0))
+    grad = torch.full((2,), 3.0, requires_grad=True)
+    conj = torch.tensor([1 + 2j, 3 - 4j], dtype=torch.complex64).conj()
+    q_in.put([plain, plain.T, param, grad, conj, 7])
+    got = q_out.get(timeout=60)
+    q_in.put(None)
+    p.join(60)
+    assert p.exitcode == 0
+    back, back_t, back_param, back_grad, back_conj, seven = got
+    assert type(back) is torch.Tensor and torch.equal(back, plain)
+    assert back.stride() == (4, 1) and back.storage_offset() == 1
+    assert torch.equal(back_t, plain.T)
+    # Back in the process that made it: the very storage, both views on it.
+    assert back.storage().data_ptr() == plain.storage().data_ptr() == back_t.storage().data_ptr()
+    assert type(back_param) is torch.nn.Parameter and back_param.requires_grad
+    assert torch.equal(back_param.detach(), param.detach())
+    assert back_grad.requires_grad and torch.equal(back_grad.detach(), grad.detach())
+    # torch 1.13's own reduce_tensor sends the bytes and drops the lazy conjugate bit (stock
+    # torch delivers the same); a torch that keeps it delivers the conjugate.
+    assert any(torch.equal(back_conj.resolve_conj(), c.resolve_conj()) for c in (conj, conj.conj()))
+    assert seven == 7
+    del plain, back, back_t, got, param, back_param, back_grad, conj, back_conj
+    if native:  # (multiprocessing's Queue pickles in its feeder thread, which prints it)
+        with pytest.raises(RuntimeError, match="Cowardly refusing"):
+            q_in.put(grad * 2)  # not a leaf: torch's own refusal
+    del grad
+    gc.collect()  # the refusal's traceback held the frame of the last line
+
+
+def test_context_queues_poll_in_the_process_that_made_them():
+    q = st.context("fork").Queue()
+    assert q._q.busy_poll == pytest.approx(50e-6)
+    assert st.context("fork") is st.context("fork")
+    off = st.context("spawn", busy_poll=0)
+    assert off is not st.context("spawn") and off.Queue()._q.busy_poll == 0
+    assert st.context("forkserver", busy_poll=1e-3).Queue()._q.busy_poll == pytest.approx(1e-3)
+    with pytest.raises(ValueError, match="busy_poll"):
+        st.context("fork", busy_poll=2)
+    with pytest.raises(ValueError, match="busy_poll"):
+        st.context("fork", busy_poll=-1e-6)
+    with pytest.raises(ValueError, match="cannot find context"):
+        st.context("thread")

@@ -178,3 +178,89 @@ def test_a_tensor_from_a_block_crosses_to_a_forked_child_through_the_native_queu
     assert run_in_child(child) == 0
     assert torch.equal(t, torch.arange(12, dtype=torch.int32).view(3, 4) * 10)
     q.close()
+
+
+# ---- tensors: tensor_parts and tensor_from_block (shmtensor.torch's tensor reducer) ---------
+
+DTYPES = [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+          torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64,
+          torch.complex128]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_tensor_parts_and_back_keep_values_view_and_storage(dtype):
+    base = torch.arange(60).to(dtype).view(5, 12)
+    view = base[1:4, 2:11:3]  # offset, strides, not contiguous
+    assert _torch.tensor_parts(view, False)[0] is None  # not in an arena yet
+    block, code, offset, size, stride = _torch.tensor_parts(view, True)
+    assert isinstance(block, _C.Tensor) and block.shape == (60 * base.element_size(),)
+    assert untyped(base).data_ptr() == address(block)  # moved in place: base follows
+    assert (offset, size, stride) == (14, (3, 3), (12, 3))
+    back = _torch.tensor_from_block(block, code, offset, size, stride)
+    assert type(back) is torch.Tensor and back.dtype == dtype
+    assert back.shape == (3, 3) and back.stride() == (12, 3) and back.storage_offset() == 14
+    assert torch.equal(back, view)
+    assert back.storage().data_ptr() == base.storage().data_ptr()
+    # One c10::StorageImpl per block: a tensor over storage_from_block shares it.
+    same = tensor_on(_torch.storage_from_block(block), dtype, (60,))
+    assert tensor_on(untyped(back), dtype, (60,)).is_set_to(same)
+    back[0, 0] = base[4, 11]
+    assert torch.equal(base[1, 2], base[4, 11])  # a write through `back` is base's
+
+
+@pytest.mark.filterwarnings("ignore:Named tensors")
+def test_tensor_parts_leaves_what_torch_must_reduce_to_torch():
+    plain = torch.ones(4)
+    assert _torch.tensor_parts(plain, True) is not None
+    leave = {
+        "a subclass": torch.nn.Parameter(torch.ones(4)),
+        "requires_grad": torch.ones(4, requires_grad=True),
+        "named": torch.ones(2, 2, names=("a", "b")),
+        "conjugate bit": torch.ones(3, dtype=torch.complex64).conj(),
+        "negative bit": torch.ones(3, dtype=torch.complex64).conj().imag,
+        "quantized": torch.quantize_per_tensor(torch.ones(3), 0.1, 0, torch.qint8),
+        "meta": torch.ones(3, device="meta"),
+        "sparse": torch.ones(2, 2).to_sparse(),
+        "empty storage": torch.empty(0),
+    }
+    for what, t in leave.items():
+        before = t.data_ptr() if t.layout == torch.strided and not t.is_meta else None
+        assert _torch.tensor_parts(t, True) is None, what
+        if before is not None:
+            assert t.data_ptr() == before, what + " was moved"
+    assert _torch.tensor_parts(np.ones(3), True) is None
+    assert _torch.tensor_parts(untyped(plain), True) is None
+
+
+# The dtype codes are c10::ScalarType's: 6 is Float.
+@pytest.mark.parametrize("bad, message", [
+    ((-1, 0, (4,), (1,)), "has no dtype"),
+    ((10_000, 0, (4,), (1,)), "has no dtype"),
+    ((12, 0, (4,), (1,)), "has no dtype"),  # c10::ScalarType::QInt8
+    ((6, -1, (4,), (1,)), "negative offset"),
+    ((6, 0, (4,), (1, 1)), "as many strides as sizes"),
+    ((6, 0, [4], (1,)), "not a tuple"),
+    ((6, 0, (4.0,), (1,)), "not ints"),
+    ((6, 0, (-4,), (1,)), "out of range"),
+    ((6, 0, (4,), (-1,)), "out of range"),
+    ((6, 0, (2 ** 63,), (1,)), "out of range"),
+    ((6, 0, (5,), (1,)), "reaches past its block"),  # 5 floats in 16 bytes
+    ((6, 1, (4,), (1,)), "reaches past its block"),
+    ((6, 0, (2, 2), (3, 1)), "reaches past its block"),
+    ((6, 5, (0,), (1,)), "reaches past its block"),
+    ((6, 0, (2 ** 40, 2 ** 40), (2 ** 40, 2 ** 40)), "overflows"),
+])
+def test_tensor_from_block_refuses_metadata_that_does_not_fit(bad, message):
+    block = new_block(16)
+    with pytest.raises(ValueError, match=message):
+        _torch.tensor_from_block(block, *bad)
+
+
+def test_tensor_from_block_takes_what_fits_exactly():
+    block = new_block(16)  # 4 float32 (dtype code 6)
+    assert _torch.tensor_from_block(block, 6, 0, (4,), (1,)).shape == (4,)
+    assert _torch.tensor_from_block(block, 6, 3, (1,), (1,)).storage_offset() == 3
+    assert _torch.tensor_from_block(block, 6, 0, (2, 2), (2, 1)).shape == (2, 2)
+    assert _torch.tensor_from_block(block, 6, 4, (0,), (1,)).numel() == 0
+    assert _torch.tensor_from_block(block, 6, 0, (), ()).shape == ()
+    assert _torch.tensor_from_block(block, 6, 0, (4, 3), (1, 0)).shape == (4, 3)  # expanded

@@ -76,6 +76,9 @@ ThreadState& state() noexcept {
   return t_state;
 }
 
+// The least a budget adapts down to: 1/64 of the one set (never 0, which would mean "off").
+std::int64_t least_of(std::int64_t most) noexcept { return std::max<std::int64_t>(most / 64, 1); }
+
 }  // namespace
 
 void set_busy_poll(Duration budget) {
@@ -91,11 +94,13 @@ Duration get_busy_poll() { return Duration(static_cast<double>(budget_set_ns()) 
 
 namespace internal {
 
-std::chrono::nanoseconds busy_poll_budget() noexcept {
+std::chrono::nanoseconds busy_poll_budget(std::optional<std::chrono::nanoseconds> set) noexcept {
   ThreadState& s = state();
   if (!s.several_cpus) return std::chrono::nanoseconds(0);
-  if (++s.calls % 64 == 0) return std::chrono::nanoseconds(budget_set_ns());
-  return std::chrono::nanoseconds(s.budget_ns);
+  const std::int64_t most = set ? set->count() : budget_set_ns();
+  if (most <= 0) return std::chrono::nanoseconds(0);
+  if (++s.calls % 64 == 0) return std::chrono::nanoseconds(most);
+  return std::chrono::nanoseconds(std::clamp<std::int64_t>(s.budget_ns, least_of(most), most));
 }
 
 std::chrono::nanoseconds spin_before_sleep() noexcept {
@@ -112,14 +117,15 @@ std::optional<std::chrono::steady_clock::time_point> spin_before_sleep_until(
   return deadline ? std::min(until, *deadline) : until;
 }
 
-void busy_poll_observe(std::optional<std::chrono::nanoseconds> waited) noexcept {
+void busy_poll_observe(std::optional<std::chrono::nanoseconds> waited,
+                       std::optional<std::chrono::nanoseconds> set) noexcept {
   ThreadState& s = state();
-  const std::int64_t most = budget_set_ns();
-  const std::int64_t least = std::max<std::int64_t>(most / 64, 1);  // 0 would mean "off"
+  const std::int64_t most = set ? set->count() : budget_set_ns();
+  const std::int64_t least = least_of(most);
   if (waited && waited->count() <= most)
     s.budget_ns = std::clamp<std::int64_t>(2 * waited->count(), least, most);
   else
-    s.budget_ns = std::max(least, s.budget_ns / 2);
+    s.budget_ns = std::clamp<std::int64_t>(s.budget_ns / 2, least, most);
 }
 
 std::optional<std::chrono::nanoseconds> parse_busy_poll_us(const char* text) noexcept {

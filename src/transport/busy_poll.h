@@ -11,13 +11,19 @@ namespace shmtensor::internal {
 // may run on one CPU only). Every 64th call returns the whole budget set (a probe: a pair
 // of receivers that both block wait longer than a budget could cover, and would never
 // find out that polling on both sides makes the wait short).
-std::chrono::nanoseconds busy_poll_budget() noexcept;
+//
+// `set` is the budget this receive follows in place of the process's: a queue handle's own
+// (Queue::set_busy_poll); nullopt: the process's. The thread's adaptation is shared by
+// both and clamped to the one followed.
+std::chrono::nanoseconds busy_poll_budget(
+    std::optional<std::chrono::nanoseconds> set = std::nullopt) noexcept;
 // Adapts this thread's budget to how long its last receive waited for a datagram, from
 // the start of the receive, polling or blocked; nullopt: none came before its deadline.
 // A wait the budget set could have covered sets the next budget to twice that wait (a
 // poll that long would have caught it); a longer wait, or none, halves the budget, never
 // below 1/64 of the one set.
-void busy_poll_observe(std::optional<std::chrono::nanoseconds> waited) noexcept;
+void busy_poll_observe(std::optional<std::chrono::nanoseconds> waited,
+                       std::optional<std::chrono::nanoseconds> set = std::nullopt) noexcept;
 // How long a blocking receive that found nothing spins (watching one word of the ring, no
 // syscall) before it sleeps, whether or not busy polling is on: a few microseconds, less
 // than a sleep and wake-up cost (a FUTEX_WAKE for the sender, 5 to 50 microseconds for the

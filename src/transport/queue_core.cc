@@ -259,6 +259,13 @@ struct QueueCore::State {
   std::atomic<bool> has_deferred{false};
   // wait_for_signallers' memory of a count left by producers that died (announced.h).
   std::atomic<std::uint32_t> stuck_signalling{0};
+  // This handle's own busy-poll budget (set_busy_poll), in nanoseconds; -1: the process's.
+  std::atomic<std::int64_t> busy_poll_ns{-1};
+  std::optional<std::chrono::nanoseconds> busy_poll() const {
+    const std::int64_t ns = busy_poll_ns.load(std::memory_order_relaxed);
+    if (ns < 0) return std::nullopt;
+    return std::chrono::nanoseconds(ns);
+  }
   QueueControl* control() const { return reinterpret_cast<QueueControl*>(control_map.data()); }
   // The datagram path (transport/announced.h); `depot` is this handle's depot fetcher.
   AnnouncedPath path(const SegmentFetcher* depot = nullptr) {
@@ -401,10 +408,12 @@ TakenItem take_item(Ring& ring, const Deadline& deadline,
 
 // Opt-in busy polling (busy_poll.h): looks at the ring without sleeping for up to the
 // thread's budget, then waits as usual; the time to the item adapts the next budget.
-TakenItem take_item_polling(Ring& ring, const Deadline& deadline) {
+// `set`: the handle's own budget (nullopt: the process's).
+TakenItem take_item_polling(Ring& ring, const Deadline& deadline,
+                            std::optional<std::chrono::nanoseconds> set) {
   using Clock = std::chrono::steady_clock;
   if (deadline && Clock::now() >= *deadline) return take_item(ring, deadline);
-  const auto budget = busy_poll_budget();
+  const auto budget = busy_poll_budget(set);
   if (budget.count() <= 0) return take_item(ring, deadline);
   const auto start = Clock::now();
   auto until = start + std::chrono::duration_cast<Clock::duration>(budget);
@@ -423,7 +432,8 @@ TakenItem take_item_polling(Ring& ring, const Deadline& deadline) {
   if (t.status == Ring::Status::kTimeout) t = take_item(ring, deadline);
   busy_poll_observe(t.status == Ring::Status::kTimeout
                         ? std::nullopt
-                        : std::optional<std::chrono::nanoseconds>(Clock::now() - start));
+                        : std::optional<std::chrono::nanoseconds>(Clock::now() - start),
+                    set);
   return t;
 }
 
@@ -735,9 +745,20 @@ void QueueCore::rethrow_deferred() {
   std::rethrow_exception(error);
 }
 
+void QueueCore::set_busy_poll(std::optional<std::chrono::nanoseconds> budget) {
+  if (budget && (budget->count() < 0 || *budget > std::chrono::seconds(1)))
+    throw std::invalid_argument("Queue::set_busy_poll: the budget must be from 0 to 1 second, not " +
+                                std::to_string(budget->count()) + " ns");
+  state_->busy_poll_ns.store(budget ? budget->count() : -1, std::memory_order_relaxed);
+}
+
+std::optional<std::chrono::nanoseconds> QueueCore::busy_poll() const noexcept {
+  return state_->busy_poll();
+}
+
 std::optional<Decoder> QueueCore::get(std::optional<std::chrono::nanoseconds> timeout) {
   rethrow_deferred();
-  TakenItem t = take_item_polling(state_->ring, deadline_after(timeout));
+  TakenItem t = take_item_polling(state_->ring, deadline_after(timeout), state_->busy_poll());
   rearm_ready(*state_);
   if (t.status == Ring::Status::kTimeout) return std::nullopt;
   if (t.status == Ring::Status::kClosed) throw QueueClosed("get() on a closed and empty queue");
@@ -755,7 +776,7 @@ std::vector<Decoder> QueueCore::get_many(std::size_t max_items,
   } rearm{*state_};
   // Before anything is taken: nothing below may fail between taking an item and keeping it.
   out.reserve(std::min<std::size_t>(max_items, 1024));
-  TakenItem first = take_item_polling(state_->ring, deadline_after(timeout));
+  TakenItem first = take_item_polling(state_->ring, deadline_after(timeout), state_->busy_poll());
   if (first.status == Ring::Status::kTimeout) return out;
   if (first.status == Ring::Status::kClosed)
     throw QueueClosed("get() on a closed and empty queue");

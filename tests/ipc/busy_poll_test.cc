@@ -131,6 +131,74 @@ TEST(BusyPollSettingTest, AChildOrAThreadThatPinsItselfStopsSpinning) {
   t.join();
 }
 
+// A queue's own budget (Queue::set_busy_poll) replaces the process's for its gets: the
+// thread's adaptation is clamped to it, and polling off in the process does not stop it.
+TEST(BusyPollSettingTest, AQueuesOwnBudgetReplacesTheProcesss) {
+  cpu_set_t all;
+  ASSERT_EQ(::sched_getaffinity(0, sizeof all, &all), 0);
+  if (CPU_COUNT(&all) < 2) GTEST_SKIP() << "needs two CPUs (one CPU never polls)";
+  using internal::busy_poll_budget;
+  using internal::busy_poll_observe;
+  set_busy_poll(Duration(0));  // restarts this thread's adaptation, at 0
+  const std::optional<std::chrono::nanoseconds> own = 64us;
+  EXPECT_EQ(busy_poll_budget().count(), 0) << "the process's: off";
+  EXPECT_EQ(busy_poll_budget(own), 1us) << "from 0, clamped to 1/64 of the queue's";
+  busy_poll_observe(10us, own);
+  EXPECT_EQ(busy_poll_budget(own), 20us);
+  EXPECT_EQ(busy_poll_budget().count(), 0) << "the process's stays off";
+  EXPECT_EQ(busy_poll_budget(std::chrono::nanoseconds(0)).count(), 0) << "0: never polls";
+  busy_poll_observe(std::nullopt, own);
+  EXPECT_EQ(busy_poll_budget(own), 10us);
+
+  Queue<int> q;
+  EXPECT_EQ(q.busy_poll(), std::nullopt) << "follows the process's by default";
+  q.set_busy_poll(200us);
+  ASSERT_TRUE(q.busy_poll());
+  EXPECT_DOUBLE_EQ(q.busy_poll()->count(), 200e-6);
+  Queue<int> copy = q;  // a copy in this process shares it
+  ASSERT_TRUE(copy.busy_poll());
+  EXPECT_DOUBLE_EQ(copy.busy_poll()->count(), 200e-6);
+  EXPECT_THROW(q.set_busy_poll(Duration(-1e-6)), std::invalid_argument);
+  EXPECT_THROW(q.set_busy_poll(2s), std::invalid_argument);
+  EXPECT_DOUBLE_EQ(q.busy_poll()->count(), 200e-6) << "a refused value changes nothing";
+  // A get on it that finds nothing adapts the thread's budget within the queue's (half of
+  // 200 us), where a queue that follows the process (off) leaves it alone.
+  busy_poll_observe(100us, std::chrono::nanoseconds(200us));
+  ASSERT_EQ(busy_poll_budget(std::chrono::nanoseconds(200us)), 200us);
+  Queue<int> plain;
+  EXPECT_EQ(plain.try_get(1ms), std::nullopt);
+  EXPECT_EQ(busy_poll_budget(std::chrono::nanoseconds(200us)), 200us) << "no poll, no change";
+  EXPECT_EQ(q.try_get(1ms), std::nullopt);
+  EXPECT_EQ(busy_poll_budget(std::chrono::nanoseconds(200us)), 100us) << "it polled";
+  q.set_busy_poll(std::nullopt);
+  EXPECT_EQ(q.busy_poll(), std::nullopt);
+}
+
+// A child puts 2,000 numbered tensors on q (pausing 1 ms every `pause_every`, 0: never) and
+// closes it; they must come out in order with their values, then QueueClosed.
+void expect_2000_items_in_order(Queue<std::pair<int, Tensor>>& q, int pause_every) {
+  pid_t child = fork_child([&] {
+    for (int i = 0; i < 2000; ++i) {
+      q.put({i, Tensor::full({3}, static_cast<double>(i))});
+      if (pause_every > 0 && i % pause_every == 0) std::this_thread::sleep_for(1ms);
+    }
+    q.close();
+  });
+  for (int i = 0; i < 2000; ++i) {
+    auto [n, t] = q.get();
+    ASSERT_EQ(n, i);
+    ASSERT_EQ(t.data_ptr<float>()[2], static_cast<float>(i));
+  }
+  EXPECT_THROW(q.get(), QueueClosed);
+  EXPECT_EQ(wait_child(child), 0);
+}
+
+TEST_P(BusyPollTest, AQueueThatPollsCarriesExactValuesWhileTheProcessDoesNot) {
+  Queue<std::pair<int, Tensor>> q(16);
+  q.set_busy_poll(200us);
+  expect_2000_items_in_order(q, 100);  // the pauses: some gets find it empty
+}
+
 TEST_P(BusyPollTest, RoundTripsCarryExactValuesAndEndOfStreamIsSeen) {
   set_busy_poll(200us);
   auto [a, b] = pipe();
@@ -156,17 +224,7 @@ TEST_P(BusyPollTest, RoundTripsCarryExactValuesAndEndOfStreamIsSeen) {
 TEST_P(BusyPollTest, QueueKeepsOrderAndTimeoutsWhilePolling) {
   set_busy_poll(200us);
   Queue<std::pair<int, Tensor>> q(16);
-  pid_t child = fork_child([&] {
-    for (int i = 0; i < 2000; ++i) q.put({i, Tensor::full({3}, static_cast<double>(i))});
-    q.close();
-  });
-  for (int i = 0; i < 2000; ++i) {
-    auto [n, t] = q.get();
-    ASSERT_EQ(n, i);
-    ASSERT_EQ(t.data_ptr<float>()[2], static_cast<float>(i));
-  }
-  EXPECT_THROW(q.get(), QueueClosed);
-  EXPECT_EQ(wait_child(child), 0);
+  expect_2000_items_in_order(q, 0);
   Queue<int> empty;
   EXPECT_EQ(empty.try_get(20ms), std::nullopt);
   EXPECT_EQ(empty.try_get(0ms), std::nullopt);

@@ -60,6 +60,10 @@ class QueueCore : public std::enable_shared_from_this<QueueCore> {
   // of this handle (defer_error), the items before it are returned.
   [[nodiscard]] std::vector<Decoder> get_many(std::size_t max_items,
                                               std::optional<std::chrono::nanoseconds> timeout);
+  // This process's handles' own busy-poll budget (Queue::set_busy_poll); nullopt: the
+  // process's. Throws std::invalid_argument outside 0 to 1 second.
+  void set_busy_poll(std::optional<std::chrono::nanoseconds> budget);
+  [[nodiscard]] std::optional<std::chrono::nanoseconds> busy_poll() const noexcept;
   // Keeps `error` (the first, if several) for the next get or get_many of this handle.
   void defer_error(std::exception_ptr error) noexcept;
   void close() noexcept;

@@ -85,6 +85,15 @@ class Queue:
                 raise errors[0]
         return out
 
+    def set_busy_poll(self, seconds):
+        """This queue's get() in this process looks for an item without sleeping for up to
+        `seconds` (adapting to how long items take to come) before it blocks, in place of
+        the process's shmtensor.set_busy_poll: a consumer that waits a few tens of
+        microseconds per item saves its producer a wake-up and itself a sleep. 0 never
+        polls; None (the default) follows the process's setting. Other processes' handles
+        of the queue are not affected. An extension of multiprocessing's API."""
+        self._check().set_busy_poll(None if seconds is None else float(seconds))
+
     def _raise_deferred(self):
         deferred = self.__dict__.get("_deferred")
         if deferred:

@@ -100,42 +100,85 @@ class _Message:
         return i
 
 
+class _Reducers(dict):
+    """ForkingPickler's reducers as a pickler's dispatch_table, read live: empty itself, so
+    every lookup is a miss that asks ForkingPickler's tables (its registered reducers first,
+    then copyreg's, the order ForkingPickler's own copy has). A reducer registered or
+    replaced at any time is the one used, and no message copies the ~90 entries."""
+
+    __slots__ = ()
+
+    def __missing__(self, cls):
+        reduce = _mpreduction.ForkingPickler._extra_reducers.get(cls)
+        if reduce is None:
+            reduce = _mpreduction.ForkingPickler._copyreg_dispatch_table.get(cls)
+            if reduce is None:
+                raise KeyError(cls)
+        return reduce
+
+
+_REDUCERS = _Reducers()
+
+
 class _MessagePickler(pickle.Pickler):
     """Protocol 5 with ForkingPickler's reducers (ForkingPickler itself takes no
     buffer_callback)."""
 
     def __init__(self, file, buffer_callback):
         super().__init__(file, 5, buffer_callback=buffer_callback)
-        self.dispatch_table = _mpreduction.ForkingPickler._copyreg_dispatch_table.copy()
-        self.dispatch_table.update(_mpreduction.ForkingPickler._extra_reducers)
+        self.dispatch_table = _REDUCERS
 
 
-def dumps(obj):
-    """Pickles obj for a native message: (bytes, [Block])."""
-    message = _Message()
-    oob = []
+class _Sender:
+    """A thread's pickler for native messages, kept from one message to the next (making
+    one costs more than pickling a small message). One message at a time: dumps makes a
+    fresh one for a message pickled while this one is (a reducer that sends something)."""
 
-    def buffer_callback(buf):
+    def __init__(self):
+        self.out = io.BytesIO()
+        self.pickler = _MessagePickler(self.out, self._buffer)
+        self.message = None
+        self.oob = None
+
+    def _buffer(self, buf):
         raw = buf.raw()
         if raw.nbytes == 0 or raw.nbytes < _share_threshold:
             return True
         block = _new_block(raw.nbytes)
         memoryview(block)[:] = raw
-        oob.append((message.add(block), raw.readonly))
+        self.oob.append((self.message.add(block), raw.readonly))
         return False
 
-    out = io.BytesIO()
-    stack = _local.__dict__.setdefault("sending", [])
-    stack.append(message)
-    try:
-        _MessagePickler(out, buffer_callback).dump(obj)
-    finally:
-        stack.pop()
-    if oob or message.blocks:
-        meta = pickle.dumps(oob, 5)
-        out.write(meta)
-        out.write(_TRAILER.pack(len(meta), _MAGIC))
-    return out.getvalue(), message.blocks
+    def dumps(self, obj):
+        message = self.message = _Message()
+        oob = self.oob = []
+        out = self.out
+        stack = _local.__dict__.setdefault("sending", [])
+        stack.append(message)
+        try:
+            self.pickler.dump(obj)
+            if oob or message.blocks:
+                meta = pickle.dumps(oob, 5)
+                out.write(meta)
+                out.write(_TRAILER.pack(len(meta), _MAGIC))
+            return out.getvalue(), message.blocks
+        finally:
+            stack.pop()
+            # Nothing of this message stays referenced by the kept pickler.
+            self.pickler.clear_memo()
+            out.seek(0)
+            out.truncate()
+            self.message = self.oob = None
+
+
+def dumps(obj):
+    """Pickles obj for a native message: (bytes, [Block])."""
+    sender = _local.__dict__.get("sender")
+    if sender is None:
+        sender = _local.sender = _Sender()
+    elif sender.message is not None:  # this thread is pickling a message already
+        sender = _Sender()
+    return sender.dumps(obj)
 
 
 def loads(data, blocks):
