@@ -198,6 +198,8 @@ def _new_shared(cls, size, *, device="cpu"):
     if size == 0 or not (device == _CPU or torch.device(device).type == "cpu"):
         return _saved["_new_shared"](size, device=device)  # bound to UntypedStorage
     _sync_strategy()
+    if _bridge is not None:
+        return _bridge.new_shared(size)
     return _wrap(_C._empty((size,), "uint8", True))
 
 

@@ -107,6 +107,23 @@ py::object share_storage(const py::handle& storage) {
   return block_of(*moved);
 }
 
+// A torch.UntypedStorage over a new shared block of `nbytes` (> 0), of the process's current
+// strategy: _new_shared's allocation (a DataLoader worker's every batch tensor) in one call.
+// A failure is made again through _C._empty, which raises shmtensor's Python exception for
+// it (SharedMemoryFullError, ...), or succeeds if the condition has passed.
+py::object new_shared(std::size_t nbytes) {
+  if (nbytes == 0) throw py::value_error("new_shared: 0 bytes (torch's own makes empty storages)");
+  std::optional<Storage> storage;
+  try {
+    storage = Storage::allocate_shared(nbytes);
+  } catch (const std::exception&) {
+    storage = storage_of_block(c_module().attr("_empty")(py::make_tuple(nbytes), "uint8", true));
+  }
+  PyObject* obj = compat::wrap_storage(to_torch(*storage));
+  if (obj == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<py::object>(obj);
+}
+
 py::tuple int_tuple(c10::IntArrayRef values) {
   py::tuple out(values.size());
   for (std::size_t i = 0; i < values.size(); ++i) {
@@ -228,6 +245,9 @@ PYBIND11_MODULE(_torch, m) {
         "as it is and its block returned; a 0-byte storage is left alone (None). Raises "
         "shmtensor's exceptions (SharedMemoryFullError, ...) on allocation failures, ValueError "
         "for a storage not on the CPU, TypeError for anything but an UntypedStorage.");
+  m.def("new_shared", &sp::new_shared, py::arg("nbytes"),
+        "A torch.UntypedStorage over a new shared block of nbytes (> 0) with the current "
+        "strategy; allocation failures raise shmtensor's exceptions.");
   m.def("tensor_parts", &sp::tensor_parts, py::arg("tensor"), py::arg("move"),
         "(block, dtype, offset, sizes, strides) of an exact CPU torch.Tensor that shmtensor.torch "
         "sends itself; None for one torch's reduce_tensor must take (a subclass, not CPU or "

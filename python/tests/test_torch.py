@@ -198,6 +198,21 @@ def test_share_memory_and_model_share_memory(installed, strategy):
     del model, before, t
 
 
+def test_new_shared_on_a_full_dev_shm_is_shared_memory_full_error(installed):
+    import shmtensor
+    old = tmp.get_sharing_strategy()
+    tmp.set_sharing_strategy("file_system")
+    try:
+        v = os.statvfs("/dev/shm")
+        too_big = v.f_blocks * v.f_frsize + (1 << 30)
+        with pytest.raises(shmtensor.SharedMemoryFullError, match="/dev/shm is too small"):
+            torch.UntypedStorage._new_shared(too_big)
+        s = torch.UntypedStorage._new_shared(64)  # nothing is left half made
+        assert s.is_shared() and s.nbytes() == 64
+    finally:
+        tmp.set_sharing_strategy(old)
+
+
 def test_strategy_is_torchs_own(installed, strategy):
     import shmtensor
     torch.UntypedStorage._new_shared(8)

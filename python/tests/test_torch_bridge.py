@@ -180,6 +180,29 @@ def test_a_tensor_from_a_block_crosses_to_a_forked_child_through_the_native_queu
     q.close()
 
 
+def mapping_of(addr):
+    """What backs the mapping holding addr: "/dev/shm/" (a named segment) or "memfd:"."""
+    with open("/proc/self/maps") as f:
+        for line in f:
+            lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+            if lo <= addr < hi:
+                return "/dev/shm/" if "/dev/shm/" in line else "memfd:" if "memfd:" in line else line
+    return None
+
+
+def test_new_shared_is_a_storage_over_a_new_block_of_the_strategy():
+    for strategy in ("file_descriptor", "file_system"):
+        shmtensor.set_sharing_strategy(strategy)
+        s = _torch.new_shared(24)
+        assert isinstance(s, torch.UntypedStorage) and s.nbytes() == 24
+        block = _torch.block_of_storage(s)
+        assert block is not None and block.shape == (24,) and block.is_shared()
+        assert mapping_of(address(block)) == ("/dev/shm/" if strategy == "file_system" else "memfd:")
+    shmtensor.set_sharing_strategy("file_descriptor")
+    with pytest.raises(ValueError, match="0 bytes"):
+        _torch.new_shared(0)
+
+
 # ---- tensors: tensor_parts and tensor_from_block (shmtensor.torch's tensor reducer) ---------
 
 DTYPES = [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
