@@ -124,6 +124,19 @@ py::object new_shared(std::size_t nbytes) {
   return py::reinterpret_steal<py::object>(obj);
 }
 
+// The strides of a C-contiguous tensor of `sizes` (the last 1, each other the product of the
+// sizes after it, a size 0 counting as 1, as torch's); nullopt if that overflows.
+std::optional<std::vector<std::int64_t>> contiguous_strides(c10::IntArrayRef sizes) {
+  std::vector<std::int64_t> strides(sizes.size());
+  std::int64_t stride = 1;
+  for (std::size_t i = sizes.size(); i-- > 0;) {
+    strides[i] = stride;
+    if (__builtin_mul_overflow(stride, std::max<std::int64_t>(sizes[i], 1), &stride))
+      return std::nullopt;
+  }
+  return strides;
+}
+
 py::tuple int_tuple(c10::IntArrayRef values) {
   py::tuple out(values.size());
   for (std::size_t i = 0; i < values.size(); ++i) {
@@ -135,6 +148,7 @@ py::tuple int_tuple(c10::IntArrayRef values) {
 }
 
 // (block, dtype, offset, sizes, strides) of an exact torch.Tensor whose values are the bytes
+// (strides None when they are the contiguous ones for the sizes)
 // of a CPU storage; None for anything torch's own reducer must take (a subclass, another
 // device or layout, requires_grad, names, lazy conjugate/negative bits, quantized, no storage,
 // an empty storage). When the storage is not shmtensor's yet: moved into an arena in place
@@ -156,8 +170,14 @@ py::object tensor_parts(const py::handle& obj, bool move) {
     ours = share_impl(*impl);
     if (!ours) return py::none();
   }
+  // Strides that are the contiguous ones for the sizes travel as None (shorter messages:
+  // a 4-tensor batch's then fits a queue's ring slot with either strategy).
+  auto contiguous = contiguous_strides(t.sizes());
+  py::object strides = contiguous && c10::IntArrayRef(*contiguous) == t.strides()
+                           ? py::object(py::none())
+                           : py::object(int_tuple(t.strides()));
   return py::make_tuple(block_of(*ours), static_cast<int>(t.scalar_type()), t.storage_offset(),
-                        int_tuple(t.sizes()), int_tuple(t.strides()));
+                        int_tuple(t.sizes()), strides);
 }
 
 [[noreturn]] void bad_tensor(const std::string& what) {
@@ -189,7 +209,14 @@ py::object tensor_from_block(const py::handle& block, int dtype, std::int64_t of
   if (scalar_type == c10::ScalarType::Undefined || c10::isQIntType(scalar_type))
     bad_tensor("has no dtype");
   const std::vector<std::int64_t> sizes = int64s(sizes_obj, "sizes");
-  const std::vector<std::int64_t> strides = int64s(strides_obj, "strides");
+  std::vector<std::int64_t> strides;
+  if (strides_obj.is_none()) {  // contiguous
+    auto contiguous = contiguous_strides(sizes);
+    if (!contiguous) bad_tensor("overflows");
+    strides = std::move(*contiguous);
+  } else {
+    strides = int64s(strides_obj, "strides");
+  }
   if (sizes.size() != strides.size()) bad_tensor("has as many strides as sizes");
   if (offset < 0) bad_tensor("has a negative offset");
   Storage storage = storage_of_block(block);
@@ -249,12 +276,12 @@ PYBIND11_MODULE(_torch, m) {
         "A torch.UntypedStorage over a new shared block of nbytes (> 0) with the current "
         "strategy; allocation failures raise shmtensor's exceptions.");
   m.def("tensor_parts", &sp::tensor_parts, py::arg("tensor"), py::arg("move"),
-        "(block, dtype, offset, sizes, strides) of an exact CPU torch.Tensor that shmtensor.torch "
+        "(block, dtype, offset, sizes, strides; strides None when contiguous) of an exact CPU torch.Tensor that shmtensor.torch "
         "sends itself; None for one torch's reduce_tensor must take (a subclass, not CPU or "
         "strided, requires_grad, named, conjugate/negative bit, quantized, an empty storage). A "
         "storage not yet in shared memory is moved in place if `move`, else block is None.");
   m.def("tensor_from_block", &sp::tensor_from_block, py::arg("block"), py::arg("dtype"),
         py::arg("offset"), py::arg("sizes"), py::arg("strides"),
-        "The torch.Tensor of tensor_parts' other values over `block`'s storage (shared with every "
+        "The torch.Tensor of tensor_parts' other values (strides None: contiguous) over `block`'s storage (shared with every "
         "other tensor received on it here). ValueError when they do not fit the block.");
 }

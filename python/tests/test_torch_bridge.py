@@ -272,6 +272,8 @@ def test_tensor_parts_leaves_what_torch_must_reduce_to_torch():
     ((6, 0, (2, 2), (3, 1)), "reaches past its block"),
     ((6, 5, (0,), (1,)), "reaches past its block"),
     ((6, 0, (2 ** 40, 2 ** 40), (2 ** 40, 2 ** 40)), "overflows"),
+    ((6, 0, (2 ** 40, 2 ** 40, 2 ** 40), None), "overflows"),  # its contiguous strides
+    ((6, 0, (5,), None), "reaches past its block"),
 ])
 def test_tensor_from_block_refuses_metadata_that_does_not_fit(bad, message):
     block = new_block(16)
@@ -287,3 +289,22 @@ def test_tensor_from_block_takes_what_fits_exactly():
     assert _torch.tensor_from_block(block, 6, 4, (0,), (1,)).numel() == 0
     assert _torch.tensor_from_block(block, 6, 0, (), ()).shape == ()
     assert _torch.tensor_from_block(block, 6, 0, (4, 3), (1, 0)).shape == (4, 3)  # expanded
+    assert _torch.tensor_from_block(block, 6, 0, (2, 2), None).stride() == (2, 1)
+
+
+def test_contiguous_strides_travel_as_none_and_others_exactly():
+    t = torch.arange(24, dtype=torch.float32).view(2, 3, 4)
+    cases = {
+        "contiguous": (t, None),
+        "a size-1 dim with another stride": (t[:, :1, :], (12, 4, 1)),
+        "transposed": (t.transpose(1, 2), (12, 1, 4)),
+        "a zero-size dim, strides of its base": (t[:, :0, :], (12, 4, 1)),
+        "a zero-size dim, contiguous": (t.as_strided((2, 0, 4), (4, 4, 1)), None),
+        "a scalar": (t[1, 2, 3], None),
+    }
+    for what, (view, strides) in cases.items():
+        block, code, offset, size, stride = _torch.tensor_parts(view, True)
+        assert stride == strides, what
+        back = _torch.tensor_from_block(block, code, offset, size, stride)
+        assert back.stride() == view.stride() and back.shape == view.shape, what
+        assert torch.equal(back, view), what

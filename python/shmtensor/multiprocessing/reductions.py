@@ -157,7 +157,7 @@ class _Sender:
         stack.append(message)
         try:
             self.pickler.dump(obj)
-            if oob or message.blocks:
+            if oob:  # (a pickle ends with STOP, never with the magic: no trailer, no oob)
                 meta = pickle.dumps(oob, 5)
                 out.write(meta)
                 out.write(_TRAILER.pack(len(meta), _MAGIC))
