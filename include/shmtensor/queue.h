@@ -111,7 +111,8 @@ class Queue {
   // Busy polling for this queue's get()s in this process (its copies here share it), in
   // place of the process's setting (busy_poll.h): each get polls the queue for up to
   // `budget`, adapting, before it blocks; Duration(0) never polls; nullopt (the default)
-  // follows the process's set_busy_poll. Other processes' handles are not affected. Throws
+  // follows the process's set_busy_poll. Other processes' handles, a forked child's
+  // included, are not affected. Throws
   // std::invalid_argument outside 0 to 1 second.
   void set_busy_poll(std::optional<Duration> budget) {
     if (budget && !(budget->count() >= 0))  // to_nanoseconds would make it 0

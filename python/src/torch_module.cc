@@ -38,14 +38,15 @@ constexpr const char* kStorageCapsule = "shmtensor.Storage";  // _C's name for i
 
 py::module_ c_module() { return py::module_::import("shmtensor._C"); }
 
-// A function of shmtensor._C, looked up once (a new reference kept for the process's life:
-// released, never decref'd at exit, when the interpreter may be gone).
-py::handle c_function(const char* name) { return py::object(c_module().attr(name)).release(); }
+// shmtensor._C's _storage_capsule and _block_of_capsule, looked up once at module init (new
+// references kept for the process's life: never decref'd at exit, when the interpreter may
+// be gone; set before any call, so no lazy initialisation races on the GIL).
+py::handle g_to_capsule;
+py::handle g_of_capsule;
 
 // The Storage of a block (through _C._storage_capsule, which checks the type).
 Storage storage_of_block(const py::handle& block) {
-  static const py::handle to_capsule = c_function("_storage_capsule");
-  py::object capsule = to_capsule(block);
+  py::object capsule = g_to_capsule(block);
   auto* storage = static_cast<Storage*>(PyCapsule_GetPointer(capsule.ptr(), kStorageCapsule));
   if (storage == nullptr) throw py::error_already_set();
   return *storage;
@@ -53,13 +54,12 @@ Storage storage_of_block(const py::handle& block) {
 
 // The block of a Storage (through _C._block_of_capsule).
 py::object block_of(const Storage& storage) {
-  static const py::handle of_capsule = c_function("_block_of_capsule");
   auto copy = std::make_unique<Storage>(storage);
   py::capsule capsule(copy.get(), kStorageCapsule, [](PyObject* o) {
     delete static_cast<Storage*>(PyCapsule_GetPointer(o, kStorageCapsule));
   });
   copy.release();  // the capsule's now
-  return of_capsule(capsule);
+  return g_of_capsule(capsule);
 }
 
 // The C++ storage of a torch.UntypedStorage; TypeError for anything else.
@@ -147,26 +147,67 @@ py::tuple int_tuple(c10::IntArrayRef values) {
   return out;
 }
 
+// What is wrong with a view of `itemsize`-byte elements (offset, sizes, strides) on a
+// storage of `nbytes`, or nullptr when it lies within: the one rule of tensor_parts and
+// tensor_from_block. A view with no elements reads nothing (torch allows any offset for
+// it): only its numbers must not be negative. Any other needs its last element's end
+// within the storage, computed without overflow.
+const char* view_error(std::int64_t offset, c10::IntArrayRef sizes, c10::IntArrayRef strides,
+                       std::uint64_t itemsize, std::uint64_t nbytes) {
+  if (sizes.size() != strides.size()) return "has a different number of strides and sizes";
+  if (offset < 0) return "has a negative offset";
+  bool empty = false;
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    if (sizes[i] < 0 || strides[i] < 0) return "has sizes or strides out of range";
+    empty = empty || sizes[i] == 0;
+  }
+  if (empty) return nullptr;
+  std::uint64_t last = static_cast<std::uint64_t>(offset);  // the last element's index
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    std::uint64_t step = 0;
+    if (__builtin_mul_overflow(static_cast<std::uint64_t>(sizes[i] - 1),
+                               static_cast<std::uint64_t>(strides[i]), &step) ||
+        __builtin_add_overflow(last, step, &last))
+      return "overflows";
+  }
+  std::uint64_t end = 0;
+  if (__builtin_add_overflow(last, 1, &last) || __builtin_mul_overflow(last, itemsize, &end))
+    return "overflows";
+  if (end > nbytes) return "reaches past its block";
+  return nullptr;
+}
+
 // (block, dtype, offset, sizes, strides) of an exact torch.Tensor whose values are the bytes
-// (strides None when they are the contiguous ones for the sizes)
-// of a CPU storage; None for anything torch's own reducer must take (a subclass, another
-// device or layout, requires_grad, names, lazy conjugate/negative bits, quantized, no storage,
-// an empty storage). When the storage is not shmtensor's yet: moved into an arena in place
-// if `move` (every view follows), else (None, ...) so that the caller can set the strategy
-// first.
+// of a CPU storage (strides None when they are the contiguous ones for the sizes); None for
+// anything torch's own reducer must take: a subclass, another device or layout, nested,
+// requires_grad, names, lazy conjugate/negative/zero bits, quantized, a functional,
+// functorch or Python-dispatch wrapper, no storage or one without data (empty, or the
+// null data of a zero tensor). When the storage is not shmtensor's yet: moved into an arena
+// in place if `move` (every view follows), else (None, ...) so that the caller can set the
+// strategy first.
 py::object tensor_parts(const py::handle& obj, bool move) {
   if (Py_TYPE(obj.ptr()) != reinterpret_cast<PyTypeObject*>(THPVariableClass)) return py::none();
   const at::Tensor& t = THPVariable_Unpack(obj.ptr());
   if (!t.defined() || t.device().type() != c10::kCPU || t.layout() != c10::kStrided ||
-      t.requires_grad() || t.has_names() || t.is_conj() || t.is_neg() || t.is_quantized() ||
-      !t.has_storage())
+      t.is_nested() || t.requires_grad() || t.has_names() || t.is_conj() || t.is_neg() ||
+      t._is_zerotensor() || t.is_quantized() || !t.has_storage())
     return py::none();
-  c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
-  if (impl->nbytes() == 0) return py::none();
+  const c10::DispatchKeySet keys = t.key_set();
+  for (c10::DispatchKey k : {c10::DispatchKey::Functionalize, c10::DispatchKey::Python,
+                             c10::DispatchKey::FuncTorchBatched,
+                             c10::DispatchKey::FuncTorchGradWrapper})
+    if (keys.has(k)) return py::none();
+  // A reference of our own: the GIL is released while the bytes are copied, and another
+  // thread may set_() the tensor to another storage meanwhile.
+  const c10::Storage keep = t.storage();
+  c10::StorageImpl* impl = keep.unsafeGetStorageImpl();
+  if (impl->nbytes() == 0 || impl->data_ptr().get() == nullptr) return py::none();
+  if (view_error(t.storage_offset(), t.sizes(), t.strides(),
+                 static_cast<std::uint64_t>(t.element_size()), impl->nbytes()) != nullptr)
+    return py::none();  // not expected of a torch tensor; torch's reducer decides
   std::optional<Storage> ours = shared_storage_of(*impl);
   if (!ours && !move) return py::make_tuple(py::none(), 0, 0, py::tuple(), py::tuple());
   if (!ours) {
-    // `obj` holds t, which holds impl, while the bytes are copied.
     ours = share_impl(*impl);
     if (!ours) return py::none();
   }
@@ -185,29 +226,36 @@ py::object tensor_parts(const py::handle& obj, bool move) {
                         " (a corrupt or hostile message)");
 }
 
+// An int of a message, in 64 bits and >= 0.
+std::int64_t int64_of(const py::handle& v, const char* what) {
+  if (!PyLong_Check(v.ptr())) bad_tensor(std::string("has ") + what + " that are not ints");
+  int overflow = 0;
+  const long long x = PyLong_AsLongLongAndOverflow(v.ptr(), &overflow);
+  if (overflow != 0 || x < 0) bad_tensor(std::string("has ") + what + " out of range");
+  return x;
+}
+
 std::vector<std::int64_t> int64s(const py::handle& seq, const char* what) {
   if (!PyTuple_Check(seq.ptr())) bad_tensor(std::string("has ") + what + " that are not a tuple");
   std::vector<std::int64_t> out;
   out.reserve(static_cast<std::size_t>(PyTuple_GET_SIZE(seq.ptr())));
-  for (py::handle v : py::reinterpret_borrow<py::tuple>(seq)) {
-    if (!PyLong_Check(v.ptr())) bad_tensor(std::string("has ") + what + " that are not ints");
-    int overflow = 0;
-    const long long x = PyLong_AsLongLongAndOverflow(v.ptr(), &overflow);
-    if (overflow != 0 || x < 0) bad_tensor(std::string("has ") + what + " out of range");
-    out.push_back(x);
-  }
+  for (py::handle v : py::reinterpret_borrow<py::tuple>(seq)) out.push_back(int64_of(v, what));
   return out;
 }
 
 // The inverse of tensor_parts, in the receiving process: a torch.Tensor on the block's
 // storage (one torch storage per shmtensor storage in a process, so every tensor received on
-// a block shares it). ValueError for metadata that does not fit the block.
-py::object tensor_from_block(const py::handle& block, int dtype, std::int64_t offset,
-                             const py::handle& sizes_obj, const py::handle& strides_obj) {
-  if (dtype < 0 || dtype >= static_cast<int>(c10::ScalarType::NumOptions)) bad_tensor("has no dtype");
+// a block shares it). ValueError for anything in them that is not what tensor_parts makes
+// or does not fit the block (view_error).
+py::object tensor_from_block(const py::handle& block, const py::handle& dtype_obj,
+                             const py::handle& offset_obj, const py::handle& sizes_obj,
+                             const py::handle& strides_obj) {
+  const std::int64_t dtype = int64_of(dtype_obj, "a dtype code");
+  if (dtype >= static_cast<std::int64_t>(c10::ScalarType::NumOptions)) bad_tensor("has no dtype");
   const auto scalar_type = static_cast<c10::ScalarType>(dtype);
   if (scalar_type == c10::ScalarType::Undefined || c10::isQIntType(scalar_type))
     bad_tensor("has no dtype");
+  const std::int64_t offset = int64_of(offset_obj, "an offset");
   const std::vector<std::int64_t> sizes = int64s(sizes_obj, "sizes");
   std::vector<std::int64_t> strides;
   if (strides_obj.is_none()) {  // contiguous
@@ -217,27 +265,12 @@ py::object tensor_from_block(const py::handle& block, int dtype, std::int64_t of
   } else {
     strides = int64s(strides_obj, "strides");
   }
-  if (sizes.size() != strides.size()) bad_tensor("has as many strides as sizes");
-  if (offset < 0) bad_tensor("has a negative offset");
   Storage storage = storage_of_block(block);
   if (!storage.is_shared()) bad_tensor("names a block that is not in shared memory");
-  // The last element's index, and the bytes up to its end, within the storage.
-  const auto itemsize = static_cast<std::uint64_t>(c10::elementSize(scalar_type));
-  std::uint64_t last = static_cast<std::uint64_t>(offset);
-  bool empty = false;
-  for (std::size_t i = 0; i < sizes.size(); ++i) {
-    if (sizes[i] == 0) empty = true;
-    std::uint64_t step = 0;
-    if (sizes[i] > 0 &&
-        (__builtin_mul_overflow(static_cast<std::uint64_t>(sizes[i] - 1),
-                                static_cast<std::uint64_t>(strides[i]), &step) ||
-         __builtin_add_overflow(last, step, &last)))
-      bad_tensor("overflows");
-  }
-  std::uint64_t end = 0;
-  if (__builtin_mul_overflow(empty ? static_cast<std::uint64_t>(offset) : last + 1, itemsize, &end) ||
-      end > storage.nbytes())
-    bad_tensor("reaches past its block");
+  if (const char* error = view_error(offset, sizes, strides,
+                                     static_cast<std::uint64_t>(c10::elementSize(scalar_type)),
+                                     storage.nbytes()))
+    bad_tensor(error);
   c10::Storage torch_storage = to_torch(storage);
   at::Tensor out = at::empty({0}, at::TensorOptions().dtype(scalar_type));
   out.set_(std::move(torch_storage), offset, sizes, strides);
@@ -256,7 +289,9 @@ PYBIND11_MODULE(_torch, m) {
       "shmtensor's bridge to torch storages (for shmtensor.torch); built against torch " TORCH_VERSION;
   // torch sets up torch.UntypedStorage (THPStorageClass) when imported.
   py::module_::import("torch");
-  py::module_::import("shmtensor._C");
+  py::module_ c = py::module_::import("shmtensor._C");
+  sp::g_to_capsule = py::object(c.attr("_storage_capsule")).release();
+  sp::g_of_capsule = py::object(c.attr("_block_of_capsule")).release();
   m.attr("torch_version") = TORCH_VERSION;
   m.def("storage_from_block", &sp::storage_from_block, py::arg("block"),
         "A torch.UntypedStorage over the whole shared storage of `block` (a shmtensor._C.Tensor), "

@@ -109,6 +109,10 @@ def test_queue_put_many_and_get_many_across_processes(method):
         q.get_many(10, block=False)
 
 
+def _busy_poll_is_none(q):
+    assert q._q.busy_poll is None
+
+
 def _put_numbers(q, n):
     for i in range(n):
         q.put((i, np.full(3, i)))
@@ -137,8 +141,41 @@ def test_queue_set_busy_poll(method):
     assert p.exitcode == 0
     with pytest.raises(queue.Empty):
         q.get(timeout=0.01)
+    if method == "fork":
+        child = ctx.Process(target=_busy_poll_is_none, args=(q,))
+        child.start()
+        child.join(60)
+        assert child.exitcode == 0  # a forked child's handle follows its own process
     q.set_busy_poll(None)
     assert q._q.busy_poll is None
+
+
+def test_a_thread_keeps_its_pickler_but_not_after_a_large_or_failed_message():
+    """Native messages reuse the thread's pickler (making one costs more than a small
+    message); its memo table keeps the size of its largest message, so a large message, or
+    one that failed, makes the next one use a new pickler. Each message's bytes stay its own."""
+    from shmtensor.multiprocessing import reductions
+    first = reductions.dumps((1, "a"))[0]
+    kept = reductions._local.sender
+    second = reductions.dumps((2, "b"))[0]
+    assert reductions._local.sender is kept
+    assert reductions.loads(first, []) == (1, "a") and reductions.loads(second, []) == (2, "b")
+    big = [[i] for i in range(200_000)]  # > 1 MiB pickled
+    data, blocks = reductions.dumps(big)
+    assert len(data) > reductions._KEEP_PICKLER_UP_TO
+    assert reductions._local.sender is None
+    assert reductions.loads(data, blocks) == big
+    reductions.dumps(3)
+    kept = reductions._local.sender
+    with pytest.raises(RuntimeError, match="refused to pickle"):
+        reductions.dumps([1, _RefusesToPickle()])
+    assert reductions._local.sender is None
+    assert reductions.loads(*reductions.dumps((4, "d"))) == (4, "d")
+
+
+class _RefusesToPickle:
+    def __reduce__(self):
+        raise RuntimeError("refused to pickle")
 
 
 class _Unpicklable:

@@ -283,9 +283,24 @@ def test_plain_tensors_take_the_bridge_and_others_torchs_reducer(installed, stra
     gc.collect()  # the refusal's traceback held the frame of the last line
 
 
+def test_a_tensor_without_data_gets_torchs_own_error(installed):
+    """A zero tensor's storage has a size and no data: torch's reducer refuses it, and so
+    must the bridge (it once copied from the null pointer: a crash, hence the child)."""
+    from multiprocessing.reduction import ForkingPickler
+
+    def child():
+        with pytest.raises(NotImplementedError, match="nullptr storage"):
+            ForkingPickler.dumps(torch._efficientzerotensor(3))
+    assert run_in_child(child) == 0
+
+
 def test_context_queues_poll_in_the_process_that_made_them():
     q = st.context("fork").Queue()
     assert q._q.busy_poll == pytest.approx(50e-6)
+
+    def child():  # a forked child (a DataLoader worker) follows its own process's setting
+        assert q._q.busy_poll is None
+    assert run_in_child(child) == 0
     assert st.context("fork") is st.context("fork")
     off = st.context("spawn", busy_poll=0)
     assert off is not st.context("spawn") and off.Queue()._q.busy_poll == 0

@@ -232,6 +232,7 @@ def test_tensor_parts_and_back_keep_values_view_and_storage(dtype):
 
 
 @pytest.mark.filterwarnings("ignore:Named tensors")
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
 def test_tensor_parts_leaves_what_torch_must_reduce_to_torch():
     plain = torch.ones(4)
     assert _torch.tensor_parts(plain, True) is not None
@@ -245,6 +246,8 @@ def test_tensor_parts_leaves_what_torch_must_reduce_to_torch():
         "meta": torch.ones(3, device="meta"),
         "sparse": torch.ones(2, 2).to_sparse(),
         "empty storage": torch.empty(0),
+        "zero tensor (no data)": torch._efficientzerotensor(3),
+        "nested": torch.nested.nested_tensor([torch.ones(2), torch.ones(3)]),
     }
     for what, t in leave.items():
         before = t.data_ptr() if t.layout == torch.strided and not t.is_meta else None
@@ -253,15 +256,27 @@ def test_tensor_parts_leaves_what_torch_must_reduce_to_torch():
             assert t.data_ptr() == before, what + " was moved"
     assert _torch.tensor_parts(np.ones(3), True) is None
     assert _torch.tensor_parts(untyped(plain), True) is None
+    import functorch
+    inside = []
+
+    def record(x):  # a functional wrapper: torch's reducer refuses it ("nullptr storage")
+        inside.append(_torch.tensor_parts(x, True))
+        return x + 1
+    functorch.functionalize(record)(torch.ones(3))
+    assert inside == [None]
 
 
 # The dtype codes are c10::ScalarType's: 6 is Float.
 @pytest.mark.parametrize("bad, message", [
-    ((-1, 0, (4,), (1,)), "has no dtype"),
+    ((-1, 0, (4,), (1,)), "dtype code out of range"),
+    ((2 ** 70, 0, (4,), (1,)), "dtype code out of range"),
+    ((6.0, 0, (4,), (1,)), "dtype code that are not ints"),
     ((10_000, 0, (4,), (1,)), "has no dtype"),
     ((12, 0, (4,), (1,)), "has no dtype"),  # c10::ScalarType::QInt8
-    ((6, -1, (4,), (1,)), "negative offset"),
-    ((6, 0, (4,), (1, 1)), "as many strides as sizes"),
+    ((6, -1, (4,), (1,)), "offset out of range"),
+    ((6, 2 ** 64, (4,), (1,)), "offset out of range"),
+    ((6, None, (4,), (1,)), "offset that are not ints"),
+    ((6, 0, (4,), (1, 1)), "different number of strides and sizes"),
     ((6, 0, [4], (1,)), "not a tuple"),
     ((6, 0, (4.0,), (1,)), "not ints"),
     ((6, 0, (-4,), (1,)), "out of range"),
@@ -270,7 +285,7 @@ def test_tensor_parts_leaves_what_torch_must_reduce_to_torch():
     ((6, 0, (5,), (1,)), "reaches past its block"),  # 5 floats in 16 bytes
     ((6, 1, (4,), (1,)), "reaches past its block"),
     ((6, 0, (2, 2), (3, 1)), "reaches past its block"),
-    ((6, 5, (0,), (1,)), "reaches past its block"),
+    ((6, 2 ** 63 - 1, (3,), (2 ** 62,)), "overflows"),  # the last index is 2^64 - 1
     ((6, 0, (2 ** 40, 2 ** 40), (2 ** 40, 2 ** 40)), "overflows"),
     ((6, 0, (2 ** 40, 2 ** 40, 2 ** 40), None), "overflows"),  # its contiguous strides
     ((6, 0, (5,), None), "reaches past its block"),
@@ -287,6 +302,10 @@ def test_tensor_from_block_takes_what_fits_exactly():
     assert _torch.tensor_from_block(block, 6, 3, (1,), (1,)).storage_offset() == 3
     assert _torch.tensor_from_block(block, 6, 0, (2, 2), (2, 1)).shape == (2, 2)
     assert _torch.tensor_from_block(block, 6, 4, (0,), (1,)).numel() == 0
+    # A view with no elements reads nothing: any offset, sizes and strides (torch allows
+    # them, and tensor_parts sends them).
+    assert _torch.tensor_from_block(block, 6, 100, (0,), (1,)).storage_offset() == 100
+    assert _torch.tensor_from_block(block, 6, 0, (0, 2 ** 62), (1, 2 ** 62)).numel() == 0
     assert _torch.tensor_from_block(block, 6, 0, (), ()).shape == ()
     assert _torch.tensor_from_block(block, 6, 0, (4, 3), (1, 0)).shape == (4, 3)  # expanded
     assert _torch.tensor_from_block(block, 6, 0, (2, 2), None).stride() == (2, 1)
@@ -301,6 +320,7 @@ def test_contiguous_strides_travel_as_none_and_others_exactly():
         "a zero-size dim, strides of its base": (t[:, :0, :], (12, 4, 1)),
         "a zero-size dim, contiguous": (t.as_strided((2, 0, 4), (4, 4, 1)), None),
         "a scalar": (t[1, 2, 3], None),
+        "empty, offset past the end": (t.as_strided((0,), (1,), 100), None),
     }
     for what, (view, strides) in cases.items():
         block, code, offset, size, stride = _torch.tensor_parts(view, True)

@@ -127,10 +127,21 @@ c10::Storage to_torch(const Storage& storage) {
   return c10::Storage(std::move(live));
 }
 
-std::optional<Storage> shared_storage_of(const c10::StorageImpl& storage) {
+namespace {
+
+// shared_storage_of with g_share_mu held (share_memory_ swaps DataPtrs under it).
+std::optional<Storage> shared_storage_of_locked(const c10::StorageImpl& storage) {
   const Storage* ours = context_of(storage);
   if (ours == nullptr) return std::nullopt;
   return *ours;
+}
+
+}  // namespace
+
+std::optional<Storage> shared_storage_of(const c10::StorageImpl& storage) {
+  // Under the lock: another thread may be swapping the DataPtr this reads (share_memory_).
+  std::lock_guard share_lock(g_share_mu);
+  return shared_storage_of_locked(storage);
 }
 
 std::optional<Storage> share_memory_(c10::StorageImpl& storage) {
@@ -139,11 +150,7 @@ std::optional<Storage> share_memory_(c10::StorageImpl& storage) {
 
 std::optional<Storage> share_memory_(c10::StorageImpl& storage,
                                      const std::function<Storage(std::size_t)>& allocate) {
-  {
-    // Under the lock: another thread may be swapping the DataPtr this reads.
-    std::lock_guard share_lock(g_share_mu);
-    if (auto ours = shared_storage_of(storage)) return ours;
-  }
+  if (auto ours = shared_storage_of(storage)) return ours;
   if (storage.device_type() != c10::kCPU)
     throw std::invalid_argument("share_memory_: a storage on " + storage.device().str() +
                                 "; shmtensor shares CPU memory only");
@@ -151,6 +158,10 @@ std::optional<Storage> share_memory_(c10::StorageImpl& storage,
     throw std::invalid_argument("share_memory_: a storage of symbolic size");
   const std::size_t nbytes = storage.nbytes();
   if (nbytes == 0) return std::nullopt;
+  if (static_cast<const c10::StorageImpl&>(storage).data() == nullptr)
+    throw std::invalid_argument(
+        "share_memory_: a storage of " + std::to_string(nbytes) +
+        " bytes with no data (a zero tensor's, or a functional wrapper's)");
 
   Storage target = allocate(nbytes);
   if (!target.defined() || !target.is_shared() || target.nbytes() != nbytes)
@@ -163,7 +174,7 @@ std::optional<Storage> share_memory_(c10::StorageImpl& storage,
   {
     std::lock_guard share_lock(g_share_mu);
     // Another thread may have moved it meanwhile; then `target` goes back unused.
-    if (auto ours = shared_storage_of(storage)) return ours;
+    if (auto ours = shared_storage_of_locked(storage)) return ours;
     if (storage.nbytes() != nbytes)
       throw std::invalid_argument("share_memory_: the storage was resized while being shared");
     const c10::StorageImpl& old = storage;

@@ -121,6 +121,7 @@ void busy_poll_observe(std::optional<std::chrono::nanoseconds> waited,
                        std::optional<std::chrono::nanoseconds> set) noexcept {
   ThreadState& s = state();
   const std::int64_t most = set ? set->count() : budget_set_ns();
+  if (most <= 0) return;  // turned off since this receive's budget was read
   const std::int64_t least = least_of(most);
   if (waited && waited->count() <= most)
     s.budget_ns = std::clamp<std::int64_t>(2 * waited->count(), least, most);

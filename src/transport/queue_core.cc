@@ -260,10 +260,15 @@ struct QueueCore::State {
   // wait_for_signallers' memory of a count left by producers that died (announced.h).
   std::atomic<std::uint32_t> stuck_signalling{0};
   // This handle's own busy-poll budget (set_busy_poll), in nanoseconds; -1: the process's.
+  // It holds in the process that set it: a forked child (whose copy of this state is its
+  // parent's) follows its own process's setting, as a process the queue is sent to does.
   std::atomic<std::int64_t> busy_poll_ns{-1};
+  std::atomic<std::uint32_t> busy_poll_fork_generation{0};
   std::optional<std::chrono::nanoseconds> busy_poll() const {
     const std::int64_t ns = busy_poll_ns.load(std::memory_order_relaxed);
-    if (ns < 0) return std::nullopt;
+    if (ns < 0 || busy_poll_fork_generation.load(std::memory_order_relaxed) !=
+                      internal::fork_generation())
+      return std::nullopt;
     return std::chrono::nanoseconds(ns);
   }
   QueueControl* control() const { return reinterpret_cast<QueueControl*>(control_map.data()); }
@@ -749,6 +754,7 @@ void QueueCore::set_busy_poll(std::optional<std::chrono::nanoseconds> budget) {
   if (budget && (budget->count() < 0 || *budget > std::chrono::seconds(1)))
     throw std::invalid_argument("Queue::set_busy_poll: the budget must be from 0 to 1 second, not " +
                                 std::to_string(budget->count()) + " ns");
+  state_->busy_poll_fork_generation.store(fork_generation(), std::memory_order_relaxed);
   state_->busy_poll_ns.store(budget ? budget->count() : -1, std::memory_order_relaxed);
 }
 

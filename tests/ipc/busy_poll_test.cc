@@ -161,6 +161,11 @@ TEST(BusyPollSettingTest, AQueuesOwnBudgetReplacesTheProcesss) {
   EXPECT_THROW(q.set_busy_poll(Duration(-1e-6)), std::invalid_argument);
   EXPECT_THROW(q.set_busy_poll(2s), std::invalid_argument);
   EXPECT_DOUBLE_EQ(q.busy_poll()->count(), 200e-6) << "a refused value changes nothing";
+  pid_t child = fork_child([&] {
+    EXPECT_EQ(q.busy_poll(), std::nullopt) << "a forked child follows its own process's";
+  });
+  EXPECT_EQ(wait_child(child), 0);
+  ASSERT_TRUE(q.busy_poll()) << "and the parent keeps it";
   // A get on it that finds nothing adapts the thread's budget within the queue's (half of
   // 200 us), where a queue that follows the process (off) leaves it alone.
   busy_poll_observe(100us, std::chrono::nanoseconds(200us));
