@@ -122,10 +122,23 @@ def _in_arena(storage):
     if storage.device.type != "cpu" or storage.nbytes() == 0:
         return None
     block = _block_of(storage)
-    if block is None and _bridge is not None:
+    if block is None and _bridge is not None and not _saved_is_shared(storage):
         _sync_strategy()
         block = _bridge.share_storage_(storage)
     return block
+
+
+def _saved_is_shared(storage):
+    """Whether torch's own shared memory holds storage already (shared before install(), or
+    received from a process without it): it stays there, with torch's reducer, so that
+    processes that mapped it keep seeing its writes (Hogwild-style sharing)."""
+    saved = _saved
+    return (saved["is_shared"] if saved else _Untyped.is_shared)(storage)
+
+
+def _untyped_of(tensor):
+    get = getattr(tensor, "untyped_storage", None)  # torch 2.x
+    return get() if get is not None else tensor._storage()
 
 
 def _rebuild_storage(block):
@@ -166,9 +179,12 @@ def _reduce_tensor(tensor):
     place of torch's reduce_tensor, TypedStorage and storage reducer; anything the bridge
     does not take (tensor_parts) goes to torch's reduce_tensor."""
     parts = _bridge.tensor_parts(tensor, False)
-    if parts is not None and parts[0] is None:  # not in an arena yet: moved there with
-        _sync_strategy()                        # torch's strategy
-        parts = _bridge.tensor_parts(tensor, True)
+    if parts is not None and parts[0] is None:  # not in an arena yet
+        if _saved_is_shared(_untyped_of(tensor)):
+            parts = None  # in torch's shared memory: it stays there (_saved_is_shared)
+        else:  # moved into an arena, with torch's strategy
+            _sync_strategy()
+            parts = _bridge.tensor_parts(tensor, True)
     if parts is None:
         saved = _saved  # None once uninstalled (a pickler may still hold this reducer)
         return (saved["tensor_reducer"] if saved else _treductions.reduce_tensor)(tensor)

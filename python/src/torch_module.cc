@@ -157,9 +157,13 @@ const char* view_error(std::int64_t offset, c10::IntArrayRef sizes, c10::IntArra
   if (sizes.size() != strides.size()) return "has a different number of strides and sizes";
   if (offset < 0) return "has a negative offset";
   bool empty = false;
+  std::uint64_t numel = 1;  // multiplied in order, as torch does (it refuses an overflow)
   for (std::size_t i = 0; i < sizes.size(); ++i) {
     if (sizes[i] < 0 || strides[i] < 0) return "has sizes or strides out of range";
     empty = empty || sizes[i] == 0;
+    if (__builtin_mul_overflow(numel, static_cast<std::uint64_t>(sizes[i]), &numel) ||
+        numel > static_cast<std::uint64_t>(INT64_MAX))
+      return "overflows";
   }
   if (empty) return nullptr;
   std::uint64_t last = static_cast<std::uint64_t>(offset);  // the last element's index
@@ -181,8 +185,8 @@ const char* view_error(std::int64_t offset, c10::IntArrayRef sizes, c10::IntArra
 // of a CPU storage (strides None when they are the contiguous ones for the sizes); None for
 // anything torch's own reducer must take: a subclass, another device or layout, nested,
 // requires_grad, names, lazy conjugate/negative/zero bits, quantized, a functional,
-// functorch or Python-dispatch wrapper, no storage or one without data (empty, or the
-// null data of a zero tensor). When the storage is not shmtensor's yet: moved into an arena
+// functorch or Python-dispatch wrapper, no storage or an empty one. (A storage with a size
+// and no data that gets past these is refused by share_memory_: a ValueError.) When the storage is not shmtensor's yet: moved into an arena
 // in place if `move` (every view follows), else (None, ...) so that the caller can set the
 // strategy first.
 py::object tensor_parts(const py::handle& obj, bool move) {
@@ -197,28 +201,33 @@ py::object tensor_parts(const py::handle& obj, bool move) {
                              c10::DispatchKey::FuncTorchBatched,
                              c10::DispatchKey::FuncTorchGradWrapper})
     if (keys.has(k)) return py::none();
-  // A reference of our own: the GIL is released while the bytes are copied, and another
-  // thread may set_() the tensor to another storage meanwhile.
+  // Our own reference to the storage and copy of the view: the GIL is released while the
+  // bytes are copied, and another thread may set_() or resize_() the tensor meanwhile.
   const c10::Storage keep = t.storage();
   c10::StorageImpl* impl = keep.unsafeGetStorageImpl();
-  if (impl->nbytes() == 0 || impl->data_ptr().get() == nullptr) return py::none();
-  if (view_error(t.storage_offset(), t.sizes(), t.strides(),
-                 static_cast<std::uint64_t>(t.element_size()), impl->nbytes()) != nullptr)
+  const std::int64_t offset = t.storage_offset();
+  const std::vector<std::int64_t> sizes = t.sizes().vec();
+  const std::vector<std::int64_t> view_strides = t.strides().vec();
+  const c10::ScalarType dtype = t.scalar_type();
+  if (impl->nbytes() == 0) return py::none();
+  if (view_error(offset, sizes, view_strides, static_cast<std::uint64_t>(t.element_size()),
+                 impl->nbytes()) != nullptr)
     return py::none();  // not expected of a torch tensor; torch's reducer decides
   std::optional<Storage> ours = shared_storage_of(*impl);
   if (!ours && !move) return py::make_tuple(py::none(), 0, 0, py::tuple(), py::tuple());
   if (!ours) {
+    // (A storage that has a size and no data is refused there, under its lock.)
     ours = share_impl(*impl);
     if (!ours) return py::none();
   }
   // Strides that are the contiguous ones for the sizes travel as None (shorter messages:
   // a 4-tensor batch's then fits a queue's ring slot with either strategy).
-  auto contiguous = contiguous_strides(t.sizes());
-  py::object strides = contiguous && c10::IntArrayRef(*contiguous) == t.strides()
+  auto contiguous = contiguous_strides(sizes);
+  py::object strides = contiguous && *contiguous == view_strides
                            ? py::object(py::none())
-                           : py::object(int_tuple(t.strides()));
-  return py::make_tuple(block_of(*ours), static_cast<int>(t.scalar_type()), t.storage_offset(),
-                        int_tuple(t.sizes()), strides);
+                           : py::object(int_tuple(view_strides));
+  return py::make_tuple(block_of(*ours), static_cast<int>(dtype), offset, int_tuple(sizes),
+                        strides);
 }
 
 [[noreturn]] void bad_tensor(const std::string& what) {

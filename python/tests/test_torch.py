@@ -283,6 +283,37 @@ def test_plain_tensors_take_the_bridge_and_others_torchs_reducer(installed, stra
     gc.collect()  # the refusal's traceback held the frame of the last line
 
 
+def write_first(q_in, q_out):
+    t = q_in.get()
+    t[0] = 5.0
+    q_out.put(1)
+
+
+@needs_bridge
+def test_a_tensor_torch_shared_already_stays_in_torchs_memory(strategy):
+    """Shared by torch before install() (model.share_memory() of a Hogwild setup): sending
+    it or share_memory_() after install() leaves it where it is, so that every process that
+    mapped it keeps seeing its writes. (In a child: torch's own reducers leave a resource
+    sharer's socket, or a torch_shm_manager connection, for the rest of the process.)"""
+    def child():
+        t = torch.zeros(10).share_memory_()
+        before = t.data_ptr()
+        st.install()
+        assert t.is_shared() and st._block_of(st._untyped_of(t)) is None
+        t.share_memory_()
+        ctx = st.context("fork")
+        q_in, q_out = ctx.Queue(), ctx.Queue()
+        p = ctx.Process(target=write_first, args=(q_in, q_out))
+        p.start()
+        q_in.put(t)
+        assert q_out.get(timeout=60) == 1
+        p.join(60)
+        assert p.exitcode == 0
+        assert t.data_ptr() == before and t[0].item() == 5.0
+        assert st._block_of(st._untyped_of(t)) is None
+    assert run_in_child(child) == 0
+
+
 def test_a_tensor_without_data_gets_torchs_own_error(installed):
     """A zero tensor's storage has a size and no data: torch's reducer refuses it, and so
     must the bridge (it once copied from the null pointer: a crash, hence the child)."""

@@ -286,6 +286,8 @@ def test_tensor_parts_leaves_what_torch_must_reduce_to_torch():
     ((6, 1, (4,), (1,)), "reaches past its block"),
     ((6, 0, (2, 2), (3, 1)), "reaches past its block"),
     ((6, 2 ** 63 - 1, (3,), (2 ** 62,)), "overflows"),  # the last index is 2^64 - 1
+    ((7, 0, (2 ** 32, 2 ** 32), (0, 0)), "overflows"),  # the element count (torch refuses it)
+    ((6, 0, (2 ** 62, 2 ** 62, 0), (0, 0, 0)), "overflows"),  # counted in order, as torch does
     ((6, 0, (2 ** 40, 2 ** 40), (2 ** 40, 2 ** 40)), "overflows"),
     ((6, 0, (2 ** 40, 2 ** 40, 2 ** 40), None), "overflows"),  # its contiguous strides
     ((6, 0, (5,), None), "reaches past its block"),

@@ -158,10 +158,6 @@ std::optional<Storage> share_memory_(c10::StorageImpl& storage,
     throw std::invalid_argument("share_memory_: a storage of symbolic size");
   const std::size_t nbytes = storage.nbytes();
   if (nbytes == 0) return std::nullopt;
-  if (static_cast<const c10::StorageImpl&>(storage).data() == nullptr)
-    throw std::invalid_argument(
-        "share_memory_: a storage of " + std::to_string(nbytes) +
-        " bytes with no data (a zero tensor's, or a functional wrapper's)");
 
   Storage target = allocate(nbytes);
   if (!target.defined() || !target.is_shared() || target.nbytes() != nbytes)
@@ -178,6 +174,10 @@ std::optional<Storage> share_memory_(c10::StorageImpl& storage,
     if (storage.nbytes() != nbytes)
       throw std::invalid_argument("share_memory_: the storage was resized while being shared");
     const c10::StorageImpl& old = storage;
+    if (old.data() == nullptr)  // read under the lock: another thread may swap it
+      throw std::invalid_argument(
+          "share_memory_: a storage of " + std::to_string(nbytes) +
+          " bytes with no data (a zero tensor's, or a functional wrapper's)");
     std::memcpy(target.data(), old.data(), nbytes);
     c10::DataPtr ptr = make_data_ptr(target);
     {
