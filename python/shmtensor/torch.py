@@ -13,7 +13,9 @@ What install() changes, and uninstall() restores exactly:
     share_memory_); CUDA, meta and empty storages go to torch's own reducer;
   * with the bridge, the reducer of torch.Tensor itself: a plain CPU tensor travels as its
     block and metadata, one C++ call each way; what the bridge does not take (requires_grad,
-    named, conjugate bits, quantized, other devices and layouts) goes to torch's reduce_tensor;
+    named, conjugate/zero bits, quantized, nested, wrappers, other devices and layouts)
+    goes to torch's reduce_tensor;
+  * a storage already in torch's own shared memory stays there, with torch's reducer;
   * UntypedStorage.share_memory_, .is_shared and ._new_shared (what a DataLoader worker's
     default_collate allocates each batch with), shadowed by Python attributes.
 The sharing strategy is torch's own (torch.multiprocessing.set_sharing_strategy): each

@@ -73,16 +73,26 @@ c10::StorageImpl& storage_impl_of(const py::handle& obj, const char* op) {
   return *compat::storage_impl_of(obj.ptr());
 }
 
+// A new shared Storage of nbytes made by _C._empty (so that a failure is shmtensor's own
+// Python exception). Needs the GIL.
+Storage allocate_through_c(std::size_t nbytes) {
+  return storage_of_block(c_module().attr("_empty")(py::make_tuple(nbytes), "uint8", true));
+}
+
+// The torch.UntypedStorage over a shared Storage (the one torch storage of it here).
+py::object wrap(const Storage& storage) {
+  PyObject* obj = compat::wrap_storage(to_torch(storage));
+  if (obj == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<py::object>(obj);
+}
+
 py::object storage_from_block(const py::handle& block) {
   Storage storage = storage_of_block(block);
   if (!storage.is_shared())
     throw py::value_error(
         "storage_from_block: the block is not in shared memory (make it with "
         "shmtensor._C._empty((n,), 'uint8', True))");
-  c10::Storage torch_storage = to_torch(storage);
-  PyObject* obj = compat::wrap_storage(std::move(torch_storage));
-  if (obj == nullptr) throw py::error_already_set();
-  return py::reinterpret_steal<py::object>(obj);
+  return wrap(storage);
 }
 
 py::object block_of_storage(const py::handle& storage) {
@@ -97,7 +107,7 @@ std::optional<Storage> share_impl(c10::StorageImpl& impl) {
   py::gil_scoped_release release;
   return share_memory_(impl, [](std::size_t nbytes) {
     py::gil_scoped_acquire acquire;
-    return storage_of_block(c_module().attr("_empty")(py::make_tuple(nbytes), "uint8", true));
+    return allocate_through_c(nbytes);
   });
 }
 
@@ -117,11 +127,9 @@ py::object new_shared(std::size_t nbytes) {
   try {
     storage = Storage::allocate_shared(nbytes);
   } catch (const std::exception&) {
-    storage = storage_of_block(c_module().attr("_empty")(py::make_tuple(nbytes), "uint8", true));
+    storage = allocate_through_c(nbytes);
   }
-  PyObject* obj = compat::wrap_storage(to_torch(*storage));
-  if (obj == nullptr) throw py::error_already_set();
-  return py::reinterpret_steal<py::object>(obj);
+  return wrap(*storage);
 }
 
 // The strides of a C-contiguous tensor of `sizes` (the last 1, each other the product of the

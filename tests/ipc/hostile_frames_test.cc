@@ -304,15 +304,18 @@ TEST_F(HostileFramesTest, BlockWithoutAMessageCountIsRefusedAndItsHolderUntouche
   EXPECT_EQ(static_cast<unsigned char*>(mine.data())[199], 7);
 }
 
+// The file_system strategy for the rest of a test (file_descriptor, the fixture's, after).
+struct FileSystemStrategy {
+  FileSystemStrategy() { set_sharing_strategy(SharingStrategy::kFileSystem); }
+  ~FileSystemStrategy() { set_sharing_strategy(SharingStrategy::kFileDescriptor); }
+};
+
 // The same for a named (file_system) segment: the frame a sender made once, delivered a
 // second time. The first delivery takes the message's counts; the replay is refused and
 // takes nothing, neither from the block nor from the name's refcount (which would unlink
 // the name under its live creator).
 TEST_F(HostileFramesTest, ReplayedNamedFrameIsRefusedAndTakesNoCountOffTheName) {
-  set_sharing_strategy(SharingStrategy::kFileSystem);
-  struct Restore {
-    ~Restore() { set_sharing_strategy(SharingStrategy::kFileDescriptor); }
-  } restore;
+  const FileSystemStrategy file_system;
   Storage mine = Storage::allocate_shared(200);
   std::memset(mine.data(), 7, 200);
   const auto& seg = internal::StorageAccess::impl(mine)->segment();
@@ -362,10 +365,7 @@ TEST_F(HostileFramesTest, ReplayedNamedFrameIsRefusedAndTakesNoCountOffTheName) 
 // existed): it opens the name with a count of its own, is refused, and takes nothing off
 // the name; dropping its receive cache gives its own count back.
 TEST_F(HostileFramesTest, ReplayedNamedFrameOpenedFirstInAnotherProcessTakesNoCount) {
-  set_sharing_strategy(SharingStrategy::kFileSystem);
-  struct Restore {
-    ~Restore() { set_sharing_strategy(SharingStrategy::kFileDescriptor); }
-  } restore;
+  const FileSystemStrategy file_system;
   int sv[2];
   ASSERT_EQ(::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv), 0);
   testing::Pipe refused, counted;
@@ -683,10 +683,7 @@ TEST_F(HostileFramesTest, SegmentFdSmallerThanItsEntryClaims) {
 // A segment this process maps is named exactly as it is: its name's shape is checked when it
 // is first mapped, so any other name for its uid, of any shape, is refused.
 TEST_F(HostileFramesTest, AMappedNamedSegmentUnderAnotherNameIsRefused) {
-  set_sharing_strategy(SharingStrategy::kFileSystem);
-  struct Restore {
-    ~Restore() { set_sharing_strategy(SharingStrategy::kFileDescriptor); }
-  } restore;
+  const FileSystemStrategy file_system;
   Storage mine = Storage::allocate_shared(200);
   const auto& seg = internal::StorageAccess::impl(mine)->segment();
   const std::string valid_other = "/shmtensor_999999999_0123456789abcdef_0";

@@ -180,19 +180,16 @@ _KEEP_PICKLER_UP_TO = 1 << 20
 def dumps(obj):
     """Pickles obj for a native message: (bytes, [Block])."""
     sender = _local.__dict__.get("sender")
-    if sender is None or sender.message is not None:  # none yet, or pickling one already
-        fresh = _Sender()
-        if sender is None:
-            _local.sender = fresh
-        sender = fresh
-    kept = _local.__dict__.get("sender") is sender
+    if sender is None:
+        sender = _local.sender = _Sender()
+    elif sender.message is not None:  # this thread is pickling a message already
+        return _Sender().dumps(obj)
     try:
         data, blocks = sender.dumps(obj)
     except BaseException:
-        if kept:
-            _local.sender = None
+        _local.sender = None
         raise
-    if kept and len(data) > _KEEP_PICKLER_UP_TO:
+    if len(data) > _KEEP_PICKLER_UP_TO:
         _local.sender = None
     return data, blocks
 
