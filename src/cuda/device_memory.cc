@@ -1,5 +1,7 @@
 #include "cuda/device_memory.h"
 
+#include <sys/stat.h>
+
 #include <atomic>
 #include <map>
 #include <mutex>
@@ -118,7 +120,9 @@ CUdeviceptr map_handle(const Driver& d, int ordinal, CUmemGenericAllocationHandl
   api.cuMemRelease(handle);
   if (r != CUDA_SUCCESS) {
     api.cuMemAddressFree(va, size);
-    if (received && (r == CUDA_ERROR_INVALID_VALUE || r == CUDA_ERROR_INVALID_HANDLE))
+    // Driver 580 answers CUDA_ERROR_NOT_SUPPORTED for a range beyond the allocation.
+    if (received && (r == CUDA_ERROR_INVALID_VALUE || r == CUDA_ERROR_INVALID_HANDLE ||
+                     r == CUDA_ERROR_NOT_SUPPORTED))
       throw ProtocolError("received a CUDA allocation that cannot be mapped for " +
                           std::to_string(size) + " bytes (cuMemMap: " + d.error_text(r) +
                           "): smaller than its segment says, or not an allocation");
@@ -171,6 +175,17 @@ std::unique_ptr<DeviceMemory> DeviceMemory::create(int ordinal, std::size_t size
   return std::make_unique<DeviceMemory>(ordinal, std::move(fd), va, size);
 }
 
+namespace {
+// False for an fd the driver never exports as an allocation: a regular file (a memfd
+// included), a pipe, a socket or a directory.
+bool could_be_an_allocation(int fd) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return false;
+  return !(S_ISREG(st.st_mode) || S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode) ||
+           S_ISDIR(st.st_mode));
+}
+}  // namespace
+
 std::unique_ptr<DeviceMemory> DeviceMemory::import(UniqueFd fd, const CUuuid& uuid,
                                                    std::size_t size) {
   const Driver& d = Driver::get();
@@ -185,9 +200,12 @@ std::unique_ptr<DeviceMemory> DeviceMemory::import(UniqueFd fd, const CUuuid& uu
   CUresult r = api.cuMemImportFromShareableHandle(
       &handle, reinterpret_cast<void*>(static_cast<std::intptr_t>(fd.get())),
       CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
-  // What the fd is decides INVALID_VALUE / INVALID_HANDLE; anything else (out of memory,
-  // not permitted, not supported) is this process's condition, not the message's.
-  if (r == CUDA_ERROR_INVALID_VALUE || r == CUDA_ERROR_INVALID_HANDLE)
+  // What the fd is decides INVALID_VALUE / INVALID_HANDLE. The driver 580 answers
+  // CUDA_ERROR_UNKNOWN for a memfd, a file, a pipe or a socket: an fd of a kind it never
+  // exports is the message's fault too. Anything else (out of memory, not permitted, not
+  // supported) is this process's condition, not the message's.
+  if (r == CUDA_ERROR_INVALID_VALUE || r == CUDA_ERROR_INVALID_HANDLE ||
+      (r != CUDA_SUCCESS && r != CUDA_ERROR_OUT_OF_MEMORY && !could_be_an_allocation(fd.get())))
     throw ProtocolError("received an fd that the CUDA driver does not take as an allocation (" +
                         d.error_text(r) + ")");
   d.check(r, "cuMemImportFromShareableHandle");

@@ -99,6 +99,7 @@ CUresult fake_error_string(CUresult r, const char** s) {
     case CUDA_ERROR_OUT_OF_MEMORY: *s = "out of memory"; break;
     case CUDA_ERROR_INVALID_DEVICE: *s = "invalid device ordinal"; break;
     case CUDA_ERROR_NOT_SUPPORTED: *s = "operation not supported"; break;
+    case CUDA_ERROR_UNKNOWN: *s = "unknown error"; break;
     default: *s = "unknown error"; break;
   }
   return CUDA_SUCCESS;
@@ -253,8 +254,9 @@ CUresult fake_import(CUmemGenericAllocationHandle* h, void* os_handle, int type)
   const std::string proc = "/proc/self/fd/" + std::to_string(fd);
   const ssize_t n = readlink(proc.c_str(), link, sizeof link - 1);
   const std::string prefix = std::string("/memfd:") + kNamePrefix;
+  // Driver 580 answers CUDA_ERROR_UNKNOWN for a memfd, a file, a pipe or a socket.
   if (n <= 0 || std::strncmp(link, prefix.c_str(), prefix.size()) != 0)
-    return CUDA_ERROR_INVALID_VALUE;
+    return CUDA_ERROR_UNKNOWN;
   const int p = std::atoi(link + prefix.size());
   const int seals = fcntl(fd, F_GET_SEALS);
   struct stat st {};
@@ -292,8 +294,10 @@ CUresult fake_address_free(CUdeviceptr ptr, std::size_t size) {
 
 CUresult fake_map(CUdeviceptr ptr, std::size_t size, std::size_t offset,
                   CUmemGenericAllocationHandle h, unsigned long long) {
-  if (h == 0 || offset > allocation(h)->size || size > allocation(h)->size - offset)
-    return CUDA_ERROR_INVALID_VALUE;
+  if (h == 0) return CUDA_ERROR_INVALID_VALUE;
+  // Driver 580 answers CUDA_ERROR_NOT_SUPPORTED for a range beyond the allocation.
+  if (offset > allocation(h)->size || size > allocation(h)->size - offset)
+    return CUDA_ERROR_NOT_SUPPORTED;
   void* p = mmap(reinterpret_cast<void*>(ptr), size, PROT_NONE, MAP_SHARED | MAP_FIXED,
                  allocation(h)->fd, static_cast<off_t>(offset));
   return p == MAP_FAILED ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_SUCCESS;
