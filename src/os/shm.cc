@@ -7,24 +7,28 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
-#include <sstream>
+#include <optional>
+#include <string>
 
 #include "os/syscall.h"
 
 namespace shmtensor::internal {
 
+// Integer arithmetic, no iostream and no locale: formatting a double through
+// std::ostringstream here crashed (SIGSEGV in libstdc++'s locale code) inside a pip torch
+// 2.11 process on Ubuntu 24.04, the library built there with GCC 13; the cause was not
+// pinned down further. Rounds to the nearest tenth, halves up.
 std::string human_bytes(std::uint64_t n) {
-  std::ostringstream os;
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = static_cast<double>(n);
   int u = 0;
-  while (v >= 1024 && u < 4) {
-    v /= 1024;
+  unsigned __int128 unit = 1;
+  while (u < 4 && n >= unit * 1024) {
+    unit *= 1024;
     ++u;
   }
-  os.precision(u == 0 ? 0 : 1);
-  os << std::fixed << v << ' ' << units[u];
-  return os.str();
+  if (u == 0) return std::to_string(n) + " B";
+  const auto tenths = static_cast<std::uint64_t>((static_cast<unsigned __int128>(n) * 10 + unit / 2) / unit);
+  return std::to_string(tenths / 10) + "." + std::to_string(tenths % 10) + " " + units[u];
 }
 
 UniqueFd create_sealed_memfd(std::size_t size) {
@@ -60,7 +64,36 @@ ShmSpace dev_shm_space() {
           static_cast<std::uint64_t>(vfs.f_bavail) * vfs.f_frsize};
 }
 
+namespace {
+
+[[noreturn]] void throw_dev_shm_full(std::size_t size, const ShmSpace& space) {
+  throw SharedMemoryFullError(
+      "/dev/shm is too small for a file_system segment: asked for " + human_bytes(size) + " (" +
+          std::to_string(size) + " bytes), " + human_bytes(space.free) + " free of " +
+          human_bytes(space.total) +
+          ". Fix: enlarge /dev/shm (docker run --shm-size=8g, or mount -o "
+          "remount,size=8G /dev/shm), or call set_sharing_strategy(\"file_descriptor\"), "
+          "whose memfd segments are not limited by /dev/shm",
+      size, space.free);
+}
+
+// /dev/shm's space, or nullopt where statvfs fails.
+std::optional<ShmSpace> dev_shm_space_if_known() noexcept {
+  try {
+    return dev_shm_space();
+  } catch (const SystemError&) {
+    return std::nullopt;
+  }
+}
+
+}  // namespace
+
 UniqueFd create_named_shm(const std::string& name, std::size_t size) {
+  // More than /dev/shm has free fails at once: posix_fallocate would take all that is free
+  // (pages of RAM on a tmpfs) before it fails, pressing every process of the machine for
+  // memory meanwhile. The fallocate stays the authority (the space may go in between).
+  if (auto space = dev_shm_space_if_known(); space && size > space->free)
+    throw_dev_shm_full(size, *space);
   UniqueFd fd(check_syscall("shm_open", name + ", O_CREAT|O_EXCL", [&] {
     return ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
   }));
@@ -72,41 +105,24 @@ UniqueFd create_named_shm(const std::string& name, std::size_t size) {
   } while (rc == EINTR);
   if (rc != 0) {
     ::shm_unlink(name.c_str());
-    if (rc == ENOSPC || rc == EFBIG) {
-      ShmSpace space{};
-      try {
-        space = dev_shm_space();
-      } catch (const SystemError&) {
-      }
-      throw SharedMemoryFullError(
-          "/dev/shm is too small for a file_system segment: asked for " + human_bytes(size) +
-              " (" + std::to_string(size) + " bytes), " + human_bytes(space.free) + " free of " +
-              human_bytes(space.total) +
-              ". Fix: enlarge /dev/shm (docker run --shm-size=8g, or mount -o "
-              "remount,size=8G /dev/shm), or call set_sharing_strategy(\"file_descriptor\"), "
-              "whose memfd segments are not limited by /dev/shm",
-          size, space.free);
-    }
+    if (rc == ENOSPC || rc == EFBIG)
+      throw_dev_shm_full(size, dev_shm_space_if_known().value_or(ShmSpace{}));
     throw_system_error(rc, "posix_fallocate", name + ", size=" + std::to_string(size));
   }
   return fd;
 }
 
 UniqueFd open_named_shm(const std::string& name) {
-  return UniqueFd(check_syscall("shm_open", name, [&] {
-    return ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600);
-  }));
+  return UniqueFd(check_syscall(
+      "shm_open", name, [&] { return ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600); }));
 }
 
-bool unlink_named_shm(const std::string& name) noexcept {
-  return ::shm_unlink(name.c_str()) == 0;
-}
+bool unlink_named_shm(const std::string& name) noexcept { return ::shm_unlink(name.c_str()) == 0; }
 
 std::uint64_t random_u64() {
   std::uint64_t v = 0;
-  check_syscall("getrandom", "8 bytes", [&] {
-    return static_cast<int>(::getrandom(&v, sizeof v, 0));
-  });
+  check_syscall("getrandom", "8 bytes",
+                [&] { return static_cast<int>(::getrandom(&v, sizeof v, 0)); });
   return v;
 }
 

@@ -5,8 +5,10 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sched.h>
+#include <sys/inotify.h>
 #include <sys/mount.h>
 #include <sys/resource.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -14,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "os/shm.h"
 #include "shmtensor/error.h"
 #include "shmtensor/sharing_strategy.h"
 #include "shmtensor/storage.h"
@@ -208,6 +211,55 @@ TEST_F(LimitsTest, UnmappableSizeIsASystemError) {
   // file_system reserves the space first: the same size is a full /dev/shm.
   set_sharing_strategy("file_system");
   EXPECT_THROW((void)Storage::allocate_shared(huge), SharedMemoryFullError);
+}
+
+// The sizes in these messages, exact, without iostreams or the locale (src/os/shm.cc).
+TEST(HumanBytes, RoundsToTheNearestTenthOfTheLargestUnitUpToTiB) {
+  using internal::human_bytes;
+  EXPECT_EQ(human_bytes(0), "0 B");
+  EXPECT_EQ(human_bytes(1023), "1023 B");
+  EXPECT_EQ(human_bytes(1024), "1.0 KiB");
+  EXPECT_EQ(human_bytes(1536), "1.5 KiB");
+  EXPECT_EQ(human_bytes(std::uint64_t{4} << 20), "4.0 MiB");
+  EXPECT_EQ(human_bytes((std::uint64_t{1} << 20) - 1), "1024.0 KiB");
+  EXPECT_EQ(human_bytes(std::uint64_t{129} << 30), "129.0 GiB");
+  EXPECT_EQ(human_bytes(std::uint64_t{1} << 50), "1024.0 TiB");
+  EXPECT_EQ(human_bytes(~std::uint64_t{0}), "16777216.0 TiB");
+}
+
+// More than /dev/shm has free is refused before a name is made: posix_fallocate would take
+// every free page of the tmpfs (RAM) before failing, pressing the whole machine for memory
+// (on a GPU machine with 128 GiB of /dev/shm, the process died of it). An inotify watch on
+// /dev/shm sees that no name of this process was created.
+TEST_F(LimitsTest, MoreThanDevShmHasFreeIsRefusedBeforeANameIsMade) {
+  set_sharing_strategy("file_system");
+  struct statvfs vfs {};
+  ASSERT_EQ(statvfs("/dev/shm", &vfs), 0);
+  const std::size_t ask = static_cast<std::size_t>(vfs.f_bavail) * vfs.f_frsize + (std::size_t{64} << 20);
+  const int watch = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+  ASSERT_GE(watch, 0);
+  ASSERT_GE(inotify_add_watch(watch, "/dev/shm", IN_CREATE), 0);
+  try {
+    Storage s = Storage::allocate_shared(ask);
+    ADD_FAILURE() << "allocated more than /dev/shm has free";
+  } catch (const SharedMemoryFullError& e) {
+    // The segment's size: the tensor's bytes and the segment's header (a page here).
+    EXPECT_GE(e.requested(), ask);
+    EXPECT_LE(e.requested(), ask + 65536);
+    EXPECT_TRUE(contains(e.what(), "/dev/shm is too small for a file_system segment")) << e.what();
+  }
+  const std::string ours = "shmtensor_" + std::to_string(getpid()) + "_";
+  alignas(inotify_event) char buf[8192];
+  for (;;) {
+    const ssize_t n = read(watch, buf, sizeof buf);
+    if (n <= 0) break;
+    for (char* p = buf; p < buf + n;) {
+      const auto* ev = reinterpret_cast<const inotify_event*>(p);
+      if (ev->len > 0) EXPECT_NE(std::string(ev->name).rfind(ours, 0), 0u) << "created " << ev->name;
+      p += sizeof(inotify_event) + ev->len;
+    }
+  }
+  close(watch);
 }
 
 }  // namespace
