@@ -254,7 +254,7 @@ CUresult fake_import(CUmemGenericAllocationHandle* h, void* os_handle, int type)
   const std::string proc = "/proc/self/fd/" + std::to_string(fd);
   const ssize_t n = readlink(proc.c_str(), link, sizeof link - 1);
   const std::string prefix = std::string("/memfd:") + kNamePrefix;
-  // Driver 580 answers CUDA_ERROR_UNKNOWN for a memfd, a file, a pipe or a socket.
+  // Driver 580 answered CUDA_ERROR_UNKNOWN for a memfd (seen on an H200).
   if (n <= 0 || std::strncmp(link, prefix.c_str(), prefix.size()) != 0)
     return CUDA_ERROR_UNKNOWN;
   const int p = std::atoi(link + prefix.size());

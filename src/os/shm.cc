@@ -5,6 +5,8 @@
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/vfs.h>
+#include <linux/magic.h>
 #include <unistd.h>
 
 #include <optional>
@@ -21,13 +23,13 @@ namespace shmtensor::internal {
 std::string human_bytes(std::uint64_t n) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   int u = 0;
-  unsigned __int128 unit = 1;
-  while (u < 4 && n >= unit * 1024) {
+  std::uint64_t unit = 1;  // at most 2^40
+  while (u < 4 && n / unit >= 1024) {
     unit *= 1024;
     ++u;
   }
   if (u == 0) return std::to_string(n) + " B";
-  const auto tenths = static_cast<std::uint64_t>((static_cast<unsigned __int128>(n) * 10 + unit / 2) / unit);
+  const std::uint64_t tenths = n / unit * 10 + (n % unit * 10 + unit / 2) / unit;
   return std::to_string(tenths / 10) + "." + std::to_string(tenths % 10) + " " + units[u];
 }
 
@@ -86,13 +88,23 @@ std::optional<ShmSpace> dev_shm_space_if_known() noexcept {
   }
 }
 
+// /dev/shm's space where it is a tmpfs with a size limit; nullopt otherwise: a tmpfs
+// mounted with size=0 has no limit and reports 0 blocks, and another filesystem may keep
+// blocks for root that statvfs's f_bavail leaves out.
+std::optional<ShmSpace> dev_shm_limit() noexcept {
+  struct statfs fs {};
+  if (::statfs("/dev/shm", &fs) != 0 || fs.f_type != TMPFS_MAGIC || fs.f_blocks == 0)
+    return std::nullopt;
+  return dev_shm_space_if_known();
+}
+
 }  // namespace
 
 UniqueFd create_named_shm(const std::string& name, std::size_t size) {
-  // More than /dev/shm has free fails at once: posix_fallocate would take all that is free
-  // (pages of RAM on a tmpfs) before it fails, pressing every process of the machine for
+  // More than a limited tmpfs has free fails at once: posix_fallocate would take all that
+  // is free (pages of RAM) before it fails, pressing every process of the machine for
   // memory meanwhile. The fallocate stays the authority (the space may go in between).
-  if (auto space = dev_shm_space_if_known(); space && size > space->free)
+  if (auto space = dev_shm_limit(); space && size > space->free)
     throw_dev_shm_full(size, *space);
   UniqueFd fd(check_syscall("shm_open", name + ", O_CREAT|O_EXCL", [&] {
     return ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);

@@ -26,7 +26,9 @@ FdFacts inspect_fd(int fd);
 
 // shm_open(name, O_CREAT|O_EXCL|O_RDWR|O_CLOEXEC, 0600), then posix_fallocate of `size`
 // so that a full /dev/shm is an error now (SharedMemoryFullError naming the size, the free
-// space and the fix), never a SIGBUS later. On failure nothing is left behind.
+// space and the fix), never a SIGBUS later. A size above the free space of a /dev/shm that
+// is a tmpfs with a size limit is refused before shm_open (the fallocate would first take
+// all that is free). On failure nothing is left behind.
 UniqueFd create_named_shm(const std::string& name, std::size_t size);
 // shm_open(name, O_RDWR|O_CLOEXEC). Throws SystemError (ENOENT when it is gone).
 UniqueFd open_named_shm(const std::string& name);

@@ -65,7 +65,32 @@ class LimitsTest : public testing::StrategyRestoringTest {
     ::_exit(kSkipExit);
   }
 
+  // In a run_or_skip child: a private mount namespace (on the first call) with a tmpfs of
+  // `options` on /dev/shm. Skips the test without CAP_SYS_ADMIN; false after another
+  // failure (already reported).
+  bool mount_dev_shm(const char* options) {
+    auto fail_or_skip = [&](const char* what) {
+      int err = errno;
+      std::string reason = std::string(what) + ": " + std::strerror(err) +
+                           " (needs CAP_SYS_ADMIN, e.g. root outside an unprivileged container)";
+      if (err == EPERM || err == EACCES) skip(reason);
+      ADD_FAILURE() << reason;
+      return false;
+    };
+    if (!private_ns_) {
+      if (::unshare(CLONE_NEWNS) != 0) return fail_or_skip("unshare(CLONE_NEWNS)");
+      // Private propagation: the tmpfs below must not appear in the parent's namespace.
+      if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0)
+        return fail_or_skip("mount(MS_REC|MS_PRIVATE)");
+      private_ns_ = true;
+    }
+    if (::mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, options) != 0)
+      return fail_or_skip("mount tmpfs on /dev/shm");
+    return true;
+  }
+
  private:
+  bool private_ns_ = false;
   int reason_pipe_[2] = {-1, -1};
 };
 
@@ -73,19 +98,7 @@ class LimitsTest : public testing::StrategyRestoringTest {
 // with a small --shm-size.
 TEST_F(LimitsTest, TinyDevShmIsAClearErrorNotASigbus) {
   run_or_skip([&] {
-    auto fail_or_skip = [&](const char* what) {
-      int err = errno;
-      std::string reason = std::string(what) + ": " + std::strerror(err) +
-                           " (needs CAP_SYS_ADMIN, e.g. root outside an unprivileged container)";
-      if (err == EPERM || err == EACCES) skip(reason);
-      FAIL() << reason;
-    };
-    if (::unshare(CLONE_NEWNS) != 0) return fail_or_skip("unshare(CLONE_NEWNS)");
-    // Private propagation: the tmpfs below must not appear in the parent's namespace.
-    if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0)
-      return fail_or_skip("mount(MS_REC|MS_PRIVATE)");
-    if (::mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=1777") != 0)
-      return fail_or_skip("mount tmpfs on /dev/shm");
+    if (!mount_dev_shm("size=1m,mode=1777")) return;
     ASSERT_TRUE(dev_shm_entries().empty());
 
     set_sharing_strategy("file_system");
@@ -227,39 +240,45 @@ TEST(HumanBytes, RoundsToTheNearestTenthOfTheLargestUnitUpToTiB) {
   EXPECT_EQ(human_bytes(~std::uint64_t{0}), "16777216.0 TiB");
 }
 
-// More than /dev/shm has free is refused before a name is made: posix_fallocate would take
-// every free page of the tmpfs (RAM) before failing, pressing the whole machine for memory
-// (on a GPU machine with 128 GiB of /dev/shm, the process died of it). An inotify watch on
-// /dev/shm sees that no name of this process was created.
+// More than a limited /dev/shm has free is refused before a name is made: posix_fallocate
+// would take every free page of the tmpfs (RAM) before failing, pressing the whole machine
+// for memory (on a GPU machine with 128 GiB of /dev/shm, the process died of it). In a
+// private mount namespace with an 8 MiB tmpfs on /dev/shm, an inotify watch sees that no
+// name is created for 16 MiB; then, on a tmpfs with no limit (size=0, which reports 0
+// blocks), the same 16 MiB work.
 TEST_F(LimitsTest, MoreThanDevShmHasFreeIsRefusedBeforeANameIsMade) {
-  set_sharing_strategy("file_system");
-  struct statvfs vfs {};
-  ASSERT_EQ(statvfs("/dev/shm", &vfs), 0);
-  const std::size_t ask = static_cast<std::size_t>(vfs.f_bavail) * vfs.f_frsize + (std::size_t{64} << 20);
-  const int watch = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
-  ASSERT_GE(watch, 0);
-  ASSERT_GE(inotify_add_watch(watch, "/dev/shm", IN_CREATE), 0);
-  try {
-    Storage s = Storage::allocate_shared(ask);
-    ADD_FAILURE() << "allocated more than /dev/shm has free";
-  } catch (const SharedMemoryFullError& e) {
-    // The segment's size: the tensor's bytes and the segment's header (a page here).
-    EXPECT_GE(e.requested(), ask);
-    EXPECT_LE(e.requested(), ask + 65536);
-    EXPECT_TRUE(contains(e.what(), "/dev/shm is too small for a file_system segment")) << e.what();
-  }
-  const std::string ours = "shmtensor_" + std::to_string(getpid()) + "_";
-  alignas(inotify_event) char buf[8192];
-  for (;;) {
-    const ssize_t n = read(watch, buf, sizeof buf);
-    if (n <= 0) break;
-    for (char* p = buf; p < buf + n;) {
-      const auto* ev = reinterpret_cast<const inotify_event*>(p);
-      if (ev->len > 0) EXPECT_NE(std::string(ev->name).rfind(ours, 0), 0u) << "created " << ev->name;
-      p += sizeof(inotify_event) + ev->len;
+  run_or_skip([&] {
+    if (!mount_dev_shm("size=8m,mode=1777")) return;
+    set_sharing_strategy("file_system");
+    const int watch = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+    ASSERT_GE(watch, 0);
+    ASSERT_GE(inotify_add_watch(watch, "/dev/shm", IN_CREATE), 0);
+    try {
+      Storage s = Storage::allocate_shared(16 * kMiB);
+      ADD_FAILURE() << "16 MiB fit in an 8 MiB /dev/shm";
+    } catch (const SharedMemoryFullError& e) {
+      // The segment's size: the tensor's bytes and the segment's header (a page here).
+      EXPECT_GE(e.requested(), 16 * kMiB);
+      EXPECT_LE(e.requested(), 16 * kMiB + 65536);
+      EXPECT_EQ(e.available(), 8 * kMiB);
+      EXPECT_TRUE(contains(e.what(), "16.0 MiB")) << e.what();
+      EXPECT_TRUE(contains(e.what(), "8.0 MiB free of 8.0 MiB")) << e.what();
     }
-  }
-  close(watch);
+    alignas(inotify_event) char buf[4096];
+    EXPECT_LT(::read(watch, buf, sizeof buf), 0) << "a name was created in /dev/shm";
+    EXPECT_EQ(errno, EAGAIN);
+    ::close(watch);
+
+    // size=0: no limit, statvfs reports 0 blocks free; not a reason to refuse.
+    if (!mount_dev_shm("size=0,mode=1777")) return;
+    {
+      Storage s = Storage::allocate_shared(16 * kMiB);
+      std::memset(s.data(), 1, s.nbytes());
+      EXPECT_EQ(dev_shm_entries().size(), 1u);
+    }
+    empty_cache();
+    EXPECT_TRUE(dev_shm_entries().empty());
+  });
 }
 
 }  // namespace
