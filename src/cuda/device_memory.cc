@@ -203,8 +203,8 @@ std::unique_ptr<DeviceMemory> DeviceMemory::import(UniqueFd fd, const CUuuid& uu
   // What the fd is decides INVALID_VALUE / INVALID_HANDLE. Driver 580 answered
   // CUDA_ERROR_UNKNOWN for a memfd (seen; files, pipes and sockets are treated alike): a
   // failure on an fd of a kind the driver never exports (its own are /dev/nvidiactl, a
-  // character device) is the message's fault too. Anything else (out of memory, not permitted, not
-  // supported) is this process's condition, not the message's.
+  // character device) is the message's fault too. Anything else (out of memory, not
+  // permitted, not supported) is this process's condition, not the message's.
   if (r == CUDA_ERROR_INVALID_VALUE || r == CUDA_ERROR_INVALID_HANDLE ||
       (r != CUDA_SUCCESS && r != CUDA_ERROR_OUT_OF_MEMORY && !could_be_an_allocation(fd.get())))
     throw ProtocolError("received an fd that the CUDA driver does not take as an allocation (" +

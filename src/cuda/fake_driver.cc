@@ -99,7 +99,6 @@ CUresult fake_error_string(CUresult r, const char** s) {
     case CUDA_ERROR_OUT_OF_MEMORY: *s = "out of memory"; break;
     case CUDA_ERROR_INVALID_DEVICE: *s = "invalid device ordinal"; break;
     case CUDA_ERROR_NOT_SUPPORTED: *s = "operation not supported"; break;
-    case CUDA_ERROR_UNKNOWN: *s = "unknown error"; break;
     default: *s = "unknown error"; break;
   }
   return CUDA_SUCCESS;

@@ -79,23 +79,16 @@ namespace {
       size, space.free);
 }
 
-// /dev/shm's space, or nullopt where statvfs fails.
-std::optional<ShmSpace> dev_shm_space_if_known() noexcept {
-  try {
-    return dev_shm_space();
-  } catch (const SystemError&) {
-    return std::nullopt;
-  }
-}
-
 // /dev/shm's space where it is a tmpfs with a size limit; nullopt otherwise: a tmpfs
 // mounted with size=0 has no limit and reports 0 blocks, and another filesystem may keep
-// blocks for root that statvfs's f_bavail leaves out.
+// blocks for root that f_bavail leaves out.
 std::optional<ShmSpace> dev_shm_limit() noexcept {
   struct statfs fs {};
   if (::statfs("/dev/shm", &fs) != 0 || fs.f_type != TMPFS_MAGIC || fs.f_blocks == 0)
     return std::nullopt;
-  return dev_shm_space_if_known();
+  const auto block = static_cast<std::uint64_t>(fs.f_bsize);
+  return ShmSpace{static_cast<std::uint64_t>(fs.f_blocks) * block,
+                  static_cast<std::uint64_t>(fs.f_bavail) * block};
 }
 
 }  // namespace
@@ -117,8 +110,14 @@ UniqueFd create_named_shm(const std::string& name, std::size_t size) {
   } while (rc == EINTR);
   if (rc != 0) {
     ::shm_unlink(name.c_str());
-    if (rc == ENOSPC || rc == EFBIG)
-      throw_dev_shm_full(size, dev_shm_space_if_known().value_or(ShmSpace{}));
+    if (rc == ENOSPC || rc == EFBIG) {
+      ShmSpace space{};
+      try {
+        space = dev_shm_space();
+      } catch (const SystemError&) {
+      }
+      throw_dev_shm_full(size, space);
+    }
     throw_system_error(rc, "posix_fallocate", name + ", size=" + std::to_string(size));
   }
   return fd;
