@@ -34,6 +34,7 @@
 #include <utility>
 #include <vector>
 
+#include "shmtensor/dims.h"
 #include "shmtensor/dtype.h"
 #include "shmtensor/storage.h"
 
@@ -48,13 +49,13 @@ class Tensor {
   // ---- factories (private heap memory unless the name says _shared) ------------------------
   // Sizes must be non-negative and numel * element_size must fit in int64, else
   // std::invalid_argument. empty() leaves the bytes uninitialised.
-  [[nodiscard]] static Tensor empty(std::vector<std::int64_t> sizes, DType dtype = DType::kFloat32);
-  [[nodiscard]] static Tensor zeros(std::vector<std::int64_t> sizes, DType dtype = DType::kFloat32);
-  [[nodiscard]] static Tensor ones(std::vector<std::int64_t> sizes, DType dtype = DType::kFloat32);
+  [[nodiscard]] static Tensor empty(Dims sizes, DType dtype = DType::kFloat32);
+  [[nodiscard]] static Tensor zeros(Dims sizes, DType dtype = DType::kFloat32);
+  [[nodiscard]] static Tensor ones(Dims sizes, DType dtype = DType::kFloat32);
   // Every element is `value` converted to dtype (see fill_).
-  [[nodiscard]] static Tensor full(std::vector<std::int64_t> sizes, double value,
+  [[nodiscard]] static Tensor full(Dims sizes, double value,
                                    DType dtype = DType::kFloat32);
-  [[nodiscard]] static Tensor full(std::vector<std::int64_t> sizes, std::complex<double> value,
+  [[nodiscard]] static Tensor full(Dims sizes, std::complex<double> value,
                                    DType dtype = DType::kComplex64);
   // 1-d [0, 1, ..., n-1]; n >= 0.
   [[nodiscard]] static Tensor arange(std::int64_t n, DType dtype = DType::kInt64);
@@ -62,18 +63,18 @@ class Tensor {
   // otherwise the product of sizes must equal values.size(), else std::invalid_argument.
   template <class T>
   [[nodiscard]] static Tensor from_vector(std::vector<T> values,
-                                          std::vector<std::int64_t> sizes = {});
+                                          Dims sizes = {});
   // Allocated directly in shared memory of the current strategy (Storage::allocate_shared):
   // is_shared() is true from birth and the bytes are never copied by share_memory_().
-  [[nodiscard]] static Tensor empty_shared(std::vector<std::int64_t> sizes,
+  [[nodiscard]] static Tensor empty_shared(Dims sizes,
                                            DType dtype = DType::kFloat32);
-  [[nodiscard]] static Tensor zeros_shared(std::vector<std::int64_t> sizes,
+  [[nodiscard]] static Tensor zeros_shared(Dims sizes,
                                            DType dtype = DType::kFloat32);
   // On `device`: for the CPU the same as the factories above; for a CUDA device, device
   // memory from this process's device arena (Storage::allocate(nbytes, device)), shared
   // from birth. Throws as Storage::allocate(nbytes, device).
-  [[nodiscard]] static Tensor empty(std::vector<std::int64_t> sizes, DType dtype, Device device);
-  [[nodiscard]] static Tensor zeros(std::vector<std::int64_t> sizes, DType dtype, Device device);
+  [[nodiscard]] static Tensor empty(Dims sizes, DType dtype, Device device);
+  [[nodiscard]] static Tensor zeros(Dims sizes, DType dtype, Device device);
   // Same sizes, dtype and device as `other`, contiguous (private memory on the CPU).
   [[nodiscard]] static Tensor empty_like(const Tensor& other);
   [[nodiscard]] static Tensor zeros_like(const Tensor& other);
@@ -85,15 +86,16 @@ class Tensor {
   // element - or, for an empty tensor, the offset - lying beyond storage.nbytes(), overflow).
   // A tensor it returns never reaches outside the storage.
   [[nodiscard]] static Tensor from_storage(Storage storage, std::int64_t storage_offset,
-                                           std::vector<std::int64_t> sizes,
-                                           std::vector<std::int64_t> strides, DType dtype);
+                                           Dims sizes, Dims strides, DType dtype);
 
   // ---- metadata ---------------------------------------------------------------------------
   bool defined() const noexcept { return storage_.defined(); }
   DType dtype() const noexcept { return dtype_; }
   std::int64_t dim() const noexcept { return static_cast<std::int64_t>(sizes_.size()); }
-  const std::vector<std::int64_t>& sizes() const noexcept { return sizes_; }
-  const std::vector<std::int64_t>& strides() const noexcept { return strides_; }
+  // Read like a const std::vector<std::int64_t> (dims.h): indexable, iterable, equal to and
+  // convertible to one.
+  const Dims& sizes() const noexcept { return sizes_; }
+  const Dims& strides() const noexcept { return strides_; }
   // Negative dims count from the end, as in torch; out of range throws std::out_of_range.
   std::int64_t size(std::int64_t dim) const;
   std::int64_t stride(std::int64_t dim) const;
@@ -131,9 +133,9 @@ class Tensor {
   // ---- views (share the storage) ----------------------------------------------------------
   // At most one size may be -1 (inferred). Throws std::invalid_argument if numel differs or
   // the strides do not allow a view ("view size is not compatible ...": use reshape()).
-  [[nodiscard]] Tensor view(std::vector<std::int64_t> sizes) const;
+  [[nodiscard]] Tensor view(Dims sizes) const;
   // view() when possible, else a contiguous private copy.
-  [[nodiscard]] Tensor reshape(std::vector<std::int64_t> sizes) const;
+  [[nodiscard]] Tensor reshape(Dims sizes) const;
   // Removes dimension dim, taking index i (negative i counts from the end).
   [[nodiscard]] Tensor select(std::int64_t dim, std::int64_t index) const;
   [[nodiscard]] Tensor operator[](std::int64_t index) const { return select(0, index); }
@@ -146,14 +148,14 @@ class Tensor {
   [[nodiscard]] Tensor narrow(std::int64_t dim, std::int64_t start, std::int64_t length) const;
   [[nodiscard]] Tensor transpose(std::int64_t dim0, std::int64_t dim1) const;
   // dims must be a permutation of [0, dim()).
-  [[nodiscard]] Tensor permute(std::vector<std::int64_t> dims) const;
+  [[nodiscard]] Tensor permute(Dims dims) const;
   // Inserts a size-1 dim at position dim in [-dim()-1, dim()].
   [[nodiscard]] Tensor unsqueeze(std::int64_t dim) const;
   // Removes every size-1 dim / dim `dim` if its size is 1 (else returns an equal view).
   [[nodiscard]] Tensor squeeze() const;
   [[nodiscard]] Tensor squeeze(std::int64_t dim) const;
   // Broadcast view: size-1 dims (and new leading dims) expand with stride 0; -1 keeps a size.
-  [[nodiscard]] Tensor expand(std::vector<std::int64_t> sizes) const;
+  [[nodiscard]] Tensor expand(Dims sizes) const;
   // 1-d reshape.
   [[nodiscard]] Tensor flatten() const { return reshape({-1}); }
 
@@ -212,8 +214,8 @@ class Tensor {
   const Tensor& share_memory_() const { return const_cast<Tensor*>(this)->share_memory_(); }
 
  private:
-  Tensor(Storage storage, std::int64_t storage_offset, std::vector<std::int64_t> sizes,
-         std::vector<std::int64_t> strides, DType dtype) noexcept
+  Tensor(Storage storage, std::int64_t storage_offset, Dims sizes, Dims strides,
+         DType dtype) noexcept
       : storage_(std::move(storage)),
         storage_offset_(storage_offset),
         sizes_(std::move(sizes)),
@@ -222,8 +224,7 @@ class Tensor {
   // A view on this tensor's storage. The caller guarantees that every element it reaches is
   // reachable from *this; an empty result keeps this tensor's offset, so that the offset of an
   // empty tensor always lies within the storage too.
-  Tensor make_view(std::int64_t storage_offset, std::vector<std::int64_t> sizes,
-                   std::vector<std::int64_t> strides) const;
+  Tensor make_view(std::int64_t storage_offset, Dims sizes, Dims strides) const;
   void check_defined(const char* op) const;
   void check_dtype(DType requested, const char* op) const;
   // copy_ when either tensor is on a CUDA device (tensor_device.cc), of a source already
@@ -237,8 +238,8 @@ class Tensor {
 
   Storage storage_;
   std::int64_t storage_offset_ = 0;
-  std::vector<std::int64_t> sizes_;
-  std::vector<std::int64_t> strides_;
+  Dims sizes_;
+  Dims strides_;
   DType dtype_ = DType::kFloat32;
 };
 
@@ -255,7 +256,7 @@ std::ostream& operator<<(std::ostream& os, const Tensor& tensor);
 // ---- template definitions -------------------------------------------------------------------
 
 template <class T>
-Tensor Tensor::from_vector(std::vector<T> values, std::vector<std::int64_t> sizes) {
+Tensor Tensor::from_vector(std::vector<T> values, Dims sizes) {
   if (sizes.empty()) sizes.push_back(static_cast<std::int64_t>(values.size()));
   Tensor t = empty(std::move(sizes), dtype_of_v<T>);
   if (static_cast<std::size_t>(t.numel()) != values.size()) {

@@ -5,17 +5,46 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 
 #include "memory/arena.h"
 #include "memory/segment.h"
 #include "memory/storage_impl.h"
 #include "os/fork_handlers.h"
+#include "os/futex.h"
 
 namespace shmtensor::internal {
 
+namespace {
+
+// The registry's lock: a futex word, 0 free, 1 held, 2 held with sleepers (a lock and an
+// unlock are one atomic operation each: every storage a process receives or drops takes
+// it, and std::mutex cost ~50 instructions a pair there). Process-local; held across fork
+// by the fork handlers like the mutex it replaced.
+class RegistryLock {
+ public:
+  void lock() noexcept {
+    std::uint32_t seen = 0;
+    if (word_.compare_exchange_strong(seen, 1, std::memory_order_acquire)) return;
+    if (seen != 2) seen = word_.exchange(2, std::memory_order_acquire);
+    while (seen != 0) {
+      futex_wait(&word_, 2, std::nullopt);
+      seen = word_.exchange(2, std::memory_order_acquire);
+    }
+  }
+  void unlock() noexcept {
+    if (word_.exchange(0, std::memory_order_release) == 2) futex_wake(&word_, 1);
+  }
+
+ private:
+  std::atomic<std::uint32_t> word_{0};
+};
+
+}  // namespace
+
 struct Registry::State {
-  std::mutex mu;
+  RegistryLock mu;
   std::unordered_map<std::uint64_t, std::weak_ptr<Segment>> segments;
   // Raw pointers alongside, for identity checks in remove_* (weak_ptr is expired by then).
   std::unordered_map<std::uint64_t, const Segment*> segment_ptrs;
@@ -184,6 +213,7 @@ std::shared_ptr<Segment> Registry::add_segment(const std::shared_ptr<Segment>& s
 void Registry::remove_segment(std::uint64_t uid, const Segment* segment) noexcept {
   std::lock_guard lock(state_->mu);
   state_->storages.erase(segment);  // its storages are gone: each held the segment
+  const_cast<Segment*>(segment)->registry_table_ = nullptr;
   auto it = state_->segment_ptrs.find(uid);
   if (it != state_->segment_ptrs.end() && it->second == segment) {
     state_->segment_ptrs.erase(it);
@@ -197,19 +227,23 @@ std::shared_ptr<Segment> Registry::find_segment(std::uint64_t uid) {
   return it == state_->segments.end() ? nullptr : it->second.lock();
 }
 
+void* Registry::table_for(State& state, const Segment& segment) {
+  if (segment.registry_table_ == nullptr)
+    const_cast<Segment&>(segment).registry_table_ = &state.storages[&segment];
+  return segment.registry_table_;
+}
+
 void Registry::add_storage(const Segment& segment, std::uint32_t block,
                            const std::shared_ptr<StorageImpl>& s) {
   std::lock_guard lock(state_->mu);
-  auto& table = state_->storages[&segment];
-  table.at(block) = {s, s.get()};
+  static_cast<State::BlockTable*>(table_for(*state_, segment))->at(block) = {s, s.get()};
 }
 
 void Registry::remove_storage(const Segment& segment, std::uint32_t block,
                               const StorageImpl* s) noexcept {
   std::lock_guard lock(state_->mu);
-  auto it = state_->storages.find(&segment);
-  if (it == state_->storages.end()) return;
-  State::Slot* slot = it->second.find(block);
+  if (segment.registry_table_ == nullptr) return;
+  State::Slot* slot = static_cast<State::BlockTable*>(segment.registry_table_)->find(block);
   if (slot != nullptr && slot->raw == s) *slot = {};
 }
 
@@ -217,14 +251,13 @@ std::shared_ptr<StorageImpl> Registry::find_or_add_storage(
     const Segment& segment, std::uint32_t block, std::shared_ptr<StorageImpl> (*call)(void*),
     void* make) {
   std::lock_guard lock(state_->mu);
-  auto it = state_->storages.find(&segment);
-  if (it != state_->storages.end())
-    if (State::Slot* slot = it->second.find(block))
+  if (segment.registry_table_ != nullptr)
+    if (State::Slot* slot = static_cast<State::BlockTable*>(segment.registry_table_)->find(block))
       if (auto found = slot->weak.lock()) return found;
   // make() only constructs (no registry calls), so it may run under the lock. Nothing is
   // allocated here for a reference that make() refuses (a forged one).
   std::shared_ptr<StorageImpl> made = call(make);
-  if (made) state_->storages[&segment].at(block) = {made, made.get()};
+  if (made) static_cast<State::BlockTable*>(table_for(*state_, segment))->at(block) = {made, made.get()};
   return made;
 }
 

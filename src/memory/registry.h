@@ -68,6 +68,9 @@ class Registry {
 
  private:
   Registry();
+  // The segment's table of storages, found through the pointer it keeps
+  // (Segment::registry_table_), made on first use. Under the lock.
+  static void* table_for(State& state, const Segment& segment);
   State* state_;  // leaked on purpose: storages may die during static destruction
 };
 

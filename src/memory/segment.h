@@ -195,6 +195,7 @@ class Segment : public std::enable_shared_from_this<Segment> {
           const SegmentGeometry& geometry);
 
  private:
+  friend class Registry;
   void claim_slot(bool creator) noexcept;
   // A segment this process just made: records its object's identity, takes slot 0, owns
   // it, registers it.
@@ -227,6 +228,10 @@ class Segment : public std::enable_shared_from_this<Segment> {
   std::byte* payload_ = nullptr;
   int device_ordinal_ = -1;
   std::unique_ptr<cuda::DeviceMemory> device_memory_;
+  // The registry's table of this segment's storages here (registry.cc), so that a lookup
+  // needs no map: read and written under the registry's lock; null until the first
+  // storage of this segment is registered.
+  void* registry_table_ = nullptr;
 };
 
 // Checks a mapped header against what the mapping allows: magic, version, sizes, and that

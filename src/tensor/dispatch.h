@@ -5,11 +5,13 @@
 #include <complex>
 #include <cstdint>
 #include <limits>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <vector>
 
+#include "shmtensor/dims.h"
 #include "shmtensor/dtype.h"
 
 namespace shmtensor::internal {
@@ -118,9 +120,9 @@ To convert(const From& v) {
 // offsets (in elements, relative to element 0) follow strides_a and strides_b. Nothing is
 // called when an extent is 0; once for a 0-d shape.
 template <class F>
-void for_each_offset2(const std::vector<std::int64_t>& sizes,
-                      const std::vector<std::int64_t>& strides_a,
-                      const std::vector<std::int64_t>& strides_b, F&& f) {
+void for_each_offset2(std::span<const std::int64_t> sizes,
+                      std::span<const std::int64_t> strides_a,
+                      std::span<const std::int64_t> strides_b, F&& f) {
   const std::size_t nd = sizes.size();
   for (std::int64_t s : sizes) {
     if (s == 0) return;
@@ -129,7 +131,7 @@ void for_each_offset2(const std::vector<std::int64_t>& sizes,
     f(std::int64_t{0}, std::int64_t{0});
     return;
   }
-  std::vector<std::int64_t> index(nd, 0);
+  Dims index(nd, 0);
   std::int64_t a = 0;
   std::int64_t b = 0;
   const std::int64_t inner = sizes[nd - 1];
@@ -155,13 +157,13 @@ void for_each_offset2(const std::vector<std::int64_t>& sizes,
 }
 
 template <class F>
-void for_each_offset(const std::vector<std::int64_t>& sizes,
-                     const std::vector<std::int64_t>& strides, F&& f) {
+void for_each_offset(std::span<const std::int64_t> sizes, std::span<const std::int64_t> strides,
+                     F&& f) {
   for_each_offset2(sizes, strides, strides, [&f](std::int64_t a, std::int64_t /*b*/) { f(a); });
 }
 
 // Row-major strides of a contiguous tensor of `sizes`.
-std::vector<std::int64_t> contiguous_strides(const std::vector<std::int64_t>& sizes);
+Dims contiguous_strides(std::span<const std::int64_t> sizes);
 
 // dim wrapped into [0, ndim) (negative counts from the end). Throws std::out_of_range when
 // out of range, and always for ndim == 0 (callers that accept 0-d tensors check first).
@@ -169,13 +171,13 @@ std::int64_t wrap_dim(std::int64_t dim, std::int64_t ndim);
 
 // Product of sizes; throws std::invalid_argument for a negative size or on overflow of
 // numel * element_size (so that byte counts always fit in int64).
-std::int64_t checked_numel(const std::vector<std::int64_t>& sizes, std::size_t element_size);
+std::int64_t checked_numel(std::span<const std::int64_t> sizes, std::size_t element_size);
 
 // a * b and a + b, throwing std::out_of_range on overflow. Views use them where the strides
 // of an empty tensor or of a size-1 dim, which from_storage cannot bound, enter arithmetic.
 std::int64_t checked_mul(std::int64_t a, std::int64_t b);
 std::int64_t checked_add(std::int64_t a, std::int64_t b);
 
-std::string sizes_to_string(const std::vector<std::int64_t>& sizes);
+std::string sizes_to_string(std::span<const std::int64_t> sizes);
 
 }  // namespace shmtensor::internal

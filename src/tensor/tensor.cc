@@ -12,8 +12,8 @@ namespace shmtensor {
 
 namespace internal {
 
-std::vector<std::int64_t> contiguous_strides(const std::vector<std::int64_t>& sizes) {
-  std::vector<std::int64_t> strides(sizes.size());
+Dims contiguous_strides(std::span<const std::int64_t> sizes) {
+  Dims strides(sizes.size());
   std::int64_t stride = 1;
   for (std::size_t d = sizes.size(); d-- > 0;) {
     strides[d] = stride;
@@ -39,7 +39,7 @@ std::int64_t wrap_dim(std::int64_t dim, std::int64_t ndim) {
   return dim < 0 ? dim + n : dim;
 }
 
-std::int64_t checked_numel(const std::vector<std::int64_t>& sizes, std::size_t element_size) {
+std::int64_t checked_numel(std::span<const std::int64_t> sizes, std::size_t element_size) {
   std::int64_t numel = 1;
   for (std::int64_t s : sizes) {
     if (s < 0) {
@@ -76,7 +76,7 @@ std::int64_t checked_add(std::int64_t a, std::int64_t b) {
   return r;
 }
 
-std::string sizes_to_string(const std::vector<std::int64_t>& sizes) {
+std::string sizes_to_string(std::span<const std::int64_t> sizes) {
   std::string out = "[";
   for (std::size_t i = 0; i < sizes.size(); ++i) {
     if (i > 0) out += ", ";
@@ -98,8 +98,7 @@ std::size_t element_alignment(DType dtype) {
 // Every step is checked because the wire layer feeds this from another process's message:
 // a tensor that passes must never address a byte outside the storage.
 Tensor Tensor::from_storage(Storage storage, std::int64_t storage_offset,
-                            std::vector<std::int64_t> sizes, std::vector<std::int64_t> strides,
-                            DType dtype) {
+                            Dims sizes, Dims strides, DType dtype) {
   const std::size_t elsize = shmtensor::element_size(dtype);  // rejects a bad enumerator
   if (!storage.defined()) {
     throw std::invalid_argument("Tensor::from_storage: undefined storage");

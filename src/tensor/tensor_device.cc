@@ -44,7 +44,7 @@ Tensor download_span(const Tensor& t, Span span) {
 
 }  // namespace
 
-Tensor Tensor::empty(std::vector<std::int64_t> sizes, DType dtype, Device device) {
+Tensor Tensor::empty(Dims sizes, DType dtype, Device device) {
   if (device.is_cpu()) return empty(std::move(sizes), dtype);
   const std::size_t es = shmtensor::element_size(dtype);
   const auto nbytes = static_cast<std::size_t>(internal::checked_numel(sizes, es)) * es;
@@ -53,7 +53,7 @@ Tensor Tensor::empty(std::vector<std::int64_t> sizes, DType dtype, Device device
   return from_storage(std::move(storage), 0, std::move(sizes), std::move(strides), dtype);
 }
 
-Tensor Tensor::zeros(std::vector<std::int64_t> sizes, DType dtype, Device device) {
+Tensor Tensor::zeros(Dims sizes, DType dtype, Device device) {
   if (device.is_cpu()) return zeros(std::move(sizes), dtype);
   Tensor t = empty(std::move(sizes), dtype, device);
   if (t.nbytes() > 0) internal::cuda::fill_device(device.index(), device_address(t), 0, t.nbytes());

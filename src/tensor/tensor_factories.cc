@@ -10,53 +10,53 @@ namespace shmtensor {
 
 namespace {
 
-Tensor make_contiguous(Storage storage, std::vector<std::int64_t> sizes, DType dtype) {
+Tensor make_contiguous(Storage storage, Dims sizes, DType dtype) {
   auto strides = internal::contiguous_strides(sizes);
   return Tensor::from_storage(std::move(storage), 0, std::move(sizes), std::move(strides), dtype);
 }
 
-std::size_t checked_nbytes(const std::vector<std::int64_t>& sizes, DType dtype) {
+std::size_t checked_nbytes(std::span<const std::int64_t> sizes, DType dtype) {
   const std::size_t elsize = element_size(dtype);
   return static_cast<std::size_t>(internal::checked_numel(sizes, elsize)) * elsize;
 }
 
 }  // namespace
 
-Tensor Tensor::empty(std::vector<std::int64_t> sizes, DType dtype) {
+Tensor Tensor::empty(Dims sizes, DType dtype) {
   Storage storage = Storage::allocate(checked_nbytes(sizes, dtype));
   return make_contiguous(std::move(storage), std::move(sizes), dtype);
 }
 
-Tensor Tensor::empty_shared(std::vector<std::int64_t> sizes, DType dtype) {
+Tensor Tensor::empty_shared(Dims sizes, DType dtype) {
   Storage storage = Storage::allocate_shared(checked_nbytes(sizes, dtype));
   return make_contiguous(std::move(storage), std::move(sizes), dtype);
 }
 
-Tensor Tensor::zeros(std::vector<std::int64_t> sizes, DType dtype) {
+Tensor Tensor::zeros(Dims sizes, DType dtype) {
   Tensor t = empty(std::move(sizes), dtype);
   // All-zero bytes are zero (or false, or +0.0) in every dtype.
   if (t.nbytes() > 0) std::memset(t.raw_data(), 0, t.nbytes());
   return t;
 }
 
-Tensor Tensor::zeros_shared(std::vector<std::int64_t> sizes, DType dtype) {
+Tensor Tensor::zeros_shared(Dims sizes, DType dtype) {
   // Fresh shared segments are usually zero already, but a reused block need not be.
   Tensor t = empty_shared(std::move(sizes), dtype);
   if (t.nbytes() > 0) std::memset(t.raw_data(), 0, t.nbytes());
   return t;
 }
 
-Tensor Tensor::ones(std::vector<std::int64_t> sizes, DType dtype) {
+Tensor Tensor::ones(Dims sizes, DType dtype) {
   return full(std::move(sizes), 1.0, dtype);
 }
 
-Tensor Tensor::full(std::vector<std::int64_t> sizes, double value, DType dtype) {
+Tensor Tensor::full(Dims sizes, double value, DType dtype) {
   Tensor t = empty(std::move(sizes), dtype);
   t.fill_(value);
   return t;
 }
 
-Tensor Tensor::full(std::vector<std::int64_t> sizes, std::complex<double> value, DType dtype) {
+Tensor Tensor::full(Dims sizes, std::complex<double> value, DType dtype) {
   Tensor t = empty(std::move(sizes), dtype);
   t.fill_(value);
   return t;
@@ -88,7 +88,7 @@ Tensor Tensor::zeros_like(const Tensor& other) {
 namespace {
 
 // Checks the list and returns the stacked sizes.
-std::vector<std::int64_t> stacked_sizes(const std::vector<Tensor>& tensors, std::int64_t& dim) {
+Dims stacked_sizes(const std::vector<Tensor>& tensors, std::int64_t& dim) {
   if (tensors.empty()) throw std::invalid_argument("stack: expects a non-empty list of tensors");
   const Tensor& first = tensors.front();
   if (!first.defined()) throw std::invalid_argument("stack: tensor 0 is undefined");
@@ -111,7 +111,7 @@ std::vector<std::int64_t> stacked_sizes(const std::vector<Tensor>& tensors, std:
     }
   }
   dim = internal::wrap_dim(dim, first.dim() + 1);
-  std::vector<std::int64_t> sizes = first.sizes();
+  Dims sizes = first.sizes();
   sizes.insert(sizes.begin() + dim, static_cast<std::int64_t>(tensors.size()));
   return sizes;
 }

@@ -14,7 +14,7 @@ namespace shmtensor {
 namespace {
 
 // Replaces one -1 by the size that makes numel match; checks the product otherwise.
-std::vector<std::int64_t> infer_size(std::vector<std::int64_t> sizes, std::int64_t numel) {
+Dims infer_size(Dims sizes, std::int64_t numel) {
   std::optional<std::size_t> inferred;
   std::int64_t known = 1;
   for (std::size_t d = 0; d < sizes.size(); ++d) {
@@ -48,16 +48,15 @@ std::vector<std::int64_t> infer_size(std::vector<std::int64_t> sizes, std::int64
 // torch's computeStride: the strides that let `new_sizes` view memory laid out as
 // old_sizes/old_strides, if any. Dimensions are grouped into chunks that are contiguous
 // with respect to each other; a view may split or merge dims only within a chunk.
-std::optional<std::vector<std::int64_t>> compute_stride(
-    const std::vector<std::int64_t>& old_sizes, const std::vector<std::int64_t>& old_strides,
-    const std::vector<std::int64_t>& new_sizes, std::int64_t numel) {
-  if (old_sizes.empty()) return std::vector<std::int64_t>(new_sizes.size(), 1);
+std::optional<Dims> compute_stride(const Dims& old_sizes, const Dims& old_strides,
+                                   const Dims& new_sizes, std::int64_t numel) {
+  if (old_sizes.empty()) return Dims(new_sizes.size(), 1);
   if (numel == 0) {
     // Strides of an empty tensor are arbitrary: keep them when the shape is kept (as NumPy).
     if (old_sizes == new_sizes) return old_strides;
     return internal::contiguous_strides(new_sizes);
   }
-  std::vector<std::int64_t> new_strides(new_sizes.size());
+  Dims new_strides(new_sizes.size());
   auto view_d = static_cast<std::int64_t>(new_sizes.size()) - 1;
   std::int64_t chunk_base_stride = old_strides.back();
   std::int64_t tensor_numel = 1;
@@ -85,14 +84,13 @@ std::optional<std::vector<std::int64_t>> compute_stride(
 
 }  // namespace
 
-Tensor Tensor::make_view(std::int64_t storage_offset, std::vector<std::int64_t> sizes,
-                         std::vector<std::int64_t> strides) const {
+Tensor Tensor::make_view(std::int64_t storage_offset, Dims sizes, Dims strides) const {
   const bool empty = std::find(sizes.begin(), sizes.end(), 0) != sizes.end();
   return Tensor(storage_, empty ? storage_offset_ : storage_offset, std::move(sizes),
                 std::move(strides), dtype_);
 }
 
-Tensor Tensor::view(std::vector<std::int64_t> sizes) const {
+Tensor Tensor::view(Dims sizes) const {
   check_defined("view");
   sizes = infer_size(std::move(sizes), numel());
   auto strides = compute_stride(sizes_, strides_, sizes, numel());
@@ -104,7 +102,7 @@ Tensor Tensor::view(std::vector<std::int64_t> sizes) const {
   return make_view(storage_offset_, std::move(sizes), std::move(*strides));
 }
 
-Tensor Tensor::reshape(std::vector<std::int64_t> sizes) const {
+Tensor Tensor::reshape(Dims sizes) const {
   check_defined("reshape");
   sizes = infer_size(std::move(sizes), numel());
   if (auto strides = compute_stride(sizes_, strides_, sizes, numel())) {
@@ -194,15 +192,15 @@ Tensor Tensor::transpose(std::int64_t dim0, std::int64_t dim1) const {
   return make_view(storage_offset_, std::move(sizes), std::move(strides));
 }
 
-Tensor Tensor::permute(std::vector<std::int64_t> dims) const {
+Tensor Tensor::permute(Dims dims) const {
   check_defined("permute");
   if (static_cast<std::int64_t>(dims.size()) != dim()) {
     throw std::invalid_argument("permute: number of dims " + std::to_string(dims.size()) +
                                 " does not match tensor dim " + std::to_string(dim()));
   }
   std::vector<bool> seen(dims.size(), false);
-  std::vector<std::int64_t> sizes(dims.size());
-  std::vector<std::int64_t> strides(dims.size());
+  Dims sizes(dims.size());
+  Dims strides(dims.size());
   for (std::size_t i = 0; i < dims.size(); ++i) {
     const auto d = static_cast<std::size_t>(internal::wrap_dim(dims[i], dim()));
     if (seen[d]) throw std::invalid_argument("permute: repeated dim " + std::to_string(d));
@@ -227,8 +225,8 @@ Tensor Tensor::unsqueeze(std::int64_t dim) const {
 
 Tensor Tensor::squeeze() const {
   check_defined("squeeze");
-  std::vector<std::int64_t> sizes;
-  std::vector<std::int64_t> strides;
+  Dims sizes;
+  Dims strides;
   for (std::size_t d = 0; d < sizes_.size(); ++d) {
     if (sizes_[d] != 1) {
       sizes.push_back(sizes_[d]);
@@ -253,7 +251,7 @@ Tensor Tensor::squeeze(std::int64_t dim) const {
   return make_view(storage_offset_, std::move(sizes), std::move(strides));
 }
 
-Tensor Tensor::expand(std::vector<std::int64_t> sizes) const {
+Tensor Tensor::expand(Dims sizes) const {
   check_defined("expand");
   if (sizes.size() < sizes_.size()) {
     throw std::invalid_argument("expand: the number of sizes provided (" +
@@ -263,7 +261,7 @@ Tensor Tensor::expand(std::vector<std::int64_t> sizes) const {
                                 std::to_string(sizes_.size()) + ")");
   }
   const std::size_t lead = sizes.size() - sizes_.size();
-  std::vector<std::int64_t> strides(sizes.size(), 0);
+  Dims strides(sizes.size(), 0);
   for (std::size_t i = 0; i < sizes.size(); ++i) {
     if (i < lead) {
       if (sizes[i] < 0) {

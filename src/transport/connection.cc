@@ -156,9 +156,9 @@ struct ConnectionCore {
 namespace {
 
 // FdElision::omit of a send: true once the segment is in the peer's depot.
-bool omit_fd(void* context, const std::shared_ptr<Segment>& seg) {
+bool omit_fd(void* context, const Segment& seg) {
   auto& c = *static_cast<ConnectionCore*>(context);
-  const bool omit = depot_omit(&c.out_control()->depot, c.depot_sock.get(), *seg);
+  const bool omit = depot_omit(&c.out_control()->depot, c.depot_sock.get(), seg);
   (omit ? c.fds_omitted : c.fds_sent).fetch_add(1, std::memory_order_relaxed);
   return omit;
 }

@@ -352,9 +352,9 @@ void unregister_live(QueueCore::State* st) noexcept {
 // on the receiving end, and nobody takes from the sending end's queue.
 
 // FdElision::omit of a put (context: the handle's state).
-bool omit_fd(void* context, const std::shared_ptr<Segment>& seg) {
+bool omit_fd(void* context, const Segment& seg) {
   auto& st = *static_cast<QueueCore::State*>(context);
-  const bool omit = depot_omit(&st.control()->depot, st.recv_fd.get(), *seg);
+  const bool omit = depot_omit(&st.control()->depot, st.recv_fd.get(), seg);
   (omit ? st.fds_omitted : st.fds_sent).fetch_add(1, std::memory_order_relaxed);
   return omit;
 }

@@ -62,7 +62,9 @@ Tensor Decoder::read_tensor() {
   if (ndim > internal::kMaxTensorDims) bad("tensor with " + std::to_string(ndim) + " dimensions");
   const std::uint32_t index = head.storage_index;
   const std::int64_t offset = head.storage_offset;
-  std::vector<std::int64_t> sizes(ndim), strides(ndim);
+  // Dims keep up to 6 values inline: a tensor of up to 6 dimensions is decoded without
+  // an allocation.
+  Dims sizes(ndim), strides(ndim);
   if (ndim > 0) {
     read_bytes(sizes.data(), ndim * sizeof(std::int64_t));
     read_bytes(strides.data(), ndim * sizeof(std::int64_t));

@@ -86,8 +86,9 @@ std::array<std::span<const std::byte>, 3> OutgoingFrame::parts() const noexcept 
 OutgoingFrame::~OutgoingFrame() {
   if (!st) return;  // moved from
   if (!sent) {
-    for (auto& impl : st->in_flight_blocks) impl->segment()->drop_block_in_flight(impl->block());
-    for (auto& seg : st->in_flight) seg->drop_in_flight_count();
+    for (StorageImpl* impl : st->in_flight_blocks)
+      impl->segment()->drop_block_in_flight(impl->block());
+    for (Segment* seg : st->in_flight) seg->drop_in_flight_count();
     for (auto& undo : st->undo_if_unsent) undo();
   }
   recycle(std::move(st));
@@ -115,22 +116,31 @@ OutgoingFrame finish_frame(Encoder&& encoder, const FdElision* elision) {
   }
 
   // Segment table: one entry per distinct segment.
-  st.storage_segment.resize(st.storages.size());
-  for (std::size_t i = 0; i < st.storages.size(); ++i) {
-    const auto& seg = st.storages[i]->segment();
+  for (const auto& impl : st.storages) {
+    Segment* seg = impl->segment().get();
     auto it = std::find(st.segments.begin(), st.segments.end(), seg);
     if (it == st.segments.end()) {
       st.segments.push_back(seg);
       it = st.segments.end() - 1;
     }
-    st.storage_segment[i] = static_cast<std::uint32_t>(it - st.segments.begin());
+    st.storage_segment.push_back(static_cast<std::uint32_t>(it - st.segments.begin()));
+  }
+  // The tables' size first, so that they are written into one resize (entries appended
+  // one by one cost more than the rest of a small message's frame).
+  std::size_t table_bytes = st.storages.size() * sizeof(StorageEntry);
+  for (Segment* seg : st.segments) {
+    table_bytes += sizeof(SegmentEntry);
+    if (!seg->is_device() && seg->strategy() == SharingStrategy::kFileSystem)
+      table_bytes += (seg->name().size() + 7) / 8 * 8;
   }
   std::vector<std::byte>& tables = st.tables;
-  auto append = [&tables](const void* p, std::size_t n) {
-    const auto* b = static_cast<const std::byte*>(p);
-    tables.insert(tables.end(), b, b + n);
+  tables.resize(table_bytes);  // zeroed: a name's padding is
+  std::byte* out = tables.data();
+  auto append = [&out](const void* p, std::size_t n) {
+    std::memcpy(out, p, n);
+    out += n;
   };
-  for (const auto& seg : st.segments) {
+  for (Segment* seg : st.segments) {
     SegmentEntry e{};
     e.uid = seg->uid();
     e.total_size = seg->mapped_size();
@@ -143,7 +153,7 @@ OutgoingFrame finish_frame(Encoder&& encoder, const FdElision* elision) {
       append(&e, sizeof e);
     } else if (seg->strategy() == SharingStrategy::kFileDescriptor) {
       e.strategy = 0;
-      if (elision != nullptr && elision->omit(elision->context, seg)) {
+      if (elision != nullptr && elision->omit(elision->context, *seg)) {
         e.fd_index = kFdOmitted;
       } else {
         e.fd_index = static_cast<std::int32_t>(st.fds.size());
@@ -156,7 +166,7 @@ OutgoingFrame finish_frame(Encoder&& encoder, const FdElision* elision) {
       e.name_length = static_cast<std::uint16_t>(seg->name().size());
       append(&e, sizeof e);
       append(seg->name().data(), seg->name().size());
-      tables.resize((tables.size() + 7) / 8 * 8);
+      out += (seg->name().size() + 7) / 8 * 8 - seg->name().size();
     }
   }
   for (std::size_t i = 0; i < st.storages.size(); ++i) {
@@ -205,9 +215,9 @@ OutgoingFrame finish_frame(Encoder&& encoder, const FdElision* elision) {
   st.in_flight.reserve(st.segments.size());         // count and its record
   for (const auto& impl : st.storages) {
     impl->segment()->add_block_in_flight(impl->block());
-    st.in_flight_blocks.push_back(impl);
+    st.in_flight_blocks.push_back(impl.get());
   }
-  for (const auto& seg : st.segments) {
+  for (Segment* seg : st.segments) {
     if (seg->strategy() == SharingStrategy::kFileSystem) {
       seg->add_in_flight_count();
       st.in_flight.push_back(seg);

@@ -41,15 +41,17 @@ struct EncoderState {
   // never sent: run by the frame's destructor, or by the Encoder's if no frame was made.
   std::vector<std::function<void()>> undo_if_unsent;
   // frame (finish_frame)
+  // The lists below hold plain pointers: `storages` keeps each storage alive, and a
+  // shared storage its segment (and so the segment's fd open until the message is sent).
   std::vector<std::byte> tables;             // segment and storage tables
   std::vector<std::uint32_t> storage_segment;  // by storage index: its segment's index
   std::vector<int> fds;                        // in wire order
-  std::vector<std::shared_ptr<Segment>> segments;  // keep segment fds open until sent
-  std::vector<UniqueFd> owned_fds;                 // object dups and the blob
+  std::vector<Segment*> segments;              // distinct, in table order
+  std::vector<UniqueFd> owned_fds;             // object dups and the blob
   // file_system segments whose in-flight count was added; dropped if never sent.
-  std::vector<std::shared_ptr<Segment>> in_flight;
+  std::vector<Segment*> in_flight;
   // Storages whose block got a count for this message; given back if never sent.
-  std::vector<std::shared_ptr<StorageImpl>> in_flight_blocks;
+  std::vector<StorageImpl*> in_flight_blocks;
 
   EncoderState() = default;
   EncoderState(const EncoderState&) = delete;
@@ -109,7 +111,7 @@ struct OutgoingFrame {
   // header, tables, payload: one datagram, gathered by sendmsg.
   std::array<std::span<const std::byte>, 3> parts() const noexcept;
   const std::vector<int>& fds() const noexcept { return st->fds; }
-  const std::vector<std::shared_ptr<Segment>>& segments() const noexcept { return st->segments; }
+  const std::vector<Segment*>& segments() const noexcept { return st->segments; }
 
   ~OutgoingFrame();
   OutgoingFrame() = default;
@@ -121,7 +123,7 @@ struct OutgoingFrame {
 // per segment"): asked once per file_descriptor segment (not device) the message uses;
 // true leaves its fd out (SegmentEntry::fd_index kFdOmitted). Null: every fd is sent.
 struct FdElision {
-  bool (*omit)(void* context, const std::shared_ptr<Segment>& segment);
+  bool (*omit)(void* context, const Segment& segment);
   void* context;
 };
 

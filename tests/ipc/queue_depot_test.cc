@@ -280,7 +280,7 @@ TEST_F(QueueDepotTest, ASegmentNamedWithoutItsFdIsRefusedByAConnection) {
               Encoder e;
               e.encode(t);
               const internal::FdElision always{
-                  [](void*, const std::shared_ptr<internal::Segment>&) { return true; }, nullptr};
+                  [](void*, const internal::Segment&) { return true; }, nullptr};
               internal::OutgoingFrame frame = internal::finish_frame(std::move(e), &always);
               EXPECT_TRUE(frame.fds().empty());
               go.send();

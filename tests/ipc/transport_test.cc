@@ -91,6 +91,35 @@ TEST_P(TransportTest, NonContiguousViewsTravelAsViewsAndEmptyTensorsNeedNoShared
   EXPECT_EQ(wait_child(child), 0);
 }
 
+// Sizes and strides are kept inline up to 6 dims (dims.h) and on the heap beyond: both
+// arrive exactly, as views of the sender's storage.
+TEST_P(TransportTest, TensorsOfSixAndOfNineDimensionsArriveWithTheirExactShape) {
+  auto [a, b] = pipe();
+  Tensor six = Tensor::arange(64, DType::kInt16).view({2, 2, 2, 2, 2, 2}).transpose(0, 5);
+  Tensor nine =
+      Tensor::arange(2 * 3 * 1 * 2 * 2 * 1 * 2 * 2 * 2).view({2, 3, 1, 2, 2, 1, 2, 2, 2});
+  Tensor nine_view = nine.permute({8, 7, 6, 5, 4, 3, 2, 1, 0}).slice(1, 1);
+  pid_t child = fork_child([&, &b = b] {
+    a.close();
+    auto [s, n] = b.recv<std::pair<Tensor, Tensor>>();
+    EXPECT_EQ(s.sizes(), six.sizes());
+    EXPECT_EQ(s.strides(), (std::vector<std::int64_t>{1, 16, 8, 4, 2, 32}));
+    EXPECT_TRUE(s.equal(six));
+    EXPECT_EQ(n.sizes(), (std::vector<std::int64_t>{2, 1, 2, 1, 2, 2, 1, 3, 2}));
+    EXPECT_EQ(n.strides(), nine_view.strides());
+    EXPECT_EQ(n.storage_offset(), 2);
+    EXPECT_TRUE(n.equal(nine_view));
+    b.send(n);  // back to its creator: the same storage and shape
+  });
+  b.close();
+  a.send(std::make_pair(six, nine_view));
+  Tensor back = a.recv<Tensor>();
+  EXPECT_TRUE(back.storage().is_same(nine.storage()));
+  EXPECT_EQ(back.sizes(), nine_view.sizes());
+  EXPECT_EQ(back.strides(), nine_view.strides());
+  EXPECT_EQ(wait_child(child), 0);
+}
+
 TEST_P(TransportTest, EveryDTypeRoundTrips) {
   auto [a, b] = pipe();
   pid_t child = fork_child([&, &b = b] {

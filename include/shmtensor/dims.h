@@ -1,0 +1,171 @@
+// Dims: a tensor's sizes or strides. A small vector of int64 that keeps up to kInline
+// values inside itself and goes to the heap only beyond that, so that making, copying and
+// receiving a tensor of up to 6 dimensions allocates nothing for its shape (a received
+// tensor is decoded without an allocation: docs/benchmarks.md).
+//
+// It reads like a const std::vector<std::int64_t>: size(), operator[], iteration, data();
+// it compares equal to a std::vector with the same values, converts to one (implicitly, or
+// with vec() as torch's IntArrayRef does), and is a contiguous range, so std::span<const
+// std::int64_t> takes it.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <initializer_list>
+#include <new>
+#include <span>
+#include <vector>
+
+namespace shmtensor {
+
+class Dims {
+ public:
+  using value_type = std::int64_t;
+  using size_type = std::size_t;
+  using difference_type = std::ptrdiff_t;
+  using reference = std::int64_t&;
+  using const_reference = const std::int64_t&;
+  using pointer = std::int64_t*;
+  using const_pointer = const std::int64_t*;
+  using iterator = std::int64_t*;
+  using const_iterator = const std::int64_t*;
+
+  static constexpr std::size_t kInline = 6;
+
+  Dims() noexcept = default;
+  // n copies of value.
+  explicit Dims(std::size_t n, std::int64_t value = 0) { assign_fill(n, value); }
+  Dims(std::initializer_list<std::int64_t> values) { assign(values.begin(), values.size()); }
+  Dims(const std::vector<std::int64_t>& values) { assign(values.data(), values.size()); }
+  explicit Dims(std::span<const std::int64_t> values) { assign(values.data(), values.size()); }
+  Dims(const Dims& other) {
+    if (other.on_heap())
+      assign(other.data_, other.size_);
+    else
+      copy_inline(other);
+  }
+  Dims(Dims&& other) noexcept { take(other); }
+  Dims& operator=(const Dims& other) {
+    if (this == &other) return *this;
+    if (other.on_heap()) {
+      assign(other.data_, other.size_);
+    } else {
+      release();
+      copy_inline(other);
+    }
+    return *this;
+  }
+  Dims& operator=(Dims&& other) noexcept {
+    if (this != &other) {
+      release();
+      take(other);
+    }
+    return *this;
+  }
+  ~Dims() { release(); }
+
+  std::size_t size() const noexcept { return size_; }
+  bool empty() const noexcept { return size_ == 0; }
+  std::int64_t* data() noexcept { return data_; }
+  const std::int64_t* data() const noexcept { return data_; }
+  std::int64_t& operator[](std::size_t i) noexcept { return data_[i]; }
+  const std::int64_t& operator[](std::size_t i) const noexcept { return data_[i]; }
+  std::int64_t* begin() noexcept { return data_; }
+  std::int64_t* end() noexcept { return data_ + size_; }
+  const std::int64_t* begin() const noexcept { return data_; }
+  const std::int64_t* end() const noexcept { return data_ + size_; }
+  std::int64_t front() const noexcept { return data_[0]; }
+  std::int64_t back() const noexcept { return data_[size_ - 1]; }
+
+  void clear() noexcept { size_ = 0; }
+  void push_back(std::int64_t v) {
+    reserve(size_ + 1);
+    data_[size_++] = v;
+  }
+  // Inserts v before pos; returns where it went.
+  std::int64_t* insert(const std::int64_t* pos, std::int64_t v) {
+    const auto at = static_cast<std::size_t>(pos - data_);
+    reserve(size_ + 1);
+    std::memmove(data_ + at + 1, data_ + at, (size_ - at) * sizeof(std::int64_t));
+    data_[at] = v;
+    ++size_;
+    return data_ + at;
+  }
+  std::int64_t* erase(const std::int64_t* pos) noexcept {
+    const auto at = static_cast<std::size_t>(pos - data_);
+    std::memmove(data_ + at, data_ + at + 1, (size_ - at - 1) * sizeof(std::int64_t));
+    --size_;
+    return data_ + at;
+  }
+  void resize(std::size_t n, std::int64_t value = 0) {
+    reserve(n);
+    for (std::size_t i = size_; i < n; ++i) data_[i] = value;
+    size_ = static_cast<std::uint32_t>(n);
+  }
+  void reserve(std::size_t n) {
+    if (n <= capacity_) return;
+    const std::size_t cap = std::max<std::size_t>(n, 2 * std::size_t{capacity_});
+    auto* heap = new std::int64_t[cap];
+    if (size_ > 0) std::memcpy(heap, data_, size_ * sizeof(std::int64_t));
+    if (on_heap()) delete[] data_;
+    data_ = heap;
+    capacity_ = static_cast<std::uint32_t>(cap);
+  }
+
+  std::vector<std::int64_t> vec() const { return std::vector<std::int64_t>(begin(), end()); }
+  operator std::vector<std::int64_t>() const { return vec(); }
+
+  friend bool operator==(const Dims& a, const Dims& b) noexcept {
+    return std::equal(a.begin(), a.end(), b.begin(), b.end());
+  }
+  friend bool operator==(const Dims& a, const std::vector<std::int64_t>& b) noexcept {
+    return std::equal(a.begin(), a.end(), b.begin(), b.end());
+  }
+
+ private:
+  bool on_heap() const noexcept { return data_ != inline_; }
+  void release() noexcept {
+    if (on_heap()) delete[] data_;
+    data_ = inline_;
+    capacity_ = kInline;
+    size_ = 0;
+  }
+  void assign(const std::int64_t* values, std::size_t n) {
+    size_ = 0;
+    reserve(n);
+    if (n > 0) std::memcpy(data_, values, n * sizeof(std::int64_t));
+    size_ = static_cast<std::uint32_t>(n);
+  }
+  void assign_fill(std::size_t n, std::int64_t value) {
+    size_ = 0;
+    resize(n, value);
+  }
+  // Takes other's values; other is left empty.
+  void take(Dims& other) noexcept {
+    if (other.on_heap()) {
+      data_ = other.data_;
+      capacity_ = other.capacity_;
+      other.data_ = other.inline_;
+      other.capacity_ = kInline;
+      size_ = other.size_;
+    } else {
+      copy_inline(other);
+    }
+    other.size_ = 0;
+  }
+  // Copies the whole inline array (a fixed size: a few register moves, no memcpy call);
+  // this one's data_ is inline_.
+  void copy_inline(const Dims& other) noexcept {
+    std::copy_n(other.inline_, kInline, inline_);
+    size_ = other.size_;
+  }
+
+  std::int64_t* data_ = inline_;
+  std::uint32_t size_ = 0;
+  std::uint32_t capacity_ = kInline;
+  std::int64_t inline_[kInline] = {};  // zeroed, so that copy_inline reads set values
+};
+
+}  // namespace shmtensor
