@@ -114,6 +114,15 @@ class Dims {
     capacity_ = static_cast<std::uint32_t>(cap);
   }
 
+  // Replaces the values with n int64 copied from `bytes`, which need not be aligned (a
+  // received message's).
+  void assign_bytes(const void* bytes, std::size_t n) {
+    size_ = 0;
+    reserve(n);
+    if (n > 0) std::memcpy(data_, bytes, n * sizeof(std::int64_t));
+    size_ = static_cast<std::uint32_t>(n);
+  }
+
   std::vector<std::int64_t> vec() const { return std::vector<std::int64_t>(begin(), end()); }
   operator std::vector<std::int64_t>() const { return vec(); }
 
@@ -132,12 +141,7 @@ class Dims {
     capacity_ = kInline;
     size_ = 0;
   }
-  void assign(const std::int64_t* values, std::size_t n) {
-    size_ = 0;
-    reserve(n);
-    if (n > 0) std::memcpy(data_, values, n * sizeof(std::int64_t));
-    size_ = static_cast<std::uint32_t>(n);
-  }
+  void assign(const std::int64_t* values, std::size_t n) { assign_bytes(values, n); }
   void assign_fill(std::size_t n, std::int64_t value) {
     size_ = 0;
     resize(n, value);

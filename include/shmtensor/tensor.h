@@ -128,7 +128,7 @@ class Tensor {
   // takes the real part; to bool is value != 0.
   template <class T>
   T item() const;
-  Storage storage() const { return storage_; }
+  const Storage& storage() const noexcept { return storage_; }
 
   // ---- views (share the storage) ----------------------------------------------------------
   // At most one size may be -1 (inferred). Throws std::invalid_argument if numel differs or
@@ -214,7 +214,7 @@ class Tensor {
   const Tensor& share_memory_() const { return const_cast<Tensor*>(this)->share_memory_(); }
 
  private:
-  Tensor(Storage storage, std::int64_t storage_offset, Dims sizes, Dims strides,
+  Tensor(Storage&& storage, std::int64_t storage_offset, Dims&& sizes, Dims&& strides,
          DType dtype) noexcept
       : storage_(std::move(storage)),
         storage_offset_(storage_offset),

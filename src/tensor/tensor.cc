@@ -2,6 +2,7 @@
 #include "shmtensor/tensor.h"
 
 #include <cmath>
+#include <complex>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -93,12 +94,63 @@ std::size_t element_alignment(DType dtype) {
   return internal::dispatch(dtype, [](auto tag) { return alignof(typename decltype(tag)::type); });
 }
 
+// Each dtype's element size and alignment, by enumerator, for from_storage's fast path.
+struct ElementLayout {
+  std::uint8_t size;
+  std::uint8_t align;
+};
+template <class T>
+constexpr ElementLayout layout_of() {
+  return {sizeof(T), alignof(T)};
+}
+constexpr ElementLayout kElementLayouts[kNumDTypes] = {
+    layout_of<bool>(),         layout_of<std::uint8_t>(),         layout_of<std::int8_t>(),
+    layout_of<std::int16_t>(), layout_of<std::int32_t>(),         layout_of<std::int64_t>(),
+    layout_of<Half>(),         layout_of<BFloat16>(),             layout_of<float>(),
+    layout_of<double>(),       layout_of<std::complex<float>>(), layout_of<std::complex<double>>()};
+static_assert(static_cast<int>(DType::kComplex128) == kNumDTypes - 1);
+
+// The checks below in one pass, without building an error: true when the view is valid.
+// Where it says false, the checks below find what is wrong and say it.
+bool valid_view(const Storage& storage, std::int64_t storage_offset, const Dims& sizes,
+                const Dims& strides, DType dtype) noexcept {
+  const auto d = static_cast<std::size_t>(dtype);
+  if (d >= static_cast<std::size_t>(kNumDTypes) || !storage.defined() ||
+      sizes.size() != strides.size() || storage_offset < 0)
+    return false;
+  const ElementLayout layout = kElementLayouts[d];
+  std::int64_t numel = 1;
+  for (std::size_t i = 0; i < sizes.size(); ++i)
+    if (sizes[i] < 0 || strides[i] < 0 || __builtin_mul_overflow(numel, sizes[i], &numel))
+      return false;
+  std::int64_t nbytes;
+  if (__builtin_mul_overflow(numel, std::int64_t{layout.size}, &nbytes)) return false;
+  std::int64_t extent = storage_offset;
+  if (numel > 0) {
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      std::int64_t span;
+      if (__builtin_mul_overflow(sizes[i] - 1, strides[i], &span) ||
+          __builtin_add_overflow(extent, span, &extent))
+        return false;
+    }
+    if (__builtin_add_overflow(extent, 1, &extent)) return false;
+  }
+  std::uint64_t needed;
+  if (__builtin_mul_overflow(static_cast<std::uint64_t>(extent), std::uint64_t{layout.size},
+                             &needed) ||
+      needed > storage.nbytes())
+    return false;
+  return reinterpret_cast<std::uintptr_t>(storage.data()) % layout.align == 0;
+}
+
 }  // namespace
 
 // Every step is checked because the wire layer feeds this from another process's message:
 // a tensor that passes must never address a byte outside the storage.
 Tensor Tensor::from_storage(Storage storage, std::int64_t storage_offset,
                             Dims sizes, Dims strides, DType dtype) {
+  if (valid_view(storage, storage_offset, sizes, strides, dtype))
+    return Tensor(std::move(storage), storage_offset, std::move(sizes), std::move(strides), dtype);
   const std::size_t elsize = shmtensor::element_size(dtype);  // rejects a bad enumerator
   if (!storage.defined()) {
     throw std::invalid_argument("Tensor::from_storage: undefined storage");

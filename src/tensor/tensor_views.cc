@@ -86,7 +86,7 @@ std::optional<Dims> compute_stride(const Dims& old_sizes, const Dims& old_stride
 
 Tensor Tensor::make_view(std::int64_t storage_offset, Dims sizes, Dims strides) const {
   const bool empty = std::find(sizes.begin(), sizes.end(), 0) != sizes.end();
-  return Tensor(storage_, empty ? storage_offset_ : storage_offset, std::move(sizes),
+  return Tensor(Storage(storage_), empty ? storage_offset_ : storage_offset, std::move(sizes),
                 std::move(strides), dtype_);
 }
 

@@ -245,6 +245,14 @@ std::byte* Ring::slot(std::uint64_t pos) const noexcept {
 }
 
 std::pair<std::uint32_t, std::uint32_t> Ring::holder() {
+  // Every push and pop asks: the claim made, a load and a compare (inlined), else the claim.
+  const std::uint64_t seen = local_->claim.load(std::memory_order_acquire);
+  if (claim_generation(seen) == fork_generation()) [[likely]]
+    return {claim_holder(seen), claim_epoch(seen)};
+  return claim_holder_record();
+}
+
+std::pair<std::uint32_t, std::uint32_t> Ring::claim_holder_record() {
   Local& l = *local_;
   const std::uint32_t me = fork_generation();
   std::uint64_t seen = l.claim.load(std::memory_order_acquire);

@@ -200,6 +200,7 @@ class Ring {
   std::byte* slot(std::uint64_t pos) const noexcept;
   // This process's holder record (index, epoch), claimed on first use in each process.
   std::pair<std::uint32_t, std::uint32_t> holder();
+  [[gnu::noinline]] std::pair<std::uint32_t, std::uint32_t> claim_holder_record();
   bool claimer_dead(std::uint64_t word) const noexcept;
   void free_holder() noexcept;
   void wake_producers() noexcept;

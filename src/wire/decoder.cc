@@ -52,23 +52,35 @@ std::size_t Decoder::read_size(std::size_t min_element_bytes) {
 }
 
 Tensor Decoder::read_tensor() {
-  if (!decode<bool>()) return Tensor();  // the "defined" byte: 0 or 1, like every flag byte
-  // The rest of the head in one read (frame.h's EncodedTensorHead), then sizes and strides.
-  internal::EncodedTensorHead head{};
-  read_bytes(reinterpret_cast<std::byte*>(&head) + 1, sizeof head - 1);
+  // The head (frame.h's EncodedTensorHead), sizes and strides are read in place, with one
+  // bounds check for each part: a tensor's decode is most of a small message's.
+  auto& st = *state_;
+  const std::byte* p = st.payload.data() + st.cursor;
+  const std::size_t left = st.payload.size() - st.cursor;
+  if (left == 0) bad("value runs past the end of the payload");
+  const auto defined = static_cast<std::uint8_t>(p[0]);  // 0 or 1, like every flag byte
+  if (defined > 1) throw ProtocolError("invalid bool byte in message");
+  if (defined == 0) {
+    st.cursor += 1;
+    return Tensor();
+  }
+  internal::EncodedTensorHead head;
+  if (left < sizeof head) bad("value runs past the end of the payload");
+  std::memcpy(&head, p, sizeof head);
   if (head.dtype >= kNumDTypes) bad("unknown dtype " + std::to_string(head.dtype));
   const auto dtype = static_cast<DType>(head.dtype);
   const std::uint8_t ndim = head.ndim;
   if (ndim > internal::kMaxTensorDims) bad("tensor with " + std::to_string(ndim) + " dimensions");
   const std::uint32_t index = head.storage_index;
   const std::int64_t offset = head.storage_offset;
+  const std::size_t dim_bytes = std::size_t{ndim} * sizeof(std::int64_t);
+  if (left - sizeof head < 2 * dim_bytes) bad("value runs past the end of the payload");
   // Dims keep up to 6 values inline: a tensor of up to 6 dimensions is decoded without
   // an allocation.
-  Dims sizes(ndim), strides(ndim);
-  if (ndim > 0) {
-    read_bytes(sizes.data(), ndim * sizeof(std::int64_t));
-    read_bytes(strides.data(), ndim * sizeof(std::int64_t));
-  }
+  Dims sizes, strides;
+  sizes.assign_bytes(p + sizeof head, ndim);
+  strides.assign_bytes(p + sizeof head + dim_bytes, ndim);
+  st.cursor += sizeof head + 2 * dim_bytes;
   for (auto s : sizes)
     if (s < 0) bad("negative tensor size");
   if (head.device > 1) bad("unknown device " + std::to_string(head.device));

@@ -47,12 +47,12 @@ void Encoder::write_tensor(const Tensor& t) {
   if (has_storage) {
     // Only recorded here: the frame stage moves it into shared memory, once the transport
     // has admitted the message.
-    std::shared_ptr<internal::StorageImpl> impl = internal::StorageAccess::impl(t.storage());
+    const std::shared_ptr<internal::StorageImpl>& impl = internal::StorageAccess::impl(t.storage());
     cuda = impl->device() >= 0;
     auto& storages = state_->storages;
     auto it = std::find(storages.begin(), storages.end(), impl);
     if (it == storages.end()) {
-      storages.push_back(std::move(impl));
+      storages.push_back(impl);
       it = storages.end() - 1;
     }
     index = static_cast<std::uint32_t>(it - storages.begin());
