@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -39,7 +40,7 @@ Tensor make_tensor(const py::handle& shape, const py::handle& dtype, bool shared
   return shared ? Tensor::empty_shared(std::move(sizes), dt) : Tensor::empty(std::move(sizes), dt);
 }
 
-py::tuple to_tuple(const std::vector<std::int64_t>& v, std::int64_t scale = 1) {
+py::tuple to_tuple(std::span<const std::int64_t> v, std::int64_t scale = 1) {
   py::tuple t(v.size());
   for (std::size_t i = 0; i < v.size(); ++i) t[i] = py::int_(v[i] * scale);
   return t;

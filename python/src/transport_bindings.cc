@@ -241,8 +241,8 @@ void bind_transport(py::module_& m) {
       if (!t.is_shared()) throw py::value_error("_tensor_parts: share_memory_() first");
       block = block_of_storage(t.storage());
     }
-    return py::make_tuple(block, t.numel() > 0 ? t.storage_offset() : 0, t.sizes(), t.strides(),
-                          to_string(t.dtype()));
+    return py::make_tuple(block, t.numel() > 0 ? t.storage_offset() : 0, t.sizes().vec(),
+                          t.strides().vec(), to_string(t.dtype()));
   });
   m.def("_tensor_from_parts", [](std::optional<Tensor> block, std::int64_t offset,
                                  std::vector<std::int64_t> sizes, std::vector<std::int64_t> strides,

@@ -59,9 +59,10 @@ void give_state(std::unique_ptr<State> s) noexcept {
   if (pool_alive<State>) pool<State>().give(s);
 }
 
-// Empties `v`, keeping its buffer unless it grew past kMaxKeptBytes.
+// Empties `v`, keeping its buffer unless it grew past kMaxKeptBytes (a reserve for a
+// hostile count that then failed leaves a vector empty but large).
 template <class T>
-void reset(std::vector<T>& v) noexcept {
+inline void reset(std::vector<T>& v) noexcept {
   if (v.capacity() * sizeof(T) > kMaxKeptBytes)
     std::vector<T>().swap(v);
   else
