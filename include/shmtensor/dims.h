@@ -134,10 +134,10 @@ class Dims {
   }
 
  private:
-  bool on_heap() const noexcept { return data_ != inline_; }
+  bool on_heap() const noexcept { return data_ != inline_data(); }
   void release() noexcept {
     if (on_heap()) delete[] data_;
-    data_ = inline_;
+    data_ = inline_data();
     capacity_ = kInline;
     size_ = 0;
   }
@@ -151,7 +151,7 @@ class Dims {
     if (other.on_heap()) {
       data_ = other.data_;
       capacity_ = other.capacity_;
-      other.data_ = other.inline_;
+      other.data_ = other.inline_data();
       other.capacity_ = kInline;
       size_ = other.size_;
     } else {
@@ -159,17 +159,21 @@ class Dims {
     }
     other.size_ = 0;
   }
-  // Copies the whole inline array (a fixed size: a few register moves, no memcpy call);
-  // this one's data_ is inline_.
+  // Copies the whole inline array, set or not (a fixed size: a few register moves, no
+  // memcpy call; bytes, which may be copied whatever they hold); data_ is inline here.
   void copy_inline(const Dims& other) noexcept {
-    std::copy_n(other.inline_, kInline, inline_);
+    std::memcpy(inline_, other.inline_, sizeof inline_);
     size_ = other.size_;
   }
+  std::int64_t* inline_data() noexcept { return reinterpret_cast<std::int64_t*>(inline_); }
+  const std::int64_t* inline_data() const noexcept {
+    return reinterpret_cast<const std::int64_t*>(inline_);
+  }
 
-  std::int64_t* data_ = inline_;
+  std::int64_t* data_ = inline_data();
   std::uint32_t size_ = 0;
   std::uint32_t capacity_ = kInline;
-  std::int64_t inline_[kInline] = {};  // zeroed, so that copy_inline reads set values
+  alignas(std::int64_t) std::byte inline_[kInline * sizeof(std::int64_t)];
 };
 
 }  // namespace shmtensor
