@@ -53,6 +53,9 @@ class Storage {
   // already shared; allocates nothing for 0 bytes. Returns *this. Throws SystemError or
   // SharedMemoryFullError when no segment can be made; the storage is unchanged then.
   Storage& share_memory_();
+  // The same through a const handle (it moves the bytes, not the handle), as
+  // `tensor.storage().share_memory_()` does: Tensor::storage() returns a const reference.
+  const Storage& share_memory_() const { return const_cast<Storage*>(this)->share_memory_(); }
 
   // Number of Storage handles (and tensors) on these bytes in this process.
   long use_count() const noexcept { return impl_.use_count(); }

@@ -13,7 +13,9 @@
 namespace shmtensor {
 
 Decoder::Decoder(std::unique_ptr<internal::DecoderState> state) : state_(std::move(state)) {}
-Decoder::~Decoder() { internal::recycle(std::move(state_)); }
+Decoder::~Decoder() {
+  if (state_) internal::recycle(std::move(state_));  // not a moved-from one (most of them)
+}
 Decoder::Decoder(Decoder&&) noexcept = default;
 Decoder& Decoder::operator=(Decoder&& other) noexcept {
   if (this != &other) {

@@ -36,6 +36,11 @@ void* operator new(std::size_t n) {
 }
 void operator delete(void* p) noexcept { std::free(p); }
 void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+// The array forms too: the library's own default would call the operator new above, but a
+// sanitizer's runtime replaces them directly (Dims allocates with new[]).
+void* operator new[](std::size_t n) { return ::operator new(n); }
+void operator delete[](void* p) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
 
 namespace shmtensor {
 namespace {

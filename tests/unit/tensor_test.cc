@@ -77,6 +77,10 @@ TEST(TensorTest, CopiesShareTheStorage) {
   EXPECT_EQ(a.storage().use_count(), 2);  // a and b (storage() returns a reference)
   b.data_ptr<float>()[2] = 5.0f;
   EXPECT_EQ(a.data_ptr<float>()[2], 5.0f);
+  // Through the const reference storage() returns, for every tensor on the storage.
+  a.storage().share_memory_();
+  EXPECT_TRUE(b.is_shared());
+  EXPECT_EQ(b.data_ptr<float>()[2], 5.0f);
 }
 
 TEST(TensorTest, DataPtrTypeMismatchThrows) {
