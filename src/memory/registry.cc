@@ -1,18 +1,21 @@
 #include "memory/registry.h"
 
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstdint>
 #include <deque>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <unordered_map>
 
 #include "memory/arena.h"
 #include "memory/segment.h"
 #include "memory/storage_impl.h"
 #include "os/fork_handlers.h"
-#include "os/futex.h"
 
 namespace shmtensor::internal {
 
@@ -20,24 +23,35 @@ namespace {
 
 // The registry's lock: a futex word, 0 free, 1 held, 2 held with sleepers (a lock and an
 // unlock are one atomic operation each: every storage a process receives or drops takes
-// it, and std::mutex cost ~50 instructions a pair there). Process-local; held across fork
-// by the fork handlers like the mutex it replaced.
+// it, and std::mutex cost ~50 instructions a pair there). Process-local (private futex
+// operations); held across fork by the fork handlers like the mutex it replaced. Never
+// throws, and leaves errno as it found it, as pthread_mutex_lock does.
 class RegistryLock {
  public:
   void lock() noexcept {
     std::uint32_t seen = 0;
     if (word_.compare_exchange_strong(seen, 1, std::memory_order_acquire)) return;
+    const int saved = errno;
     if (seen != 2) seen = word_.exchange(2, std::memory_order_acquire);
     while (seen != 0) {
-      futex_wait(&word_, 2, std::nullopt);
+      // Returns at once (EAGAIN) if the word is no longer 2; EINTR: look again.
+      futex(FUTEX_WAIT_PRIVATE, 2);
       seen = word_.exchange(2, std::memory_order_acquire);
     }
+    errno = saved;
   }
   void unlock() noexcept {
-    if (word_.exchange(0, std::memory_order_release) == 2) futex_wake(&word_, 1);
+    if (word_.exchange(0, std::memory_order_release) != 2) return;
+    const int saved = errno;
+    futex(FUTEX_WAKE_PRIVATE, 1);
+    errno = saved;
   }
 
  private:
+  void futex(int op, std::uint32_t value) noexcept {
+    (void)::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&word_), op, value, nullptr,
+                    nullptr, 0);
+  }
   std::atomic<std::uint32_t> word_{0};
 };
 

@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <cassert>
 #include <cstring>
 
 #include "cuda/device_memory.h"
@@ -128,10 +129,14 @@ OutgoingFrame finish_frame(Encoder&& encoder, const FdElision* elision) {
   // The tables' size first, so that they are written into one resize (entries appended
   // one by one cost more than the rest of a small message's frame).
   std::size_t table_bytes = st.storages.size() * sizeof(StorageEntry);
+  // A segment's entry carries its name when it is neither a device segment nor a
+  // file_descriptor one (the last branch below).
+  auto named = [](const Segment& seg) {
+    return !seg.is_device() && seg.strategy() != SharingStrategy::kFileDescriptor;
+  };
   for (Segment* seg : st.segments) {
     table_bytes += sizeof(SegmentEntry);
-    if (!seg->is_device() && seg->strategy() == SharingStrategy::kFileSystem)
-      table_bytes += (seg->name().size() + 7) / 8 * 8;
+    if (named(*seg)) table_bytes += (seg->name().size() + 7) / 8 * 8;
   }
   std::vector<std::byte>& tables = st.tables;
   tables.resize(table_bytes);  // zeroed: a name's padding is
@@ -176,6 +181,7 @@ OutgoingFrame finish_frame(Encoder&& encoder, const FdElision* elision) {
     e.nbytes = st.storages[i]->nbytes();
     append(&e, sizeof e);
   }
+  assert(out == tables.data() + tables.size());
 
   for (auto& fd : st.object_fds) {
     st.fds.push_back(fd.get());

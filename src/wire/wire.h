@@ -99,9 +99,9 @@ struct CodecAccess {
 };
 
 // An encoded message ready to send: its header and the encoder's state, which holds the
-// datagram's other parts, the fds it borrows (kept open by `segments`) and those it owns,
-// and the counts it carries, which the destructor gives back unless the transport marked
-// it sent.
+// datagram's other parts, the fds it borrows (kept open through `storages`) and those it
+// owns, and the counts it carries, which the destructor gives back unless the transport
+// marked it sent.
 struct OutgoingFrame {
   FrameHeader header{};
   // The body (tables, then payload) unless it travels in a blob (kFlagBlob: both empty).

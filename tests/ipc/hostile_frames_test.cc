@@ -805,6 +805,17 @@ TEST_F(HostileFramesTest, TensorHeadersThatAreNotTensors) {
   send_payload(tensor_payload(int64, 2, kNoStorage, {0, -1}, {1, 1}));
   expect_protocol_error_for<Tensor>("negative tensor size");
 
+  // Cut short anywhere: in the head, in the sizes, in the strides (a 3-d tensor: 16 + 48
+  // bytes); every cut is "runs past the end", never a read past it.
+  const std::vector<std::byte> whole = tensor_payload(int64, 3, kNoStorage, {2, 0, 4}, {0, 4, 1});
+  ASSERT_EQ(whole.size(), 64u);
+  for (std::size_t cut = 1; cut < whole.size(); ++cut) {
+    send_payload(std::vector<std::byte>(whole.begin(), whole.begin() + cut));
+    expect_protocol_error_for<Tensor>("value runs past the end of the payload");
+  }
+  send_payload(whole);
+  EXPECT_EQ(conn_.recv<Tensor>().sizes(), (std::vector<std::int64_t>{2, 0, 4}));
+
   // An empty tensor whose sizes overflow its (contiguous) strides: 2^32 * 2^32.
   constexpr std::int64_t k2p32 = std::int64_t{1} << 32;
   send_payload(tensor_payload(int64, 4, kNoStorage, {0, k2p32, k2p32, k2p32}, {0, 0, 0, 0}));

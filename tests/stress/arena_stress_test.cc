@@ -734,8 +734,8 @@ TEST_P(ArenaStressTest, ABlockAPeerMadeLookFreeIsNeverHandedOut) {
     std::vector<Tensor> more;
     for (int i = 0; i < 3 * static_cast<int>(seg->block_count()); ++i) {
       more.push_back(make_tensor(200 + i, kN));
-      const auto m =
-          internal::StorageAccess::impl(more.back().storage());  // a copy: storage() is a temporary
+      // A copy of the shared_ptr: `more` may grow (and move its tensors) before m is used.
+      const auto m = internal::StorageAccess::impl(more.back().storage());
       EXPECT_FALSE(m->segment() == seg && (m->block() == block || m->block() == untouched))
           << "block " << m->block() << " handed out again";
     }

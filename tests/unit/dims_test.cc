@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <span>
+#include <stdexcept>
 #include <utility>
 #include <vector>
 
@@ -74,6 +75,47 @@ TEST(DimsTest, EditsLikeAVector) {
   d.clear();
   EXPECT_TRUE(d.empty());
   EXPECT_EQ(Dims(3, 5), (V{5, 5, 5}));
+}
+
+TEST(DimsTest, HeapAndInlineTransitionsKeepValues) {
+  // Six inline, the seventh inserted in the middle: to the heap, in order.
+  Dims d{1, 2, 3, 4, 5, 6};
+  d.insert(d.begin() + 3, 9);
+  EXPECT_FALSE(is_inline(d));
+  EXPECT_EQ(d, (V{1, 2, 3, 9, 4, 5, 6}));
+  // Erased on the heap down to three: still right, and copies of it are inline again.
+  for (int i = 0; i < 4; ++i) d.erase(d.begin());
+  EXPECT_EQ(d, (V{4, 5, 6}));
+  const Dims copy(d);
+  EXPECT_TRUE(is_inline(copy));
+  EXPECT_EQ(copy, (V{4, 5, 6}));
+  // A copy onto a heap Dims with room reuses its buffer.
+  Dims big{1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+  const std::int64_t* buffer = big.data();
+  const Dims seven{1, 2, 3, 4, 5, 6, 7};
+  big = seven;
+  EXPECT_EQ(big.data(), buffer);
+  EXPECT_EQ(big, (V{1, 2, 3, 4, 5, 6, 7}));
+  // Moved onto itself: unchanged.
+  Dims& self = big;
+  big = std::move(self);
+  EXPECT_EQ(big, (V{1, 2, 3, 4, 5, 6, 7}));
+  // assign_bytes from its own values, growing (the source is freed only after the copy)
+  // and in place (overlapping).
+  Dims own{1, 2, 3, 4, 5, 6};
+  std::int64_t twelve[12];
+  for (int i = 0; i < 12; ++i) twelve[i] = i;
+  own.assign_bytes(twelve, 12);
+  own.assign_bytes(own.data() + 1, 11);
+  EXPECT_EQ(own, (V{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}));
+  own.assign_bytes(own.data() + 2, 2);
+  EXPECT_EQ(own, (V{3, 4}));
+}
+
+TEST(DimsTest, MoreThanItCanCountIsALengthErrorAndChangesNothing) {
+  Dims d{1, 2};
+  EXPECT_THROW(d.reserve(Dims::kMaxSize + 1), std::length_error);
+  EXPECT_EQ(d, (V{1, 2}));
 }
 
 TEST(DimsTest, ConvertsToAndComparesWithVectorsAndSpans) {
