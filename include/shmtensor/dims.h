@@ -39,13 +39,15 @@ class Dims {
 
   Dims() noexcept = default;
   // n copies of value.
-  explicit Dims(std::size_t n, std::int64_t value = 0) { assign_fill(n, value); }
-  Dims(std::initializer_list<std::int64_t> values) { assign(values.begin(), values.size()); }
-  Dims(const std::vector<std::int64_t>& values) { assign(values.data(), values.size()); }
-  explicit Dims(std::span<const std::int64_t> values) { assign(values.data(), values.size()); }
+  explicit Dims(std::size_t n, std::int64_t value = 0) { resize(n, value); }
+  Dims(std::initializer_list<std::int64_t> values) { assign_bytes(values.begin(), values.size()); }
+  Dims(const std::vector<std::int64_t>& values) { assign_bytes(values.data(), values.size()); }
+  explicit Dims(std::span<const std::int64_t> values) {
+    assign_bytes(values.data(), values.size());
+  }
   Dims(const Dims& other) {
     if (other.on_heap())
-      assign(other.data_, other.size_);
+      assign_bytes(other.data_, other.size_);
     else
       copy_inline(other);
   }
@@ -53,7 +55,7 @@ class Dims {
   Dims& operator=(const Dims& other) {
     if (this == &other) return *this;
     if (other.on_heap()) {
-      assign(other.data_, other.size_);
+      assign_bytes(other.data_, other.size_);
     } else {
       release();
       copy_inline(other);
@@ -161,11 +163,6 @@ class Dims {
     data_ = inline_data();
     capacity_ = kInline;
     size_ = 0;
-  }
-  void assign(const std::int64_t* values, std::size_t n) { assign_bytes(values, n); }
-  void assign_fill(std::size_t n, std::int64_t value) {
-    size_ = 0;
-    resize(n, value);
   }
   // Takes other's values; other is left empty.
   void take(Dims& other) noexcept {

@@ -57,6 +57,43 @@ class RegistryLock {
 
 }  // namespace
 
+struct StorageTable {
+  struct Slot {
+    std::weak_ptr<StorageImpl> weak;
+    const StorageImpl* raw = nullptr;  // for identity in remove_storage (weak is expired then)
+  };
+  // Pages by page number (hashed: a hostile segment may claim billions of blocks, and a
+  // slot is made only for a block that became a storage here).
+  static constexpr std::uint32_t kPageSlots = 128;
+  std::unordered_map<std::uint32_t, std::unique_ptr<Slot[]>> pages;
+  std::uint32_t last_page = UINT32_MAX;  // the page used last (lookups come in order)
+  Slot* last = nullptr;
+  Slot* page(std::uint32_t p, bool make) {
+    if (p == last_page) return last;
+    auto it = pages.find(p);
+    if (it == pages.end()) {
+      if (!make) return nullptr;
+      it = pages.emplace(p, std::make_unique<Slot[]>(kPageSlots)).first;
+    }
+    last_page = p;
+    last = it->second.get();
+    return last;
+  }
+  Slot* find(std::uint32_t block) {
+    Slot* pg = page(block / kPageSlots, /*make=*/false);
+    return pg != nullptr ? &pg[block % kPageSlots] : nullptr;
+  }
+  Slot& at(std::uint32_t block) {
+    return page(block / kPageSlots, /*make=*/true)[block % kPageSlots];
+  }
+  template <class F>
+  void for_each(F&& f) const {
+    for (const auto& [p, page] : pages)
+      for (std::uint32_t i = 0; i < kPageSlots; ++i)
+        if (page[i].raw != nullptr) f(page[i]);
+  }
+};
+
 struct Registry::State {
   RegistryLock mu;
   std::unordered_map<std::uint64_t, std::weak_ptr<Segment>> segments;
@@ -70,43 +107,7 @@ struct Registry::State {
   // Segment (~Segment calls remove_segment), and every registered storage holds its
   // segment, so an address is never reused while its table lives. Tables stay while their
   // segment does, so a stream of tensors through one segment allocates nothing here.
-  struct Slot {
-    std::weak_ptr<StorageImpl> weak;
-    const StorageImpl* raw = nullptr;  // for identity in remove_storage (weak is expired then)
-  };
-  struct BlockTable {
-    // Pages by page number (hashed: a hostile segment may claim billions of blocks, and a
-    // slot is made only for a block that became a storage here).
-    static constexpr std::uint32_t kPageSlots = 128;
-    std::unordered_map<std::uint32_t, std::unique_ptr<Slot[]>> pages;
-    std::uint32_t last_page = UINT32_MAX;  // the page used last (lookups come in order)
-    Slot* last = nullptr;
-    Slot* page(std::uint32_t p, bool make) {
-      if (p == last_page) return last;
-      auto it = pages.find(p);
-      if (it == pages.end()) {
-        if (!make) return nullptr;
-        it = pages.emplace(p, std::make_unique<Slot[]>(kPageSlots)).first;
-      }
-      last_page = p;
-      last = it->second.get();
-      return last;
-    }
-    Slot* find(std::uint32_t block) {
-      Slot* pg = page(block / kPageSlots, /*make=*/false);
-      return pg != nullptr ? &pg[block % kPageSlots] : nullptr;
-    }
-    Slot& at(std::uint32_t block) {
-      return page(block / kPageSlots, /*make=*/true)[block % kPageSlots];
-    }
-    template <class F>
-    void for_each(F&& f) const {
-      for (const auto& [p, page] : pages)
-        for (std::uint32_t i = 0; i < kPageSlots; ++i)
-          if (page[i].raw != nullptr) f(page[i]);
-    }
-  };
-  std::unordered_map<const Segment*, BlockTable> storages;
+  std::unordered_map<const Segment*, StorageTable> storages;
   std::deque<std::shared_ptr<Segment>> received;  // most recent first
 };
 
@@ -124,8 +125,8 @@ Registry::State* g_state = nullptr;
 // fork (so no window exists where the parent alone could drop the last count while the
 // child still maps it); from then on they are the child's, and the child turns its block
 // counts into holds of its own slot (a SIGKILLed child's holds can then be reclaimed).
-// Only if the fork failed does the parent take them back. The arena and registry mutexes
-// are held across fork, so the child never inherits them locked by another thread.
+// Only if the fork failed does the parent take them back. The arena mutex and the registry
+// lock are held across fork, so the child never inherits them locked by another thread.
 struct Forking {
   std::vector<std::shared_ptr<Segment>> named;
   std::vector<std::shared_ptr<StorageImpl>> storages;
@@ -167,7 +168,7 @@ void prepare_fork() noexcept {
     }
   }
   for (auto& [seg, table] : g_state->storages) {
-    table.for_each([](const Registry::State::Slot& slot) {
+    table.for_each([](const StorageTable::Slot& slot) {
       if (auto impl = slot.weak.lock()) {
         impl->segment()->add_fork_count(impl->block());
         g_forking->storages.push_back(std::move(impl));
@@ -227,7 +228,7 @@ std::shared_ptr<Segment> Registry::add_segment(const std::shared_ptr<Segment>& s
 void Registry::remove_segment(std::uint64_t uid, const Segment* segment) noexcept {
   std::lock_guard lock(state_->mu);
   state_->storages.erase(segment);  // its storages are gone: each held the segment
-  const_cast<Segment*>(segment)->registry_table_ = nullptr;
+  segment->storage_table_ = nullptr;
   auto it = state_->segment_ptrs.find(uid);
   if (it != state_->segment_ptrs.end() && it->second == segment) {
     state_->segment_ptrs.erase(it);
@@ -241,23 +242,22 @@ std::shared_ptr<Segment> Registry::find_segment(std::uint64_t uid) {
   return it == state_->segments.end() ? nullptr : it->second.lock();
 }
 
-void* Registry::table_for(State& state, const Segment& segment) {
-  if (segment.registry_table_ == nullptr)
-    const_cast<Segment&>(segment).registry_table_ = &state.storages[&segment];
-  return segment.registry_table_;
+StorageTable& Registry::table_for(State& state, const Segment& segment) {
+  if (segment.storage_table_ == nullptr) segment.storage_table_ = &state.storages[&segment];
+  return *segment.storage_table_;
 }
 
 void Registry::add_storage(const Segment& segment, std::uint32_t block,
                            const std::shared_ptr<StorageImpl>& s) {
   std::lock_guard lock(state_->mu);
-  static_cast<State::BlockTable*>(table_for(*state_, segment))->at(block) = {s, s.get()};
+  table_for(*state_, segment).at(block) = {s, s.get()};
 }
 
 void Registry::remove_storage(const Segment& segment, std::uint32_t block,
                               const StorageImpl* s) noexcept {
   std::lock_guard lock(state_->mu);
-  if (segment.registry_table_ == nullptr) return;
-  State::Slot* slot = static_cast<State::BlockTable*>(segment.registry_table_)->find(block);
+  if (segment.storage_table_ == nullptr) return;
+  StorageTable::Slot* slot = segment.storage_table_->find(block);
   if (slot != nullptr && slot->raw == s) *slot = {};
 }
 
@@ -265,13 +265,13 @@ std::shared_ptr<StorageImpl> Registry::find_or_add_storage(
     const Segment& segment, std::uint32_t block, std::shared_ptr<StorageImpl> (*call)(void*),
     void* make) {
   std::lock_guard lock(state_->mu);
-  if (segment.registry_table_ != nullptr)
-    if (State::Slot* slot = static_cast<State::BlockTable*>(segment.registry_table_)->find(block))
+  if (segment.storage_table_ != nullptr)
+    if (StorageTable::Slot* slot = segment.storage_table_->find(block))
       if (auto found = slot->weak.lock()) return found;
   // make() only constructs (no registry calls), so it may run under the lock. Nothing is
   // allocated here for a reference that make() refuses (a forged one).
   std::shared_ptr<StorageImpl> made = call(make);
-  if (made) static_cast<State::BlockTable*>(table_for(*state_, segment))->at(block) = {made, made.get()};
+  if (made) table_for(*state_, segment).at(block) = {made, made.get()};
   return made;
 }
 

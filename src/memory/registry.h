@@ -3,7 +3,8 @@
 // this process already has resolves to that very storage, and a segment already mapped is
 // never mapped twice.
 //
-// Thread-safe (one mutex). Entries are weak: the registry never keeps anything alive.
+// Thread-safe (one lock: a futex word, registry.cc). Entries are weak: the registry never
+// keeps anything alive.
 // Across fork, the child inherits the entries (its mappings are inherited too), and for
 // file_system segments the fork handlers give the child its own refcount (see registry.cc).
 #pragma once
@@ -17,6 +18,7 @@ namespace shmtensor::internal {
 
 class Segment;
 class StorageImpl;
+struct StorageTable;  // registry.cc
 
 class Registry {
  public:
@@ -69,8 +71,8 @@ class Registry {
  private:
   Registry();
   // The segment's table of storages, found through the pointer it keeps
-  // (Segment::registry_table_), made on first use. Under the lock.
-  static void* table_for(State& state, const Segment& segment);
+  // (Segment::storage_table_), made on first use. Under the lock.
+  static StorageTable& table_for(State& state, const Segment& segment);
   State* state_;  // leaked on purpose: storages may die during static destruction
 };
 

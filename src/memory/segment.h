@@ -35,6 +35,7 @@ namespace cuda {
 class DeviceMemory;
 }
 struct FdFacts;
+struct StorageTable;  // the registry's (registry.cc)
 
 // The most bytes of blocks a device segment may claim (more than any device has): its
 // blocks are not in the object, so the object's size cannot bound them.
@@ -230,8 +231,9 @@ class Segment : public std::enable_shared_from_this<Segment> {
   std::unique_ptr<cuda::DeviceMemory> device_memory_;
   // The registry's table of this segment's storages here (registry.cc), so that a lookup
   // needs no map: read and written under the registry's lock; null until the first
-  // storage of this segment is registered.
-  void* registry_table_ = nullptr;
+  // storage of this segment is registered. The registry's bookkeeping, not the segment's
+  // state: mutable, as the registry is handed const segments.
+  mutable StorageTable* storage_table_ = nullptr;
 };
 
 // Checks a mapped header against what the mapping allows: magic, version, sizes, and that

@@ -90,11 +90,7 @@ std::string sizes_to_string(std::span<const std::int64_t> sizes) {
 
 namespace {
 
-std::size_t element_alignment(DType dtype) {
-  return internal::dispatch(dtype, [](auto tag) { return alignof(typename decltype(tag)::type); });
-}
-
-// Each dtype's element size and alignment, by enumerator, for from_storage's fast path.
+// Each dtype's element size and alignment, by enumerator.
 struct ElementLayout {
   std::uint8_t size;
   std::uint8_t align;
@@ -197,7 +193,7 @@ Tensor Tensor::from_storage(Storage storage, std::int64_t storage_offset,
         std::to_string(storage.nbytes()) + " bytes");
   }
   const auto address = reinterpret_cast<std::uintptr_t>(storage.data());
-  if (address % element_alignment(dtype) != 0) {
+  if (address % kElementLayouts[static_cast<std::size_t>(dtype)].align != 0) {
     throw std::invalid_argument("Tensor::from_storage: storage data is not aligned for " +
                                 std::string(shmtensor::to_string(dtype)));
   }

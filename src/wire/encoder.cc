@@ -127,17 +127,15 @@ OutgoingFrame finish_frame(Encoder&& encoder, const FdElision* elision) {
     st.storage_segment.push_back(static_cast<std::uint32_t>(it - st.segments.begin()));
   }
   // The tables' size first, so that they are written into one resize (entries appended
-  // one by one cost more than the rest of a small message's frame).
-  std::size_t table_bytes = st.storages.size() * sizeof(StorageEntry);
-  // A segment's entry carries its name when it is neither a device segment nor a
+  // one by one cost more than the rest of a small message's frame). A segment's entry is
+  // followed by its name, padded to 8 bytes, when it is neither a device segment nor a
   // file_descriptor one (the last branch below).
-  auto named = [](const Segment& seg) {
-    return !seg.is_device() && seg.strategy() != SharingStrategy::kFileDescriptor;
+  auto padded_name_bytes = [](const Segment& seg) -> std::size_t {
+    if (seg.is_device() || seg.strategy() == SharingStrategy::kFileDescriptor) return 0;
+    return (seg.name().size() + 7) / 8 * 8;
   };
-  for (Segment* seg : st.segments) {
-    table_bytes += sizeof(SegmentEntry);
-    if (named(*seg)) table_bytes += (seg->name().size() + 7) / 8 * 8;
-  }
+  std::size_t table_bytes = st.storages.size() * sizeof(StorageEntry);
+  for (Segment* seg : st.segments) table_bytes += sizeof(SegmentEntry) + padded_name_bytes(*seg);
   std::vector<std::byte>& tables = st.tables;
   tables.resize(table_bytes);  // zeroed: a name's padding is
   std::byte* out = tables.data();
@@ -171,7 +169,7 @@ OutgoingFrame finish_frame(Encoder&& encoder, const FdElision* elision) {
       e.name_length = static_cast<std::uint16_t>(seg->name().size());
       append(&e, sizeof e);
       append(seg->name().data(), seg->name().size());
-      out += (seg->name().size() + 7) / 8 * 8 - seg->name().size();
+      out += padded_name_bytes(*seg) - seg->name().size();
     }
   }
   for (std::size_t i = 0; i < st.storages.size(); ++i) {

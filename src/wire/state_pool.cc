@@ -60,7 +60,8 @@ void give_state(std::unique_ptr<State> s) noexcept {
 }
 
 // Empties `v`, keeping its buffer unless it grew past kMaxKeptBytes (a reserve for a
-// hostile count that then failed leaves a vector empty but large).
+// hostile count that then failed leaves a vector empty but large). `inline` is a hint GCC
+// takes here: without it recycle calls it, ~45 instructions more per message.
 template <class T>
 inline void reset(std::vector<T>& v) noexcept {
   if (v.capacity() * sizeof(T) > kMaxKeptBytes)
