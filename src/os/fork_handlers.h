@@ -31,8 +31,11 @@ namespace shmtensor::internal {
 //     can drain a queue between fork and the child's start. Its lock and the memory
 //     layer's are never held together, so its place is free; it comes last as the highest
 //     layer.
-enum class ForkStage : int { kManagerClient, kMemory, kQueues };
-inline constexpr int kForkStageCount = 3;
+//  4. kHangupWatch (transport/hangup_watch.h). Takes the watch's lock, so that a child
+//     copies its table whole, and the child closes the fds of its parent's watch thread.
+//     The watch's lock is held with no other (its thread wakes futex sleepers under it).
+enum class ForkStage : int { kManagerClient, kMemory, kQueues, kHangupWatch };
+inline constexpr int kForkStageCount = 4;
 
 struct ForkHandlers {
   void (*prepare)() noexcept = nullptr;

@@ -29,6 +29,7 @@
 #include "transport/busy_poll.h"
 #include "transport/channel.h"
 #include "transport/depot.h"
+#include "transport/hangup_watch.h"
 #include "transport/ring.h"
 #include "wire/wire.h"
 
@@ -130,9 +131,23 @@ struct ConnectionCore {
   std::atomic<std::int64_t> last_peer_check_ns{0};
   // Set once the socket was seen hung up (for good: the other end cannot reopen).
   std::atomic<bool> peer_gone{false};
+  // The watch of the socket's hang-up (transport/hangup_watch.h) that lets a receive
+  // without a deadline sleep with no time limit: made by the first such receive of the
+  // process whose fork generation is watch_generation (0: none yet); watch_id 0 while it is
+  // being made or when none could be. hangup_fired: the watch fired (it fires once); from
+  // then on this end's receives sleep in slices again.
+  std::atomic<std::uint32_t> watch_generation{0};
+  std::atomic<std::uint64_t> watch_id{0};
+  std::atomic<bool> hangup_fired{false};
 
   ~ConnectionCore() {
+    unwatch();
     if (const int fd = epoll.load(std::memory_order_relaxed); fd >= 0) UniqueFd closing(fd);
+  }
+  // Ends this process's watch, if it made one (before the socket closes).
+  void unwatch() noexcept {
+    if (watch_generation.load(std::memory_order_acquire) != fork_generation()) return;
+    unwatch_hangup(watch_id.exchange(0, std::memory_order_acq_rel));
   }
   bool ringed() const noexcept { return in.fd() >= 0; }
   LinkControl* out_control() const noexcept {
@@ -361,6 +376,34 @@ Decoder receive_popped(ConnectionCore& c, std::shared_ptr<std::byte[]> buffer,
   return d;
 }
 
+// The hang-up watch's fire (under its lock, so `c` is alive): the receivers asleep on our
+// ring wake up and look at the socket (a receive looks once it was woken for nothing).
+void hangup_fired(void* context) {
+  auto& c = *static_cast<ConnectionCore*>(context);
+  c.hangup_fired.store(true, std::memory_order_seq_cst);
+  c.in.kick();
+}
+
+// Whether a receive of this process may sleep with no time limit: the socket's hang-up is
+// watched, and did not fire yet. The first call in a process makes the watch; a thread
+// that calls while another makes it sleeps in slices this once.
+bool sleeps_untimed(ConnectionCore& c) noexcept {
+  const std::uint32_t me = fork_generation();
+  std::uint32_t seen = c.watch_generation.load(std::memory_order_acquire);
+  if (seen != me) {
+    // A forked child's copy: its parent's watch is not this process's.
+    if (!c.watch_generation.compare_exchange_strong(seen, me, std::memory_order_acq_rel))
+      return false;
+    c.watch_id.store(0, std::memory_order_relaxed);
+    c.hangup_fired.store(false, std::memory_order_relaxed);
+    c.watch_id.store(watch_hangup(c.sock.get(), hangup_fired, &c), std::memory_order_release);
+  }
+  // The watch fires before it kicks: a receive that read the ring's publish count after a
+  // kick sees hangup_fired here, and sleeps in slices (the kick was spent).
+  return c.watch_id.load(std::memory_order_acquire) != 0 &&
+         !c.hangup_fired.load(std::memory_order_seq_cst);
+}
+
 std::optional<Decoder> recv_ringed(ConnectionCore& c, const Deadline& deadline) {
   // Opt-in busy polling (busy_poll.h): spins on the ring's publish count for up to the
   // budget, popping whenever it moves. The clock is read only when polling or given a
@@ -428,8 +471,11 @@ std::optional<Decoder> recv_ringed(ConnectionCore& c, const Deadline& deadline) 
         continue;
       }
     }
-    c.in.wait_for_publish(seen, deadline ? std::min(*deadline, Clock::now() + kWaitSlice)
-                                         : Clock::now() + kWaitSlice);
+    if (!deadline && sleeps_untimed(c))
+      c.in.wait_for_publish_untimed(seen);  // a hang-up kicks it (hangup_fired)
+    else
+      c.in.wait_for_publish(seen, deadline ? std::min(*deadline, Clock::now() + kWaitSlice)
+                                           : Clock::now() + kWaitSlice);
     woke = true;
   }
 }
@@ -544,7 +590,9 @@ void Connection::close() noexcept {
   std::unique_ptr<ConnectionCore> core = std::move(core_);
   if (!core || !core->ringed()) return;
   // The socket first: a peer woken below finds it hung up if this was the last copy of this
-  // end anywhere (another process may hold one: then nothing is closed for the peer).
+  // end anywhere (another process may hold one: then nothing is closed for the peer). Its
+  // watch ends before it closes.
+  core->unwatch();
   core->sock.reset();
   core->out_control()->close_epoch.fetch_add(1, std::memory_order_acq_rel);
   core->in_control()->close_epoch.fetch_add(1, std::memory_order_acq_rel);

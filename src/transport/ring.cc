@@ -624,6 +624,13 @@ bool Ring::wait_for_publish(std::uint32_t seen, Deadline deadline) noexcept {
   return in_time;
 }
 
+void Ring::wait_for_publish_untimed(std::uint32_t seen) noexcept {
+  RingHeader* h = header();
+  h->consumers_asleep.fetch_add(1);  // before the look, as in wait_for_publish
+  if (h->published.load() == seen) futex_wait(&h->published, seen, std::nullopt);
+  h->consumers_asleep.fetch_sub(1);
+}
+
 void Ring::kick() noexcept {
   RingHeader* h = header();
   h->published.fetch_add(1);

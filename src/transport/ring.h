@@ -166,6 +166,10 @@ class Ring {
   // the deadline has passed.
   [[nodiscard]] std::uint32_t publish_count() const noexcept;
   bool wait_for_publish(std::uint32_t seen, Deadline deadline) noexcept;
+  // The same with no time limit (no kernel timer: cheaper by a timer's set-up and cancel):
+  // for a caller that made sure whatever else it waits for calls kick() (a Connection
+  // whose socket's hang-up is watched: transport/hangup_watch.h).
+  void wait_for_publish_untimed(std::uint32_t seen) noexcept;
   // For busy polling: spins (no syscall, no store to shared memory) until publish_count()
   // differs from `seen` (true) or `until` has passed (false). One cache line is watched,
   // so the producer's publish is seen within a few tens of nanoseconds.

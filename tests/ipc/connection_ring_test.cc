@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <fstream>
 #include <optional>
 #include <string>
 #include <vector>
@@ -22,6 +23,7 @@
 #include "support/strategy_test.h"
 #include "os/unique_fd.h"
 #include "transport/announced.h"
+#include "transport/hangup_watch.h"
 #include "transport/ring.h"
 
 namespace shmtensor {
@@ -44,6 +46,31 @@ int socket_of(const Connection& c) { return internal::ConnectionAccess::fds(c).a
 bool readable(int fd, int timeout_ms) {
   pollfd p{fd, POLLIN, 0};
   return ::poll(&p, 1, timeout_ms) == 1;
+}
+
+// The state letter of /proc/<pid>/stat (its main thread's): 'S' while it sleeps.
+char process_state(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  std::getline(in, line);
+  const auto close = line.rfind(')');
+  return close == std::string::npos || close + 2 >= line.size() ? '?' : line[close + 2];
+}
+
+// Waits (up to 10 s) until `pid` sleeps: a receiver blocked in recv().
+bool wait_until_asleep(pid_t pid) {
+  for (int i = 0; i < 10'000; ++i) {
+    if (process_state(pid) == 'S') return true;
+    ::usleep(1000);
+  }
+  return false;
+}
+
+int thread_count() {
+  std::ifstream in("/proc/self/status");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("Threads:", 0) == 0) return std::stoi(line.substr(8));
+  return -1;
 }
 
 TEST_P(ConnectionRingTest, SmallMessagesTravelInTheRingAndFdsOnTheSocketInOneOrder) {
@@ -173,6 +200,69 @@ TEST_P(ConnectionRingTest, APeerKilledIsNoticedByAReceiverAndABlockedSender) {
   EXPECT_THROW(c.send(sent), ConnectionClosed);
   EXPECT_EQ(wait_child(killer), 0);
   EXPECT_EQ(wait_child(reader), 128 + SIGKILL);
+}
+
+// A receive with no deadline sleeps on the ring's futex with no time limit; the hang-up
+// watch (transport/hangup_watch.h) wakes it when the peer's socket hangs up. Its thread runs
+// while a watch does, and stops (its fds closed: the fixture's leak check) with the last.
+TEST_P(ConnectionRingTest, AReceiverAsleepWhenItsPeerIsKilledIsWokenByTheHangUpWatch) {
+  const int threads = thread_count();
+  auto [a, b] = pipe();
+  testing::Pipe started;
+  const pid_t peer = fork_child([&a = a, &started] {
+    a.close();
+    started.send();
+    ::pause();
+  });
+  b.close();
+  EXPECT_EQ(started.receive(), 'x');
+  const pid_t killer = fork_child([peer] {
+    ASSERT_TRUE(wait_until_asleep(::getppid()));
+    ASSERT_EQ(::kill(peer, SIGKILL), 0);
+  });
+  EXPECT_THROW((void)a.recv<std::int64_t>(), ConnectionClosed);
+  EXPECT_EQ(wait_child(killer), 0);
+  EXPECT_EQ(wait_child(peer), 128 + SIGKILL);
+  // The receive slept watched: the watch (fired, so later receives sleep in slices) stays
+  // until the end closes.
+  EXPECT_EQ(internal::hangup_watch_count(), 1u);
+  EXPECT_TRUE(internal::hangup_watch_running());
+  EXPECT_EQ(thread_count(), threads + 1);
+  EXPECT_THROW((void)a.recv<std::int64_t>(), ConnectionClosed);
+  a.close();
+  EXPECT_EQ(internal::hangup_watch_count(), 0u);
+  EXPECT_FALSE(internal::hangup_watch_running());
+  EXPECT_EQ(thread_count(), threads);
+}
+
+// A forked child starts without its parent's watch thread and watches its own copy of an
+// end when it sleeps on it.
+TEST_P(ConnectionRingTest, AForkedChildWatchesItsOwnCopyOfAnEnd) {
+  auto [a, b] = pipe();
+  testing::Pipe go;
+  const pid_t peer = fork_child([&a = a, &b = b, &go] {
+    a.close();
+    EXPECT_EQ(go.receive(), 'x');
+    ASSERT_TRUE(wait_until_asleep(::getppid()));
+    b.send(std::int64_t{1});
+    ::pause();
+  });
+  b.close();
+  go.send();
+  EXPECT_EQ(a.recv<std::int64_t>(), 1);  // slept first: watched from here
+  EXPECT_EQ(internal::hangup_watch_count(), 1u);
+  const pid_t child = fork_child([&a = a] {
+    EXPECT_FALSE(internal::hangup_watch_running());
+    EXPECT_EQ(internal::hangup_watch_count(), 0u);
+    EXPECT_EQ(thread_count(), 1);
+    EXPECT_THROW((void)a.recv<std::int64_t>(), ConnectionClosed);
+    EXPECT_EQ(internal::hangup_watch_count(), 1u);
+  });
+  ASSERT_TRUE(wait_until_asleep(child));
+  ASSERT_EQ(::kill(peer, SIGKILL), 0);
+  EXPECT_EQ(wait_child(child), 0);
+  EXPECT_EQ(wait_child(peer), 128 + SIGKILL);
+  EXPECT_THROW((void)a.recv<std::int64_t>(), ConnectionClosed);
 }
 
 TEST_P(ConnectionRingTest, NativeHandleIsReadableExactlyWhileAMessageOrTheEndWaits) {

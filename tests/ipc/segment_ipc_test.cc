@@ -29,6 +29,7 @@
 #include "support/pipe.h"
 #include "support/strategy_test.h"
 #include "transport/channel.h"
+#include "transport/hangup_watch.h"
 #include "wire/wire.h"
 
 namespace shmtensor {
@@ -418,6 +419,13 @@ TEST_F(CloseOnExecTest, TransportFdsAreCloseOnExec) {
   record("pipe()", 4, 4, 4);  // per end: its socket, depot socket, two rings, two eventfds
   (void)b.native_handle();
   record("native_handle()", 0, 0, 0, 1);
+  // The hang-up watch's thread (transport/hangup_watch.h): its epoll set and the eventfd
+  // that stops it, made with the first watch (here, so that a receive below that sleeps
+  // adds its watch to this thread and the counts stay exact).
+  const std::uint64_t watch = internal::watch_hangup(internal::ConnectionAccess::fds(a).at(0),
+                                                     [](void*) {}, nullptr);
+  ASSERT_NE(watch, 0u);
+  record("hang-up watch", 0, 0, 1, 1);
   Queue<std::int64_t> q;
   record("Queue", 2, 2, 1);  // its sockets, control block, message ring, readiness eventfd
   auto [c, d] = pipe();
@@ -485,6 +493,7 @@ TEST_F(CloseOnExecTest, TransportFdsAreCloseOnExec) {
   for (int fd : listed)
     EXPECT_TRUE(may_inherit.count(fd) || fd == STDOUT_FILENO) << "fd " << fd << " survived exec:\n"
                                                               << listing;
+  internal::unwatch_hangup(watch);  // before a's socket closes
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 //                    that costs one datagram per message
 //   ring_pingpong    round trips of a --bytes message through the message ring
 //                    (src/transport/ring.h: one ring each way), blocking like bare_futex
+//                    and like a Connection's receive (a sleep with no time limit)
 //   ring_stream      --count messages of --bytes one way through one ring: the ceiling of
 //                    a transport whose messages are ring slots (no encoding, no tensors)
 // Each scenario's x_bare column is its cost per message over the bare one: pingpong's p50
@@ -446,6 +447,18 @@ std::size_t ring_message_bytes(const BenchOptions& o) {
   return std::min<std::size_t>(std::max<std::size_t>(o.bytes, 1), 240);
 }
 
+// A blocking pop as a Connection's receive makes it: a look, then a sleep on the ring's
+// futex with no time limit (the Connection's hang-up watch stands for the time limit).
+internal::Ring::Popped pop_blocking(internal::Ring& ring, std::span<std::byte> buf) {
+  using internal::Ring;
+  for (;;) {
+    const std::uint32_t seen = ring.publish_count();
+    const Ring::Popped p = ring.pop(buf, Ring::kNoWait);
+    if (p.status != Ring::Status::kTimeout) return p;
+    ring.wait_for_publish_untimed(seen);
+  }
+}
+
 Result run_ring_pingpong(const BenchOptions& o) {
   using internal::Ring;
   Ring there = Ring::create(64, 256), back = Ring::create(64, 256);
@@ -453,7 +466,7 @@ Result run_ring_pingpong(const BenchOptions& o) {
   pid_t child = fork_worker([&] {
     std::vector<std::byte> buf(there.max_message());
     for (std::int64_t i = 0; i < o.count; ++i) {
-      auto p = there.pop(buf, std::nullopt);
+      auto p = pop_blocking(there, buf);
       if (p.status != Ring::Status::kOk ||
           back.push(std::span(buf.data(), p.size), 0, std::nullopt) != Ring::Status::kOk)
         throw Error("ring_pingpong: the ring failed");
@@ -466,7 +479,7 @@ Result run_ring_pingpong(const BenchOptions& o) {
   for (std::int64_t i = 0; i < o.count; ++i) {
     const double t0 = now_ns();
     if (there.push(std::span(buf.data(), n), 0, std::nullopt) != Ring::Status::kOk ||
-        back.pop(buf, std::nullopt).status != Ring::Status::kOk)
+        pop_blocking(back, buf).status != Ring::Status::kOk)
       throw Error("ring_pingpong: the ring failed");
     rtt.push_back((now_ns() - t0) / 1000.0);
   }
