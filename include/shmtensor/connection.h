@@ -21,6 +21,7 @@
 #include <chrono>
 #include <memory>
 #include <optional>
+#include <type_traits>
 #include <utility>
 
 #include "shmtensor/codec.h"
@@ -54,6 +55,9 @@ class Connection {
   // Error for a message that needs more than 253 fds.
   template <class T>
   void send(const T& value) {
+    if constexpr (std::is_same_v<T, Tensor>) {
+      if (send_tensor(value, true)) return;  // sent; nullopt: not its shape
+    }
     Encoder e;
     e.encode(value);
     send_encoded(std::move(e));
@@ -63,6 +67,9 @@ class Connection {
   // The value's tensors are moved into shared memory all the same.
   template <class T>
   [[nodiscard]] bool try_send(const T& value) {
+    if constexpr (std::is_same_v<T, Tensor>) {
+      if (const std::optional<bool> sent = send_tensor(value, false)) return *sent;
+    }
     Encoder e;
     e.encode(value);
     return try_send_encoded(std::move(e));
@@ -74,6 +81,10 @@ class Connection {
   // usable for the next one.
   template <class T>
   T recv() {
+    if constexpr (std::is_same_v<T, Tensor>) {
+      std::optional<Tensor> t = recv_tensor(std::nullopt);
+      return std::move(*t);  // no timeout: always a tensor (or an exception)
+    }
     Decoder d = recv_encoded(std::nullopt);
     T value = d.decode<T>();
     d.finish();
@@ -83,6 +94,7 @@ class Connection {
   // returning nullopt.
   template <class T>
   [[nodiscard]] std::optional<T> try_recv(Duration timeout = Duration::zero()) {
+    if constexpr (std::is_same_v<T, Tensor>) return recv_tensor(internal::to_nanoseconds(timeout));
     std::optional<Decoder> d = try_recv_encoded(internal::to_nanoseconds(timeout));
     if (!d) return std::nullopt;
     T value = d->decode<T>();
@@ -117,6 +129,11 @@ class Connection {
   bool try_send_encoded(Encoder&& encoder);
   Decoder recv_encoded(std::optional<std::chrono::nanoseconds> timeout);
   std::optional<Decoder> try_recv_encoded(std::chrono::nanoseconds timeout);
+  // A Tensor alone, the commonest message, without an Encoder or a Decoder (docs/transport.md,
+  // "One tensor"): sent or not (try_send found no room); nullopt when it is not of the shape
+  // that path frames (the caller encodes it). Received: the tensor, or nullopt at the timeout.
+  std::optional<bool> send_tensor(const Tensor& t, bool wait);
+  std::optional<Tensor> recv_tensor(std::optional<std::chrono::nanoseconds> timeout);
   std::unique_ptr<internal::ConnectionCore> core_;
 };
 

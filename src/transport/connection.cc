@@ -313,6 +313,51 @@ void unwant_readiness(ConnectionCore& c) noexcept {
   }
 }
 
+// A frame without fds that fits a slot, pushed into the peer's ring, then its readiness fd
+// signalled if it asked. False when the deadline passed first (nothing was published).
+bool push_ringed(ConnectionCore& c, std::span<const std::span<const std::byte>> parts,
+                 const Deadline& deadline) {
+  // Counted from here (its publish may come while it waits for room) to its signal.
+  const Signalling signalling(c.out_control());
+  // A first try that does not wait (and reads no clock) when there is no deadline: the
+  // ring almost always has room. A wait for room is sliced: between slices, is the peer
+  // still there to make it?
+  for (Deadline until = deadline ? deadline : Ring::kNoWait;; until = next_slice(deadline)) {
+    const Ring::Status st = c.out.push_parts(parts, kRingMessageTag, until);
+    if (st == Ring::Status::kOk) break;
+    if (st == Ring::Status::kClosed)
+      throw ProtocolError("a connection's ring was closed by another process");
+    if (passed(deadline)) return false;
+    if (hung_up(c)) throw_peer_closed();
+  }
+  notify_peer(c);
+  return true;
+}
+
+// FdElision::omit of a one-tensor frame (TensorFrame): true when the segment is in the
+// peer's depot already; a segment that is not goes the general way, which deposits it.
+bool deposited_with_peer(void* context, const Segment& seg) {
+  auto& c = *static_cast<ConnectionCore*>(context);
+  if (!depot_has(&c.out_control()->depot, seg)) return false;
+  c.fds_omitted.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
+// A tensor alone, framed straight into a buffer on the stack (wire.h, TensorFrame): sent,
+// or not (the deadline passed: false), or nullopt when it is not of that shape and goes the
+// general way.
+std::optional<bool> send_tensor_ringed(ConnectionCore& c, const Tensor& t,
+                                       const Deadline& deadline) {
+  check_peer(c);
+  alignas(8) std::byte buffer[kConnectionRingSlotBytes - Ring::kSlotHeaderBytes];
+  TensorFrame frame;
+  if (!frame.frame(t, FdElision{deposited_with_peer, &c}, buffer)) return std::nullopt;
+  const std::span<const std::byte> parts[1] = {frame.bytes()};
+  if (!push_ringed(c, parts, deadline)) return false;
+  frame.mark_sent();  // the receiver now owns the in-flight counts
+  return true;
+}
+
 bool send_ringed(ConnectionCore& c, Encoder&& encoder, const Deadline& deadline) {
   check_peer(c);
   const FdElision elision{omit_fd, &c};
@@ -320,37 +365,27 @@ bool send_ringed(ConnectionCore& c, Encoder&& encoder, const Deadline& deadline)
   const auto parts = frame.parts();
   std::size_t size = 0;
   for (const auto& part : parts) size += part.size();
+  if (frame.fds().empty() && size <= c.out.max_message()) {
+    if (!push_ringed(c, parts, deadline)) return false;
+    frame.sent = true;  // the receiver now owns the in-flight counts
+    return true;
+  }
   // Counted from here (its publish may come while it waits for room) to its signal.
   const Signalling signalling(c.out_control());
-  // A wait for room is sliced: between slices, is the peer still there to make it?
-  if (frame.fds().empty() && size <= c.out.max_message()) {
-    // A first try that does not wait (and reads no clock) when there is no deadline: the
-    // ring almost always has room.
-    for (Deadline until = deadline ? deadline : Ring::kNoWait;; until = next_slice(deadline)) {
-      const Ring::Status st = c.out.push_parts(parts, kRingMessageTag, until);
-      if (st == Ring::Status::kOk) break;
-      if (st == Ring::Status::kClosed)
-        throw ProtocolError("a connection's ring was closed by another process");
-      if (passed(deadline)) return false;
-      if (hung_up(c)) throw_peer_closed();
+  const AnnouncedPath path = c.out_path();
+  for (Deadline until = deadline ? deadline : next_slice(deadline);; until = next_slice(deadline)) {
+    AnnouncedSend st;
+    try {
+      st = send_announced(path, frame, until);
+    } catch (const SystemError& e) {
+      if (e.error_code() == EPIPE || e.error_code() == ECONNRESET) throw_peer_closed();
+      throw;
     }
-    frame.sent = true;  // the receiver now owns the in-flight counts
-  } else {
-    const AnnouncedPath path = c.out_path();
-    for (Deadline until = deadline ? deadline : next_slice(deadline);; until = next_slice(deadline)) {
-      AnnouncedSend st;
-      try {
-        st = send_announced(path, frame, until);
-      } catch (const SystemError& e) {
-        if (e.error_code() == EPIPE || e.error_code() == ECONNRESET) throw_peer_closed();
-        throw;
-      }
-      if (st == AnnouncedSend::kSent) break;
-      if (st == AnnouncedSend::kClosed)
-        throw ProtocolError("a connection's ring was closed by another process");
-      if (passed(deadline)) return false;
-      if (hung_up(c)) throw_peer_closed();
-    }
+    if (st == AnnouncedSend::kSent) break;
+    if (st == AnnouncedSend::kClosed)
+      throw ProtocolError("a connection's ring was closed by another process");
+    if (passed(deadline)) return false;
+    if (hung_up(c)) throw_peer_closed();
   }
   notify_peer(c);
   return true;
@@ -404,7 +439,11 @@ bool sleeps_untimed(ConnectionCore& c) noexcept {
          !c.hangup_fired.load(std::memory_order_seq_cst);
 }
 
-std::optional<Decoder> recv_ringed(ConnectionCore& c, const Deadline& deadline) {
+// Takes the next slot off our ring into `out` (a slot's bytes of room), waiting until the
+// deadline: nullopt when it passed first. Throws ConnectionClosed once the peer is gone and
+// everything it sent was taken.
+std::optional<Ring::Popped> pop_ringed(ConnectionCore& c, const Deadline& deadline,
+                                       std::span<std::byte> out) {
   // Opt-in busy polling (busy_poll.h): spins on the ring's publish count for up to the
   // budget, popping whenever it moves. The clock is read only when polling or given a
   // deadline.
@@ -418,15 +457,13 @@ std::optional<Decoder> recv_ringed(ConnectionCore& c, const Deadline& deadline) 
   }
   const Deadline no_wait = Ring::kNoWait;
   bool woke = false;
-  auto buffer = receive_buffer();
   for (;;) {
     const std::uint32_t seen = c.in.publish_count();
-    const Ring::Popped p =
-        c.in.pop(std::span(buffer.get(), c.in.max_message()), no_wait, kRingMarkerTag);
+    const Ring::Popped p = c.in.pop(out, no_wait, kRingMarkerTag);
     if (p.status == Ring::Status::kOk) {
       if (budget.count() > 0) busy_poll_observe(Clock::now() - start);
       rearm_ready(c);
-      return receive_popped(c, std::move(buffer), p);
+      return p;
     }
     if (p.status == Ring::Status::kClosed)
       throw ProtocolError("a connection's ring was closed by another process");
@@ -444,9 +481,8 @@ std::optional<Decoder> recv_ringed(ConnectionCore& c, const Deadline& deadline) 
       c.seen_in_epoch.store(epoch, std::memory_order_relaxed);
       if (hung_up(c)) {
         // What it sent before it went comes first.
-        const Ring::Popped last =
-            c.in.pop(std::span(buffer.get(), c.in.max_message()), no_wait, kRingMarkerTag);
-        if (last.status == Ring::Status::kOk) return receive_popped(c, std::move(buffer), last);
+        const Ring::Popped last = c.in.pop(out, no_wait, kRingMarkerTag);
+        if (last.status == Ring::Status::kOk) return last;
         throw ConnectionClosed("recv(): the peer closed the connection");
       }
     }
@@ -478,6 +514,32 @@ std::optional<Decoder> recv_ringed(ConnectionCore& c, const Deadline& deadline) 
                                            : Clock::now() + kWaitSlice);
     woke = true;
   }
+}
+
+std::optional<Decoder> recv_ringed(ConnectionCore& c, const Deadline& deadline) {
+  auto buffer = receive_buffer();
+  const std::optional<Ring::Popped> p =
+      pop_ringed(c, deadline, std::span(buffer.get(), c.in.max_message()));
+  if (!p) return std::nullopt;
+  return receive_popped(c, std::move(buffer), *p);
+}
+
+// A receive as a Tensor: a slot that holds a frame of one tensor (wire.h, TensorFrame) is
+// decoded from a buffer on the stack, with no Decoder; any other goes the general way.
+std::optional<Tensor> recv_tensor_ringed(ConnectionCore& c, const Deadline& deadline) {
+  alignas(8) std::byte slot[kConnectionRingSlotBytes - Ring::kSlotHeaderBytes];
+  const std::optional<Ring::Popped> p = pop_ringed(c, deadline, slot);
+  if (!p) return std::nullopt;
+  if (p->tag == kRingMessageTag) {
+    const SegmentFetcher depot{fetch_deposited, &c};
+    if (std::optional<Tensor> t = parse_tensor_frame(std::span(slot, p->size), &depot)) return t;
+  }
+  auto buffer = receive_buffer();
+  std::memcpy(buffer.get(), slot, p->size);
+  Decoder d = receive_popped(c, std::move(buffer), *p);
+  Tensor t = d.decode<Tensor>();
+  d.finish();
+  return t;
 }
 
 // The path of an adopted socket: every message a datagram.
@@ -674,6 +736,25 @@ bool Connection::try_send_encoded(Encoder&& encoder) {
   const internal::Deadline now = std::chrono::steady_clock::now();
   return c.ringed() ? internal::send_ringed(c, std::move(encoder), now)
                     : internal::send_socket(c.sock.get(), std::move(encoder), now);
+}
+
+std::optional<bool> Connection::send_tensor(const Tensor& t, bool wait) {
+  ConnectionCore& c = internal::live(core_, "send()");
+  if (!c.ringed()) return std::nullopt;
+  const internal::Deadline deadline =
+      wait ? internal::Deadline{} : internal::Deadline{std::chrono::steady_clock::now()};
+  return internal::send_tensor_ringed(c, t, deadline);
+}
+
+std::optional<Tensor> Connection::recv_tensor(std::optional<std::chrono::nanoseconds> timeout) {
+  ConnectionCore& c = internal::live(core_, "recv()");
+  const internal::Deadline deadline = internal::deadline_after(timeout);
+  if (c.ringed()) return internal::recv_tensor_ringed(c, deadline);
+  std::optional<Decoder> d = internal::recv_socket(c.sock.get(), deadline);
+  if (!d) return std::nullopt;
+  Tensor t = d->decode<Tensor>();
+  d->finish();
+  return t;
 }
 
 namespace internal {

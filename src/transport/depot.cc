@@ -115,6 +115,12 @@ bool depot_omit(DepotTable* t, int deposit_sock, const Segment& seg) {
 
 bool depot_names(DepotTable* t, std::uint64_t uid) noexcept { return find_entry(t, uid) >= 0; }
 
+bool depot_has(DepotTable* t, const Segment& seg) noexcept {
+  if (!depositable(seg) || t->usable.load(std::memory_order_relaxed) == 0) return false;
+  const int entry = find_entry(t, seg.uid());
+  return entry >= 0 && t->entries[entry].state.load(std::memory_order_acquire) == kDeposited;
+}
+
 std::shared_ptr<Segment> depot_fetch(DepotTable* t, int peek_sock, std::uint64_t uid) {
   const int entry = find_entry(t, uid);
   if (entry < 0 || t->entries[entry].state.load(std::memory_order_acquire) != kDeposited)

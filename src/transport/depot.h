@@ -55,6 +55,9 @@ bool depositable(const Segment& seg) noexcept;
 bool depot_omit(DepotTable* t, int deposit_sock, const Segment& seg);
 // Whether `uid` has an entry (deposited or being deposited).
 bool depot_names(DepotTable* t, std::uint64_t uid) noexcept;
+// Whether `seg` is deposited (its fd is in the depot): depot_omit's answer for a segment
+// deposited before, without its side effect (a first sender deposits).
+bool depot_has(DepotTable* t, const Segment& seg) noexcept;
 // A receiver's fetch of a segment named without its fd: only one deposited here. Mapped
 // in this process already: that one; else mapped from `peek_sock`'s receive queue. Null
 // when the depot does not have it. Throws ProtocolError (its fd was cut: the open-file

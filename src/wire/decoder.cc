@@ -54,60 +54,11 @@ std::size_t Decoder::read_size(std::size_t min_element_bytes) {
 }
 
 Tensor Decoder::read_tensor() {
-  // The head (frame.h's EncodedTensorHead), sizes and strides are read in place, with one
-  // bounds check for each part: a tensor's decode is most of a small message's.
   auto& st = *state_;
-  const std::byte* p = st.payload.data() + st.cursor;
-  const std::size_t left = st.payload.size() - st.cursor;
-  if (left == 0) bad("value runs past the end of the payload");
-  const auto defined = static_cast<std::uint8_t>(p[0]);  // 0 or 1, like every flag byte
-  if (defined > 1) throw ProtocolError("invalid bool byte in message");
-  if (defined == 0) {
-    st.cursor += 1;
-    return Tensor();
-  }
-  internal::EncodedTensorHead head;
-  if (left < sizeof head) bad("value runs past the end of the payload");
-  std::memcpy(&head, p, sizeof head);
-  if (head.dtype >= kNumDTypes) bad("unknown dtype " + std::to_string(head.dtype));
-  const auto dtype = static_cast<DType>(head.dtype);
-  const std::uint8_t ndim = head.ndim;
-  if (ndim > internal::kMaxTensorDims) bad("tensor with " + std::to_string(ndim) + " dimensions");
-  const std::uint32_t index = head.storage_index;
-  const std::int64_t offset = head.storage_offset;
-  const std::size_t dim_bytes = std::size_t{ndim} * sizeof(std::int64_t);
-  if (left - sizeof head < 2 * dim_bytes) bad("value runs past the end of the payload");
-  // Dims keep up to 6 values inline: a tensor of up to 6 dimensions is decoded without
-  // an allocation.
-  Dims sizes, strides;
-  sizes.assign_bytes(p + sizeof head, ndim);
-  strides.assign_bytes(p + sizeof head + dim_bytes, ndim);
-  st.cursor += sizeof head + 2 * dim_bytes;
-  for (auto s : sizes)
-    if (s < 0) bad("negative tensor size");
-  if (head.device > 1) bad("unknown device " + std::to_string(head.device));
-  const Device device = head.device == 1 ? Device::cuda(0) : Device::cpu();
-  if (index == internal::kEmptyTensor) {
-    bool has_zero = ndim > 0 && std::find(sizes.begin(), sizes.end(), 0) != sizes.end();
-    if (!has_zero) bad("tensor without storage has elements");
-    try {
-      return Tensor::empty(std::move(sizes), dtype, device);
-    } catch (const CudaError&) {
-      throw;  // this process cannot hold CUDA tensors: not the message's fault
-    } catch (const std::exception& e) {
-      bad(std::string("empty tensor: ") + e.what());  // sizes whose strides overflow
-    }
-  }
-  if (index >= state_->storages.size()) bad("storage index out of range");
-  if ((internal::StorageAccess::impl(state_->storages[index])->device() >= 0) != device.is_cuda())
-    bad("tensor's device disagrees with its storage's");
-  try {
-    // from_storage checks every reachable element lies inside the storage.
-    return Tensor::from_storage(state_->storages[index], offset, std::move(sizes),
-                                std::move(strides), dtype);
-  } catch (const std::exception& e) {
-    bad(std::string("tensor outside its storage: ") + e.what());
-  }
+  std::size_t used = 0;
+  Tensor t = internal::read_encoded_tensor(st.payload.subspan(st.cursor), st.storages, &used);
+  st.cursor += used;
+  return t;
 }
 
 int Decoder::take_fd() {
@@ -121,6 +72,63 @@ void Decoder::finish() {
 }
 
 namespace internal {
+
+Tensor read_encoded_tensor(std::span<const std::byte> bytes, std::span<const Storage> storages,
+                           std::size_t* used) {
+  // The head (frame.h's EncodedTensorHead), sizes and strides are read in place, with one
+  // bounds check for each part: a tensor's decode is most of a small message's.
+  const std::byte* p = bytes.data();
+  const std::size_t left = bytes.size();
+  if (left == 0) bad("value runs past the end of the payload");
+  const auto defined = static_cast<std::uint8_t>(p[0]);  // 0 or 1, like every flag byte
+  if (defined > 1) throw ProtocolError("invalid bool byte in message");
+  if (defined == 0) {
+    *used = 1;
+    return Tensor();
+  }
+  EncodedTensorHead head;
+  if (left < sizeof head) bad("value runs past the end of the payload");
+  std::memcpy(&head, p, sizeof head);
+  if (head.dtype >= kNumDTypes) bad("unknown dtype " + std::to_string(head.dtype));
+  const auto dtype = static_cast<DType>(head.dtype);
+  const std::uint8_t ndim = head.ndim;
+  if (ndim > kMaxTensorDims) bad("tensor with " + std::to_string(ndim) + " dimensions");
+  const std::uint32_t index = head.storage_index;
+  const std::int64_t offset = head.storage_offset;
+  const std::size_t dim_bytes = std::size_t{ndim} * sizeof(std::int64_t);
+  if (left - sizeof head < 2 * dim_bytes) bad("value runs past the end of the payload");
+  // Dims keep up to 6 values inline: a tensor of up to 6 dimensions is decoded without
+  // an allocation.
+  Dims sizes, strides;
+  sizes.assign_bytes(p + sizeof head, ndim);
+  strides.assign_bytes(p + sizeof head + dim_bytes, ndim);
+  *used = sizeof head + 2 * dim_bytes;
+  for (auto s : sizes)
+    if (s < 0) bad("negative tensor size");
+  if (head.device > 1) bad("unknown device " + std::to_string(head.device));
+  const Device device = head.device == 1 ? Device::cuda(0) : Device::cpu();
+  if (index == kEmptyTensor) {
+    bool has_zero = ndim > 0 && std::find(sizes.begin(), sizes.end(), 0) != sizes.end();
+    if (!has_zero) bad("tensor without storage has elements");
+    try {
+      return Tensor::empty(std::move(sizes), dtype, device);
+    } catch (const CudaError&) {
+      throw;  // this process cannot hold CUDA tensors: not the message's fault
+    } catch (const std::exception& e) {
+      bad(std::string("empty tensor: ") + e.what());  // sizes whose strides overflow
+    }
+  }
+  if (index >= storages.size()) bad("storage index out of range");
+  if ((StorageAccess::impl(storages[index])->device() >= 0) != device.is_cuda())
+    bad("tensor's device disagrees with its storage's");
+  try {
+    // from_storage checks every reachable element lies inside the storage.
+    return Tensor::from_storage(storages[index], offset, std::move(sizes),
+                                std::move(strides), dtype);
+  } catch (const std::exception& e) {
+    bad(std::string("tensor outside its storage: ") + e.what());
+  }
+}
 
 bool is_valid_segment_name(std::string_view name) noexcept {
   // "/shmtensor_<digits>_<16 hex>_<digits>"
@@ -259,6 +267,37 @@ std::shared_ptr<Segment> resolve_segment(const SegmentEntry& e, std::string_view
   return seg;
 }
 
+// The block a storage entry names, checked to be one of its segment's.
+std::uint32_t storage_block(const Segment& seg, const StorageEntry& e) {
+  const std::int64_t block = seg.block_at(e.offset);
+  if (block < 0 || e.nbytes == 0 || e.nbytes > seg.block_size())
+    bad("storage is not a block of its segment");
+  return static_cast<std::uint32_t>(block);
+}
+
+// This process's storage of block `b` of `seg`, taking over the count the message carries
+// for it: a new storage adopts it, one held here already gives it back. A block whose count
+// is not there (a replayed or forged frame) is refused.
+Storage adopt_storage(const std::shared_ptr<Segment>& seg, const StorageEntry& e,
+                      std::uint32_t b) {
+  bool made = false, adopted = true;
+  auto impl = Registry::instance().find_or_add_storage(*seg, b, [&] {
+    made = true;
+    bool counted = false;
+    adopted = seg->adopt_block_in_flight(b, &counted);
+    return adopted ? std::make_shared<StorageImpl>(seg, e.offset, e.nbytes, b, counted) : nullptr;
+  });
+  if (made && !adopted) bad("storage's block carries no message count (stale or forged)");
+  if (!made) {
+    // We hold it already: give back the count the sender added for this message.
+    bool freed = false;
+    if (!seg->drop_duplicate_in_flight(b, &freed))
+      bad("storage's block carries no message count (stale or forged)");
+    if (impl->nbytes() != e.nbytes) bad("storage size disagrees with the one already here");
+  }
+  return StorageAccess::make(std::move(impl));
+}
+
 // The message's count of each named segment, given back as soon as one of the segment's
 // storages proved that the message carries counts (its block had the message's count): a
 // replayed or forged frame, refused at its first storage, takes no count off a live name.
@@ -377,32 +416,14 @@ Decoder parse_frame(std::span<const std::byte> datagram, std::vector<UniqueFd> f
     auto e = r.take<StorageEntry>();
     if (e.segment_index >= segments.size()) bad("storage refers to a missing segment");
     const auto& seg = segments[e.segment_index];
-    const std::int64_t block = seg->block_at(e.offset);
-    if (block < 0 || e.nbytes == 0 || e.nbytes > seg->block_size())
-      bad("storage is not a block of its segment");
-    const auto b = static_cast<std::uint32_t>(block);
+    const std::uint32_t b = storage_block(*seg, e);
     if (e.segment_index < unusable.marked.size() && unusable.marked[e.segment_index]) {
       // Not received: the message's count goes back, as if it had never been sent.
       (void)seg->drop_block_in_flight(b);
       continue;
     }
-    bool made = false, adopted = true;
-    auto impl = Registry::instance().find_or_add_storage(*seg, b, [&] {
-      made = true;
-      bool counted = false;
-      adopted = seg->adopt_block_in_flight(b, &counted);
-      return adopted ? std::make_shared<StorageImpl>(seg, e.offset, e.nbytes, b, counted) : nullptr;
-    });
-    if (made && !adopted) bad("storage's block carries no message count (stale or forged)");
-    if (!made) {
-      // We hold it already: give back the count the sender added for this message.
-      bool freed = false;
-      if (!seg->drop_duplicate_in_flight(b, &freed))
-        bad("storage's block carries no message count (stale or forged)");
-      if (impl->nbytes() != e.nbytes) bad("storage size disagrees with the one already here");
-    }
+    st->storages.push_back(adopt_storage(seg, e, b));
     named_counts.prove(e.segment_index);
-    st->storages.push_back(internal::StorageAccess::make(std::move(impl)));
   }
   // Senders list a segment only for its storages: a named one without would keep the
   // message's count on the name for good.
@@ -414,6 +435,47 @@ Decoder parse_frame(std::span<const std::byte> datagram, std::vector<UniqueFd> f
   segments.clear();
   st->distinct.clear();
   return CodecAccess::decoder(std::move(holder.st));
+}
+
+std::optional<Tensor> parse_tensor_frame(std::span<const std::byte> frame,
+                                         const SegmentFetcher* fetcher) {
+  // The shape, checked before anything is done: parse_frame's checks of the header, the
+  // tables' bounds and the name's length, where a frame of this shape passes them all.
+  FrameHeader h;
+  if (frame.size() < sizeof h) return std::nullopt;
+  std::memcpy(&h, frame.data(), sizeof h);
+  if (h.magic != kFrameMagic || h.version != kWireVersion || h.flags != 0 || h.fd_count != 0 ||
+      h.object_fd_count != 0 || h.segment_count != 1 || h.storage_count != 1 ||
+      h.body_size != frame.size() - sizeof h)
+    return std::nullopt;
+  BodyReader r{frame.subspan(sizeof h)};
+  if (r.body.size() < sizeof(SegmentEntry) + sizeof(StorageEntry)) return std::nullopt;
+  const auto seg_entry = r.take<SegmentEntry>();
+  if (seg_entry.strategy == 2) return std::nullopt;  // a device segment (two fds)
+  std::string_view name;
+  if (seg_entry.strategy == 1) {
+    const std::size_t padded = (std::size_t{seg_entry.name_length} + 7) / 8 * 8;
+    if (seg_entry.name_length == 0 || seg_entry.name_length > kMaxNameLength ||
+        padded + sizeof(StorageEntry) > r.body.size() - r.pos)
+      return std::nullopt;
+    name = r.take_name(seg_entry.name_length);
+  }
+  // From here parse_frame's own steps, in its order (and so its errors).
+  std::vector<UniqueFd> no_fds;
+  UnusableSegments host_only;  // stays empty: no device segment
+  const std::shared_ptr<Segment> seg =
+      resolve_segment(seg_entry, name, no_fds, 0, host_only, fetcher);
+  const auto e = r.take<StorageEntry>();
+  if (e.segment_index != 0) bad("storage refers to a missing segment");
+  const Storage storage = adopt_storage(seg, e, storage_block(*seg, e));
+  seg->drop_in_flight_count();  // proven (NamedCounts); a no-op for a memfd segment
+  // Decoder::read_tensor, then Decoder::finish.
+  const std::span<const std::byte> payload = r.body.subspan(r.pos);
+  std::size_t used = 0;
+  Tensor t = read_encoded_tensor(payload, std::span(&storage, 1), &used);
+  if (used != payload.size())
+    bad(std::to_string(payload.size() - used) + " trailing bytes after the value");
+  return t;
 }
 
 }  // namespace internal

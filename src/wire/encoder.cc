@@ -32,6 +32,61 @@ Encoder& Encoder::operator=(Encoder&& other) noexcept {
   return *this;
 }
 
+namespace internal {
+namespace {
+
+std::size_t encoded_tensor_bytes(std::size_t ndim) noexcept {
+  return sizeof(EncodedTensorHead) + 2 * ndim * sizeof(std::int64_t);
+}
+
+// A defined tensor's encoding (frame.h: EncodedTensorHead, sizes, strides) at `out`
+// (encoded_tensor_bytes of room). Without storage (no elements) its offset and strides are
+// written as 0.
+void write_encoded_tensor(std::byte* out, const Tensor& t, std::uint32_t index, bool has_storage,
+                          bool cuda) noexcept {
+  const auto ndim = static_cast<std::size_t>(t.dim());
+  const EncodedTensorHead head{1, static_cast<std::uint8_t>(t.dtype()),
+                               static_cast<std::uint8_t>(ndim),
+                               static_cast<std::uint8_t>(cuda ? 1 : 0), index,
+                               has_storage ? t.storage_offset() : 0};
+  std::memcpy(out, &head, sizeof head);
+  auto* dims = out + sizeof head;
+  const std::size_t dim_bytes = ndim * sizeof(std::int64_t);
+  if (ndim == 0) return;
+  std::memcpy(dims, t.sizes().data(), dim_bytes);
+  if (has_storage)
+    std::memcpy(dims + dim_bytes, t.strides().data(), dim_bytes);
+  else
+    std::memset(dims + dim_bytes, 0, dim_bytes);
+}
+
+// A host segment's entry (file_descriptor or file_system: frame.h, SegmentEntry). A named
+// one's name follows it in the table, padded to 8 bytes (padded_name_bytes).
+SegmentEntry host_segment_entry(const Segment& seg, std::int32_t fd_index) noexcept {
+  SegmentEntry e{};
+  e.uid = seg.uid();
+  e.total_size = seg.mapped_size();
+  if (seg.strategy() == SharingStrategy::kFileDescriptor) {
+    e.strategy = 0;
+    e.fd_index = fd_index;
+  } else {
+    e.strategy = 1;
+    e.fd_index = -1;
+    e.name_length = static_cast<std::uint16_t>(seg.name().size());
+  }
+  return e;
+}
+
+// The bytes of a segment's name in the segment table: 0 for a device or file_descriptor
+// segment (no name), else its name padded to 8 bytes.
+std::size_t padded_name_bytes(const Segment& seg) noexcept {
+  if (seg.is_device() || seg.strategy() == SharingStrategy::kFileDescriptor) return 0;
+  return (seg.name().size() + 7) / 8 * 8;
+}
+
+}  // namespace
+}  // namespace internal
+
 void Encoder::write_tensor(const Tensor& t) {
   // EncodedTensorHead, sizes, strides (frame.h): built here and appended in one write (a
   // tensor's encoding is most of a small message's work).
@@ -60,19 +115,9 @@ void Encoder::write_tensor(const Tensor& t) {
   } else {
     cuda = t.is_cuda();
   }
-  std::int64_t dims[2 * internal::kMaxTensorDims];
-  const internal::EncodedTensorHead head{1, static_cast<std::uint8_t>(t.dtype()),
-                                        static_cast<std::uint8_t>(ndim),
-                                        static_cast<std::uint8_t>(cuda ? 1 : 0), index,
-                                        has_storage ? t.storage_offset() : 0};
-  for (std::size_t i = 0; i < ndim; ++i) {
-    dims[i] = t.sizes()[i];
-    dims[ndim + i] = has_storage ? t.strides()[i] : 0;
-  }
   const std::size_t at = payload_.size();
-  payload_.resize(at + sizeof head + 2 * ndim * sizeof(std::int64_t));
-  std::memcpy(payload_.data() + at, &head, sizeof head);
-  if (ndim > 0) std::memcpy(payload_.data() + at + sizeof head, dims, 2 * ndim * sizeof dims[0]);
+  payload_.resize(at + internal::encoded_tensor_bytes(ndim));
+  internal::write_encoded_tensor(payload_.data() + at, t, index, has_storage, cuda);
 }
 
 void Encoder::write_fd(int fd) { state_->object_fds.push_back(internal::dup_cloexec(fd)); }
@@ -130,10 +175,6 @@ OutgoingFrame finish_frame(Encoder&& encoder, const FdElision* elision) {
   // one by one cost more than the rest of a small message's frame). A segment's entry is
   // followed by its name, padded to 8 bytes, when it is neither a device segment nor a
   // file_descriptor one (the last branch below).
-  auto padded_name_bytes = [](const Segment& seg) -> std::size_t {
-    if (seg.is_device() || seg.strategy() == SharingStrategy::kFileDescriptor) return 0;
-    return (seg.name().size() + 7) / 8 * 8;
-  };
   std::size_t table_bytes = st.storages.size() * sizeof(StorageEntry);
   for (Segment* seg : st.segments) table_bytes += sizeof(SegmentEntry) + padded_name_bytes(*seg);
   std::vector<std::byte>& tables = st.tables;
@@ -144,29 +185,26 @@ OutgoingFrame finish_frame(Encoder&& encoder, const FdElision* elision) {
     out += n;
   };
   for (Segment* seg : st.segments) {
-    SegmentEntry e{};
-    e.uid = seg->uid();
-    e.total_size = seg->mapped_size();
     if (seg->is_device()) {
       // Two fds: the memfd of its header, slots and words, then the device allocation's.
+      SegmentEntry e{};
+      e.uid = seg->uid();
+      e.total_size = seg->mapped_size();
       e.strategy = 2;
       e.fd_index = static_cast<std::int32_t>(st.fds.size());
       st.fds.push_back(seg->fd());
       st.fds.push_back(seg->device_fd());
       append(&e, sizeof e);
     } else if (seg->strategy() == SharingStrategy::kFileDescriptor) {
-      e.strategy = 0;
-      if (elision != nullptr && elision->omit(elision->context, *seg)) {
-        e.fd_index = kFdOmitted;
-      } else {
-        e.fd_index = static_cast<std::int32_t>(st.fds.size());
+      std::int32_t fd_index = kFdOmitted;
+      if (elision == nullptr || !elision->omit(elision->context, *seg)) {
+        fd_index = static_cast<std::int32_t>(st.fds.size());
         st.fds.push_back(seg->fd());
       }
+      const SegmentEntry e = host_segment_entry(*seg, fd_index);
       append(&e, sizeof e);
     } else {
-      e.strategy = 1;
-      e.fd_index = -1;
-      e.name_length = static_cast<std::uint16_t>(seg->name().size());
+      const SegmentEntry e = host_segment_entry(*seg, -1);
       append(&e, sizeof e);
       append(seg->name().data(), seg->name().size());
       out += padded_name_bytes(*seg) - seg->name().size();
@@ -228,6 +266,58 @@ OutgoingFrame finish_frame(Encoder&& encoder, const FdElision* elision) {
     }
   }
   return frame;
+}
+
+TensorFrame::~TensorFrame() {
+  if (sent_ || counted_segment_ == nullptr) return;
+  counted_segment_->drop_block_in_flight(counted_block_);
+  counted_segment_->drop_in_flight_count();  // a no-op for a memfd segment
+}
+
+bool TensorFrame::frame(const Tensor& t, const FdElision& deposited, std::span<std::byte> out) {
+  if (!t.defined() || t.numel() == 0) return false;
+  const auto ndim = static_cast<std::size_t>(t.dim());
+  const std::shared_ptr<StorageImpl>& impl = StorageAccess::impl(t.storage());
+  if (impl->device() >= 0 || ndim > kMaxTensorDims) return false;
+  impl->share_memory_(get_sharing_strategy());  // as finish_frame does first
+  Segment& seg = *impl->segment();
+  const bool named = seg.strategy() == SharingStrategy::kFileSystem;
+  if (!named && !deposited.omit(deposited.context, seg)) return false;
+  const std::size_t name_bytes = padded_name_bytes(seg);
+  const std::size_t size = sizeof(FrameHeader) + sizeof(SegmentEntry) + name_bytes +
+                           sizeof(StorageEntry) + encoded_tensor_bytes(ndim);
+  if (size > out.size()) return false;
+  // finish_frame's bytes for it: the header, the segment table (its name zero-padded), the
+  // storage table, then Encoder::write_tensor's payload.
+  std::byte* p = out.data();
+  FrameHeader h{};
+  h.magic = kFrameMagic;
+  h.version = kWireVersion;
+  h.body_size = size - sizeof h;
+  h.segment_count = 1;
+  h.storage_count = 1;
+  std::memcpy(p, &h, sizeof h);
+  p += sizeof h;
+  const SegmentEntry se = host_segment_entry(seg, kFdOmitted);
+  std::memcpy(p, &se, sizeof se);
+  p += sizeof se;
+  if (named) {
+    std::memcpy(p, seg.name().data(), seg.name().size());
+    std::memset(p + seg.name().size(), 0, name_bytes - seg.name().size());
+    p += name_bytes;
+  }
+  const StorageEntry st{0, 0, impl->offset(), impl->nbytes()};
+  std::memcpy(p, &st, sizeof st);
+  p += sizeof st;
+  write_encoded_tensor(p, t, 0, true, false);
+  // The counts last, as finish_frame adds them: nothing above can fail after them.
+  seg.add_block_in_flight(impl->block());
+  counted_segment_ = &seg;
+  counted_block_ = impl->block();
+  seg.add_in_flight_count();  // a no-op for a memfd segment
+  out_ = out.data();
+  size_ = size;
+  return true;
 }
 
 }  // namespace internal

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -152,5 +153,46 @@ OutgoingFrame finish_frame(Encoder&& encoder, const FdElision* elision = nullptr
 Decoder parse_frame(std::span<const std::byte> datagram, std::vector<UniqueFd> fds,
                     std::shared_ptr<const void> keep = nullptr,
                     const SegmentFetcher* fetcher = nullptr);
+
+// Decoder::read_tensor over raw bytes: one encoded tensor (frame.h) at the start of `bytes`,
+// its storage index into `storages`. Sets *used to the bytes it took. Throws ProtocolError.
+Tensor read_encoded_tensor(std::span<const std::byte> bytes, std::span<const Storage> storages,
+                           std::size_t* used);
+
+// One tensor alone, the commonest message, without the general stages' working state (an
+// EncoderState or DecoderState, their vectors, their pools): the frame finish_frame writes
+// for a value that is one tensor, on one host segment whose fd it does not carry (a named
+// segment, or one deposited with the receiver).
+//
+// frame_tensor writes that frame into `out` and adds the counts its receiver adopts (the
+// TensorFrame gives them back unless mark_sent() was called). False, having counted
+// nothing, when `t` is not of that shape (undefined, no elements, on a device, its frame
+// larger than `out`) or its segment's fd would have to travel: `deposited` says whether a
+// file_descriptor segment is in the receiver's depot. Moves the storage into shared memory
+// first, as the frame stage does. Throws what finish_frame throws for it.
+class TensorFrame {
+ public:
+  TensorFrame() = default;
+  TensorFrame(const TensorFrame&) = delete;
+  TensorFrame& operator=(const TensorFrame&) = delete;
+  ~TensorFrame();
+  [[nodiscard]] bool frame(const Tensor& t, const FdElision& deposited, std::span<std::byte> out);
+  std::span<const std::byte> bytes() const noexcept { return {out_, size_}; }
+  void mark_sent() noexcept { sent_ = true; }
+
+ private:
+  std::byte* out_ = nullptr;
+  std::size_t size_ = 0;
+  Segment* counted_segment_ = nullptr;  // whose block (and, named, refcount) was counted
+  std::uint32_t counted_block_ = 0;
+  bool sent_ = false;
+};
+
+// The receiving side: a frame of that shape parsed and decoded as a Tensor by parse_frame's
+// and read_tensor's own steps in their order (so it takes and refuses exactly what they
+// and Decoder::finish do, with the same errors). nullopt, having done nothing, for a frame
+// of any other shape: the caller parses it in full (parse_frame).
+std::optional<Tensor> parse_tensor_frame(std::span<const std::byte> frame,
+                                         const SegmentFetcher* fetcher);
 
 }  // namespace shmtensor::internal
