@@ -82,8 +82,9 @@ class Connection {
   template <class T>
   T recv() {
     if constexpr (std::is_same_v<T, Tensor>) {
-      std::optional<Tensor> t = recv_tensor(std::nullopt);
-      return std::move(*t);  // no timeout: always a tensor (or an exception)
+      Tensor t;
+      (void)recv_tensor(std::nullopt, t);  // no timeout: always a tensor (or an exception)
+      return t;
     }
     Decoder d = recv_encoded(std::nullopt);
     T value = d.decode<T>();
@@ -94,7 +95,11 @@ class Connection {
   // returning nullopt.
   template <class T>
   [[nodiscard]] std::optional<T> try_recv(Duration timeout = Duration::zero()) {
-    if constexpr (std::is_same_v<T, Tensor>) return recv_tensor(internal::to_nanoseconds(timeout));
+    if constexpr (std::is_same_v<T, Tensor>) {
+      std::optional<Tensor> t(std::in_place);
+      if (!recv_tensor(internal::to_nanoseconds(timeout), *t)) t.reset();
+      return t;
+    }
     std::optional<Decoder> d = try_recv_encoded(internal::to_nanoseconds(timeout));
     if (!d) return std::nullopt;
     T value = d->decode<T>();
@@ -131,9 +136,9 @@ class Connection {
   std::optional<Decoder> try_recv_encoded(std::chrono::nanoseconds timeout);
   // A Tensor alone, the commonest message, without an Encoder or a Decoder (docs/transport.md,
   // "One tensor"): sent or not (try_send found no room); nullopt when it is not of the shape
-  // that path frames (the caller encodes it). Received: the tensor, or nullopt at the timeout.
+  // that path frames (the caller encodes it). Received into `out`: false at the timeout.
   std::optional<bool> send_tensor(const Tensor& t, bool wait);
-  std::optional<Tensor> recv_tensor(std::optional<std::chrono::nanoseconds> timeout);
+  bool recv_tensor(std::optional<std::chrono::nanoseconds> timeout, Tensor& out);
   std::unique_ptr<internal::ConnectionCore> core_;
 };
 

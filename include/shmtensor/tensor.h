@@ -40,6 +40,10 @@
 
 namespace shmtensor {
 
+namespace internal {
+struct TensorAccess;  // internal/tensor_access.h
+}  // namespace internal
+
 class Tensor {
  public:
   // An undefined tensor: defined() is false; only defined(), to_string() and assignment are
@@ -214,6 +218,7 @@ class Tensor {
   const Tensor& share_memory_() const { return const_cast<Tensor*>(this)->share_memory_(); }
 
  private:
+  friend struct internal::TensorAccess;
   Tensor(Storage&& storage, std::int64_t storage_offset, Dims&& sizes, Dims&& strides,
          DType dtype) noexcept
       : storage_(std::move(storage)),

@@ -526,20 +526,20 @@ std::optional<Decoder> recv_ringed(ConnectionCore& c, const Deadline& deadline) 
 
 // A receive as a Tensor: a slot that holds a frame of one tensor (wire.h, TensorFrame) is
 // decoded from a buffer on the stack, with no Decoder; any other goes the general way.
-std::optional<Tensor> recv_tensor_ringed(ConnectionCore& c, const Deadline& deadline) {
+bool recv_tensor_ringed(ConnectionCore& c, const Deadline& deadline, Tensor& out) {
   alignas(8) std::byte slot[kConnectionRingSlotBytes - Ring::kSlotHeaderBytes];
   const std::optional<Ring::Popped> p = pop_ringed(c, deadline, slot);
-  if (!p) return std::nullopt;
+  if (!p) return false;
   if (p->tag == kRingMessageTag) {
     const SegmentFetcher depot{fetch_deposited, &c};
-    if (std::optional<Tensor> t = parse_tensor_frame(std::span(slot, p->size), &depot)) return t;
+    if (parse_tensor_frame(std::span(slot, p->size), &depot, out)) return true;
   }
   auto buffer = receive_buffer();
   std::memcpy(buffer.get(), slot, p->size);
   Decoder d = receive_popped(c, std::move(buffer), *p);
-  Tensor t = d.decode<Tensor>();
+  out = d.decode<Tensor>();
   d.finish();
-  return t;
+  return true;
 }
 
 // The path of an adopted socket: every message a datagram.
@@ -746,15 +746,15 @@ std::optional<bool> Connection::send_tensor(const Tensor& t, bool wait) {
   return internal::send_tensor_ringed(c, t, deadline);
 }
 
-std::optional<Tensor> Connection::recv_tensor(std::optional<std::chrono::nanoseconds> timeout) {
+bool Connection::recv_tensor(std::optional<std::chrono::nanoseconds> timeout, Tensor& out) {
   ConnectionCore& c = internal::live(core_, "recv()");
   const internal::Deadline deadline = internal::deadline_after(timeout);
-  if (c.ringed()) return internal::recv_tensor_ringed(c, deadline);
+  if (c.ringed()) return internal::recv_tensor_ringed(c, deadline, out);
   std::optional<Decoder> d = internal::recv_socket(c.sock.get(), deadline);
-  if (!d) return std::nullopt;
-  Tensor t = d->decode<Tensor>();
+  if (!d) return false;
+  out = d->decode<Tensor>();
   d->finish();
-  return t;
+  return true;
 }
 
 namespace internal {

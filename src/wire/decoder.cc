@@ -8,6 +8,7 @@
 #include "os/shm.h"
 #include "os/socket.h"
 #include "shmtensor/internal/storage_access.h"
+#include "shmtensor/internal/tensor_access.h"
 #include "wire/wire.h"
 
 namespace shmtensor {
@@ -56,7 +57,8 @@ std::size_t Decoder::read_size(std::size_t min_element_bytes) {
 Tensor Decoder::read_tensor() {
   auto& st = *state_;
   std::size_t used = 0;
-  Tensor t = internal::read_encoded_tensor(st.payload.subspan(st.cursor), st.storages, &used);
+  Tensor t;
+  internal::read_encoded_tensor(st.payload.subspan(st.cursor), st.storages, &used, t);
   st.cursor += used;
   return t;
 }
@@ -73,10 +75,11 @@ void Decoder::finish() {
 
 namespace internal {
 
-Tensor read_encoded_tensor(std::span<const std::byte> bytes, std::span<const Storage> storages,
-                           std::size_t* used) {
+void read_encoded_tensor(std::span<const std::byte> bytes, std::span<const Storage> storages,
+                         std::size_t* used, Tensor& out) {
   // The head (frame.h's EncodedTensorHead), sizes and strides are read in place, with one
-  // bounds check for each part: a tensor's decode is most of a small message's.
+  // bounds check for each part, and the sizes and strides go straight into `out`: a
+  // tensor's decode is most of a small message's.
   const std::byte* p = bytes.data();
   const std::size_t left = bytes.size();
   if (left == 0) bad("value runs past the end of the payload");
@@ -84,7 +87,8 @@ Tensor read_encoded_tensor(std::span<const std::byte> bytes, std::span<const Sto
   if (defined > 1) throw ProtocolError("invalid bool byte in message");
   if (defined == 0) {
     *used = 1;
-    return Tensor();
+    out = Tensor();
+    return;
   }
   EncodedTensorHead head;
   if (left < sizeof head) bad("value runs past the end of the payload");
@@ -97,21 +101,25 @@ Tensor read_encoded_tensor(std::span<const std::byte> bytes, std::span<const Sto
   const std::int64_t offset = head.storage_offset;
   const std::size_t dim_bytes = std::size_t{ndim} * sizeof(std::int64_t);
   if (left - sizeof head < 2 * dim_bytes) bad("value runs past the end of the payload");
-  // Dims keep up to 6 values inline: a tensor of up to 6 dimensions is decoded without
-  // an allocation.
-  Dims sizes, strides;
-  sizes.assign_bytes(p + sizeof head, ndim);
-  strides.assign_bytes(p + sizeof head + dim_bytes, ndim);
+  const std::byte* sizes = p + sizeof head;
+  const std::byte* strides = sizes + dim_bytes;
   *used = sizeof head + 2 * dim_bytes;
-  for (auto s : sizes)
-    if (s < 0) bad("negative tensor size");
+  bool has_zero = false;
+  for (std::size_t i = 0; i < ndim; ++i) {
+    std::int64_t size;
+    std::memcpy(&size, sizes + i * sizeof size, sizeof size);
+    if (size < 0) bad("negative tensor size");
+    has_zero = has_zero || size == 0;
+  }
   if (head.device > 1) bad("unknown device " + std::to_string(head.device));
   const Device device = head.device == 1 ? Device::cuda(0) : Device::cpu();
   if (index == kEmptyTensor) {
-    bool has_zero = ndim > 0 && std::find(sizes.begin(), sizes.end(), 0) != sizes.end();
     if (!has_zero) bad("tensor without storage has elements");
+    Dims empty_sizes;
+    empty_sizes.assign_bytes(sizes, ndim);
     try {
-      return Tensor::empty(std::move(sizes), dtype, device);
+      out = Tensor::empty(std::move(empty_sizes), dtype, device);
+      return;
     } catch (const CudaError&) {
       throw;  // this process cannot hold CUDA tensors: not the message's fault
     } catch (const std::exception& e) {
@@ -122,9 +130,9 @@ Tensor read_encoded_tensor(std::span<const std::byte> bytes, std::span<const Sto
   if ((StorageAccess::impl(storages[index])->device() >= 0) != device.is_cuda())
     bad("tensor's device disagrees with its storage's");
   try {
-    // from_storage checks every reachable element lies inside the storage.
-    return Tensor::from_storage(storages[index], offset, std::move(sizes),
-                                std::move(strides), dtype);
+    // from_storage's checks: every reachable element lies inside the storage. Dims keep up
+    // to 6 values inline: a tensor of up to 6 dimensions is decoded without an allocation.
+    TensorAccess::assign_view(out, storages[index], offset, sizes, strides, ndim, dtype);
   } catch (const std::exception& e) {
     bad(std::string("tensor outside its storage: ") + e.what());
   }
@@ -437,27 +445,27 @@ Decoder parse_frame(std::span<const std::byte> datagram, std::vector<UniqueFd> f
   return CodecAccess::decoder(std::move(holder.st));
 }
 
-std::optional<Tensor> parse_tensor_frame(std::span<const std::byte> frame,
-                                         const SegmentFetcher* fetcher) {
+bool parse_tensor_frame(std::span<const std::byte> frame, const SegmentFetcher* fetcher,
+                        Tensor& out) {
   // The shape, checked before anything is done: parse_frame's checks of the header, the
   // tables' bounds and the name's length, where a frame of this shape passes them all.
   FrameHeader h;
-  if (frame.size() < sizeof h) return std::nullopt;
+  if (frame.size() < sizeof h) return false;
   std::memcpy(&h, frame.data(), sizeof h);
   if (h.magic != kFrameMagic || h.version != kWireVersion || h.flags != 0 || h.fd_count != 0 ||
       h.object_fd_count != 0 || h.segment_count != 1 || h.storage_count != 1 ||
       h.body_size != frame.size() - sizeof h)
-    return std::nullopt;
+    return false;
   BodyReader r{frame.subspan(sizeof h)};
-  if (r.body.size() < sizeof(SegmentEntry) + sizeof(StorageEntry)) return std::nullopt;
+  if (r.body.size() < sizeof(SegmentEntry) + sizeof(StorageEntry)) return false;
   const auto seg_entry = r.take<SegmentEntry>();
-  if (seg_entry.strategy == 2) return std::nullopt;  // a device segment (two fds)
+  if (seg_entry.strategy == 2) return false;  // a device segment (two fds)
   std::string_view name;
   if (seg_entry.strategy == 1) {
     const std::size_t padded = (std::size_t{seg_entry.name_length} + 7) / 8 * 8;
     if (seg_entry.name_length == 0 || seg_entry.name_length > kMaxNameLength ||
         padded + sizeof(StorageEntry) > r.body.size() - r.pos)
-      return std::nullopt;
+      return false;
     name = r.take_name(seg_entry.name_length);
   }
   // From here parse_frame's own steps, in its order (and so its errors).
@@ -472,10 +480,10 @@ std::optional<Tensor> parse_tensor_frame(std::span<const std::byte> frame,
   // Decoder::read_tensor, then Decoder::finish.
   const std::span<const std::byte> payload = r.body.subspan(r.pos);
   std::size_t used = 0;
-  Tensor t = read_encoded_tensor(payload, std::span(&storage, 1), &used);
+  read_encoded_tensor(payload, std::span(&storage, 1), &used, out);
   if (used != payload.size())
     bad(std::to_string(payload.size() - used) + " trailing bytes after the value");
-  return t;
+  return true;
 }
 
 }  // namespace internal

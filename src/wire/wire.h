@@ -155,9 +155,10 @@ Decoder parse_frame(std::span<const std::byte> datagram, std::vector<UniqueFd> f
                     const SegmentFetcher* fetcher = nullptr);
 
 // Decoder::read_tensor over raw bytes: one encoded tensor (frame.h) at the start of `bytes`,
-// its storage index into `storages`. Sets *used to the bytes it took. Throws ProtocolError.
-Tensor read_encoded_tensor(std::span<const std::byte> bytes, std::span<const Storage> storages,
-                           std::size_t* used);
+// its storage index into `storages`, decoded into `out`. Sets *used to the bytes it took.
+// Throws ProtocolError (`out` is then unspecified).
+void read_encoded_tensor(std::span<const std::byte> bytes, std::span<const Storage> storages,
+                         std::size_t* used, Tensor& out);
 
 // One tensor alone, the commonest message, without the general stages' working state (an
 // EncoderState or DecoderState, their vectors, their pools): the frame finish_frame writes
@@ -188,11 +189,11 @@ class TensorFrame {
   bool sent_ = false;
 };
 
-// The receiving side: a frame of that shape parsed and decoded as a Tensor by parse_frame's
-// and read_tensor's own steps in their order (so it takes and refuses exactly what they
-// and Decoder::finish do, with the same errors). nullopt, having done nothing, for a frame
-// of any other shape: the caller parses it in full (parse_frame).
-std::optional<Tensor> parse_tensor_frame(std::span<const std::byte> frame,
-                                         const SegmentFetcher* fetcher);
+// The receiving side: a frame of that shape parsed and decoded as a Tensor, into `out`, by
+// parse_frame's and read_tensor's own steps in their order (so it takes and refuses
+// exactly what they and Decoder::finish do, with the same errors). False, having done
+// nothing, for a frame of any other shape: the caller parses it in full (parse_frame).
+bool parse_tensor_frame(std::span<const std::byte> frame, const SegmentFetcher* fetcher,
+                        Tensor& out);
 
 }  // namespace shmtensor::internal
