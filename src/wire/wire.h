@@ -189,10 +189,13 @@ class TensorFrame {
   bool sent_ = false;
 };
 
-// The receiving side: a frame of that shape parsed and decoded as a Tensor, into `out`, by
-// parse_frame's and read_tensor's own steps in their order (so it takes and refuses
-// exactly what they and Decoder::finish do, with the same errors). False, having done
-// nothing, for a frame of any other shape: the caller parses it in full (parse_frame).
+// The receiving side: a frame whose header and tables have that shape (one host segment,
+// one storage, no fds, no blob) parsed and decoded as a Tensor, into `out`, by parse_frame's
+// and read_tensor's own steps in their order, so it takes and refuses exactly what they and
+// Decoder::finish do, with the same errors (a payload that is not one tensor is refused so,
+// after its storage's count was taken and given back, as there). False, having done
+// nothing, for a frame whose header or tables have another shape: the caller parses it in
+// full (parse_frame).
 bool parse_tensor_frame(std::span<const std::byte> frame, const SegmentFetcher* fetcher,
                         Tensor& out);
 
