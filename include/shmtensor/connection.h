@@ -56,7 +56,7 @@ class Connection {
   template <class T>
   void send(const T& value) {
     if constexpr (std::is_same_v<T, Tensor>) {
-      if (send_tensor(value, true)) return;  // sent; nullopt: not its shape
+      if (send_tensor(value, true).has_value()) return;  // sent; nullopt: not its shape
     }
     Encoder e;
     e.encode(value);

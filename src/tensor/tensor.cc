@@ -142,25 +142,28 @@ bool valid_view(const Storage& storage, std::int64_t storage_offset, const Dims&
 
 }  // namespace
 
-// Every step is checked because the wire layer feeds this from another process's message:
-// a tensor that passes must never address a byte outside the storage.
-void internal::TensorAccess::assign_view(Tensor& out, const Storage& storage,
+void internal::TensorAccess::assign_view(Tensor& out, Storage storage,
                                          std::int64_t storage_offset, const std::byte* sizes,
                                          const std::byte* strides, std::size_t ndim,
                                          DType dtype) {
   out.sizes_.assign_bytes(sizes, ndim);
   out.strides_.assign_bytes(strides, ndim);
   if (!valid_view(storage, storage_offset, out.sizes_, out.strides_, dtype)) {
-    // It throws, naming what is wrong (the two agree; were they not, its tensor stands).
-    out = Tensor::from_storage(storage, storage_offset, std::move(out.sizes_),
-                               std::move(out.strides_), dtype);
+    // from_storage throws, naming what is wrong, and leaves `out` undefined (the two agree;
+    // were they not, its tensor stands).
+    Dims sizes_taken = std::move(out.sizes_), strides_taken = std::move(out.strides_);
+    out = Tensor();
+    out = Tensor::from_storage(std::move(storage), storage_offset, std::move(sizes_taken),
+                               std::move(strides_taken), dtype);
     return;
   }
-  out.storage_ = storage;
+  out.storage_ = std::move(storage);
   out.storage_offset_ = storage_offset;
   out.dtype_ = dtype;
 }
 
+// Every step is checked because the wire layer feeds this from another process's message:
+// a tensor that passes must never address a byte outside the storage.
 Tensor Tensor::from_storage(Storage storage, std::int64_t storage_offset,
                             Dims sizes, Dims strides, DType dtype) {
   if (valid_view(storage, storage_offset, sizes, strides, dtype))

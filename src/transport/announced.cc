@@ -195,10 +195,11 @@ AnnouncedSend send_announced(const AnnouncedPath& p, OutgoingFrame& frame,
     return AnnouncedSend::kTimeout;
   }
   // The datagram is out: without its marker nobody claims it, and it is dropped.
-  if (!p.ring->commit(r.pos, {}, kRingMarkerTag))
+  if (!p.ring->commit(r.pos, {}, kRingMarkerTag, Ring::Wake::kDeferred))
     throw Error(std::string("a message was lost: this sender's place in the ") + p.owner +
                 "'s ring was taken from it while it sent the message (it was judged dead, "
                 "or another process wrote over the ring)");
+  p.ring->wake_consumers(p.wake);
   return AnnouncedSend::kSent;
 }
 

@@ -43,6 +43,10 @@ struct AnnouncedPath {
   // For frames that name segments without their fds (a queue's depot); may be null.
   const SegmentFetcher* fetcher = nullptr;
   const char* owner = "queue";  // in error messages: "the queue's ring"
+  // How many consumers asleep on the ring a marker's publish wakes: a queue's one (every
+  // consumer takes items); a connection's all (its sleepers include poll() callers, which
+  // take nothing: woken alone, one would leave a receiver asleep).
+  int wake = 1;
 };
 
 // A robust, process-shared mutex in shared memory. Throws SystemError.

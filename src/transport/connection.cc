@@ -10,9 +10,11 @@
 #include <poll.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <climits>
 #include <cerrno>
 #include <string>
 #include <thread>
@@ -46,12 +48,17 @@ using Clock = std::chrono::steady_clock;
 constexpr std::uint32_t kConnectionRingSlots = 256;
 constexpr std::uint32_t kConnectionRingSlotBytes = 1024;
 constexpr std::uint64_t kLinkMagic = 0x314b4e494c545453ULL;  // "STTLINK1"
-// A peer that died without close() is noticed by a sender at most this long after.
-constexpr auto kPeerCheckInterval = std::chrono::milliseconds(10);
+// A peer that died without close() is noticed by a sender at most this long after (read
+// on CLOCK_MONOTONIC_COARSE, whose tick, 4 ms here, it may overrun by).
+constexpr std::int64_t kPeerCheckIntervalNs = 10'000'000;
 // How long a receive whose deadline passed still waits for a message being written.
 constexpr auto kBeingWrittenGrace = std::chrono::milliseconds(20);
 // How long a blocked send or receive waits before it looks at the socket again.
 constexpr auto kWaitSlice = std::chrono::milliseconds(50);
+// A publish wakes every sleeper of the ring: receivers, and poll() callers, which take
+// nothing (woken alone, one would leave a receiver asleep, with no time limit). A
+// FUTEX_WAKE costs the same with one sleeper.
+constexpr int kWakeAll = INT_MAX;
 
 // One direction's shared words, in the user area of its ring (a peer can write them: the
 // locks' protocol survives that as a queue's does, and the rest are hints).
@@ -132,11 +139,11 @@ struct ConnectionCore {
   // Set once the socket was seen hung up (for good: the other end cannot reopen).
   std::atomic<bool> peer_gone{false};
   // The watch of the socket's hang-up (transport/hangup_watch.h) that lets a receive
-  // without a deadline sleep with no time limit: made by the first such receive of the
-  // process whose fork generation is watch_generation (0: none yet); watch_id 0 while it is
-  // being made or when none could be. hangup_fired: the watch fired (it fires once); from
-  // then on this end's receives sleep in slices again.
-  std::atomic<std::uint32_t> watch_generation{0};
+  // without a deadline sleep with no time limit, made by the first such receive of a
+  // process. watch_state: that process's fork generation << 1, | 1 once the watch is made
+  // (watch_id, hangup_fired are then this process's); 0: none yet. hangup_fired: the watch
+  // fired (it fires once); from then on this end's receives sleep in slices again.
+  std::atomic<std::uint64_t> watch_state{0};
   std::atomic<std::uint64_t> watch_id{0};
   std::atomic<bool> hangup_fired{false};
 
@@ -146,7 +153,8 @@ struct ConnectionCore {
   }
   // Ends this process's watch, if it made one (before the socket closes).
   void unwatch() noexcept {
-    if (watch_generation.load(std::memory_order_acquire) != fork_generation()) return;
+    const std::uint64_t made = std::uint64_t{fork_generation()} << 1 | 1;
+    if (watch_state.load(std::memory_order_acquire) != made) return;
     unwatch_hangup(watch_id.exchange(0, std::memory_order_acq_rel));
   }
   bool ringed() const noexcept { return in.fd() >= 0; }
@@ -158,13 +166,13 @@ struct ConnectionCore {
   }
   AnnouncedPath out_path() {
     LinkControl* c = out_control();
-    return {&out, sock.get(), -1, &c->send_lock, &c->recv_lock, &c->taken_below, nullptr,
-            "connection"};
+    return {&out,          sock.get(), -1,      &c->send_lock, &c->recv_lock,
+            &c->taken_below, nullptr,  "connection", kWakeAll};
   }
   AnnouncedPath in_path(const SegmentFetcher* depot) {
     LinkControl* c = in_control();
-    return {&in, -1, sock.get(), &c->send_lock, &c->recv_lock, &c->taken_below, depot,
-            "connection"};
+    return {&in,           -1,    sock.get(),   &c->send_lock, &c->recv_lock,
+            &c->taken_below, depot, "connection", kWakeAll};
   }
 };
 
@@ -214,11 +222,14 @@ bool hung_up(ConnectionCore& c) noexcept {
 void check_peer(ConnectionCore& c) {
   if (c.peer_gone.load(std::memory_order_relaxed)) throw_peer_closed();
   const std::uint32_t epoch = c.out_control()->close_epoch.load(std::memory_order_acquire);
-  const std::int64_t now = Clock::now().time_since_epoch().count();
+  // The coarse clock: a word the kernel updates at each tick, read without the TSC (the
+  // fine clock cost a send ~30 instructions and a serialising TSC read).
+  timespec ts{};
+  ::clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  const std::int64_t now = std::int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
   const bool closed_since = epoch != c.seen_out_epoch.load(std::memory_order_relaxed);
   if (!closed_since &&
-      now - c.last_peer_check_ns.load(std::memory_order_relaxed) <
-          std::chrono::duration_cast<Clock::duration>(kPeerCheckInterval).count())
+      now - c.last_peer_check_ns.load(std::memory_order_relaxed) < kPeerCheckIntervalNs)
     return;
   c.seen_out_epoch.store(epoch, std::memory_order_relaxed);
   c.last_peer_check_ns.store(now, std::memory_order_relaxed);
@@ -323,13 +334,14 @@ bool push_ringed(ConnectionCore& c, std::span<const std::span<const std::byte>> 
   // ring almost always has room. A wait for room is sliced: between slices, is the peer
   // still there to make it?
   for (Deadline until = deadline ? deadline : Ring::kNoWait;; until = next_slice(deadline)) {
-    const Ring::Status st = c.out.push_parts(parts, kRingMessageTag, until);
+    const Ring::Status st = c.out.push_parts(parts, kRingMessageTag, until, Ring::Wake::kDeferred);
     if (st == Ring::Status::kOk) break;
     if (st == Ring::Status::kClosed)
       throw ProtocolError("a connection's ring was closed by another process");
     if (passed(deadline)) return false;
     if (hung_up(c)) throw_peer_closed();
   }
+  c.out.wake_consumers(kWakeAll);
   notify_peer(c);
   return true;
 }
@@ -413,30 +425,36 @@ Decoder receive_popped(ConnectionCore& c, std::shared_ptr<std::byte[]> buffer,
 
 // The hang-up watch's fire (under its lock, so `c` is alive): the receivers asleep on our
 // ring wake up and look at the socket (a receive looks once it was woken for nothing).
-void hangup_fired(void* context) {
+void on_hangup(void* context) {
   auto& c = *static_cast<ConnectionCore*>(context);
   c.hangup_fired.store(true, std::memory_order_seq_cst);
   c.in.kick();
 }
 
 // Whether a receive of this process may sleep with no time limit: the socket's hang-up is
-// watched, and did not fire yet. The first call in a process makes the watch; a thread
+// watched and did not fire yet, and no claim is outstanding in the ring (a writer killed
+// mid-write, while another process keeps the end open, would never publish: a sliced sleep
+// finds its claim dead and skips it). The first call in a process makes the watch; a thread
 // that calls while another makes it sleeps in slices this once.
 bool sleeps_untimed(ConnectionCore& c) noexcept {
-  const std::uint32_t me = fork_generation();
-  std::uint32_t seen = c.watch_generation.load(std::memory_order_acquire);
-  if (seen != me) {
-    // A forked child's copy: its parent's watch is not this process's.
-    if (!c.watch_generation.compare_exchange_strong(seen, me, std::memory_order_acq_rel))
+  if (c.in.maybe_nonempty()) return false;
+  const std::uint64_t me = std::uint64_t{fork_generation()} << 1;
+  std::uint64_t seen = c.watch_state.load(std::memory_order_acquire);
+  if ((seen & ~std::uint64_t{1}) != me) {
+    // None yet in this process (a forked child's copy is its parent's): claimed with the
+    // state "being made", so that no thread trusts the fields below until it is made.
+    if (!c.watch_state.compare_exchange_strong(seen, me, std::memory_order_acq_rel))
       return false;
-    c.watch_id.store(0, std::memory_order_relaxed);
     c.hangup_fired.store(false, std::memory_order_relaxed);
-    c.watch_id.store(watch_hangup(c.sock.get(), hangup_fired, &c), std::memory_order_release);
+    const std::uint64_t id = watch_hangup(c.sock.get(), on_hangup, &c);
+    c.watch_id.store(id, std::memory_order_relaxed);
+    if (id == 0) return false;  // stays "being made": slices, in every thread, from now on
+    c.watch_state.store(me | 1, std::memory_order_release);
+    seen = me | 1;
   }
   // The watch fires before it kicks: a receive that read the ring's publish count after a
   // kick sees hangup_fired here, and sleeps in slices (the kick was spent).
-  return c.watch_id.load(std::memory_order_acquire) != 0 &&
-         !c.hangup_fired.load(std::memory_order_seq_cst);
+  return (seen & 1) != 0 && !c.hangup_fired.load(std::memory_order_seq_cst);
 }
 
 // Takes the next slot off our ring into `out` (a slot's bytes of room), waiting until the
@@ -457,9 +475,13 @@ std::optional<Ring::Popped> pop_ringed(ConnectionCore& c, const Deadline& deadli
   }
   const Deadline no_wait = Ring::kNoWait;
   bool woke = false;
-  for (;;) {
+  for (bool first = true;; first = false) {
     const std::uint32_t seen = c.in.publish_count();
-    const Ring::Popped p = c.in.pop(out, no_wait, kRingMarkerTag);
+    // A first look that finds the hints equal (nothing published or being written: a
+    // request's answer not sent yet) skips the pop; every later look pops, which also
+    // says when the ring was closed.
+    Ring::Popped p;
+    if (!first || c.in.maybe_nonempty()) p = c.in.pop(out, no_wait, kRingMarkerTag);
     if (p.status == Ring::Status::kOk) {
       if (budget.count() > 0) busy_poll_observe(Clock::now() - start);
       rearm_ready(c);

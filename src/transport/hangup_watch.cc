@@ -6,6 +6,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <array>
 #include <cerrno>
 #include <mutex>
 #include <new>
@@ -34,6 +35,10 @@ struct Thread {
   int stop = -1;
 };
 
+// Threads taken out of State to be stopped (outside the lock) are listed until they are:
+// a child forked meanwhile closes their fds too.
+constexpr std::size_t kMaxStopping = 8;
+
 struct State {
   std::mutex lock;
   std::unordered_map<std::uint64_t, Watch> watches;
@@ -41,6 +46,8 @@ struct State {
   bool running = false;
   bool failed = false;  // the thread ended on an error (run)
   Thread thread;
+  std::array<Thread, kMaxStopping> stopping{};
+  std::size_t stopping_count = 0;
 };
 
 // Leaked on purpose: the thread may still run while static destructors do at exit.
@@ -100,6 +107,9 @@ bool start(State& s) noexcept {
     ::sigfillset(&all);
     ::pthread_sigmask(SIG_SETMASK, &all, &old);
     ok = ::pthread_create(&t.handle, &attr, run, arg) == 0;
+    // glibc carves static TLS out of the stack: where a loaded library has much of it (EINVAL
+    // for a stack too small to hold it), the default size.
+    if (!ok) ok = ::pthread_create(&t.handle, nullptr, run, arg) == 0;
     ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
     ::pthread_attr_destroy(&attr);
   }
@@ -115,14 +125,16 @@ bool start(State& s) noexcept {
   return true;
 }
 
-// Takes the thread out of `s` (under the lock) when it has no watch left; the caller stops
-// it outside the lock (stop_thread).
+// Takes the thread out of `s` (under the lock) when it has no watch left, listed as
+// stopping; the caller stops it outside the lock (stop_thread). (With kMaxStopping stops
+// under way, it stays running, idle, for the next watch or the next stop.)
 Thread take_idle_thread(State& s) noexcept {
-  if (!s.running || !s.watches.empty()) return {};
+  if (!s.running || !s.watches.empty() || s.stopping_count == kMaxStopping) return {};
   s.running = false;
   s.failed = false;
   Thread t = s.thread;
   s.thread = {};
+  s.stopping[s.stopping_count++] = t;
   return t;
 }
 
@@ -131,7 +143,14 @@ void stop_thread(Thread t) noexcept {
   const std::uint64_t one = 1;
   (void)!::write(t.stop, &one, sizeof one);
   ::pthread_join(t.handle, nullptr);
-  close_fd(t.epoll);
+  State& s = state();
+  const std::lock_guard<std::mutex> hold(s.lock);
+  for (std::size_t i = 0; i < s.stopping_count; ++i) {
+    if (s.stopping[i].stop != t.stop) continue;
+    s.stopping[i] = s.stopping[--s.stopping_count];
+    break;
+  }
+  close_fd(t.epoll);  // under the lock: a fork copies the list and the fd table together
   close_fd(t.stop);
 }
 
@@ -148,6 +167,11 @@ void child() noexcept {
     s.thread = {};
     s.running = false;
   }
+  for (std::size_t i = 0; i < s.stopping_count; ++i) {
+    close_fd(s.stopping[i].epoll);
+    close_fd(s.stopping[i].stop);
+  }
+  s.stopping_count = 0;
   s.failed = false;
   s.lock.unlock();
 }

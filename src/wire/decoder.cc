@@ -1,5 +1,6 @@
 #include <algorithm>
 #include <exception>
+#include <new>
 #include <cstring>
 
 #include "memory/registry.h"
@@ -58,7 +59,7 @@ Tensor Decoder::read_tensor() {
   auto& st = *state_;
   std::size_t used = 0;
   Tensor t;
-  internal::read_encoded_tensor(st.payload.subspan(st.cursor), st.storages, &used, t);
+  internal::read_encoded_tensor(st.payload.subspan(st.cursor), st.storages, false, &used, t);
   st.cursor += used;
   return t;
 }
@@ -75,8 +76,8 @@ void Decoder::finish() {
 
 namespace internal {
 
-void read_encoded_tensor(std::span<const std::byte> bytes, std::span<const Storage> storages,
-                         std::size_t* used, Tensor& out) {
+void read_encoded_tensor(std::span<const std::byte> bytes, std::span<Storage> storages,
+                         bool last_use, std::size_t* used, Tensor& out) {
   // The head (frame.h's EncodedTensorHead), sizes and strides are read in place, with one
   // bounds check for each part, and the sizes and strides go straight into `out`: a
   // tensor's decode is most of a small message's.
@@ -132,7 +133,11 @@ void read_encoded_tensor(std::span<const std::byte> bytes, std::span<const Stora
   try {
     // from_storage's checks: every reachable element lies inside the storage. Dims keep up
     // to 6 values inline: a tensor of up to 6 dimensions is decoded without an allocation.
-    TensorAccess::assign_view(out, storages[index], offset, sizes, strides, ndim, dtype);
+    Storage& storage = storages[index];
+    TensorAccess::assign_view(out, last_use ? Storage(std::move(storage)) : Storage(storage),
+                              offset, sizes, strides, ndim, dtype);
+  } catch (const std::bad_alloc&) {
+    throw;  // a tensor of more than 6 dims keeps them on the heap: not the message's fault
   } catch (const std::exception& e) {
     bad(std::string("tensor outside its storage: ") + e.what());
   }
@@ -475,12 +480,12 @@ bool parse_tensor_frame(std::span<const std::byte> frame, const SegmentFetcher* 
       resolve_segment(seg_entry, name, no_fds, 0, host_only, fetcher);
   const auto e = r.take<StorageEntry>();
   if (e.segment_index != 0) bad("storage refers to a missing segment");
-  const Storage storage = adopt_storage(seg, e, storage_block(*seg, e));
+  Storage storage = adopt_storage(seg, e, storage_block(*seg, e));
   seg->drop_in_flight_count();  // proven (NamedCounts); a no-op for a memfd segment
   // Decoder::read_tensor, then Decoder::finish.
   const std::span<const std::byte> payload = r.body.subspan(r.pos);
   std::size_t used = 0;
-  read_encoded_tensor(payload, std::span(&storage, 1), &used, out);
+  read_encoded_tensor(payload, std::span(&storage, 1), true, &used, out);
   if (used != payload.size())
     bad(std::to_string(payload.size() - used) + " trailing bytes after the value");
   return true;

@@ -282,11 +282,11 @@ bool TensorFrame::frame(const Tensor& t, const FdElision& deposited, std::span<s
   impl->share_memory_(get_sharing_strategy());  // as finish_frame does first
   Segment& seg = *impl->segment();
   const bool named = seg.strategy() == SharingStrategy::kFileSystem;
-  if (!named && !deposited.omit(deposited.context, seg)) return false;
   const std::size_t name_bytes = padded_name_bytes(seg);
   const std::size_t size = sizeof(FrameHeader) + sizeof(SegmentEntry) + name_bytes +
                            sizeof(StorageEntry) + encoded_tensor_bytes(ndim);
-  if (size > out.size()) return false;
+  // The elision last: it counts the fd it leaves out.
+  if (size > out.size() || (!named && !deposited.omit(deposited.context, seg))) return false;
   // finish_frame's bytes for it: the header, the segment table (its name zero-padded), the
   // storage table, then Encoder::write_tensor's payload.
   std::byte* p = out.data();

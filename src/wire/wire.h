@@ -155,10 +155,11 @@ Decoder parse_frame(std::span<const std::byte> datagram, std::vector<UniqueFd> f
                     const SegmentFetcher* fetcher = nullptr);
 
 // Decoder::read_tensor over raw bytes: one encoded tensor (frame.h) at the start of `bytes`,
-// its storage index into `storages`, decoded into `out`. Sets *used to the bytes it took.
-// Throws ProtocolError (`out` is then unspecified).
-void read_encoded_tensor(std::span<const std::byte> bytes, std::span<const Storage> storages,
-                         std::size_t* used, Tensor& out);
+// its storage index into `storages`, decoded into `out`. `last_use`: the tensor may take its
+// storage handle out of `storages` (a message of one tensor). Sets *used to the bytes it
+// took. Throws ProtocolError (`out` is then unspecified).
+void read_encoded_tensor(std::span<const std::byte> bytes, std::span<Storage> storages,
+                         bool last_use, std::size_t* used, Tensor& out);
 
 // One tensor alone, the commonest message, without the general stages' working state (an
 // EncoderState or DecoderState, their vectors, their pools): the frame finish_frame writes

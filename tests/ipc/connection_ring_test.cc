@@ -7,8 +7,13 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/ioctl.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <future>
+#include <thread>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
@@ -263,6 +268,76 @@ TEST_P(ConnectionRingTest, AForkedChildWatchesItsOwnCopyOfAnEnd) {
   EXPECT_EQ(wait_child(child), 0);
   EXPECT_EQ(wait_child(peer), 128 + SIGKILL);
   EXPECT_THROW((void)a.recv<std::int64_t>(), ConnectionClosed);
+}
+
+// A thread's id, for wait_until_asleep (a thread's /proc/<tid>/stat).
+pid_t thread_id() { return static_cast<pid_t>(::syscall(SYS_gettid)); }
+
+// A receive that sleeps with no time limit is woken by every publish, not by one: a poll()
+// on the same end sleeps on the same futex and takes nothing, and a wake-up it took alone
+// would leave the receiver asleep for good.
+TEST_P(ConnectionRingTest, APollerAsleepBesideAReceiverDoesNotTakeItsWakeUp) {
+  auto [a, b] = pipe();
+  std::atomic<pid_t> receiver{0}, poller{0};
+  std::promise<std::int64_t> received;
+  std::thread r([&b = b, &receiver, &received] {
+    receiver = thread_id();
+    received.set_value(b.recv<std::int64_t>());
+  });
+  std::thread p([&b = b, &poller] {
+    poller = thread_id();
+    EXPECT_TRUE(b.poll(std::chrono::seconds(30)));
+  });
+  while (receiver == 0 || poller == 0) std::this_thread::yield();
+  ASSERT_TRUE(wait_until_asleep(receiver));
+  ASSERT_TRUE(wait_until_asleep(poller));
+  a.send(std::int64_t{5});
+  std::future<std::int64_t> got = received.get_future();
+  const bool arrived = got.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
+  EXPECT_TRUE(arrived) << "the receiver slept on while its message waited";
+  if (!arrived) a.send(std::int64_t{5});  // let it end
+  EXPECT_EQ(got.get(), 5);
+  r.join();
+  // The poller saw 5 before the receiver took it, or sleeps on: 6 ends its poll.
+  a.send(std::int64_t{6});
+  p.join();
+  EXPECT_EQ(b.recv<std::int64_t>(), 6);
+}
+
+// Two processes hold the sending end; one is killed in the middle of writing a slot while
+// the other's later message is published. The socket stays open (the other holds it), so
+// no hang-up wakes the receiver: it must not sleep with no time limit while a claim is
+// outstanding, and it gets the later message once the dead claim is found.
+TEST_P(ConnectionRingTest, AWriterKilledMidSlotDoesNotStrandTheMessageBehindIt) {
+  auto [a, b] = pipe();
+  testing::Pipe claimed;
+  const pid_t writer = fork_child([&a = a, &b = b, &claimed] {
+    b.close();
+    internal::Ring out = internal::Ring::attach(
+        internal::dup_cloexec(internal::ConnectionAccess::fds(a).at(2)));
+    ASSERT_TRUE(out.test_claim_and_abandon(false));  // a slot claimed, never finished
+    claimed.send();
+    ::pause();
+  });
+  EXPECT_EQ(claimed.receive(), 'x');
+  std::atomic<pid_t> receiver{0};
+  std::promise<std::int64_t> received;
+  std::thread r([&b = b, &receiver, &received] {
+    receiver = thread_id();
+    received.set_value(b.recv<std::int64_t>());
+  });
+  while (receiver == 0) std::this_thread::yield();
+  ASSERT_TRUE(wait_until_asleep(receiver));
+  a.send(std::int64_t{7});  // behind the claim: the receiver wakes, finds it, sleeps again
+  ASSERT_TRUE(wait_until_asleep(receiver));
+  ASSERT_EQ(::kill(writer, SIGKILL), 0);
+  EXPECT_EQ(wait_child(writer), 128 + SIGKILL);
+  std::future<std::int64_t> got = received.get_future();
+  const bool arrived = got.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
+  EXPECT_TRUE(arrived) << "the message behind a dead writer's claim never arrived";
+  if (!arrived) a.send(std::int64_t{7});  // let it end
+  EXPECT_EQ(got.get(), 7);
+  r.join();
 }
 
 TEST_P(ConnectionRingTest, NativeHandleIsReadableExactlyWhileAMessageOrTheEndWaits) {

@@ -14,7 +14,7 @@ struct TensorAccess {
   // are `ndim` int64 each, read from raw bytes straight into it (no Dims is built and moved
   // twice on the way). Validated as from_storage validates; what it refuses, from_storage
   // names, with its exceptions (`out` is then unspecified).
-  static void assign_view(Tensor& out, const Storage& storage, std::int64_t storage_offset,
+  static void assign_view(Tensor& out, Storage storage, std::int64_t storage_offset,
                           const std::byte* sizes, const std::byte* strides, std::size_t ndim,
                           DType dtype);
 };
