@@ -1,6 +1,5 @@
 // Tensor metadata, validation of foreign views (from_storage), element access.
 #include "shmtensor/tensor.h"
-#include "shmtensor/internal/tensor_access.h"
 
 #include <cmath>
 #include <complex>
@@ -8,6 +7,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "shmtensor/internal/tensor_access.h"
 #include "tensor/dispatch.h"
 
 namespace shmtensor {
@@ -142,10 +142,9 @@ bool valid_view(const Storage& storage, std::int64_t storage_offset, const Dims&
 
 }  // namespace
 
-void internal::TensorAccess::assign_view(Tensor& out, Storage storage,
-                                         std::int64_t storage_offset, const std::byte* sizes,
-                                         const std::byte* strides, std::size_t ndim,
-                                         DType dtype) {
+void internal::TensorAccess::assign_view(Tensor& out, Storage storage, std::int64_t storage_offset,
+                                         const std::byte* sizes, const std::byte* strides,
+                                         std::size_t ndim, DType dtype) {
   out.sizes_.assign_bytes(sizes, ndim);
   out.strides_.assign_bytes(strides, ndim);
   if (!valid_view(storage, storage_offset, out.sizes_, out.strides_, dtype)) {

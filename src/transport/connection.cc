@@ -14,19 +14,19 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <climits>
 #include <cerrno>
+#include <climits>
 #include <string>
 #include <thread>
 
+#include "memory/segment.h"
+#include "memory/storage_impl.h"
 #include "os/poll.h"
 #include "os/proc.h"
 #include "os/socket.h"
-#include "memory/segment.h"
-#include "memory/storage_impl.h"
 #include "os/unique_fd.h"
-#include "shmtensor/internal/storage_access.h"
 #include "shmtensor/internal/connection_access.h"
+#include "shmtensor/internal/storage_access.h"
 #include "transport/announced.h"
 #include "transport/busy_poll.h"
 #include "transport/channel.h"
@@ -166,13 +166,13 @@ struct ConnectionCore {
   }
   AnnouncedPath out_path() {
     LinkControl* c = out_control();
-    return {&out,          sock.get(), -1,      &c->send_lock, &c->recv_lock,
-            &c->taken_below, nullptr,  "connection", kWakeAll};
+    return {&out,    sock.get(),   -1,      &c->send_lock, &c->recv_lock, &c->taken_below,
+            nullptr, "connection", kWakeAll};
   }
   AnnouncedPath in_path(const SegmentFetcher* depot) {
     LinkControl* c = in_control();
-    return {&in,           -1,    sock.get(),   &c->send_lock, &c->recv_lock,
-            &c->taken_below, depot, "connection", kWakeAll};
+    return {&in,   -1,           sock.get(), &c->send_lock, &c->recv_lock, &c->taken_below,
+            depot, "connection", kWakeAll};
   }
 };
 
@@ -443,8 +443,7 @@ bool sleeps_untimed(ConnectionCore& c) noexcept {
   if ((seen & ~std::uint64_t{1}) != me) {
     // None yet in this process (a forked child's copy is its parent's): claimed with the
     // state "being made", so that no thread trusts the fields below until it is made.
-    if (!c.watch_state.compare_exchange_strong(seen, me, std::memory_order_acq_rel))
-      return false;
+    if (!c.watch_state.compare_exchange_strong(seen, me, std::memory_order_acq_rel)) return false;
     c.hangup_fired.store(false, std::memory_order_relaxed);
     const std::uint64_t id = watch_hangup(c.sock.get(), on_hangup, &c);
     c.watch_id.store(id, std::memory_order_relaxed);

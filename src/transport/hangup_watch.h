@@ -6,8 +6,9 @@
 // SIGKILL calls no close() that would wake it; only its socket says it is gone. Without a
 // watch the receiver sleeps in 50 ms slices and looks at the socket between them, and a
 // futex wait with a time limit costs a kernel timer each time it sleeps (~0.25 µs here,
-// 12 % of a round trip: docs/benchmarks.md). With one, it sleeps with no time limit and
-// the watch wakes it when the socket hangs up (docs/transport.md, "The end of the stream").
+// 12 % of a round trip: docs/benchmarks.md, "Sleeping without a timer"). With one, it
+// sleeps with no time limit and the watch wakes it when the socket hangs up
+// (docs/transport.md, "The hang-up watch").
 //
 // The thread blocks every signal (a signal for the process is never delivered to it), has
 // a 64 KiB stack, and is named "shmtensor-watch". A forked child starts with no watch and

@@ -1,7 +1,7 @@
 #include <algorithm>
+#include <cstring>
 #include <exception>
 #include <new>
-#include <cstring>
 
 #include "memory/registry.h"
 #include "memory/storage_impl.h"
@@ -291,8 +291,7 @@ std::uint32_t storage_block(const Segment& seg, const StorageEntry& e) {
 // This process's storage of block `b` of `seg`, taking over the count the message carries
 // for it: a new storage adopts it, one held here already gives it back. A block whose count
 // is not there (a replayed or forged frame) is refused.
-Storage adopt_storage(const std::shared_ptr<Segment>& seg, const StorageEntry& e,
-                      std::uint32_t b) {
+Storage adopt_storage(const std::shared_ptr<Segment>& seg, const StorageEntry& e, std::uint32_t b) {
   bool made = false, adopted = true;
   auto impl = Registry::instance().find_or_add_storage(*seg, b, [&] {
     made = true;

@@ -45,9 +45,11 @@ std::size_t encoded_tensor_bytes(std::size_t ndim) noexcept {
 void write_encoded_tensor(std::byte* out, const Tensor& t, std::uint32_t index, bool has_storage,
                           bool cuda) noexcept {
   const auto ndim = static_cast<std::size_t>(t.dim());
-  const EncodedTensorHead head{1, static_cast<std::uint8_t>(t.dtype()),
+  const EncodedTensorHead head{1,
+                               static_cast<std::uint8_t>(t.dtype()),
                                static_cast<std::uint8_t>(ndim),
-                               static_cast<std::uint8_t>(cuda ? 1 : 0), index,
+                               static_cast<std::uint8_t>(cuda ? 1 : 0),
+                               index,
                                has_storage ? t.storage_offset() : 0};
   std::memcpy(out, &head, sizeof head);
   auto* dims = out + sizeof head;

@@ -26,8 +26,8 @@ std::string outcome(const Parse& parse) {
   try {
     const shmtensor::Tensor t = parse();
     if (!t.defined()) return "undefined tensor";
-    return "tensor " + std::to_string(static_cast<int>(t.dtype())) + " " +
-           std::to_string(t.dim()) + " " + std::to_string(t.storage_offset());
+    return "tensor " + std::to_string(static_cast<int>(t.dtype())) + " " + std::to_string(t.dim()) +
+           " " + std::to_string(t.storage_offset());
   } catch (const shmtensor::ProtocolError& e) {
     return std::string("ProtocolError ") + e.what();
   } catch (const shmtensor::Error& e) {

@@ -11,22 +11,22 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <future>
-#include <thread>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
+#include <future>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "os/unique_fd.h"
 #include "shmtensor/connection.h"
 #include "shmtensor/internal/connection_access.h"
 #include "shmtensor/tensor.h"
 #include "support/pipe.h"
 #include "support/strategy_test.h"
-#include "os/unique_fd.h"
 #include "transport/announced.h"
 #include "transport/hangup_watch.h"
 #include "transport/ring.h"
@@ -313,8 +313,8 @@ TEST_P(ConnectionRingTest, AWriterKilledMidSlotDoesNotStrandTheMessageBehindIt) 
   testing::Pipe claimed;
   const pid_t writer = fork_child([&a = a, &b = b, &claimed] {
     b.close();
-    internal::Ring out = internal::Ring::attach(
-        internal::dup_cloexec(internal::ConnectionAccess::fds(a).at(2)));
+    internal::Ring out =
+        internal::Ring::attach(internal::dup_cloexec(internal::ConnectionAccess::fds(a).at(2)));
     ASSERT_TRUE(out.test_claim_and_abandon(false));  // a slot claimed, never finished
     claimed.send();
     ::pause();

@@ -18,8 +18,8 @@
 #include "memory/segment.h"
 #include "memory/storage_impl.h"
 #include "os/socket.h"
-#include "shmtensor/internal/connection_access.h"
 #include "shmtensor/connection.h"
+#include "shmtensor/internal/connection_access.h"
 #include "shmtensor/internal/storage_access.h"
 #include "shmtensor/queue.h"
 #include "shmtensor/sharing_strategy.h"
@@ -422,8 +422,8 @@ TEST_F(CloseOnExecTest, TransportFdsAreCloseOnExec) {
   // The hang-up watch's thread (transport/hangup_watch.h): its epoll set and the eventfd
   // that stops it, made with the first watch (here, so that a receive below that sleeps
   // adds its watch to this thread and the counts stay exact).
-  const std::uint64_t watch = internal::watch_hangup(internal::ConnectionAccess::fds(a).at(0),
-                                                     [](void*) {}, nullptr);
+  const std::uint64_t watch = internal::watch_hangup(
+      internal::ConnectionAccess::fds(a).at(0), [](void*) {}, nullptr);
   ASSERT_NE(watch, 0u);
   record("hang-up watch", 0, 0, 1, 1);
   Queue<std::int64_t> q;
