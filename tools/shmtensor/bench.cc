@@ -46,6 +46,7 @@
 #include "shmtensor/busy_poll.h"
 #include "shmtensor/connection.h"
 #include "shmtensor/queue.h"
+#include "transport/busy_poll.h"
 #include "transport/ring.h"
 
 namespace shmtensor::tool {
@@ -447,14 +448,22 @@ std::size_t ring_message_bytes(const BenchOptions& o) {
   return std::min<std::size_t>(std::max<std::size_t>(o.bytes, 1), 240);
 }
 
-// A blocking pop as a Connection's receive makes it: a look, then a sleep on the ring's
-// futex with no time limit (the Connection's hang-up watch stands for the time limit).
+// A blocking pop as a Connection's receive makes it: a look, the short spin before a
+// sleep (where this process may run on several CPUs: busy_poll.h), then a sleep on the
+// ring's futex with no time limit (the Connection's hang-up watch stands for the limit).
 internal::Ring::Popped pop_blocking(internal::Ring& ring, std::span<std::byte> buf) {
   using internal::Ring;
+  bool spun = false;
   for (;;) {
     const std::uint32_t seen = ring.publish_count();
     const Ring::Popped p = ring.pop(buf, Ring::kNoWait);
     if (p.status != Ring::Status::kTimeout) return p;
+    if (!spun) {
+      spun = true;
+      if (const auto until = internal::spin_before_sleep_until(std::nullopt);
+          until && ring.spin_for_publish(seen, *until))
+        continue;
+    }
     ring.wait_for_publish_untimed(seen);
   }
 }
