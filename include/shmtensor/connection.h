@@ -12,7 +12,12 @@
 // A connection made by pipe() carries its messages in a ring of slots in shared memory, one
 // each way: a message without fds that fits a slot costs no syscall while the receiver is
 // awake. Messages with fds (or larger) go over a SOCK_SEQPACKET socket pair, in order with
-// the others; the socket also says when the peer is gone (docs/transport.md).
+// the others; the socket also says when the peer is gone (docs/transport.md). A recv()
+// blocked when its peer is killed wakes at once: while an end whose receive slept is open,
+// one thread of the library per process ("shmtensor-watch") watches its socket.
+//
+// A Tensor alone (send<Tensor>, recv<Tensor>) is framed and parsed without an Encoder or a
+// Decoder; the bytes are the same, so any receiver reads them.
 //
 // Thread safety: send() and recv() may be called concurrently from several threads; each
 // message is delivered whole to one recv(). close() must not race with other calls.
