@@ -221,9 +221,16 @@ def test_shmtensor_tensor_travels_by_reference(method):
     t = shmtensor.from_numpy(np.arange(12, dtype=np.float32).reshape(3, 4))
     p = ctx.Process(target=tensor_child, args=(q, r))
     p.start()
-    q.put(t)
-    back = r.get(timeout=60)
-    p.join(60)
+    try:
+        q.put(t)
+        back = r.get(timeout=60)
+        p.join(60)
+    finally:
+        # A put or get that failed leaves the child waiting in q.get(): end it, or the
+        # interpreter's exit would wait for it (and the test would end at ctest's timeout).
+        if p.is_alive():
+            p.terminate()
+            p.join(10)
     assert isinstance(back, shmtensor.Tensor)
     assert np.asarray(t)[0, 0] == 42
     assert np.asarray(back).tolist() == np.asarray(t).tolist()
