@@ -545,6 +545,12 @@ std::optional<Decoder> recv_ringed(ConnectionCore& c, const Deadline& deadline) 
   return receive_popped(c, std::move(buffer), *p);
 }
 
+// What recv<Tensor> does with a message the general way: the whole of it, as a Tensor.
+void decode_tensor(Decoder d, Tensor& out) {
+  out = d.decode<Tensor>();
+  d.finish();
+}
+
 // A receive as a Tensor: a slot that holds a frame of one tensor (wire.h, TensorFrame) is
 // decoded from a buffer on the stack, with no Decoder; any other goes the general way.
 bool recv_tensor_ringed(ConnectionCore& c, const Deadline& deadline, Tensor& out) {
@@ -557,9 +563,7 @@ bool recv_tensor_ringed(ConnectionCore& c, const Deadline& deadline, Tensor& out
   }
   auto buffer = receive_buffer();
   std::memcpy(buffer.get(), slot, p->size);
-  Decoder d = receive_popped(c, std::move(buffer), *p);
-  out = d.decode<Tensor>();
-  d.finish();
+  decode_tensor(receive_popped(c, std::move(buffer), *p), out);
   return true;
 }
 
@@ -773,8 +777,7 @@ bool Connection::recv_tensor(std::optional<std::chrono::nanoseconds> timeout, Te
   if (c.ringed()) return internal::recv_tensor_ringed(c, deadline, out);
   std::optional<Decoder> d = internal::recv_socket(c.sock.get(), deadline);
   if (!d) return false;
-  out = d->decode<Tensor>();
-  d->finish();
+  internal::decode_tensor(std::move(*d), out);
   return true;
 }
 

@@ -79,6 +79,19 @@ SegmentEntry host_segment_entry(const Segment& seg, std::int32_t fd_index) noexc
   return e;
 }
 
+// A frame's header, before its flags and fd counts (finish_frame sets them when it has
+// fds or a blob).
+FrameHeader frame_header(std::uint64_t body_size, std::size_t segments,
+                         std::size_t storages) noexcept {
+  FrameHeader h{};
+  h.magic = kFrameMagic;
+  h.version = kWireVersion;
+  h.body_size = body_size;
+  h.segment_count = static_cast<std::uint32_t>(segments);
+  h.storage_count = static_cast<std::uint32_t>(storages);
+  return h;
+}
+
 // The bytes of a segment's name in the segment table: 0 for a device or file_descriptor
 // segment (no name), else its name padded to 8 bytes.
 std::size_t padded_name_bytes(const Segment& seg) noexcept {
@@ -226,11 +239,7 @@ OutgoingFrame finish_frame(Encoder&& encoder, const FdElision* elision) {
     st.owned_fds.push_back(std::move(fd));
   }
   FrameHeader& h = frame.header;
-  h.magic = kFrameMagic;
-  h.version = kWireVersion;
-  h.body_size = tables.size() + st.payload.size();
-  h.segment_count = static_cast<std::uint32_t>(st.segments.size());
-  h.storage_count = static_cast<std::uint32_t>(st.storages.size());
+  h = frame_header(tables.size() + st.payload.size(), st.segments.size(), st.storages.size());
   h.object_fd_count = static_cast<std::uint32_t>(st.object_fds.size());
   if (sizeof(FrameHeader) + h.body_size > kMaxInlineFrame) {
     // Too big for one datagram: the body goes into a sealed memfd sent along.
@@ -292,12 +301,7 @@ bool TensorFrame::frame(const Tensor& t, const FdElision& deposited, std::span<s
   // finish_frame's bytes for it: the header, the segment table (its name zero-padded), the
   // storage table, then Encoder::write_tensor's payload.
   std::byte* p = out.data();
-  FrameHeader h{};
-  h.magic = kFrameMagic;
-  h.version = kWireVersion;
-  h.body_size = size - sizeof h;
-  h.segment_count = 1;
-  h.storage_count = 1;
+  const FrameHeader h = frame_header(size - sizeof(FrameHeader), 1, 1);
   std::memcpy(p, &h, sizeof h);
   p += sizeof h;
   const SegmentEntry se = host_segment_entry(seg, kFdOmitted);

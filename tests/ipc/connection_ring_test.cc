@@ -181,16 +181,23 @@ TEST_P(ConnectionRingTest, AForkedCopyKeepsAnEndOpenUntilItsLastHolderCloses) {
   EXPECT_THROW(a.send(std::int64_t{7}), ConnectionClosed);
 }
 
-TEST_P(ConnectionRingTest, APeerKilledIsNoticedByAReceiverAndABlockedSender) {
-  auto [a, b] = pipe();
+// Forks a peer that holds `theirs` (closing `ours` in it) until it is killed; this process
+// closes `theirs`. Returns once the peer runs.
+pid_t fork_peer_until_killed(Connection& ours, Connection& theirs) {
   testing::Pipe started;
-  const pid_t child = fork_child([&a = a, &b = b, &started] {
-    a.close();
+  const pid_t peer = fork_child([&ours, &started] {
+    ours.close();
     started.send();
     ::pause();
   });
-  b.close();
+  theirs.close();
   EXPECT_EQ(started.receive(), 'x');
+  return peer;
+}
+
+TEST_P(ConnectionRingTest, APeerKilledIsNoticedByAReceiverAndABlockedSender) {
+  auto [a, b] = pipe();
+  const pid_t child = fork_peer_until_killed(a, b);
   ASSERT_EQ(::kill(child, SIGKILL), 0);
   EXPECT_EQ(wait_child(child), 128 + SIGKILL);
   EXPECT_THROW((void)a.recv<std::int64_t>(), ConnectionClosed);
@@ -199,13 +206,7 @@ TEST_P(ConnectionRingTest, APeerKilledIsNoticedByAReceiverAndABlockedSender) {
 
   // A sender blocked on a full ring whose reader dies wakes up with ConnectionClosed.
   auto [c, d] = pipe();
-  const pid_t reader = fork_child([&c = c, &started] {
-    c.close();
-    started.send();
-    ::pause();
-  });
-  d.close();
-  EXPECT_EQ(started.receive(), 'x');
+  const pid_t reader = fork_peer_until_killed(c, d);
   std::int64_t sent = 0;
   while (c.try_send(sent)) ++sent;
   EXPECT_EQ(sent, 256) << "one ring of 256 slots";
@@ -223,14 +224,7 @@ TEST_P(ConnectionRingTest, APeerKilledIsNoticedByAReceiverAndABlockedSender) {
 // while a watch does, and stops (its fds closed: the fixture's leak check) with the last.
 TEST_P(ConnectionRingTest, AReceiverAsleepWhenItsPeerIsKilledIsWokenByTheHangUpWatch) {
   auto [a, b] = pipe();
-  testing::Pipe started;
-  const pid_t peer = fork_child([&a = a, &started] {
-    a.close();
-    started.send();
-    ::pause();
-  });
-  b.close();
-  EXPECT_EQ(started.receive(), 'x');
+  const pid_t peer = fork_peer_until_killed(a, b);
   const pid_t killer = fork_child([peer] {
     ASSERT_TRUE(wait_until_asleep(::getppid()));
     ASSERT_EQ(::kill(peer, SIGKILL), 0);
