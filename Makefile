@@ -1,7 +1,10 @@
 # shmtensor — the commands a new user and CI need.
 #
 #   make run     install missing Debian packages, build, run the flagship demo
-#   make test    install missing Debian packages, build, run every test
+#   make test    install missing Debian packages, build, run every test; then the torch 2.x
+#                lane: the Python package built against torch 2.x from PyPI in a virtual
+#                environment (build-torch2/), its Python and torch tests run there
+#   make torch2  that lane alone
 #   make asan    the same tests built with AddressSanitizer + UndefinedBehaviorSanitizer
 #   make tsan    the same tests built with ThreadSanitizer
 #   make format  clang-format every C++ file in place
@@ -52,7 +55,7 @@ export UBSAN_OPTIONS ?= print_stacktrace=1:halt_on_error=1
 # consistent, so we let them run and TSan keeps checking them.
 export TSAN_OPTIONS  ?= die_after_fork=0:halt_on_error=1:second_deadlock_stack=1:handle_sigbus=0
 
-.PHONY: all run test asan tsan odr deps format clean
+.PHONY: all run test torch2 asan tsan odr deps format clean
 
 # cmake is re-run every time (a second or two): it picks up new files and options.
 all: deps
@@ -68,6 +71,12 @@ run: all
 
 test: all
 	$(CTEST) --test-dir build || { $(FAILED) build; exit 1; }
+	$(MAKE) torch2
+
+# torch 2.x (pinned: torch==2.13.0, a CPU wheel) in build-torch2/venv, made with the first
+# python3.11 on PATH (SHMTENSOR_TORCH2_PYTHON names another): tools/ci/torch2_lane.
+torch2: deps
+	JOBS=$(JOBS) CTEST_JOBS=$(CTEST_JOBS) BUILD_TYPE=$(BUILD_TYPE) tools/ci/torch2_lane build-torch2
 
 asan: deps
 	$(CMAKE) -S . -B build-asan -DSHMTENSOR_SANITIZE=address,undefined $(LEAN)
@@ -123,4 +132,4 @@ format:
 	git ls-files '*.h' '*.cc' | xargs clang-format -i
 
 clean:
-	rm -rf build build-asan build-tsan build-odr build-fuzz
+	rm -rf build build-asan build-tsan build-odr build-fuzz build-torch2

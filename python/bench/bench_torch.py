@@ -9,8 +9,12 @@ stock torch's failures do not poison the next one), under ulimit -n 1024:
   blog      the blog workload: DataLoader(num_workers=W) over samples of four torch.randn(10),
             every batch kept in a list; samples/s, and the consumer's fds and shared-memory
             mappings at the end (or torch's error, if it fails first). Modes: stock,
-            install (shmtensor.torch.install()), context (multiprocessing_context=
-            shmtensor.torch.context("fork"): shmtensor's native queues too).
+            install (shmtensor.torch.install(): torch.multiprocessing's queues become
+            shmtensor's native ones), context (multiprocessing_context=
+            shmtensor.torch.context("fork")), and inline (the same loop with num_workers=0:
+            no process, no shared memory; what workers must beat). Workers are forked, or
+            started by spawn or forkserver (multiprocessing_context="spawn", ... for stock
+            and install; context("spawn"), ... for the context).
   queue     torch.multiprocessing.Queue, fork, one consumer: fresh 40 B tensors
             (torch.ones), fresh 64 MiB tensors (torch.ones), and one pre-shared 40 B tensor
             sent again and again; messages/s.
@@ -44,26 +48,37 @@ def setup(mode, strategy):
         shmtensor.torch.install()
 
 
-def blog(mode, strategy, n, workers):
-    import torch
-    from torch.utils.data import DataLoader, Dataset
+class Blog:
+    """The blog post's dataset: four torch.randn(10) per sample (a module-level class, so
+    that spawned and forkserver workers can unpickle it)."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        import torch
+        return [torch.randn(10) for _ in range(4)]
+
+
+def blog(mode, strategy, n, workers, method="fork"):
+    from torch.utils.data import DataLoader
     setup(mode, strategy)
-
-    class Blog(Dataset):
-        def __len__(self):
-            return n
-
-        def __getitem__(self, i):
-            return [torch.randn(10) for _ in range(4)]
 
     kw = {}
     if mode == "context":
         import shmtensor.torch
-        kw["multiprocessing_context"] = shmtensor.torch.context("fork")
+        kw["multiprocessing_context"] = shmtensor.torch.context(method)
+    elif mode == "inline":
+        workers = 0
+    elif method != "fork":
+        kw["multiprocessing_context"] = method
     kept, error = [], None
     start = time.perf_counter()
     try:
-        for batch in DataLoader(Blog(), num_workers=workers, **kw):
+        for batch in DataLoader(Blog(n), num_workers=workers, **kw):
             kept.append(batch)
     except Exception as e:  # torch's own failure, reported as it is
         error = "%s: %s" % (type(e).__name__, str(e).splitlines()[0][:160])
@@ -133,7 +148,7 @@ def child_main(args):
     resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
     kind = args[0]
     if kind == "blog":
-        out = blog(args[1], args[2], int(args[3]), int(args[4]))
+        out = blog(args[1], args[2], int(args[3]), int(args[4]), *args[5:6])
     elif kind == "queue":
         out = queue(args[1], args[2], args[3], int(args[4]))
     else:
@@ -165,17 +180,26 @@ def main():
     if a.demo:
         return demo()
     results = {"blog": [], "queue": [], "pingpong": []}
+
+    def blog_row(mode, strategy, n, workers, method="fork"):
+        r = run("blog", mode, strategy, n, workers, method)
+        r.update(mode=mode, strategy=strategy, n=n, workers=0 if mode == "inline" else workers,
+                 method=method)
+        results["blog"].append(r)
+        print("blog %-8s %-15s n=%-6d W=%d %-10s %8.0f samples/s  fds %5s  maps %5s  %s"
+              % (mode, strategy, n, r["workers"], method, r.get("per_s", 0), r.get("fds"),
+                 r.get("mappings"), r.get("error") or ""), flush=True)
+
     sizes = [4000] if a.quick else [4000, 20000]
     for strategy in ("file_descriptor", "file_system"):
         for n in sizes:
+            blog_row("inline", strategy, n, 0)
             for workers in (1, 2):
                 for mode in ("stock", "install", "context"):
-                    r = run("blog", mode, strategy, n, workers)
-                    r.update(mode=mode, strategy=strategy, n=n, workers=workers)
-                    results["blog"].append(r)
-                    print("blog %-8s %-15s n=%-6d W=%d  %8.0f samples/s  fds %5s  maps %5s  %s"
-                          % (mode, strategy, n, workers, r.get("per_s", 0), r.get("fds"),
-                             r.get("mappings"), r.get("error") or ""), flush=True)
+                    blog_row(mode, strategy, n, workers)
+        for method in ("spawn", "forkserver"):
+            for mode in ("stock", "install", "context"):
+                blog_row(mode, strategy, sizes[0], 2, method)
     for strategy in ("file_descriptor", "file_system"):
         for what, n in (("fresh_40B", 2000), ("fresh_64MiB", 20), ("preshared_40B", 5000)):
             for mode in ("stock", "install"):
@@ -199,16 +223,27 @@ def main():
 
 
 def demo(n=20000):
-    print("torch's own DataLoader, the blog workload: %d samples of four torch.randn(10), "
-          "every batch kept, 1 worker, file_descriptor strategy, ulimit -n 1024" % n)
-    for mode, label in (("stock", "torch 1.13 as it is"),
-                        ("install", "with shmtensor.torch.install()")):
-        r = run("blog", mode, "file_descriptor", n, 1)
-        print("  %-32s %6d samples kept  %7.0f samples/s  fds %5s  shared mappings %5s"
+    import torch
+    print("torch %s's own DataLoader, the blog workload: %d samples of four torch.randn(10), "
+          "every batch kept, file_descriptor strategy, ulimit -n 1024" % (torch.__version__, n))
+    rows = (("stock", 1, "1 worker, torch as it is"),
+            ("install", 1, "1 worker, shmtensor.torch.install()"),
+            ("install", 2, "2 workers, shmtensor.torch.install()"),
+            ("inline", 0, "num_workers=0 (no worker process)"))
+    rates = {}
+    for mode, workers, label in rows:
+        r = run("blog", mode, "file_descriptor", n, workers)
+        rates[mode, workers] = r.get("per_s", 0) if not r.get("error") else None
+        print("  %-38s %6d samples kept  %7.0f samples/s  fds %5s  shared mappings %5s"
               % (label, r.get("samples", 0), r.get("per_s", 0), r.get("fds", "?"),
                  r.get("mappings", "?")))
         if r.get("error"):
-            print("  %-32s %s" % ("", r["error"]))
+            print("  %-38s %s" % ("", r["error"]))
+    stock, ours = rates["stock", 1], rates["install", 1]
+    if stock and ours:
+        print("  install() with 1 worker: %.1fx stock torch's rate (this run)" % (ours / stock))
+    elif ours:
+        print("  stock torch failed; install() kept all %d samples" % n)
 
 
 def plot(results, path):

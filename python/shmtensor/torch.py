@@ -26,7 +26,10 @@ libtorch is found). Without it, storages made by _new_shared (DataLoader batches
 in arenas, but share_memory_() and sending a tensor made elsewhere fall back to torch's own
 shared memory (docs/torch.md).
 """
+import multiprocessing
 import multiprocessing.context as _mpcontext
+import multiprocessing.spawn as _mpspawn
+import os
 import threading
 import weakref
 from multiprocessing.reduction import ForkingPickler
@@ -120,8 +123,9 @@ def _block_of(storage):
 
 def _in_arena(storage):
     """The block of storage, moved into an arena first if the bridge can; None if it stays
-    with torch (not CPU, empty, or no bridge)."""
-    if storage.device.type != "cpu" or storage.nbytes() == 0:
+    with torch (not CPU, empty, a size without data as a zero tensor's, or no bridge):
+    torch's own reducer then says what it says of it."""
+    if storage.device.type != "cpu" or storage.nbytes() == 0 or storage.data_ptr() == 0:
         return None
     block = _block_of(storage)
     if block is None and _bridge is not None and not _saved_is_shared(storage):
@@ -210,11 +214,23 @@ def _is_shared(self):
 
 
 _CPU = torch.device("cpu")
+from torch.utils.data import get_worker_info as _get_worker_info  # noqa: E402
+
+
+def _in_thread_worker():
+    """Whether this thread is a DataLoader worker thread (torch's worker_method="thread"):
+    its batches never leave the process, so they need no shared memory."""
+    if threading.current_thread() is threading.main_thread():
+        return False
+    info = _get_worker_info()
+    return info is not None and getattr(info, "worker_method", "process") == "thread"
 
 
 def _new_shared(cls, size, *, device="cpu"):
     if size == 0 or not (device == _CPU or torch.device(device).type == "cpu"):
         return _saved["_new_shared"](size, device=device)  # bound to UntypedStorage
+    if _in_thread_worker():
+        return _Untyped(size)
     _sync_strategy()
     if _bridge is not None:
         return _bridge.new_shared(size)
@@ -224,19 +240,81 @@ def _new_shared(cls, size, *, device="cpu"):
 _SHADOWED = {"share_memory_": _share_memory_, "is_shared": _is_shared,
              "_new_shared": classmethod(_new_shared)}
 
+# What install() puts in torch.multiprocessing (_TORCH_MP below): its Queue, SimpleQueue,
+# Pipe, Pool and get_context become those of shmtensor's native transport.
+_TORCH_MP_NAMES = ("Queue", "SimpleQueue", "Pipe", "Pool", "get_context")
 
-def install():
-    """Puts torch's sharing of CPU storages on shmtensor arenas in this process (and in
-    forked children, which inherit it). Idempotent."""
+
+def _package_parent():
+    """The directory a child must have on sys.path to import this shmtensor package."""
+    import shmtensor
+    return os.path.dirname(os.path.dirname(os.path.abspath(shmtensor.__file__)))
+
+
+class _ChildInstall:
+    """An entry of a spawn or forkserver child's preparation data: unpickling it in the
+    child (multiprocessing.spawn._main loads that data before prepare() and before the
+    Process object, its target and its arguments) imports shmtensor.torch and runs
+    install() with the parent's sharing strategy. The callable is the builtin exec, so
+    that the child needs nothing on sys.path to find it; the code it runs adds the
+    package's directory to sys.path first when it is missing."""
+
+    def __reduce__(self):
+        code = ("import sys\n"
+                "if {path!r} not in sys.path:\n"
+                "    sys.path.append({path!r})\n"
+                "import shmtensor.torch\n"
+                "shmtensor.torch._install_in_child({strategy!r})\n").format(
+                    path=_package_parent(), strategy=_tmp.get_sharing_strategy())
+        return exec, (code,)
+
+
+_PREPARATION_KEY = "shmtensor.torch.install"
+
+
+def _get_preparation_data(name):
+    """multiprocessing.spawn.get_preparation_data while installed: what spawn and
+    forkserver send a new child first, with _ChildInstall in it."""
+    saved = _saved
+    data = (saved["get_preparation_data"] if saved else _stdlib_preparation_data)(name)
+    if saved is not None:
+        data[_PREPARATION_KEY] = _ChildInstall()
+    return data
+
+
+_stdlib_preparation_data = _mpspawn.get_preparation_data
+
+
+def _install_in_child(strategy):
+    """Run in a spawn or forkserver child of an installed process, before it unpickles
+    anything else: the parent's strategy, then install()."""
+    _tmp.set_sharing_strategy(strategy)
+    install()
+
+
+def install(*, busy_poll=None):
+    """Puts torch's sharing of CPU storages on shmtensor arenas in this process and in every
+    process it starts afterwards, by any start method: forked children inherit it, and
+    spawn and forkserver children run it (with this process's sharing strategy) before
+    they unpickle anything of the parent's. torch.multiprocessing's Queue, SimpleQueue,
+    Pipe, Pool and get_context become shmtensor's native transport, so a DataLoader's
+    queues are native ones. A get() on a Queue made through torch.multiprocessing in this
+    process polls for up to `busy_poll` seconds (default 50 us, 0: never) before it sleeps
+    (context()). Idempotent; busy_poll given again changes the setting."""
     global _saved
     with _lock:
+        if busy_poll is not None:
+            _installed_busy_poll[0] = _check_busy_poll(busy_poll)
         if _saved is not None:
             return
         saved = {"reducer": ForkingPickler._extra_reducers.get(_Untyped, _MISSING),
                  "tensor": ForkingPickler._extra_reducers.get(torch.Tensor, _MISSING),
                  "tensor_reducer": ForkingPickler._extra_reducers.get(
                      torch.Tensor, _treductions.reduce_tensor),
-                 "own": {name: _Untyped.__dict__.get(name, _MISSING) for name in _SHADOWED}}
+                 "own": {name: _Untyped.__dict__.get(name, _MISSING) for name in _SHADOWED},
+                 "torch_mp": {name: _tmp.__dict__.get(name, _MISSING)
+                              for name in _TORCH_MP_NAMES},
+                 "get_preparation_data": _mpspawn.get_preparation_data}
         for name in _SHADOWED:
             saved[name] = getattr(_Untyped, name)
         _saved = saved
@@ -245,11 +323,16 @@ def install():
         ForkingPickler.register(_Untyped, _reduce_storage)
         if _bridge is not None:
             ForkingPickler.register(torch.Tensor, _reduce_tensor)
+        for name, value in _TORCH_MP.items():
+            setattr(_tmp, name, value)
+        _mpspawn.get_preparation_data = _get_preparation_data
 
 
 def uninstall():
-    """Restores torch exactly as install() found it. Storages already in arenas stay valid;
-    torch's own reducer moves them into its shared memory if they are sent again."""
+    """Restores torch and multiprocessing exactly as install() found them; children started
+    afterwards are stock. Storages already in arenas stay valid; torch's own reducer moves
+    them into its shared memory if they are sent again. Queues and pipes made while
+    installed stay native ones."""
     global _saved
     with _lock:
         if _saved is None:
@@ -265,6 +348,12 @@ def uninstall():
                 ForkingPickler._extra_reducers.pop(cls, None)
             else:
                 ForkingPickler._extra_reducers[cls] = reducer
+        for name, own in saved["torch_mp"].items():
+            if own is _MISSING:
+                delattr(_tmp, name)
+            else:
+                setattr(_tmp, name, own)
+        _mpspawn.get_preparation_data = saved["get_preparation_data"]
 
 
 def is_installed():
@@ -294,8 +383,17 @@ class ForkServerProcess(_InstallFirst, _mpcontext.ForkServerProcess):
     pass
 
 
-# How long the DataLoader's consumer polls its result queue before it sleeps (context()).
+# How long the DataLoader's consumer polls its result queue before it sleeps (context(),
+# and install()'s torch.multiprocessing queues).
 _DEFAULT_BUSY_POLL = 50e-6
+_installed_busy_poll = [_DEFAULT_BUSY_POLL]
+
+
+def _check_busy_poll(busy_poll):
+    busy_poll = float(busy_poll)
+    if not 0 <= busy_poll <= 1:
+        raise ValueError("busy_poll is from 0 to 1 second, not %r" % busy_poll)
+    return busy_poll
 
 
 class _PollingQueues:
@@ -322,9 +420,63 @@ class _ForkServerContext(_PollingQueues, _smpcontext.ForkServerContext):
     Process = ForkServerProcess
 
 
+class _InstalledPolling(_PollingQueues):
+    @property
+    def _busy_poll(self):
+        return _installed_busy_poll[0]
+
+
+# install()'s contexts: multiprocessing's processes (install() reaches their children by
+# itself), shmtensor's queues and pipes.
+class _InstalledFork(_InstalledPolling, _smpcontext.ForkContext):
+    pass
+
+
+class _InstalledSpawn(_InstalledPolling, _smpcontext.SpawnContext):
+    pass
+
+
+class _InstalledForkServer(_InstalledPolling, _smpcontext.ForkServerContext):
+    pass
+
+
 _context_classes = {"fork": _ForkContext, "spawn": _SpawnContext,
                     "forkserver": _ForkServerContext}
 _contexts = {}
+_installed_contexts = {"fork": _InstalledFork(), "spawn": _InstalledSpawn(),
+                       "forkserver": _InstalledForkServer()}
+
+
+def _get_context(method=None):
+    """torch.multiprocessing.get_context while installed: the start method's context with
+    shmtensor's Queue, SimpleQueue and Pipe (None: the current default start method)."""
+    if method is None:
+        method = multiprocessing.get_start_method()
+    ctx = _installed_contexts.get(method)
+    if ctx is None:
+        raise ValueError("cannot find context for %r" % method)
+    return ctx
+
+
+def _Queue(maxsize=0):
+    return _get_context().Queue(maxsize)
+
+
+def _SimpleQueue():
+    return _get_context().SimpleQueue()
+
+
+def _Pipe(duplex=True):
+    return _get_context().Pipe(duplex)
+
+
+def _Pool(processes=None, initializer=None, initargs=(), maxtasksperchild=None):
+    return _get_context().Pool(processes, initializer, initargs, maxtasksperchild)
+
+
+_TORCH_MP = {"Queue": _Queue, "SimpleQueue": _SimpleQueue, "Pipe": _Pipe, "Pool": _Pool,
+             "get_context": _get_context}
+assert tuple(_TORCH_MP) == _TORCH_MP_NAMES
 
 
 def context(method="fork", *, busy_poll=_DEFAULT_BUSY_POLL):
@@ -337,9 +489,7 @@ def context(method="fork", *, busy_poll=_DEFAULT_BUSY_POLL):
     cls = _context_classes.get(method)
     if cls is None:
         raise ValueError("cannot find context for %r" % method)
-    busy_poll = float(busy_poll)
-    if not 0 <= busy_poll <= 1:
-        raise ValueError("busy_poll is from 0 to 1 second, not %r" % busy_poll)
+    busy_poll = _check_busy_poll(busy_poll)
     key = (method, busy_poll)
     with _lock:
         ctx = _contexts.get(key)

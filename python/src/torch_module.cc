@@ -201,7 +201,7 @@ py::object tensor_parts(const py::handle& obj, bool move) {
   if (Py_TYPE(obj.ptr()) != reinterpret_cast<PyTypeObject*>(THPVariableClass)) return py::none();
   const at::Tensor& t = THPVariable_Unpack(obj.ptr());
   if (!t.defined() || t.device().type() != c10::kCPU || t.layout() != c10::kStrided ||
-      t.is_nested() || t.requires_grad() || t.has_names() || t.is_conj() || t.is_neg() ||
+      t.is_nested() || t.requires_grad() || compat::has_names(t) || t.is_conj() || t.is_neg() ||
       t._is_zerotensor() || t.is_quantized() || !t.has_storage())
     return py::none();
   const c10::DispatchKeySet keys = t.key_set();

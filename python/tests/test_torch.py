@@ -2,7 +2,9 @@
 processes (fork and spawn), both strategies, and the leak check after every test."""
 import gc
 import multiprocessing
+import multiprocessing.spawn
 import os
+import sys
 import resource
 
 import pytest
@@ -12,7 +14,7 @@ import torch.multiprocessing as tmp  # noqa: E402
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
 import shmtensor.torch as st  # noqa: E402
-from helpers import run_in_child  # noqa: E402
+from helpers import forget_inherited_forkserver, run_in_child  # noqa: E402
 
 needs_bridge = pytest.mark.skipif(not st.has_bridge(),
                                   reason="shmtensor._torch (the C++ bridge) is not built")
@@ -67,6 +69,8 @@ def test_install_and_uninstall_restore_torch_exactly():
     before = {n: U.__dict__.get(n) for n in ("share_memory_", "is_shared", "_new_shared")}
     reducer = ForkingPickler._extra_reducers[U]
     tensor_reducer = ForkingPickler._extra_reducers[torch.Tensor]
+    torch_mp = {n: tmp.__dict__.get(n) for n in st._TORCH_MP_NAMES}
+    preparation = multiprocessing.spawn.get_preparation_data
     st.install()
     st.install()  # idempotent
     assert st.is_installed()
@@ -75,20 +79,31 @@ def test_install_and_uninstall_restore_torch_exactly():
     assert ForkingPickler._extra_reducers[torch.Tensor] is expected
     assert ForkingPickler._extra_reducers[torch.nn.Parameter] is tensor_reducer
     assert U.__dict__["is_shared"] is st._is_shared
+    assert {n: getattr(tmp, n) for n in torch_mp} == st._TORCH_MP
+    assert multiprocessing.spawn.get_preparation_data is st._get_preparation_data
     st.uninstall()
     assert not st.is_installed()
     assert ForkingPickler._extra_reducers[U] is reducer
     assert ForkingPickler._extra_reducers[torch.Tensor] is tensor_reducer
     assert {n: U.__dict__.get(n) for n in before} == before
+    assert {n: tmp.__dict__.get(n) for n in torch_mp} == torch_mp
+    assert multiprocessing.spawn.get_preparation_data is preparation
+    assert tmp.Queue is multiprocessing.Queue and tmp.get_context is multiprocessing.get_context
     st.uninstall()  # idempotent
 
 
-def blog_child(n, num_workers, context):
+def blog_child(n, num_workers, context, installed_method=None):
+    """installed_method: with install(), the DataLoader's multiprocessing_context (None,
+    or a start method given as a string)."""
     resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
+    forget_inherited_forkserver()
     maps_before = mapping_count()
     if context is None:
         st.install()
-        loader = DataLoader(Blog(n), num_workers=num_workers)
+        loader = DataLoader(Blog(n), num_workers=num_workers,
+                            multiprocessing_context=installed_method)
+        if installed_method is not None:  # torch's get_context: native queues
+            assert isinstance(loader.multiprocessing_context, st._InstalledPolling)
     else:
         loader = DataLoader(Blog(n), num_workers=num_workers,
                             multiprocessing_context=st.context(context))
@@ -108,6 +123,13 @@ def blog_child(n, num_workers, context):
 @pytest.mark.parametrize("num_workers", [1, 2])
 def test_blog_workload_20000_samples_kept_under_ulimit_1024(strategy, num_workers):
     assert run_in_child(lambda: blog_child(20000, num_workers, None)) == 0
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_blog_workload_with_spawn_and_forkserver_workers_20000_kept(strategy, method):
+    """install() alone reaches workers a new interpreter runs: stock torch in them dies
+    after ~250 samples (file_descriptor) or ~16,000 (file_system) at this limit."""
+    assert run_in_child(lambda: blog_child(20000, 2, None, method)) == 0
 
 
 @pytest.mark.parametrize("method", ["fork", "spawn"])
@@ -140,10 +162,17 @@ def put_and_exit(q):
     q.put([torch.full((5,), 7), torch.ones(3, dtype=torch.bool)])
 
 
+# The queues install() makes (torch.multiprocessing's: shmtensor's native ones) and
+# multiprocessing's own (a context the user made with the standard library).
+QUEUE_KINDS = {"installed": lambda method: tmp.get_context(method),
+               "stdlib": lambda method: multiprocessing.get_context(method)}
+
+
 @needs_bridge
+@pytest.mark.parametrize("kind", sorted(QUEUE_KINDS))
 @pytest.mark.parametrize("method", ["fork", "spawn"])
-def test_a_producer_may_exit_right_after_put(installed, strategy, method):
-    ctx = tmp.get_context(method)
+def test_a_producer_may_exit_right_after_put(installed, strategy, method, kind):
+    ctx = QUEUE_KINDS[kind](method)
     q = ctx.Queue()
     p = ctx.Process(target=put_and_exit, args=(q,))
     p.start()
@@ -159,7 +188,7 @@ def test_a_producer_may_exit_right_after_put(installed, strategy, method):
 
 
 def write_and_send_back(q_in, q_out):
-    st.install()  # a spawned child starts without it (a forked one inherits it)
+    assert st.is_installed()  # inherited (fork) or run before the arguments (spawn)
     t = q_in.get()
     t[1] = 42.0  # a view of the parent's tensor
     q_out.put(t)
@@ -342,3 +371,119 @@ def test_context_queues_poll_in_the_process_that_made_them():
         st.context("fork", busy_poll=-1e-6)
     with pytest.raises(ValueError, match="cannot find context"):
         st.context("thread")
+
+
+class InstalledWhenUnpickled:
+    """Records, as it is unpickled, whether install() is active in that process."""
+
+    def __reduce__(self):
+        return _installed_probe, ()
+
+
+def _installed_probe():
+    probe = InstalledWhenUnpickled()
+    mod = sys.modules.get("shmtensor.torch")
+    probe.installed = mod is not None and mod.is_installed()
+    probe.strategy = tmp.get_sharing_strategy()
+    return probe
+
+
+def report_probe(probe, q):
+    q.put((probe.installed, probe.strategy, st.is_installed()))
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_a_child_has_install_before_it_unpickles_its_arguments(strategy, method):
+    """spawn and forkserver children of an installed process run install() (with the
+    parent's strategy) before they unpickle the Process object; after uninstall() they are
+    stock, as are the children of a process that never installed."""
+    ctx = multiprocessing.get_context(method)  # the standard library's own context
+    for active in (True, False, True):
+        if active:
+            st.install()
+        try:
+            q = ctx.SimpleQueue()
+            p = ctx.Process(target=report_probe, args=(InstalledWhenUnpickled(), q))
+            p.start()
+            got = q.get()
+            p.join(60)
+        finally:
+            st.uninstall()
+        assert p.exitcode == 0
+        if active:
+            assert got == (True, strategy, True)
+        else:
+            assert got[0] is False and got[2] is False
+        q.close()
+
+
+def spawned_fn(i, q, t):
+    q.put((i, st.is_installed(), t * (i + 1)))
+
+
+def test_torch_spawn_and_start_processes_reach_their_children(installed, strategy):
+    for start in (lambda *a, **k: tmp.spawn(*a, **k),
+                  lambda *a, **k: tmp.start_processes(*a, start_method="forkserver", **k)):
+        q = tmp.get_context("spawn").SimpleQueue()
+        start(spawned_fn, args=(q, torch.arange(4.0)), nprocs=2)
+        got = sorted((q.get() for _ in range(2)), key=lambda r: r[0])
+        assert [(i, inst, t.tolist()) for i, inst, t in got] == [
+            (0, True, [0.0, 1.0, 2.0, 3.0]), (1, True, [0.0, 2.0, 4.0, 6.0])]
+        assert all(t.is_shared() for _, _, t in got)
+        del got
+        q.close()
+
+
+def fill_and_report(t):
+    t.fill_(float(t.numel()))
+    return st.is_installed(), t.sum().item()
+
+
+@needs_bridge
+@pytest.mark.parametrize("method", [None, "spawn"])
+def test_torch_pool_is_native_and_writes_reach_the_parent(installed, strategy, method):
+    tensors = [torch.zeros(n) for n in (1, 5, 10)]
+    pool = tmp.Pool(2) if method is None else tmp.get_context(method).Pool(2)
+    with pool:
+        from shmtensor.multiprocessing.queues import SimpleQueue
+        assert isinstance(pool._inqueue, SimpleQueue)
+        assert pool.map(fill_and_report, tensors) == [(True, 1.0), (True, 25.0), (True, 100.0)]
+    pool.join()
+    assert [t.tolist() for t in tensors] == [[1.0], [5.0] * 5, [10.0] * 10]
+
+
+def pipe_peer(conn):
+    t = conn.recv()
+    t += 1
+    conn.send(t[:2])
+    conn.close()
+
+
+@needs_bridge
+def test_no_message_makes_a_round_trip_to_the_fd_keeper(installed, strategy, monkeypatch):
+    """torch.multiprocessing's Queue, Pipe and Pool carry blocks and fds in the message
+    itself once installed: nothing registers with or asks shmtensor's fd keeper."""
+    from shmtensor.multiprocessing import keeper
+    calls = []
+    for name in ("_register", "register_ticket", "claim_ticket", "_ask"):
+        real = getattr(keeper, name)
+        monkeypatch.setattr(keeper, name,
+                            lambda *a, _real=real, _name=name: calls.append(_name) or _real(*a))
+    q = tmp.Queue()
+    a, b = tmp.Pipe()
+    p = tmp.get_context("fork").Process(target=pipe_peer, args=(b,))
+    p.start()
+    t = torch.zeros(4)
+    a.send(t)
+    back = a.recv()
+    p.join(60)
+    assert p.exitcode == 0 and back.tolist() == [1.0, 1.0] and t.tolist() == [1.0] * 4
+    q.put(torch.ones(3))
+    assert q.get(timeout=30).tolist() == [1.0] * 3
+    with tmp.Pool(1) as pool:
+        assert pool.map(fill_and_report, [torch.zeros(2)]) == [(True, 4.0)]
+    pool.join()
+    assert calls == []
+    a.close()
+    b.close()
+    del back, t

@@ -1,8 +1,8 @@
 // Everything in the torch bridge that differs between torch versions, in this one file.
 //
 // Built and tested against torch 1.13 (Debian bookworm's libtorch-dev and python3-torch,
-// which report 1.13.0 to C++ and "1.13.0a0" to Python). The torch 2.x branches below compile
-// out here and are UNTESTED (docs/torch.md): they follow 2.x's headers as published.
+// which report 1.13.0 to C++ and "1.13.0a0" to Python) and torch 2.13 (PyPI's CPU wheel, in
+// the torch 2.x lane of `make test`: tools/ci/torch2_lane).
 //
 // What changed in 2.x that matters here:
 //  - THPStorage (the C struct of torch.UntypedStorage) holds a c10::MaybeOwned<c10::Storage>
@@ -15,6 +15,8 @@
 //    share_memory_() copies it (right: the clone is logically a separate storage). The
 //    bridge reads bytes only through `const c10::StorageImpl&` (data(), data_ptr()), which
 //    never materialises a COW storage in 2.x and is the same call in 1.13.
+//  - Named tensors are gone from torch 2.13's C++ API (Tensor::has_names): has_names() below
+//    asks where the member exists.
 //
 // Include with SHMTENSOR_TORCH_COMPAT_PYTHON defined for the Python part (libtorch_python);
 // without it, this is libtorch only (the C++ library shmtensor_torch links no Python).
@@ -38,6 +40,16 @@
 #endif
 
 namespace shmtensor::internal::torch_compat {
+
+// Whether a tensor has dimension names; false where torch has no named tensors. (A template,
+// so that the member is looked up on the tensor type where it is used.)
+template <class Tensor>
+bool has_names(const Tensor& t) {
+  if constexpr (requires { t.has_names(); })
+    return t.has_names();
+  else
+    return false;
+}
 
 #ifdef SHMTENSOR_TORCH_COMPAT_PYTHON
 
