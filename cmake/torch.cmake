@@ -39,6 +39,15 @@ function(shmtensor_find_torch)
       execute_process(COMMAND ${python} -c "import torch.utils; print(torch.utils.cmake_prefix_path)"
                       OUTPUT_VARIABLE hints OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
     endif()
+    # A pip torch's config finds Caffe2's config and torch's libraries with PATHS, which
+    # come after the system's: on a machine that also has Debian's libtorch-dev, its headers
+    # were the pip torch's and its libraries Debian's. Its own directories go first (here
+    # only: this function's scope).
+    if(hints AND EXISTS "${hints}/Torch/TorchConfig.cmake")
+      cmake_path(GET hints PARENT_PATH torch_share)
+      cmake_path(GET torch_share PARENT_PATH torch_root)
+      list(PREPEND CMAKE_PREFIX_PATH "${hints}" "${torch_root}")
+    endif()
     # Caffe2's config prints STATUS lines even when QUIET.
     set(CMAKE_MESSAGE_LOG_LEVEL WARNING)
     find_package(Torch CONFIG QUIET HINTS ${hints})
@@ -59,7 +68,11 @@ function(shmtensor_find_torch)
       if(SHMTENSOR_CXX11_ABI)
         set(our_abi 1)
       endif()
-      if(torch_options MATCHES "_GLIBCXX_USE_CXX11_ABI=([01])" AND NOT CMAKE_MATCH_1 EQUAL our_abi)
+      cmake_path(IS_PREFIX TORCH_INSTALL_PREFIX "${TORCH_LIBRARY}" NORMALIZE library_is_its_own)
+      if(NOT library_is_its_own)
+        set(reason "Torch's config in ${Torch_DIR} found another torch's library "
+                   "(${TORCH_LIBRARY}): clear TORCH_LIBRARY and Caffe2_DIR from the cache")
+      elseif(torch_options MATCHES "_GLIBCXX_USE_CXX11_ABI=([01])" AND NOT CMAKE_MATCH_1 EQUAL our_abi)
         set(reason "libtorch is built with -D_GLIBCXX_USE_CXX11_ABI=${CMAKE_MATCH_1}, shmtensor "
                    "with ${our_abi}: configure with that flag in CMAKE_CXX_FLAGS, or use a libtorch "
                    "of the other ABI")

@@ -123,10 +123,19 @@ def _block_of(storage):
 
 def _in_arena(storage):
     """The block of storage, moved into an arena first if the bridge can; None if it stays
-    with torch (not CPU, empty, a size without data as a zero tensor's, or no bridge):
-    torch's own reducer then says what it says of it."""
-    if storage.device.type != "cpu" or storage.nbytes() == 0 or storage.data_ptr() == 0:
+    with torch (not CPU, empty, or no bridge). NotImplementedError for a CPU storage with a
+    size and no data (a zero tensor's, a wrapper subclass's), as torch 1.13's reducer says
+    (torch 2.13's crashes with SIGSEGV in _share_fd_cpu_)."""
+    if storage.device.type != "cpu" or storage.nbytes() == 0:
         return None
+    try:
+        data = storage.data_ptr()
+    except RuntimeError:  # torch 2.x: "access the data pointer on an invalid python storage"
+        data = 0
+    if data == 0:
+        raise NotImplementedError(
+            "shmtensor.torch: a storage of %d bytes with no data (a zero tensor's, or a "
+            "wrapper subclass's) cannot be shared" % storage.nbytes())
     block = _block_of(storage)
     if block is None and _bridge is not None and not _saved_is_shared(storage):
         _sync_strategy()
