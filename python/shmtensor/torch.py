@@ -224,6 +224,7 @@ def _is_shared(self):
 
 _CPU = torch.device("cpu")
 from torch.utils.data import get_worker_info as _get_worker_info  # noqa: E402
+from torch.utils.data._utils import collate as _collate  # noqa: E402
 
 
 def _in_thread_worker():
@@ -248,6 +249,22 @@ def _new_shared(cls, size, *, device="cpu"):
 
 _SHADOWED = {"share_memory_": _share_memory_, "is_shared": _is_shared,
              "_new_shared": classmethod(_new_shared)}
+
+
+def _collate_tensor(batch, *, collate_fn_map=None):
+    """torch's collate_tensor_fn (default_collate_fn_map[torch.Tensor]) while installed: in a
+    DataLoader worker process, a batch of plain CPU tensors of one dtype and shape is
+    stacked into a new arena block by one call into the bridge (what torch does through
+    TypedStorage._new_shared, Tensor.new, resize_ and torch.stack(out=), ~20 us of Python
+    a batch). Anything else, and outside a worker process, is torch's own function's."""
+    saved = _saved
+    if saved is not None and _get_worker_info() is not None and not _in_thread_worker():
+        _sync_strategy()
+        out = _bridge.stack_shared(batch)
+        if out is not None:
+            return out
+    own = saved["collate_tensor"] if saved else _collate.collate_tensor_fn
+    return own(batch, collate_fn_map=collate_fn_map)
 
 # What install() puts in torch.multiprocessing (_TORCH_MP below): its Queue, SimpleQueue,
 # Pipe, Pool and get_context become those of shmtensor's native transport.
@@ -323,7 +340,8 @@ def install(*, busy_poll=None):
                  "own": {name: _Untyped.__dict__.get(name, _MISSING) for name in _SHADOWED},
                  "torch_mp": {name: _tmp.__dict__.get(name, _MISSING)
                               for name in _TORCH_MP_NAMES},
-                 "get_preparation_data": _mpspawn.get_preparation_data}
+                 "get_preparation_data": _mpspawn.get_preparation_data,
+                 "collate_tensor": _collate.default_collate_fn_map.get(torch.Tensor, _MISSING)}
         for name in _SHADOWED:
             saved[name] = getattr(_Untyped, name)
         _saved = saved
@@ -335,6 +353,8 @@ def install(*, busy_poll=None):
         for name, value in _TORCH_MP.items():
             setattr(_tmp, name, value)
         _mpspawn.get_preparation_data = _get_preparation_data
+        if _bridge is not None and saved["collate_tensor"] is not _MISSING:
+            _collate.default_collate_fn_map[torch.Tensor] = _collate_tensor
 
 
 def uninstall():
@@ -363,6 +383,8 @@ def uninstall():
             else:
                 setattr(_tmp, name, own)
         _mpspawn.get_preparation_data = saved["get_preparation_data"]
+        if _collate.default_collate_fn_map.get(torch.Tensor) is _collate_tensor:
+            _collate.default_collate_fn_map[torch.Tensor] = saved["collate_tensor"]
 
 
 def is_installed():

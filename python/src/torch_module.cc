@@ -189,6 +189,25 @@ const char* view_error(std::int64_t offset, c10::IntArrayRef sizes, c10::IntArra
   return nullptr;
 }
 
+// The exact CPU torch.Tensor that obj is, when it has nothing that torch's own code must
+// handle (a subclass, another device or layout, nested, requires_grad, names, lazy
+// conjugate/negative/zero bits, quantized, a functional, functorch or Python-dispatch
+// wrapper, no storage); else nullptr. Borrowed: valid while obj lives.
+const at::Tensor* plain_cpu_tensor(const py::handle& obj) {
+  if (Py_TYPE(obj.ptr()) != reinterpret_cast<PyTypeObject*>(THPVariableClass)) return nullptr;
+  const at::Tensor& t = THPVariable_Unpack(obj.ptr());
+  if (!t.defined() || t.device().type() != c10::kCPU || t.layout() != c10::kStrided ||
+      t.is_nested() || t.requires_grad() || compat::has_names(t) || t.is_conj() || t.is_neg() ||
+      t._is_zerotensor() || t.is_quantized() || !t.has_storage())
+    return nullptr;
+  const c10::DispatchKeySet keys = t.key_set();
+  for (c10::DispatchKey k : {c10::DispatchKey::Functionalize, c10::DispatchKey::Python,
+                             c10::DispatchKey::FuncTorchBatched,
+                             c10::DispatchKey::FuncTorchGradWrapper})
+    if (keys.has(k)) return nullptr;
+  return &t;
+}
+
 // (block, dtype, offset, sizes, strides) of an exact torch.Tensor whose values are the bytes
 // of a CPU storage (strides None when they are the contiguous ones for the sizes); None for
 // anything torch's own reducer must take: a subclass, another device or layout, nested,
@@ -198,17 +217,9 @@ const char* view_error(std::int64_t offset, c10::IntArrayRef sizes, c10::IntArra
 // in place if `move` (every view follows), else (None, ...) so that the caller can set the
 // strategy first.
 py::object tensor_parts(const py::handle& obj, bool move) {
-  if (Py_TYPE(obj.ptr()) != reinterpret_cast<PyTypeObject*>(THPVariableClass)) return py::none();
-  const at::Tensor& t = THPVariable_Unpack(obj.ptr());
-  if (!t.defined() || t.device().type() != c10::kCPU || t.layout() != c10::kStrided ||
-      t.is_nested() || t.requires_grad() || compat::has_names(t) || t.is_conj() || t.is_neg() ||
-      t._is_zerotensor() || t.is_quantized() || !t.has_storage())
-    return py::none();
-  const c10::DispatchKeySet keys = t.key_set();
-  for (c10::DispatchKey k : {c10::DispatchKey::Functionalize, c10::DispatchKey::Python,
-                             c10::DispatchKey::FuncTorchBatched,
-                             c10::DispatchKey::FuncTorchGradWrapper})
-    if (keys.has(k)) return py::none();
+  const at::Tensor* plain = plain_cpu_tensor(obj);
+  if (plain == nullptr) return py::none();
+  const at::Tensor& t = *plain;
   // Our own reference to the storage and copy of the view: the GIL is released while the
   // bytes are copied, and another thread may set_() or resize_() the tensor meanwhile.
   const c10::Storage keep = t.storage();
@@ -296,6 +307,56 @@ py::object tensor_from_block(const py::handle& block, const py::handle& dtype_ob
   return py::reinterpret_steal<py::object>(wrapped);
 }
 
+// What torch's collate_tensor_fn does in a DataLoader worker, in one call: a new
+// shared-memory storage for the batch (_new_shared's), a contiguous tensor of
+// (len(batch), *elem.size()) on it, and torch.stack(batch, 0, out=that). None when the batch
+// is not a non-empty list or tuple of plain CPU tensors (plain_cpu_tensor) of one dtype and one shape,
+// or holds no element: torch's collate_tensor_fn then does what it does (its errors
+// included).
+py::object stack_shared(const py::handle& batch_obj) {
+  if (!(PyList_Check(batch_obj.ptr()) || PyTuple_Check(batch_obj.ptr())) ||
+      PySequence_Fast_GET_SIZE(batch_obj.ptr()) == 0)
+    return py::none();
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(batch_obj.ptr());
+  PyObject** items = PySequence_Fast_ITEMS(batch_obj.ptr());
+  std::vector<at::Tensor> tensors;
+  tensors.reserve(static_cast<std::size_t>(n));
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    py::handle item(items[i]);
+    const at::Tensor* t = plain_cpu_tensor(item);
+    if (t == nullptr) return py::none();
+    if (!tensors.empty() &&
+        (t->scalar_type() != tensors[0].scalar_type() || t->sizes() != tensors[0].sizes()))
+      return py::none();
+    tensors.push_back(*t);
+  }
+  const at::Tensor& elem = tensors[0];
+  std::vector<std::int64_t> sizes{static_cast<std::int64_t>(tensors.size())};
+  sizes.insert(sizes.end(), elem.sizes().begin(), elem.sizes().end());
+  auto strides = contiguous_strides(sizes);
+  std::uint64_t nbytes = 0;
+  if (!strides || __builtin_mul_overflow(static_cast<std::uint64_t>(elem.numel()),
+                                         static_cast<std::uint64_t>(tensors.size()), &nbytes) ||
+      __builtin_mul_overflow(nbytes, static_cast<std::uint64_t>(elem.element_size()), &nbytes))
+    return py::none();
+  if (nbytes == 0) return py::none();
+  std::optional<Storage> storage;
+  try {
+    storage = Storage::allocate_shared(nbytes);
+  } catch (const std::exception&) {
+    storage = allocate_through_c(nbytes);  // shmtensor's Python exception, or a success
+  }
+  at::Tensor out = at::empty({0}, at::TensorOptions().dtype(elem.scalar_type()));
+  out.set_(to_torch(*storage), 0, sizes, *strides);
+  {
+    py::gil_scoped_release release;  // the copy: the tensors are held by `tensors`
+    at::stack_out(out, tensors, 0);
+  }
+  PyObject* wrapped = THPVariable_Wrap(std::move(out));
+  if (wrapped == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<py::object>(wrapped);
+}
+
 }  // namespace
 
 }  // namespace shmtensor::python
@@ -327,6 +388,10 @@ PYBIND11_MODULE(_torch, m) {
   m.def("new_shared", &sp::new_shared, py::arg("nbytes"),
         "A torch.UntypedStorage over a new shared block of nbytes (> 0) with the current "
         "strategy; allocation failures raise shmtensor's exceptions.");
+  m.def("stack_shared", &sp::stack_shared, py::arg("batch"),
+        "torch.stack(batch, 0) into a new shared-memory storage of the current strategy, as "
+        "torch's collate_tensor_fn does in a DataLoader worker; None for a batch that is not a "
+        "non-empty list or tuple of plain CPU tensors of one dtype and shape with elements.");
   m.def("tensor_parts", &sp::tensor_parts, py::arg("tensor"), py::arg("move"),
         "(block, dtype, offset, sizes, strides; strides None when contiguous) of an exact CPU torch.Tensor that shmtensor.torch "
         "sends itself; None for one torch's reduce_tensor must take (a subclass, not CPU or "

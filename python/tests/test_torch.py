@@ -489,3 +489,65 @@ def test_no_message_makes_a_round_trip_to_the_fd_keeper(installed, strategy, mon
     a.close()
     b.close()
     del back, t
+
+
+class Mixed(Dataset):
+    """Samples of several dtypes, shapes and layouts, with their values known."""
+
+    def __len__(self):
+        return 24
+
+    def __getitem__(self, i):
+        base = torch.arange(12, dtype=torch.float64).reshape(3, 4) + i
+        return {"f": base, "col": base[:, 1], "t": base.t(), "i": torch.tensor(i),
+                "b": torch.tensor([i % 2 == 0, True]), "u8": torch.full((2, 2), i % 256,
+                                                                        dtype=torch.uint8),
+                "n": i, "s": "x%d" % i}
+
+
+def collate_child(method):
+    from torch.utils.data._utils.collate import default_collate
+    forget_inherited_forkserver()
+    st.install()
+    expect = [default_collate([Mixed()[j] for j in range(k, k + 4)]) for k in range(0, 24, 4)]
+    got = list(DataLoader(Mixed(), batch_size=4, num_workers=2, multiprocessing_context=method))
+    assert len(got) == len(expect)
+    for g, e in zip(got, expect):
+        assert g.keys() == e.keys()
+        for key in g:
+            if isinstance(e[key], torch.Tensor):
+                assert g[key].dtype == e[key].dtype and g[key].shape == e[key].shape, key
+                assert g[key].stride() == e[key].stride() and torch.equal(g[key], e[key]), key
+                assert g[key].is_shared(), key
+            else:
+                assert g[key] == e[key], key
+
+
+class Ragged(Dataset):
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        return torch.ones(i + 1)
+
+
+def ragged_child():
+    st.install()
+    with pytest.raises(RuntimeError, match="stack expects each tensor to be equal size"):
+        list(DataLoader(Ragged(), batch_size=2, num_workers=1))
+
+
+@needs_bridge
+@pytest.mark.parametrize("method", [None, "spawn"])
+def test_collate_in_workers_gives_torchs_batches(strategy, method):
+    """install() stacks a worker's batch of plain tensors into an arena block in one call
+    (default_collate_fn_map[torch.Tensor]); the batches equal torch's default_collate's, and
+    what the bridge does not take (ragged shapes) gets torch's own error."""
+    from torch.utils.data._utils.collate import default_collate_fn_map
+    own = default_collate_fn_map[torch.Tensor]
+    assert run_in_child(lambda: collate_child(method)) == 0
+    assert run_in_child(ragged_child) == 0
+    st.install()
+    assert default_collate_fn_map[torch.Tensor] is st._collate_tensor
+    st.uninstall()
+    assert default_collate_fn_map[torch.Tensor] is own

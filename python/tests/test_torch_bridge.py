@@ -331,3 +331,29 @@ def test_contiguous_strides_travel_as_none_and_others_exactly():
         back = _torch.tensor_from_block(block, code, offset, size, stride)
         assert back.stride() == view.stride() and back.shape == view.shape, what
         assert torch.equal(back, view), what
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_stack_shared_is_torch_stack_into_a_new_shared_block(dtype):
+    base = (torch.arange(24) % 7).to(dtype).reshape(4, 6)
+    for batch in ([base[0], base[1], base[3]],  # rows
+                  (base[:, 1], base[:, 4]),  # strided columns, in a tuple
+                  [base.t()[:3], base.t()[2:5]],  # transposed views
+                  [torch.tensor(5).to(dtype)]):  # 0-d
+        out = _torch.stack_shared(batch)
+        expect = torch.stack(list(batch), 0)
+        assert out.dtype == dtype and out.shape == expect.shape
+        assert out.is_contiguous() and torch.equal(out, expect)
+        assert _torch.block_of_storage(untyped(out)) is not None  # in an arena
+        assert untyped(out).nbytes() == expect.numel() * expect.element_size()
+        del out
+
+
+def test_stack_shared_leaves_to_torch_what_torch_must_stack_or_refuse():
+    plain = torch.ones(3)
+    for batch in ([], (), [plain, torch.ones(4)], [plain, torch.ones(3, dtype=torch.int64)],
+                  [plain, torch.ones(3, requires_grad=True)], [torch.nn.Parameter(plain)],
+                  [torch.ones(3, device="meta")], [torch.ones(0)], [plain, "not a tensor"],
+                  [torch.ones(3, dtype=torch.complex64).conj()], [torch._efficientzerotensor(3)],
+                  [torch.ones(2, 2).to_sparse()], plain, "abc"):
+        assert _torch.stack_shared(batch) is None, batch
