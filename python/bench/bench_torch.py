@@ -173,12 +173,18 @@ def main():
     ap.add_argument("--json", default=None)
     ap.add_argument("--demo", action="store_true",
                     help="the flagship demo of `make run`: the blog workload, stock and installed")
+    ap.add_argument("--rounds", type=int, default=0,
+                    help="only the blog workload side by side (file_system, 4,000 samples, "
+                         "1 and 2 workers): this many rounds of stock, install, context and "
+                         "inline in turn; each run's samples/s, the medians and their ratios")
     ap.add_argument("--child", nargs=argparse.REMAINDER)
     a = ap.parse_args()
     if a.child:
         return child_main(a.child)
     if a.demo:
         return demo()
+    if a.rounds:
+        return rounds(a.rounds)
     results = {"blog": [], "queue": [], "pingpong": []}
 
     def blog_row(mode, strategy, n, workers, method="fork"):
@@ -220,6 +226,28 @@ def main():
             json.dump(results, f, indent=1)
     if a.plot:
         plot(results, a.plot)
+
+
+def rounds(count, n=4000, strategy="file_system"):
+    import torch
+    print("torch %s, blog workload, %s, %d samples, %d alternating rounds (samples/s)"
+          % (torch.__version__, strategy, n, count))
+    modes = ("stock", "install", "context", "inline")
+    for workers in (1, 2):
+        rates = {m: [] for m in modes}
+        for _ in range(count):
+            for mode in modes:
+                r = run("blog", mode, strategy, n, workers)
+                rates[mode].append(r.get("per_s", 0) if not r.get("error") else 0)
+        med = {m: statistics.median(v) for m, v in rates.items()}
+        for mode in modes:
+            print("  W=%d %-8s %s  median %6.0f" % (
+                0 if mode == "inline" else workers, mode,
+                " ".join("%6.0f" % v for v in rates[mode]), med[mode]))
+        if med["stock"]:
+            print("  W=%d install/stock %.1fx  context/stock %.1fx  install/inline %.2fx"
+                  % (workers, med["install"] / med["stock"], med["context"] / med["stock"],
+                     med["install"] / med["inline"]), flush=True)
 
 
 def demo(n=20000):

@@ -1,7 +1,7 @@
 """shmtensor.torch: PyTorch's CPU tensor sharing on shmtensor arenas (docs/torch.md).
 
     import shmtensor.torch
-    shmtensor.torch.install()   # CPU storages torch shares now live in shmtensor arenas
+    shmtensor.torch.install()   # here, and in every process started from here on
 
 or, changing nothing globally, DataLoader(..., multiprocessing_context=
 shmtensor.torch.context("fork")): only the loader's workers use the arenas.
@@ -17,9 +17,16 @@ What install() changes, and uninstall() restores exactly:
     goes to torch's reduce_tensor;
   * a storage already in torch's own shared memory stays there, with torch's reducer;
   * UntypedStorage.share_memory_, .is_shared and ._new_shared (what a DataLoader worker's
-    default_collate allocates each batch with), shadowed by Python attributes.
+    default_collate allocates each batch with), shadowed by Python attributes;
+  * with the bridge, default_collate_fn_map[torch.Tensor]: a worker's batch of plain CPU
+    tensors is stacked into an arena block in one call;
+  * torch.multiprocessing's Queue, SimpleQueue, Pipe, Pool and get_context: shmtensor's
+    native transport (a DataLoader's queues among them);
+  * multiprocessing.spawn.get_preparation_data: a spawn or forkserver child runs install()
+    before it unpickles anything of its parent's (forked children inherit it).
 The sharing strategy is torch's own (torch.multiprocessing.set_sharing_strategy): each
-allocation uses the one torch has at that moment.
+allocation uses the one torch has at that moment; children started by spawn or forkserver
+get this process's.
 
 Moving an existing storage in place needs the C++ bridge shmtensor._torch (built when
 libtorch is found). Without it, storages made by _new_shared (DataLoader batches) still live
@@ -123,23 +130,21 @@ def _block_of(storage):
 
 def _in_arena(storage):
     """The block of storage, moved into an arena first if the bridge can; None if it stays
-    with torch (not CPU, empty, or no bridge). NotImplementedError for a CPU storage with a
-    size and no data (a zero tensor's, a wrapper subclass's), as torch 1.13's reducer says
-    (torch 2.13's crashes with SIGSEGV in _share_fd_cpu_)."""
+    with torch (not CPU, empty, in torch's own shared memory already, or no bridge).
+    NotImplementedError for a CPU storage with a size and no data (a zero tensor's, a
+    wrapper subclass's), as torch 1.13's reducer says (torch 2.13's crashes with SIGSEGV in
+    _share_fd_cpu_)."""
     if storage.device.type != "cpu" or storage.nbytes() == 0:
         return None
-    try:
-        data = storage.data_ptr()
-    except RuntimeError:  # torch 2.x: "access the data pointer on an invalid python storage"
-        data = 0
-    if data == 0:
-        raise NotImplementedError(
-            "shmtensor.torch: a storage of %d bytes with no data (a zero tensor's, or a "
-            "wrapper subclass's) cannot be shared" % storage.nbytes())
     block = _block_of(storage)
-    if block is None and _bridge is not None and not _saved_is_shared(storage):
-        _sync_strategy()
-        block = _bridge.share_storage_(storage)
+    if block is None and _bridge is not None:
+        if _bridge.has_no_data(storage):
+            raise NotImplementedError(
+                "shmtensor.torch: a storage of %d bytes with no data (a zero tensor's, or a "
+                "wrapper subclass's) cannot be shared" % storage.nbytes())
+        if not _saved_is_shared(storage):
+            _sync_strategy()
+            block = _bridge.share_storage_(storage)
     return block
 
 
@@ -226,6 +231,9 @@ _CPU = torch.device("cpu")
 from torch.utils.data import get_worker_info as _get_worker_info  # noqa: E402
 from torch.utils.data._utils import collate as _collate  # noqa: E402
 
+# A torch function mode active (torch.stack would go through it; the bridge's stack would not).
+_torch_function_mode = getattr(torch._C, "_is_torch_function_mode_enabled", lambda: False)
+
 
 def _in_thread_worker():
     """Whether this thread is a DataLoader worker thread (torch's worker_method="thread"):
@@ -256,9 +264,11 @@ def _collate_tensor(batch, *, collate_fn_map=None):
     DataLoader worker process, a batch of plain CPU tensors of one dtype and shape is
     stacked into a new arena block by one call into the bridge (what torch does through
     TypedStorage._new_shared, Tensor.new, resize_ and torch.stack(out=), ~20 us of Python
-    a batch). Anything else, and outside a worker process, is torch's own function's."""
+    a batch). Anything else, outside a worker process or with a torch function mode active,
+    is torch's own function's."""
     saved = _saved
-    if saved is not None and _get_worker_info() is not None and not _in_thread_worker():
+    if (saved is not None and _get_worker_info() is not None and not _in_thread_worker()
+            and not _torch_function_mode()):
         _sync_strategy()
         out = _bridge.stack_shared(batch)
         if out is not None:
@@ -286,12 +296,16 @@ class _ChildInstall:
     package's directory to sys.path first when it is missing."""
 
     def __reduce__(self):
+        import sys
+        path = list(sys.path)
+        if _package_parent() not in path:
+            path.append(_package_parent())
         code = ("import sys\n"
-                "if {path!r} not in sys.path:\n"
-                "    sys.path.append({path!r})\n"
+                "sys.path[:] = {path!r}\n"
                 "import shmtensor.torch\n"
-                "shmtensor.torch._install_in_child({strategy!r})\n").format(
-                    path=_package_parent(), strategy=_tmp.get_sharing_strategy())
+                "shmtensor.torch._install_in_child({strategy!r}, {busy_poll!r})\n").format(
+                    path=path, strategy=_tmp.get_sharing_strategy(),
+                    busy_poll=_installed_busy_poll[0])
         return exec, (code,)
 
 
@@ -311,11 +325,11 @@ def _get_preparation_data(name):
 _stdlib_preparation_data = _mpspawn.get_preparation_data
 
 
-def _install_in_child(strategy):
+def _install_in_child(strategy, busy_poll=None):
     """Run in a spawn or forkserver child of an installed process, before it unpickles
-    anything else: the parent's strategy, then install()."""
+    anything else: the parent's strategy, then install() with the parent's busy poll."""
     _tmp.set_sharing_strategy(strategy)
-    install()
+    install(busy_poll=busy_poll)
 
 
 def install(*, busy_poll=None):
@@ -353,7 +367,8 @@ def install(*, busy_poll=None):
         for name, value in _TORCH_MP.items():
             setattr(_tmp, name, value)
         _mpspawn.get_preparation_data = _get_preparation_data
-        if _bridge is not None and saved["collate_tensor"] is not _MISSING:
+        # Only torch's own entry: a function the user registered stays theirs.
+        if _bridge is not None and saved["collate_tensor"] is _collate.collate_tensor_fn:
             _collate.default_collate_fn_map[torch.Tensor] = _collate_tensor
 
 
@@ -377,12 +392,16 @@ def uninstall():
                 ForkingPickler._extra_reducers.pop(cls, None)
             else:
                 ForkingPickler._extra_reducers[cls] = reducer
+        # What install() put there, unless something has replaced it since (that stays).
         for name, own in saved["torch_mp"].items():
+            if _tmp.__dict__.get(name) is not _TORCH_MP[name]:
+                continue
             if own is _MISSING:
                 delattr(_tmp, name)
             else:
                 setattr(_tmp, name, own)
-        _mpspawn.get_preparation_data = saved["get_preparation_data"]
+        if _mpspawn.get_preparation_data is _get_preparation_data:
+            _mpspawn.get_preparation_data = saved["get_preparation_data"]
         if _collate.default_collate_fn_map.get(torch.Tensor) is _collate_tensor:
             _collate.default_collate_fn_map[torch.Tensor] = saved["collate_tensor"]
 
@@ -456,6 +475,9 @@ class _InstalledPolling(_PollingQueues):
     def _busy_poll(self):
         return _installed_busy_poll[0]
 
+    def get_context(self, method=None):
+        return self if method is None else _get_context(method)
+
 
 # install()'s contexts: multiprocessing's processes (install() reaches their children by
 # itself), shmtensor's queues and pipes.
@@ -486,6 +508,7 @@ def _get_context(method=None):
     ctx = _installed_contexts.get(method)
     if ctx is None:
         raise ValueError("cannot find context for %r" % method)
+    ctx._check_available()  # the standard library's check (forkserver needs fd passing)
     return ctx
 
 

@@ -95,6 +95,13 @@ py::object storage_from_block(const py::handle& block) {
   return wrap(storage);
 }
 
+// Whether a storage of a size has no data (a zero tensor's, a wrapper subclass's), read
+// through const access: torch 2.x's Python data_ptr() materialises a copy-on-write storage.
+bool has_no_data(const py::handle& storage) {
+  const c10::StorageImpl& impl = storage_impl_of(storage, "has_no_data");
+  return impl.nbytes() > 0 && impl.data() == nullptr;
+}
+
 py::object block_of_storage(const py::handle& storage) {
   std::optional<Storage> ours = shared_storage_of(storage_impl_of(storage, "block_of_storage"));
   if (!ours) return py::none();
@@ -314,11 +321,14 @@ py::object tensor_from_block(const py::handle& block, const py::handle& dtype_ob
 // or holds no element: torch's collate_tensor_fn then does what it does (its errors
 // included).
 py::object stack_shared(const py::handle& batch_obj) {
-  if (!(PyList_Check(batch_obj.ptr()) || PyTuple_Check(batch_obj.ptr())) ||
-      PySequence_Fast_GET_SIZE(batch_obj.ptr()) == 0)
-    return py::none();
-  const Py_ssize_t n = PySequence_Fast_GET_SIZE(batch_obj.ptr());
-  PyObject** items = PySequence_Fast_ITEMS(batch_obj.ptr());
+  if (!(PyList_Check(batch_obj.ptr()) || PyTuple_Check(batch_obj.ptr()))) return py::none();
+  // A tuple of the items (the batch itself when it is one): a list may change under another
+  // thread (free-threaded Python) while its items are read.
+  auto batch = py::reinterpret_steal<py::tuple>(PySequence_Tuple(batch_obj.ptr()));
+  if (!batch) throw py::error_already_set();
+  const Py_ssize_t n = PyTuple_GET_SIZE(batch.ptr());
+  if (n == 0) return py::none();
+  PyObject** items = &PyTuple_GET_ITEM(batch.ptr(), 0);
   std::vector<at::Tensor> tensors;
   tensors.reserve(static_cast<std::size_t>(n));
   for (Py_ssize_t i = 0; i < n; ++i) {
@@ -388,6 +398,9 @@ PYBIND11_MODULE(_torch, m) {
   m.def("new_shared", &sp::new_shared, py::arg("nbytes"),
         "A torch.UntypedStorage over a new shared block of nbytes (> 0) with the current "
         "strategy; allocation failures raise shmtensor's exceptions.");
+  m.def("has_no_data", &sp::has_no_data, py::arg("storage"),
+        "Whether a torch.UntypedStorage has a size and no data (a zero tensor's), without "
+        "materialising a copy-on-write storage as its data_ptr() does.");
   m.def("stack_shared", &sp::stack_shared, py::arg("batch"),
         "torch.stack(batch, 0) into a new shared-memory storage of the current strategy, as "
         "torch's collate_tensor_fn does in a DataLoader worker; None for a batch that is not a "

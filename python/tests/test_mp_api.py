@@ -323,3 +323,94 @@ def test_strategy_switched_at_run_time(strategy):
             assert z[0] == 3.0
     finally:
         smp.set_sharing_strategy(old)
+
+
+def _take_all(q, n, out):
+    got = [q.get(timeout=60) for _ in range(n)]
+    out.put(got == [(i, i * 2) for i in range(n)])
+
+
+def _put_then_exit(q, n):
+    for i in range(n):
+        q.put((i, i * 2))  # more than the transport holds: the feeder sends the rest
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_an_unbounded_queue_never_blocks_in_put(method):
+    """As multiprocessing's Queue(): 20,000 puts with no consumer yet return at once (the
+    transport holds 4,096: a feeder thread sends the rest in order), and a producer that
+    exits right after its puts still delivers them all (it waits for its feeder at exit)."""
+    ctx = smp.get_context(method)
+    q, out = ctx.Queue(), ctx.SimpleQueue()
+    n = 20000
+    for i in range(n):
+        q.put_nowait((i, i * 2))
+    assert q._feeder is not None and q._feeder.thread.is_alive()
+    p = ctx.Process(target=_take_all, args=(q, n, out))
+    p.start()
+    q.join_thread()  # returns once the buffer is sent
+    assert not q._feeder.pending
+    assert out.get() is True
+    p.join(60)
+    assert p.exitcode == 0
+    producer = ctx.Process(target=_put_then_exit, args=(q, n))
+    producer.start()
+    # Read before joining, as with multiprocessing: the producer waits at exit until its
+    # buffer is sent, which needs room.
+    assert [q.get(timeout=60) for _ in range(n)] == [(i, i * 2) for i in range(n)]
+    producer.join(60)
+    assert producer.exitcode == 0
+    q.close()
+    q._feeder.thread.join(10)
+    assert not q._feeder.thread.is_alive()  # close() ends it once the buffer is empty
+    out.close()
+
+
+def _check_no_feeder(q):
+    assert q._feeder is None  # the parent's thread and buffer stay the parent's
+    q.put("child")  # room: the parent's buffer is not in the transport yet
+
+
+def test_a_forked_child_does_not_send_its_parents_buffer():
+    q = smp.Queue()
+    for i in range(5000):
+        q.put(i)
+    assert q._feeder is not None
+    first = [q.get(timeout=30) for _ in range(2000)]  # room for the child's item
+    p = smp.get_context("fork").Process(target=_check_no_feeder, args=(q,))
+    p.start()
+    p.join(60)
+    assert p.exitcode == 0
+    rest = [q.get(timeout=30) for _ in range(3001)]
+    with pytest.raises(queue.Empty):  # each item once: nothing sent twice
+        q.get(timeout=0.2)
+    assert first == list(range(2000)) and "child" in rest
+    assert sorted(x for x in rest if x != "child") == list(range(2000, 5000))
+    q.close()
+
+
+def test_cancel_join_thread_before_the_feeder_exists():
+    q = smp.Queue()
+    q.cancel_join_thread()
+    for i in range(5000):
+        q.put(i)
+    assert q._feeder.join_cancelled
+    assert [q.get(timeout=30) for _ in range(5000)] == list(range(5000))
+    q.close()
+
+
+def test_simple_queue_put_blocks_when_full_as_multiprocessings():
+    q = smp.SimpleQueue()
+    done = threading.Event()
+
+    def fill():
+        for i in range(10000):
+            q.put(i)
+        done.set()
+    t = threading.Thread(target=fill, daemon=True)
+    t.start()
+    assert not done.wait(1.0)  # blocked: the transport is full, no feeder
+    assert [q.get() for _ in range(10000)] == list(range(10000))
+    assert done.wait(10)
+    t.join()
+    q.close()

@@ -90,6 +90,17 @@ def test_install_and_uninstall_restore_torch_exactly():
     assert multiprocessing.spawn.get_preparation_data is preparation
     assert tmp.Queue is multiprocessing.Queue and tmp.get_context is multiprocessing.get_context
     st.uninstall()  # idempotent
+    # What another library put in place after install() stays in place.
+    st.install()
+
+    def theirs(maxsize=0):
+        return "theirs"
+    tmp.Queue = theirs
+    try:
+        st.uninstall()
+        assert tmp.Queue is theirs and tmp.Pipe is torch_mp["Pipe"]
+    finally:
+        tmp.Queue = torch_mp["Queue"]
 
 
 def blog_child(n, num_workers, context, installed_method=None):
@@ -454,23 +465,33 @@ def test_torch_pool_is_native_and_writes_reach_the_parent(installed, strategy, m
     assert [t.tolist() for t in tensors] == [[1.0], [5.0] * 5, [10.0] * 10]
 
 
+KEEPER_CALLS = []  # calls to the fd keeper in this process (test_no_message_...)
+
+
 def pipe_peer(conn):
     t = conn.recv()
     t += 1
     conn.send(t[:2])
+    conn.send(list(KEEPER_CALLS))
     conn.close()
+
+
+def keeper_calls(t):
+    t.fill_(float(t.numel()))
+    return list(KEEPER_CALLS)
 
 
 @needs_bridge
 def test_no_message_makes_a_round_trip_to_the_fd_keeper(installed, strategy, monkeypatch):
     """torch.multiprocessing's Queue, Pipe and Pool carry blocks and fds in the message
-    itself once installed: nothing registers with or asks shmtensor's fd keeper."""
+    itself once installed: nothing registers with or asks shmtensor's fd keeper, here or in
+    the (forked) children, which report their own calls."""
     from shmtensor.multiprocessing import keeper
-    calls = []
+    KEEPER_CALLS.clear()
     for name in ("_register", "register_ticket", "claim_ticket", "_ask"):
         real = getattr(keeper, name)
-        monkeypatch.setattr(keeper, name,
-                            lambda *a, _real=real, _name=name: calls.append(_name) or _real(*a))
+        monkeypatch.setattr(keeper, name, lambda *a, _real=real, _name=name:
+                            KEEPER_CALLS.append(_name) or _real(*a))
     q = tmp.Queue()
     a, b = tmp.Pipe()
     p = tmp.get_context("fork").Process(target=pipe_peer, args=(b,))
@@ -478,17 +499,25 @@ def test_no_message_makes_a_round_trip_to_the_fd_keeper(installed, strategy, mon
     t = torch.zeros(4)
     a.send(t)
     back = a.recv()
+    in_child = a.recv()
     p.join(60)
     assert p.exitcode == 0 and back.tolist() == [1.0, 1.0] and t.tolist() == [1.0] * 4
     q.put(torch.ones(3))
     assert q.get(timeout=30).tolist() == [1.0] * 3
-    with tmp.Pool(1) as pool:
-        assert pool.map(fill_and_report, [torch.zeros(2)]) == [(True, 4.0)]
+    with tmp.get_context("fork").Pool(1) as pool:
+        x = torch.zeros(2)
+        in_worker = pool.map(keeper_calls, [x])
     pool.join()
-    assert calls == []
+    assert x.tolist() == [2.0, 2.0]
+    assert KEEPER_CALLS == [] and in_child == [] and in_worker == [[]]
     a.close()
     b.close()
-    del back, t
+    del back, t, x
+    # And the check can fail: a plain pickle of a tensor (not a native message) asks it.
+    from multiprocessing.reduction import ForkingPickler
+    ForkingPickler.loads(ForkingPickler.dumps(torch.ones(2)))
+    assert KEEPER_CALLS
+    KEEPER_CALLS.clear()
 
 
 class Mixed(Dataset):
@@ -505,12 +534,29 @@ class Mixed(Dataset):
                 "n": i, "s": "x%d" % i}
 
 
+def count_stacks(counter, worker_id):
+    """worker_init_fn: counts the worker's calls of the bridge's stack_shared in counter."""
+    real = st._bridge.stack_shared
+
+    def counted(batch):
+        out = real(batch)
+        if out is not None:
+            with counter.get_lock():
+                counter.value += 1
+        return out
+    st._bridge.stack_shared = counted
+
+
 def collate_child(method):
+    import functools
     from torch.utils.data._utils.collate import default_collate
     forget_inherited_forkserver()
     st.install()
     expect = [default_collate([Mixed()[j] for j in range(k, k + 4)]) for k in range(0, 24, 4)]
-    got = list(DataLoader(Mixed(), batch_size=4, num_workers=2, multiprocessing_context=method))
+    stacks = multiprocessing.get_context(method or "fork").Value("i", 0)
+    got = list(DataLoader(Mixed(), batch_size=4, num_workers=2, multiprocessing_context=method,
+                          worker_init_fn=functools.partial(count_stacks, stacks)))
+    assert stacks.value == 6 * 6  # six tensors a batch, six batches: all by the bridge
     assert len(got) == len(expect)
     for g, e in zip(got, expect):
         assert g.keys() == e.keys()
@@ -551,3 +597,14 @@ def test_collate_in_workers_gives_torchs_batches(strategy, method):
     assert default_collate_fn_map[torch.Tensor] is st._collate_tensor
     st.uninstall()
     assert default_collate_fn_map[torch.Tensor] is own
+
+    def mine(batch, *, collate_fn_map=None):  # a user's own entry stays theirs
+        return "mine"
+    default_collate_fn_map[torch.Tensor] = mine
+    try:
+        st.install()
+        assert default_collate_fn_map[torch.Tensor] is mine
+        st.uninstall()
+        assert default_collate_fn_map[torch.Tensor] is mine
+    finally:
+        default_collate_fn_map[torch.Tensor] = own

@@ -1,19 +1,34 @@
 """Queue and SimpleQueue on shmtensor's native transport (a SOCK_SEQPACKET socket pair and a
 shared control block, include/shmtensor/queue.h).
 
-The API is multiprocessing's. Differences that follow from the transport: no feeder thread
-(put() sends at once and blocks only while the kernel's socket buffer or maxsize is full), so
-join_thread() and cancel_join_thread() have nothing to do; items put by one thread arrive
-in order; close() is local, as in multiprocessing: this handle can no longer put or get,
-other processes go on.
+The API is multiprocessing's. put() pickles at once (an object that cannot be pickled
+raises there) and sends at once when there is room. A Queue without maxsize never blocks in
+put(), as multiprocessing's does not: an item that finds the transport full (its ring's
+4,096 slots and the socket's buffer) waits in this handle's buffer, which a feeder thread
+sends in order (started then, and only then); join_thread() waits for it to drain,
+cancel_join_thread() lets the process exit without, and a process waits for it at exit
+otherwise, as multiprocessing's Queue does. A Queue with maxsize blocks in put() while it
+is full, and SimpleQueue.put() blocks while the transport is full, as multiprocessing's
+(whose SimpleQueue writes to a pipe directly). Items put by one thread arrive in order;
+close() is local, as in multiprocessing: this handle can no longer put or get, other
+processes go on (its buffer is still sent).
 """
-import queue as _queue
+import collections
 import multiprocessing.connection
+import multiprocessing.util
+import os
+import queue as _queue
+import sys
 import threading
+import traceback
+import weakref
 
 from shmtensor import _C
 from shmtensor.multiprocessing import reductions
 from shmtensor.multiprocessing.frames import frame_reduce, fds_of
+
+
+_feeder_lock = threading.Lock()
 
 
 def _timeout(block, timeout):
@@ -24,7 +39,70 @@ def _timeout(block, timeout):
     return max(float(timeout), 0.0)
 
 
+class _Feeder:
+    """The items of one Queue handle that found the transport full, and the thread that
+    sends them in order (blocking puts). One per handle and process, made on first need."""
+
+    def __init__(self, q):
+        self.pending = collections.deque()  # (data, blocks), the first one being sent
+        self.cond = threading.Condition(threading.Lock())
+        self.closing = False
+        self.join_cancelled = False
+        self.thread = threading.Thread(target=self._run, args=(q,), daemon=True,
+                                       name="shmtensor-QueueFeederThread")
+        self.thread.start()
+        self.finalizer = multiprocessing.util.Finalize(
+            self, _Feeder.flush, (self.pending, self.cond, self.thread), exitpriority=-5)
+
+    def _run(self, q):
+        while True:
+            with self.cond:
+                while not self.pending and not self.closing:
+                    self.cond.wait()
+                if not self.pending:
+                    return
+                data, blocks = self.pending[0]
+            try:
+                q.put(data, blocks, None)
+            except Exception:  # as multiprocessing's feeder: say so, drop the item, go on
+                print("shmtensor Queue feeder thread: an item could not be sent", file=sys.stderr)
+                traceback.print_exc()
+            with self.cond:
+                self.pending.popleft()
+                del data, blocks
+                self.cond.notify_all()
+
+    def close(self):
+        """The thread ends once it has sent what it holds."""
+        with self.cond:
+            self.closing = True
+            self.cond.notify_all()
+
+    @staticmethod
+    def flush(pending, cond, thread):
+        """Waits until every buffered item is sent (join_thread(), and at process exit)."""
+        with cond:
+            while pending and thread.is_alive():
+                cond.wait()
+
+
+# Handles with a feeder, so that a forked child drops its parent's (it has no such thread,
+# and its parent sends those items).
+_feeding = weakref.WeakSet()
+
+
+def _forget_feeders_after_fork():
+    for q in list(_feeding):
+        q.__dict__.pop("_feeder", None)
+    _feeding.clear()
+
+
+os.register_at_fork(after_in_child=_forget_feeders_after_fork)
+
+
 class Queue:
+    _feeder = None  # a _Feeder once an unbounded put found the transport full
+
     def __init__(self, maxsize=0, *, ctx=None):
         self._maxsize = max(int(maxsize), 0)
         self._q = _C._Queue(self._maxsize)
@@ -37,8 +115,32 @@ class Queue:
     def put(self, obj, block=True, timeout=None):
         q = self._check()
         data, blocks = reductions.dumps(obj)
+        if self._maxsize == 0:
+            return self._put_unbounded(q, data, blocks)
         if not q.put(data, blocks, _timeout(block, timeout)):
             raise _queue.Full
+
+    def _put_unbounded(self, q, data, blocks):
+        feeder = self._feeder
+        if feeder is None:
+            if q.put(data, blocks, 0.0):
+                return
+            with _feeder_lock:
+                feeder = self._feeder
+                if feeder is None:
+                    feeder = self.__dict__["_feeder"] = _Feeder(q)
+                    _feeding.add(self)
+                    if self.__dict__.get("_join_cancelled"):
+                        feeder.join_cancelled = True
+                        feeder.finalizer.cancel()
+                    # A handle dropped without close(): its thread sends what it holds, then ends.
+                    weakref.finalize(self, feeder.close)
+        with feeder.cond:
+            # Nothing buffered: try again at once (behind nothing of this handle's).
+            if not feeder.pending and q.put(data, blocks, 0.0):
+                return
+            feeder.pending.append((data, blocks))
+            feeder.cond.notify_all()
 
     def get(self, block=True, timeout=None):
         q = self._check()
@@ -119,12 +221,24 @@ class Queue:
 
     def close(self):
         self._q = None
+        feeder = self._feeder
+        if feeder is not None:
+            feeder.close()
 
     def join_thread(self):
-        pass
+        """Waits until every item this handle buffered is sent."""
+        feeder = self._feeder
+        if feeder is not None and not feeder.join_cancelled:
+            _Feeder.flush(feeder.pending, feeder.cond, feeder.thread)
 
     def cancel_join_thread(self):
-        pass
+        """This process may exit with items still buffered (they are lost)."""
+        feeder = self._feeder
+        if feeder is not None:
+            feeder.join_cancelled = True
+            feeder.finalizer.cancel()
+        else:
+            self.__dict__["_join_cancelled"] = True
 
     def __reduce__(self):
         return frame_reduce(_rebuild_queue, self._check()._frame(), (type(self), self._maxsize))
@@ -142,7 +256,8 @@ class SimpleQueue(Queue):
         super().__init__(0)
 
     def put(self, obj):
-        super().put(obj)
+        data, blocks = reductions.dumps(obj)
+        self._check().put(data, blocks, None)
 
     def get(self):
         return super().get()
