@@ -159,6 +159,12 @@ def child_main(args):
 def run(*args, timeout=900):
     r = subprocess.run([sys.executable, __file__, "--child", *map(str, args)],
                        capture_output=True, text=True, timeout=timeout)
+    if args[:2] in (("blog", "stock"), ("queue", "stock")):
+        # Stock torch's file_system segments (one per tensor) and its torch_shm_manager are
+        # torn down after the child exits: let that pass before the next scenario runs, or it
+        # takes CPU from it (docs/torch.md: install(), which ran right after stock, measured
+        # below the context without this pause and level with it with the pause).
+        time.sleep(2)
     lines = [line for line in r.stdout.splitlines() if line.startswith("{")]
     if r.returncode != 0 or not lines:
         tail = (r.stderr.strip().splitlines() or ["?"])[-1]
@@ -274,22 +280,26 @@ def demo(n=20000):
         print("  stock torch failed; install() kept all %d samples" % n)
 
 
+COLORS = {"stock": "tab:red", "install": "tab:green", "context": "tab:olive",
+          "inline": "tab:gray"}
+
+
 def plot(results, path):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    rows = [r for r in results["blog"] if r["workers"] == 1]
+    rows = [r for r in results["blog"]
+            if r.get("method", "fork") == "fork" and (r["workers"] == 1 or r["mode"] == "inline")]
     labels = ["%s\n%s n=%d" % (r["mode"], r["strategy"][5:] if r["strategy"] == "file_system"
                                 else "fd", r["n"]) for r in rows]
     x = range(len(rows))
     left.bar(x, [r.get("per_s", 0) if not r.get("error") else 0 for r in rows],
-             color=["tab:red" if r["mode"] == "stock" else "tab:green" for r in rows])
+             color=[COLORS[r["mode"]] for r in rows])
     left.set_xticks(list(x), labels, fontsize=6, rotation=90)
     left.set_ylabel("samples/s (0: failed)")
-    left.set_title("blog workload, 1 worker")
-    right.bar(x, [r.get("fds") or 0 for r in rows],
-              color=["tab:red" if r["mode"] == "stock" else "tab:green" for r in rows])
+    left.set_title("blog workload, 1 worker (inline: num_workers=0)")
+    right.bar(x, [r.get("fds") or 0 for r in rows], color=[COLORS[r["mode"]] for r in rows])
     right.set_yscale("log")
     right.set_xticks(list(x), labels, fontsize=6, rotation=90)
     right.set_ylabel("consumer's open fds at the end")
