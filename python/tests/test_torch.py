@@ -434,6 +434,8 @@ def spawned_fn(i, q, t):
     q.put((i, st.is_installed(), t * (i + 1)))
 
 
+@needs_bridge  # without it, the children's fresh tensors go by torch's resource_sharer,
+# which needs each child alive until the parent has unpickled (torch's own limit)
 def test_torch_spawn_and_start_processes_reach_their_children(installed, strategy):
     for start in (lambda *a, **k: tmp.spawn(*a, **k),
                   lambda *a, **k: tmp.start_processes(*a, start_method="forkserver", **k)):
