@@ -111,6 +111,9 @@ def blog_child(n, num_workers, context, installed_method=None):
     maps_before = mapping_count()
     if context is None:
         st.install()
+        if installed_method == "default forkserver":  # Python 3.14's default on Linux
+            multiprocessing.set_start_method("forkserver", force=True)
+            installed_method = None
         loader = DataLoader(Blog(n), num_workers=num_workers,
                             multiprocessing_context=installed_method)
         if installed_method is not None:  # torch's get_context: native queues
@@ -118,7 +121,11 @@ def blog_child(n, num_workers, context, installed_method=None):
     else:
         loader = DataLoader(Blog(n), num_workers=num_workers,
                             multiprocessing_context=st.context(context))
-    kept = [batch for batch in loader]  # every batch kept, as in the blog post
+    it = iter(loader)
+    if num_workers:  # install() and context(): the batches come through a native queue
+        from shmtensor.multiprocessing.queues import Queue
+        assert isinstance(it._worker_result_queue, Queue)
+    kept = [batch for batch in it]  # every batch kept, as in the blog post
     assert len(kept) == n
     for i in (0, n // 2, n - 1):
         assert [float(t[0, 9]) for t in kept[i]] == [float(i + k) for k in range(4)]
@@ -136,10 +143,13 @@ def test_blog_workload_20000_samples_kept_under_ulimit_1024(strategy, num_worker
     assert run_in_child(lambda: blog_child(20000, num_workers, None)) == 0
 
 
-@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+@pytest.mark.parametrize("method", ["spawn", "forkserver", "default forkserver"])
 def test_blog_workload_with_spawn_and_forkserver_workers_20000_kept(strategy, method):
     """install() alone reaches workers a new interpreter runs: stock torch in them dies
-    after ~250 samples (file_descriptor) or ~16,000 (file_system) at this limit."""
+    after ~250 samples (file_descriptor) or ~16,000 (file_system) at this limit. "default
+    forkserver": multiprocessing_context None with forkserver as the default start method,
+    as Python 3.14 has it on Linux (the DataLoader then makes its queues with
+    torch.multiprocessing.Queue: native ones, for forkserver)."""
     assert run_in_child(lambda: blog_child(20000, 2, None, method)) == 0
 
 
