@@ -34,7 +34,7 @@ DEB_PACKAGES := g++ make cmake ninja-build pkg-config python3 \
                 libgtest-dev libgmock-dev googletest libbenchmark-dev libcli11-dev \
                 clang libclang-rt-14-dev \
                 pybind11-dev python3-dev python3-numpy python3-pytest \
-                python3-pip python3-setuptools python3-wheel \
+                python3-pip python3-setuptools python3-wheel python3-venv \
                 python3-torch libtorch-dev
 
 # Sanitizer builds skip benchmarks and examples: CI has 2 cores and 90 minutes.
