@@ -291,9 +291,11 @@ class _ChildInstall:
     """An entry of a spawn or forkserver child's preparation data: unpickling it in the
     child (multiprocessing.spawn._main loads that data before prepare() and before the
     Process object, its target and its arguments) imports shmtensor.torch and runs
-    install() with the parent's sharing strategy. The callable is the builtin exec, so
-    that the child needs nothing on sys.path to find it; the code it runs adds the
-    package's directory to sys.path first when it is missing."""
+    install() with the parent's sharing strategy and busy poll. The callable is the
+    builtin exec, so that the child needs nothing on sys.path to find it; the code it runs
+    first sets sys.path to the parent's (what prepare() does next anyway), with this
+    package's directory added if the parent lacks it, so that torch and shmtensor are found
+    where the parent found them."""
 
     def __reduce__(self):
         import sys
