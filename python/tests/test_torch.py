@@ -4,8 +4,9 @@ import gc
 import multiprocessing
 import multiprocessing.spawn
 import os
-import sys
 import resource
+import signal
+import sys
 
 import pytest
 
@@ -620,3 +621,30 @@ def test_collate_in_workers_gives_torchs_batches(strategy, method):
         assert default_collate_fn_map[torch.Tensor] is mine
     finally:
         default_collate_fn_map[torch.Tensor] = own
+
+
+class KillsItsWorker(Dataset):
+    """Sample 40 SIGKILLs the worker that loads it."""
+
+    def __len__(self):
+        return 200
+
+    def __getitem__(self, i):
+        if i == 40:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return torch.full((10,), float(i))
+
+
+@pytest.mark.parametrize("method", [None, "spawn"])
+def test_a_worker_sigkilled_mid_epoch_is_torchs_error_and_nothing_leaks(installed, strategy,
+                                                                       method):
+    """A worker killed while batches are in flight on the native queues: the DataLoader
+    raises torch's own error, and no fd, mapping or /dev/shm name is left (the leak check)."""
+    loader = DataLoader(KillsItsWorker(), num_workers=2, multiprocessing_context=method)
+    got, batch = [], None
+    with pytest.raises(RuntimeError, match="DataLoader worker .*(killed by signal|exited "
+                                           "unexpectedly)"):
+        for batch in loader:
+            got.append(int(batch[0, 0]))
+    assert len(got) < 200 and got == list(range(len(got)))
+    del loader, got, batch
