@@ -37,6 +37,7 @@ import multiprocessing
 import multiprocessing.context as _mpcontext
 import multiprocessing.spawn as _mpspawn
 import os
+import sys
 import threading
 import weakref
 from multiprocessing.reduction import ForkingPickler
@@ -44,6 +45,8 @@ from multiprocessing.reduction import ForkingPickler
 import torch
 import torch.multiprocessing as _tmp
 from torch.multiprocessing import reductions as _treductions
+from torch.utils.data import get_worker_info as _get_worker_info
+from torch.utils.data._utils import collate as _collate
 
 import shmtensor.multiprocessing as _smp  # the NumPy reducers and one frame per pickle
 from shmtensor import _C
@@ -228,9 +231,6 @@ def _is_shared(self):
 
 
 _CPU = torch.device("cpu")
-from torch.utils.data import get_worker_info as _get_worker_info  # noqa: E402
-from torch.utils.data._utils import collate as _collate  # noqa: E402
-
 # A torch function mode active (torch.stack would go through it; the bridge's stack would not).
 _torch_function_mode = getattr(torch._C, "_is_torch_function_mode_enabled", lambda: False)
 
@@ -276,11 +276,6 @@ def _collate_tensor(batch, *, collate_fn_map=None):
     own = saved["collate_tensor"] if saved else _collate.collate_tensor_fn
     return own(batch, collate_fn_map=collate_fn_map)
 
-# What install() puts in torch.multiprocessing (_TORCH_MP below): its Queue, SimpleQueue,
-# Pipe, Pool and get_context become those of shmtensor's native transport.
-_TORCH_MP_NAMES = ("Queue", "SimpleQueue", "Pipe", "Pool", "get_context")
-
-
 def _package_parent():
     """The directory a child must have on sys.path to import this shmtensor package."""
     import shmtensor
@@ -298,10 +293,10 @@ class _ChildInstall:
     where the parent found them."""
 
     def __reduce__(self):
-        import sys
         path = list(sys.path)
-        if _package_parent() not in path:
-            path.append(_package_parent())
+        parent = _package_parent()
+        if parent not in path:
+            path.append(parent)
         code = ("import sys\n"
                 "sys.path[:] = {path!r}\n"
                 "import shmtensor.torch\n"
@@ -312,6 +307,7 @@ class _ChildInstall:
 
 
 _PREPARATION_KEY = "shmtensor.torch.install"
+_stdlib_preparation_data = _mpspawn.get_preparation_data
 
 
 def _get_preparation_data(name):
@@ -322,9 +318,6 @@ def _get_preparation_data(name):
     if saved is not None:
         data[_PREPARATION_KEY] = _ChildInstall()
     return data
-
-
-_stdlib_preparation_data = _mpspawn.get_preparation_data
 
 
 def _install_in_child(strategy, busy_poll=None):
@@ -355,7 +348,7 @@ def install(*, busy_poll=None):
                      torch.Tensor, _treductions.reduce_tensor),
                  "own": {name: _Untyped.__dict__.get(name, _MISSING) for name in _SHADOWED},
                  "torch_mp": {name: _tmp.__dict__.get(name, _MISSING)
-                              for name in _TORCH_MP_NAMES},
+                              for name in _TORCH_MP},
                  "get_preparation_data": _mpspawn.get_preparation_data,
                  "collate_tensor": _collate.default_collate_fn_map.get(torch.Tensor, _MISSING)}
         for name in _SHADOWED:
@@ -530,9 +523,10 @@ def _Pool(processes=None, initializer=None, initargs=(), maxtasksperchild=None):
     return _get_context().Pool(processes, initializer, initargs, maxtasksperchild)
 
 
+# What install() puts in torch.multiprocessing: its Queue, SimpleQueue, Pipe, Pool and
+# get_context become those of shmtensor's native transport.
 _TORCH_MP = {"Queue": _Queue, "SimpleQueue": _SimpleQueue, "Pipe": _Pipe, "Pool": _Pool,
              "get_context": _get_context}
-assert tuple(_TORCH_MP) == _TORCH_MP_NAMES
 
 
 def context(method="fork", *, busy_poll=_DEFAULT_BUSY_POLL):

@@ -124,19 +124,22 @@ py::object share_storage(const py::handle& storage) {
   return block_of(*moved);
 }
 
+// A new shared Storage of `nbytes` (> 0) of the process's current strategy. A failure is
+// made again through _C._empty, which raises shmtensor's Python exception for it
+// (SharedMemoryFullError, ...), or succeeds if the condition has passed.
+Storage allocate_shared(std::size_t nbytes) {
+  try {
+    return Storage::allocate_shared(nbytes);
+  } catch (const std::exception&) {
+    return allocate_through_c(nbytes);
+  }
+}
+
 // A torch.UntypedStorage over a new shared block of `nbytes` (> 0), of the process's current
 // strategy: _new_shared's allocation (a DataLoader worker's every batch tensor) in one call.
-// A failure is made again through _C._empty, which raises shmtensor's Python exception for
-// it (SharedMemoryFullError, ...), or succeeds if the condition has passed.
 py::object new_shared(std::size_t nbytes) {
   if (nbytes == 0) throw py::value_error("new_shared: 0 bytes (torch's own makes empty storages)");
-  std::optional<Storage> storage;
-  try {
-    storage = Storage::allocate_shared(nbytes);
-  } catch (const std::exception&) {
-    storage = allocate_through_c(nbytes);
-  }
-  return wrap(*storage);
+  return wrap(allocate_shared(nbytes));
 }
 
 // The strides of a C-contiguous tensor of `sizes` (the last 1, each other the product of the
@@ -317,9 +320,9 @@ py::object tensor_from_block(const py::handle& block, const py::handle& dtype_ob
 // What torch's collate_tensor_fn does in a DataLoader worker, in one call: a new
 // shared-memory storage for the batch (_new_shared's), a contiguous tensor of
 // (len(batch), *elem.size()) on it, and torch.stack(batch, 0, out=that). None when the batch
-// is not a non-empty list or tuple of plain CPU tensors (plain_cpu_tensor) of one dtype and one shape,
-// or holds no element: torch's collate_tensor_fn then does what it does (its errors
-// included).
+// is not a non-empty list or tuple of plain CPU tensors (plain_cpu_tensor) of one dtype and
+// one shape, or holds no element: torch's collate_tensor_fn then does what it does (its
+// errors included).
 py::object stack_shared(const py::handle& batch_obj) {
   if (!(PyList_Check(batch_obj.ptr()) || PyTuple_Check(batch_obj.ptr()))) return py::none();
   // A tuple of the items (the batch itself when it is one): a list may change under another
@@ -350,14 +353,8 @@ py::object stack_shared(const py::handle& batch_obj) {
       __builtin_mul_overflow(nbytes, static_cast<std::uint64_t>(elem.element_size()), &nbytes))
     return py::none();
   if (nbytes == 0) return py::none();
-  std::optional<Storage> storage;
-  try {
-    storage = Storage::allocate_shared(nbytes);
-  } catch (const std::exception&) {
-    storage = allocate_through_c(nbytes);  // shmtensor's Python exception, or a success
-  }
   at::Tensor out = at::empty({0}, at::TensorOptions().dtype(elem.scalar_type()));
-  out.set_(to_torch(*storage), 0, sizes, *strides);
+  out.set_(to_torch(allocate_shared(nbytes)), 0, sizes, *strides);
   {
     py::gil_scoped_release release;  // the copy: the tensors are held by `tensors`
     at::stack_out(out, tensors, 0);

@@ -70,7 +70,7 @@ def test_install_and_uninstall_restore_torch_exactly():
     before = {n: U.__dict__.get(n) for n in ("share_memory_", "is_shared", "_new_shared")}
     reducer = ForkingPickler._extra_reducers[U]
     tensor_reducer = ForkingPickler._extra_reducers[torch.Tensor]
-    torch_mp = {n: tmp.__dict__.get(n) for n in st._TORCH_MP_NAMES}
+    torch_mp = {n: tmp.__dict__.get(n) for n in st._TORCH_MP}
     preparation = multiprocessing.spawn.get_preparation_data
     st.install()
     st.install()  # idempotent
