@@ -139,10 +139,13 @@ class Queue {
   [[nodiscard]] bool empty() const noexcept { return size() == 0; }
   [[nodiscard]] std::size_t maxsize() const noexcept { return core_->maxsize(); }
 
+ protected:
+  explicit Queue(std::shared_ptr<internal::QueueCore> core) : core_(std::move(core)) {}
+  std::shared_ptr<internal::QueueCore> core_;
+
  private:
   friend struct Codec<Queue<T>>;
   friend struct internal::QueueAccess;
-  explicit Queue(std::shared_ptr<internal::QueueCore> core) : core_(std::move(core)) {}
   static Encoder encode(const T& value) {
     Encoder e;
     e.encode(value);
@@ -177,13 +180,47 @@ class Queue {
     if (out.empty() && !errors.empty()) std::rethrow_exception(errors.front());
     return out;
   }
-  std::shared_ptr<internal::QueueCore> core_;
+};
+
+// JoinableQueue<T>: a Queue that counts unfinished tasks, like
+// multiprocessing.JoinableQueue. Each item put is a task, counted (in the queue's shared
+// control block) before it can be got; a consumer calls task_done() when it has finished
+// with an item; join() waits until every task put so far, by any process, is done.
+// A JoinableQueue sent over a Connection or a Queue arrives as one (as a Queue<T> too: it
+// still counts its items then). Thread safety as Queue.
+template <class T>
+class JoinableQueue : public Queue<T> {
+ public:
+  explicit JoinableQueue(std::size_t maxsize = 0)
+      : Queue<T>(internal::QueueCore::create(maxsize, true)) {}
+  // Throws std::logic_error when called more times than there were items put.
+  void task_done() { this->core_->task_done(); }
+  // Blocks until every task is done (at once when none is unfinished).
+  void join() { (void)this->core_->join(std::nullopt); }
+  // The same, waiting up to `timeout`: false if tasks are still unfinished then.
+  [[nodiscard]] bool try_join(Duration timeout) {
+    return this->core_->join(internal::to_nanoseconds(timeout));
+  }
+ private:
+  friend struct Codec<JoinableQueue<T>>;
+  explicit JoinableQueue(std::shared_ptr<internal::QueueCore> core) : Queue<T>(std::move(core)) {}
 };
 
 template <class T>
 struct Codec<Queue<T>> {
   static void encode(Encoder& e, const Queue<T>& q) { q.core_->encode(e); }
   static Queue<T> decode(Decoder& d) { return Queue<T>(internal::QueueCore::decode(d)); }
+};
+
+// Throws ProtocolError when the queue received is not joinable.
+template <class T>
+struct Codec<JoinableQueue<T>> {
+  static void encode(Encoder& e, const JoinableQueue<T>& q) { q.core_->encode(e); }
+  static JoinableQueue<T> decode(Decoder& d) {
+    auto core = internal::QueueCore::decode(d);
+    if (!core->joinable()) throw ProtocolError("received queue is not a JoinableQueue");
+    return JoinableQueue<T>(std::move(core));
+  }
 };
 
 }  // namespace shmtensor

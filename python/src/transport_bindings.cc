@@ -21,6 +21,7 @@
 #include "memory/segment.h"
 #include "memory/storage_impl.h"
 #include "os/unique_fd.h"
+#include "shmtensor/internal/connection_access.h"
 #include "shmtensor/connection.h"
 #include "shmtensor/queue.h"
 #include "shmtensor/storage.h"
@@ -167,14 +168,19 @@ class PyQueue {
  public:
   explicit PyQueue(Queue<Item> q) : q_(std::move(q)) {}
   // False on timeout (0: do not wait; None: wait for room).
-  bool put(py::bytes data, const std::vector<Tensor>& blocks, std::optional<double> timeout) {
+  // counted: a JoinableQueue's item whose task begin_task() counted already.
+  bool put(py::bytes data, const std::vector<Tensor>& blocks, std::optional<double> timeout,
+           bool counted) {
     Item item = make_item(std::move(data), blocks);
     py::gil_scoped_release release;
-    if (!timeout) {
+    if (!timeout && !counted) {
       q_.put(item);
       return true;
     }
-    return q_.try_put(item, *to_timeout(timeout));
+    if (!counted) return q_.try_put(item, *to_timeout(timeout));
+    Encoder e;
+    e.encode(item);
+    return core().put(std::move(e), to_timeout(timeout), true);
   }
   std::optional<py::tuple> get(std::optional<double> timeout) {
     std::optional<Item> item;
@@ -215,6 +221,7 @@ class PyQueue {
     return out;
   }
   Queue<Item>& get_queue() { return q_; }
+  internal::QueueCore& core() { return internal::QueueAccess::core(q_); }
   // An fd that is readable when an item (or the end of a closed queue) may be there, for
   // multiprocessing.connection.wait (Pool waits on its queues so): the queue's readiness
   // eventfd, owned by the queue.
@@ -280,18 +287,28 @@ void bind_transport(py::module_& m) {
         e.encode(c.get());
         return Frame(std::move(e));
       });
-  m.def("_pipe", [] {
-    auto [a, b] = pipe();
-    return std::make_pair(PyConnection(std::move(a)), PyConnection(std::move(b)));
-  });
+  // sockets_only: a socket pair whose every message is a datagram (Python's Pipe(): its
+  // fileno() is the socket, readable exactly while a message or the peer's hang-up is there);
+  // otherwise pipe()'s rings and socket.
+  m.def(
+      "_pipe",
+      [](bool sockets_only) {
+        auto [a, b] = sockets_only ? internal::ConnectionAccess::socket_pair() : pipe();
+        return std::make_pair(PyConnection(std::move(a)), PyConnection(std::move(b)));
+      },
+      py::arg("sockets_only") = false);
   m.def("_connection_of_frame", [](const std::string& data, const std::vector<int>& fds) {
     return PyConnection(decode_whole<Connection>(parse(data, fds)));
   });
 
   py::class_<PyQueue>(m, "_Queue")
-      .def(py::init([](std::size_t maxsize) { return PyQueue(Queue<Item>(maxsize)); }),
-           py::arg("maxsize") = 0)
-      .def("put", &PyQueue::put, py::arg("data"), py::arg("blocks"), py::arg("timeout"))
+      .def(py::init([](std::size_t maxsize, bool joinable) {
+             return joinable ? PyQueue(JoinableQueue<Item>(maxsize)) : PyQueue(Queue<Item>(maxsize));
+           }),
+           py::arg("maxsize") = 0, py::arg("joinable") = false)
+      .def("put", &PyQueue::put, py::arg("data"), py::arg("blocks"), py::arg("timeout"),
+           py::arg("counted") = false)
+      .def("begin_task", [](PyQueue& q) { q.core().begin_task(); })
       .def("get", &PyQueue::get, py::arg("timeout"))
       .def("put_many", &PyQueue::put_many, py::arg("items"), py::arg("timeout"))
       .def("get_many", &PyQueue::get_many, py::arg("max_items"), py::arg("timeout"))
@@ -309,6 +326,24 @@ void bind_transport(py::module_& m) {
                                return b->count();
                              })
       .def("fileno", &PyQueue::fileno)
+      .def_property_readonly("joinable", [](PyQueue& q) { return q.core().joinable(); })
+      // multiprocessing's errors: ValueError for one task_done() too many.
+      .def("task_done",
+           [](PyQueue& q) {
+             try {
+               q.core().task_done();
+             } catch (const std::logic_error& e) {
+               throw py::value_error(e.what());
+             }
+           })
+      .def(
+          "join",
+          [](PyQueue& q, std::optional<double> timeout) {
+            if (!q.core().joinable()) throw py::value_error("join() on a queue that is not joinable");
+            py::gil_scoped_release release;
+            return q.core().join(to_timeout(timeout));
+          },
+          py::arg("timeout") = py::none())
       .def_property_readonly("maxsize", [](PyQueue& q) { return q.get_queue().maxsize(); })
       .def("close", [](PyQueue& q) { q.get_queue().close(); })
       .def_property_readonly("closed", [](PyQueue& q) { return q.get_queue().closed(); })

@@ -54,7 +54,7 @@ static_assert(kQueueRingItem == kRingMessageTag && kQueueRingMarker == kRingMark
 namespace {
 
 constexpr std::uint64_t kQueueMagic = 0x314555455154534dULL;  // "MSTQUEU1"
-constexpr std::uint32_t kQueueLayoutVersion = 9;
+constexpr std::uint32_t kQueueLayoutVersion = 10;
 constexpr int kQueueHolderSlots = 128;
 // Shared by every process holding the queue (a sealed memfd, so it can be passed on).
 struct QueueControl {
@@ -106,6 +106,13 @@ struct QueueControl {
   // start), and a producer SIGKILLed before its sendmsg returned would take its place with
   // it; a producer that finds the queue full gives back those of dead holders.
   alignas(64) std::atomic<std::uint32_t> sending[kQueueHolderSlots];
+  // A JoinableQueue's (joinable 1, set at creation): items put and not yet marked done by
+  // task_done(), the futex word join() waits on; counted before an item is published, so
+  // a task_done() for it never finds 0. joiners: processes' threads asleep in join(), so a
+  // task_done() that reaches 0 calls FUTEX_WAKE only when someone waits.
+  alignas(64) std::atomic<std::uint32_t> unfinished;
+  std::atomic<std::uint32_t> joiners;
+  std::uint32_t joinable;
   // Segments whose fds are deposited in the sending end's receive queue (transport/depot.h).
   alignas(64) DepotTable depot;
 };
@@ -113,7 +120,7 @@ static_assert(std::is_standard_layout_v<QueueControl>);
 static_assert(std::atomic<std::uint32_t>::is_always_lock_free);
 static_assert(std::atomic<std::uint64_t>::is_always_lock_free);
 static_assert(sizeof(QueueControl) ==
-              320 + 8 * kQueueHolderSlots + 4 * kQueueHolderSlots + sizeof(DepotTable));
+              384 + 8 * kQueueHolderSlots + 4 * kQueueHolderSlots + sizeof(DepotTable));
 
 // Frees one reserved item slot; never below 0 (a raw peer may send a datagram for which no
 // producer reserved one).
@@ -125,6 +132,20 @@ void release_item(QueueControl* c) noexcept {
   // of waiters then the kernel's read of count in FUTEX_WAIT: either we see the waiter, or
   // its FUTEX_WAIT sees the new count and does not sleep.
   if (c->maxsize && c->waiters.load(std::memory_order_seq_cst) != 0) futex_wake(&c->count, 1);
+}
+
+// One unfinished task fewer (task_done(), or a put that published nothing); join()s asleep
+// are woken when none is left. False, and nothing changes, when there was none.
+bool finish_task(QueueControl* c) noexcept {
+  std::uint32_t n = c->unfinished.load(std::memory_order_relaxed);
+  do {
+    if (n == 0) return false;
+  } while (!c->unfinished.compare_exchange_weak(n, n - 1, std::memory_order_seq_cst));
+  // As release_item: the seq_cst decrement, then the look at joiners, against join()'s
+  // seq_cst increment of joiners, then the kernel's read of the word in FUTEX_WAIT.
+  if (n == 1 && c->joiners.load(std::memory_order_seq_cst) != 0)
+    futex_wake(&c->unfinished, 0x7fffffff);
+  return true;
 }
 
 // Takes a free holder slot for `owner`; -1 (and the overflow flag) if none is free.
@@ -545,7 +566,7 @@ void rearm_ready(QueueCore::State& st) noexcept {
 
 }  // namespace
 
-std::shared_ptr<QueueCore> QueueCore::create(std::size_t maxsize) {
+std::shared_ptr<QueueCore> QueueCore::create(std::size_t maxsize, bool joinable) {
   if (maxsize > 0x7fffffff)
     throw std::invalid_argument("Queue maxsize " + std::to_string(maxsize) +
                                 " is larger than 2147483647 (2^31 - 1)");
@@ -569,6 +590,9 @@ std::shared_ptr<QueueCore> QueueCore::create(std::size_t maxsize) {
   c->waiters.store(0, std::memory_order_relaxed);
   c->readiness_wanted.store(0, std::memory_order_relaxed);
   c->signalling.store(0, std::memory_order_relaxed);
+  c->unfinished.store(0, std::memory_order_relaxed);
+  c->joiners.store(0, std::memory_order_relaxed);
+  c->joinable = joinable ? 1 : 0;
   init_shared_mutex(&c->send_lock);
   init_shared_mutex(&c->recv_lock);
   c->taken_below = 0;
@@ -605,7 +629,7 @@ std::shared_ptr<QueueCore> QueueCore::decode(Decoder& d) {
   auto* c = st->control();
   if (std::atomic_ref<std::uint64_t>(c->magic).load(std::memory_order_acquire) != kQueueMagic ||
       c->layout_version != kQueueLayoutVersion || c->size_of != sizeof(QueueControl) ||
-      c->maxsize > 0x7fffffff)
+      c->maxsize > 0x7fffffff || c->joinable > 1)
     throw ProtocolError("received queue control block is invalid");
   st->ring = Ring::attach(std::move(ring_fd));
   if (st->ring.slot_count() != kQueueRingSlots || st->ring.slot_bytes() != kQueueRingSlotBytes)
@@ -620,7 +644,7 @@ std::shared_ptr<QueueCore> QueueCore::decode(Decoder& d) {
 }
 
 std::size_t QueueCore::put_many(std::span<Encoder> items,
-                               std::optional<std::chrono::nanoseconds> timeout) {
+                               std::optional<std::chrono::nanoseconds> timeout, bool counted) {
   const Deadline deadline = deadline_after(timeout);
   QueueControl* c = state_->control();
   Ring& ring = state_->ring;
@@ -657,12 +681,28 @@ std::size_t QueueCore::put_many(std::span<Encoder> items,
   } batch{*state_, put};
   // A deadline already past: a first try that does not wait (and reads no clock).
   const Deadline now = std::chrono::steady_clock::time_point{};
+  // A JoinableQueue's item is an unfinished task from before it is published until it
+  // is, or until its put gives up.
+  struct Task {
+    QueueControl* c;
+    bool counted = false;
+    void count(bool already) noexcept {
+      if (c->joinable == 0) return;
+      if (!already) c->unfinished.fetch_add(1, std::memory_order_seq_cst);
+      counted = true;
+    }
+    ~Task() {
+      if (counted) (void)finish_task(c);
+    }
+  };
   for (Encoder& e : items) {
     ItemPlace place;
     if (!admit(c, now, state_->slot, &place)) {
       batch.wake();
       if (!admit(c, deadline, state_->slot, &place)) break;
     }
+    Task task{c};
+    task.count(counted);
     try {
       OutgoingFrame frame = finish_frame(std::move(e), &elision);
       const auto parts = frame.parts();
@@ -693,6 +733,7 @@ std::size_t QueueCore::put_many(std::span<Encoder> items,
       throw;
     }
     place.sent();
+    task.counted = false;  // the item's, until its consumer's task_done()
     ++put;
   }
   return put;
@@ -825,6 +866,40 @@ void QueueCore::close() noexcept {
   c->count.fetch_add(0, std::memory_order_acq_rel);
   futex_wake(&c->count, 0x7fffffff);
   signal_ready(*state_);  // a closed queue is readable (get says QueueClosed once drained)
+}
+
+bool QueueCore::joinable() const noexcept { return state_->control()->joinable != 0; }
+
+void QueueCore::begin_task() noexcept {
+  QueueControl* c = state_->control();
+  if (c->joinable != 0) c->unfinished.fetch_add(1, std::memory_order_seq_cst);
+}
+
+void QueueCore::task_done() {
+  QueueControl* c = state_->control();
+  if (c->joinable == 0) throw std::logic_error("task_done() on a queue that is not joinable");
+  if (!finish_task(c)) throw std::logic_error("task_done() called too many times");
+}
+
+bool QueueCore::join(std::optional<std::chrono::nanoseconds> timeout) {
+  QueueControl* c = state_->control();
+  if (c->joinable == 0) throw std::logic_error("join() on a queue that is not joinable");
+  const Deadline deadline = deadline_after(timeout);
+  for (;;) {
+    const std::uint32_t n = c->unfinished.load(std::memory_order_seq_cst);
+    if (n == 0) return true;
+    // Sliced: a peer may write the word (the wait then re-reads it), and the slices keep
+    // a wake-up lost to a task_done() SIGKILLed between its decrement and its wake short.
+    std::chrono::nanoseconds left = std::chrono::milliseconds(50);
+    if (deadline) {
+      const auto until = *deadline - std::chrono::steady_clock::now();
+      if (until <= until.zero()) return false;
+      left = std::min(left, std::chrono::duration_cast<std::chrono::nanoseconds>(until));
+    }
+    c->joiners.fetch_add(1, std::memory_order_seq_cst);
+    futex_wait(&c->unfinished, n, left);
+    c->joiners.fetch_sub(1, std::memory_order_relaxed);
+  }
 }
 
 int QueueCore::readiness_fd() noexcept {

@@ -29,8 +29,9 @@ inline constexpr std::uint32_t kQueueRingMarker = 2;  // the item is the socket'
 // is released. Thread-safe.
 class QueueCore : public std::enable_shared_from_this<QueueCore> {
  public:
-  // Throws std::invalid_argument for a maxsize above 2^31 - 1.
-  static std::shared_ptr<QueueCore> create(std::size_t maxsize);
+  // Throws std::invalid_argument for a maxsize above 2^31 - 1. joinable: a JoinableQueue's,
+  // which counts unfinished tasks (task_done, join).
+  static std::shared_ptr<QueueCore> create(std::size_t maxsize, bool joinable = false);
   // From an encoded queue: takes its five fds (two sockets, the control block, the ring,
   // the readiness eventfd) and validates them. Throws ProtocolError.
   static std::shared_ptr<QueueCore> decode(Decoder& d);
@@ -42,8 +43,11 @@ class QueueCore : public std::enable_shared_from_this<QueueCore> {
   // queue), then frames and sends it. False, with nothing moved into shared memory or sent,
   // when no room came before the timeout (nullopt: wait forever); false also, with the
   // tensors in shared memory, when the socket's buffer stayed full until then.
-  [[nodiscard]] bool put(Encoder&& e, std::optional<std::chrono::nanoseconds> timeout) {
-    return put_many(std::span(&e, 1), timeout) == 1;
+  // counted (a JoinableQueue's): the item's task was counted already (begin_task); a put
+  // that does not put it finishes that task.
+  [[nodiscard]] bool put(Encoder&& e, std::optional<std::chrono::nanoseconds> timeout,
+                         bool counted = false) {
+    return put_many(std::span(&e, 1), timeout, counted) == 1;
   }
   // put() of each item in order (each moved from), with consumers asleep woken once for
   // the batch rather than once per item. Returns how many were put: all, or fewer when
@@ -51,7 +55,8 @@ class QueueCore : public std::enable_shared_from_this<QueueCore> {
   // one whose datagram found the socket's buffer full). Throws as put(); the items before
   // the error are in the queue.
   [[nodiscard]] std::size_t put_many(std::span<Encoder> items,
-                                     std::optional<std::chrono::nanoseconds> timeout);
+                                     std::optional<std::chrono::nanoseconds> timeout,
+                                     bool counted = false);
   // nullopt on timeout; throws QueueClosed when closed and drained.
   [[nodiscard]] std::optional<Decoder> get(std::optional<std::chrono::nanoseconds> timeout);
   // Waits for one item as get() does, then takes up to max_items - 1 more that are there
@@ -68,6 +73,14 @@ class QueueCore : public std::enable_shared_from_this<QueueCore> {
   void defer_error(std::exception_ptr error) noexcept;
   void close() noexcept;
   [[nodiscard]] bool closed() const noexcept;
+  // A JoinableQueue's (queue.h). Throw std::logic_error on a queue made not joinable, and
+  // task_done() when no task is unfinished. join: false when the timeout passed first.
+  [[nodiscard]] bool joinable() const noexcept;
+  // One more unfinished task, for an item put later with counted (Python's Queue counts an
+  // item its feeder thread will send when put() returns). No-op unless joinable.
+  void begin_task() noexcept;
+  void task_done();
+  [[nodiscard]] bool join(std::optional<std::chrono::nanoseconds> timeout);
   // See Queue::readiness_fd.
   [[nodiscard]] int readiness_fd() noexcept;
   [[nodiscard]] std::size_t size() const noexcept;

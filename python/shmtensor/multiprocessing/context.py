@@ -1,13 +1,24 @@
-"""Contexts whose Queue, SimpleQueue and Pipe are shmtensor's: hand one to code that takes a
-multiprocessing context (torch's DataLoader(multiprocessing_context=...) does)."""
+"""multiprocessing.context, with contexts whose Queue, SimpleQueue, JoinableQueue and Pipe
+are shmtensor's (and so are the Pool's queues): hand one to code that takes a
+multiprocessing context (torch's DataLoader(multiprocessing_context=...) does,
+concurrent.futures.ProcessPoolExecutor(mp_context=...) too). Every other name is the
+standard library module's."""
 import multiprocessing
 import multiprocessing.context as _mpcontext
+
+from shmtensor.multiprocessing._reexport import reexport
+
+__getattr__, __dir__ = reexport(globals(), _mpcontext)
 
 
 class _NativeTransport:
     def Queue(self, maxsize=0):
         from shmtensor.multiprocessing.queues import Queue
         return Queue(maxsize, ctx=self)
+
+    def JoinableQueue(self, maxsize=0):
+        from shmtensor.multiprocessing.queues import JoinableQueue
+        return JoinableQueue(maxsize, ctx=self)
 
     def SimpleQueue(self):
         from shmtensor.multiprocessing.queues import SimpleQueue
@@ -41,7 +52,7 @@ _contexts = {"fork": ForkContext(), "spawn": SpawnContext(), "forkserver": ForkS
 
 
 def get_context(method=None):
-    """Like multiprocessing.get_context, with shmtensor's Queue/SimpleQueue/Pipe. None: the
+    """Like multiprocessing.get_context, with shmtensor's queues and Pipe. None: the
     current default start method."""
     if method is None:
         method = multiprocessing.get_start_method()

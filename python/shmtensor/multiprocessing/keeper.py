@@ -2,7 +2,8 @@
 
 FdRef(fd) pickles as:
   * while a child is being started (Process args with spawn/forkserver): multiprocessing's
-    own DupFd, which hands the fd to the child at start;
+    own DupFd, which hands the fd to the child at start; this process's duplicate is closed
+    as soon as the child is launched (Popen._launch is wrapped for that);
   * otherwise: a token registered with the per-user fd keeper, which holds the fd until the
     receiver takes it, so the sender may exit right after sending.
 A file_system pickle carries no fd; it registers a ticket (register_ticket) that its load
@@ -10,6 +11,8 @@ claims (claim_ticket) before it adopts any count.
 One FdRef per fd while pickles refer to it: the pickler's memo sends it once per pickle.
 """
 import multiprocessing.context as _mpcontext
+import multiprocessing.popen_forkserver as _popen_forkserver
+import multiprocessing.popen_spawn_posix as _popen_spawn_posix
 import multiprocessing.reduction as _mpreduction
 import os
 import socket
@@ -53,10 +56,11 @@ class FdRef:
     def __reduce__(self):
         popen = _mpcontext.get_spawning_popen()
         if popen is not None:
-            # The starting child receives the fd when it is launched, after pickling: keep
-            # a duplicate open for as long as the Popen lives.
+            # The starting child receives the fd when it is launched, after pickling: a
+            # duplicate stays open until then, and no longer (a Pipe end given to the child
+            # must reach end-of-file when the child closes it).
             fd = os.dup(self.fd)
-            weakref.finalize(popen, os.close, fd)
+            _close_after_launch(popen, fd)
             return _from_dupfd, (_mpreduction.DupFd(fd),)
         return _KeptFd, (_register(self.fd),)
 
@@ -78,6 +82,42 @@ class _KeptFd:
         if self._ref is None:
             self._ref = _from_keeper(self.token)
         return self._ref.take()
+
+
+def _close_fds(fds):
+    while fds:
+        os.close(fds.pop())
+
+
+def _close_after_launch(popen, fd):
+    """Closes `fd` once `popen` has launched its child (spawn and forkserver hand the
+    child its fds in Popen._launch, see _wrap_launch), or, for a Popen of another kind,
+    once it is collected."""
+    fds = popen.__dict__.get("_shmtensor_launch_fds")
+    if fds is None:
+        fds = popen.__dict__["_shmtensor_launch_fds"] = []
+        weakref.finalize(popen, _close_fds, fds)
+    fds.append(fd)
+
+
+def _wrap_launch(cls):
+    launch = cls._launch
+    if getattr(launch, "_shmtensor_wrapped", False):
+        return
+
+    def _launch(self, process_obj):
+        try:
+            return launch(self, process_obj)
+        finally:
+            _close_fds(self.__dict__.get("_shmtensor_launch_fds", []))
+
+    _launch._shmtensor_wrapped = True
+    _launch.__wrapped__ = launch
+    cls._launch = _launch
+
+
+for _popen in (_popen_spawn_posix.Popen, _popen_forkserver.Popen):
+    _wrap_launch(_popen)
 
 
 def _from_dupfd(dupfd):

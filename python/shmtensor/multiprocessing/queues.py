@@ -15,6 +15,7 @@ processes go on (its buffer is still sent).
 """
 import collections
 import multiprocessing.connection
+import multiprocessing.queues
 import multiprocessing.util
 import os
 import queue as _queue
@@ -25,8 +26,11 @@ import weakref
 
 from shmtensor import _C
 from shmtensor.multiprocessing import reductions
+from shmtensor.multiprocessing._reexport import reexport
 from shmtensor.multiprocessing.frames import frame_reduce, fds_of
 
+
+__getattr__, __dir__ = reexport(globals(), multiprocessing.queues)
 
 _feeder_lock = threading.Lock()
 
@@ -44,7 +48,9 @@ class _Feeder:
     sends them in order (blocking puts). One per handle and process, made on first need."""
 
     def __init__(self, q):
-        self.pending = collections.deque()  # (data, blocks), the first one being sent
+        # (data, blocks, counted), the first one being sent; counted: a JoinableQueue's item
+        # whose task put() counted already.
+        self.pending = collections.deque()
         self.cond = threading.Condition(threading.Lock())
         self.closing = False
         self.join_cancelled = False
@@ -61,9 +67,9 @@ class _Feeder:
                     self.cond.wait()
                 if not self.pending:
                     return
-                data, blocks = self.pending[0]
+                data, blocks, counted = self.pending[0]
             try:
-                q.put(data, blocks, None)
+                q.put(data, blocks, None, counted)
             except Exception:  # as multiprocessing's feeder: say so, drop the item, go on
                 print("shmtensor Queue feeder thread: an item could not be sent", file=sys.stderr)
                 traceback.print_exc()
@@ -105,7 +111,10 @@ class Queue:
 
     def __init__(self, maxsize=0, *, ctx=None):
         self._maxsize = max(int(maxsize), 0)
-        self._q = _C._Queue(self._maxsize)
+        self._set_native(_C._Queue(self._maxsize))
+
+    def _set_native(self, native):
+        self._q = native
 
     def _check(self):
         if self._q is None:
@@ -114,7 +123,12 @@ class Queue:
 
     def put(self, obj, block=True, timeout=None):
         q = self._check()
-        data, blocks = reductions.dumps(obj)
+        try:
+            data, blocks = reductions.dumps(obj)
+        except Exception as e:
+            # As multiprocessing's feeder thread: reported, the item dropped, put() returns.
+            self._on_queue_feeder_error(e, obj)
+            return
         if self._maxsize == 0:
             return self._put_unbounded(q, data, blocks)
         if not q.put(data, blocks, _timeout(block, timeout)):
@@ -139,8 +153,18 @@ class Queue:
             # Nothing buffered: try again at once (behind nothing of this handle's).
             if not feeder.pending and q.put(data, blocks, 0.0):
                 return
-            feeder.pending.append((data, blocks))
+            # A JoinableQueue's item is an unfinished task from now on, as in multiprocessing
+            # (a join() anywhere waits for it).
+            q.begin_task()
+            feeder.pending.append((data, blocks, True))
             feeder.cond.notify_all()
+
+    @staticmethod
+    def _on_queue_feeder_error(e, obj):
+        """Called, in the thread that called put(), when `obj` cannot be pickled; the item
+        is dropped. multiprocessing's hook of the same name (a subclass may override it);
+        by default the traceback goes to stderr."""
+        traceback.print_exc()
 
     def get(self, block=True, timeout=None):
         q = self._check()
@@ -247,17 +271,44 @@ class Queue:
 def _rebuild_queue(data, fd_refs, cls, maxsize):
     q = cls.__new__(cls)
     q._maxsize = maxsize
-    q._q = _C._queue_of_frame(data, fds_of(fd_refs))
+    q._set_native(_C._queue_of_frame(data, fds_of(fd_refs)))
     return q
+
+
+class JoinableQueue(Queue):
+    """A Queue that counts unfinished tasks, as multiprocessing.JoinableQueue: each item
+    put is one, counted in the queue's shared control block before it can be got;
+    task_done() marks one done, join() waits until none is left. Both work on a closed
+    handle, as multiprocessing's."""
+
+    def __init__(self, maxsize=0, *, ctx=None):
+        self._maxsize = max(int(maxsize), 0)
+        self._set_native(_C._Queue(self._maxsize, joinable=True))
+
+    def _set_native(self, native):
+        self._q = self._tasks = native
+
+    def task_done(self):
+        """Raises ValueError when called more times than there were items put."""
+        self._tasks.task_done()
+
+    def join(self):
+        self._tasks.join(None)
 
 
 class SimpleQueue(Queue):
     def __init__(self, *, ctx=None):
         super().__init__(0)
 
+    def _check(self):
+        if self._q is None:
+            raise OSError("handle is closed")  # multiprocessing's, from its closed pipe
+        return self._q
+
     def put(self, obj):
-        data, blocks = reductions.dumps(obj)
-        self._check().put(data, blocks, None)
+        q = self._check()
+        data, blocks = reductions.dumps(obj)  # raises here, as multiprocessing's
+        q.put(data, blocks, None)
 
     def get(self):
         return super().get()
@@ -297,6 +348,10 @@ class _Side:
 
     def close(self):
         pass
+
+    @property
+    def closed(self):
+        return self._q._q is None
 
     def fileno(self):
         return self._q._check().fileno()

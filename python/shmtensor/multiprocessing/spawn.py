@@ -1,12 +1,22 @@
-"""spawn / start_processes / ProcessContext, with torch.multiprocessing's semantics: the
-first child that fails makes join() stop the others and raise, with the child's traceback
-text in the parent's exception."""
+"""multiprocessing.spawn, and torch.multiprocessing's spawn / start_processes /
+ProcessContext: the first child that fails makes join() stop the others and raise, with the
+child's traceback text in the parent's exception.
+
+This module stands for multiprocessing.spawn (get_preparation_data, spawn_main, ... are
+the standard library's, looked up there), and is callable: shmtensor.multiprocessing.spawn
+(fn, nprocs=...) is spawn.spawn(fn, nprocs=...), as torch.multiprocessing.spawn(...) is.
+So torch's function takes nothing away from the module of the same name.
+"""
 import multiprocessing
 import multiprocessing.connection
+import multiprocessing.spawn as _mpspawn
 import signal
 import sys
 import traceback
+import types
 import warnings
+
+from shmtensor.multiprocessing._reexport import reexport
 
 
 class ProcessException(Exception):
@@ -127,3 +137,14 @@ def spawn(fn, args=(), nprocs=1, join=True, daemon=False, start_method="spawn"):
                       "To use a different start_method use:\n\t\t"
                       " shmtensor.multiprocessing.start_processes(...)" % start_method)
     return start_processes(fn, args, nprocs, join, daemon, start_method="spawn")
+
+
+__getattr__, __dir__ = reexport(globals(), _mpspawn)
+
+
+class _CallableModule(types.ModuleType):
+    def __call__(self, fn, args=(), nprocs=1, join=True, daemon=False, start_method="spawn"):
+        return spawn(fn, args, nprocs, join, daemon, start_method)
+
+
+sys.modules[__name__].__class__ = _CallableModule

@@ -1,0 +1,61 @@
+"""A module of shmtensor.multiprocessing that stands for one of multiprocessing's: the names
+it defines are its own, every other name is the standard library module's (looked up when
+asked for, so a name replaced there later is seen here too)."""
+import importlib
+import importlib.abc
+import importlib.util
+import sys
+
+
+def reexport(namespace, module):
+    """A module's __getattr__ and __dir__ that fall back to `module`."""
+
+    def __getattr__(name):
+        try:
+            return getattr(module, name)
+        except AttributeError:
+            raise AttributeError("module %r has no attribute %r"
+                                 % (namespace["__name__"], name)) from None
+
+    def __dir__():
+        return sorted(set(namespace) | set(dir(module)))
+
+    return __getattr__, __dir__
+
+
+# multiprocessing's submodules that shmtensor.multiprocessing has no module of its own for:
+# `import shmtensor.multiprocessing.util` (and attribute access) gives the standard library's
+# module itself, not a copy. connection, context, queues and spawn are shmtensor's, with
+# everything else of the standard library's module of that name (reexport above).
+ALIASED = frozenset({
+    "dummy", "forkserver", "heap", "managers", "pool", "popen_fork", "popen_forkserver",
+    "popen_spawn_posix", "popen_spawn_win32", "process", "reduction", "resource_sharer",
+    "resource_tracker", "shared_memory", "sharedctypes", "synchronize", "util",
+})
+PACKAGE = "shmtensor.multiprocessing"
+
+
+class _Alias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Finds shmtensor.multiprocessing.X (and X.Y) for X in ALIASED, and loads it as
+    multiprocessing.X: the placeholder module the import system makes is replaced in
+    sys.modules by the real one before the import returns."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if not fullname.startswith(PACKAGE + "."):
+            return None
+        rest = fullname[len(PACKAGE) + 1:]
+        if rest.partition(".")[0] not in ALIASED:
+            return None
+        return importlib.util.spec_from_loader(fullname, self)
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module):
+        real = importlib.import_module("multiprocessing." + module.__name__[len(PACKAGE) + 1:])
+        sys.modules[module.__name__] = real
+
+
+def install_aliases():
+    if not any(isinstance(f, _Alias) for f in sys.meta_path):
+        sys.meta_path.insert(0, _Alias())
