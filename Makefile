@@ -30,7 +30,12 @@ CTEST       := ctest --output-on-failure -j$(CTEST_JOBS) --timeout 300 -LE long
 FAILED      := tools/ci/show_failed_tests
 
 # What each package is for: docs/dependencies.md.
-DEB_PACKAGES := g++ make cmake ninja-build pkg-config python3 \
+# CPython's own test package, for its multiprocessing suite (python.cpython_mp.*): the one of
+# /usr/bin/python3's version, or, before python3 is installed, of the Debian release's
+# (12: Python 3.11, 13: Python 3.13).
+PY_VERSION   := $(or $(shell /usr/bin/python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null), \
+                     $(if $(filter 13,$(shell cut -d. -f1 /etc/debian_version 2>/dev/null)),3.13,3.11))
+DEB_PACKAGES := g++ make cmake ninja-build pkg-config python3 libpython$(PY_VERSION)-testsuite \
                 libgtest-dev libgmock-dev googletest libbenchmark-dev libcli11-dev \
                 clang libclang-rt-14-dev \
                 pybind11-dev python3-dev python3-numpy python3-pytest \

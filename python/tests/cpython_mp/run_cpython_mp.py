@@ -18,7 +18,8 @@ on with the next test in a new process. A test that passes stock and not with ou
 again, both ways, once (CPython's suite has tests that are timing-sensitive on a loaded
 machine); it is a regression when it passes stock and fails with ours again.
 
-Exit status: 0 when every test that passes stock passes with ours; 1 otherwise; 77 (CTest's
+Exit status: 0 when every test that passes stock passes with ours (or fails as ALLOWED
+below says, for the reason it gives); 1 otherwise; 77 (CTest's
 skip code) when the interpreter has no test._test_multiprocessing.
 """
 import argparse
@@ -34,6 +35,16 @@ import unittest
 
 SKIP = 77
 IMPLS = ("stock", "shmtensor")
+# Tests that pass stock and not with ours, and why (docs/python.md, "Where
+# shmtensor.multiprocessing differs"): keyed by the test's name without the module.
+ALLOWED = {
+    "TestIgnoreEINTR.test_ignore":
+        "it signals a child after the child's send_bytes() of 16 MiB, counting on that child "
+        "being blocked until the parent reads (a pipe holds 64 KiB). Ours returns once the "
+        "message is in shared memory, the child exits, and under forkserver (whose server "
+        "reaps it at once) os.kill() finds no such process. Under fork and spawn the exited "
+        "child is still a zombie of the test's process and the test passes by that.",
+}
 ENV_IMPL = "SHMTENSOR_CPYTHON_MP_IMPL"
 ENV_METHOD = "SHMTENSOR_CPYTHON_MP_METHOD"
 ENV_TIMEOUT = "SHMTENSOR_CPYTHON_MP_TEST_TIMEOUT"
@@ -239,7 +250,12 @@ def main():
         again_stock = run_impl("stock", args.method, suspects, out_dir, args.test_timeout, "-again")
         again_ours = run_impl("shmtensor", args.method, suspects, out_dir, args.test_timeout, "-again")
         for t in suspects:
+            short = t.split(".", 1)[1]
             if again_stock.get(t) == "passed" and again_ours.get(t) != "passed":
+                if short in ALLOWED:
+                    print("  allowed: %s (%s, then %s): %s"
+                          % (t, ours[t], again_ours.get(t), ALLOWED[short]))
+                    continue
                 regressions.append((t, ours[t], again_ours.get(t)))
             else:
                 print("  flaky, not counted: %s (stock again: %s, ours again: %s)"
