@@ -15,6 +15,9 @@ One run, same machine, fork start method, a producer (this process) and a consum
                        into shared memory above the 64 KiB threshold)
   shmtensor Queue, shared  the same with arrays made by shmtensor.numpy.empty (no copy)
   mp.Queue + reducers  multiprocessing.Queue with shmtensor's ForkingPickler reducers
+  mp.Pipe              multiprocessing.Pipe() (a socket pair), plain pickling, both ways on
+                       one duplex pipe
+  shmtensor Pipe       shmtensor.multiprocessing.Pipe() with ordinary arrays, the same way
 
 Payloads: 1 KiB, 1 MiB and 64 MiB float32 arrays, and a dict of 64 arrays of 1 KiB.
 Latency: median over repetitions of put -> consumer get -> small reply -> get, halved.
@@ -112,16 +115,36 @@ def release(blocks):
         shm.unlink()
 
 
+class PipeSide:
+    """One end of a duplex pipe with a queue's put/get, so both directions of a case run
+    on it."""
+
+    def __init__(self, conn):
+        self.conn = conn
+
+    def put(self, obj):
+        self.conn.send(obj)
+
+    def get(self):
+        return self.conn.recv()
+
+
 def run_case(method, kind, reps, stream):
     shared = method == "shmtensor Queue, shared"
     ctx = smp.get_context("fork")
-    if method.startswith("shmtensor Queue"):
-        q, r = ctx.Queue(), ctx.Queue()
+    plain = multiprocessing.get_context("fork")
+    if method.endswith("Pipe"):
+        a, b = (ctx if method.startswith("shmtensor") else plain).Pipe()
+        q = r = PipeSide(a)
+        child_args = (PipeSide(b), PipeSide(b))
     else:
-        plain = multiprocessing.get_context("fork")
-        q, r = plain.Queue(), plain.Queue()
+        if method.startswith("shmtensor Queue"):
+            q, r = ctx.Queue(), ctx.Queue()
+        else:
+            q, r = plain.Queue(), plain.Queue()
+        child_args = (q, r)
     target = consume_shm if method == "mp.shared_memory" else consume_plain
-    p = ctx.Process(target=target, args=(q, r))
+    p = ctx.Process(target=target, args=child_args)
     p.start()
     lat = []
     for _ in range(reps):
@@ -215,13 +238,13 @@ def main():
         reps = {k: max(3, v // 20) for k, v in reps.items()}
         stream = {k: max(3, v // 20) for k, v in stream.items()}
     methods = ["mp.Queue", "mp.shared_memory", "shmtensor Queue", "shmtensor Queue, shared",
-               "mp.Queue + reducers"]
+               "mp.Queue + reducers", "mp.Pipe", "shmtensor Pipe"]
     ours = dict(multiprocessing.reduction.ForkingPickler._extra_reducers)
     results = []
     for kind in reps:
         for method in methods:
             fp = multiprocessing.reduction.ForkingPickler._extra_reducers
-            if method in ("mp.Queue", "mp.shared_memory"):
+            if method in ("mp.Queue", "mp.shared_memory", "mp.Pipe"):
                 fp.pop(np.ndarray, None)
                 fp.pop(shmtensor.Tensor, None)
             else:

@@ -20,7 +20,7 @@ What install() changes, and uninstall() restores exactly:
     default_collate allocates each batch with), shadowed by Python attributes;
   * with the bridge, default_collate_fn_map[torch.Tensor]: a worker's batch of plain CPU
     tensors is stacked into an arena block in one call;
-  * torch.multiprocessing's Queue, SimpleQueue, Pipe, Pool and get_context: shmtensor's
+  * torch.multiprocessing's Queue, SimpleQueue, JoinableQueue, Pipe, Pool and get_context: shmtensor's
     native transport (a DataLoader's queues among them);
   * multiprocessing.spawn.get_preparation_data: a spawn or forkserver child runs install()
     before it unpickles anything of its parent's (forked children inherit it).
@@ -515,6 +515,10 @@ def _SimpleQueue():
     return _get_context().SimpleQueue()
 
 
+def _JoinableQueue(maxsize=0):
+    return _get_context().JoinableQueue(maxsize)
+
+
 def _Pipe(duplex=True):
     return _get_context().Pipe(duplex)
 
@@ -523,10 +527,10 @@ def _Pool(processes=None, initializer=None, initargs=(), maxtasksperchild=None):
     return _get_context().Pool(processes, initializer, initargs, maxtasksperchild)
 
 
-# What install() puts in torch.multiprocessing: its Queue, SimpleQueue, Pipe, Pool and
-# get_context become those of shmtensor's native transport.
-_TORCH_MP = {"Queue": _Queue, "SimpleQueue": _SimpleQueue, "Pipe": _Pipe, "Pool": _Pool,
-             "get_context": _get_context}
+# What install() puts in torch.multiprocessing: its Queue, SimpleQueue, JoinableQueue,
+# Pipe, Pool and get_context become those of shmtensor's native transport.
+_TORCH_MP = {"Queue": _Queue, "SimpleQueue": _SimpleQueue, "JoinableQueue": _JoinableQueue,
+             "Pipe": _Pipe, "Pool": _Pool, "get_context": _get_context}
 
 
 def context(method="fork", *, busy_poll=_DEFAULT_BUSY_POLL):

@@ -171,15 +171,30 @@ class PyQueue {
   // counted: a JoinableQueue's item whose task begin_task() counted already.
   bool put(py::bytes data, const std::vector<Tensor>& blocks, std::optional<double> timeout,
            bool counted) {
+    if (counted) return put_counted(std::move(data), blocks, timeout);
     Item item = make_item(std::move(data), blocks);
     py::gil_scoped_release release;
-    if (!timeout && !counted) {
+    if (!timeout) {
       q_.put(item);
       return true;
     }
-    if (!counted) return q_.try_put(item, *to_timeout(timeout));
+    return q_.try_put(item, *to_timeout(timeout));
+  }
+  // The item's task is ours until QueueCore::put takes it over (it finishes it on failure):
+  // an error before, in making or encoding the item, finishes it here.
+  bool put_counted(py::bytes data, const std::vector<Tensor>& blocks,
+                   std::optional<double> timeout) {
+    struct Abandon {
+      internal::QueueCore* core;
+      ~Abandon() {
+        if (core != nullptr) core->abandon_task();
+      }
+    } abandon{&core()};
+    Item item = make_item(std::move(data), blocks);
+    py::gil_scoped_release release;
     Encoder e;
     e.encode(item);
+    abandon.core = nullptr;
     return core().put(std::move(e), to_timeout(timeout), true);
   }
   std::optional<py::tuple> get(std::optional<double> timeout) {

@@ -4,6 +4,7 @@ exceptions, the native JoinableQueue, and concurrent.futures.ProcessPoolExecutor
 contexts. (CPython's own suite, stock and with ours: cpython_mp/run_cpython_mp.py.)"""
 import concurrent.futures
 import importlib
+import inspect
 import multiprocessing
 import multiprocessing.connection
 import multiprocessing.reduction
@@ -11,14 +12,17 @@ import os
 import pkgutil
 import queue
 import selectors
+import signal
 import sys
 import tempfile
+import threading
 import time
 
 import numpy as np
 import pytest
 
 import shmtensor.multiprocessing as smp
+from helpers import run_in_child
 
 METHODS = ["fork", "spawn", "forkserver"]
 STDLIB_SUBMODULES = sorted(m.name for m in pkgutil.iter_modules(multiprocessing.__path__)
@@ -36,6 +40,12 @@ def test_every_name_of_multiprocessing_is_reachable():
     assert set(dir(multiprocessing)) <= set(dir(smp))
     with pytest.raises(AttributeError):
         smp.no_such_name
+    # Every name dir() lists can be had, and introspection (pydoc, IDEs) walks the module.
+    for name in dir(smp):
+        getattr(smp, name)
+    members = dict(inspect.getmembers(smp))
+    assert members["util"] is multiprocessing.util and members["Queue"] is smp.Queue
+    assert not hasattr(smp, "popen_spawn_win32")  # another platform's: as on multiprocessing
 
 
 @pytest.mark.parametrize("name", STDLIB_SUBMODULES)
@@ -76,6 +86,24 @@ def test_spawn_is_the_module_and_torchs_function():
     assert smp.spawn.spawn_main is multiprocessing.spawn.spawn_main
     assert callable(smp.spawn)
     assert callable(smp.spawn.spawn) and callable(smp.start_processes)
+
+
+def import_in_child(q):
+    import shmtensor.multiprocessing.util as util
+    from shmtensor.multiprocessing.reduction import ForkingPickler
+    q.put((util is multiprocessing.util, ForkingPickler is multiprocessing.reduction.ForkingPickler,
+           type(smp.spawn).__name__))
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_submodules_import_in_a_child_that_starts_afresh(method):
+    ctx = smp.get_context(method)
+    q = ctx.SimpleQueue()
+    p = ctx.Process(target=import_in_child, args=(q,))
+    p.start()
+    assert q.get() == (True, True, "_CallableModule")
+    p.join(60)
+    assert p.exitcode == 0
 
 
 def write_square(i, path):
@@ -179,6 +207,13 @@ def test_pipe_errors_are_multiprocessings():
         w.send_bytes(b"x", -1)
     with pytest.raises(ValueError, match="buffer length < offset \\+ size"):
         w.send_bytes(b"xy", 1, 5)
+    w.send_bytes(b"twelve bytes")
+    buf = bytearray(8)
+    with pytest.raises(multiprocessing.BufferTooShort) as short:
+        r.recv_bytes_into(buf)
+    assert short.value.args[0] == b"twelve bytes"  # the message, as multiprocessing gives it
+    w.send_bytes(b"fits")
+    assert r.recv_bytes_into(buf, 2) == 4 and buf == bytearray(b"\0\0fits\0\0")
     w.send_bytes(b"too long")
     with pytest.raises(OSError, match="bad message length"):
         r.recv_bytes(3)
@@ -291,6 +326,13 @@ def test_joinable_queue_join_waits_for_every_task_done(method):
         q.task_done()
 
 
+def test_an_unpicklable_item_is_no_unfinished_task(capfd):
+    q = smp.JoinableQueue()
+    q.put(NotPicklable())  # reported and dropped: never a task (multiprocessing counts it)
+    q.join()  # returns at once
+    assert "AttributeError: no pickling" in capfd.readouterr().err
+
+
 def test_joinable_queue_counts_items_its_feeder_thread_holds():
     # More items than the transport holds (4,096 ring slots): the rest wait in the feeder
     # thread, and are unfinished tasks from put() on, as in multiprocessing.
@@ -309,6 +351,49 @@ def test_joinable_queue_counts_items_its_feeder_thread_holds():
     q.join()
     p.join(60)
     assert p.exitcode == 0
+
+
+# ---- Ctrl-C --------------------------------------------------------------------------------
+
+
+def interrupted_after(wait, seconds=0.3):
+    """In this process's main thread: wait() raises KeyboardInterrupt when SIGINT comes
+    `seconds` after it began (from a timer thread, as a terminal's Ctrl-C would)."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    timer = threading.Timer(seconds, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    start = time.monotonic()
+    signal.alarm(30)  # a wait that sleeps through SIGINT fails the test, rather than hang it
+    try:
+        wait()
+    except KeyboardInterrupt:
+        assert time.monotonic() - start < 10
+        return
+    finally:
+        signal.alarm(0)
+        timer.join()
+    raise AssertionError("the wait returned")
+
+
+@pytest.mark.parametrize("wait", ["Queue.get", "Queue.get_many", "SimpleQueue.get",
+                                  "JoinableQueue.join", "Connection.recv",
+                                  "Connection.recv_bytes", "Connection.poll(None)"])
+def test_an_untimed_wait_in_the_main_thread_is_interrupted_by_ctrl_c(wait):
+    def child():
+        q, jq, sq = smp.Queue(), smp.JoinableQueue(), smp.SimpleQueue()
+        a, b = smp.Pipe()
+        jq.put("a task nobody does")
+        calls = {"Queue.get": q.get, "Queue.get_many": lambda: q.get_many(4),
+                 "SimpleQueue.get": sq.get, "JoinableQueue.join": jq.join,
+                 "Connection.recv": b.recv, "Connection.recv_bytes": b.recv_bytes,
+                 "Connection.poll(None)": lambda: b.poll(None)}
+        interrupted_after(calls[wait])
+        # Still usable after the interruption.
+        q.put(1)
+        assert q.get(timeout=10) == 1
+        a.send(2)
+        assert b.recv() == 2
+    assert run_in_child(child) == 0
 
 
 # ---- concurrent.futures --------------------------------------------------------------------

@@ -695,14 +695,17 @@ std::size_t QueueCore::put_many(std::span<Encoder> items,
       if (counted) (void)finish_task(c);
     }
   };
+  if (counted && items.size() != 1)
+    throw std::invalid_argument("QueueCore::put_many: counted is for one item");
   for (Encoder& e : items) {
+    // Counted (or taken over) before admission: a put refused there finishes it too.
+    Task task{c};
+    task.count(counted);
     ItemPlace place;
     if (!admit(c, now, state_->slot, &place)) {
       batch.wake();
       if (!admit(c, deadline, state_->slot, &place)) break;
     }
-    Task task{c};
-    task.count(counted);
     try {
       OutgoingFrame frame = finish_frame(std::move(e), &elision);
       const auto parts = frame.parts();
@@ -873,6 +876,11 @@ bool QueueCore::joinable() const noexcept { return state_->control()->joinable !
 void QueueCore::begin_task() noexcept {
   QueueControl* c = state_->control();
   if (c->joinable != 0) c->unfinished.fetch_add(1, std::memory_order_seq_cst);
+}
+
+void QueueCore::abandon_task() noexcept {
+  QueueControl* c = state_->control();
+  if (c->joinable != 0) (void)finish_task(c);
 }
 
 void QueueCore::task_done() {

@@ -101,6 +101,34 @@ TEST_P(JoinableQueueTest, APutThatGivesUpCountsNoTask) {
   EXPECT_TRUE(q.try_join(0s));
 }
 
+// Admitted, then refused: the ring (4,096 slots) is full, so the put times out after it
+// was counted; its task is taken back. And a put of a task counted beforehand (begin_task,
+// as Python's feeder thread does) that is refused finishes that task.
+TEST_P(JoinableQueueTest, APutRefusedAfterItsTaskWasCountedTakesItBack) {
+  JoinableQueue<std::int64_t> q;
+  std::int64_t n = 0;
+  while (q.try_put(n, 10ms)) ++n;
+  ASSERT_GE(n, 4096);  // the ring, then what the socket's buffer holds
+  for (std::int64_t i = 0; i < n; ++i) {
+    ASSERT_EQ(q.get(), i);
+    q.task_done();
+  }
+  EXPECT_TRUE(q.try_join(0s));
+  EXPECT_THROW(q.task_done(), std::logic_error);
+
+  internal::QueueCore& core = internal::QueueAccess::core(q);
+  core.begin_task();
+  EXPECT_FALSE(q.try_join(0s));
+  q.close();
+  Encoder e;
+  e.encode(std::int64_t{1});
+  EXPECT_THROW((void)core.put(std::move(e), std::nullopt, true), QueueClosed);
+  EXPECT_TRUE(q.try_join(0s));
+  core.begin_task();
+  core.abandon_task();
+  EXPECT_TRUE(q.try_join(0s));
+}
+
 TEST_P(JoinableQueueTest, TravelsAsAJoinableQueueAndAPlainOneIsRefusedAsOne) {
   auto [a, b] = pipe();
   JoinableQueue<std::int64_t> q;

@@ -44,7 +44,8 @@ class QueueCore : public std::enable_shared_from_this<QueueCore> {
   // when no room came before the timeout (nullopt: wait forever); false also, with the
   // tensors in shared memory, when the socket's buffer stayed full until then.
   // counted (a JoinableQueue's): the item's task was counted already (begin_task); a put
-  // that does not put it finishes that task.
+  // that does not put it (refused, timed out, an error) finishes that task. put_many
+  // takes counted for one item only (std::invalid_argument otherwise).
   [[nodiscard]] bool put(Encoder&& e, std::optional<std::chrono::nanoseconds> timeout,
                          bool counted = false) {
     return put_many(std::span(&e, 1), timeout, counted) == 1;
@@ -77,8 +78,10 @@ class QueueCore : public std::enable_shared_from_this<QueueCore> {
   // task_done() when no task is unfinished. join: false when the timeout passed first.
   [[nodiscard]] bool joinable() const noexcept;
   // One more unfinished task, for an item put later with counted (Python's Queue counts an
-  // item its feeder thread will send when put() returns). No-op unless joinable.
+  // item its feeder thread will send when put() returns), and one fewer for such an item
+  // that never reaches put(). No-ops unless joinable.
   void begin_task() noexcept;
+  void abandon_task() noexcept;
   void task_done();
   [[nodiscard]] bool join(std::optional<std::chrono::nanoseconds> timeout);
   // See Queue::readiness_fd.

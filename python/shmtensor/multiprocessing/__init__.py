@@ -47,11 +47,11 @@ __all__ = list(multiprocessing.__all__) + [
 
 def __getattr__(name):
     """multiprocessing's other names (SUBDEBUG, SUBWARNING, ...) and submodules."""
-    if name in _reexport.ALIASED:
-        return importlib.import_module(__name__ + "." + name)
     try:
+        if name in _reexport.ALIASED:
+            return importlib.import_module(__name__ + "." + name)
         return getattr(multiprocessing, name)
-    except AttributeError:
+    except (AttributeError, ImportError):
         raise AttributeError("module %r has no attribute %r" % (__name__, name)) from None
 
 

@@ -4,6 +4,8 @@ asked for, so a name replaced there later is seen here too)."""
 import importlib
 import importlib.abc
 import importlib.util
+import multiprocessing
+import pkgutil
 import sys
 
 
@@ -26,12 +28,12 @@ def reexport(namespace, module):
 # multiprocessing's submodules that shmtensor.multiprocessing has no module of its own for:
 # `import shmtensor.multiprocessing.util` (and attribute access) gives the standard library's
 # module itself, not a copy. connection, context, queues and spawn are shmtensor's, with
-# everything else of the standard library's module of that name (reexport above).
-ALIASED = frozenset({
-    "dummy", "forkserver", "heap", "managers", "pool", "popen_fork", "popen_forkserver",
-    "popen_spawn_posix", "popen_spawn_win32", "process", "reduction", "resource_sharer",
-    "resource_tracker", "shared_memory", "sharedctypes", "synchronize", "util",
-})
+# everything else of the standard library's module of that name (reexport above). Those of
+# another platform (popen_spawn_win32 imports msvcrt) are left out, so that dir() lists only
+# what can be imported here.
+OWN = frozenset({"connection", "context", "queues", "spawn"})
+ALIASED = frozenset(m.name for m in pkgutil.iter_modules(multiprocessing.__path__)
+                    if m.name not in OWN and not m.name.endswith("_win32"))
 PACKAGE = "shmtensor.multiprocessing"
 
 

@@ -18,10 +18,19 @@ import multiprocessing.connection as _mpconnection
 
 from shmtensor import _C
 from shmtensor.multiprocessing import reductions
+from shmtensor.multiprocessing._native_wait import untimed
 from shmtensor.multiprocessing._reexport import reexport
 from shmtensor.multiprocessing.frames import frame_reduce, fds_of
 
 __getattr__, __dir__ = reexport(globals(), _mpconnection)
+
+
+def _is_none(x):
+    return x is None
+
+
+def _is_false(x):
+    return x is False
 
 
 class Connection:
@@ -81,8 +90,11 @@ class Connection:
         data, blocks = reductions.dumps(obj)
         self._send(c, data, blocks)
 
+    def _recv(self, c):
+        return untimed(c.recv, _is_none)
+
     def recv(self):
-        data, blocks = self._check_readable().recv(None)
+        data, blocks = self._recv(self._check_readable())
         return reductions.loads(data, blocks)
 
     def send_bytes(self, buf, offset=0, size=None):
@@ -107,7 +119,7 @@ class Connection:
         c = self._check_readable()
         if maxlength is not None and maxlength < 0:
             raise ValueError("negative maxlength")
-        data, _ = c.recv(None)
+        data, _ = self._recv(c)
         if maxlength is not None and len(data) > maxlength:
             # As multiprocessing: the message is lost, and this end reads no more.
             if self._writable:
@@ -125,14 +137,17 @@ class Connection:
                 raise ValueError("negative offset")
             if offset > bytesize:
                 raise ValueError("offset too large")
-            data, _ = c.recv(None)
+            data, _ = self._recv(c)
             if bytesize < offset + len(data):
                 raise multiprocessing.BufferTooShort(data)
             m.cast("B")[offset:offset + len(data)] = data
             return len(data)
 
     def poll(self, timeout=0.0):
-        return self._check_readable().poll(timeout)
+        c = self._check_readable()
+        if timeout is None:
+            return untimed(c.poll, _is_false)
+        return c.poll(timeout)
 
     def __enter__(self):
         return self

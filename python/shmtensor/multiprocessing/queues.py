@@ -26,6 +26,7 @@ import weakref
 
 from shmtensor import _C
 from shmtensor.multiprocessing import reductions
+from shmtensor.multiprocessing._native_wait import untimed
 from shmtensor.multiprocessing._reexport import reexport
 from shmtensor.multiprocessing.frames import frame_reduce, fds_of
 
@@ -33,6 +34,18 @@ from shmtensor.multiprocessing.frames import frame_reduce, fds_of
 __getattr__, __dir__ = reexport(globals(), multiprocessing.queues)
 
 _feeder_lock = threading.Lock()
+
+
+def _is_none(x):
+    return x is None
+
+
+def _is_empty(x):
+    return not x
+
+
+def _is_false(x):
+    return x is False
 
 
 def _timeout(block, timeout):
@@ -169,7 +182,8 @@ class Queue:
     def get(self, block=True, timeout=None):
         q = self._check()
         self._raise_deferred()
-        item = q.get(_timeout(block, timeout))
+        t = _timeout(block, timeout)
+        item = q.get(t) if t is not None else untimed(q.get, _is_none)
         if item is None:
             raise _queue.Empty
         return reductions.loads(*item)
@@ -194,7 +208,11 @@ class Queue:
         if max_items < 1:
             raise ValueError("max_items must be at least 1, not %d" % max_items)
         self._raise_deferred()
-        items = q.get_many(max_items, _timeout(block, timeout))
+        t = _timeout(block, timeout)
+        if t is not None:
+            items = q.get_many(max_items, t)
+        else:
+            items = untimed(lambda s: q.get_many(max_items, s), _is_empty)
         if not items:
             raise _queue.Empty
         out = []
@@ -293,7 +311,7 @@ class JoinableQueue(Queue):
         self._tasks.task_done()
 
     def join(self):
-        self._tasks.join(None)
+        untimed(self._tasks.join, _is_false)
 
 
 class SimpleQueue(Queue):
