@@ -220,6 +220,23 @@ class ItemPlace {
   int slot_ = -1;
 };
 
+// Sleeps on `word` while it holds `seen`, for at most 50 ms and until the deadline, counted
+// in `sleepers` (whoever changes the word calls FUTEX_WAKE only while that is not 0). False,
+// without sleeping, when the deadline has passed.
+bool sleep_slice(std::atomic<std::uint32_t>* word, std::uint32_t seen,
+                 std::atomic<std::uint32_t>* sleepers, const Deadline& deadline) {
+  std::chrono::nanoseconds left = std::chrono::milliseconds(50);
+  if (deadline) {
+    const auto until = *deadline - std::chrono::steady_clock::now();
+    if (until <= until.zero()) return false;
+    left = std::min(left, std::chrono::duration_cast<std::chrono::nanoseconds>(until));
+  }
+  sleepers->fetch_add(1, std::memory_order_seq_cst);
+  futex_wait(word, seen, left);
+  sleepers->fetch_sub(1, std::memory_order_relaxed);
+  return true;
+}
+
 // Admission, decided before the item is framed (so a refused put moves nothing into shared
 // memory): the queue must be open and, when bounded, have room. Takes the item's place for
 // holder slot `slot` by CAS on `count` (acq_rel pairs with a consumer's release of a
@@ -240,15 +257,7 @@ bool admit(QueueControl* c, const Deadline& deadline, int slot, ItemPlace* place
     reclaim_dead_senders(c);
     // Waits are sliced: close() wakes the futex but does not change `count`, so a close()
     // that lands between our check of `closed` and the wait would otherwise wake nobody.
-    std::chrono::nanoseconds left = std::chrono::milliseconds(50);
-    if (deadline) {
-      const auto until = *deadline - std::chrono::steady_clock::now();
-      if (until <= until.zero()) return false;
-      left = std::min(left, std::chrono::duration_cast<std::chrono::nanoseconds>(until));
-    }
-    c->waiters.fetch_add(1, std::memory_order_seq_cst);
-    futex_wait(&c->count, n, left);
-    c->waiters.fetch_sub(1, std::memory_order_relaxed);
+    if (!sleep_slice(&c->count, n, &c->waiters, deadline)) return false;
   }
 }
 
@@ -898,15 +907,7 @@ bool QueueCore::join(std::optional<std::chrono::nanoseconds> timeout) {
     if (n == 0) return true;
     // Sliced: a peer may write the word (the wait then re-reads it), and the slices keep
     // a wake-up lost to a task_done() SIGKILLed between its decrement and its wake short.
-    std::chrono::nanoseconds left = std::chrono::milliseconds(50);
-    if (deadline) {
-      const auto until = *deadline - std::chrono::steady_clock::now();
-      if (until <= until.zero()) return false;
-      left = std::min(left, std::chrono::duration_cast<std::chrono::nanoseconds>(until));
-    }
-    c->joiners.fetch_add(1, std::memory_order_seq_cst);
-    futex_wait(&c->unfinished, n, left);
-    c->joiners.fetch_sub(1, std::memory_order_relaxed);
+    if (!sleep_slice(&c->unfinished, n, &c->joiners, deadline)) return false;
   }
 }
 
