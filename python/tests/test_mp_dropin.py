@@ -116,6 +116,22 @@ def test_spawn_called_as_torchs_spawn(tmp_path):
     assert [(tmp_path / ("out.%d" % i)).read_text() for i in range(2)] == ["0", "1"]
 
 
+def put_one(q):
+    q.put(1)
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_a_queue_of_the_fork_context_reaches_a_child_of_another_start_method(method):
+    # multiprocessing refuses this (a fork context's SemLock, CPython 3.11.5+'s
+    # test_mixed_startmethod asserts the refusal); ours has no SemLock to refuse.
+    q = smp.get_context("fork").Queue()
+    p = smp.get_context(method).Process(target=put_one, args=(q,))
+    p.start()
+    assert q.get(timeout=60) == 1
+    p.join(60)
+    assert p.exitcode == 0
+
+
 # ---- Pipe ------------------------------------------------------------------------------
 
 
