@@ -280,6 +280,25 @@ def test_the_feeder_error_hook_can_be_overridden():
     assert seen == [(AttributeError, NotPicklable)]
 
 
+def test_a_closed_queue_answers_as_multiprocessings_does():
+    # CPython 3.13's test_closed_queue_empty_exceptions: empty() of a closed queue this
+    # handle never put into answers; of one it put into raises OSError; qsize() and full()
+    # answer either way.
+    for q in smp.Queue(), smp.JoinableQueue():
+        q.close()
+        q.join_thread()
+        assert q.empty() and q.qsize() == 0 and not q.full()
+    for q in smp.Queue(1), smp.JoinableQueue(1):
+        q.put("foo")
+        q.close()
+        q.join_thread()
+        with pytest.raises(OSError, match="is closed"):
+            q.empty()
+        assert q.qsize() == 1 and q.full()
+        with pytest.raises(ValueError, match="is closed"):
+            q.get()
+
+
 def test_simple_queue_errors_are_multiprocessings():
     q = smp.SimpleQueue()
     with pytest.raises(AttributeError):

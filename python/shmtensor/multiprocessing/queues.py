@@ -136,6 +136,7 @@ class Queue:
 
     def put(self, obj, block=True, timeout=None):
         q = self._check()
+        self._put_here = True
         try:
             data, blocks = reductions.dumps(obj)
         except Exception as e:
@@ -249,19 +250,32 @@ class Queue:
     def get_nowait(self):
         return self.get(False)
 
+    def _counts(self):
+        """The native queue, for qsize() and full(), which multiprocessing's answer after
+        close() too."""
+        q = self._q
+        return q if q is not None else self.__dict__["_closed_q"]
+
     def qsize(self):
-        return self._check().qsize()
+        return self._counts().qsize()
 
     def _poll(self, timeout):
         return bool(multiprocessing.connection.wait([self._check()], timeout))
 
     def empty(self):
-        return self.qsize() == 0
+        q = self._q
+        if q is None and self.__dict__.get("_put_here"):
+            # As multiprocessing's: close() of a queue this handle put into closes its
+            # reader (empty() then raises), of one it never put into is a no-op.
+            raise OSError("handle is closed")
+        return self._counts().qsize() == 0
 
     def full(self):
-        return self._maxsize > 0 and self.qsize() >= self._maxsize
+        return self._maxsize > 0 and self._counts().qsize() >= self._maxsize
 
     def close(self):
+        if self._q is not None:
+            self.__dict__["_closed_q"] = self._q
         self._q = None
         feeder = self._feeder
         if feeder is not None:
@@ -327,6 +341,9 @@ class SimpleQueue(Queue):
         q = self._check()
         data, blocks = reductions.dumps(obj)  # raises here, as multiprocessing's
         q.put(data, blocks, None)
+
+    def empty(self):
+        return self._check().qsize() == 0  # OSError once closed, as multiprocessing's
 
     def get(self):
         return super().get()
