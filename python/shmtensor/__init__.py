@@ -14,9 +14,11 @@ import numpy as _np
 from shmtensor import _C
 from shmtensor._C import (
     ConfigurationError,
+    ConnectionClosed,
     Error,
     OutOfMemoryError,
     ProtocolError,
+    QueueClosed,
     SharedMemoryFullError,
     SystemCallError,
     Tensor,
@@ -33,7 +35,7 @@ __all__ = [
     "get_sharing_strategy", "set_sharing_strategy", "get_all_sharing_strategies", "empty_cache",
     "set_busy_poll", "get_busy_poll",
     "Error", "SharedMemoryFullError", "SystemCallError", "OutOfMemoryError", "ProtocolError",
-    "ConfigurationError",
+    "ConfigurationError", "ConnectionClosed", "QueueClosed",
 ]
 
 

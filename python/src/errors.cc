@@ -3,14 +3,17 @@
 // would catch for the same failure: MemoryError for a full /dev/shm, OSError (errno set)
 // for a failed system call (and MemoryError too when it failed for want of memory, ENOMEM,
 // as NumPy raises MemoryError for an array too large to allocate), ValueError for bad input
-// from a peer or a bad configuration.
+// from a peer or a bad configuration, EOFError for a connection whose peer closed,
+// ValueError for a queue closed (as multiprocessing raises for a closed Queue).
 #include <cerrno>
 #include <cstring>
 #include <stdexcept>
 #include <string>
 
 #include "bindings.h"
+#include "shmtensor/connection.h"
 #include "shmtensor/error.h"
+#include "shmtensor/queue.h"
 
 namespace py = pybind11;
 
@@ -26,6 +29,8 @@ PyObject* g_system = nullptr;
 PyObject* g_out_of_memory = nullptr;
 PyObject* g_protocol = nullptr;
 PyObject* g_configuration = nullptr;
+PyObject* g_connection_closed = nullptr;
+PyObject* g_queue_closed = nullptr;
 
 PyObject* new_class(py::module_& m, const char* name, py::tuple bases, const char* doc) {
   std::string qualified = std::string("shmtensor.") + name;
@@ -83,6 +88,16 @@ void bind_errors(py::module_& m) {
       m, "ConfigurationError",
       py::make_tuple(error, py::reinterpret_borrow<py::object>(PyExc_ValueError)),
       "The job's configuration (options, environment variables) is invalid.");
+  g_connection_closed = new_class(
+      m, "ConnectionClosed",
+      py::make_tuple(error, py::reinterpret_borrow<py::object>(PyExc_EOFError)),
+      "A connection's peer closed (or exited), and everything it sent was received; an "
+      "EOFError, as multiprocessing's Connection raises.");
+  g_queue_closed = new_class(
+      m, "QueueClosed",
+      py::make_tuple(error, py::reinterpret_borrow<py::object>(PyExc_ValueError)),
+      "A put on a closed queue, or a get on one closed and drained; a ValueError, as "
+      "multiprocessing raises for a closed Queue.");
 
   // Translators run newest first; subclasses are caught before their bases within one.
   // A translator registered later (bind_transport's, for its own types) runs before this.
@@ -104,6 +119,10 @@ void bind_errors(py::module_& m) {
       raise(g_protocol, e.what());
     } catch (const ConfigurationError& e) {
       raise(g_configuration, e.what());
+    } catch (const ConnectionClosed& e) {
+      raise(g_connection_closed, e.what());
+    } catch (const QueueClosed& e) {
+      raise(g_queue_closed, e.what());
     } catch (const Error& e) {
       raise(g_error, e.what());
     } catch (const std::out_of_range& e) {

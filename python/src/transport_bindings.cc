@@ -112,34 +112,30 @@ T decode_whole(Decoder d) {
 class PyConnection {
  public:
   explicit PyConnection(Connection c) : c_(std::move(c)) {}
+  // A closed peer is shmtensor.ConnectionClosed, an EOFError (errors.cc), as
+  // multiprocessing's Connection raises.
   void send(py::bytes data, const std::vector<Tensor>& blocks) {
     Item item = make_item(std::move(data), blocks);
-    eof_as_python([&] {
-      py::gil_scoped_release release;
-      c_.send(item);
-    });
+    py::gil_scoped_release release;
+    c_.send(item);
   }
   // None on timeout.
   std::optional<py::tuple> recv(std::optional<double> timeout) {
     std::optional<Item> item;
-    eof_as_python([&] {
+    {
       py::gil_scoped_release release;
       if (timeout) {
         item = c_.try_recv<Item>(*to_timeout(timeout));
       } else {
         item = c_.recv<Item>();
       }
-    });
+    }
     if (!item) return std::nullopt;
     return item_to_python(std::move(*item));
   }
   bool poll(std::optional<double> timeout) {
-    bool ready = false;
-    eof_as_python([&] {
-      py::gil_scoped_release release;
-      ready = c_.poll(to_timeout(timeout));
-    });
-    return ready;
+    py::gil_scoped_release release;
+    return c_.poll(to_timeout(timeout));
   }
   void close() { c_.close(); }
   bool closed() const { return !c_.valid(); }
@@ -150,17 +146,6 @@ class PyConnection {
   Connection& get() { return c_; }
 
  private:
-  // multiprocessing's Connection reports a closed peer as EOFError. Called with the GIL held
-  // (f releases it inside).
-  template <class F>
-  static void eof_as_python(F&& f) {
-    try {
-      f();
-    } catch (const ConnectionClosed& e) {
-      PyErr_SetString(PyExc_EOFError, e.what());
-      throw py::error_already_set();
-    }
-  }
   Connection c_;
 };
 
@@ -370,8 +355,6 @@ void bind_transport(py::module_& m) {
   m.def("_queue_of_frame", [](const std::string& data, const std::vector<int>& fds) {
     return PyQueue(decode_whole<Queue<Item>>(parse(data, fds)));
   });
-
-  py::register_exception<QueueClosed>(m, "QueueClosed", PyExc_ValueError);
 }
 
 }  // namespace shmtensor::python

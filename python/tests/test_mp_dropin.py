@@ -21,6 +21,7 @@ import time
 import numpy as np
 import pytest
 
+import shmtensor
 import shmtensor.multiprocessing as smp
 from helpers import run_in_child
 
@@ -238,8 +239,12 @@ def test_pipe_errors_are_multiprocessings():
     b.close()
     with pytest.raises(BrokenPipeError):
         a.send("to nobody")
-    with pytest.raises(EOFError):
+    with pytest.raises(EOFError) as eof:
         a.recv()
+    assert isinstance(eof.value, shmtensor.ConnectionClosed)  # one hierarchy: shmtensor.Error
+    assert isinstance(eof.value, shmtensor.Error)
+    assert issubclass(shmtensor.QueueClosed, shmtensor.Error)
+    assert issubclass(shmtensor.QueueClosed, ValueError)
     a.close()
     with pytest.raises(OSError, match="handle is closed"):
         a.fileno()
