@@ -6,8 +6,8 @@
 //   worker -> main  entries, each u64 id + u8 kind:
 //                     kBatch <batch> | kError/kInitError <i64 index, str stage, str text>
 //                     | kEnd (an iterable worker has nothing more this epoch)
-//                   closed by u64 0 + u8 kDone (today one entry per message; the main
-//                   process accepts several).
+//                   closed by u64 0 + u8 kDone (a worker sends one entry per message; the
+//                   main process accepts several).
 #pragma once
 
 #include <chrono>
@@ -122,8 +122,8 @@ class WorkerPort {
 
 // Sends one reply entry. A batch that cannot be encoded (its memory cannot be shared) is
 // replaced by that failure. One message per batch: the main process gets every batch as
-// soon as it is made (holding finished batches back to send several at once measured no
-// faster, and delays a batch behind a slow one).
+// soon as it is made (holding finished batches back to send several at once is no faster,
+// docs/data_loader.md, and delays a batch behind a slow one).
 template <class Batch>
 void send_entry(WorkerPort& port, std::uint64_t id, EntryKind kind, const Batch* batch,
                 const WorkerFailure& failure) {
