@@ -303,7 +303,8 @@ void bind_transport(py::module_& m) {
 
   py::class_<PyQueue>(m, "_Queue")
       .def(py::init([](std::size_t maxsize, bool joinable) {
-             return joinable ? PyQueue(JoinableQueue<Item>(maxsize)) : PyQueue(Queue<Item>(maxsize));
+             return joinable ? PyQueue(JoinableQueue<Item>(maxsize))
+                             : PyQueue(Queue<Item>(maxsize));
            }),
            py::arg("maxsize") = 0, py::arg("joinable") = false)
       .def("put", &PyQueue::put, py::arg("data"), py::arg("blocks"), py::arg("timeout"),
@@ -339,7 +340,8 @@ void bind_transport(py::module_& m) {
       .def(
           "join",
           [](PyQueue& q, std::optional<double> timeout) {
-            if (!q.core().joinable()) throw py::value_error("join() on a queue that is not joinable");
+            if (!q.core().joinable())
+              throw py::value_error("join() on a queue that is not joinable");
             py::gil_scoped_release release;
             return q.core().join(to_timeout(timeout));
           },
