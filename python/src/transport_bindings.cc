@@ -153,7 +153,8 @@ class PyQueue {
  public:
   explicit PyQueue(Queue<Item> q) : q_(std::move(q)) {}
   // False on timeout (0: do not wait; None: wait for room).
-  // counted: a JoinableQueue's item whose task begin_task() counted already.
+  // counted: an item whose task begin_task() counted already (Python's feeder thread sends
+  // every item so; begin_task and the count are no-ops unless the queue is joinable).
   bool put(py::bytes data, const std::vector<Tensor>& blocks, std::optional<double> timeout,
            bool counted) {
     if (counted) return put_counted(std::move(data), blocks, timeout);
@@ -327,7 +328,6 @@ void bind_transport(py::module_& m) {
                                return b->count();
                              })
       .def("fileno", &PyQueue::fileno)
-      .def_property_readonly("joinable", [](PyQueue& q) { return q.core().joinable(); })
       // multiprocessing's errors: ValueError for one task_done() too many.
       .def("task_done",
            [](PyQueue& q) {

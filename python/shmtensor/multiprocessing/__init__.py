@@ -45,18 +45,19 @@ __all__ = list(multiprocessing.__all__) + [
 ]
 
 
+_getattr_of_multiprocessing, _dir_with_multiprocessing = _reexport.reexport(globals(),
+                                                                            multiprocessing)
+
+
 def __getattr__(name):
-    """multiprocessing's other names (SUBDEBUG, SUBWARNING, ...) and submodules."""
-    try:
-        if name in _reexport.ALIASED:
-            return importlib.import_module(__name__ + "." + name)
-        return getattr(multiprocessing, name)
-    except (AttributeError, ImportError):
-        raise AttributeError("module %r has no attribute %r" % (__name__, name)) from None
+    """multiprocessing's submodules, and its other names (SUBDEBUG, SUBWARNING, ...)."""
+    if name in _reexport.ALIASED:
+        return importlib.import_module(__name__ + "." + name)
+    return _getattr_of_multiprocessing(name)
 
 
 def __dir__():
-    return sorted(set(globals()) | set(dir(multiprocessing)) | _reexport.ALIASED)
+    return sorted(set(_dir_with_multiprocessing()) | _reexport.ALIASED)
 
 
 def Pool(processes=None, initializer=None, initargs=(), maxtasksperchild=None):

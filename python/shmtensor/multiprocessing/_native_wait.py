@@ -11,12 +11,12 @@ import threading
 SLICE = 0.1
 
 
-def untimed(call, timed_out):
-    """call(None)'s result, or that of call(SLICE) repeated while timed_out(result) in the
-    main thread."""
+def untimed(call):
+    """call(None)'s result, or in the main thread that of call(SLICE) repeated while it is
+    false (the native calls say "timed out" with None, False or an empty list)."""
     if threading.current_thread() is not threading.main_thread():
         return call(None)
     while True:
         result = call(SLICE)
-        if not timed_out(result):
+        if result:
             return result

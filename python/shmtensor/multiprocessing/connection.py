@@ -25,14 +25,6 @@ from shmtensor.multiprocessing.frames import frame_reduce, fds_of
 __getattr__, __dir__ = reexport(globals(), _mpconnection)
 
 
-def _is_none(x):
-    return x is None
-
-
-def _is_false(x):
-    return x is False
-
-
 class Connection:
     def __init__(self, native, readable=True, writable=True):
         if not readable and not writable:
@@ -91,7 +83,7 @@ class Connection:
         self._send(c, data, blocks)
 
     def _recv(self, c):
-        return untimed(c.recv, _is_none)
+        return untimed(c.recv)
 
     def recv(self):
         data, blocks = self._recv(self._check_readable())
@@ -99,9 +91,7 @@ class Connection:
 
     def send_bytes(self, buf, offset=0, size=None):
         c = self._check_writable()
-        m = memoryview(buf)
-        if m.itemsize > 1:
-            m = m.cast("B")
+        m = memoryview(buf).cast("B")
         n = m.nbytes
         if offset < 0:
             raise ValueError("offset is negative")
@@ -113,7 +103,7 @@ class Connection:
             raise ValueError("size is negative")
         elif offset + size > n:
             raise ValueError("buffer length < offset + size")
-        self._send(c, bytes(m.cast("B")[offset:offset + size]), [])
+        self._send(c, bytes(m[offset:offset + size]), [])
 
     def recv_bytes(self, maxlength=None):
         c = self._check_readable()
@@ -146,7 +136,7 @@ class Connection:
     def poll(self, timeout=0.0):
         c = self._check_readable()
         if timeout is None:
-            return untimed(c.poll, _is_false)
+            return untimed(c.poll)
         return c.poll(timeout)
 
     def __enter__(self):

@@ -1,8 +1,10 @@
-"""Queue and SimpleQueue on shmtensor's native transport (a SOCK_SEQPACKET socket pair and a
-shared control block, include/shmtensor/queue.h).
+"""Queue, JoinableQueue and SimpleQueue on shmtensor's native transport (a SOCK_SEQPACKET
+socket pair, a ring and a shared control block, include/shmtensor/queue.h); every other
+name of multiprocessing.queues is the standard library's.
 
-The API is multiprocessing's. put() pickles at once (an object that cannot be pickled
-raises there) and sends at once when there is room. A Queue without maxsize never blocks in
+The API is multiprocessing's. put() pickles at once and sends at once when there is room;
+an object that cannot be pickled goes to _on_queue_feeder_error and is dropped, as
+multiprocessing's feeder thread does (SimpleQueue.put() raises, as multiprocessing's). A Queue without maxsize never blocks in
 put(), as multiprocessing's does not: an item that finds the transport full (its ring's
 4,096 slots and the socket's buffer) waits in this handle's buffer, which a feeder thread
 sends in order (started then, and only then); join_thread() waits for it to drain,
@@ -36,18 +38,6 @@ __getattr__, __dir__ = reexport(globals(), multiprocessing.queues)
 _feeder_lock = threading.Lock()
 
 
-def _is_none(x):
-    return x is None
-
-
-def _is_empty(x):
-    return not x
-
-
-def _is_false(x):
-    return x is False
-
-
 def _timeout(block, timeout):
     if not block:
         return 0.0
@@ -61,8 +51,8 @@ class _Feeder:
     sends them in order (blocking puts). One per handle and process, made on first need."""
 
     def __init__(self, q):
-        # (data, blocks, counted), the first one being sent; counted: a JoinableQueue's item
-        # whose task put() counted already.
+        # (data, blocks), the first one being sent; each one's task (a JoinableQueue's)
+        # was counted by put() (begin_task), so it is sent as counted.
         self.pending = collections.deque()
         self.cond = threading.Condition(threading.Lock())
         self.closing = False
@@ -80,9 +70,9 @@ class _Feeder:
                     self.cond.wait()
                 if not self.pending:
                     return
-                data, blocks, counted = self.pending[0]
+                data, blocks = self.pending[0]
             try:
-                q.put(data, blocks, None, counted)
+                q.put(data, blocks, None, True)
             except Exception:  # as multiprocessing's feeder: say so, drop the item, go on
                 print("shmtensor Queue feeder thread: an item could not be sent", file=sys.stderr)
                 traceback.print_exc()
@@ -124,10 +114,7 @@ class Queue:
 
     def __init__(self, maxsize=0, *, ctx=None):
         self._maxsize = max(int(maxsize), 0)
-        self._set_native(_C._Queue(self._maxsize))
-
-    def _set_native(self, native):
-        self._q = native
+        self._q = _C._Queue(self._maxsize)
 
     def _check(self):
         if self._q is None:
@@ -170,7 +157,7 @@ class Queue:
             # A JoinableQueue's item is an unfinished task from now on, as in multiprocessing
             # (a join() anywhere waits for it).
             q.begin_task()
-            feeder.pending.append((data, blocks, True))
+            feeder.pending.append((data, blocks))
             feeder.cond.notify_all()
 
     @staticmethod
@@ -184,7 +171,7 @@ class Queue:
         q = self._check()
         self._raise_deferred()
         t = _timeout(block, timeout)
-        item = q.get(t) if t is not None else untimed(q.get, _is_none)
+        item = q.get(t) if t is not None else untimed(q.get)
         if item is None:
             raise _queue.Empty
         return reductions.loads(*item)
@@ -213,7 +200,7 @@ class Queue:
         if t is not None:
             items = q.get_many(max_items, t)
         else:
-            items = untimed(lambda s: q.get_many(max_items, s), _is_empty)
+            items = untimed(lambda s: q.get_many(max_items, s))
         if not items:
             raise _queue.Empty
         out = []
@@ -250,14 +237,14 @@ class Queue:
     def get_nowait(self):
         return self.get(False)
 
-    def _counts(self):
-        """The native queue, for qsize() and full(), which multiprocessing's answer after
-        close() too."""
+    def _native(self):
+        """The native queue, also after close(): qsize(), full() and a JoinableQueue's
+        task_done() and join() work on a closed handle, as multiprocessing's."""
         q = self._q
         return q if q is not None else self.__dict__["_closed_q"]
 
     def qsize(self):
-        return self._counts().qsize()
+        return self._native().qsize()
 
     def _poll(self, timeout):
         return bool(multiprocessing.connection.wait([self._check()], timeout))
@@ -268,10 +255,10 @@ class Queue:
             # As multiprocessing's: close() of a queue this handle put into closes its
             # reader (empty() then raises), of one it never put into is a no-op.
             raise OSError("handle is closed")
-        return self._counts().qsize() == 0
+        return self._native().qsize() == 0
 
     def full(self):
-        return self._maxsize > 0 and self._counts().qsize() >= self._maxsize
+        return self._maxsize > 0 and self._native().qsize() >= self._maxsize
 
     def close(self):
         if self._q is not None:
@@ -303,7 +290,7 @@ class Queue:
 def _rebuild_queue(data, fd_refs, cls, maxsize):
     q = cls.__new__(cls)
     q._maxsize = maxsize
-    q._set_native(_C._queue_of_frame(data, fds_of(fd_refs)))
+    q._q = _C._queue_of_frame(data, fds_of(fd_refs))
     return q
 
 
@@ -315,17 +302,14 @@ class JoinableQueue(Queue):
 
     def __init__(self, maxsize=0, *, ctx=None):
         self._maxsize = max(int(maxsize), 0)
-        self._set_native(_C._Queue(self._maxsize, joinable=True))
-
-    def _set_native(self, native):
-        self._q = self._tasks = native
+        self._q = _C._Queue(self._maxsize, joinable=True)
 
     def task_done(self):
         """Raises ValueError when called more times than there were items put."""
-        self._tasks.task_done()
+        self._native().task_done()
 
     def join(self):
-        untimed(self._tasks.join, _is_false)
+        untimed(self._native().join)
 
 
 class SimpleQueue(Queue):

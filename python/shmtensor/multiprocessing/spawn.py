@@ -143,8 +143,8 @@ __getattr__, __dir__ = reexport(globals(), _mpspawn)
 
 
 class _CallableModule(types.ModuleType):
-    def __call__(self, fn, args=(), nprocs=1, join=True, daemon=False, start_method="spawn"):
-        return spawn(fn, args, nprocs, join, daemon, start_method)
+    def __call__(self, *args, **kwargs):
+        return spawn(*args, **kwargs)
 
 
 sys.modules[__name__].__class__ = _CallableModule
