@@ -28,50 +28,6 @@ std::uint64_t load_u64(const std::byte* p) noexcept {
 
 }  // namespace
 
-void init_shared_mutex(pthread_mutex_t* m) {
-  pthread_mutexattr_t attr;
-  ::pthread_mutexattr_init(&attr);
-  ::pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
-  ::pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST);
-  const int rc = ::pthread_mutex_init(m, &attr);
-  ::pthread_mutexattr_destroy(&attr);
-  if (rc != 0) throw SystemError(rc, "pthread_mutex_init", "a message ring's lock");
-}
-
-// Locks `m`, waiting until `deadline` (false when it passed first). A holder that died
-// leaves it consistent-able (EOWNERDEAD): the lock goes on, and the caller's protocol
-// repairs what the dead holder left.
-bool lock_shared(pthread_mutex_t* m, const Deadline& deadline) {
-  int rc;
-  if (!deadline) {
-    rc = ::pthread_mutex_lock(m);
-  } else {
-    // pthread_mutex_timedlock takes CLOCK_REALTIME: the steady deadline is carried over to
-    // it (a jump of the wall clock meanwhile moves it). Not pthread_mutex_clocklock: the
-    // ThreadSanitizer of GCC 12 does not know it, and then reports our unlock as one of a
-    // mutex nobody locked.
-    const auto left = std::max(*deadline - std::chrono::steady_clock::now(),
-                               std::chrono::steady_clock::duration::zero());
-    const auto at = std::chrono::system_clock::now().time_since_epoch() +
-                    std::chrono::duration_cast<std::chrono::system_clock::duration>(left);
-    const auto secs = std::chrono::duration_cast<std::chrono::seconds>(at);
-    timespec ts{static_cast<time_t>(secs.count()),
-                static_cast<long>(std::chrono::duration_cast<std::chrono::nanoseconds>(at - secs)
-                                      .count())};
-    rc = ::pthread_mutex_timedlock(m, &ts);
-  }
-  if (rc == EOWNERDEAD) {
-    ::pthread_mutex_consistent(m);
-    return true;
-  }
-  if (rc == ETIMEDOUT) return false;
-  if (rc != 0)
-    throw ProtocolError(std::string("a lock in shared memory cannot be taken (") +
-                        std::strerror(rc) + "): another process wrote over it");
-  return true;
-}
-
-
 void wait_for_signallers(const std::atomic<std::uint32_t>& signalling,
                          std::atomic<std::uint32_t>& stuck) noexcept {
   const std::uint32_t floor = stuck.load(std::memory_order_relaxed);
@@ -97,6 +53,14 @@ void drop_datagram(const AnnouncedPath& p, Datagram&& d) noexcept {
 }
 
 namespace {
+
+// The locks' names in errors.
+const char* recv_lock_name(const AnnouncedPath& p) {
+  return std::strcmp(p.owner, "queue") == 0 ? "the queue's receive lock" : "the connection's receive lock";
+}
+const char* send_lock_name(const AnnouncedPath& p) {
+  return std::strcmp(p.owner, "queue") == 0 ? "the queue's send lock" : "the connection's send lock";
+}
 
 // One datagram off the socket without waiting; kTimeout when there is none.
 Datagram datagram_now(int sock) { return receive_datagram(sock, std::chrono::steady_clock::now()); }
@@ -143,10 +107,12 @@ std::optional<std::optional<std::uint64_t>> peek_head(int sock) {
 // Takes every datagram at the socket's head that no marker will claim, under recv_lock,
 // and returns them: the caller drops them after unlocking (parsing one can take long, and
 // one may hold a copy of this very queue, whose drop can drain and so take the lock).
-std::vector<Datagram> take_dead_heads(const AnnouncedPath& p) {
+// Empty when the lock was not had by `deadline`.
+std::vector<Datagram> take_dead_heads(const AnnouncedPath& p, const Deadline& deadline) {
   std::vector<Datagram> dead;
-    (void)lock_shared(p.recv_lock, std::nullopt);
-  SharedLockGuard unlock{p.recv_lock};
+  if (lock_shared(*p.recv_lock, deadline, LockHold::kBrief, recv_lock_name(p)) == Locked::kTimeout)
+    return dead;
+  SharedLockGuard unlock{*p.recv_lock};
   const int sock = p.recv_fd;
   while (auto head = peek_head(sock)) {
     if (owner_of(*p.ring, *head, std::nullopt) != HeadOwner::kNobody) break;
@@ -171,8 +137,10 @@ AnnouncedSend send_announced(const AnnouncedPath& p, OutgoingFrame& frame,
   Deadline lock_deadline = deadline;
   if (deadline)
     lock_deadline = std::max(*deadline, std::chrono::steady_clock::now() + std::chrono::milliseconds(20));
-  if (!lock_shared(p.send_lock, lock_deadline)) return AnnouncedSend::kTimeout;
-  SharedLockGuard unlock{p.send_lock};
+  if (lock_shared(*p.send_lock, lock_deadline, LockHold::kLong, send_lock_name(p)) ==
+      Locked::kTimeout)
+    return AnnouncedSend::kTimeout;
+  SharedLockGuard unlock{*p.send_lock};
   const Ring::Reservation r = p.ring->reserve(deadline);
   if (r.status == Ring::Status::kTimeout) return AnnouncedSend::kTimeout;
   if (r.status == Ring::Status::kClosed) return AnnouncedSend::kClosed;
@@ -182,7 +150,7 @@ AnnouncedSend send_announced(const AnnouncedPath& p, OutgoingFrame& frame,
     std::function<void()> drop_dead_heads;
     if (p.recv_fd >= 0)
       drop_dead_heads = [&] {
-        for (Datagram& d : take_dead_heads(p)) drop_datagram(p, std::move(d));
+        for (Datagram& d : take_dead_heads(p, deadline)) drop_datagram(p, std::move(d));
       };
     sent = send_frame(p.send_fd, frame, deadline, std::as_bytes(std::span(&id, 1)),
                       drop_dead_heads);
@@ -203,16 +171,22 @@ AnnouncedSend send_announced(const AnnouncedPath& p, OutgoingFrame& frame,
   return AnnouncedSend::kSent;
 }
 
-// The datagram of the marker at `pos`, which this thread took (its slot stays claimed in
-// our name until the datagram is taken; then, or on an error, it is released). Throws
-// ProtocolError when the socket does not have it (a marker another process wrote, or a
-// datagram another process took). Datagrams before it that nobody will take are dropped.
-Datagram take_announced(const AnnouncedPath& p, std::uint64_t pos) {
-  struct Release {
+std::optional<Datagram> take_announced(const AnnouncedPath& p, std::uint64_t pos,
+                                       const Deadline& deadline) {
+  struct Release {  // the marker's slot, released unless it is given back
     Ring& ring;
     std::uint64_t pos;
-    ~Release() { ring.release(pos); }
+    bool give_back = false;
+    ~Release() {
+      if (give_back)
+        ring.unread(pos);
+      else
+        ring.release(pos);
+    }
   } release{*p.ring, pos};
+  Deadline until = deadline;
+  if (until) until = std::max(*until, std::chrono::steady_clock::now() + kAnnouncedGrace);
+  auto pause = std::chrono::microseconds(20);
   const int sock = p.recv_fd;
   std::vector<Datagram> dead;
   struct DropDead {  // after the lock is given back, on every path
@@ -228,9 +202,8 @@ Datagram take_announced(const AnnouncedPath& p, std::uint64_t pos) {
                          "wrote the marker, or took the datagram)");
   };
   for (;;) {
-    {
-      (void)lock_shared(p.recv_lock, std::nullopt);
-      SharedLockGuard unlock{p.recv_lock};
+    if (lock_shared(*p.recv_lock, until, LockHold::kBrief, recv_lock_name(p)) != Locked::kTimeout) {
+      SharedLockGuard unlock{*p.recv_lock};
       // Fast path: when no consumer holds a marker between the last one whose datagram was
       // taken and ours, the socket's next datagram is ours, or one nobody will take: take
       // it without a peek (a syscall less). Otherwise, or when that is far, look first.
@@ -300,7 +273,13 @@ Datagram take_announced(const AnnouncedPath& p, std::uint64_t pos) {
         }
       }
     }
-    std::this_thread::sleep_for(std::chrono::microseconds(20));
+    // An earlier marker's consumer takes its datagram first (or the lock was not had).
+    if (until && std::chrono::steady_clock::now() >= *until) {
+      release.give_back = true;
+      return std::nullopt;
+    }
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(5000));
   }
 }
 

@@ -12,12 +12,11 @@
 // counts they carry.
 #pragma once
 
-#include <pthread.h>
-
 #include <atomic>
 #include <cstdint>
 #include <optional>
 
+#include "os/shared_lock.h"
 #include "transport/channel.h"
 #include "transport/ring.h"
 #include "wire/wire.h"
@@ -34,8 +33,10 @@ struct AnnouncedPath {
   Ring* ring = nullptr;
   int send_fd = -1;  // where this process sends datagrams (-1: it sends none here)
   int recv_fd = -1;  // where it takes them (-1: it takes none here)
-  pthread_mutex_t* send_lock = nullptr;
-  pthread_mutex_t* recv_lock = nullptr;
+  // send_lock is held while a sender waits for room (LockHold::kLong); recv_lock for a
+  // few system calls (kBrief).
+  SharedLock* send_lock = nullptr;
+  SharedLock* recv_lock = nullptr;
   // Under recv_lock: no datagram of a marker below this position is in the socket any more
   // (a hint for the fast path of take_announced; a peer that writes a wrong value here can
   // make receivers drop messages, never crash or hang them).
@@ -49,17 +50,6 @@ struct AnnouncedPath {
   int wake = 1;
 };
 
-// A robust, process-shared mutex in shared memory. Throws SystemError.
-void init_shared_mutex(pthread_mutex_t* m);
-// Locks `m`, waiting until `deadline` (false when it passed first). A holder that died
-// leaves it consistent-able (EOWNERDEAD): the lock goes on, and the caller's protocol
-// repairs what the dead holder left. Throws ProtocolError for a lock a peer wrote over.
-bool lock_shared(pthread_mutex_t* m, const Deadline& deadline);
-struct SharedLockGuard {
-  pthread_mutex_t* m;
-  ~SharedLockGuard() { ::pthread_mutex_unlock(m); }
-};
-
 // Sends `frame` as a datagram announced by a marker: the marker's position reserved, then
 // [position][frame] sent, then the marker published, all under send_lock. kTimeout when the
 // deadline passed first (nothing was sent; a reserved position is given up); kClosed when
@@ -71,10 +61,18 @@ enum class AnnouncedSend { kSent, kTimeout, kClosed };
 AnnouncedSend send_announced(const AnnouncedPath& path, OutgoingFrame& frame,
                              const Deadline& deadline);
 // The datagram of the marker at `pos`, which this thread took (its slot stays claimed in
-// our name until the datagram is taken; then, or on an error, it is released). Throws
+// our name until the datagram is taken; then, or on an error, it is released). It is the
+// socket's next once every earlier marker's datagram was taken: while a live consumer
+// holds an earlier marker (it may be stopped), this waits, until `deadline`; then the
+// marker is given back to the ring (Ring::unread: the next pop takes it again) and the
+// result is empty. A deadline that has passed gets kAnnouncedGrace all the same, as a
+// non-blocking get must find an item whose datagram another consumer is taking now. Throws
 // ProtocolError when the socket does not have it (a marker another process wrote, or a
-// datagram another process took). Datagrams before it that nobody will take are dropped.
-Datagram take_announced(const AnnouncedPath& path, std::uint64_t pos);
+// datagram another process took), and for a receive lock held by a wedged process
+// (os/shared_lock.h). Datagrams before it that nobody will take are dropped.
+inline constexpr auto kAnnouncedGrace = std::chrono::milliseconds(20);
+std::optional<Datagram> take_announced(const AnnouncedPath& path, std::uint64_t pos,
+                                       const Deadline& deadline);
 // The frame of a datagram take_announced returned, parsed.
 Decoder parse_announced(const AnnouncedPath& path, Datagram&& d);
 // A datagram no marker will claim: parsed and dropped, so that the counts it carries go

@@ -47,7 +47,7 @@ using Clock = std::chrono::steady_clock;
 // slot). A sender waits when its peer has 256 messages it has not taken.
 constexpr std::uint32_t kConnectionRingSlots = 256;
 constexpr std::uint32_t kConnectionRingSlotBytes = 1024;
-constexpr std::uint64_t kLinkMagic = 0x314b4e494c545453ULL;  // "STTLINK1"
+constexpr std::uint64_t kLinkMagic = 0x324b4e494c545453ULL;  // "STTLINK2"
 // A peer that died without close() is noticed by a sender at most this long after (read
 // on CLOCK_MONOTONIC_COARSE, whose tick, 4 ms here, it may overrun by).
 constexpr std::int64_t kPeerCheckIntervalNs = 10'000'000;
@@ -65,8 +65,8 @@ constexpr int kWakeAll = INT_MAX;
 struct LinkControl {
   std::uint64_t magic;
   // The datagram path's (transport/announced.h).
-  alignas(64) pthread_mutex_t send_lock;
-  alignas(64) pthread_mutex_t recv_lock;
+  alignas(64) SharedLock send_lock;
+  alignas(64) SharedLock recv_lock;
   std::uint64_t taken_below;
   // How many want the receiving end's readiness fd signalled: one per handle whose
   // native_handle() was asked for (for good: nobody knows when its caller polls), and one
@@ -404,8 +404,10 @@ bool send_ringed(ConnectionCore& c, Encoder&& encoder, const Deadline& deadline)
 }
 
 // A slot taken off our ring, parsed: the frame in the slot, or the datagram it announces.
-Decoder receive_popped(ConnectionCore& c, std::shared_ptr<std::byte[]> buffer,
-                       const Ring::Popped& p) {
+// Empty when that datagram is behind one another receiver holds past `deadline`
+// (take_announced: the marker is back in the ring).
+std::optional<Decoder> receive_popped(ConnectionCore& c, std::shared_ptr<std::byte[]> buffer,
+                                      const Ring::Popped& p, const Deadline& deadline) {
   const SegmentFetcher depot{fetch_deposited, &c};
   if (p.tag == kRingMessageTag) {
     std::byte* data = buffer.get();
@@ -418,7 +420,9 @@ Decoder receive_popped(ConnectionCore& c, std::shared_ptr<std::byte[]> buffer,
                         ", neither a message nor a marker");
   buffer.reset();  // the datagram is received into the same per-thread buffer
   const AnnouncedPath path = c.in_path(&depot);
-  Decoder d = parse_announced(path, take_announced(path, p.pos));
+  std::optional<Datagram> datagram = take_announced(path, p.pos, deadline);
+  if (!datagram) return std::nullopt;
+  Decoder d = parse_announced(path, std::move(*datagram));
   pin_received(c, d);
   return d;
 }
@@ -542,7 +546,7 @@ std::optional<Decoder> recv_ringed(ConnectionCore& c, const Deadline& deadline) 
   const std::optional<Ring::Popped> p =
       pop_ringed(c, deadline, std::span(buffer.get(), c.in.max_message()));
   if (!p) return std::nullopt;
-  return receive_popped(c, std::move(buffer), *p);
+  return receive_popped(c, std::move(buffer), *p, deadline);
 }
 
 // What recv<Tensor> does with a message the general way: the whole of it, as a Tensor.
@@ -563,7 +567,9 @@ bool recv_tensor_ringed(ConnectionCore& c, const Deadline& deadline, Tensor& out
   }
   auto buffer = receive_buffer();
   std::memcpy(buffer.get(), slot, p->size);
-  decode_tensor(receive_popped(c, std::move(buffer), *p), out);
+  std::optional<Decoder> d = receive_popped(c, std::move(buffer), *p, deadline);
+  if (!d) return false;
+  decode_tensor(std::move(*d), out);
   return true;
 }
 
@@ -592,8 +598,6 @@ ConnectionCore& live(const std::unique_ptr<ConnectionCore>& core, const char* ca
 
 void init_link(Ring& ring) {
   auto* c = new (ring.user_area()) LinkControl{};
-  init_shared_mutex(&c->send_lock);
-  init_shared_mutex(&c->recv_lock);
   c->taken_below = 0;
   c->readiness_wanted.store(0, std::memory_order_relaxed);
   c->close_epoch.store(0, std::memory_order_relaxed);

@@ -75,7 +75,7 @@ int find_entry(DepotTable* t, std::uint64_t uid, bool* claimed = nullptr) noexce
 
 void init_depot(DepotTable* t) {
   t->usable.store(peek_offset_works() ? 1 : 0, std::memory_order_relaxed);
-  init_shared_mutex(&t->lock);
+  t->lock.state.store(0, std::memory_order_relaxed);
   for (auto& e : t->entries) {
     e.uid.store(0, std::memory_order_relaxed);
     e.state.store(kDepositing, std::memory_order_relaxed);
@@ -128,8 +128,8 @@ std::shared_ptr<Segment> depot_fetch(DepotTable* t, int peek_sock, std::uint64_t
   if (auto seg = Registry::instance().find_segment(uid)) return seg;
   UniqueFd found;
   {
-    (void)lock_shared(&t->lock, std::nullopt);
-    SharedLockGuard unlock{&t->lock};
+    (void)lock_shared(t->lock, std::nullopt, LockHold::kBrief, "a depot's lock");
+    SharedLockGuard unlock{t->lock};
     // Datagram by datagram, each peek at the byte offset where the next one starts (a
     // peek moves the shared offset by the bytes it copied, not by the datagram: set it
     // each time). MSG_TRUNC returns a datagram's whole length. An empty datagram is

@@ -9,12 +9,12 @@
 // Queue and Connection both keep a DepotTable in their shared memory.
 #pragma once
 
-#include <pthread.h>
-
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+
+#include "os/shared_lock.h"
 
 namespace shmtensor::internal {
 
@@ -38,9 +38,9 @@ struct DepotTable {
   // (otherwise nothing is deposited, and every message carries its fds).
   std::atomic<std::uint32_t> usable;
   std::uint32_t pad;
-  // Robust, process-shared: held while a process looks through the depot (the socket's
-  // peek offset is shared by every holder of that socket).
-  alignas(64) pthread_mutex_t lock;
+  // Held (briefly) while a process looks through the depot: the socket's peek offset is
+  // shared by every holder of that socket.
+  alignas(64) SharedLock lock;
   alignas(64) DepotEntry entries[kDepotSegments];
 };
 

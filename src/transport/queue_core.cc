@@ -54,7 +54,7 @@ static_assert(kQueueRingItem == kRingMessageTag && kQueueRingMarker == kRingMark
 namespace {
 
 constexpr std::uint64_t kQueueMagic = 0x314555455154534dULL;  // "MSTQUEU1"
-constexpr std::uint32_t kQueueLayoutVersion = 10;
+constexpr std::uint32_t kQueueLayoutVersion = 11;
 constexpr int kQueueHolderSlots = 128;
 // Shared by every process holding the queue (a sealed memfd, so it can be passed on).
 struct QueueControl {
@@ -85,13 +85,13 @@ struct QueueControl {
   // or their late signal would leave it readable with nothing there.
   std::atomic<std::uint32_t> signalling;
   std::uint8_t pad[40];
-  // Robust, process-shared. Producers send datagrams under send_lock (reserve the marker,
-  // send, publish the marker), so the socket holds them in the order of their markers;
-  // consumers take a datagram under recv_lock (look at the next one's marker position, take
-  // it). A holder that dies leaves the lock to the next (EOWNERDEAD); what it left half done
-  // is repaired by the protocol (docs/transport.md, "Items with fds").
-  alignas(64) pthread_mutex_t send_lock;
-  alignas(64) pthread_mutex_t recv_lock;
+  // Producers send datagrams under send_lock (reserve the marker, send, publish the
+  // marker), so the socket holds them in the order of their markers; consumers take a
+  // datagram under recv_lock (look at the next one's marker position, take it). A holder
+  // that dies leaves the lock to the next (os/shared_lock.h); what it left half done is
+  // repaired by the protocol (docs/transport.md, "Items with fds").
+  alignas(64) SharedLock send_lock;
+  alignas(64) SharedLock recv_lock;
   // Under recv_lock: no datagram of a marker below this position is in the socket any more
   // (one past the last marker whose datagram was taken; 0 at first). A hint for
   // take_announced's fast path. A peer that writes a wrong value here can make consumers
@@ -472,11 +472,15 @@ TakenItem take_item_polling(Ring& ring, const Deadline& deadline,
   return t;
 }
 
+// How long the last holder's drop may wait on the receive lock and for markers.
+constexpr auto kDrainLimit = std::chrono::seconds(1);
+
 // Receives and drops every item left, so their counts go back. Errors are skipped: what
 // cannot be parsed cannot be given back either (it was malformed or is gone). Datagrams no
 // marker announced (their producer was killed between send and marker) are taken last.
 void drain(QueueCore::State& st) noexcept {
   auto* c = st.control();
+  const Deadline until = std::chrono::steady_clock::now() + kDrainLimit;
   for (;;) {
     try {
       TakenItem t = take_item(st.ring, std::chrono::steady_clock::now());
@@ -489,7 +493,11 @@ void drain(QueueCore::State& st) noexcept {
         t.buffer.reset();
         const SegmentFetcher depot = depot_of(st);
         const AnnouncedPath path = st.path(&depot);
-        drop_datagram(path, take_announced(path, t.pos));
+        // Nobody else holds the queue: an earlier marker held past the drain's deadline was
+        // a peer's, and what is left is dropped with the socket.
+        std::optional<Datagram> d = take_announced(path, t.pos, until);
+        if (!d) break;
+        drop_datagram(path, std::move(*d));
       }
     } catch (...) {
     }
@@ -602,8 +610,8 @@ std::shared_ptr<QueueCore> QueueCore::create(std::size_t maxsize, bool joinable)
   c->unfinished.store(0, std::memory_order_relaxed);
   c->joiners.store(0, std::memory_order_relaxed);
   c->joinable = joinable ? 1 : 0;
-  init_shared_mutex(&c->send_lock);
-  init_shared_mutex(&c->recv_lock);
+  c->send_lock.state.store(0, std::memory_order_relaxed);
+  c->recv_lock.state.store(0, std::memory_order_relaxed);
   c->taken_below = 0;
   for (auto& h : c->holders) h.store(0, std::memory_order_relaxed);
   for (auto& n : c->sending) n.store(0, std::memory_order_relaxed);
@@ -753,8 +761,10 @@ std::size_t QueueCore::put_many(std::span<Encoder> items,
 
 namespace {
 
-// The rest of a get once the item left the ring: frees its place, then parses it.
-Decoder receive_taken(QueueCore::State& st, TakenItem&& t) {
+// The rest of a get once the item left the ring: frees its place, then parses it. Empty
+// when the item is a marker whose datagram is behind one that another consumer holds past
+// `deadline` (take_announced): the marker is back in the ring, and so is its place.
+std::optional<Decoder> receive_taken(QueueCore::State& st, TakenItem&& t, const Deadline& deadline) {
   // The place is free once the item left the ring, before it is parsed: parsing may wait
   // seconds (mapping a named segment may have to start the manager daemon), and a consumer
   // SIGKILLed meanwhile would take the place with it. An item that fails to parse
@@ -774,7 +784,15 @@ Decoder receive_taken(QueueCore::State& st, TakenItem&& t) {
   t.buffer.reset();  // the datagram is received into the same per-thread buffer
   const SegmentFetcher depot = depot_of(st);
   const AnnouncedPath path = st.path(&depot);
-  Decoder d = parse_announced(path, take_announced(path, t.pos));
+  std::optional<Datagram> datagram = take_announced(path, t.pos, deadline);
+  if (!datagram) {
+    // Its place again (the queue may hold maxsize + 1 items until one is taken), and a
+    // readiness fd cleared meanwhile says "ready" again.
+    st.control()->count.fetch_add(1, std::memory_order_seq_cst);
+    notify_ready(st);
+    return std::nullopt;
+  }
+  Decoder d = parse_announced(path, std::move(*datagram));
   pin_received(st, d);
   return d;
 }
@@ -817,11 +835,12 @@ std::optional<std::chrono::nanoseconds> QueueCore::busy_poll() const noexcept {
 
 std::optional<Decoder> QueueCore::get(std::optional<std::chrono::nanoseconds> timeout) {
   rethrow_deferred();
-  TakenItem t = take_item_polling(state_->ring, deadline_after(timeout), state_->busy_poll());
+  const Deadline deadline = deadline_after(timeout);
+  TakenItem t = take_item_polling(state_->ring, deadline, state_->busy_poll());
   rearm_ready(*state_);
   if (t.status == Ring::Status::kTimeout) return std::nullopt;
   if (t.status == Ring::Status::kClosed) throw QueueClosed("get() on a closed and empty queue");
-  return receive_taken(*state_, std::move(t));
+  return receive_taken(*state_, std::move(t), deadline);
 }
 
 std::vector<Decoder> QueueCore::get_many(std::size_t max_items,
@@ -835,11 +854,14 @@ std::vector<Decoder> QueueCore::get_many(std::size_t max_items,
   } rearm{*state_};
   // Before anything is taken: nothing below may fail between taking an item and keeping it.
   out.reserve(std::min<std::size_t>(max_items, 1024));
-  TakenItem first = take_item_polling(state_->ring, deadline_after(timeout), state_->busy_poll());
+  const Deadline deadline = deadline_after(timeout);
+  TakenItem first = take_item_polling(state_->ring, deadline, state_->busy_poll());
   if (first.status == Ring::Status::kTimeout) return out;
   if (first.status == Ring::Status::kClosed)
     throw QueueClosed("get() on a closed and empty queue");
-  out.push_back(receive_taken(*state_, std::move(first)));
+  std::optional<Decoder> got = receive_taken(*state_, std::move(first), deadline);
+  if (!got) return out;
+  out.push_back(std::move(*got));
   // The rest only if they are there already, copied from their slots into buffers of 64
   // slots each (one allocation per 64 items, not a 64 KiB receive buffer per item; none
   // when the ring looks empty).
@@ -858,7 +880,9 @@ std::vector<Decoder> QueueCore::get_many(std::size_t max_items,
       if (t.status != Ring::Status::kOk) break;  // empty now (or closed: the next get says so)
       ++used;
       if (out.size() == out.capacity()) out.reserve(out.size() * 2);
-      out.push_back(receive_taken(*state_, std::move(t)));
+      std::optional<Decoder> next = receive_taken(*state_, std::move(t), no_wait);
+      if (!next) break;  // behind another consumer's: the next get takes it
+      out.push_back(std::move(*next));
     }
   } catch (...) {
     // An item consumed and not received (as by get()), a slot the ring refused, or no

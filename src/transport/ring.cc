@@ -647,6 +647,19 @@ void Ring::release(std::uint64_t pos) noexcept {
   if (s->word.compare_exchange_strong(w, pack(pos + slot_count_, kFree))) wake_producers();
 }
 
+void Ring::unread(std::uint64_t pos) noexcept {
+  RingHeader* h = header();
+  SlotHead* s = head_of(slot(pos));
+  std::uint64_t w = s->word.load();
+  if (pos_of(w) != (pos & kPosMask) || state_of(w) != kReading) return;
+  if (!s->word.compare_exchange_strong(w, pack(pos, kReady))) return;
+  std::uint64_t head = h->head.load();
+  while (head > pos && !h->head.compare_exchange_weak(head, pos)) {
+  }
+  h->published.fetch_add(1);
+  wake_consumers(1);
+}
+
 Ring::SlotView Ring::inspect(std::uint64_t pos) const noexcept {
   const std::uint64_t w = head_of(slot(pos))->word.load();
   if (pos_of(w) != (pos & kPosMask)) return {};

@@ -137,6 +137,10 @@ class Ring {
   Popped pop(std::span<std::byte> out, Deadline deadline, std::uint32_t hold_tag = kHoldNone);
   // Frees a slot that pop() left claimed.
   void release(std::uint64_t pos) noexcept;
+  // Gives a message that pop() left claimed back, published as before: the next pop takes
+  // it (the head hint is moved back to it). For a consumer that cannot finish with it in
+  // time (a queue's marker whose datagram is behind one another consumer holds).
+  void unread(std::uint64_t pos) noexcept;
   // What the slot of `pos` says about that position now: gone (its message was taken and
   // freed, or skipped, or the slot never reached it), or being written, published, or
   // being read; and for a claim, whether its claimer still lives.

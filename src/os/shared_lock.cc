@@ -1,0 +1,168 @@
+#include "os/shared_lock.h"
+
+#include <fcntl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "os/futex.h"
+#include "os/proc.h"
+#include "shmtensor/error.h"
+
+namespace shmtensor::internal {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// This thread's (pid, tid) in the form of a lock's state, read once per thread and fork
+// generation (a forked child's only thread has new ids).
+std::uint64_t own_lock_state() noexcept {
+  struct Ids {
+    std::uint32_t generation = 0;
+    std::uint64_t state = 0;
+  };
+  thread_local Ids ids;
+  const std::uint32_t generation = fork_generation();
+  if (ids.state == 0 || ids.generation != generation) [[unlikely]] {
+    ids.generation = generation;
+    ids.state = lock_state(static_cast<std::uint32_t>(::getpid()),
+                           static_cast<std::uint32_t>(::syscall(SYS_gettid)));
+  }
+  return ids.state;
+}
+
+constexpr std::uint64_t owner_of(std::uint64_t state) { return state & ~kLockContended; }
+constexpr std::uint32_t pid_of(std::uint64_t state) {
+  return static_cast<std::uint32_t>(state >> 32);
+}
+constexpr std::uint32_t tid_of(std::uint64_t state) {
+  return static_cast<std::uint32_t>(state & kLockTidMask);
+}
+
+enum class Holder { kGone, kStopped, kAlive };
+
+// The thread a held lock names, from /proc/<pid>/task/<tid>/stat. Ids that name no thread
+// of that process (it exited, or a peer made them up) are gone; so is a zombie. A stat that
+// cannot be read for another reason (this process at its fd limit) is taken as alive.
+Holder look_at_holder(std::uint64_t state) noexcept {
+  const std::uint32_t pid = pid_of(state), tid = tid_of(state);
+  if (pid == 0 || tid == 0 || pid > INT_MAX) return Holder::kGone;
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%u/task/%u/stat", pid, tid);
+  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return errno == ENOENT || errno == ESRCH ? Holder::kGone : Holder::kAlive;
+  char buf[512];
+  ssize_t n;
+  do {
+    n = ::read(fd, buf, sizeof buf - 1);
+  } while (n < 0 && errno == EINTR);
+  ::close(fd);
+  if (n <= 0) return n == 0 || errno == ESRCH ? Holder::kGone : Holder::kAlive;
+  buf[n] = '\0';
+  // "tid (comm) S ...": the state follows the last ')' (comm may hold one).
+  const char* close_paren = std::strrchr(buf, ')');
+  if (close_paren == nullptr || close_paren[1] != ' ') return Holder::kAlive;
+  switch (close_paren[2]) {
+    case 'Z':
+    case 'X':
+    case 'x':
+      return Holder::kGone;
+    case 'T':
+    case 't':
+      return Holder::kStopped;
+    default:
+      return Holder::kAlive;
+  }
+}
+
+[[noreturn]] void throw_stuck(const char* what, std::uint64_t state) {
+  throw ProtocolError(std::string(what) + " has been held by thread " +
+                      std::to_string(tid_of(state)) + " of process " +
+                      std::to_string(pid_of(state)) + " for more than " +
+                      std::to_string(kStuckAfter.count()) +
+                      " s, which its holders never do: that process is wedged, or another "
+                      "process wrote over the lock in shared memory");
+}
+
+}  // namespace
+
+Locked lock_shared(SharedLock& lock, std::optional<Clock::time_point> deadline, LockHold hold,
+                   const char* what) {
+  const std::uint64_t me = own_lock_state();
+  std::uint64_t seen = 0;
+  if (lock.state.compare_exchange_strong(seen, me, std::memory_order_acquire)) [[likely]]
+    return Locked::kYes;
+  // A short spin: an honest holder keeps a brief lock for a few system calls.
+  for (int i = 0; i < 64 && seen != 0; ++i) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+    seen = lock.state.load(std::memory_order_relaxed);
+    if (seen == 0 && lock.state.compare_exchange_strong(seen, me, std::memory_order_acquire))
+      return Locked::kYes;
+  }
+  // The same holder since `since` (the state changes with every new holder).
+  std::uint64_t holder = 0;
+  Clock::time_point since{};
+  for (;;) {
+    seen = lock.state.load(std::memory_order_acquire);
+    if (seen == 0) {
+      // Taken as contended: others may sleep, and our unlock must wake them.
+      if (lock.state.compare_exchange_strong(seen, me | kLockContended,
+                                             std::memory_order_acquire))
+        return Locked::kYes;
+      continue;
+    }
+    const auto now = Clock::now();
+    if (owner_of(seen) != holder) {
+      holder = owner_of(seen);
+      since = now;
+    }
+    // A state that names this thread, which does not hold the lock, was written by a peer.
+    const Holder h = holder == me ? Holder::kGone : (now - since >= kLockSlice ||
+                                                         pid_of(seen) == 0 || tid_of(seen) == 0)
+                                                        ? look_at_holder(seen)
+                                                        : Holder::kAlive;
+    if (h == Holder::kGone) {
+      if (lock.state.compare_exchange_strong(seen, me | kLockContended,
+                                             std::memory_order_acquire))
+        return Locked::kRecovered;
+      continue;
+    }
+    if (h == Holder::kAlive && hold == LockHold::kBrief && now - since >= kStuckAfter)
+      throw_stuck(what, seen);
+    if (deadline && now >= *deadline) return Locked::kTimeout;
+    if ((seen & kLockContended) == 0 &&
+        !lock.state.compare_exchange_strong(seen, seen | kLockContended,
+                                            std::memory_order_relaxed))
+      continue;
+    const std::uint32_t ticket = lock.wake.load(std::memory_order_acquire);
+    if (lock.state.load(std::memory_order_acquire) != (seen | kLockContended)) continue;
+    auto slice = std::chrono::duration_cast<std::chrono::nanoseconds>(kLockSlice);
+    if (deadline) slice = std::min(slice, std::chrono::duration_cast<std::chrono::nanoseconds>(*deadline - now));
+    futex_wait(&lock.wake, ticket, slice);
+  }
+}
+
+void unlock_shared(SharedLock& lock) noexcept {
+  const std::uint64_t me = own_lock_state();
+  std::uint64_t seen = lock.state.load(std::memory_order_relaxed);
+  while (owner_of(seen) == me) {
+    if (lock.state.compare_exchange_weak(seen, 0, std::memory_order_release)) {
+      if ((seen & kLockContended) != 0) {
+        lock.wake.fetch_add(1, std::memory_order_release);
+        futex_wake(&lock.wake, 1);
+      }
+      return;
+    }
+  }
+}
+
+}  // namespace shmtensor::internal
