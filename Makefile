@@ -38,7 +38,7 @@ PY_VERSION   := $(or $(shell /usr/bin/python3 -c 'import sys; print("%d.%d" % sy
 DEB_PACKAGES := g++ make cmake ninja-build pkg-config python3 libpython$(PY_VERSION)-testsuite \
                 libgtest-dev libgmock-dev googletest libbenchmark-dev libcli11-dev \
                 clang libclang-rt-14-dev \
-                pybind11-dev python3-dev python3-numpy python3-pytest \
+                pybind11-dev python3-dev python3-numpy python3-pytest python3-mypy \
                 python3-pip python3-setuptools python3-wheel python3-venv \
                 python3-torch libtorch-dev
 

@@ -9,6 +9,10 @@ The C++ library's Tensor, strategies and errors, for Python (docs/python.md):
 
 shmtensor.multiprocessing is the drop-in for Python's multiprocessing.
 """
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 import numpy as _np
 
 from shmtensor import _C
@@ -30,6 +34,11 @@ from shmtensor._C import (
     set_sharing_strategy,
 )
 
+if TYPE_CHECKING:
+    import numpy.typing as _npt
+
+    from shmtensor._C import _DTypeLike, _ShapeLike
+
 __all__ = [
     "Tensor", "from_numpy", "empty", "zeros", "ones", "full",
     "get_sharing_strategy", "set_sharing_strategy", "get_all_sharing_strategies", "empty_cache",
@@ -39,7 +48,7 @@ __all__ = [
 ]
 
 
-def from_numpy(array):
+def from_numpy(array: _npt.ArrayLike) -> Tensor:
     """A shared Tensor holding a copy of `array` (any array-like), the one copy it costs.
 
     Unlike torch.from_numpy, the Tensor does not alias the array: its bytes are in shared
@@ -53,13 +62,13 @@ def from_numpy(array):
     return tensor
 
 
-def empty(shape, dtype="float32"):
+def empty(shape: _ShapeLike, dtype: _DTypeLike = "float32") -> Tensor:
     """An uninitialised Tensor in private memory (torch.empty's default dtype float32);
     share_memory_() moves it into shared memory."""
     return _C._empty(shape, dtype, False)
 
 
-def full(shape, fill_value, dtype="float32"):
+def full(shape: _ShapeLike, fill_value: _npt.ArrayLike, dtype: _DTypeLike = "float32") -> Tensor:
     tensor = _C._empty(shape, dtype, False)
     if tensor.dtype == "bfloat16":
         raise TypeError("shmtensor.full: bfloat16 tensors cannot be filled from Python")
@@ -67,11 +76,11 @@ def full(shape, fill_value, dtype="float32"):
     return tensor
 
 
-def zeros(shape, dtype="float32"):
+def zeros(shape: _ShapeLike, dtype: _DTypeLike = "float32") -> Tensor:
     return full(shape, 0, dtype)
 
 
-def ones(shape, dtype="float32"):
+def ones(shape: _ShapeLike, dtype: _DTypeLike = "float32") -> Tensor:
     return full(shape, 1, dtype)
 
 

@@ -10,11 +10,25 @@ without Python objects works, including structured, string and non-native byte-o
     b = snp.share(existing_array)                  # one copy into shared memory
     snp.is_shared(a[10:20, ::2])                   # True
 """
+from __future__ import annotations
+
 import operator
+from typing import TYPE_CHECKING
 
 import numpy as _np
 
 from shmtensor import _C
+
+if TYPE_CHECKING:
+    from typing import Any, Literal
+
+    import numpy.typing as _npt
+    from typing_extensions import TypeAlias
+
+    from shmtensor._C import Tensor, _ShapeLike
+
+    _Order: TypeAlias = Literal["C", "F"]
+    _OrderKACF: TypeAlias = Literal["K", "A", "C", "F"]
 
 __all__ = ["empty", "zeros", "ones", "full", "empty_like", "zeros_like", "share", "is_shared"]
 
@@ -26,7 +40,8 @@ def _shape(shape):
         return tuple(operator.index(n) for n in shape)
 
 
-def empty(shape, dtype=float, order="C"):
+def empty(shape: _ShapeLike, dtype: _npt.DTypeLike = float,
+          order: _Order = "C") -> _npt.NDArray[Any]:
     """numpy.empty in shared memory: an uninitialised ndarray."""
     return _allocate(shape, dtype, order, zero=False)
 
@@ -50,17 +65,20 @@ def _allocate(shape, dtype, order, zero):
     return _np.ndarray(shape, dtype, buffer=block, order=order)
 
 
-def zeros(shape, dtype=float, order="C"):
+def zeros(shape: _ShapeLike, dtype: _npt.DTypeLike = float,
+          order: _Order = "C") -> _npt.NDArray[Any]:
     """numpy.zeros in shared memory."""
     return _allocate(shape, dtype, order, zero=True)
 
 
-def ones(shape, dtype=float, order="C"):
+def ones(shape: _ShapeLike, dtype: _npt.DTypeLike = float,
+         order: _Order = "C") -> _npt.NDArray[Any]:
     """numpy.ones in shared memory."""
     return full(shape, 1, dtype, order)
 
 
-def full(shape, fill_value, dtype=None, order="C"):
+def full(shape: _ShapeLike, fill_value: _npt.ArrayLike, dtype: _npt.DTypeLike = None,
+         order: _Order = "C") -> _npt.NDArray[Any]:
     """numpy.full in shared memory; dtype None takes fill_value's, as NumPy does."""
     if dtype is None:
         dtype = _np.array(fill_value).dtype
@@ -77,17 +95,19 @@ def _like(a, dtype, order, shape):
             "F" if fortran else "C")
 
 
-def empty_like(a, dtype=None, order="K", shape=None):
+def empty_like(a: _npt.ArrayLike, dtype: _npt.DTypeLike = None, order: _OrderKACF = "K",
+               shape: _ShapeLike | None = None) -> _npt.NDArray[Any]:
     """numpy.empty_like in shared memory (order 'K' and 'A' keep Fortran order)."""
     return _allocate(*_like(a, dtype, order, shape), zero=False)
 
 
-def zeros_like(a, dtype=None, order="K", shape=None):
+def zeros_like(a: _npt.ArrayLike, dtype: _npt.DTypeLike = None, order: _OrderKACF = "K",
+               shape: _ShapeLike | None = None) -> _npt.NDArray[Any]:
     """numpy.zeros_like in shared memory."""
     return _allocate(*_like(a, dtype, order, shape), zero=True)
 
 
-def share(a):
+def share(a: _npt.ArrayLike) -> _npt.NDArray[Any]:
     """`a` itself if its memory is already shared (is_shared(a)); otherwise a copy of it in
     shared memory (C order, or Fortran order if `a` is Fortran-contiguous), made once."""
     a = _np.asanyarray(a)
@@ -98,13 +118,13 @@ def share(a):
     return out
 
 
-def is_shared(a):
+def is_shared(a: object) -> bool:
     """Whether the array's memory lies in a shmtensor block that is in shared memory."""
     block = _C._block_of(a)
     return block is not None and block[0].is_shared()
 
 
-def _block_of(a):
+def _block_of(a: object) -> tuple[Tensor, int] | None:
     """(block, byte_offset) or None, for shmtensor.multiprocessing's reducers.
 
     block is a 1-d uint8 shmtensor.Tensor over the whole storage that holds `a`'s bytes,

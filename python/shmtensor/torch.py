@@ -33,6 +33,8 @@ libtorch is found). Without it, storages made by _new_shared (DataLoader batches
 in arenas, but share_memory_() and sending a tensor made elsewhere fall back to torch's own
 shared memory (docs/torch.md).
 """
+from __future__ import annotations
+
 import multiprocessing
 import multiprocessing.context as _mpcontext
 import multiprocessing.spawn as _mpspawn
@@ -41,6 +43,7 @@ import sys
 import threading
 import weakref
 from multiprocessing.reduction import ForkingPickler
+from typing import TYPE_CHECKING
 
 import torch
 import torch.multiprocessing as _tmp
@@ -56,7 +59,14 @@ from shmtensor.multiprocessing import reductions as _red
 try:
     from shmtensor import _torch as _bridge
 except ImportError:
-    _bridge = None
+    _bridge = None  # type: ignore[assignment]  # built with libtorch only
+
+if TYPE_CHECKING:
+    from typing_extensions import TypeAlias
+
+    # What context() returns (its classes below derive from these).
+    _Context: TypeAlias = ("_smpcontext.ForkContext | _smpcontext.SpawnContext"
+                           " | _smpcontext.ForkServerContext")
 
 __all__ = ["install", "uninstall", "is_installed", "context", "has_bridge"]
 
@@ -66,7 +76,7 @@ _saved = None  # what install() replaced, for uninstall()
 _MISSING = object()
 
 
-def has_bridge():
+def has_bridge() -> bool:
     """Whether the C++ bridge (shmtensor._torch) is built: without it, existing storages
     cannot be moved into arenas in place."""
     return _bridge is not None
@@ -327,7 +337,7 @@ def _install_in_child(strategy, busy_poll=None):
     install(busy_poll=busy_poll)
 
 
-def install(*, busy_poll=None):
+def install(*, busy_poll: float | None = None) -> None:
     """Puts torch's sharing of CPU storages on shmtensor arenas in this process and in every
     process it starts afterwards, by any start method: forked children inherit it, and
     spawn and forkserver children run it (with this process's sharing strategy) before
@@ -367,7 +377,7 @@ def install(*, busy_poll=None):
             _collate.default_collate_fn_map[torch.Tensor] = _collate_tensor
 
 
-def uninstall():
+def uninstall() -> None:
     """Restores torch and multiprocessing exactly as install() found them; children started
     afterwards are stock. Storages already in arenas stay valid; torch's own reducer moves
     them into its shared memory if they are sent again. Queues and pipes made while
@@ -401,7 +411,7 @@ def uninstall():
             _collate.default_collate_fn_map[torch.Tensor] = saved["collate_tensor"]
 
 
-def is_installed():
+def is_installed() -> bool:
     return _saved is not None
 
 
@@ -533,7 +543,7 @@ _TORCH_MP = {"Queue": _Queue, "SimpleQueue": _SimpleQueue, "JoinableQueue": _Joi
              "Pipe": _Pipe, "Pool": _Pool, "get_context": _get_context}
 
 
-def context(method="fork", *, busy_poll=_DEFAULT_BUSY_POLL):
+def context(method: str = "fork", *, busy_poll: float = _DEFAULT_BUSY_POLL) -> _Context:
     """A multiprocessing context for DataLoader(multiprocessing_context=...) and the like:
     its processes run install() first, and its Queue, SimpleQueue and Pipe are shmtensor's
     native transport. Nothing changes in the calling process, except that a get() on a

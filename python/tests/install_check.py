@@ -93,7 +93,7 @@ def processes_running(exe):
 
 def verify(package_root, work):
     package = os.path.join(package_root, "shmtensor")
-    for f in ("__init__.py", "numpy.py", "shmtensor-manager"):
+    for f in ("__init__.py", "numpy.py", "shmtensor-manager", "py.typed", "_C.pyi"):
         if not os.path.exists(os.path.join(package, f)):
             fail(f"{f} is not installed in {package}")
     away = os.path.join(work, "elsewhere")

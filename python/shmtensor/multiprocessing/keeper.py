@@ -10,6 +10,8 @@ A file_system pickle carries no fd; it registers a ticket (register_ticket) that
 claims (claim_ticket) before it adopts any count.
 One FdRef per fd while pickles refer to it: the pickler's memo sends it once per pickle.
 """
+from __future__ import annotations
+
 import multiprocessing.context as _mpcontext
 import multiprocessing.popen_forkserver as _popen_forkserver
 import multiprocessing.popen_spawn_posix as _popen_spawn_posix
@@ -21,8 +23,12 @@ import sys
 import threading
 import time
 import weakref
+from typing import TYPE_CHECKING
 
 from shmtensor.multiprocessing import _fd_keeper
+
+if TYPE_CHECKING:
+    from typing import Any
 
 _SCRIPT = _fd_keeper.__file__
 _refs = weakref.WeakValueDictionary()
@@ -34,26 +40,26 @@ class FdRef:
 
     __slots__ = ("fd", "__weakref__")
 
-    def __init__(self, fd):
+    def __init__(self, fd: int) -> None:
         self.fd = fd
 
     @classmethod
-    def of(cls, fd, key):
+    def of(cls, fd: int, key: int) -> FdRef:
         ref = _refs.get(key)
         if ref is None:
             ref = _refs[key] = cls(os.dup(fd))
         return ref
 
-    def take(self):
+    def take(self) -> int:
         """A new duplicate owned by the caller."""
         return os.dup(self.fd)
 
-    def __del__(self):
+    def __del__(self) -> None:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, ...]:
         popen = _mpcontext.get_spawning_popen()
         if popen is not None:
             # The starting child receives the fd when it is launched, after pickling: a
@@ -222,12 +228,12 @@ def _register(fd, token=None):
     return token
 
 
-def register_ticket(token):
+def register_ticket(token: bytes) -> None:
     """Registers a ticket: claim_ticket(token) succeeds once, in any process of this user."""
     _register(None, token)
 
 
-def claim_ticket(token):
+def claim_ticket(token: bytes) -> None:
     """Claims a ticket registered by register_ticket; RuntimeError if it was claimed already
     (or never registered, or its sender died longer than the grace period ago)."""
     msg, fds = _ask(token)

@@ -15,6 +15,8 @@ is full, and SimpleQueue.put() blocks while the transport is full, as multiproce
 close() is local, as in multiprocessing: this handle can no longer put or get, other
 processes go on (its buffer is still sent).
 """
+from __future__ import annotations
+
 import collections
 import multiprocessing.connection
 import multiprocessing.queues
@@ -25,6 +27,7 @@ import sys
 import threading
 import traceback
 import weakref
+from typing import TYPE_CHECKING
 
 from shmtensor import _C
 from shmtensor.multiprocessing import reductions
@@ -33,12 +36,21 @@ from shmtensor.multiprocessing._reexport import reexport
 from shmtensor.multiprocessing.frames import frame_reduce, fds_of
 
 
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Sequence
+    from typing import Any, TypeVar
+
+    from shmtensor._C import Tensor, _Queue
+    from shmtensor.multiprocessing import keeper
+
+    _Q = TypeVar("_Q", bound="Queue")
+
 __getattr__, __dir__ = reexport(globals(), multiprocessing.queues)
 
 _feeder_lock = threading.Lock()
 
 
-def _timeout(block, timeout):
+def _timeout(block: bool, timeout: float | None) -> float | None:
     if not block:
         return 0.0
     if timeout is None:
@@ -50,10 +62,10 @@ class _Feeder:
     """The items of one Queue handle that found the transport full, and the thread that
     sends them in order (blocking puts). One per handle and process, made on first need."""
 
-    def __init__(self, q):
+    def __init__(self, q: _Queue) -> None:
         # (data, blocks), the first one being sent; each one's task (a JoinableQueue's)
         # was counted by put() (begin_task), so it is sent as counted.
-        self.pending = collections.deque()
+        self.pending: collections.deque[tuple[bytes, list[Tensor]]] = collections.deque()
         self.cond = threading.Condition(threading.Lock())
         self.closing = False
         self.join_cancelled = False
@@ -63,7 +75,7 @@ class _Feeder:
         self.finalizer = multiprocessing.util.Finalize(
             self, _Feeder.flush, (self.pending, self.cond, self.thread), exitpriority=-5)
 
-    def _run(self, q):
+    def _run(self, q: _Queue) -> None:
         while True:
             with self.cond:
                 while not self.pending and not self.closing:
@@ -81,14 +93,15 @@ class _Feeder:
                 del data, blocks
                 self.cond.notify_all()
 
-    def close(self):
+    def close(self) -> None:
         """The thread ends once it has sent what it holds."""
         with self.cond:
             self.closing = True
             self.cond.notify_all()
 
     @staticmethod
-    def flush(pending, cond, thread):
+    def flush(pending: collections.deque[tuple[bytes, list[Tensor]]],
+              cond: threading.Condition, thread: threading.Thread) -> None:
         """Waits until every buffered item is sent (join_thread(), and at process exit)."""
         with cond:
             while pending and thread.is_alive():
@@ -97,10 +110,10 @@ class _Feeder:
 
 # Handles with a feeder, so that a forked child drops its parent's (it has no such thread,
 # and its parent sends those items).
-_feeding = weakref.WeakSet()
+_feeding: weakref.WeakSet[Queue] = weakref.WeakSet()
 
 
-def _forget_feeders_after_fork():
+def _forget_feeders_after_fork() -> None:
     for q in list(_feeding):
         q.__dict__.pop("_feeder", None)
     _feeding.clear()
@@ -110,18 +123,18 @@ os.register_at_fork(after_in_child=_forget_feeders_after_fork)
 
 
 class Queue:
-    _feeder = None  # a _Feeder once an unbounded put found the transport full
+    _feeder: _Feeder | None = None  # a _Feeder once an unbounded put found the transport full
 
-    def __init__(self, maxsize=0, *, ctx=None):
+    def __init__(self, maxsize: int = 0, *, ctx: object = None) -> None:
         self._maxsize = max(int(maxsize), 0)
-        self._q = _C._Queue(self._maxsize)
+        self._q: _Queue | None = _C._Queue(self._maxsize)
 
-    def _check(self):
+    def _check(self) -> _Queue:
         if self._q is None:
             raise ValueError("Queue %r is closed" % self)
         return self._q
 
-    def put(self, obj, block=True, timeout=None):
+    def put(self, obj: object, block: bool = True, timeout: float | None = None) -> None:
         q = self._check()
         self._put_here = True
         try:
@@ -135,7 +148,7 @@ class Queue:
         if not q.put(data, blocks, _timeout(block, timeout)):
             raise _queue.Full
 
-    def _put_unbounded(self, q, data, blocks):
+    def _put_unbounded(self, q: _Queue, data: bytes, blocks: list[Tensor]) -> None:
         feeder = self._feeder
         if feeder is None:
             if q.put(data, blocks, 0.0):
@@ -161,13 +174,13 @@ class Queue:
             feeder.cond.notify_all()
 
     @staticmethod
-    def _on_queue_feeder_error(e, obj):
+    def _on_queue_feeder_error(e: Exception, obj: object) -> None:
         """Called, in the thread that called put(), when `obj` cannot be pickled; the item
         is dropped. multiprocessing's hook of the same name (a subclass may override it);
         by default the traceback goes to stderr."""
         traceback.print_exc()
 
-    def get(self, block=True, timeout=None):
+    def get(self, block: bool = True, timeout: float | None = None) -> Any:
         q = self._check()
         self._raise_deferred()
         t = _timeout(block, timeout)
@@ -176,7 +189,8 @@ class Queue:
             raise _queue.Empty
         return reductions.loads(*item)
 
-    def put_many(self, objs, block=True, timeout=None):
+    def put_many(self, objs: Iterable[object], block: bool = True,
+                 timeout: float | None = None) -> int:
         """Puts every object of `objs` in order, as put() each, in one call: consumers
         asleep are woken once for the batch. Returns how many were put: all of them, or,
         when not blocking or when `timeout` (in all) passed first, the first ones that
@@ -185,7 +199,8 @@ class Queue:
         items = [reductions.dumps(obj) for obj in objs]
         return q.put_many(items, _timeout(block, timeout))
 
-    def get_many(self, max_items, block=True, timeout=None):
+    def get_many(self, max_items: int, block: bool = True,
+                 timeout: float | None = None) -> list[Any]:
         """Waits for one object as get() does, then takes up to `max_items` - 1 more that
         are there already: a list of 1 to `max_items` objects. Raises queue.Empty when none
         came. An item that cannot be received is consumed (as by get()): the others are
@@ -217,7 +232,7 @@ class Queue:
                 raise errors[0]
         return out
 
-    def set_busy_poll(self, seconds):
+    def set_busy_poll(self, seconds: float | None) -> None:
         """This queue's get() in this process looks for an item without sleeping for up to
         `seconds` (adapting to how long items take to come) before it blocks, in place of
         the process's shmtensor.set_busy_poll: a consumer that waits a few tens of
@@ -226,30 +241,30 @@ class Queue:
         of the queue are not affected. An extension of multiprocessing's API."""
         self._check().set_busy_poll(None if seconds is None else float(seconds))
 
-    def _raise_deferred(self):
+    def _raise_deferred(self) -> None:
         deferred = self.__dict__.get("_deferred")
         if deferred:
             raise deferred.pop(0)
 
-    def put_nowait(self, obj):
+    def put_nowait(self, obj: object) -> None:
         return self.put(obj, False)
 
-    def get_nowait(self):
+    def get_nowait(self) -> Any:
         return self.get(False)
 
-    def _native(self):
+    def _native(self) -> _Queue:
         """The native queue, also after close(): qsize(), full() and a JoinableQueue's
         task_done() and join() work on a closed handle, as multiprocessing's."""
         q = self._q
         return q if q is not None else self.__dict__["_closed_q"]
 
-    def qsize(self):
+    def qsize(self) -> int:
         return self._native().qsize()
 
-    def _poll(self, timeout):
+    def _poll(self, timeout: float | None) -> bool:
         return bool(multiprocessing.connection.wait([self._check()], timeout))
 
-    def empty(self):
+    def empty(self) -> bool:
         q = self._q
         if q is None and self.__dict__.get("_put_here"):
             # As multiprocessing's: close() of a queue this handle put into closes its
@@ -257,10 +272,10 @@ class Queue:
             raise OSError("handle is closed")
         return self._native().qsize() == 0
 
-    def full(self):
+    def full(self) -> bool:
         return self._maxsize > 0 and self._native().qsize() >= self._maxsize
 
-    def close(self):
+    def close(self) -> None:
         if self._q is not None:
             self.__dict__["_closed_q"] = self._q
         self._q = None
@@ -268,13 +283,13 @@ class Queue:
         if feeder is not None:
             feeder.close()
 
-    def join_thread(self):
+    def join_thread(self) -> None:
         """Waits until every item this handle buffered is sent."""
         feeder = self._feeder
         if feeder is not None and not feeder.join_cancelled:
             _Feeder.flush(feeder.pending, feeder.cond, feeder.thread)
 
-    def cancel_join_thread(self):
+    def cancel_join_thread(self) -> None:
         """This process may exit with items still buffered (they are lost)."""
         feeder = self._feeder
         if feeder is not None:
@@ -283,11 +298,12 @@ class Queue:
         else:
             self.__dict__["_join_cancelled"] = True
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, ...]:
         return frame_reduce(_rebuild_queue, self._check()._frame(), (type(self), self._maxsize))
 
 
-def _rebuild_queue(data, fd_refs, cls, maxsize):
+def _rebuild_queue(data: bytes, fd_refs: Sequence[keeper.FdRef], cls: type[_Q],
+                   maxsize: int) -> _Q:
     q = cls.__new__(cls)
     q._maxsize = maxsize
     q._q = _C._queue_of_frame(data, fds_of(fd_refs))
@@ -300,36 +316,36 @@ class JoinableQueue(Queue):
     task_done() marks one done, join() waits until none is left. Both work on a closed
     handle, as multiprocessing's."""
 
-    def __init__(self, maxsize=0, *, ctx=None):
+    def __init__(self, maxsize: int = 0, *, ctx: object = None) -> None:
         self._maxsize = max(int(maxsize), 0)
         self._q = _C._Queue(self._maxsize, joinable=True)
 
-    def task_done(self):
+    def task_done(self) -> None:
         """Raises ValueError when called more times than there were items put."""
         self._native().task_done()
 
-    def join(self):
+    def join(self) -> None:
         untimed(self._native().join)
 
 
 class SimpleQueue(Queue):
-    def __init__(self, *, ctx=None):
+    def __init__(self, *, ctx: object = None) -> None:
         super().__init__(0)
 
-    def _check(self):
+    def _check(self) -> _Queue:
         if self._q is None:
             raise OSError("handle is closed")  # multiprocessing's, from its closed pipe
         return self._q
 
-    def put(self, obj):
+    def put(self, obj: object) -> None:  # type: ignore[override]  # multiprocessing's
         q = self._check()
         data, blocks = reductions.dumps(obj)  # raises here, as multiprocessing's
         q.put(data, blocks, None)
 
-    def empty(self):
+    def empty(self) -> bool:
         return self._check().qsize() == 0  # OSError once closed, as multiprocessing's
 
-    def get(self):
+    def get(self) -> Any:  # type: ignore[override]  # multiprocessing's SimpleQueue.get
         return super().get()
 
     # multiprocessing.Pool reaches into its SimpleQueues: _writer.send, _reader.recv,
@@ -337,15 +353,15 @@ class SimpleQueue(Queue):
     # queue at terminate(). The native queue needs none of them: each item goes to one
     # reader as a whole, so closing a "side" would only break the other.
     @property
-    def _reader(self):
+    def _reader(self) -> _Side:
         return _Side(self)
 
     @property
-    def _writer(self):
+    def _writer(self) -> _Side:
         return _Side(self)
 
     @property
-    def _rlock(self):
+    def _rlock(self) -> threading.Lock:
         lock = self.__dict__.get("_lock")
         if lock is None:
             lock = self.__dict__["_lock"] = threading.Lock()
@@ -353,24 +369,24 @@ class SimpleQueue(Queue):
 
 
 class _Side:
-    def __init__(self, q):
+    def __init__(self, q: SimpleQueue) -> None:
         self._q = q
 
-    def send(self, obj):
+    def send(self, obj: object) -> None:
         self._q.put(obj)
 
-    def recv(self):
+    def recv(self) -> Any:
         return self._q.get()
 
-    def poll(self, timeout=0.0):
+    def poll(self, timeout: float | None = 0.0) -> bool:
         return self._q._poll(timeout)
 
-    def close(self):
+    def close(self) -> None:
         pass
 
     @property
-    def closed(self):
+    def closed(self) -> bool:
         return self._q._q is None
 
-    def fileno(self):
+    def fileno(self) -> int:
         return self._q._check().fileno()

@@ -22,6 +22,8 @@ its first load adopts those counts, and a second load raises RuntimeError and ta
 from other messages: in the same process by the pickle's nonce, in another one by the fd
 keeper, which hands each fd (file_descriptor) or ticket (file_system) out once.
 """
+from __future__ import annotations
+
 import io
 import multiprocessing.context as _mpcontext
 import multiprocessing.reduction as _mpreduction
@@ -30,16 +32,23 @@ import pickle
 import struct
 import threading
 import weakref
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from shmtensor import _C
 
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from typing import Any
+
+    from shmtensor._C import Tensor
+
 _DEFAULT_SHARE_THRESHOLD = 64 * 1024
 _share_threshold = _DEFAULT_SHARE_THRESHOLD
 
 
-def set_share_threshold(nbytes):
+def set_share_threshold(nbytes: int) -> None:
     """Arrays (and out-of-band pickle buffers) of at least `nbytes` that are not in shared
     memory yet are copied once into a shared block when sent; smaller ones are pickled in
     the message. Default 64 KiB. 0 shares everything that has at least one byte."""
@@ -50,14 +59,14 @@ def set_share_threshold(nbytes):
     _share_threshold = nbytes
 
 
-def get_share_threshold():
+def get_share_threshold() -> int:
     return _share_threshold
 
 
 # ---- finding the block an array lives in -----------------------------------------------
 
 
-def _new_block(nbytes):
+def _new_block(nbytes: int) -> Tensor:
     """A new shared block: a 1-d uint8 Tensor of nbytes (> 0), uninitialised."""
     return _C._empty((nbytes,), "uint8", True)
 
@@ -177,7 +186,7 @@ class _Sender:
 _KEEP_PICKLER_UP_TO = 1 << 20
 
 
-def dumps(obj):
+def dumps(obj: object) -> tuple[bytes, list[Tensor]]:
     """Pickles obj for a native message: (bytes, [Block])."""
     sender = _local.__dict__.get("sender")
     if sender is None:
@@ -194,7 +203,7 @@ def dumps(obj):
     return data, blocks
 
 
-def loads(data, blocks):
+def loads(data: bytes, blocks: Sequence[Tensor]) -> Any:
     """The inverse of dumps, in the receiving process."""
     oob = []
     end = len(data)
@@ -387,7 +396,7 @@ def _rebuild_tensor(block, offset, sizes, strides, dtype):
     return _C._tensor_from_parts(block, offset, sizes, strides, dtype)
 
 
-def init_reductions():
+def init_reductions() -> None:
     _mpreduction.ForkingPickler.dumps = classmethod(_plain_dumps)
     _mpreduction.ForkingPickler.register(np.ndarray, _reduce_ndarray)
     _mpreduction.ForkingPickler.register(_C.Tensor, _reduce_tensor)

@@ -7,6 +7,8 @@ the standard library's, looked up there), and is callable: shmtensor.multiproces
 (fn, nprocs=...) is spawn.spawn(fn, nprocs=...), as torch.multiprocessing.spawn(...) is.
 So torch's function takes nothing away from the module of the same name.
 """
+from __future__ import annotations
+
 import multiprocessing
 import multiprocessing.connection
 import multiprocessing.spawn as _mpspawn
@@ -15,27 +17,34 @@ import sys
 import traceback
 import types
 import warnings
+from typing import TYPE_CHECKING
 
 from shmtensor.multiprocessing._reexport import reexport
+
+if TYPE_CHECKING:
+    import multiprocessing.process
+    import multiprocessing.queues
+    from collections.abc import Callable, Sequence
+    from typing import Any
 
 
 class ProcessException(Exception):
     __slots__ = ["error_index", "error_pid"]
 
-    def __init__(self, msg, error_index, pid):
+    def __init__(self, msg: str, error_index: int, pid: int | None) -> None:
         super().__init__(msg)
         self.msg = msg
         self.error_index = error_index
         self.pid = pid
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, ...]:
         return type(self), (self.msg, self.error_index, self.pid)
 
 
 class ProcessRaisedException(ProcessException):
     """A child raised: msg holds its traceback."""
 
-    def __init__(self, msg, error_index, error_pid):
+    def __init__(self, msg: str, error_index: int, error_pid: int | None) -> None:
         super().__init__(msg, error_index, error_pid)
 
 
@@ -44,17 +53,19 @@ class ProcessExitedException(ProcessException):
 
     __slots__ = ["exit_code"]
 
-    def __init__(self, msg, error_index, error_pid, exit_code, signal_name=None):
+    def __init__(self, msg: str, error_index: int, error_pid: int | None, exit_code: int,
+                 signal_name: str | None = None) -> None:
         super().__init__(msg, error_index, error_pid)
         self.exit_code = exit_code
         self.signal_name = signal_name
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, ...]:
         return (type(self),
                 (self.msg, self.error_index, self.pid, self.exit_code, self.signal_name))
 
 
-def _wrap(fn, i, args, error_queue):
+def _wrap(fn: Callable[..., object], i: int, args: Sequence[Any],
+          error_queue: multiprocessing.queues.SimpleQueue[str]) -> None:
     try:
         fn(i, *args)
     except KeyboardInterrupt:
@@ -65,15 +76,16 @@ def _wrap(fn, i, args, error_queue):
 
 
 class ProcessContext:
-    def __init__(self, processes, error_queues):
+    def __init__(self, processes: Sequence[multiprocessing.process.BaseProcess],
+                 error_queues: Sequence[multiprocessing.queues.SimpleQueue[str]]) -> None:
         self.error_queues = error_queues
         self.processes = processes
         self.sentinels = {p.sentinel: i for i, p in enumerate(processes)}
 
-    def pids(self):
+    def pids(self) -> list[int]:
         return [int(p.pid) for p in self.processes]
 
-    def join(self, timeout=None):
+    def join(self, timeout: float | None = None) -> bool:
         """Waits up to timeout (None: until one exits). True when every child has exited
         with 0, False while some run; if one failed, stops the others and raises
         ProcessRaisedException (with its traceback) or ProcessExitedException."""
@@ -111,7 +123,9 @@ class ProcessContext:
         raise ProcessRaisedException(msg + trace, error_index, failed.pid)
 
 
-def start_processes(fn, args=(), nprocs=1, join=True, daemon=False, start_method="spawn"):
+def start_processes(fn: Callable[..., object], args: tuple[Any, ...] = (), nprocs: int = 1,
+                    join: bool = True, daemon: bool = False,
+                    start_method: str = "spawn") -> ProcessContext | None:
     """Starts nprocs processes running fn(i, *args) with any start method. join=False
     returns the ProcessContext."""
     ctx = multiprocessing.get_context(start_method)
@@ -129,7 +143,9 @@ def start_processes(fn, args=(), nprocs=1, join=True, daemon=False, start_method
         pass
 
 
-def spawn(fn, args=(), nprocs=1, join=True, daemon=False, start_method="spawn"):
+def spawn(fn: Callable[..., object], args: tuple[Any, ...] = (), nprocs: int = 1,
+          join: bool = True, daemon: bool = False,
+          start_method: str = "spawn") -> ProcessContext | None:
     """torch.multiprocessing.spawn: always the spawn start method (use start_processes for
     another)."""
     if start_method != "spawn":
@@ -143,7 +159,7 @@ __getattr__, __dir__ = reexport(globals(), _mpspawn)
 
 
 class _CallableModule(types.ModuleType):
-    def __call__(self, *args, **kwargs):
+    def __call__(self, *args: Any, **kwargs: Any) -> ProcessContext | None:
         return spawn(*args, **kwargs)
 
 
