@@ -32,6 +32,7 @@
 #include "transport/channel.h"
 #include "transport/depot.h"
 #include "transport/hangup_watch.h"
+#include "transport/link_control.h"
 #include "transport/ring.h"
 #include "wire/wire.h"
 
@@ -47,7 +48,6 @@ using Clock = std::chrono::steady_clock;
 // slot). A sender waits when its peer has 256 messages it has not taken.
 constexpr std::uint32_t kConnectionRingSlots = 256;
 constexpr std::uint32_t kConnectionRingSlotBytes = 1024;
-constexpr std::uint64_t kLinkMagic = 0x324b4e494c545453ULL;  // "STTLINK2"
 // A peer that died without close() is noticed by a sender at most this long after (read
 // on CLOCK_MONOTONIC_COARSE, whose tick, 4 ms here, it may overrun by).
 constexpr std::int64_t kPeerCheckIntervalNs = 10'000'000;
@@ -60,33 +60,6 @@ constexpr auto kWaitSlice = std::chrono::milliseconds(50);
 // FUTEX_WAKE costs the same with one sleeper.
 constexpr int kWakeAll = INT_MAX;
 
-// One direction's shared words, in the user area of its ring (a peer can write them: the
-// locks' protocol survives that as a queue's does, and the rest are hints).
-struct LinkControl {
-  std::uint64_t magic;
-  // The datagram path's (transport/announced.h).
-  alignas(64) SharedLock send_lock;
-  alignas(64) SharedLock recv_lock;
-  std::uint64_t taken_below;
-  // How many want the receiving end's readiness fd signalled: one per handle whose
-  // native_handle() was asked for (for good: nobody knows when its caller polls), and one
-  // per waiter of the library's own (ConnectionAccess::begin_wait, for as long as it
-  // sleeps). While it is not 0 every message
-  // sent this way signals the direction's eventfd.
-  std::atomic<std::uint32_t> readiness_wanted;
-  // Bumped by every close() of either end: a sender or receiver that sees it change looks
-  // at the socket (did the peer hang up?) before it goes on.
-  std::atomic<std::uint32_t> close_epoch;
-  // Senders between publishing a message and signalling the eventfd for it (only while
-  // readiness_wanted): a receiver that clears the eventfd waits for them first, or their
-  // late signal would leave it readable with nothing there.
-  std::atomic<std::uint32_t> signalling;
-  // Segments whose fds were deposited for this direction (transport/depot.h): in the
-  // receive queue of the receiving end's depot socket, sent there by senders on theirs.
-  alignas(64) DepotTable depot;
-};
-static_assert(sizeof(LinkControl) <= Ring::kUserBytes);
-static_assert(std::atomic<std::uint32_t>::is_always_lock_free);
 
 bool socket_hung_up(int sock) noexcept {
   pollfd p{sock, 0, 0};

@@ -14,35 +14,11 @@
 #include <cstdint>
 #include <memory>
 
-#include "os/shared_lock.h"
+#include "transport/depot_table.h"
 
 namespace shmtensor::internal {
 
 class Segment;
-
-// Segments one depot can hold; later ones carry their fds in every message.
-inline constexpr int kDepotSegments = 32;
-
-// A segment whose fd is in the depot. `uid` is taken once, by CAS from 0, and never
-// changes. `state`: depositing (taken, or being tried again), deposited (release: its fd
-// is in the depot), failed (a sender may try again: CAS to depositing).
-struct DepotEntry {
-  std::atomic<std::uint64_t> uid;
-  std::atomic<std::uint64_t> state;
-};
-static_assert(sizeof(DepotEntry) == 16);
-
-// In shared memory; set up by init_depot.
-struct DepotTable {
-  // 1 when the creating process found that peeks at an offset work on its kernel
-  // (otherwise nothing is deposited, and every message carries its fds).
-  std::atomic<std::uint32_t> usable;
-  std::uint32_t pad;
-  // Held (briefly) while a process looks through the depot: the socket's peek offset is
-  // shared by every holder of that socket.
-  alignas(64) SharedLock lock;
-  alignas(64) DepotEntry entries[kDepotSegments];
-};
 
 void init_depot(DepotTable* t);
 // Only arena segments are deposited: they hold many blocks and live as long as their

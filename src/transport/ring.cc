@@ -7,47 +7,20 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "os/futex.h"
 #include "os/proc.h"
 #include "os/shm.h"
 #include "shmtensor/error.h"
 #include "transport/busy_poll.h"
+#include "transport/ring_layout.h"
 
 namespace shmtensor::internal {
 
+using namespace ring_word;
+
 namespace {
-
-constexpr std::uint64_t kRingMagic = 0x31474e4952545453ULL;  // "STTRING1"
-constexpr std::uint32_t kRingVersion = 2;
-// Holder records; index kNoHolder marks a claim by a process that found none free (more
-// than 127 live holders): such a claim is never judged abandoned.
-constexpr std::uint32_t kHolderRecords = 127;
-constexpr std::uint32_t kNoHolder = 127;
-
-// The slot word: pos (50 bits) | state (2) | holder (7) | epoch (5).
-constexpr int kEpochBits = 5;
-constexpr int kHolderBits = 7;
-constexpr int kStateShift = kEpochBits + kHolderBits;
-constexpr int kPosShift = kStateShift + 2;
-constexpr std::uint64_t kPosMask = (std::uint64_t{1} << (64 - kPosShift)) - 1;
-constexpr std::uint32_t kEpochMask = (1u << kEpochBits) - 1;
-
-enum State : std::uint64_t { kFree = 0, kWriting = 1, kReady = 2, kReading = 3 };
-
-constexpr std::uint64_t pack(std::uint64_t pos, State s, std::uint32_t holder = 0,
-                             std::uint32_t epoch = 0) {
-  return ((pos & kPosMask) << kPosShift) | (static_cast<std::uint64_t>(s) << kStateShift) |
-         (static_cast<std::uint64_t>(holder) << kEpochBits) | (epoch & kEpochMask);
-}
-constexpr std::uint64_t pos_of(std::uint64_t w) { return w >> kPosShift; }
-constexpr State state_of(std::uint64_t w) { return static_cast<State>((w >> kStateShift) & 3); }
-constexpr std::uint32_t holder_of(std::uint64_t w) {
-  return static_cast<std::uint32_t>(w >> kEpochBits) & ((1u << kHolderBits) - 1);
-}
-constexpr std::uint32_t epoch_of(std::uint64_t w) {
-  return static_cast<std::uint32_t>(w) & kEpochMask;
-}
 
 // A sleep is at most this long, so that a claim of a process that died is noticed.
 constexpr auto kSleepSlice = std::chrono::milliseconds(50);
@@ -55,47 +28,6 @@ constexpr auto kSleepSlice = std::chrono::milliseconds(50);
 constexpr int kWritingSpins = 256;
 
 using Clock = std::chrono::steady_clock;
-
-}  // namespace
-
-struct HolderRecord {
-  std::atomic<std::uint64_t> owner;  // slot_owner(pid, start time); 0 = free
-  std::atomic<std::uint32_t> epoch;  // bumped whenever the record gets a new owner
-  std::uint32_t pad;
-};
-
-struct RingHeader {
-  std::uint64_t magic;
-  std::uint32_t version;
-  std::uint32_t slot_count;
-  std::uint32_t slot_bytes;
-  std::uint32_t slots_offset;
-  std::uint64_t total_bytes;
-  alignas(64) std::atomic<std::uint64_t> tail;  // hint: next position to claim for writing
-  alignas(64) std::atomic<std::uint64_t> head;  // hint: next position to claim for reading
-  alignas(64) std::atomic<std::uint32_t> published;  // futex word of sleeping consumers
-  std::atomic<std::uint32_t> consumers_asleep;
-  alignas(64) std::atomic<std::uint32_t> freed;  // futex word of sleeping producers
-  std::atomic<std::uint32_t> producers_asleep;
-  alignas(64) std::atomic<std::uint32_t> closed;
-  std::atomic<std::uint64_t> abandoned;  // claims of dead processes freed (diagnostics)
-  alignas(64) HolderRecord holders[kHolderRecords];
-  // The user's (Ring::user_area): zero in a new ring.
-  alignas(64) std::byte user[Ring::kUserBytes];
-};
-static_assert(std::is_standard_layout_v<RingHeader>);
-static_assert(offsetof(RingHeader, tail) == Ring::kTailOffset);
-static_assert(offsetof(RingHeader, head) == Ring::kHeadOffset);
-static_assert(std::atomic<std::uint64_t>::is_always_lock_free);
-
-namespace {
-
-struct SlotHead {
-  std::atomic<std::uint64_t> word;
-  std::uint32_t size;
-  std::uint32_t tag;
-};
-static_assert(sizeof(SlotHead) == Ring::kSlotHeaderBytes);
 
 constexpr std::uint32_t kSlotsOffset = (sizeof(RingHeader) + 63) / 64 * 64;
 
@@ -316,6 +248,10 @@ void Ring::wake_producers() noexcept {
 Ring::Reservation Ring::reserve(Deadline deadline) {
   RingHeader* h = header();
   const auto [me, epoch] = holder();
+  // Hints are put back where the slot words say at most once a call: words a peer keeps
+  // rewriting must not keep it looping.
+  bool may_resync = true;
+  auto resync = [&] { return std::exchange(may_resync, false) && resync_hints(); };
   for (;;) {
     if (h->closed.load()) return {Status::kClosed, 0};
     const std::uint64_t pos = h->tail.load();
@@ -351,11 +287,18 @@ Ring::Reservation Ring::reserve(Deadline deadline) {
       // behind: no protocol state explains it. The slot is made claimable for this position
       // again (the ring goes on), and the push says so.
       if (wp > (pos & kPosMask) && h->tail.load() != pos) continue;
+      // A tail hint a peer moved: the slot words say where the tail is.
+      if (resync()) continue;
       if (!s->word.compare_exchange_strong(w, pack(pos, kFree))) continue;
-      resync_hints();
       corrupt(wp > (pos & kPosMask) ? "slot word laps ahead of the tail"
                                     : "slot word behind the tail",
               pos, w);
+    }
+    if (state_of(w) == kFree) {
+      // Free for the previous lap while the tail hint is a lap past it: the hint was moved
+      // by a peer. Nobody wrote that position: the slot is made free for this one.
+      if (!resync()) s->word.compare_exchange_strong(w, pack(pos, kFree));
+      continue;
     }
     // The previous lap's message is still there: the ring is full. A claim by a process
     // that died is freed; otherwise sleep until a consumer frees a slot.
@@ -460,6 +403,8 @@ Ring::Popped Ring::pop(std::span<std::byte> out, Deadline deadline, std::uint32_
   };
   int spins = 0;
   bool spun = false;
+  bool may_resync = true;  // once a call, as in reserve
+  auto resync = [&] { return std::exchange(may_resync, false) && resync_hints(); };
   for (;;) {
     // `closed` before the slot: a push that claims after this sees it and withdraws.
     const bool was_closed = h->closed.load() != 0;
@@ -514,9 +459,19 @@ Ring::Popped Ring::pop(std::span<std::byte> out, Deadline deadline, std::uint32_
         case kFree:
           // Free for this position while the tail has passed it: nobody will ever write
           // it (a scribbled word made a producer skip it). Only corruption leads here.
-          if (h->tail.load() > pos) {
-            skip_corrupt("position skipped by the producers", pos, w);
+          if (const std::uint64_t tail = h->tail.load(); tail > pos) {
+            if (resync()) continue;
+            // A hole: no producer will write the position (a peer moved the tail hint past
+            // it). It is stepped over; nothing was lost there.
+            std::uint64_t seen = w;
+            if (s->word.compare_exchange_strong(seen, pack(pos + slot_count_, kFree))) {
+              std::uint64_t expected = pos;
+              h->head.compare_exchange_strong(expected, pos + 1);
+              wake_producers();
+            }
             continue;
+          } else if (tail < pos && resync()) {
+            continue;  // a head hint a peer moved past the tail
           }
           if (was_closed) return {Status::kClosed, 0, 0};
           break;  // empty
@@ -534,13 +489,22 @@ Ring::Popped Ring::pop(std::span<std::byte> out, Deadline deadline, std::uint32_
         }
         continue;
       }
+      if (state_of(w) == kReady || state_of(w) == kWriting) {
+        // A message the head hint went past (a peer moved it, or a consumer gave one back
+        // with unread): the head goes back to it, and nothing is lost.
+        std::uint64_t expected = pos;
+        h->head.compare_exchange_strong(expected, pos - slot_count_);
+        continue;
+      }
       if (state_of(w) != kReading) {
+        if (resync()) continue;
         skip_corrupt("slot word behind the head", pos, w);
         continue;
       }
       if (was_closed) return {Status::kClosed, 0, 0};
     } else {
       if (h->head.load() != pos) continue;  // the hint moved: look again
+      if (resync()) continue;
       skip_corrupt("slot word from another lap", pos, w);
       continue;
     }
@@ -576,21 +540,45 @@ Ring::Popped Ring::pop(std::span<std::byte> out, Deadline deadline, std::uint32_
                            (h->closed.load() != 0) == was_closed;
     const bool in_time = !unchanged || sleep_on(&h->published, seen, deadline);
     h->consumers_asleep.fetch_sub(1);
+    // A whole sleep with nothing published: messages a peer hid behind a head hint it
+    // moved forward are looked for (a scan of the slot words, once a sleep).
+    if (unchanged && h->published.load() == seen) (void)resync_hints();
     if (!in_time) return {Status::kTimeout, 0, 0};
     spins = 0;
   }
 }
 
-void Ring::resync_hints() noexcept {
-  // In a ring nobody scribbled on, the tail is at most one lap (and a position or two of
-  // hints not yet moved) ahead of the head, and never behind it by more than that. Hints
-  // a peer set further apart would make the other side step through up to 2^50 positions:
-  // the head jumps to the tail (what lies between is lost; it was garbage).
+bool Ring::resync_hints() noexcept {
+  // The hints as the slot words put them (ring.h): the tail is one past the last position
+  // claimed (a slot not free for its position was claimed; a slot free for a later lap had
+  // its previous position claimed), and the head is the oldest position published or being
+  // written, or the tail when there is none. In a ring nobody wrote over, the head is never
+  // past the tail, and the tail never more than a lap past any slot's position.
   RingHeader* h = header();
-  std::uint64_t head = h->head.load();
-  const std::uint64_t tail = h->tail.load();
-  const std::uint64_t slack = 2 * std::uint64_t{slot_count_};
-  if (tail > head + slack || head > tail + slack) h->head.compare_exchange_strong(head, tail);
+  const std::uint64_t n = slot_count_;
+  std::uint64_t tail = 0;
+  for (std::uint64_t i = 0; i < n; ++i) {
+    const std::uint64_t w = head_of(slot(i))->word.load();
+    const std::uint64_t p = pos_of(w);
+    if (state_of(w) != kFree)
+      tail = std::max(tail, p + 1);
+    else if (p >= n)
+      tail = std::max(tail, p - n + 1);
+  }
+  std::uint64_t head = tail;
+  for (std::uint64_t i = 0; i < n; ++i) {
+    const std::uint64_t w = head_of(slot(i))->word.load();
+    if ((state_of(w) == kReady || state_of(w) == kWriting) && pos_of(w) + n >= tail)
+      head = std::min(head, pos_of(w));
+  }
+  // A hint ahead of the words is moved back (consumers and producers then step forward
+  // over what was taken, one CAS a position); one far behind is moved up to them.
+  bool moved = false;
+  std::uint64_t seen = h->tail.load();
+  if (seen > tail || seen + n < tail) moved |= h->tail.compare_exchange_strong(seen, tail);
+  seen = h->head.load();
+  if (seen > head || seen + n < head) moved |= h->head.compare_exchange_strong(seen, head);
+  return moved;
 }
 
 void Ring::close() noexcept {
@@ -621,6 +609,7 @@ bool Ring::wait_for_publish(std::uint32_t seen, Deadline deadline) noexcept {
   bool in_time = true;
   if (h->published.load() == seen) in_time = sleep_on(&h->published, seen, deadline);
   h->consumers_asleep.fetch_sub(1);
+  if (h->published.load() == seen) (void)resync_hints();  // as after a sleep in pop
   return in_time;
 }
 

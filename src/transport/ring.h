@@ -26,9 +26,11 @@
 //
 // A peer can scribble on the shared memory: the geometry is read once from a validated
 // copy of the header, a message longer than its slot or a word no protocol state explains
-// is a ProtocolError (the slot is freed first where that is possible), never a crash. A
-// live peer that claims a slot and never finishes it stalls the positions behind it, as a
-// live peer that holds a lock would; that is not detectable, and not a crash either.
+// is a ProtocolError (the slot is freed first where that is possible), never a crash.
+// Hints a peer moved are put back where the slot words say (resync_hints): no message is
+// lost to them and no push fails. A live peer that claims a slot and never finishes it
+// stalls the positions behind it, as a live peer that holds a lock would; that is not
+// detectable, and not a crash either. Layout: transport/ring_layout.h.
 #pragma once
 
 #include <chrono>
@@ -212,7 +214,9 @@ class Ring {
   bool claimer_dead(std::uint64_t word) const noexcept;
   void free_holder() noexcept;
   void wake_producers() noexcept;
-  void resync_hints() noexcept;
+  // Moves a hint that is further from the slot words than any honest ring puts it back to
+  // where the words say; true when it moved one.
+  bool resync_hints() noexcept;
 
   UniqueFd fd_;
   Mapping map_;

@@ -1,7 +1,9 @@
-// libFuzzer harness for the message ring (src/transport/ring.h) as a hostile peer writes
-// it: the input is laid over the tail and head hints and every slot's word, size and tag
-// of a small ring, then drives a sequence of pushes and pops that never wait. Every call
-// must return or throw ProtocolError — never crash, overrun or spin without end.
+// libFuzzer harness for the message ring (src/transport/ring.h) and the shared lock
+// (src/os/shared_lock.h) as a hostile peer writes them: the input is laid over the tail and
+// head hints, every slot's word, size and tag of a small ring, and a lock in the ring's
+// user area (where a connection keeps its locks), then drives a sequence of pushes, pops
+// and lock/unlock pairs that never wait. Every call must return or throw ProtocolError —
+// never crash, overrun or spin without end.
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -12,8 +14,10 @@
 #include <span>
 #include <vector>
 
+#include "os/shared_lock.h"
 #include "shmtensor/error.h"
 #include "transport/ring.h"
+#include "transport/ring_layout.h"
 
 namespace {
 
@@ -21,9 +25,10 @@ using shmtensor::internal::Ring;
 
 constexpr std::uint32_t kSlots = 8;
 constexpr std::uint32_t kSlotBytes = 64;
-// What the input covers, in order: tail, head, then each slot's 16-byte head.
+// What the input covers, in order: tail, head, each slot's 16-byte head, then the lock.
 constexpr std::size_t kHintBytes = 16;
-constexpr std::size_t kStateBytes = kHintBytes + kSlots * Ring::kSlotHeaderBytes;
+constexpr std::size_t kSlotsEnd = kHintBytes + kSlots * Ring::kSlotHeaderBytes;
+constexpr std::size_t kStateBytes = kSlotsEnd + sizeof(shmtensor::internal::SharedLock);
 
 }  // namespace
 
@@ -47,6 +52,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       off = Ring::kTailOffset + i;
     } else if (i < 16) {
       off = Ring::kHeadOffset + (i - 8);
+    } else if (i >= kSlotsEnd) {
+      off = offsetof(shmtensor::internal::RingHeader, user) + (i - kSlotsEnd);
     } else {
       const std::size_t k = i - kHintBytes;
       off = ring.slots_offset() + (k / Ring::kSlotHeaderBytes) * kSlotBytes +
@@ -56,9 +63,15 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   }
   std::vector<std::byte> out(ring.max_message());
   const auto now = [] { return std::chrono::steady_clock::now(); };
+  auto* lock = reinterpret_cast<shmtensor::internal::SharedLock*>(ring.user_area());
   for (std::size_t i = state; i < size && i < state + 64; ++i) {
     try {
-      if (data[i] & 1) {
+      if (data[i] % 5 == 4) {
+        using shmtensor::internal::LockHold;
+        const auto got = shmtensor::internal::lock_shared(
+            *lock, now(), data[i] & 8 ? LockHold::kBrief : LockHold::kLong, "fuzzed lock");
+        if (got != shmtensor::internal::Locked::kTimeout) shmtensor::internal::unlock_shared(*lock);
+      } else if (data[i] & 1) {
         std::byte b[8] = {};
         (void)ring.push(std::span(b, data[i] % 9), data[i], now());
       } else {

@@ -96,6 +96,13 @@ class QueueCore : public std::enable_shared_from_this<QueueCore> {
     std::uint64_t omitted = 0;
   };
   [[nodiscard]] FdCounts fd_counts() const noexcept;
+  // The memfds of the queue's control block and ring (src/transport/queue_control.h,
+  // ring_layout.h), for tests that write them as a peer would.
+  struct SharedFds {
+    int control = -1;
+    int ring = -1;
+  };
+  [[nodiscard]] SharedFds shared_fds() const noexcept;
 
   struct State;
   explicit QueueCore(std::unique_ptr<State> state);  // for make_shared: use the factories

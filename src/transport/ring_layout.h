@@ -1,0 +1,90 @@
+// The shared memory of a message ring (transport/ring.h): a header, a table of holder
+// processes, then the slots, each starting with a SlotHead. A peer may write any of it:
+// ring.h says what a ring does then. Layout: docs/shm_layout.md, "Message ring".
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+#include "transport/ring.h"
+
+namespace shmtensor::internal {
+
+inline constexpr std::uint64_t kRingMagic = 0x31474e4952545453ULL;  // "STTRING1"
+inline constexpr std::uint32_t kRingVersion = 2;
+// Holder records; index kNoHolder marks a claim by a process that found none free (more
+// than 127 live holders): such a claim is never judged abandoned.
+inline constexpr std::uint32_t kHolderRecords = 127;
+inline constexpr std::uint32_t kNoHolder = 127;
+
+// The slot word: pos (50 bits) | state (2) | holder (7) | epoch (5).
+namespace ring_word {
+
+inline constexpr int kEpochBits = 5;
+inline constexpr int kHolderBits = 7;
+inline constexpr int kStateShift = kEpochBits + kHolderBits;
+inline constexpr int kPosShift = kStateShift + 2;
+inline constexpr std::uint64_t kPosMask = (std::uint64_t{1} << (64 - kPosShift)) - 1;
+inline constexpr std::uint32_t kEpochMask = (1u << kEpochBits) - 1;
+
+enum State : std::uint64_t { kFree = 0, kWriting = 1, kReady = 2, kReading = 3 };
+
+inline constexpr std::uint64_t pack(std::uint64_t pos, State s, std::uint32_t holder = 0,
+                                    std::uint32_t epoch = 0) {
+  return ((pos & kPosMask) << kPosShift) | (static_cast<std::uint64_t>(s) << kStateShift) |
+         (static_cast<std::uint64_t>(holder) << kEpochBits) | (epoch & kEpochMask);
+}
+inline constexpr std::uint64_t pos_of(std::uint64_t w) { return w >> kPosShift; }
+inline constexpr State state_of(std::uint64_t w) {
+  return static_cast<State>((w >> kStateShift) & 3);
+}
+inline constexpr std::uint32_t holder_of(std::uint64_t w) {
+  return static_cast<std::uint32_t>(w >> kEpochBits) & ((1u << kHolderBits) - 1);
+}
+inline constexpr std::uint32_t epoch_of(std::uint64_t w) {
+  return static_cast<std::uint32_t>(w) & kEpochMask;
+}
+}  // namespace ring_word
+
+struct HolderRecord {
+  std::atomic<std::uint64_t> owner;  // slot_owner(pid, start time); 0 = free
+  std::atomic<std::uint32_t> epoch;  // bumped whenever the record gets a new owner
+  std::uint32_t pad;
+};
+
+struct RingHeader {
+  std::uint64_t magic;
+  std::uint32_t version;
+  std::uint32_t slot_count;
+  std::uint32_t slot_bytes;
+  std::uint32_t slots_offset;
+  std::uint64_t total_bytes;
+  alignas(64) std::atomic<std::uint64_t> tail;  // hint: next position to claim for writing
+  alignas(64) std::atomic<std::uint64_t> head;  // hint: next position to claim for reading
+  alignas(64) std::atomic<std::uint32_t> published;  // futex word of sleeping consumers
+  std::atomic<std::uint32_t> consumers_asleep;
+  alignas(64) std::atomic<std::uint32_t> freed;  // futex word of sleeping producers
+  std::atomic<std::uint32_t> producers_asleep;
+  alignas(64) std::atomic<std::uint32_t> closed;
+  std::atomic<std::uint64_t> abandoned;  // claims of dead processes freed (diagnostics)
+  alignas(64) HolderRecord holders[kHolderRecords];
+  // The user's (Ring::user_area): zero in a new ring.
+  alignas(64) std::byte user[Ring::kUserBytes];
+};
+static_assert(std::is_standard_layout_v<RingHeader>);
+static_assert(offsetof(RingHeader, tail) == Ring::kTailOffset);
+static_assert(offsetof(RingHeader, head) == Ring::kHeadOffset);
+static_assert(offsetof(RingHeader, holders) == 384 && offsetof(RingHeader, user) == 2432 &&
+              sizeof(RingHeader) == 3456);  // docs/shm_layout.md
+static_assert(std::atomic<std::uint64_t>::is_always_lock_free);
+
+struct SlotHead {
+  std::atomic<std::uint64_t> word;
+  std::uint32_t size;
+  std::uint32_t tag;
+};
+static_assert(sizeof(SlotHead) == Ring::kSlotHeaderBytes);
+
+}  // namespace shmtensor::internal
