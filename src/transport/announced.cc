@@ -75,9 +75,11 @@ Datagram datagram_now(int sock) { return receive_datagram(sock, std::chrono::ste
 enum class HeadOwner { kMine, kEarlier, kLater, kNobody };
 HeadOwner owner_of(const Ring& ring, std::optional<std::uint64_t> id,
                    std::optional<std::uint64_t> pos) {
-  if (!id || *id >= ring.tail()) return HeadOwner::kNobody;  // no producer claimed it
+  if (!id) return HeadOwner::kNobody;
   if (pos && *id == *pos) return HeadOwner::kMine;
   if (pos && *id > *pos) return HeadOwner::kLater;
+  // The slot word, not the tail hint, says whether a producer claimed the position: a slot
+  // not claimed for it (free, or another lap's) is nobody's.
   const Ring::SlotView v = ring.inspect(*id);
   if (v.where == Ring::Where::kReady || (v.where != Ring::Where::kGone && v.claimer_alive))
     return HeadOwner::kEarlier;
@@ -204,13 +206,14 @@ std::optional<Datagram> take_announced(const AnnouncedPath& p, std::uint64_t pos
   for (;;) {
     if (lock_shared(*p.recv_lock, until, LockHold::kBrief, recv_lock_name(p)) != Locked::kTimeout) {
       SharedLockGuard unlock{*p.recv_lock};
-      // Fast path: when no consumer holds a marker between the last one whose datagram was
-      // taken and ours, the socket's next datagram is ours, or one nobody will take: take
-      // it without a peek (a syscall less). Otherwise, or when that is far, look first.
+      // Fast path: when no marker between the last one whose datagram was taken and ours
+      // is held by a consumer or given back to the ring (pending), the socket's next
+      // datagram is ours, or one nobody will take: take it without a peek (a syscall
+      // less). Otherwise, or when that is far, look first.
       const std::uint64_t below = *p.taken_below;
       bool fast = below <= pos && pos - below <= 64;
       for (std::uint64_t at = below; fast && at < pos; ++at)
-        fast = !p.ring->being_read(at, kRingMarkerTag);
+        fast = !p.ring->pending(at, kRingMarkerTag);
       std::exception_ptr cut;
       while (fast) {
         Datagram d;

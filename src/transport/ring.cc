@@ -336,7 +336,7 @@ bool Ring::commit(std::uint64_t pos, std::span<const std::span<const std::byte>>
     total += part.size();
   }
   s->size = static_cast<std::uint32_t>(total);
-  std::atomic_ref<std::uint32_t>(s->tag).store(tag, std::memory_order_relaxed);  // being_read
+  std::atomic_ref<std::uint32_t>(s->tag).store(tag, std::memory_order_relaxed);  // pending
   if (!s->word.compare_exchange_strong(mine, pack(pos, kReady, me, epoch),
                                        std::memory_order_acq_rel))
     return false;
@@ -664,11 +664,11 @@ Ring::SlotView Ring::inspect(std::uint64_t pos) const noexcept {
   }
 }
 
-bool Ring::being_read(std::uint64_t pos, std::uint32_t tag) const noexcept {
+bool Ring::pending(std::uint64_t pos, std::uint32_t tag) const noexcept {
   SlotHead* s = head_of(slot(pos));
   const std::uint64_t w = s->word.load();
   // The tag as an atomic: the slot may move on meanwhile and a producer write it.
-  return pos_of(w) == (pos & kPosMask) && state_of(w) == kReading &&
+  return pos_of(w) == (pos & kPosMask) && (state_of(w) == kReading || state_of(w) == kReady) &&
          std::atomic_ref<std::uint32_t>(s->tag).load(std::memory_order_relaxed) == tag;
 }
 

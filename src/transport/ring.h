@@ -152,9 +152,11 @@ class Ring {
     bool claimer_alive = false;
   };
   [[nodiscard]] SlotView inspect(std::uint64_t pos) const noexcept;
-  // Whether a consumer holds the message at `pos` (READING) and its tag is `tag`, whoever
-  // it is and whether it lives (no /proc read: for a scan on every message).
-  [[nodiscard]] bool being_read(std::uint64_t pos, std::uint32_t tag) const noexcept;
+  // Whether the message at `pos` is published or being read (READY or READING: not taken
+  // and done with) and its tag is `tag`, whoever holds it and whether it lives (no /proc
+  // read: for a scan on every message). A queue's marker so is one whose datagram may
+  // still be in the socket (unread() gives a marker back READY).
+  [[nodiscard]] bool pending(std::uint64_t pos, std::uint32_t tag) const noexcept;
   // The tail hint: a producer moves it past the position it claimed right after the claim,
   // so every position whose message (or datagram) was written is below it.
   [[nodiscard]] std::uint64_t tail() const noexcept;
