@@ -10,7 +10,9 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <optional>
 #include <string>
@@ -63,10 +65,16 @@ py::tuple item_to_python(Item&& item) {
   return py::make_tuple(py::bytes(item.first), py::cast(std::move(item.second)));
 }
 
+// The one conversion of a Python timeout (seconds, a float; None: no limit), for every
+// call of this module: a negative one is 0 (a single try, as multiprocessing's), a fraction
+// of a nanosecond is rounded up (a wait is never shorter than asked), one beyond ~31 years is
+// 31 years, NaN is a ValueError.
 std::optional<std::chrono::nanoseconds> to_timeout(std::optional<double> seconds) {
   if (!seconds) return std::nullopt;
-  double s = *seconds < 0 ? 0 : *seconds;
-  return std::chrono::nanoseconds(static_cast<std::int64_t>(s * 1e9));
+  if (std::isnan(*seconds)) throw py::value_error("timeout must be a number of seconds, not NaN");
+  constexpr double kMaxSeconds = 1e9;
+  const double s = std::clamp(*seconds, 0.0, kMaxSeconds);
+  return std::chrono::nanoseconds(static_cast<std::int64_t>(std::ceil(s * 1e9)));
 }
 
 // A message made into bytes (the frame header and inline body) and the fds it needs (borrowed:

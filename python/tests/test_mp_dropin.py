@@ -455,3 +455,37 @@ def test_process_pool_executor_with_our_contexts(method):
         with pytest.raises(KeyError):
             ex.submit(fail, "k").result(timeout=60)
     assert [s.tolist() for s in sums] == [[256.0 * i] * 64 for i in range(8)]
+
+
+def _fail_in_child(index):
+    raise KeyError(f"child {index}")
+
+
+def test_spawn_errors_are_shmtensor_errors():
+    assert issubclass(smp.ProcessException, shmtensor.Error)
+    assert issubclass(smp.ProcessRaisedException, smp.ProcessException)
+    assert issubclass(smp.ProcessExitedException, smp.ProcessException)
+    with pytest.raises(shmtensor.Error) as info:
+        smp.spawn(_fail_in_child, nprocs=1, start_method="fork")
+    assert type(info.value) is smp.ProcessRaisedException
+    assert info.value.error_index == 0
+    assert "KeyError: 'child 0'" in str(info.value)
+
+
+def test_one_timeout_rule_for_every_call():
+    q = smp.Queue()
+    a, b = smp.Pipe()
+    start = time.monotonic()
+    with pytest.raises(queue.Empty):
+        q.get(timeout=-5)  # negative: one try
+    assert not a.poll(-1)
+    assert time.monotonic() - start < 1.0
+    for call in (lambda: q.get(timeout=float("nan")), lambda: a.poll(float("nan")),
+                 lambda: q.put(1, timeout=float("nan"))):
+        with pytest.raises(ValueError, match="not NaN"):
+            call()
+    q.put(7, timeout=float("inf"))  # beyond 10**9 s: 10**9 s
+    assert q.get(timeout=1e-12) == 7  # rounded up to a nanosecond, and found
+    q.close()
+    a.close()
+    b.close()

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <climits>
+#include <cstdint>
 #include <cstring>
 #include <mutex>
 #include <stdexcept>
@@ -24,6 +25,8 @@ namespace {
 
 // A sleep is at most this long, so that a claim of a process that died is noticed.
 constexpr auto kSleepSlice = std::chrono::milliseconds(50);
+// How often a consumer that sleeps with nothing published looks for hidden messages.
+constexpr auto kIdleScanEvery = std::chrono::seconds(1);
 // Spins on a slot a producer is writing (a copy of at most 64 KiB) before sleeping.
 constexpr int kWritingSpins = 256;
 
@@ -89,6 +92,9 @@ bool spin_while(const Unchanged& unchanged, Clock::time_point until) noexcept {
 // forked while another thread claimed, whose first push or pop would then hang.
 struct Ring::Local {
   std::atomic<std::uint64_t> claim{0};
+  // When this handle last looked for messages hidden behind the head after a sleep with
+  // nothing published (steady clock, ns): at most once a second.
+  std::atomic<std::int64_t> idle_scan_ns{0};
 };
 
 namespace {
@@ -540,12 +546,21 @@ Ring::Popped Ring::pop(std::span<std::byte> out, Deadline deadline, std::uint32_
                            (h->closed.load() != 0) == was_closed;
     const bool in_time = !unchanged || sleep_on(&h->published, seen, deadline);
     h->consumers_asleep.fetch_sub(1);
-    // A whole sleep with nothing published: messages a peer hid behind a head hint it
-    // moved forward are looked for (a scan of the slot words, once a sleep).
-    if (unchanged && h->published.load() == seen) (void)resync_hints();
+    if (unchanged && h->published.load() == seen) idle_scan();
     if (!in_time) return {Status::kTimeout, 0, 0};
     spins = 0;
   }
+}
+
+void Ring::idle_scan() noexcept {
+  // A sleep with nothing published: messages a peer hid behind a head hint it moved forward
+  // are looked for, with a scan of the slot words, at most once a second per handle (a
+  // scan reads every slot's line).
+  const std::int64_t now = Clock::now().time_since_epoch().count();
+  std::int64_t last = local_->idle_scan_ns.load(std::memory_order_relaxed);
+  if (now - last < std::chrono::nanoseconds(kIdleScanEvery).count()) return;
+  if (!local_->idle_scan_ns.compare_exchange_strong(last, now, std::memory_order_relaxed)) return;
+  (void)resync_hints();
 }
 
 bool Ring::resync_hints() noexcept {
@@ -557,6 +572,7 @@ bool Ring::resync_hints() noexcept {
   RingHeader* h = header();
   const std::uint64_t n = slot_count_;
   std::uint64_t tail = 0;
+  std::uint64_t oldest = UINT64_MAX;  // the oldest position published or being written
   for (std::uint64_t i = 0; i < n; ++i) {
     const std::uint64_t w = head_of(slot(i))->word.load();
     const std::uint64_t p = pos_of(w);
@@ -564,12 +580,17 @@ bool Ring::resync_hints() noexcept {
       tail = std::max(tail, p + 1);
     else if (p >= n)
       tail = std::max(tail, p - n + 1);
+    if (state_of(w) == kReady || state_of(w) == kWriting) oldest = std::min(oldest, p);
   }
   std::uint64_t head = tail;
-  for (std::uint64_t i = 0; i < n; ++i) {
-    const std::uint64_t w = head_of(slot(i))->word.load();
-    if ((state_of(w) == kReady || state_of(w) == kWriting) && pos_of(w) + n >= tail)
-      head = std::min(head, pos_of(w));
+  if (oldest + n >= tail) {
+    head = std::min(head, oldest);
+  } else {  // a word more than a lap behind the tail (a peer's): not the head
+    for (std::uint64_t i = 0; i < n; ++i) {
+      const std::uint64_t w = head_of(slot(i))->word.load();
+      if ((state_of(w) == kReady || state_of(w) == kWriting) && pos_of(w) + n >= tail)
+        head = std::min(head, pos_of(w));
+    }
   }
   // A hint ahead of the words is moved back (consumers and producers then step forward
   // over what was taken, one CAS a position); one far behind is moved up to them.
@@ -609,7 +630,7 @@ bool Ring::wait_for_publish(std::uint32_t seen, Deadline deadline) noexcept {
   bool in_time = true;
   if (h->published.load() == seen) in_time = sleep_on(&h->published, seen, deadline);
   h->consumers_asleep.fetch_sub(1);
-  if (h->published.load() == seen) (void)resync_hints();  // as after a sleep in pop
+  if (h->published.load() == seen) idle_scan();  // as after a sleep in pop
   return in_time;
 }
 

@@ -219,6 +219,8 @@ class Ring {
   // Moves a hint that is further from the slot words than any honest ring puts it back to
   // where the words say; true when it moved one.
   bool resync_hints() noexcept;
+  // resync_hints after a sleep with nothing published, at most once a second (kIdleScanEvery).
+  void idle_scan() noexcept;
 
   UniqueFd fd_;
   Mapping map_;

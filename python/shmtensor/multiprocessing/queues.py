@@ -51,11 +51,14 @@ _feeder_lock = threading.Lock()
 
 
 def _timeout(block: bool, timeout: float | None) -> float | None:
+    """What a put or get passes to the native queue: 0 for a non-blocking call, else the
+    caller's timeout as a float (the native module's to_timeout is the one rule for the
+    rest: negative is 0, NaN a ValueError)."""
     if not block:
         return 0.0
     if timeout is None:
         return None
-    return max(float(timeout), 0.0)
+    return float(timeout)
 
 
 class _Feeder:

@@ -19,6 +19,7 @@ import types
 import warnings
 from typing import TYPE_CHECKING
 
+from shmtensor._C import Error
 from shmtensor.multiprocessing._reexport import reexport
 
 if TYPE_CHECKING:
@@ -28,7 +29,10 @@ if TYPE_CHECKING:
     from typing import Any
 
 
-class ProcessException(Exception):
+class ProcessException(Error):
+    """A child of spawn()/start_processes failed (C++ shmtensor::ProcessException): a
+    shmtensor.Error, as every exception shmtensor raises on purpose."""
+
     __slots__ = ["error_index", "error_pid"]
 
     def __init__(self, msg: str, error_index: int, pid: int | None) -> None:
