@@ -77,12 +77,12 @@ HeadOwner owner_of(const Ring& ring, std::optional<std::uint64_t> id,
                    std::optional<std::uint64_t> pos) {
   if (!id) return HeadOwner::kNobody;
   if (pos && *id == *pos) return HeadOwner::kMine;
-  if (pos && *id > *pos) return HeadOwner::kLater;
-  // The slot word, not the tail hint, says whether a producer claimed the position: a slot
-  // not claimed for it (free, or another lap's) is nobody's.
+  // The slot word, not the tail hint, says whether a producer claimed the position: a
+  // datagram whose position is not claimed (free, or another lap's) is nobody's.
   const Ring::SlotView v = ring.inspect(*id);
-  if (v.where == Ring::Where::kReady || (v.where != Ring::Where::kGone && v.claimer_alive))
-    return HeadOwner::kEarlier;
+  if (v.where == Ring::Where::kGone) return HeadOwner::kNobody;
+  if (pos && *id > *pos) return HeadOwner::kLater;
+  if (v.where == Ring::Where::kReady || v.claimer_alive) return HeadOwner::kEarlier;
   return HeadOwner::kNobody;
 }
 
