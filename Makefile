@@ -1,9 +1,12 @@
 # shmtensor — the commands a new user and CI need.
 #
 #   make run     install missing Debian packages, build, run the flagship demo
-#   make test    install missing Debian packages, build, run every test; then the torch 2.x
-#                lane: the Python package built against torch 2.x from PyPI in a virtual
-#                environment (build-torch2/), its Python and torch tests run there
+#   make test    check the layers (make layers), install missing Debian packages, build, run
+#                every test; then the torch 2.x lane: the Python package built against torch
+#                2.x from PyPI in a virtual environment (build-torch2/), its Python and torch
+#                tests run there
+#   make layers  tools/ci/check_layers: docs/architecture.md's rules (includes point down;
+#                system calls and system headers only in src/os), in well under a second
 #   make torch2  that lane alone
 #   make asan    the same tests built with AddressSanitizer + UndefinedBehaviorSanitizer
 #   make tsan    the same tests built with ThreadSanitizer
@@ -60,7 +63,7 @@ export UBSAN_OPTIONS ?= print_stacktrace=1:halt_on_error=1
 # consistent, so we let them run and TSan keeps checking them.
 export TSAN_OPTIONS  ?= die_after_fork=0:halt_on_error=1:second_deadlock_stack=1:handle_sigbus=0
 
-.PHONY: all run test torch2 asan tsan odr deps format clean
+.PHONY: all run test layers torch2 asan tsan odr deps format clean
 
 # cmake is re-run every time (a second or two): it picks up new files and options.
 all: deps
@@ -74,9 +77,13 @@ run: all
 	  PYTHONPATH=build/python /usr/bin/python3 python/bench/bench_torch.py --demo; \
 	else echo "torch demo skipped: /usr/bin/python3 cannot import torch (python3-torch)"; fi
 
-test: all
+# The layers first: a rule broken fails in a second, before the build.
+test: layers all
 	$(CTEST) --test-dir build || { $(FAILED) build; exit 1; }
 	$(MAKE) torch2
+
+layers:
+	tools/ci/check_layers
 
 # torch 2.x (pinned: torch==2.13.0, a CPU wheel) in build-torch2/venv, made with the first
 # python3.11 on PATH (SHMTENSOR_TORCH2_PYTHON names another): tools/ci/torch2_lane.

@@ -1,7 +1,5 @@
 #include "cuda/device_memory.h"
 
-#include <sys/stat.h>
-
 #include <atomic>
 #include <map>
 #include <mutex>
@@ -179,10 +177,9 @@ namespace {
 // False for an fd the driver never exports as an allocation: a regular file (a memfd
 // included), a pipe, a socket or a directory.
 bool could_be_an_allocation(int fd) {
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) return false;
-  return !(S_ISREG(st.st_mode) || S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode) ||
-           S_ISDIR(st.st_mode));
+  const FileKind kind = file_kind(fd);
+  return kind != FileKind::kUnknown && kind != FileKind::kRegular && kind != FileKind::kFifo &&
+         kind != FileKind::kSocket && kind != FileKind::kDirectory;
 }
 }  // namespace
 

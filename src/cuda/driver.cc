@@ -1,16 +1,15 @@
 #include "cuda/driver.h"
 
-#include <dlfcn.h>
-#include <pthread.h>
-
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <memory>
 #include <stdexcept>
 
+#include "os/fork_handlers.h"
+#include "os/proc.h"
+#include "os/shared_library.h"
 #include "shmtensor/device.h"
 #include "shmtensor/error.h"
 
@@ -34,9 +33,10 @@ void child_after_fork() noexcept {
   if (g_loaded.load(std::memory_order_relaxed)) g_forked.store(true, std::memory_order_relaxed);
 }
 
-// Registered when the library is loaded, so that every forked child knows it is one.
-[[maybe_unused]] const bool kForkHandler = [] {
-  pthread_atfork(nullptr, nullptr, child_after_fork);
+constexpr ForkHandlers kForkHandlers{nullptr, nullptr, child_after_fork};
+// Installed when the library is loaded, so that every forked child knows it is one.
+[[maybe_unused]] const bool kForkHandlersInstalled = [] {
+  install_fork_handlers(ForkStage::kCudaDriver, &kForkHandlers);
   return true;
 }();
 
@@ -53,13 +53,7 @@ constexpr const char* kForkedMessage =
 // from its parent: some other library (torch) initialised CUDA there.
 bool inherited_cuda() noexcept {
   if (!g_forked_child.load(std::memory_order_relaxed) || fake_requested()) return false;
-  std::error_code ec;
-  for (std::filesystem::directory_iterator it("/proc/self/fd", ec), end; !ec && it != end;
-       it.increment(ec)) {
-    std::error_code link_ec;
-    if (std::filesystem::read_symlink(it->path(), link_ec) == "/dev/nvidiactl") return true;
-  }
-  return false;
+  return has_fd_linking_to("/dev/nvidiactl");
 }
 
 // Each entry point by its base name, and the versioned symbol libcuda exports for the ABI
@@ -113,7 +107,7 @@ using GetProcAddressV2 = CUresult (*)(const char* symbol, void** pfn, int cuda_v
 
 // Fills `api` from the library; false and *why when an entry point is missing.
 bool resolve(void* lib, DriverApi* api, std::string* why) {
-  auto get_proc = reinterpret_cast<GetProcAddressV2>(dlsym(lib, "cuGetProcAddress_v2"));
+  auto get_proc = reinterpret_cast<GetProcAddressV2>(library_symbol(lib, "cuGetProcAddress_v2"));
   for (const EntryPoint& e : kEntryPoints) {
     void* fn = nullptr;
     if (get_proc != nullptr) {
@@ -122,7 +116,7 @@ bool resolve(void* lib, DriverApi* api, std::string* why) {
     }
     // Drivers older than 12.0 have no cuGetProcAddress_v2: their versioned exports are the
     // same entry points.
-    if (fn == nullptr) fn = dlsym(lib, e.versioned);
+    if (fn == nullptr) fn = library_symbol(lib, e.versioned);
     if (fn == nullptr) {
       *why = std::string("the CUDA driver lacks ") + e.versioned +
              " (virtual memory management needs driver 11.3 or newer)";
@@ -157,15 +151,13 @@ Driver* Driver::load(std::string* why) noexcept {
     } else {
       const char* path = std::getenv("SHMTENSOR_CUDA_LIBRARY");
       d->library_ = path != nullptr && *path != '\0' ? path : "libcuda.so.1";
-      void* lib = dlopen(d->library_.c_str(), RTLD_NOW | RTLD_LOCAL);
+      std::string error;
+      void* lib = load_library(d->library_, &error);  // never unloaded
       if (lib == nullptr) {
-        const char* err = dlerror();
-        *why = "cannot load the CUDA driver " + d->library_ + ": " +
-               (err != nullptr ? err : "dlopen failed") +
+        *why = "cannot load the CUDA driver " + d->library_ + ": " + error +
                " (no NVIDIA driver on this machine, or its library is not on the loader path)";
         return nullptr;
       }
-      // Never dlclose'd: the driver stays for the life of the process.
       if (!resolve(lib, &d->real_, why)) {
         return nullptr;
       }

@@ -1,6 +1,5 @@
 #include "manager/paths.h"
 
-#include <climits>
 #include <cstdio>
 #include <cstdlib>
 
@@ -25,13 +24,6 @@ namespace {
 std::string env(const char* name) {
   const char* v = std::getenv(name);
   return v == nullptr ? std::string() : std::string(v);
-}
-
-// `path` with symbolic links and ".." resolved; "" if it does not exist.
-std::string real_path(const std::string& path) {
-  char buf[PATH_MAX];
-  char* real = ::realpath(path.c_str(), buf);
-  return real == nullptr ? std::string() : std::string(real);
 }
 
 // The directory that holds `path` after resolving symbolic links; "" if it cannot be resolved.

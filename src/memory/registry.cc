@@ -1,9 +1,5 @@
 #include "memory/registry.h"
 
-#include <linux/futex.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <cstdint>
@@ -16,6 +12,7 @@
 #include "memory/segment.h"
 #include "memory/storage_impl.h"
 #include "os/fork_handlers.h"
+#include "os/futex.h"
 
 namespace shmtensor::internal {
 
@@ -24,8 +21,8 @@ namespace {
 // The registry's lock: a futex word, 0 free, 1 held, 2 held with sleepers (a lock and an
 // unlock are one atomic operation each: every storage a process receives or drops takes
 // it, and std::mutex cost ~50 instructions a pair there). Process-local (private futex
-// operations); held across fork by the fork handlers like the mutex it replaced. Never
-// throws, and leaves errno as it found it, as pthread_mutex_lock does.
+// operations, os/futex.h); held across fork by the fork handlers. Never throws, and leaves
+// errno as it found it, as pthread_mutex_lock does.
 class RegistryLock {
  public:
   void lock() noexcept {
@@ -35,7 +32,7 @@ class RegistryLock {
     if (seen != 2) seen = word_.exchange(2, std::memory_order_acquire);
     while (seen != 0) {
       // Returns at once (EAGAIN) if the word is no longer 2; EINTR: look again.
-      futex(FUTEX_WAIT_PRIVATE, 2);
+      futex_wait_private(&word_, 2);
       seen = word_.exchange(2, std::memory_order_acquire);
     }
     errno = saved;
@@ -43,15 +40,11 @@ class RegistryLock {
   void unlock() noexcept {
     if (word_.exchange(0, std::memory_order_release) != 2) return;
     const int saved = errno;
-    futex(FUTEX_WAKE_PRIVATE, 1);
+    futex_wake_private(&word_, 1);
     errno = saved;
   }
 
  private:
-  void futex(int op, std::uint32_t value) noexcept {
-    (void)::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&word_), op, value, nullptr,
-                    nullptr, 0);
-  }
   std::atomic<std::uint32_t> word_{0};
 };
 

@@ -1,5 +1,6 @@
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "os/mapping.h"
@@ -18,6 +19,16 @@ UniqueFd dup_cloexec(int fd) {
   return UniqueFd(check_syscall("fcntl", "F_DUPFD_CLOEXEC", [&] {
     return ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
   }));
+}
+
+FileKind file_kind(int fd) noexcept {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return FileKind::kUnknown;
+  if (S_ISREG(st.st_mode)) return FileKind::kRegular;
+  if (S_ISFIFO(st.st_mode)) return FileKind::kFifo;
+  if (S_ISSOCK(st.st_mode)) return FileKind::kSocket;
+  if (S_ISDIR(st.st_mode)) return FileKind::kDirectory;
+  return FileKind::kOther;
 }
 
 Mapping Mapping::map_shared(int fd, std::size_t size, const char* what) {

@@ -38,4 +38,14 @@ void futex_wake(std::atomic<std::uint32_t>* word, int count) noexcept {
             nullptr, 0);
 }
 
+void futex_wait_private(std::atomic<std::uint32_t>* word, std::uint32_t expected) noexcept {
+  (void)::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), FUTEX_WAIT_PRIVATE,
+                  expected, nullptr, nullptr, 0);
+}
+
+void futex_wake_private(std::atomic<std::uint32_t>* word, int count) noexcept {
+  (void)::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), FUTEX_WAKE_PRIVATE, count,
+                  nullptr, nullptr, 0);
+}
+
 }  // namespace shmtensor::internal

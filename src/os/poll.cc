@@ -71,4 +71,10 @@ bool wait_writable(int fd, std::optional<std::chrono::nanoseconds> timeout) {
   return poll_until(std::span(&p, 1), timeout) > 0;
 }
 
+bool hung_up_now(int fd) noexcept {
+  pollfd p{fd, 0, 0};
+  return retry_eintr([&] { return ::poll(&p, 1, 0); }) == 1 &&
+         (p.revents & (POLLHUP | POLLERR)) != 0;
+}
+
 }  // namespace shmtensor::internal

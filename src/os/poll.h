@@ -23,4 +23,9 @@ std::vector<std::size_t> wait_readable(std::span<const int> fds,
 // Throws SystemError.
 bool wait_writable(int fd, std::optional<std::chrono::nanoseconds> timeout);
 
+// Whether `fd` is hung up or in error now (POLLHUP or POLLERR; a socket whose peer end's
+// last copy closed): poll() without waiting, EINTR retried. False when poll fails. Never
+// throws.
+bool hung_up_now(int fd) noexcept;
+
 }  // namespace shmtensor::internal

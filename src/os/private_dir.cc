@@ -7,7 +7,9 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <climits>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 
 #include "os/syscall.h"
@@ -112,6 +114,12 @@ bool remove_file(const std::string& path) noexcept { return ::unlink(path.c_str(
 bool file_exists(const std::string& path) noexcept {
   struct stat st {};
   return ::lstat(path.c_str(), &st) == 0;
+}
+
+std::string real_path(const std::string& path) {
+  char buf[PATH_MAX];
+  const char* real = ::realpath(path.c_str(), buf);
+  return real == nullptr ? std::string() : std::string(real);
 }
 
 }  // namespace shmtensor::internal

@@ -38,5 +38,7 @@ std::vector<std::string> list_directory(const std::string& dir) noexcept;
 // unlink(); false if it did not exist (or could not be removed).
 bool remove_file(const std::string& path) noexcept;
 bool file_exists(const std::string& path) noexcept;
+// `path` with symbolic links and ".." resolved (realpath); "" if it does not exist.
+std::string real_path(const std::string& path);
 
 }  // namespace shmtensor::internal

@@ -1,7 +1,6 @@
 #include "os/proc.h"
 
 #include <fcntl.h>
-#include <pthread.h>
 #include <signal.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -11,7 +10,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 
+#include "os/fork_handlers.h"
 #include "os/syscall.h"
 
 namespace shmtensor::internal {
@@ -48,11 +49,12 @@ pid_t own_pid() noexcept { return ::getpid(); }
 
 namespace {
 std::atomic<std::uint32_t> g_fork_generation{1};
-// Registered when the library is loaded: every forked child counts one generation more
+void count_generation() noexcept { g_fork_generation.fetch_add(1, std::memory_order_relaxed); }
+constexpr ForkHandlers kForkGenerationHandlers{nullptr, nullptr, count_generation};
+// Installed when the library is loaded: every forked child counts one generation more
 // than its parent.
-[[maybe_unused]] const bool kForkGenerationHandler = [] {
-  ::pthread_atfork(nullptr, nullptr,
-                   [] { g_fork_generation.fetch_add(1, std::memory_order_relaxed); });
+[[maybe_unused]] const bool kForkGenerationInstalled = [] {
+  install_fork_handlers(ForkStage::kForkGeneration, &kForkGenerationHandlers);
   return true;
 }();
 }  // namespace
@@ -133,6 +135,16 @@ std::string fd_target(int fd) {
   const ssize_t n = ::readlink(path, target, sizeof target);
   if (n <= 0) return {};
   return std::string(target, static_cast<std::size_t>(n));
+}
+
+bool has_fd_linking_to(const std::string& path) noexcept {
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it("/proc/self/fd", ec), end; !ec && it != end;
+       it.increment(ec)) {
+    std::error_code link_ec;
+    if (std::filesystem::read_symlink(it->path(), link_ec) == path) return true;
+  }
+  return false;
 }
 
 UniqueFd open_pidfd(pid_t pid, bool* unsupported) noexcept {

@@ -18,11 +18,11 @@ namespace shmtensor::internal {
 // getpid(): not cached by glibc, so right in a forked child; async-signal-safe.
 pid_t own_pid() noexcept;
 // 1 in a process that was not forked (after exec too), and one more than its parent's in a
-// forked child (a pthread_atfork child handler registered at load time): state inherited by
-// fork that records the generation it was made in is this process's own exactly when the
-// values are equal (a pid can be reused by a descendant; a generation cannot). A relaxed
-// load, for paths that ask on every message. Not for a child made without fork handlers
-// (_Fork, clone) that does not exec.
+// forked child (a child fork handler installed at load time, the first to run in the
+// child: os/fork_handlers.h): state inherited by fork that records the generation it was
+// made in is this process's own exactly when the values are equal (a pid can be reused by
+// a descendant; a generation cannot). A relaxed load, for paths that ask on every message.
+// Not for a child made without fork handlers (_Fork, clone) that does not exec.
 std::uint32_t fork_generation() noexcept;
 pid_t own_process_group() noexcept;
 uid_t effective_uid() noexcept;
@@ -70,6 +70,9 @@ bool process_group_exists(pid_t pgid) noexcept;
 // What /proc/self/fd/<fd> links to ("anon_inode:[eventfd]", "socket:[1234]", a path);
 // empty when it cannot be read (no such fd). A peer-sent fd's kind is checked so.
 std::string fd_target(int fd);
+// Whether some fd of this process links to `path` (a scan of /proc/self/fd). False when
+// none does or /proc cannot be read. Never throws.
+bool has_fd_linking_to(const std::string& path) noexcept;
 
 // pidfd_open(pid): readable (POLLIN) once the process has exited. Invalid when the kernel
 // has no pidfds (before 5.3) or the process is gone; *unsupported says which.

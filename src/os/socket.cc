@@ -128,6 +128,71 @@ void take_passed_fds(msghdr& msg, std::vector<UniqueFd>& out) {
   }
 }
 
+std::optional<std::size_t> peek_datagram_head(int sock, std::span<std::byte> head,
+                                              const char* context) {
+  for (;;) {
+    const ssize_t n = ::recv(sock, head.data(), head.size(), MSG_PEEK | MSG_DONTWAIT);
+    if (n >= 0) return static_cast<std::size_t>(n);
+    if (errno == EINTR || errno == ECONNRESET) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return std::nullopt;
+    throw SystemError(errno, "recv", context);
+  }
+}
+
+std::optional<Peeked> peek_message(int sock, std::span<std::byte> head, const char* context) {
+  iovec iov{head.data(), head.size()};
+  // Room for every fd a datagram can carry, and for credentials should the socket pass them.
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFdsPerMessage) +
+                                CMSG_SPACE(sizeof(ucred)) + CMSG_SPACE(sizeof(int))];
+  for (;;) {
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+    const ssize_t n =
+        ::recvmsg(sock, &msg, MSG_PEEK | MSG_DONTWAIT | MSG_TRUNC | MSG_CMSG_CLOEXEC);
+    if (n < 0 && (errno == EINTR || errno == ECONNRESET)) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return std::nullopt;
+    if (n < 0) throw SystemError(errno, "recvmsg", context);
+    std::optional<Peeked> p(std::in_place);
+    take_passed_fds(msg, p->fds);
+    p->size = static_cast<std::size_t>(n);
+    p->fds_cut = (msg.msg_flags & MSG_CTRUNC) != 0;
+    return p;
+  }
+}
+
+void set_peek_offset(int sock, int offset, const char* context) {
+  while (::setsockopt(sock, SOL_SOCKET, SO_PEEK_OFF, &offset, sizeof offset) != 0) {
+    if (errno != EINTR) throw SystemError(errno, "setsockopt(SO_PEEK_OFF)", context);
+  }
+}
+
+void clear_peek_offset(int sock) noexcept {
+  const int none = -1;
+  (void)::setsockopt(sock, SOL_SOCKET, SO_PEEK_OFF, &none, sizeof none);
+}
+
+bool peek_offset_works() noexcept {
+  static const bool works = [] {
+    try {
+      auto [a, b] = seqpacket_pair();
+      const char one[1] = {'a'}, two[2] = {'b', 'c'};
+      if (::send(a.get(), one, 1, MSG_DONTWAIT) != 1 || ::send(a.get(), two, 2, MSG_DONTWAIT) != 2)
+        return false;
+      int offset = 1;
+      if (::setsockopt(b.get(), SOL_SOCKET, SO_PEEK_OFF, &offset, sizeof offset) != 0) return false;
+      char got[4] = {};
+      const ssize_t n = ::recv(b.get(), got, sizeof got, MSG_PEEK | MSG_DONTWAIT | MSG_TRUNC);
+      return n == 2 && got[0] == 'b' && got[1] == 'c';
+    } catch (...) {
+      return false;
+    }
+  }();
+  return works;
+}
+
 void shutdown_write(int sock) noexcept { ::shutdown(sock, SHUT_WR); }
 
 }  // namespace shmtensor::internal

@@ -32,4 +32,8 @@ class UniqueFd {
 // dup with O_CLOEXEC.
 UniqueFd dup_cloexec(int fd);
 
+// What kind of file an fd is (fstat's file type); kUnknown when fstat fails. Never throws.
+enum class FileKind { kUnknown, kRegular, kFifo, kSocket, kDirectory, kOther };
+FileKind file_kind(int fd) noexcept;
+
 }  // namespace shmtensor::internal

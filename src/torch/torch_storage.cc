@@ -1,7 +1,5 @@
 // Torch storages over shmtensor Storages: our DataPtr, the cache that gives one
 // c10::StorageImpl per shmtensor Storage, and moving a torch storage into shared memory.
-#include <pthread.h>
-
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -10,6 +8,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include "os/fork_handlers.h"
 #include "shmtensor/internal/storage_access.h"
 #include "shmtensor/torch.h"
 #include "torch/torch_compat.h"
@@ -45,24 +44,22 @@ std::unordered_map<const void*, CacheEntry>& cache() {
 }
 
 // A forked child must not inherit a lock held by another thread of the parent: hold both
-// across fork (they are taken only briefly, and never around anything that forks).
-struct ForkGuard {
-  ForkGuard() {
-    pthread_atfork(
-        [] {
-          g_share_mu.lock();
-          g_cache_mu.lock();
-        },
-        [] {
-          g_cache_mu.unlock();
-          g_share_mu.unlock();
-        },
-        [] {
-          g_cache_mu.unlock();
-          g_share_mu.unlock();
-        });
-  }
-} g_fork_guard;
+// across fork (they are taken only briefly, and never around anything that forks), as the
+// library's fork stage kTorchCache (os/fork_handlers.h).
+void lock_for_fork() noexcept {
+  g_share_mu.lock();
+  g_cache_mu.lock();
+}
+void unlock_after_fork() noexcept {
+  g_cache_mu.unlock();
+  g_share_mu.unlock();
+}
+constexpr internal::ForkHandlers kForkHandlers{
+    lock_for_fork, [](bool /*fork_failed*/) noexcept { unlock_after_fork(); }, unlock_after_fork};
+[[maybe_unused]] const bool kForkHandlersInstalled = [] {
+  internal::install_fork_handlers(internal::ForkStage::kTorchCache, &kForkHandlers);
+  return true;
+}();
 
 const void* key_of(const Storage& storage) {
   return internal::StorageAccess::impl(storage).get();

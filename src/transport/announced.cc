@@ -1,12 +1,10 @@
 #include "transport/announced.h"
 
-#include <sys/socket.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <cstring>
 #include <exception>
 #include <functional>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -94,14 +92,11 @@ HeadOwner owner_of(const Ring& ring, std::optional<std::uint64_t> id,
 std::optional<std::optional<std::uint64_t>> peek_head(int sock) {
   for (;;) {
     std::uint64_t id = 0;
-    const ssize_t n = ::recv(sock, &id, sizeof id, MSG_PEEK | MSG_DONTWAIT);
-    // ECONNRESET: the sender's last copy closed with datagrams of ours unread (reported
-    // once): what is queued here is still there.
-    if (n < 0 && (errno == EINTR || errno == ECONNRESET)) continue;
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return std::nullopt;
-    if (n < 0) throw SystemError(errno, "recv", "a message ring's socket");
-    if (n == static_cast<ssize_t>(sizeof id)) return std::optional<std::uint64_t>(id);
-    if (n > 0) return std::optional<std::uint64_t>();
+    const std::optional<std::size_t> n = peek_datagram_head(
+        sock, std::as_writable_bytes(std::span(&id, 1)), "a message ring's socket");
+    if (!n) return std::nullopt;
+    if (*n == sizeof id) return std::optional<std::uint64_t>(id);
+    if (*n > 0) return std::optional<std::uint64_t>();
     if (datagram_now(sock).status != RecvStatus::kOk) return std::nullopt;
   }
 }

@@ -1,7 +1,5 @@
 #include "shmtensor/busy_poll.h"
 
-#include <sched.h>
-
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
@@ -10,6 +8,7 @@
 #include <string>
 
 #include "os/proc.h"
+#include "os/thread.h"
 #include "transport/busy_poll.h"
 
 namespace shmtensor {
@@ -24,13 +23,6 @@ std::atomic<std::int64_t> g_budget_ns{kUnset};
 // Bumped by every set_busy_poll, so that each thread restarts its adaptation from the new
 // budget.
 std::atomic<std::uint64_t> g_generation{0};
-
-bool may_run_on_several_cpus() noexcept {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (::sched_getaffinity(0, sizeof set, &set) != 0) return true;
-  return CPU_COUNT(&set) > 1;
-}
 
 std::int64_t budget_set_ns() noexcept {
   std::int64_t b = g_budget_ns.load(std::memory_order_relaxed);
@@ -71,7 +63,7 @@ ThreadState& state() noexcept {
   if (t_state.fork_generation != forks || ++t_state.affinity_age >= kAffinityRereads) {
     t_state.fork_generation = forks;
     t_state.affinity_age = 0;
-    t_state.several_cpus = may_run_on_several_cpus();
+    t_state.several_cpus = internal::may_run_on_several_cpus();
   }
   return t_state;
 }

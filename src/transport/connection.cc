@@ -6,21 +6,16 @@
 // is closed, in whatever process (docs/transport.md, "Connection").
 #include "shmtensor/connection.h"
 
-#include <fcntl.h>
-#include <poll.h>
-#include <sys/epoll.h>
-#include <sys/eventfd.h>
-#include <time.h>
-#include <unistd.h>
-
 #include <atomic>
-#include <cerrno>
 #include <climits>
 #include <string>
 #include <thread>
 
 #include "memory/segment.h"
 #include "memory/storage_impl.h"
+#include "os/clock.h"
+#include "os/epoll.h"
+#include "os/event_fd.h"
 #include "os/poll.h"
 #include "os/proc.h"
 #include "os/socket.h"
@@ -61,21 +56,8 @@ constexpr auto kWaitSlice = std::chrono::milliseconds(50);
 constexpr int kWakeAll = INT_MAX;
 
 
-bool socket_hung_up(int sock) noexcept {
-  pollfd p{sock, 0, 0};
-  return ::poll(&p, 1, 0) == 1 && (p.revents & (POLLHUP | POLLERR)) != 0;
-}
-
-UniqueFd make_eventfd() {
-  UniqueFd fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-  if (!fd.valid())
-    throw SystemError(errno, "eventfd", "a connection's readiness fd", "raise `ulimit -n`");
-  return fd;
-}
-
-void signal_eventfd(int fd) noexcept {
-  const std::uint64_t one = 1;
-  (void)!::write(fd, &one, sizeof one);
+UniqueFd make_readiness_fd() {
+  return make_event_fd("a connection's readiness fd", "raise `ulimit -n`");
 }
 
 }  // namespace
@@ -180,7 +162,7 @@ void pin_received(ConnectionCore& c, Decoder& d) {
 
 bool hung_up(ConnectionCore& c) noexcept {
   if (c.peer_gone.load(std::memory_order_relaxed)) return true;
-  if (!socket_hung_up(c.sock.get())) return false;
+  if (!hung_up_now(c.sock.get())) return false;
   c.peer_gone.store(true, std::memory_order_relaxed);
   return true;
 }
@@ -195,11 +177,8 @@ bool hung_up(ConnectionCore& c) noexcept {
 void check_peer(ConnectionCore& c) {
   if (c.peer_gone.load(std::memory_order_relaxed)) throw_peer_closed();
   const std::uint32_t epoch = c.out_control()->close_epoch.load(std::memory_order_acquire);
-  // The coarse clock: a word the kernel updates at each tick, read without the TSC (the
-  // fine clock cost a send ~30 instructions and a serialising TSC read).
-  timespec ts{};
-  ::clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
-  const std::int64_t now = std::int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
+  // The coarse clock: the fine one would cost every send a serialising TSC read.
+  const std::int64_t now = coarse_monotonic_ns();
   const bool closed_since = epoch != c.seen_out_epoch.load(std::memory_order_relaxed);
   if (!closed_since &&
       now - c.last_peer_check_ns.load(std::memory_order_relaxed) < kPeerCheckIntervalNs)
@@ -220,7 +199,7 @@ bool passed(const Deadline& deadline) { return deadline && Clock::now() >= *dead
 // The publish (a seq_cst read-modify-write) comes before this load; see rearm_ready.
 void notify_peer(ConnectionCore& c) noexcept {
   if (c.out_control()->readiness_wanted.load(std::memory_order_seq_cst) != 0)
-    signal_eventfd(c.out_ready.get());
+    signal_event_fd(c.out_ready.get());
 }
 
 // Counts this send in `signalling` while the peer wants its readiness fd.
@@ -249,10 +228,9 @@ void rearm_ready(ConnectionCore& c) noexcept {
   if (ic->readiness_wanted.load(std::memory_order_seq_cst) == 0) return;
   if (c.in.has_ready()) return;
   wait_for_signallers(ic->signalling, c.stuck_signalling);
-  std::uint64_t n;
-  (void)!::read(c.in_ready.get(), &n, sizeof n);
+  drain_event_fd(c.in_ready.get());
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (c.in.has_ready()) signal_eventfd(c.in_ready.get());
+  if (c.in.has_ready()) signal_event_fd(c.in_ready.get());
 }
 
 // The end's epoll fd (made once): the socket, for its hang-up only (a datagram's marker
@@ -260,16 +238,10 @@ void rearm_ready(ConnectionCore& c) noexcept {
 // nothing yet), and the end's eventfd.
 int readiness_epoll(ConnectionCore& c) {
   if (const int e = c.epoll.load(std::memory_order_acquire); e >= 0) return e;
-  UniqueFd ep(::epoll_create1(EPOLL_CLOEXEC));
-  if (!ep.valid())
-    throw SystemError(errno, "epoll_create1", "a connection's readiness fd", "raise `ulimit -n`");
-  for (const int fd : {c.sock.get(), c.in_ready.get()}) {
-    epoll_event ev{};
-    ev.events = fd == c.sock.get() ? EPOLLRDHUP : EPOLLIN;
-    ev.data.fd = fd;
-    if (::epoll_ctl(ep.get(), EPOLL_CTL_ADD, fd, &ev) != 0)
-      throw SystemError(errno, "epoll_ctl", "a connection's readiness fd");
-  }
+  UniqueFd ep = make_epoll("a connection's readiness fd", "raise `ulimit -n`");
+  for (const int fd : {c.sock.get(), c.in_ready.get()})
+    add_to_epoll(ep.get(), fd, fd == c.sock.get() ? kEpollReadHangup : kEpollIn,
+                 static_cast<std::uint64_t>(fd), "a connection's readiness fd");
   int expected = -1;
   if (!c.epoll.compare_exchange_strong(expected, ep.get(), std::memory_order_acq_rel))
     return expected;  // another thread made one first; ours closes
@@ -285,7 +257,7 @@ void want_readiness(ConnectionCore& c) noexcept {
   c.in_control()->readiness_wanted.fetch_add(1, std::memory_order_seq_cst);
   std::atomic_thread_fence(std::memory_order_seq_cst);
   if (c.in.has_ready())
-    signal_eventfd(c.in_ready.get());
+    signal_event_fd(c.in_ready.get());
   else
     rearm_ready(c);
 }
@@ -589,16 +561,6 @@ Ring attach_link(UniqueFd fd) {
   return ring;
 }
 
-// A received fd must be what the connection will use it as: a pipe or a file in place of
-// the eventfd would be written to and never say when a message is there.
-void require_eventfd(int fd) {
-  if (fd_target(fd) != "anon_inode:[eventfd]")
-    throw ProtocolError("received connection readiness fd is not an eventfd");
-  const int flags = ::fcntl(fd, F_GETFL);
-  if (flags < 0 || (flags & O_NONBLOCK) == 0)
-    throw ProtocolError("received connection readiness eventfd is not non-blocking");
-}
-
 void require_socket(int fd) {
   if (fd_target(fd).rfind("socket:", 0) != 0)
     throw ProtocolError("received connection fd is not a socket");
@@ -787,8 +749,8 @@ std::pair<Connection, Connection> pipe() {
   Ring ba = Ring::create(internal::kConnectionRingSlots, internal::kConnectionRingSlotBytes);
   internal::init_link(ab);
   internal::init_link(ba);
-  internal::UniqueFd ready_a = internal::make_eventfd();  // says end a has messages
-  internal::UniqueFd ready_b = internal::make_eventfd();
+  internal::UniqueFd ready_a = internal::make_readiness_fd();  // says end a has messages
+  internal::UniqueFd ready_b = internal::make_readiness_fd();
   // Each end attaches its own Ring objects (a Ring's holder record is per object).
   auto end = [](internal::UniqueFd sock, internal::UniqueFd depot, const Ring& out,
                 const Ring& in, int out_ready, int in_ready) {
@@ -834,8 +796,9 @@ Connection Codec<Connection>::decode(Decoder& d) {
   internal::UniqueFd in(d.take_fd());
   core->out_ready.reset(d.take_fd());
   core->in_ready.reset(d.take_fd());
-  internal::require_eventfd(core->out_ready.get());
-  internal::require_eventfd(core->in_ready.get());
+  // What the connection will use them as (os/event_fd.h).
+  internal::require_event_fd(core->out_ready.get(), "connection readiness");
+  internal::require_event_fd(core->in_ready.get(), "connection readiness");
   core->out = internal::attach_link(std::move(out));
   core->in = internal::attach_link(std::move(in));
   return Connection(std::move(core));

@@ -1,10 +1,8 @@
 #include "transport/depot.h"
 
-#include <sys/socket.h>
-
 #include <array>
-#include <cerrno>
 #include <new>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -24,33 +22,6 @@ enum : std::uint64_t { kDepositing = 0, kDeposited = 1, kDepositFailed = 2 };
 // The most datagrams a process looks at in a depot for one segment: more than the senders
 // put there (kDepotSegments), so that a peer's junk cannot make it look for ever.
 constexpr int kDepotScan = 4 * kDepotSegments;
-
-// Whether a peek at an offset (SO_PEEK_OFF) starts at that offset on this kernel, as the
-// depot needs: probed once per process, on a scratch socket pair.
-bool peek_offset_works() noexcept {
-  static const bool works = [] {
-    try {
-      auto [a, b] = seqpacket_pair();
-      const char one[1] = {'a'}, two[2] = {'b', 'c'};
-      if (::send(a.get(), one, 1, MSG_DONTWAIT) != 1 || ::send(a.get(), two, 2, MSG_DONTWAIT) != 2)
-        return false;
-      int offset = 1;
-      if (::setsockopt(b.get(), SOL_SOCKET, SO_PEEK_OFF, &offset, sizeof offset) != 0) return false;
-      char got[4] = {};
-      const ssize_t n = ::recv(b.get(), got, sizeof got, MSG_PEEK | MSG_DONTWAIT | MSG_TRUNC);
-      return n == 2 && got[0] == 'b' && got[1] == 'c';
-    } catch (...) {
-      return false;
-    }
-  }();
-  return works;
-}
-
-void set_peek_offset(int sock, int offset) {
-  while (::setsockopt(sock, SOL_SOCKET, SO_PEEK_OFF, &offset, sizeof offset) != 0) {
-    if (errno != EINTR) throw SystemError(errno, "setsockopt(SO_PEEK_OFF)", "a depot");
-  }
-}
 
 // The entry of `uid`, or -1. With `claimed`, a free entry is taken for it when it has none,
 // and `claimed` says whether this call took it (and must deposit).
@@ -74,6 +45,7 @@ int find_entry(DepotTable* t, std::uint64_t uid, bool* claimed = nullptr) noexce
 }  // namespace
 
 void init_depot(DepotTable* t) {
+  // Deposits are fetched by peeks at an offset: only where the kernel's work (os/socket.h).
   t->usable.store(peek_offset_works() ? 1 : 0, std::memory_order_relaxed);
   t->lock.state.store(0, std::memory_order_relaxed);
   for (auto& e : t->entries) {
@@ -136,39 +108,26 @@ std::shared_ptr<Segment> depot_fetch(DepotTable* t, int peek_sock, std::uint64_t
     // returned once (n = 0), then stepped over at the same offset.
     std::size_t at = 0;
     for (int i = 0; i < kDepotScan && !found.valid() && at < (1u << 30); ++i) {
-      set_peek_offset(peek_sock, static_cast<int>(at));
+      set_peek_offset(peek_sock, static_cast<int>(at), "a depot");
       std::uint64_t id = 0;
-      iovec iov{&id, sizeof id};
-      alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFdsPerMessage) +
-                                    CMSG_SPACE(sizeof(ucred)) + CMSG_SPACE(sizeof(int))];
-      msghdr msg{};
-      msg.msg_iov = &iov;
-      msg.msg_iovlen = 1;
-      msg.msg_control = control;
-      msg.msg_controllen = sizeof control;
-      const ssize_t n =
-          ::recvmsg(peek_sock, &msg, MSG_PEEK | MSG_DONTWAIT | MSG_TRUNC | MSG_CMSG_CLOEXEC);
-      // ECONNRESET: the peer's last copy of its depot socket closed with our deposits in
-      // it (reported once, by the next receive, peeks included): its deposits are still here.
-      if (n < 0 && (errno == EINTR || errno == ECONNRESET)) continue;
-      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;  // looked at all
-      if (n < 0) throw SystemError(errno, "recvmsg", "a depot");
-      // A peek installs copies of the datagram's fds here: each is owned at once.
-      std::vector<UniqueFd> fds;
-      take_passed_fds(msg, fds);
-      at += static_cast<std::size_t>(n);
+      // ECONNRESET is retried: the peer's last copy of its depot socket closed with our
+      // deposits in it (reported once, by the next receive, peeks included), and its
+      // deposits are still here. The fds the peek installs here are owned at once.
+      std::optional<Peeked> p =
+          peek_message(peek_sock, std::as_writable_bytes(std::span(&id, 1)), "a depot");
+      if (!p) break;  // looked at all
+      at += p->size;
       // What a sender deposits: exactly 8 bytes (the uid) and one fd. Anything else is a
       // holder's junk, stepped over.
-      const bool ours = n == static_cast<ssize_t>(sizeof id) && id == uid;
-      if (ours && (msg.msg_flags & MSG_CTRUNC) != 0 && fds.empty())
+      const bool ours = p->size == sizeof id && id == uid;
+      if (ours && p->fds_cut && p->fds.empty())
         throw ProtocolError(
             "a message names a segment that this process must map from its channel's "
             "depot, and the depot's fd did not arrive (MSG_CTRUNC): this process is at its "
             "open-file limit. Raise it with `ulimit -n`");
-      if (ours && fds.size() == 1 && (msg.msg_flags & MSG_CTRUNC) == 0) found = std::move(fds[0]);
+      if (ours && p->fds.size() == 1 && !p->fds_cut) found = std::move(p->fds[0]);
     }
-    const int none = -1;  // peeks without an offset again
-    (void)::setsockopt(peek_sock, SOL_SOCKET, SO_PEEK_OFF, &none, sizeof none);
+    clear_peek_offset(peek_sock);  // peeks without an offset again
   }
   if (!found.valid()) return nullptr;
   // Two threads may fetch at once: attach_fd registers one segment per uid.

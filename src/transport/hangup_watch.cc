@@ -1,18 +1,16 @@
 #include "transport/hangup_watch.h"
 
-#include <pthread.h>
-#include <signal.h>
-#include <sys/epoll.h>
-#include <sys/eventfd.h>
-#include <unistd.h>
-
 #include <array>
-#include <cerrno>
 #include <mutex>
 #include <new>
 #include <unordered_map>
+#include <utility>
 
+#include "os/epoll.h"
+#include "os/event_fd.h"
 #include "os/fork_handlers.h"
+#include "os/thread.h"
+#include "os/unique_fd.h"
 
 namespace shmtensor::internal {
 
@@ -30,7 +28,7 @@ struct Watch {
 
 // One running thread and the fds it owns: its epoll set and the eventfd that stops it.
 struct Thread {
-  pthread_t handle{};
+  ThreadHandle handle{};
   int epoll = -1;
   int stop = -1;
 };
@@ -57,19 +55,17 @@ State& state() {
 }
 
 void close_fd(int& fd) noexcept {
-  if (fd >= 0) ::close(fd);
-  fd = -1;
+  const UniqueFd closing(std::exchange(fd, -1));
 }
 
 void* run(void* arg) {
   const Thread t = *static_cast<Thread*>(arg);
   delete static_cast<Thread*>(arg);
   State& s = state();
-  epoll_event events[16];
+  std::uint64_t ready[16];
   for (;;) {
-    const int n = ::epoll_wait(t.epoll, events, 16, -1);
+    const int n = wait_epoll(t.epoll, ready);
     if (n < 0) {
-      if (errno == EINTR) continue;
       // Cannot happen with fds we own. Should it, every watch fires (its owner then waits
       // in slices, as without a watch) rather than leave a sleeper that nothing wakes.
       const std::lock_guard<std::mutex> hold(s.lock);
@@ -78,10 +74,10 @@ void* run(void* arg) {
       return nullptr;
     }
     for (int i = 0; i < n; ++i) {
-      if (events[i].data.u64 == kStopId) return nullptr;
+      if (ready[i] == kStopId) return nullptr;
       const std::lock_guard<std::mutex> hold(s.lock);
       // Ended meanwhile: unwatch_hangup removed it (EPOLLONESHOT: it fires once).
-      if (auto it = s.watches.find(events[i].data.u64); it != s.watches.end())
+      if (auto it = s.watches.find(ready[i]); it != s.watches.end())
         it->second.fire(it->second.context);
     }
   }
@@ -90,36 +86,18 @@ void* run(void* arg) {
 // Starts the thread (under the lock). False, with nothing left behind, when it cannot.
 bool start(State& s) noexcept {
   Thread t;
-  t.epoll = ::epoll_create1(EPOLL_CLOEXEC);
-  t.stop = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  epoll_event ev{};
-  ev.events = EPOLLIN;
-  ev.data.u64 = kStopId;
+  t.epoll = try_make_epoll().release();
+  t.stop = try_make_event_fd().release();
   auto* arg = new (std::nothrow) Thread(t);
-  pthread_attr_t attr;
-  bool ok = t.epoll >= 0 && t.stop >= 0 && arg != nullptr &&
-            ::epoll_ctl(t.epoll, EPOLL_CTL_ADD, t.stop, &ev) == 0 &&
-            ::pthread_attr_init(&attr) == 0;
-  if (ok) {
-    (void)::pthread_attr_setstacksize(&attr, kThreadStack);
-    // Every signal blocked in the new thread (it inherits the mask it is created with).
-    sigset_t all, old;
-    ::sigfillset(&all);
-    ::pthread_sigmask(SIG_SETMASK, &all, &old);
-    ok = ::pthread_create(&t.handle, &attr, run, arg) == 0;
-    // glibc carves static TLS out of the stack: where a loaded library has much of it (EINVAL
-    // for a stack too small to hold it), the default size.
-    if (!ok) ok = ::pthread_create(&t.handle, nullptr, run, arg) == 0;
-    ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
-    ::pthread_attr_destroy(&attr);
-  }
+  const bool ok = t.epoll >= 0 && t.stop >= 0 && arg != nullptr &&
+                  try_add_to_epoll(t.epoll, t.stop, kEpollIn, kStopId) &&
+                  start_thread(run, arg, kThreadStack, "shmtensor-watch", &t.handle);
   if (!ok) {
     delete arg;
     close_fd(t.epoll);
     close_fd(t.stop);
     return false;
   }
-  (void)::pthread_setname_np(t.handle, "shmtensor-watch");
   s.thread = t;
   s.running = true;
   return true;
@@ -140,9 +118,8 @@ Thread take_idle_thread(State& s) noexcept {
 
 void stop_thread(Thread t) noexcept {
   if (t.stop < 0) return;
-  const std::uint64_t one = 1;
-  (void)!::write(t.stop, &one, sizeof one);
-  ::pthread_join(t.handle, nullptr);
+  signal_event_fd(t.stop);
+  join_thread(t.handle);
   State& s = state();
   const std::lock_guard<std::mutex> hold(s.lock);
   for (std::size_t i = 0; i < s.stopping_count; ++i) {
@@ -197,10 +174,9 @@ std::uint64_t watch_hangup(int sock, void (*fire)(void*), void* context) noexcep
     } catch (...) {  // no memory
       id = 0;
     }
-    epoll_event ev{};
-    ev.events = EPOLLRDHUP | EPOLLONESHOT;  // EPOLLHUP and EPOLLERR are always reported
-    ev.data.u64 = id;
-    if (id != 0 && ::epoll_ctl(s.thread.epoll, EPOLL_CTL_ADD, sock, &ev) != 0) {
+    // EPOLLHUP and EPOLLERR are always reported.
+    if (id != 0 &&
+        !try_add_to_epoll(s.thread.epoll, sock, kEpollReadHangup | kEpollOneShot, id)) {
       s.watches.erase(id);
       id = 0;
     }
@@ -218,7 +194,7 @@ void unwatch_hangup(std::uint64_t id) noexcept {
     const std::lock_guard<std::mutex> hold(s.lock);
     const auto it = s.watches.find(id);
     if (it == s.watches.end()) return;
-    (void)::epoll_ctl(s.thread.epoll, EPOLL_CTL_DEL, it->second.sock, nullptr);
+    remove_from_epoll(s.thread.epoll, it->second.sock);
     s.watches.erase(it);
     idle = take_idle_thread(s);
   }

@@ -10,15 +10,8 @@
 // drops it), which gives the counts back. "Last" is decided from the table: one slot per
 // holding process, keyed by pid + start time like arena slots, plus a count of encoded
 // copies of the queue that are inside messages not yet received (docs/transport.md).
-#include <fcntl.h>
-#include <pthread.h>
-#include <sys/eventfd.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <atomic>
-#include <cerrno>
 #include <cstring>
 #include <deque>
 #include <exception>
@@ -32,6 +25,7 @@
 #include "memory/registry.h"
 #include "memory/segment.h"
 #include "memory/storage_impl.h"
+#include "os/event_fd.h"
 #include "os/fork_handlers.h"
 #include "os/futex.h"
 #include "os/mapping.h"
@@ -475,19 +469,10 @@ QueueCore::~QueueCore() {
 
 namespace {
 
-UniqueFd make_ready_fd() {
-  UniqueFd fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-  if (!fd.valid())
-    throw SystemError(errno, "eventfd", "a queue's readiness fd", "raise `ulimit -n`");
-  return fd;
-}
+UniqueFd make_ready_fd() { return make_event_fd("a queue's readiness fd", "raise `ulimit -n`"); }
 
-// Makes the readiness fd readable. A full counter (2^64 - 2 signals nobody read) is
-// readable all the same, so EAGAIN changes nothing.
-void signal_ready(const QueueCore::State& st) noexcept {
-  const std::uint64_t one = 1;
-  (void)!::write(st.ready_fd.get(), &one, sizeof one);
-}
+// Makes the readiness fd readable.
+void signal_ready(const QueueCore::State& st) noexcept { signal_event_fd(st.ready_fd.get()); }
 
 // After a put: signals the readiness fd when some process asked for it. The publish in the
 // ring (a seq_cst read-modify-write) comes before this load, and rearm_ready's check of
@@ -506,8 +491,7 @@ void rearm_ready(QueueCore::State& st) noexcept {
   if (c->readiness_wanted.load(std::memory_order_seq_cst) == 0) return;
   if (st.ring.has_ready() || c->closed.load(std::memory_order_seq_cst) != 0) return;
   wait_for_signallers(c->signalling, st.stuck_signalling);
-  std::uint64_t n;
-  (void)!::read(st.ready_fd.get(), &n, sizeof n);
+  drain_event_fd(st.ready_fd.get());
   std::atomic_thread_fence(std::memory_order_seq_cst);
   if (st.ring.has_ready() || c->closed.load(std::memory_order_seq_cst) != 0)
     signal_ready(st);
@@ -561,15 +545,8 @@ std::shared_ptr<QueueCore> QueueCore::decode(Decoder& d) {
   st->control_fd.reset(d.take_fd());
   UniqueFd ring_fd(d.take_fd());
   st->ready_fd.reset(d.take_fd());
-  // A peer could send another kind of fd: a pipe or socket here would be written to, and
-  // would never say when items are there.
-  if (fd_target(st->ready_fd.get()) != "anon_inode:[eventfd]")
-    throw ProtocolError("received queue readiness fd is not an eventfd");
-  // Non-blocking (a flag of the open file every holder shares): a get that clears it must
-  // not wait in read() for a put.
-  const int flags = ::fcntl(st->ready_fd.get(), F_GETFL);
-  if (flags < 0 || (flags & O_NONBLOCK) == 0)
-    throw ProtocolError("received queue readiness eventfd is not non-blocking");
+  // A peer could send another kind of fd, or a blocking one (os/event_fd.h).
+  require_event_fd(st->ready_fd.get(), "queue readiness");
   FdFacts facts = inspect_fd(st->control_fd.get());
   if (!facts.sealed_against_resize || facts.size != sizeof(QueueControl))
     throw ProtocolError("received queue control block has the wrong size or is not sealed");
