@@ -462,9 +462,10 @@ def _fail_in_child(index):
 
 
 def test_spawn_errors_are_shmtensor_errors():
-    assert issubclass(smp.ProcessException, shmtensor.Error)
-    assert issubclass(smp.ProcessRaisedException, smp.ProcessException)
-    assert issubclass(smp.ProcessExitedException, smp.ProcessException)
+    from shmtensor.multiprocessing.spawn import ProcessException
+    assert issubclass(ProcessException, shmtensor.Error)
+    assert issubclass(smp.ProcessRaisedException, ProcessException)
+    assert issubclass(smp.ProcessExitedException, ProcessException)
     with pytest.raises(shmtensor.Error) as info:
         smp.spawn(_fail_in_child, nprocs=1, start_method="fork")
     assert type(info.value) is smp.ProcessRaisedException
@@ -474,6 +475,7 @@ def test_spawn_errors_are_shmtensor_errors():
 
 def test_one_timeout_rule_for_every_call():
     q = smp.Queue()
+    bounded = smp.Queue(1)
     a, b = smp.Pipe()
     start = time.monotonic()
     with pytest.raises(queue.Empty):
@@ -481,11 +483,12 @@ def test_one_timeout_rule_for_every_call():
     assert not a.poll(-1)
     assert time.monotonic() - start < 1.0
     for call in (lambda: q.get(timeout=float("nan")), lambda: a.poll(float("nan")),
-                 lambda: q.put(1, timeout=float("nan"))):
+                 lambda: bounded.put(1, timeout=float("nan"))):
         with pytest.raises(ValueError, match="not NaN"):
             call()
-    q.put(7, timeout=float("inf"))  # beyond 10**9 s: 10**9 s
-    assert q.get(timeout=1e-12) == 7  # rounded up to a nanosecond, and found
+    bounded.put(7, timeout=float("inf"))  # beyond 10**9 s: 10**9 s
+    assert bounded.get(timeout=1e-12) == 7  # rounded up to a nanosecond, and found
     q.close()
+    bounded.close()
     a.close()
     b.close()

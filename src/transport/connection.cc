@@ -68,9 +68,10 @@ struct ConnectionCore {
   // deposits (fds once per segment) and is never read, only peeked: what the peer deposits
   // for us queues here, and what we deposit for the peer queues at its end.
   UniqueFd depot_sock;
-  DepotPins pins;  // segments deposited for us that this process keeps mapped
-  std::atomic<std::uint64_t> fds_sent{0};     // file_descriptor segment fds in messages
-  std::atomic<std::uint64_t> fds_omitted{0};  // left out of messages (deposited)
+  // This end's side of both directions' depots: it deposits with the peer through the
+  // outgoing link's table, and fetches what the peer deposited through the incoming one's
+  // (bind_depot, once the rings are attached).
+  DepotSide depot;
   // A connection made by pipe(): the rings this end sends in and receives from, and the
   // eventfds it signals (the peer's readiness) and that say it has something (its own).
   Ring out;
@@ -113,6 +114,9 @@ struct ConnectionCore {
     unwatch_hangup(watch_id.exchange(0, std::memory_order_acq_rel));
   }
   bool ringed() const noexcept { return in.fd() >= 0; }
+  void bind_depot() noexcept {
+    depot.bind(&out_control()->depot, depot_sock.get(), &in_control()->depot, depot_sock.get());
+  }
   LinkControl* out_control() const noexcept {
     return reinterpret_cast<LinkControl*>(out.user_area());
   }
@@ -132,33 +136,6 @@ struct ConnectionCore {
 };
 
 namespace {
-
-// FdElision::omit of a send: true once the segment is in the peer's depot.
-bool omit_fd(void* context, const Segment& seg) {
-  auto& c = *static_cast<ConnectionCore*>(context);
-  const bool omit = depot_omit(&c.out_control()->depot, c.depot_sock.get(), seg);
-  (omit ? c.fds_omitted : c.fds_sent).fetch_add(1, std::memory_order_relaxed);
-  return omit;
-}
-
-// SegmentFetcher::fetch of a receive: from our depot socket's receive queue, pinned.
-std::shared_ptr<Segment> fetch_deposited(void* context, std::uint64_t uid) {
-  auto& c = *static_cast<ConnectionCore*>(context);
-  // Fetched before (only a segment of this direction's depot is pinned here): no look at
-  // the shared table, the registry or the depot socket.
-  if (auto pinned = c.pins.find(uid)) return pinned;
-  std::shared_ptr<Segment> seg = depot_fetch(&c.in_control()->depot, c.depot_sock.get(), uid);
-  if (seg) c.pins.pin(seg);
-  return seg;
-}
-
-// After a message with fds was parsed: pins the deposited segments it named.
-void pin_received(ConnectionCore& c, Decoder& d) {
-  for (const Storage& s : CodecAccess::state(d).storages) {
-    const auto& seg = StorageAccess::impl(s)->segment();
-    if (depositable(*seg) && depot_names(&c.in_control()->depot, seg->uid())) c.pins.pin(seg);
-  }
-}
 
 bool hung_up(ConnectionCore& c) noexcept {
   if (c.peer_gone.load(std::memory_order_relaxed)) return true;
@@ -295,8 +272,8 @@ bool push_ringed(ConnectionCore& c, std::span<const std::span<const std::byte>> 
 // peer's depot already; a segment that is not goes the general way, which deposits it.
 bool deposited_with_peer(void* context, const Segment& seg) {
   auto& c = *static_cast<ConnectionCore*>(context);
-  if (!depot_has(&c.out_control()->depot, seg)) return false;
-  c.fds_omitted.fetch_add(1, std::memory_order_relaxed);
+  if (!c.depot.deposited(seg)) return false;
+  c.depot.count_omitted();
   return true;
 }
 
@@ -317,7 +294,7 @@ std::optional<bool> send_tensor_ringed(ConnectionCore& c, const Tensor& t,
 
 bool send_ringed(ConnectionCore& c, Encoder&& encoder, const Deadline& deadline) {
   check_peer(c);
-  const FdElision elision{omit_fd, &c};
+  const FdElision elision = c.depot.elision();
   OutgoingFrame frame = finish_frame(std::move(encoder), &elision);
   const auto parts = frame.parts();
   std::size_t size = 0;
@@ -353,7 +330,7 @@ bool send_ringed(ConnectionCore& c, Encoder&& encoder, const Deadline& deadline)
 // (take_announced: the marker is back in the ring).
 std::optional<Decoder> receive_popped(ConnectionCore& c, std::shared_ptr<std::byte[]> buffer,
                                       const Ring::Popped& p, const Deadline& deadline) {
-  const SegmentFetcher depot{fetch_deposited, &c};
+  const SegmentFetcher depot = c.depot.fetcher();
   if (p.tag == kRingMessageTag) {
     std::byte* data = buffer.get();
     // Aliasing: the decoder keeps the whole buffer alive, and reads its own bytes.
@@ -368,7 +345,7 @@ std::optional<Decoder> receive_popped(ConnectionCore& c, std::shared_ptr<std::by
   std::optional<Datagram> datagram = take_announced(path, p.pos, deadline);
   if (!datagram) return std::nullopt;
   Decoder d = parse_announced(path, std::move(*datagram));
-  pin_received(c, d);
+  c.depot.pin_received(d);
   return d;
 }
 
@@ -507,7 +484,7 @@ bool recv_tensor_ringed(ConnectionCore& c, const Deadline& deadline, Tensor& out
   const std::optional<Ring::Popped> p = pop_ringed(c, deadline, slot);
   if (!p) return false;
   if (p->tag == kRingMessageTag) {
-    const SegmentFetcher depot{fetch_deposited, &c};
+    const SegmentFetcher depot = c.depot.fetcher();
     if (parse_tensor_frame(std::span(slot, p->size), &depot, out)) return true;
   }
   auto buffer = receive_buffer();
@@ -583,8 +560,7 @@ std::vector<int> ConnectionAccess::fds(const Connection& c) {
 
 ConnectionAccess::FdCounts ConnectionAccess::fd_counts(const Connection& c) noexcept {
   if (!c.core_) return {};
-  return {c.core_->fds_sent.load(std::memory_order_relaxed),
-          c.core_->fds_omitted.load(std::memory_order_relaxed)};
+  return c.core_->depot.counts();
 }
 
 Connection ConnectionAccess::wrap(std::unique_ptr<ConnectionCore> core) noexcept {
@@ -761,6 +737,7 @@ std::pair<Connection, Connection> pipe() {
     core->in = Ring::attach(internal::dup_cloexec(in.fd()));
     core->out_ready = internal::dup_cloexec(out_ready);
     core->in_ready = internal::dup_cloexec(in_ready);
+    core->bind_depot();
     return internal::ConnectionAccess::wrap(std::move(core));
   };
   Connection first = end(std::move(a), std::move(depot_a), ab, ba, ready_b.get(), ready_a.get());
@@ -801,6 +778,7 @@ Connection Codec<Connection>::decode(Decoder& d) {
   internal::require_event_fd(core->in_ready.get(), "connection readiness");
   core->out = internal::attach_link(std::move(out));
   core->in = internal::attach_link(std::move(in));
+  core->bind_depot();
   return Connection(std::move(core));
 }
 

@@ -8,9 +8,11 @@
 
 #include "memory/registry.h"
 #include "memory/segment.h"
+#include "memory/storage_impl.h"
 #include "os/socket.h"
 #include "os/unique_fd.h"
 #include "shmtensor/error.h"
+#include "shmtensor/internal/storage_access.h"
 #include "transport/announced.h"
 
 namespace shmtensor::internal {
@@ -135,6 +137,30 @@ std::shared_ptr<Segment> depot_fetch(DepotTable* t, int peek_sock, std::uint64_t
   if (!seg) seg = Segment::attach_fd(std::move(found), uid);
   if (!depositable(*seg)) throw ProtocolError("a depot holds a segment that is not an arena's");
   return seg;
+}
+
+bool DepotSide::omit_fd(void* context, const Segment& seg) {
+  auto& side = *static_cast<DepotSide*>(context);
+  const bool omit = depot_omit(side.send_table_, side.deposit_sock_, seg);
+  (omit ? side.fds_omitted_ : side.fds_sent_).fetch_add(1, std::memory_order_relaxed);
+  return omit;
+}
+
+std::shared_ptr<Segment> DepotSide::fetch_deposited(void* context, std::uint64_t uid) {
+  auto& side = *static_cast<DepotSide*>(context);
+  // Fetched before (only a segment of this depot is pinned here): no look at the shared
+  // table, the registry or the socket.
+  if (auto pinned = side.pins_.find(uid)) return pinned;
+  std::shared_ptr<Segment> seg = depot_fetch(side.recv_table_, side.peek_sock_, uid);
+  if (seg) side.pins_.pin(seg);
+  return seg;
+}
+
+void DepotSide::pin_received(Decoder& d) noexcept {
+  for (const Storage& s : CodecAccess::state(d).storages) {
+    const auto& seg = StorageAccess::impl(s)->segment();
+    if (depositable(*seg) && depot_names(recv_table_, seg->uid())) pins_.pin(seg);
+  }
 }
 
 DepotPins::~DepotPins() {

@@ -14,7 +14,9 @@
 #include <cstdint>
 #include <memory>
 
+#include "shmtensor/internal/fd_counts.h"
 #include "transport/depot_table.h"
+#include "wire/wire.h"
 
 namespace shmtensor::internal {
 
@@ -60,6 +62,52 @@ class DepotPins {
   std::atomic<bool> ready_[kDepotSegments] = {};
   // Constructed by the pin that claimed the slot; destroyed only when `ready`.
   alignas(Ptr) std::byte slots_[kDepotSegments][sizeof(Ptr)];
+};
+
+// A channel handle's side of the depot (a Queue handle's; a Connection end's): the table and
+// socket it deposits with when it sends, the table and socket it fetches from when it
+// receives, the segments it keeps pinned, and its counts. bind() once the channel's shared
+// memory and sockets exist; the tables and fds must outlive this object. The one place the
+// sending and receiving steps of the depot are written; Queue and Connection each hold one.
+class DepotSide {
+ public:
+  void bind(DepotTable* send_table, int deposit_sock, DepotTable* recv_table,
+            int peek_sock) noexcept {
+    send_table_ = send_table;
+    deposit_sock_ = deposit_sock;
+    recv_table_ = recv_table;
+    peek_sock_ = peek_sock;
+  }
+  // For the frame stage of a send: leaves out the fds of segments deposited (depot_omit).
+  [[nodiscard]] FdElision elision() noexcept { return {omit_fd, this}; }
+  // For parsing a receive: maps a segment named without its fd from the depot, pinned.
+  [[nodiscard]] SegmentFetcher fetcher() noexcept { return {fetch_deposited, this}; }
+  // After a received message with fds was parsed: pins the deposited segments it named, so
+  // that later messages naming them need no look into the depot.
+  void pin_received(Decoder& d) noexcept;
+  // Whether `seg` is deposited for the peer (depot_has), without depositing it.
+  [[nodiscard]] bool deposited(const Segment& seg) const noexcept {
+    return depot_has(send_table_, seg);
+  }
+  // A send that left a segment's fd out by itself (a one-tensor frame that checked
+  // deposited()).
+  void count_omitted() noexcept { fds_omitted_.fetch_add(1, std::memory_order_relaxed); }
+  [[nodiscard]] FdCounts counts() const noexcept {
+    return {fds_sent_.load(std::memory_order_relaxed),
+            fds_omitted_.load(std::memory_order_relaxed)};
+  }
+
+ private:
+  static bool omit_fd(void* context, const Segment& seg);
+  static std::shared_ptr<Segment> fetch_deposited(void* context, std::uint64_t uid);
+
+  DepotTable* send_table_ = nullptr;
+  int deposit_sock_ = -1;
+  DepotTable* recv_table_ = nullptr;
+  int peek_sock_ = -1;
+  DepotPins pins_;
+  std::atomic<std::uint64_t> fds_sent_{0};     // file_descriptor segment fds in messages
+  std::atomic<std::uint64_t> fds_omitted_{0};  // left out of them (deposited)
 };
 
 }  // namespace shmtensor::internal

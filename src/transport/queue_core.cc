@@ -44,7 +44,6 @@
 
 namespace shmtensor::internal {
 
-static_assert(kQueueRingItem == kRingMessageTag && kQueueRingMarker == kRingMarkerTag);
 
 namespace {
 
@@ -202,11 +201,9 @@ struct QueueCore::State {
   UniqueFd ready_fd;
   int slot = -1;       // our holder slot (-1: none, overflow was set)
   int fork_slot = -1;  // claimed in prepare_fork for the child about to be forked
-  // Deposited segments this handle keeps mapped while it holds the queue, so that it looks
-  // in the depot once per segment.
-  DepotPins pins;
-  std::atomic<std::uint64_t> fds_sent{0};     // file_descriptor segment fds put in items
-  std::atomic<std::uint64_t> fds_omitted{0};  // left out of items
+  // This handle's side of the queue's depot: the receive queue of the sending end (a
+  // producer deposits by sending on the receiving end; nobody takes from the sending end's).
+  DepotSide depot;
   // An error get_many() met after it had taken items: thrown by the next get or get_many.
   // One per item that failed, thrown one per call, oldest first. deferred_mu is held
   // across fork (fork handlers); a child starts with none (they are its parent's).
@@ -303,39 +300,6 @@ void unregister_live(QueueCore::State* st) noexcept {
   std::erase(*g_live, st);
 }
 
-// ---- fds once per segment (transport/depot.h) ------------------------------------------
-// A queue's depot is the receive queue of its sending end: a producer deposits by sending
-// on the receiving end, and nobody takes from the sending end's queue.
-
-// FdElision::omit of a put (context: the handle's state).
-bool omit_fd(void* context, const Segment& seg) {
-  auto& st = *static_cast<QueueCore::State*>(context);
-  const bool omit = depot_omit(&st.control()->depot, st.recv_fd.get(), seg);
-  (omit ? st.fds_omitted : st.fds_sent).fetch_add(1, std::memory_order_relaxed);
-  return omit;
-}
-
-// SegmentFetcher::fetch of a get: from the depot, pinned.
-std::shared_ptr<Segment> fetch_deposited(void* context, std::uint64_t uid) {
-  auto& st = *static_cast<QueueCore::State*>(context);
-  // Fetched before (only a segment of this queue's depot is pinned here): no look at the
-  // shared table, the registry or the depot socket.
-  if (auto pinned = st.pins.find(uid)) return pinned;
-  std::shared_ptr<Segment> seg = depot_fetch(&st.control()->depot, st.send_fd.get(), uid);
-  if (seg) st.pins.pin(seg);
-  return seg;
-}
-
-// After an item with fds was parsed: pins the deposited segments it named, so that this
-// handle never needs to look them up in the depot.
-void pin_received(QueueCore::State& st, Decoder& d) {
-  for (const Storage& s : CodecAccess::state(d).storages) {
-    const auto& seg = StorageAccess::impl(s)->segment();
-    if (depositable(*seg) && depot_names(&st.control()->depot, seg->uid())) st.pins.pin(seg);
-  }
-}
-
-SegmentFetcher depot_of(QueueCore::State& st) noexcept { return {fetch_deposited, &st}; }
 
 // One item taken off the ring, not parsed yet: its bytes at `data` (in `buffer`), or its
 // datagram.
@@ -359,7 +323,7 @@ TakenItem take_item(Ring& ring, const Deadline& deadline,
     t.buffer = receive_buffer();
     t.data = t.buffer.get();
   }
-  Ring::Popped p = ring.pop(std::span(t.data, ring.max_message()), deadline, kQueueRingMarker);
+  Ring::Popped p = ring.pop(std::span(t.data, ring.max_message()), deadline, kRingMarkerTag);
   t.status = p.status;
   t.size = p.size;
   t.tag = p.tag;
@@ -412,12 +376,12 @@ void drain(QueueCore::State& st) noexcept {
       TakenItem t = take_item(st.ring, std::chrono::steady_clock::now());
       if (t.status != Ring::Status::kOk) break;
       release_item(c);
-      if (t.tag == kQueueRingItem) {
-        const SegmentFetcher depot = depot_of(st);
+      if (t.tag == kRingMessageTag) {
+        const SegmentFetcher depot = st.depot.fetcher();
         (void)parse_frame(std::span(t.data, t.size), {}, t.buffer, &depot);
-      } else if (t.tag == kQueueRingMarker) {
+      } else if (t.tag == kRingMarkerTag) {
         t.buffer.reset();
-        const SegmentFetcher depot = depot_of(st);
+        const SegmentFetcher depot = st.depot.fetcher();
         const AnnouncedPath path = st.path(&depot);
         // Nobody else holds the queue: an earlier marker held past the drain's deadline was
         // a peer's, and what is left is dropped with the socket.
@@ -438,7 +402,7 @@ void drain(QueueCore::State& st) noexcept {
       return;  // the socket itself failed: nothing more to read
     }
     if (d.status != RecvStatus::kOk) return;
-    const SegmentFetcher depot = depot_of(st);
+    const SegmentFetcher depot = st.depot.fetcher();
     drop_datagram(st.path(&depot), std::move(d));  // dropping it gives back what it adopted
   }
 }
@@ -532,6 +496,7 @@ std::shared_ptr<QueueCore> QueueCore::create(std::size_t maxsize, bool joinable)
   for (auto& h : c->holders) h.store(0, std::memory_order_relaxed);
   for (auto& n : c->sending) n.store(0, std::memory_order_relaxed);
   init_depot(&c->depot);
+  st->depot.bind(&c->depot, st->recv_fd.get(), &c->depot, st->send_fd.get());
   st->slot = claim_holder(c, current_slot_owner());
   std::atomic_ref<std::uint64_t>(c->magic).store(kQueueMagic, std::memory_order_release);
   return std::make_shared<QueueCore>(std::move(st));
@@ -562,6 +527,7 @@ std::shared_ptr<QueueCore> QueueCore::decode(Decoder& d) {
     throw ProtocolError("received queue ring has another geometry than a queue's");
   // Our slot first, then the message's in-flight count back (see ~QueueCore). Never below
   // 0: a raw peer may send a queue nobody counted.
+  st->depot.bind(&c->depot, st->recv_fd.get(), &c->depot, st->send_fd.get());
   st->slot = claim_holder(c, current_slot_owner());
   std::uint32_t n = c->in_flight.load(std::memory_order_seq_cst);
   while (n > 0 && !c->in_flight.compare_exchange_weak(n, n - 1, std::memory_order_seq_cst)) {
@@ -574,7 +540,7 @@ std::size_t QueueCore::put_many(std::span<Encoder> items,
   const Deadline deadline = deadline_after(timeout);
   QueueControl* c = state_->control();
   Ring& ring = state_->ring;
-  const FdElision elision{omit_fd, state_.get()};
+  const FdElision elision = state_->depot.elision();
   // Consumers asleep are woken once for the items published so far, at the end and
   // before any wait (for room, for the ring, for send_lock): a consumer is never left
   // asleep while this producer waits for it.
@@ -639,11 +605,11 @@ std::size_t QueueCore::put_many(std::span<Encoder> items,
       for (const auto& part : parts) size += part.size();
       batch.before_publish();
       if (frame.fds().empty() && size <= ring.max_message()) {
-        Ring::Status status = ring.push_parts(parts, kQueueRingItem, now, Ring::Wake::kDeferred);
+        Ring::Status status = ring.push_parts(parts, kRingMessageTag, now, Ring::Wake::kDeferred);
         if (status == Ring::Status::kTimeout) {
           batch.wake();
           batch.before_publish();
-          status = ring.push_parts(parts, kQueueRingItem, deadline, Ring::Wake::kDeferred);
+          status = ring.push_parts(parts, kRingMessageTag, deadline, Ring::Wake::kDeferred);
         }
         if (status == Ring::Status::kTimeout) break;
         if (status == Ring::Status::kClosed) throw QueueClosed("put() on a closed queue");
@@ -652,7 +618,7 @@ std::size_t QueueCore::put_many(std::span<Encoder> items,
       } else {
         batch.wake();
         batch.before_publish();
-        const SegmentFetcher depot = depot_of(*state_);  // for dead datagrams it drops
+        const SegmentFetcher depot = state_->depot.fetcher();  // for dead datagrams it drops
         const AnnouncedSend sent = send_announced(state_->path(&depot), frame, deadline);
         if (sent == AnnouncedSend::kTimeout) break;
         if (sent == AnnouncedSend::kClosed) throw QueueClosed("put() on a closed queue");
@@ -680,18 +646,18 @@ std::optional<Decoder> receive_taken(QueueCore::State& st, TakenItem&& t, const 
   // (malformed, or a segment that cannot be mapped here) frees it all the same.
   // acq_rel (release_item): a producer that sees the freed place may reuse it.
   release_item(st.control());
-  if (t.tag == kQueueRingItem) {
+  if (t.tag == kRingMessageTag) {
     const std::span<const std::byte> bytes(t.data, t.size);
-    const SegmentFetcher depot = depot_of(st);
+    const SegmentFetcher depot = st.depot.fetcher();
     // Aliasing: the decoder keeps the whole buffer alive, and reads its own bytes.
     return parse_frame(bytes, {}, std::shared_ptr<const void>(std::move(t.buffer), t.data),
                        &depot);
   }
-  if (t.tag != kQueueRingMarker)
+  if (t.tag != kRingMarkerTag)
     throw ProtocolError("a slot of the queue's ring has tag " + std::to_string(t.tag) +
                         ", neither an item nor a marker");
   t.buffer.reset();  // the datagram is received into the same per-thread buffer
-  const SegmentFetcher depot = depot_of(st);
+  const SegmentFetcher depot = st.depot.fetcher();
   const AnnouncedPath path = st.path(&depot);
   std::optional<Datagram> datagram = take_announced(path, t.pos, deadline);
   if (!datagram) {
@@ -702,7 +668,7 @@ std::optional<Decoder> receive_taken(QueueCore::State& st, TakenItem&& t, const 
     return std::nullopt;
   }
   Decoder d = parse_announced(path, std::move(*datagram));
-  pin_received(st, d);
+  st.depot.pin_received(d);
   return d;
 }
 
@@ -853,8 +819,7 @@ int QueueCore::readiness_fd() noexcept {
 }
 
 QueueCore::FdCounts QueueCore::fd_counts() const noexcept {
-  return {state_->fds_sent.load(std::memory_order_relaxed),
-          state_->fds_omitted.load(std::memory_order_relaxed)};
+  return state_->depot.counts();
 }
 
 QueueCore::SharedFds QueueCore::shared_fds() const noexcept {

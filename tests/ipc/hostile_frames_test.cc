@@ -30,6 +30,7 @@
 #include "shmtensor/tensor.h"
 #include "support/leak_check.h"
 #include "support/pipe.h"
+#include "transport/announced.h"
 #include "transport/ring.h"
 #include "wire/frame.h"
 
@@ -172,7 +173,7 @@ class HostileFramesTest : public testing::LeakCheckedTest {
       const internal::Ring::Reservation r = ring.reserve(std::nullopt);
       ASSERT_EQ(r.status, internal::Ring::Status::kOk);
       unannounced(r.pos, frame, std::move(fds));
-      ASSERT_TRUE(ring.commit(r.pos, {}, internal::kQueueRingMarker));
+      ASSERT_TRUE(ring.commit(r.pos, {}, internal::kRingMarkerTag));
     }
     // A datagram that says it is for marker position `id`, and no marker.
     void unannounced(std::uint64_t id, const std::vector<std::byte>& frame,
@@ -191,11 +192,11 @@ class HostileFramesTest : public testing::LeakCheckedTest {
       internal::send_message(sock.get(), std::span(&part, 1), {});
     }
     void marker() {
-      ASSERT_EQ(ring.push({}, internal::kQueueRingMarker, std::nullopt),
+      ASSERT_EQ(ring.push({}, internal::kRingMarkerTag, std::nullopt),
                 internal::Ring::Status::kOk);
     }
     // Bytes in a ring slot (the path of an item without fds).
-    void slot(const std::vector<std::byte>& frame, std::uint32_t tag = internal::kQueueRingItem) {
+    void slot(const std::vector<std::byte>& frame, std::uint32_t tag = internal::kRingMessageTag) {
       ASSERT_EQ(ring.push(frame, tag, std::nullopt), internal::Ring::Status::kOk);
     }
   };
@@ -1069,8 +1070,8 @@ TEST_F(HostileFramesTest, AMarkerWhoseDatagramIsBehindALaterOnesIsAnErrorAndTheL
   const internal::Ring::Reservation second = inject.ring.reserve(std::nullopt);
   ASSERT_EQ(second.pos, first.pos + 1);
   inject.unannounced(second.pos, bytes(header(8), std::int64_t{1}));
-  ASSERT_TRUE(inject.ring.commit(first.pos, {}, internal::kQueueRingMarker));
-  ASSERT_TRUE(inject.ring.commit(second.pos, {}, internal::kQueueRingMarker));
+  ASSERT_TRUE(inject.ring.commit(first.pos, {}, internal::kRingMarkerTag));
+  ASSERT_TRUE(inject.ring.commit(second.pos, {}, internal::kRingMarkerTag));
   q.put(Tensor::full({2}, 3.0f));  // behind both
   try {
     (void)q.get();

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "shmtensor/connection.h"
+#include "shmtensor/internal/fd_counts.h"
 
 namespace shmtensor::internal {
 
@@ -45,10 +46,7 @@ struct ConnectionAccess {
   [[nodiscard]] static Connection wrap(std::unique_ptr<ConnectionCore> core) noexcept;
   // file_descriptor segment fds this end put in messages, and left out of them (the
   // segment was deposited with the peer: fds once per segment), since it was made here.
-  struct FdCounts {
-    std::uint64_t sent = 0;
-    std::uint64_t omitted = 0;
-  };
+  using FdCounts = internal::FdCounts;
   [[nodiscard]] static FdCounts fd_counts(const Connection& c) noexcept;
 };
 

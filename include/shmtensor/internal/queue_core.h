@@ -13,16 +13,15 @@
 #include <vector>
 
 #include "shmtensor/codec.h"
+#include "shmtensor/internal/fd_counts.h"
 
 namespace shmtensor::internal {
 
-// The queue's message ring (src/transport/ring.h): its geometry, and the tags of its slots.
-// 4,096 slots (2 MiB): an unbounded queue holds that many items before put() waits for a
-// get, about what its socket's buffer held before the ring (several thousand small items).
+// The queue's message ring (src/transport/ring.h): its geometry (its slots' tags are the
+// transport's, src/transport/announced.h). 4,096 slots (2 MiB): an unbounded queue holds
+// that many items before put() waits for a get.
 inline constexpr std::uint32_t kQueueRingSlots = 4096;
 inline constexpr std::uint32_t kQueueRingSlotBytes = 512;
-inline constexpr std::uint32_t kQueueRingItem = 1;    // the slot holds the item's frame
-inline constexpr std::uint32_t kQueueRingMarker = 2;  // the item is the socket's next datagram
 
 // When the last handle anywhere is gone (no live process holds the queue, none is in
 // flight), the process that dropped it drains the items left so that their shared memory
@@ -90,11 +89,8 @@ class QueueCore : public std::enable_shared_from_this<QueueCore> {
   [[nodiscard]] std::size_t maxsize() const noexcept;
   void encode(Encoder& e) const;
   // file_descriptor segment fds this handle put in items, and left out of them because
-  // the segment is in the queue's depot (docs/transport.md, "fds once per segment").
-  struct FdCounts {
-    std::uint64_t sent = 0;
-    std::uint64_t omitted = 0;
-  };
+  // the segment is in the queue's depot.
+  using FdCounts = internal::FdCounts;
   [[nodiscard]] FdCounts fd_counts() const noexcept;
   // The memfds of the queue's control block and ring (src/transport/queue_control.h,
   // ring_layout.h), for tests that write them as a peer would.
