@@ -108,12 +108,21 @@ Locked lock_shared(SharedLock& lock, std::optional<Clock::time_point> deadline, 
     if (seen == 0 && lock.state.compare_exchange_strong(seen, me, std::memory_order_acquire))
       return Locked::kYes;
   }
-  // The same holder since `since` (the state changes with every new holder).
+  // The same holder, holding without a break, since `since`: reset when the owner changes,
+  // when an unlock was seen (the wake counter moved: a thread that keeps taking the lock
+  // back is not one long hold), and while the holder is stopped (its hold resumes when it
+  // runs again).
   std::uint64_t holder = 0;
   Clock::time_point since{};
+  std::uint32_t unlocks = lock.wake.load(std::memory_order_relaxed);
   for (;;) {
     seen = lock.state.load(std::memory_order_acquire);
+    if (const std::uint32_t w = lock.wake.load(std::memory_order_relaxed); w != unlocks) {
+      unlocks = w;
+      holder = 0;
+    }
     if (seen == 0) {
+      holder = 0;
       // Taken as contended: others may sleep, and our unlock must wake them.
       if (lock.state.compare_exchange_strong(seen, me | kLockContended,
                                              std::memory_order_acquire))
@@ -136,6 +145,7 @@ Locked lock_shared(SharedLock& lock, std::optional<Clock::time_point> deadline, 
         return Locked::kRecovered;
       continue;
     }
+    if (h == Holder::kStopped) since = now;
     if (h == Holder::kAlive && hold == LockHold::kBrief && now - since >= kStuckAfter)
       throw_stuck(what, seen);
     if (deadline && now >= *deadline) return Locked::kTimeout;

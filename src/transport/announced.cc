@@ -70,7 +70,9 @@ Datagram datagram_now(int sock) { return receive_datagram(sock, std::chrono::ste
 // consumer will take it). kLater: a later marker's (the one at `pos` is missing). kNobody:
 // no marker will claim it (its producer died before the marker, the consumer holding the
 // marker died, or no producer of this ring sent it). `pos` nullopt: this thread holds none.
-enum class HeadOwner { kMine, kEarlier, kLater, kNobody };
+// kEarlierFree: an earlier marker's that was given back to the ring (published, held by
+// nobody): whoever pops it takes it, so a consumer behind it gives its own back.
+enum class HeadOwner { kMine, kEarlier, kEarlierFree, kLater, kNobody };
 HeadOwner owner_of(const Ring& ring, std::optional<std::uint64_t> id,
                    std::optional<std::uint64_t> pos) {
   if (!id) return HeadOwner::kNobody;
@@ -80,7 +82,8 @@ HeadOwner owner_of(const Ring& ring, std::optional<std::uint64_t> id,
   const Ring::SlotView v = ring.inspect(*id);
   if (v.where == Ring::Where::kGone) return HeadOwner::kNobody;
   if (pos && *id > *pos) return HeadOwner::kLater;
-  if (v.where == Ring::Where::kReady || v.claimer_alive) return HeadOwner::kEarlier;
+  if (v.where == Ring::Where::kReady) return HeadOwner::kEarlierFree;
+  if (v.claimer_alive) return HeadOwner::kEarlier;
   return HeadOwner::kNobody;
 }
 
@@ -199,7 +202,14 @@ std::optional<Datagram> take_announced(const AnnouncedPath& p, std::uint64_t pos
                          "wrote the marker, or took the datagram)");
   };
   for (;;) {
-    if (lock_shared(*p.recv_lock, until, LockHold::kBrief, recv_lock_name(p)) != Locked::kTimeout) {
+    Locked locked;
+    try {
+      locked = lock_shared(*p.recv_lock, until, LockHold::kBrief, recv_lock_name(p));
+    } catch (...) {
+      release.give_back = true;  // a wedged lock: the marker stays someone's to take
+      throw;
+    }
+    if (locked != Locked::kTimeout) {
       SharedLockGuard unlock{*p.recv_lock};
       // Fast path: when no marker between the last one whose datagram was taken and ours
       // is held by a consumer or given back to the ring (pending), the socket's next
@@ -248,6 +258,13 @@ std::optional<Datagram> take_announced(const AnnouncedPath& p, std::uint64_t pos
         if (!head) throw missing();
         const HeadOwner owner = owner_of(*p.ring, *head, pos);
         if (owner == HeadOwner::kEarlier) break;  // its consumer waits for the lock
+        if (owner == HeadOwner::kEarlierFree) {
+          // Given back by a consumer that gave up: ours goes back too, and the caller's
+          // next pop takes the earlier one (the head is on it).
+          p.ring->rewind_head(**head);
+          release.give_back = true;
+          return std::nullopt;
+        }
         if (owner == HeadOwner::kLater && cut) std::rethrow_exception(cut);
         if (owner == HeadOwner::kLater)
           throw ProtocolError(std::string("the datagram of the ") + p.owner + "'s marker at position " +

@@ -65,7 +65,9 @@ AnnouncedSend send_announced(const AnnouncedPath& path, OutgoingFrame& frame,
 // socket's next once every earlier marker's datagram was taken: while a live consumer
 // holds an earlier marker (it may be stopped), this waits, until `deadline`; then the
 // marker is given back to the ring (Ring::unread: the next pop takes it again) and the
-// result is empty. A deadline that has passed gets kAnnouncedGrace all the same, as a
+// result is empty. It is given back at once, also empty, when the earlier marker was itself
+// given back (nobody holds it): the caller pops again while its deadline allows, and that
+// pop takes the earlier one. And when the receive lock is wedged (the ProtocolError below). A deadline that has passed gets kAnnouncedGrace all the same, as a
 // non-blocking get must find an item whose datagram another consumer is taking now. Throws
 // ProtocolError when the socket does not have it (a marker another process wrote, or a
 // datagram another process took), and for a receive lock held by a wedged process

@@ -343,7 +343,13 @@ std::optional<Decoder> receive_popped(ConnectionCore& c, std::shared_ptr<std::by
   buffer.reset();  // the datagram is received into the same per-thread buffer
   const AnnouncedPath path = c.in_path(&depot);
   std::optional<Datagram> datagram = take_announced(path, p.pos, deadline);
-  if (!datagram) return std::nullopt;
+  if (!datagram) {
+    // The marker is back in our ring: a readiness fd cleared when it was popped says so
+    // again.
+    if (c.in_control()->readiness_wanted.load(std::memory_order_seq_cst) != 0)
+      signal_event_fd(c.in_ready.get());
+    return std::nullopt;
+  }
   Decoder d = parse_announced(path, std::move(*datagram));
   c.depot.pin_received(d);
   return d;
@@ -463,12 +469,21 @@ std::optional<Ring::Popped> pop_ringed(ConnectionCore& c, const Deadline& deadli
   }
 }
 
+// After receive_popped gave its marker back: whether the receive pops again (as a queue's
+// get: its deadline and a marker's grace have not passed, or it has none).
+bool retry_after_give_back(const Deadline& deadline) {
+  return !deadline || Clock::now() < *deadline + kAnnouncedGrace;
+}
+
 std::optional<Decoder> recv_ringed(ConnectionCore& c, const Deadline& deadline) {
-  auto buffer = receive_buffer();
-  const std::optional<Ring::Popped> p =
-      pop_ringed(c, deadline, std::span(buffer.get(), c.in.max_message()));
-  if (!p) return std::nullopt;
-  return receive_popped(c, std::move(buffer), *p, deadline);
+  for (;;) {
+    auto buffer = receive_buffer();
+    const std::optional<Ring::Popped> p =
+        pop_ringed(c, deadline, std::span(buffer.get(), c.in.max_message()));
+    if (!p) return std::nullopt;
+    if (std::optional<Decoder> d = receive_popped(c, std::move(buffer), *p, deadline)) return d;
+    if (!retry_after_give_back(deadline)) return std::nullopt;
+  }
 }
 
 // What recv<Tensor> does with a message the general way: the whole of it, as a Tensor.
@@ -490,7 +505,12 @@ bool recv_tensor_ringed(ConnectionCore& c, const Deadline& deadline, Tensor& out
   auto buffer = receive_buffer();
   std::memcpy(buffer.get(), slot, p->size);
   std::optional<Decoder> d = receive_popped(c, std::move(buffer), *p, deadline);
-  if (!d) return false;
+  if (!d) {
+    if (!retry_after_give_back(deadline)) return false;
+    std::optional<Decoder> again = recv_ringed(c, deadline);
+    if (!again) return false;
+    d = std::move(again);
+  }
   decode_tensor(std::move(*d), out);
   return true;
 }

@@ -49,14 +49,17 @@ namespace {
 
 // Frees one reserved item slot; never below 0 (a raw peer may send a datagram for which no
 // producer reserved one).
-void release_item(QueueControl* c) noexcept {
+// Returns whether it freed one (false: the count was 0 already).
+bool release_item(QueueControl* c) noexcept {
   std::uint32_t n = c->count.load(std::memory_order_relaxed);
   while (n > 0 && !c->count.compare_exchange_weak(n, n - 1, std::memory_order_seq_cst)) {
   }
+  if (n == 0) return false;
   // seq_cst store of count (above) then load of waiters, against admit's seq_cst increment
   // of waiters then the kernel's read of count in FUTEX_WAIT: either we see the waiter, or
   // its FUTEX_WAIT sees the new count and does not sleep.
   if (c->maxsize && c->waiters.load(std::memory_order_seq_cst) != 0) futex_wake(&c->count, 1);
+  return true;
 }
 
 // One unfinished task fewer (task_done(), or a put that published nothing); join()s asleep
@@ -371,6 +374,7 @@ constexpr auto kDrainLimit = std::chrono::seconds(1);
 void drain(QueueCore::State& st) noexcept {
   auto* c = st.control();
   const Deadline until = std::chrono::steady_clock::now() + kDrainLimit;
+  bool markers_stuck = false;  // past `until`: markers are dropped without their datagrams
   for (;;) {
     try {
       TakenItem t = take_item(st.ring, std::chrono::steady_clock::now());
@@ -385,8 +389,15 @@ void drain(QueueCore::State& st) noexcept {
         const AnnouncedPath path = st.path(&depot);
         // Nobody else holds the queue: an earlier marker held past the drain's deadline was
         // a peer's, and what is left is dropped with the socket.
+        if (markers_stuck) {  // its datagram, if any, goes with the socket below
+          st.ring.release(t.pos);
+          continue;
+        }
         std::optional<Datagram> d = take_announced(path, t.pos, until);
-        if (!d) break;
+        if (!d) {
+          markers_stuck = std::chrono::steady_clock::now() >= *until;
+          continue;
+        }
         drop_datagram(path, std::move(*d));
       }
     } catch (...) {
@@ -636,6 +647,12 @@ std::size_t QueueCore::put_many(std::span<Encoder> items,
 
 namespace {
 
+// After receive_taken gave its marker back: whether the get pops again (its deadline, and
+// the grace a marker gets, have not passed; always without a deadline).
+bool retry_after_give_back(const Deadline& deadline) {
+  return !deadline || std::chrono::steady_clock::now() < *deadline + kAnnouncedGrace;
+}
+
 // The rest of a get once the item left the ring: frees its place, then parses it. Empty
 // when the item is a marker whose datagram is behind one that another consumer holds past
 // `deadline` (take_announced): the marker is back in the ring, and so is its place.
@@ -645,7 +662,7 @@ std::optional<Decoder> receive_taken(QueueCore::State& st, TakenItem&& t, const 
   // SIGKILLed meanwhile would take the place with it. An item that fails to parse
   // (malformed, or a segment that cannot be mapped here) frees it all the same.
   // acq_rel (release_item): a producer that sees the freed place may reuse it.
-  release_item(st.control());
+  const bool freed = release_item(st.control());
   if (t.tag == kRingMessageTag) {
     const std::span<const std::byte> bytes(t.data, t.size);
     const SegmentFetcher depot = st.depot.fetcher();
@@ -663,7 +680,7 @@ std::optional<Decoder> receive_taken(QueueCore::State& st, TakenItem&& t, const 
   if (!datagram) {
     // Its place again (the queue may hold maxsize + 1 items until one is taken), and a
     // readiness fd cleared meanwhile says "ready" again.
-    st.control()->count.fetch_add(1, std::memory_order_seq_cst);
+    if (freed) st.control()->count.fetch_add(1, std::memory_order_seq_cst);
     notify_ready(st);
     return std::nullopt;
   }
@@ -711,11 +728,14 @@ std::optional<std::chrono::nanoseconds> QueueCore::busy_poll() const noexcept {
 std::optional<Decoder> QueueCore::get(std::optional<std::chrono::nanoseconds> timeout) {
   rethrow_deferred();
   const Deadline deadline = deadline_after(timeout);
-  TakenItem t = take_item_polling(state_->ring, deadline, state_->busy_poll());
-  rearm_ready(*state_);
-  if (t.status == Ring::Status::kTimeout) return std::nullopt;
-  if (t.status == Ring::Status::kClosed) throw QueueClosed("get() on a closed and empty queue");
-  return receive_taken(*state_, std::move(t), deadline);
+  for (;;) {
+    TakenItem t = take_item_polling(state_->ring, deadline, state_->busy_poll());
+    rearm_ready(*state_);
+    if (t.status == Ring::Status::kTimeout) return std::nullopt;
+    if (t.status == Ring::Status::kClosed) throw QueueClosed("get() on a closed and empty queue");
+    if (std::optional<Decoder> d = receive_taken(*state_, std::move(t), deadline)) return d;
+    if (!retry_after_give_back(deadline)) return std::nullopt;
+  }
 }
 
 std::vector<Decoder> QueueCore::get_many(std::size_t max_items,
@@ -730,13 +750,17 @@ std::vector<Decoder> QueueCore::get_many(std::size_t max_items,
   // Before anything is taken: nothing below may fail between taking an item and keeping it.
   out.reserve(std::min<std::size_t>(max_items, 1024));
   const Deadline deadline = deadline_after(timeout);
-  TakenItem first = take_item_polling(state_->ring, deadline, state_->busy_poll());
-  if (first.status == Ring::Status::kTimeout) return out;
-  if (first.status == Ring::Status::kClosed)
-    throw QueueClosed("get() on a closed and empty queue");
-  std::optional<Decoder> got = receive_taken(*state_, std::move(first), deadline);
-  if (!got) return out;
-  out.push_back(std::move(*got));
+  for (;;) {
+    TakenItem first = take_item_polling(state_->ring, deadline, state_->busy_poll());
+    if (first.status == Ring::Status::kTimeout) return out;
+    if (first.status == Ring::Status::kClosed)
+      throw QueueClosed("get() on a closed and empty queue");
+    if (std::optional<Decoder> got = receive_taken(*state_, std::move(first), deadline)) {
+      out.push_back(std::move(*got));
+      break;
+    }
+    if (!retry_after_give_back(deadline)) return out;
+  }
   // The rest only if they are there already, copied from their slots into buffers of 64
   // slots each (one allocation per 64 items, not a 64 KiB receive buffer per item; none
   // when the ring looks empty).

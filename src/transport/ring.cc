@@ -466,6 +466,8 @@ Ring::Popped Ring::pop(std::span<std::byte> out, Deadline deadline, std::uint32_
           // Free for this position while the tail has passed it: nobody will ever write
           // it (a scribbled word made a producer skip it). Only corruption leads here.
           if (const std::uint64_t tail = h->tail.load(); tail > pos) {
+            // A producer that claimed the slot after we read it moved the tail: look again.
+            if (s->word.load() != w) continue;
             if (resync()) continue;
             // A hole: no producer will write the position (a peer moved the tail hint past
             // it). It is stepped over; nothing was lost there.
@@ -571,6 +573,12 @@ bool Ring::resync_hints() noexcept {
   // past the tail, and the tail never more than a lap past any slot's position.
   RingHeader* h = header();
   const std::uint64_t n = slot_count_;
+  // The hints before the scan, and only those are replaced: a claim or a take that moves a
+  // hint while the scan runs makes the CAS fail, so a scan older than the hint never pulls
+  // it back (claims and takes only move the words forward: an honest hint read before the
+  // scan is never ahead of what the scan finds).
+  const std::uint64_t tail0 = h->tail.load();
+  const std::uint64_t head0 = h->head.load();
   std::uint64_t tail = 0;
   std::uint64_t oldest = UINT64_MAX;  // the oldest position published or being written
   for (std::uint64_t i = 0; i < n; ++i) {
@@ -583,7 +591,7 @@ bool Ring::resync_hints() noexcept {
     if (state_of(w) == kReady || state_of(w) == kWriting) oldest = std::min(oldest, p);
   }
   std::uint64_t head = tail;
-  if (oldest + n >= tail) {
+  if (oldest == UINT64_MAX || oldest + n >= tail) {
     head = std::min(head, oldest);
   } else {  // a word more than a lap behind the tail (a peer's): not the head
     for (std::uint64_t i = 0; i < n; ++i) {
@@ -595,9 +603,9 @@ bool Ring::resync_hints() noexcept {
   // A hint ahead of the words is moved back (consumers and producers then step forward
   // over what was taken, one CAS a position); one far behind is moved up to them.
   bool moved = false;
-  std::uint64_t seen = h->tail.load();
+  std::uint64_t seen = tail0;
   if (seen > tail || seen + n < tail) moved |= h->tail.compare_exchange_strong(seen, tail);
-  seen = h->head.load();
+  seen = head0;
   if (seen > head || seen + n < head) moved |= h->head.compare_exchange_strong(seen, head);
   return moved;
 }
@@ -657,17 +665,22 @@ void Ring::release(std::uint64_t pos) noexcept {
   if (s->word.compare_exchange_strong(w, pack(pos + slot_count_, kFree))) wake_producers();
 }
 
+void Ring::rewind_head(std::uint64_t pos) noexcept {
+  RingHeader* h = header();
+  std::uint64_t head = h->head.load();
+  while (head > pos && !h->head.compare_exchange_weak(head, pos)) {
+  }
+}
+
 void Ring::unread(std::uint64_t pos) noexcept {
   RingHeader* h = header();
   SlotHead* s = head_of(slot(pos));
   std::uint64_t w = s->word.load();
   if (pos_of(w) != (pos & kPosMask) || state_of(w) != kReading) return;
   if (!s->word.compare_exchange_strong(w, pack(pos, kReady))) return;
-  std::uint64_t head = h->head.load();
-  while (head > pos && !h->head.compare_exchange_weak(head, pos)) {
-  }
+  rewind_head(pos);
   h->published.fetch_add(1);
-  wake_consumers(1);
+  wake_consumers(INT_MAX);  // rare; and a connection's sleepers include poll() callers
 }
 
 Ring::SlotView Ring::inspect(std::uint64_t pos) const noexcept {

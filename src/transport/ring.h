@@ -143,6 +143,9 @@ class Ring {
   // it (the head hint is moved back to it). For a consumer that cannot finish with it in
   // time (a queue's marker whose datagram is behind one another consumer holds).
   void unread(std::uint64_t pos) noexcept;
+  // Moves the head hint back to `pos` if it is past it: the next pop looks there first (a
+  // message given back below the head by another consumer).
+  void rewind_head(std::uint64_t pos) noexcept;
   // What the slot of `pos` says about that position now: gone (its message was taken and
   // freed, or skipped, or the slot never reached it), or being written, published, or
   // being read; and for a claim, whether its claimer still lives.

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <future>
 #include <optional>
 #include <random>
 #include <set>
@@ -314,6 +315,38 @@ TEST_F(HostileQueueTest, AConsumerStoppedWhileItHoldsAMarkerCostsOthersTheirDead
   EXPECT_EQ(wait_child(holder), 128 + SIGKILL);
   EXPECT_EQ(q.try_get(2s), big(2));
   EXPECT_EQ(q.try_get(50ms), std::nullopt);
+}
+
+TEST_F(HostileQueueTest, AConsumerWithoutDeadlineIsNotLeftBehindAMarkerAnotherGaveBack) {
+  Queue<std::string> q;
+  for (int i = 0; i < 3; ++i) q.put(big(i));
+  Mapping flag = Mapping::map_anonymous_shared(4096);
+  auto* taken = new (flag.data()) std::atomic<std::uint32_t>(0);
+  const int ring_fd = internal::QueueAccess::core(q).shared_fds().ring;
+  const pid_t holder = fork_child([ring_fd, taken] {
+    internal::Ring ring = internal::Ring::attach(internal::UniqueFd(::dup(ring_fd)));
+    if (!ring.test_claim_and_abandon(/*as_consumer=*/true)) std::_Exit(2);
+    taken->store(1);
+    ::raise(SIGSTOP);
+  });
+  while (taken->load() == 0) std::this_thread::sleep_for(1ms);
+  int status = 0;
+  ASSERT_EQ(::waitpid(holder, &status, WUNTRACED), holder);
+  // B takes the second marker and gives it up; meanwhile A, with no deadline, took the
+  // third. Then the first marker's holder dies: A must not wait for ever behind the second,
+  // which nobody holds now.
+  std::optional<std::string> b_got = big(-1);
+  std::thread b([&] { b_got = q.try_get(300ms); });
+  std::this_thread::sleep_for(100ms);
+  auto a = std::async(std::launch::async, [&] { return q.get(); });
+  b.join();
+  EXPECT_EQ(b_got, std::nullopt);
+  ::kill(holder, SIGKILL);
+  EXPECT_EQ(wait_child(holder), 128 + SIGKILL);
+  ASSERT_EQ(a.wait_for(5s), std::future_status::ready) << "the untimed get is stuck";
+  // One producer's items, to one consumer, in order: the second, then the third.
+  EXPECT_EQ(a.get(), big(1));
+  EXPECT_EQ(q.try_get(2s), big(2));
 }
 
 // Every item of [0, n) exactly once, in whatever order.
