@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <climits>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -21,8 +22,48 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// This thread's (pid, tid) in the form of a lock's state, read once per thread and fork
-// generation (a forked child's only thread has new ids).
+constexpr std::uint64_t owner_of(std::uint64_t state) { return state & ~kLockContended; }
+constexpr std::uint32_t pid_of(std::uint64_t state) {
+  return static_cast<std::uint32_t>((state >> kLockIdBits) & kLockIdMask);
+}
+constexpr std::uint32_t tid_of(std::uint64_t state) {
+  return static_cast<std::uint32_t>(state & kLockIdMask);
+}
+constexpr std::uint64_t start_of(std::uint64_t state) { return state >> kLockStartShift; }
+
+// A thread's /proc/<pid>/task/<tid>/stat: its state letter and start time (field 22).
+struct ThreadStat {
+  enum { kMissing, kUnreadable, kRead } outcome = kMissing;
+  char state = '?';
+  std::uint64_t start = 0;
+};
+ThreadStat read_thread_stat(std::uint32_t pid, std::uint32_t tid) noexcept {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%u/task/%u/stat", pid, tid);
+  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return {errno == ENOENT || errno == ESRCH ? ThreadStat::kMissing : ThreadStat::kUnreadable};
+  char buf[1024];
+  ssize_t n;
+  do {
+    n = ::read(fd, buf, sizeof buf - 1);
+  } while (n < 0 && errno == EINTR);
+  const int read_errno = errno;
+  ::close(fd);
+  if (n == 0 || (n < 0 && read_errno == ESRCH)) return {ThreadStat::kMissing};
+  if (n < 0) return {ThreadStat::kUnreadable};
+  buf[n] = '\0';
+  // "tid (comm) S ppid ...": fields after the last ')' (comm may hold one), the state
+  // being field 3 and the start time field 22.
+  const char* p = std::strrchr(buf, ')');
+  if (p == nullptr || p[1] != ' ') return {ThreadStat::kUnreadable};
+  ThreadStat st{ThreadStat::kRead, p[2], 0};
+  for (int field = 3; field <= 22 && p != nullptr; ++field) p = std::strchr(p + 1, ' ');
+  if (p != nullptr) st.start = std::strtoull(p + 1, nullptr, 10);
+  return st;
+}
+
+// This thread's state, read once per thread and fork generation (a forked child's only
+// thread has new ids).
 std::uint64_t own_lock_state() noexcept {
   struct Ids {
     std::uint32_t generation = 0;
@@ -32,44 +73,26 @@ std::uint64_t own_lock_state() noexcept {
   const std::uint32_t generation = fork_generation();
   if (ids.state == 0 || ids.generation != generation) [[unlikely]] {
     ids.generation = generation;
-    ids.state = lock_state(static_cast<std::uint32_t>(::getpid()),
-                           static_cast<std::uint32_t>(::syscall(SYS_gettid)));
+    ids.state = thread_lock_state(static_cast<std::uint32_t>(::getpid()),
+                                  static_cast<std::uint32_t>(::syscall(SYS_gettid)));
   }
   return ids.state;
-}
-
-constexpr std::uint64_t owner_of(std::uint64_t state) { return state & ~kLockContended; }
-constexpr std::uint32_t pid_of(std::uint64_t state) {
-  return static_cast<std::uint32_t>(state >> 32);
-}
-constexpr std::uint32_t tid_of(std::uint64_t state) {
-  return static_cast<std::uint32_t>(state & kLockTidMask);
 }
 
 enum class Holder { kGone, kStopped, kAlive };
 
 // The thread a held lock names, from /proc/<pid>/task/<tid>/stat. Ids that name no thread
-// of that process (it exited, or a peer made them up) are gone; so is a zombie. A stat that
-// cannot be read for another reason (this process at its fd limit) is taken as alive.
+// of that process (it exited, or a peer made them up), or one that started at another time
+// (the ids were reused), are gone; so is a zombie. A stat that cannot be read for another
+// reason (this process at its fd limit) is taken as alive.
 Holder look_at_holder(std::uint64_t state) noexcept {
   const std::uint32_t pid = pid_of(state), tid = tid_of(state);
-  if (pid == 0 || tid == 0 || pid > INT_MAX) return Holder::kGone;
-  char path[64];
-  std::snprintf(path, sizeof path, "/proc/%u/task/%u/stat", pid, tid);
-  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return errno == ENOENT || errno == ESRCH ? Holder::kGone : Holder::kAlive;
-  char buf[512];
-  ssize_t n;
-  do {
-    n = ::read(fd, buf, sizeof buf - 1);
-  } while (n < 0 && errno == EINTR);
-  ::close(fd);
-  if (n <= 0) return n == 0 || errno == ESRCH ? Holder::kGone : Holder::kAlive;
-  buf[n] = '\0';
-  // "tid (comm) S ...": the state follows the last ')' (comm may hold one).
-  const char* close_paren = std::strrchr(buf, ')');
-  if (close_paren == nullptr || close_paren[1] != ' ') return Holder::kAlive;
-  switch (close_paren[2]) {
+  if (pid == 0 || tid == 0) return Holder::kGone;
+  const ThreadStat st = read_thread_stat(pid, tid);
+  if (st.outcome == ThreadStat::kMissing) return Holder::kGone;
+  if (st.outcome == ThreadStat::kUnreadable) return Holder::kAlive;
+  if (start_of(state) != 0 && start_of(state) != (st.start & kLockStartMask)) return Holder::kGone;
+  switch (st.state) {
     case 'Z':
     case 'X':
     case 'x':
@@ -92,6 +115,11 @@ Holder look_at_holder(std::uint64_t state) noexcept {
 }
 
 }  // namespace
+
+std::uint64_t thread_lock_state(std::uint32_t pid, std::uint32_t tid) noexcept {
+  const ThreadStat st = read_thread_stat(pid, tid);
+  return lock_state(pid, tid, st.outcome == ThreadStat::kRead ? st.start : 0);
+}
 
 Locked lock_shared(SharedLock& lock, std::optional<Clock::time_point> deadline, LockHold hold,
                    const char* what) {
@@ -135,7 +163,8 @@ Locked lock_shared(SharedLock& lock, std::optional<Clock::time_point> deadline, 
       since = now;
     }
     // A state that names this thread, which does not hold the lock, was written by a peer.
-    const Holder h = holder == me ? Holder::kGone : (now - since >= kLockSlice ||
+    constexpr std::uint64_t kIds = (std::uint64_t{1} << (2 * kLockIdBits)) - 1;
+    const Holder h = (holder & kIds) == (me & kIds) ? Holder::kGone : (now - since >= kLockSlice ||
                                                          pid_of(seen) == 0 || tid_of(seen) == 0)
                                                         ? look_at_holder(seen)
                                                         : Holder::kAlive;

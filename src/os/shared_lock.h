@@ -7,14 +7,17 @@
 // aborts or crashes whoever takes it next. Here the shared words are plain values that are
 // only compared and exchanged:
 //
-//   state: owner pid (32 bits) | contended (1) | owner tid (31), or 0 when free
+//   state: owner's start time (low 19 bits of its clock ticks) | contended (1) |
+//          owner pid (22) | owner tid (22), or 0 when free
 //   wake:  a counter the waiters sleep on (FUTEX_WAIT), bumped by an unlock that saw a
 //          waiter
 //
-// The owner's pid and tid are taken together by one CAS, so whoever looks at a held lock
-// knows exactly which thread holds it. Waiters sleep in slices (at most kLockSlice) and
+// The owner's ids and start time are taken together by one CAS, so whoever looks at a held
+// lock knows exactly which thread holds it, and a thread that has the ids of a dead holder
+// (pid and tid reused) does not pass for it. Waiters sleep in slices (at most kLockSlice) and
 // look at that thread between slices (/proc/<pid>/task/<tid>/stat):
-//   - gone (exited, a zombie, or never there: a value a peer made up): the lock is taken
+//   - gone (exited, a zombie, another start time, or never there: a value a peer made
+//     up): the lock is taken
 //     over, and the caller is told (Locked::kRecovered) so that its protocol repairs what
 //     the holder left half done;
 //   - stopped (SIGSTOP, a debugger): waited for, until the caller's deadline;
@@ -41,12 +44,21 @@ struct SharedLock {
 static_assert(sizeof(SharedLock) == 16);
 static_assert(std::atomic<std::uint64_t>::is_always_lock_free);
 
-// Bits of SharedLock::state (tests and the fuzz target write them as a peer would).
-inline constexpr std::uint64_t kLockContended = std::uint64_t{1} << 31;
-inline constexpr std::uint64_t kLockTidMask = kLockContended - 1;
-constexpr std::uint64_t lock_state(std::uint32_t pid, std::uint32_t tid) {
-  return std::uint64_t{pid} << 32 | (tid & kLockTidMask);
+// Bits of SharedLock::state (tests and the fuzz target write them as a peer would). pids
+// and tids are below 2^22 (the kernel's PID_MAX_LIMIT). A start of 0 is "not known" (the
+// owner could not read it): such a holder is judged by its ids alone.
+inline constexpr int kLockIdBits = 22;
+inline constexpr std::uint64_t kLockIdMask = (std::uint64_t{1} << kLockIdBits) - 1;
+inline constexpr std::uint64_t kLockContended = std::uint64_t{1} << (2 * kLockIdBits);
+inline constexpr int kLockStartShift = 2 * kLockIdBits + 1;
+inline constexpr std::uint64_t kLockStartMask = (std::uint64_t{1} << (64 - kLockStartShift)) - 1;
+constexpr std::uint64_t lock_state(std::uint32_t pid, std::uint32_t tid, std::uint64_t start) {
+  return (start & kLockStartMask) << kLockStartShift | (pid & kLockIdMask) << kLockIdBits |
+         (tid & kLockIdMask);
 }
+// The state that names thread `tid` of process `pid` as it is now (its start time read in
+// /proc); its start is 0 when /proc does not say.
+std::uint64_t thread_lock_state(std::uint32_t pid, std::uint32_t tid) noexcept;
 
 // How long a waiter sleeps before it looks at the holder again.
 inline constexpr auto kLockSlice = std::chrono::milliseconds(10);

@@ -81,8 +81,10 @@ class SharedLockTest : public testing::LeakCheckedTest {
 
 TEST_F(SharedLockTest, ZeroBytesAreAFreeLockAndTheStateNamesItsHolder) {
   ASSERT_EQ(lock_shared(*lock_, std::nullopt, LockHold::kBrief, "test lock"), Locked::kYes);
-  EXPECT_EQ(lock_->state.load(), lock_state(static_cast<std::uint32_t>(::getpid()),
-                                            static_cast<std::uint32_t>(::syscall(SYS_gettid))));
+  const std::uint64_t me = internal::thread_lock_state(
+      static_cast<std::uint32_t>(::getpid()), static_cast<std::uint32_t>(::syscall(SYS_gettid)));
+  EXPECT_EQ(lock_->state.load(), me);
+  EXPECT_NE(me >> internal::kLockStartShift, 0u) << "this thread's start time is in the state";
   // Held: another thread's try (a deadline that has passed) times out.
   std::thread([&] {
     EXPECT_EQ(lock_shared(*lock_, Clock::now(), LockHold::kBrief, "test lock"), Locked::kTimeout);
@@ -129,11 +131,16 @@ TEST_F(SharedLockTest, AHolderSigkilledWhileHoldingIsTakenOver) {
 
 TEST_F(SharedLockTest, ValuesNoThreadHoldsAreTakenOver) {
   for (const std::uint64_t forged :
-       {lock_state(0x7ffffff0u, 12345), lock_state(0, 77), lock_state(1, 0), kLockContended,
-        ~std::uint64_t{0}, lock_state(static_cast<std::uint32_t>(::getpid()), 0x7fffffffu),
-        // This very thread, which does not hold it.
+       {lock_state(0x3ffff0u, 12345, 0), lock_state(0, 77, 0), lock_state(1, 0, 0),
+        kLockContended, ~std::uint64_t{0},
+        lock_state(static_cast<std::uint32_t>(::getpid()), 0x3fffffu, 0),
+        // This very thread, which does not hold it (with its start time, and without).
+        internal::thread_lock_state(static_cast<std::uint32_t>(::getpid()),
+                                    static_cast<std::uint32_t>(::syscall(SYS_gettid))),
         lock_state(static_cast<std::uint32_t>(::getpid()),
-                   static_cast<std::uint32_t>(::syscall(SYS_gettid)))}) {
+                   static_cast<std::uint32_t>(::syscall(SYS_gettid)), 0),
+        // Live ids with another start time: a dead holder's ids, reused.
+        internal::thread_lock_state(1, 1) + (std::uint64_t{1} << internal::kLockStartShift)}) {
     lock_->state.store(forged);
     EXPECT_EQ(lock_shared(*lock_, Clock::now() + 2s, LockHold::kBrief, "test lock"),
               Locked::kRecovered)
@@ -146,7 +153,8 @@ TEST_F(SharedLockTest, ValuesNoThreadHoldsAreTakenOver) {
 TEST_F(SharedLockTest, ALiveThreadNamedByAPeerCostsTheDeadlineThenABriefLockSaysSo) {
   // A live process that never took the lock: its ids, written by a peer.
   const pid_t pid = fork_child([] { ::pause(); });
-  lock_->state.store(lock_state(static_cast<std::uint32_t>(pid), static_cast<std::uint32_t>(pid)));
+  lock_->state.store(internal::thread_lock_state(static_cast<std::uint32_t>(pid),
+                                                 static_cast<std::uint32_t>(pid)));
   auto start = Clock::now();
   EXPECT_EQ(lock_shared(*lock_, Clock::now() + 250ms, LockHold::kBrief, "test lock"),
             Locked::kTimeout);
@@ -257,7 +265,8 @@ TEST_F(HostileQueueTest, AForgedLiveOwnerCostsATryGetItsDeadlineNotMore) {
   const pid_t bystander = fork_child([] { ::pause(); });
   q.put(big(1));
   mem.c()->recv_lock.state.store(
-      lock_state(static_cast<std::uint32_t>(bystander), static_cast<std::uint32_t>(bystander)));
+      internal::thread_lock_state(static_cast<std::uint32_t>(bystander),
+                                  static_cast<std::uint32_t>(bystander)));
   const auto start = Clock::now();
   EXPECT_EQ(q.try_get(250ms), std::nullopt);
   EXPECT_LT(Clock::now() - start, 1s);
@@ -275,8 +284,8 @@ TEST_F(HostileQueueTest, DroppingTheLastHoldIsNotHungByAForgedOwner) {
     QueueMemory mem(q);
     q.put(big(1));
     q.put(big(2));
-    mem.c()->recv_lock.state.store(lock_state(static_cast<std::uint32_t>(bystander),
-                                              static_cast<std::uint32_t>(bystander)));
+    mem.c()->recv_lock.state.store(internal::thread_lock_state(
+        static_cast<std::uint32_t>(bystander), static_cast<std::uint32_t>(bystander)));
     start = Clock::now();
   }  // the drain
   EXPECT_LT(Clock::now() - start, 3s);
