@@ -1,6 +1,7 @@
 #include "transport/depot.h"
 
 #include <array>
+#include <chrono>
 #include <new>
 #include <optional>
 #include <span>
@@ -102,7 +103,13 @@ std::shared_ptr<Segment> depot_fetch(DepotTable* t, int peek_sock, std::uint64_t
   if (auto seg = Registry::instance().find_segment(uid)) return seg;
   UniqueFd found;
   {
-    (void)lock_shared(t->lock, std::nullopt, LockHold::kBrief, "a depot's lock");
+    // A fetch has no caller's deadline (it runs inside a parse): it waits at most
+    // kStuckAfter, also for a holder that is stopped, then says so.
+    const auto until = std::chrono::steady_clock::now() + kStuckAfter;
+    if (lock_shared(t->lock, until, LockHold::kBrief, "a depot's lock") == Locked::kTimeout)
+      throw ProtocolError("a depot's lock was held for more than 1 s by a stopped process (or "
+                          "another process wrote over it): the segment it names cannot be "
+                          "fetched now");
     SharedLockGuard unlock{t->lock};
     // Datagram by datagram, each peek at the byte offset where the next one starts (a
     // peek moves the shared offset by the bytes it copied, not by the datagram: set it
