@@ -73,6 +73,11 @@ AnnouncedSend send_announced(const AnnouncedPath& path, OutgoingFrame& frame,
 // datagram another process took), and for a receive lock held by a wedged process
 // (os/shared_lock.h). Datagrams before it that nobody will take are dropped.
 inline constexpr auto kAnnouncedGrace = std::chrono::milliseconds(20);
+// After take_announced gave its marker back: whether the receive pops again (its deadline,
+// and the grace a marker gets, have not passed; always when it has no deadline).
+inline bool pop_again_after_give_back(const Deadline& deadline) {
+  return !deadline || std::chrono::steady_clock::now() < *deadline + kAnnouncedGrace;
+}
 std::optional<Datagram> take_announced(const AnnouncedPath& path, std::uint64_t pos,
                                        const Deadline& deadline);
 // The frame of a datagram take_announced returned, parsed.

@@ -469,12 +469,6 @@ std::optional<Ring::Popped> pop_ringed(ConnectionCore& c, const Deadline& deadli
   }
 }
 
-// After receive_popped gave its marker back: whether the receive pops again (as a queue's
-// get: its deadline and a marker's grace have not passed, or it has none).
-bool retry_after_give_back(const Deadline& deadline) {
-  return !deadline || Clock::now() < *deadline + kAnnouncedGrace;
-}
-
 std::optional<Decoder> recv_ringed(ConnectionCore& c, const Deadline& deadline) {
   for (;;) {
     auto buffer = receive_buffer();
@@ -482,7 +476,7 @@ std::optional<Decoder> recv_ringed(ConnectionCore& c, const Deadline& deadline) 
         pop_ringed(c, deadline, std::span(buffer.get(), c.in.max_message()));
     if (!p) return std::nullopt;
     if (std::optional<Decoder> d = receive_popped(c, std::move(buffer), *p, deadline)) return d;
-    if (!retry_after_give_back(deadline)) return std::nullopt;
+    if (!pop_again_after_give_back(deadline)) return std::nullopt;
   }
 }
 
@@ -506,7 +500,7 @@ bool recv_tensor_ringed(ConnectionCore& c, const Deadline& deadline, Tensor& out
   std::memcpy(buffer.get(), slot, p->size);
   std::optional<Decoder> d = receive_popped(c, std::move(buffer), *p, deadline);
   if (!d) {
-    if (!retry_after_give_back(deadline)) return false;
+    if (!pop_again_after_give_back(deadline)) return false;
     std::optional<Decoder> again = recv_ringed(c, deadline);
     if (!again) return false;
     d = std::move(again);

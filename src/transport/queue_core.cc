@@ -647,12 +647,6 @@ std::size_t QueueCore::put_many(std::span<Encoder> items,
 
 namespace {
 
-// After receive_taken gave its marker back: whether the get pops again (its deadline, and
-// the grace a marker gets, have not passed; always without a deadline).
-bool retry_after_give_back(const Deadline& deadline) {
-  return !deadline || std::chrono::steady_clock::now() < *deadline + kAnnouncedGrace;
-}
-
 // The rest of a get once the item left the ring: frees its place, then parses it. Empty
 // when the item is a marker whose datagram is behind one that another consumer holds past
 // `deadline` (take_announced): the marker is back in the ring, and so is its place.
@@ -734,7 +728,7 @@ std::optional<Decoder> QueueCore::get(std::optional<std::chrono::nanoseconds> ti
     if (t.status == Ring::Status::kTimeout) return std::nullopt;
     if (t.status == Ring::Status::kClosed) throw QueueClosed("get() on a closed and empty queue");
     if (std::optional<Decoder> d = receive_taken(*state_, std::move(t), deadline)) return d;
-    if (!retry_after_give_back(deadline)) return std::nullopt;
+    if (!pop_again_after_give_back(deadline)) return std::nullopt;
   }
 }
 
@@ -759,7 +753,7 @@ std::vector<Decoder> QueueCore::get_many(std::size_t max_items,
       out.push_back(std::move(*got));
       break;
     }
-    if (!retry_after_give_back(deadline)) return out;
+    if (!pop_again_after_give_back(deadline)) return out;
   }
   // The rest only if they are there already, copied from their slots into buffers of 64
   // slots each (one allocation per 64 items, not a 64 KiB receive buffer per item; none

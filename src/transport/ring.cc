@@ -706,8 +706,6 @@ bool Ring::pending(std::uint64_t pos, std::uint32_t tag) const noexcept {
          std::atomic_ref<std::uint32_t>(s->tag).load(std::memory_order_relaxed) == tag;
 }
 
-std::uint64_t Ring::tail() const noexcept { return header()->tail.load(); }
-
 bool Ring::maybe_nonempty() const noexcept {
   const RingHeader* h = header();
   return h->tail.load() != h->head.load();

@@ -160,9 +160,6 @@ class Ring {
   // read: for a scan on every message). A queue's marker so is one whose datagram may
   // still be in the socket (unread() gives a marker back READY).
   [[nodiscard]] bool pending(std::uint64_t pos, std::uint32_t tag) const noexcept;
-  // The tail hint: a producer moves it past the position it claimed right after the claim,
-  // so every position whose message (or datagram) was written is below it.
-  [[nodiscard]] std::uint64_t tail() const noexcept;
   // Every later push returns kClosed; pops return what is left, then kClosed; every
   // sleeper wakes.
   void close() noexcept;

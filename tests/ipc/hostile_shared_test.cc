@@ -293,24 +293,26 @@ TEST_F(HostileQueueTest, DroppingTheLastHoldIsNotHungByAForgedOwner) {
   EXPECT_EQ(wait_child(bystander), 128 + SIGKILL);
 }
 
+// A child that takes the queue's first marker, as a consumer about to take its datagram,
+// and stops there (SIGSTOP); its pid once it is stopped, or -1.
+pid_t stopped_marker_holder(Queue<std::string>& q) {
+  const int ring_fd = internal::QueueAccess::core(q).shared_fds().ring;
+  const pid_t holder = fork_child([ring_fd] {
+    internal::Ring ring = internal::Ring::attach(internal::UniqueFd(::dup(ring_fd)));
+    if (!ring.test_claim_and_abandon(/*as_consumer=*/true)) std::_Exit(2);
+    ::raise(SIGSTOP);
+  });
+  int status = 0;
+  if (::waitpid(holder, &status, WUNTRACED) != holder || !WIFSTOPPED(status)) return -1;
+  return holder;
+}
+
 TEST_F(HostileQueueTest, AConsumerStoppedWhileItHoldsAMarkerCostsOthersTheirDeadlineOnly) {
   Queue<std::string> q;
   q.put(big(1));
   q.put(big(2));
-  Mapping flag = Mapping::map_anonymous_shared(4096);
-  auto* taken = new (flag.data()) std::atomic<std::uint32_t>(0);
-  // The child takes the first marker and stops before it takes its datagram.
-  const int ring_fd = internal::QueueAccess::core(q).shared_fds().ring;
-  const pid_t holder = fork_child([ring_fd, taken] {
-    internal::Ring ring = internal::Ring::attach(internal::UniqueFd(::dup(ring_fd)));
-    if (!ring.test_claim_and_abandon(/*as_consumer=*/true)) std::_Exit(2);
-    taken->store(1);
-    ::raise(SIGSTOP);
-  });
-  while (taken->load() == 0) std::this_thread::sleep_for(1ms);
-  int status = 0;
-  ASSERT_EQ(::waitpid(holder, &status, WUNTRACED), holder);
-  ASSERT_TRUE(WIFSTOPPED(status));
+  const pid_t holder = stopped_marker_holder(q);
+  ASSERT_GT(holder, 0);
   for (int i = 0; i < 3; ++i) {
     const auto start = Clock::now();
     EXPECT_EQ(q.try_get(200ms), std::nullopt);
@@ -329,18 +331,8 @@ TEST_F(HostileQueueTest, AConsumerStoppedWhileItHoldsAMarkerCostsOthersTheirDead
 TEST_F(HostileQueueTest, AConsumerWithoutDeadlineIsNotLeftBehindAMarkerAnotherGaveBack) {
   Queue<std::string> q;
   for (int i = 0; i < 3; ++i) q.put(big(i));
-  Mapping flag = Mapping::map_anonymous_shared(4096);
-  auto* taken = new (flag.data()) std::atomic<std::uint32_t>(0);
-  const int ring_fd = internal::QueueAccess::core(q).shared_fds().ring;
-  const pid_t holder = fork_child([ring_fd, taken] {
-    internal::Ring ring = internal::Ring::attach(internal::UniqueFd(::dup(ring_fd)));
-    if (!ring.test_claim_and_abandon(/*as_consumer=*/true)) std::_Exit(2);
-    taken->store(1);
-    ::raise(SIGSTOP);
-  });
-  while (taken->load() == 0) std::this_thread::sleep_for(1ms);
-  int status = 0;
-  ASSERT_EQ(::waitpid(holder, &status, WUNTRACED), holder);
+  const pid_t holder = stopped_marker_holder(q);
+  ASSERT_GT(holder, 0);
   // B takes the second marker and gives it up; meanwhile A, with no deadline, took the
   // third. Then the first marker's holder dies: A must not wait for ever behind the second,
   // which nobody holds now.
