@@ -52,14 +52,6 @@ void drop_datagram(const AnnouncedPath& p, Datagram&& d) noexcept {
 
 namespace {
 
-// The locks' names in errors.
-const char* recv_lock_name(const AnnouncedPath& p) {
-  return std::strcmp(p.owner, "queue") == 0 ? "the queue's receive lock" : "the connection's receive lock";
-}
-const char* send_lock_name(const AnnouncedPath& p) {
-  return std::strcmp(p.owner, "queue") == 0 ? "the queue's send lock" : "the connection's send lock";
-}
-
 // One datagram off the socket without waiting; kTimeout when there is none.
 Datagram datagram_now(int sock) { return receive_datagram(sock, std::chrono::steady_clock::now()); }
 
@@ -110,7 +102,7 @@ std::optional<std::optional<std::uint64_t>> peek_head(int sock) {
 // Empty when the lock was not had by `deadline`.
 std::vector<Datagram> take_dead_heads(const AnnouncedPath& p, const Deadline& deadline) {
   std::vector<Datagram> dead;
-  if (lock_shared(*p.recv_lock, deadline, LockHold::kBrief, recv_lock_name(p)) == Locked::kTimeout)
+  if (lock_shared(*p.recv_lock, deadline, LockHold::kBrief, p.names->recv_lock) == Locked::kTimeout)
     return dead;
   SharedLockGuard unlock{*p.recv_lock};
   const int sock = p.recv_fd;
@@ -137,7 +129,7 @@ AnnouncedSend send_announced(const AnnouncedPath& p, OutgoingFrame& frame,
   Deadline lock_deadline = deadline;
   if (deadline)
     lock_deadline = std::max(*deadline, std::chrono::steady_clock::now() + std::chrono::milliseconds(20));
-  if (lock_shared(*p.send_lock, lock_deadline, LockHold::kLong, send_lock_name(p)) ==
+  if (lock_shared(*p.send_lock, lock_deadline, LockHold::kLong, p.names->send_lock) ==
       Locked::kTimeout)
     return AnnouncedSend::kTimeout;
   SharedLockGuard unlock{*p.send_lock};
@@ -164,7 +156,7 @@ AnnouncedSend send_announced(const AnnouncedPath& p, OutgoingFrame& frame,
   }
   // The datagram is out: without its marker nobody claims it, and it is dropped.
   if (!p.ring->commit(r.pos, {}, kRingMarkerTag, Ring::Wake::kDeferred))
-    throw Error(std::string("a message was lost: this sender's place in the ") + p.owner +
+    throw Error(std::string("a message was lost: this sender's place in the ") + p.names->owner +
                 "'s ring was taken from it while it sent the message (it was judged dead, "
                 "or another process wrote over the ring)");
   p.ring->wake_consumers(p.wake);
@@ -197,14 +189,14 @@ std::optional<Datagram> take_announced(const AnnouncedPath& p, std::uint64_t pos
     }
   } drop_dead{dead, p};
   auto missing = [&] {
-    return ProtocolError(std::string("a marker in the ") + p.owner + "'s ring at position " + std::to_string(pos) +
+    return ProtocolError(std::string("a marker in the ") + p.names->owner + "'s ring at position " + std::to_string(pos) +
                          " announces a datagram the socket does not have (another process "
                          "wrote the marker, or took the datagram)");
   };
   for (;;) {
     Locked locked;
     try {
-      locked = lock_shared(*p.recv_lock, until, LockHold::kBrief, recv_lock_name(p));
+      locked = lock_shared(*p.recv_lock, until, LockHold::kBrief, p.names->recv_lock);
     } catch (...) {
       release.give_back = true;  // a wedged lock: the marker stays someone's to take
       throw;
@@ -245,7 +237,7 @@ std::optional<Datagram> take_announced(const AnnouncedPath& p, std::uint64_t pos
         // the markers in between go the slow way and lose nothing more.
         if (owner == HeadOwner::kLater) {
           *p.taken_below = std::max(*p.taken_below, *id + 1);
-          throw ProtocolError(std::string("the datagram of the ") + p.owner + "'s marker at position " +
+          throw ProtocolError(std::string("the datagram of the ") + p.names->owner + "'s marker at position " +
                               std::to_string(pos) + " is missing: the socket's next was for " +
                               std::to_string(*id) + " (another process took it)");
         }
@@ -267,7 +259,7 @@ std::optional<Datagram> take_announced(const AnnouncedPath& p, std::uint64_t pos
         }
         if (owner == HeadOwner::kLater && cut) std::rethrow_exception(cut);
         if (owner == HeadOwner::kLater)
-          throw ProtocolError(std::string("the datagram of the ") + p.owner + "'s marker at position " +
+          throw ProtocolError(std::string("the datagram of the ") + p.names->owner + "'s marker at position " +
                               std::to_string(pos) + " is missing: the socket's next is for " +
                               std::to_string(**head) + " (another process took it)");
         if (owner == HeadOwner::kMine) {
@@ -276,7 +268,7 @@ std::optional<Datagram> take_announced(const AnnouncedPath& p, std::uint64_t pos
             *p.taken_below = std::max(*p.taken_below, pos + 1);
             return d;
           }
-          throw ProtocolError(std::string("the datagram of the ") + p.owner + "'s marker at position " +
+          throw ProtocolError(std::string("the datagram of the ") + p.names->owner + "'s marker at position " +
                               std::to_string(pos) + " went while it was being taken");
         }
         try {

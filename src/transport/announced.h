@@ -27,6 +27,17 @@ namespace shmtensor::internal {
 inline constexpr std::uint32_t kRingMessageTag = 1;
 inline constexpr std::uint32_t kRingMarkerTag = 2;
 
+// A channel's names in errors ("the queue's ring", "the connection's receive lock").
+struct ChannelNames {
+  const char* owner;
+  const char* send_lock;
+  const char* recv_lock;
+};
+inline constexpr ChannelNames kQueueNames{"queue", "the queue's send lock",
+                                          "the queue's receive lock"};
+inline constexpr ChannelNames kConnectionNames{"connection", "the connection's send lock",
+                                               "the connection's receive lock"};
+
 // One direction of datagrams announced in a ring, as this process sees it. The locks and
 // `taken_below` live in shared memory that every process using the path maps.
 struct AnnouncedPath {
@@ -43,7 +54,7 @@ struct AnnouncedPath {
   std::uint64_t* taken_below = nullptr;
   // For frames that name segments without their fds (a queue's depot); may be null.
   const SegmentFetcher* fetcher = nullptr;
-  const char* owner = "queue";  // in error messages: "the queue's ring"
+  const ChannelNames* names = &kQueueNames;
   // How many consumers asleep on the ring a marker's publish wakes: a queue's one (every
   // consumer takes items); a connection's all (its sleepers include poll() callers, which
   // take nothing: woken alone, one would leave a receiver asleep).

@@ -148,7 +148,8 @@ std::shared_ptr<Segment> depot_fetch(DepotTable* t, int peek_sock, std::uint64_t
 
 bool DepotSide::omit_fd(void* context, const Segment& seg) {
   auto& side = *static_cast<DepotSide*>(context);
-  const bool omit = depot_omit(side.send_table_, side.deposit_sock_, seg);
+  const bool omit =
+      side.send_table_ != nullptr && depot_omit(side.send_table_, side.deposit_sock_, seg);
   (omit ? side.fds_omitted_ : side.fds_sent_).fetch_add(1, std::memory_order_relaxed);
   return omit;
 }
@@ -158,12 +159,14 @@ std::shared_ptr<Segment> DepotSide::fetch_deposited(void* context, std::uint64_t
   // Fetched before (only a segment of this depot is pinned here): no look at the shared
   // table, the registry or the socket.
   if (auto pinned = side.pins_.find(uid)) return pinned;
+  if (side.recv_table_ == nullptr) return nullptr;
   std::shared_ptr<Segment> seg = depot_fetch(side.recv_table_, side.peek_sock_, uid);
   if (seg) side.pins_.pin(seg);
   return seg;
 }
 
 void DepotSide::pin_received(Decoder& d) noexcept {
+  if (recv_table_ == nullptr) return;
   for (const Storage& s : CodecAccess::state(d).storages) {
     const auto& seg = StorageAccess::impl(s)->segment();
     if (depositable(*seg) && depot_names(recv_table_, seg->uid())) pins_.pin(seg);

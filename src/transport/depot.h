@@ -67,8 +67,9 @@ class DepotPins {
 // A channel handle's side of the depot (a Queue handle's; a Connection end's): the table and
 // socket it deposits with when it sends, the table and socket it fetches from when it
 // receives, the segments it keeps pinned, and its counts. bind() once the channel's shared
-// memory and sockets exist; the tables and fds must outlive this object. The one place the
-// sending and receiving steps of the depot are written; Queue and Connection each hold one.
+// memory and sockets exist; the tables and fds must outlive this object. A null table: this
+// side does not send (or receive) there. The one place the sending and receiving steps of
+// the depot are written; each Endpoint (endpoint.h) holds one.
 class DepotSide {
  public:
   void bind(DepotTable* send_table, int deposit_sock, DepotTable* recv_table,
@@ -87,7 +88,7 @@ class DepotSide {
   void pin_received(Decoder& d) noexcept;
   // Whether `seg` is deposited for the peer (depot_has), without depositing it.
   [[nodiscard]] bool deposited(const Segment& seg) const noexcept {
-    return depot_has(send_table_, seg);
+    return send_table_ != nullptr && depot_has(send_table_, seg);
   }
   // A send that left a segment's fd out by itself (a one-tensor frame that checked
   // deposited()).

@@ -39,8 +39,9 @@ struct QueueControl {
   // Producers asleep (or about to sleep) on `count`: a consumer that frees a place calls
   // FUTEX_WAKE only when this is non-zero, so a get() nobody waits for makes no syscall.
   std::atomic<std::uint32_t> waiters;
-  // 1 once a process asked for the readiness fd (QueueCore::readiness_fd): from then on
-  // every put signals the queue's eventfd, and every get clears it when the ring is empty.
+  // Handles that asked for the readiness fd (QueueCore::readiness_fd; each counts once, for
+  // good): while it is not 0 every put signals the queue's eventfd, and every get clears it
+  // when the ring is empty.
   std::atomic<std::uint32_t> readiness_wanted;
   // Producers between publishing an item and signalling the readiness fd for it (only
   // while readiness_wanted): a consumer that clears the fd waits for them first (≤ 1 ms),

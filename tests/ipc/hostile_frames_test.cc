@@ -1001,7 +1001,7 @@ TEST_F(HostileFramesTest, QueueStaysUsableAfterHostileItems) {
   inject.marker();
   expect_get_fails("announces a datagram the socket does not have");
   inject.slot(bytes(header(8), std::int64_t{1}), 77);
-  expect_get_fails("tag 77, neither an item nor a marker");
+  expect_get_fails("tag 77, neither a message nor a marker");
 
   // A real item that does not decode as the type read: its place is freed all the same.
   q.put(7);

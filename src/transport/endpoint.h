@@ -1,0 +1,138 @@
+// One direction of a channel, as one handle of one process sees it (docs/transport.md):
+// the message ring, the datagram path of the messages that carry fds or do not fit a slot
+// (announced.h), the depot that sends each segment's fd once (depot.h), and the readiness
+// eventfd that poll() callers wait on. A Queue handle holds one, which it both sends and
+// receives on; a Connection end holds two: `out`, which it sends on (its readiness fd is the
+// peer's), and `in`, which it receives from.
+//
+// The words these share with the other processes (locks, hints, counts) live in the
+// channel's control block (queue_control.h; link_control.h, one per direction):
+// EndpointWords points at them. What a channel adds around an endpoint — a queue's places
+// and holders, a connection's hang-up checks — stays with the channel.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+
+#include "os/shared_lock.h"
+#include "os/unique_fd.h"
+#include "transport/announced.h"
+#include "transport/channel.h"
+#include "transport/depot.h"
+#include "transport/ring.h"
+#include "wire/wire.h"
+
+namespace shmtensor::internal {
+
+// The channel's words in shared memory that one direction uses.
+struct EndpointWords {
+  SharedLock* send_lock = nullptr;  // the datagram path's (announced.h)
+  SharedLock* recv_lock = nullptr;
+  std::uint64_t* taken_below = nullptr;
+  // How many want the readiness fd signalled; while it is not 0, every publish signals it.
+  std::atomic<std::uint32_t>* readiness_wanted = nullptr;
+  // Senders between a publish and its signal (wait_for_signallers, announced.h).
+  std::atomic<std::uint32_t>* signalling = nullptr;
+  // A queue's closed flag: readable for good once set. Null for a connection.
+  const std::atomic<std::uint32_t>* closed = nullptr;
+  DepotTable* send_depot = nullptr;  // the table this end deposits with (null: sends none)
+  DepotTable* recv_depot = nullptr;  // the table it fetches from (null: receives none)
+};
+
+// Where this end sends and takes datagrams and deposits: fds the channel owns (-1: none).
+struct EndpointSockets {
+  int send = -1;     // datagrams out
+  int recv = -1;     // datagrams in
+  int deposit = -1;  // deposits for the receivers (depot.h)
+  int peek = -1;     // the receive queue deposits are peeked from
+};
+
+class Endpoint {
+ public:
+  Endpoint() = default;
+  Endpoint(const Endpoint&) = delete;
+  Endpoint& operator=(const Endpoint&) = delete;
+
+  // Once, when the channel's shared memory and fds exist; `ring` and `ready_fd` become this
+  // endpoint's, the words and sockets must outlive it. `wake`: how many consumers asleep on
+  // the ring a marker's publish wakes (AnnouncedPath::wake).
+  void bind(Ring ring, UniqueFd ready_fd, const EndpointWords& words,
+            const EndpointSockets& sockets, const ChannelNames& names, int wake) noexcept;
+
+  [[nodiscard]] Ring& ring() noexcept { return ring_; }
+  [[nodiscard]] const Ring& ring() const noexcept { return ring_; }
+  [[nodiscard]] int ready_fd() const noexcept { return ready_fd_.get(); }
+  [[nodiscard]] DepotSide& depot() noexcept { return depot_; }
+  [[nodiscard]] const DepotSide& depot() const noexcept { return depot_; }
+  [[nodiscard]] const ChannelNames& names() const noexcept { return *names_; }
+  // The datagram path, with this end's depot fetcher (which must outlive the path).
+  [[nodiscard]] AnnouncedPath path(const SegmentFetcher* fetcher) noexcept;
+
+  // ---- Sending ----
+  // The message framed for this channel: the fds of segments in the receivers' depot left
+  // out (depot.h).
+  [[nodiscard]] OutgoingFrame frame(Encoder&& encoder);
+  // Whether `frame` travels in a slot (no fds, and it fits) rather than as a datagram.
+  [[nodiscard]] bool fits_slot(const OutgoingFrame& frame) const noexcept;
+  // A frame that fits a slot, published; the consumers asleep are woken later
+  // (Ring::wake_consumers). kTimeout when the deadline passed first; kClosed: the ring was.
+  Ring::Status push(std::span<const std::span<const std::byte>> parts, const Deadline& deadline);
+  // A frame as a datagram announced by a marker (send_announced); the marker wakes `wake`.
+  AnnouncedSend send_datagram(OutgoingFrame& frame, const Deadline& deadline);
+  // After a publish: signals the readiness fd when a reader asked for it. The publish (a
+  // seq_cst read-modify-write) comes before this load, and rearm()'s look at the ring comes
+  // after its seq_cst store: either the sender sees the count, or the reader the message.
+  void notify() noexcept;
+  // Counts a sender from before its publish (which may come while it waits for room) to
+  // its signal, while a reader wants the readiness fd; rearm() waits for those counted.
+  class Signalling {
+   public:
+    Signalling() = default;
+    explicit Signalling(Endpoint& e) noexcept { begin(e); }
+    ~Signalling() { end(); }
+    Signalling(const Signalling&) = delete;
+    Signalling& operator=(const Signalling&) = delete;
+    // Counted (again) from now, if a reader wants the fd and this is not counted yet.
+    void begin(Endpoint& e) noexcept;
+    void end() noexcept;
+
+   private:
+    std::atomic<std::uint32_t>* counted_ = nullptr;
+  };
+
+  // ---- Receiving ----
+  // A slot taken off the ring (`p`, its bytes at `data` in `buffer`), parsed: the frame in
+  // the slot, or the datagram its marker announces. Empty when that datagram is behind one
+  // another receiver holds past `deadline` (take_announced): the marker is back in the ring,
+  // and the readiness fd says so again. Throws ProtocolError for a slot of another tag.
+  std::optional<Decoder> receive(std::shared_ptr<std::byte[]> buffer, std::byte* data,
+                                 const Ring::Popped& p, const Deadline& deadline);
+  // After a receive: the readiness fd stays readable while the ring may hold a message (or
+  // a queue is closed), and is cleared otherwise — then the ring is looked at again, so a
+  // message published in between signals (by its sender, or here). Senders still to signal
+  // a message taken are waited for first (wait_for_signallers: at most ~1 ms).
+  void rearm() noexcept;
+  // One more reader of the readiness fd (for good, or until unwant()); the fd is then made
+  // to say what is there now. The count comes before the look at the ring (both seq_cst),
+  // and a sender's publish before its look at the count: it signals, or we see its message.
+  void want() noexcept;
+  void unwant() noexcept;
+
+ private:
+  [[nodiscard]] bool readable_now() const noexcept;
+
+  Ring ring_;
+  UniqueFd ready_fd_;
+  EndpointWords words_;
+  EndpointSockets sockets_;
+  const ChannelNames* names_ = nullptr;
+  int wake_ = 1;
+  DepotSide depot_;
+  // wait_for_signallers' memory of a count left by senders that died (announced.h).
+  std::atomic<std::uint32_t> stuck_signalling_{0};
+};
+
+}  // namespace shmtensor::internal

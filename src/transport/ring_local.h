@@ -1,0 +1,111 @@
+// What the message ring's files share beyond its layout (ring_layout.h): this process's
+// claim of a holder record (Ring::Local) and how it is packed, a slot's head, and the ring's
+// waits. ring.cc makes a ring and pushes, ring_pop.cc pops, ring_repair.cc judges claims and
+// puts back what a dead process or a peer that wrote the words left.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <utility>
+
+#include "os/futex.h"
+#include "os/proc.h"
+#include "shmtensor/error.h"
+#include "transport/ring.h"
+#include "transport/ring_layout.h"
+
+namespace shmtensor::internal {
+
+namespace ring_detail {
+
+// A sleep is at most this long, so that a claim of a process that died is noticed.
+constexpr auto kSleepSlice = std::chrono::milliseconds(50);
+// How often a consumer that sleeps with nothing published looks for hidden messages.
+constexpr auto kIdleScanEvery = std::chrono::seconds(1);
+// Spins on a slot a producer is writing (a copy of at most 64 KiB) before sleeping.
+constexpr int kWritingSpins = 256;
+
+using Clock = std::chrono::steady_clock;
+
+inline SlotHead* head_of(std::byte* slot) { return reinterpret_cast<SlotHead*>(slot); }
+
+// A slot word no protocol state explains, as a ProtocolError.
+[[noreturn]] inline void corrupt(const char* what, std::uint64_t pos, std::uint64_t word) {
+  throw ProtocolError(std::string("message ring: ") + what + " (position " +
+                      std::to_string(pos) + ", slot word 0x" +
+                      [&] {
+                        char b[17];
+                        std::snprintf(b, sizeof b, "%016llx",
+                                      static_cast<unsigned long long>(word));
+                        return std::string(b);
+                      }() +
+                      "): another process wrote over the ring's shared memory");
+}
+
+// Sleeps on `word` (expected value `seen`) for at most a slice and the deadline. False when
+// the deadline has passed.
+inline bool sleep_on(std::atomic<std::uint32_t>* word, std::uint32_t seen,
+              const Ring::Deadline& deadline) {
+  auto slice = std::chrono::duration_cast<std::chrono::nanoseconds>(kSleepSlice);
+  if (deadline) {
+    const auto now = Clock::now();
+    if (now >= *deadline) return false;
+    slice = std::min(slice, std::chrono::duration_cast<std::chrono::nanoseconds>(*deadline - now));
+  }
+  futex_wait(word, seen, slice);
+  return true;
+}
+
+inline void pause_cpu() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+// Spins (loads and pauses, no store; the clock every 32 spins) while `unchanged()` holds
+// and `until` has not passed. True when it stopped because something changed.
+template <class Unchanged>
+bool spin_while(const Unchanged& unchanged, Clock::time_point until) noexcept {
+  for (std::uint32_t i = 0;; ++i) {
+    if (!unchanged()) return true;
+    if (i % 32 == 31 && Clock::now() >= until) return false;
+    pause_cpu();
+  }
+}
+
+// This process's claim (Ring::Local::claim), packed and unpacked.
+constexpr std::uint64_t pack_claim(std::uint32_t generation, std::uint32_t holder,
+                                   std::uint32_t epoch) {
+  return std::uint64_t{generation} << 32 | std::uint64_t{holder} << 8 | epoch;
+}
+constexpr std::uint32_t claim_generation(std::uint64_t c) {
+  return static_cast<std::uint32_t>(c >> 32);
+}
+constexpr std::uint32_t claim_holder(std::uint64_t c) { return (c >> 8) & 0xff; }
+constexpr std::uint32_t claim_epoch(std::uint64_t c) { return c & 0xff; }
+
+}  // namespace ring_detail
+
+// This process's claim, packed into one word (fork generation << 32 | holder << 8 | epoch:
+// os/proc.h, fork_generation; 0: none) so that threads agree on it without a lock: a mutex here could be inherited locked by a child
+// forked while another thread claimed, whose first push or pop would then hang.
+struct Ring::Local {
+  std::atomic<std::uint64_t> claim{0};
+  // When this handle last looked for messages hidden behind the head after a sleep with
+  // nothing published (steady clock, ns): at most once a second.
+  std::atomic<std::int64_t> idle_scan_ns{0};
+};
+
+inline std::pair<std::uint32_t, std::uint32_t> Ring::holder() {
+  // Every push and pop asks: the claim made, a load and a compare (inlined), else the claim.
+  const std::uint64_t seen = local_->claim.load(std::memory_order_acquire);
+  if (ring_detail::claim_generation(seen) == fork_generation()) [[likely]]
+    return {ring_detail::claim_holder(seen), ring_detail::claim_epoch(seen)};
+  return claim_holder_record();
+}
+
+}  // namespace shmtensor::internal

@@ -1,0 +1,196 @@
+// A message ring's claims and their repair (ring.h): the holder records that say whose a
+// claim is and whether its process lives, the hints put back where the slot words say after
+// a peer moved them, and the steps a reader takes back (release, unread) or looks with.
+#include <algorithm>
+#include <atomic>
+#include <climits>
+#include <cstdint>
+
+#include "transport/ring.h"
+#include "transport/ring_layout.h"
+#include "transport/ring_local.h"
+
+namespace shmtensor::internal {
+
+using namespace ring_word;
+using namespace ring_detail;
+
+std::pair<std::uint32_t, std::uint32_t> Ring::claim_holder_record() {
+  Local& l = *local_;
+  const std::uint32_t me = fork_generation();
+  std::uint64_t seen = l.claim.load(std::memory_order_acquire);
+  if (claim_generation(seen) == me) return {claim_holder(seen), claim_epoch(seen)};
+  // A forked child starts here too: the record it inherited is its parent's. Two threads
+  // may both claim a record; the one that publishes second gives its record back.
+  const std::uint64_t owner = current_slot_owner();
+  RingHeader* h = header();
+  std::uint32_t found = kNoHolder;
+  for (std::uint32_t i = 0; i < kHolderRecords && found == kNoHolder; ++i) {
+    std::uint64_t expected = 0;
+    if (h->holders[i].owner.compare_exchange_strong(expected, owner)) found = i;
+  }
+  // None free: take over the record of a dead process. Its claims then belong to an old
+  // epoch, which marks them abandoned.
+  for (std::uint32_t i = 0; i < kHolderRecords && found == kNoHolder; ++i) {
+    std::uint64_t dead = h->holders[i].owner.load();
+    if (dead == 0 || slot_owner_alive(dead)) continue;
+    if (h->holders[i].owner.compare_exchange_strong(dead, owner)) found = i;
+  }
+  const std::uint32_t epoch =
+      found == kNoHolder ? 0 : (h->holders[found].epoch.fetch_add(1) + 1) & kEpochMask;
+  const std::uint64_t mine = pack_claim(me, found, epoch);
+  if (l.claim.compare_exchange_strong(seen, mine, std::memory_order_acq_rel)) return {found, epoch};
+  if (found != kNoHolder) {  // another thread of ours published first: ours goes back
+    std::uint64_t ours = owner;
+    h->holders[found].epoch.fetch_add(1);
+    h->holders[found].owner.compare_exchange_strong(ours, 0);
+  }
+  return {claim_holder(seen), claim_epoch(seen)};
+}
+
+void Ring::free_holder() noexcept {
+  if (!local_ || !map_) return;
+  const std::uint64_t c = local_->claim.load();
+  if (claim_generation(c) != fork_generation() || claim_holder(c) == kNoHolder) return;
+  std::uint64_t owner = current_slot_owner();
+  RingHeader* h = header();
+  // Bump the epoch first: a claim of ours left unfinished (an exception between claim and
+  // publish cannot happen, but a thread may still be inside one) is abandoned from now on.
+  h->holders[claim_holder(c)].epoch.fetch_add(1);
+  h->holders[claim_holder(c)].owner.compare_exchange_strong(owner, 0);
+  local_->claim.store(0);
+}
+
+bool Ring::claimer_dead(std::uint64_t word) const noexcept {
+  const std::uint32_t who = holder_of(word);
+  if (who >= kHolderRecords) return false;  // no record: never judged
+  const HolderRecord& r = header()->holders[who];
+  if ((r.epoch.load() & kEpochMask) != epoch_of(word)) return true;  // the record moved on
+  const std::uint64_t owner = r.owner.load();
+  return owner == 0 || !slot_owner_alive(owner);
+}
+
+void Ring::idle_scan() noexcept {
+  // A sleep with nothing published: messages a peer hid behind a head hint it moved forward
+  // are looked for, with a scan of the slot words, at most once a second per handle (a
+  // scan reads every slot's line).
+  const std::int64_t now = Clock::now().time_since_epoch().count();
+  std::int64_t last = local_->idle_scan_ns.load(std::memory_order_relaxed);
+  if (now - last < std::chrono::nanoseconds(kIdleScanEvery).count()) return;
+  if (!local_->idle_scan_ns.compare_exchange_strong(last, now, std::memory_order_relaxed)) return;
+  (void)resync_hints();
+}
+
+bool Ring::resync_hints() noexcept {
+  // The hints as the slot words put them (ring.h): the tail is one past the last position
+  // claimed (a slot not free for its position was claimed; a slot free for a later lap had
+  // its previous position claimed), and the head is the oldest position published or being
+  // written, or the tail when there is none. In a ring nobody wrote over, the head is never
+  // past the tail, and the tail never more than a lap past any slot's position.
+  RingHeader* h = header();
+  const std::uint64_t n = slot_count_;
+  // The hints before the scan, and only those are replaced: a claim or a take that moves a
+  // hint while the scan runs makes the CAS fail, so a scan older than the hint never pulls
+  // it back (claims and takes only move the words forward: an honest hint read before the
+  // scan is never ahead of what the scan finds).
+  const std::uint64_t tail0 = h->tail.load();
+  const std::uint64_t head0 = h->head.load();
+  std::uint64_t tail = 0;
+  std::uint64_t oldest = UINT64_MAX;  // the oldest position published or being written
+  for (std::uint64_t i = 0; i < n; ++i) {
+    const std::uint64_t w = head_of(slot(i))->word.load();
+    const std::uint64_t p = pos_of(w);
+    if (state_of(w) != kFree)
+      tail = std::max(tail, p + 1);
+    else if (p >= n)
+      tail = std::max(tail, p - n + 1);
+    if (state_of(w) == kReady || state_of(w) == kWriting) oldest = std::min(oldest, p);
+  }
+  std::uint64_t head = tail;
+  if (oldest == UINT64_MAX || oldest + n >= tail) {
+    head = std::min(head, oldest);
+  } else {  // a word more than a lap behind the tail (a peer's): not the head
+    for (std::uint64_t i = 0; i < n; ++i) {
+      const std::uint64_t w = head_of(slot(i))->word.load();
+      if ((state_of(w) == kReady || state_of(w) == kWriting) && pos_of(w) + n >= tail)
+        head = std::min(head, pos_of(w));
+    }
+  }
+  // A hint ahead of the words is moved back (consumers and producers then step forward
+  // over what was taken, one CAS a position); one far behind is moved up to them.
+  bool moved = false;
+  std::uint64_t seen = tail0;
+  if (seen > tail || seen + n < tail) moved |= h->tail.compare_exchange_strong(seen, tail);
+  seen = head0;
+  if (seen > head || seen + n < head) moved |= h->head.compare_exchange_strong(seen, head);
+  return moved;
+}
+
+void Ring::release(std::uint64_t pos) noexcept {
+  SlotHead* s = head_of(slot(pos));
+  std::uint64_t w = s->word.load();
+  // Ours unless a peer wrote over it; then whatever is there stays for the checks of pop.
+  if (pos_of(w) != (pos & kPosMask) || state_of(w) != kReading) return;
+  if (s->word.compare_exchange_strong(w, pack(pos + slot_count_, kFree))) wake_producers();
+}
+
+void Ring::rewind_head(std::uint64_t pos) noexcept {
+  RingHeader* h = header();
+  std::uint64_t head = h->head.load();
+  while (head > pos && !h->head.compare_exchange_weak(head, pos)) {
+  }
+}
+
+void Ring::unread(std::uint64_t pos) noexcept {
+  RingHeader* h = header();
+  SlotHead* s = head_of(slot(pos));
+  std::uint64_t w = s->word.load();
+  if (pos_of(w) != (pos & kPosMask) || state_of(w) != kReading) return;
+  if (!s->word.compare_exchange_strong(w, pack(pos, kReady))) return;
+  rewind_head(pos);
+  h->published.fetch_add(1);
+  wake_consumers(INT_MAX);  // rare; and a connection's sleepers include poll() callers
+}
+
+Ring::SlotView Ring::inspect(std::uint64_t pos) const noexcept {
+  const std::uint64_t w = head_of(slot(pos))->word.load();
+  if (pos_of(w) != (pos & kPosMask)) return {};
+  switch (state_of(w)) {
+    case kWriting:
+      return {Where::kWriting, !claimer_dead(w)};
+    case kReady:
+      return {Where::kReady, true};
+    case kReading:
+      return {Where::kReading, !claimer_dead(w)};
+    default:
+      return {};
+  }
+}
+
+bool Ring::pending(std::uint64_t pos, std::uint32_t tag) const noexcept {
+  SlotHead* s = head_of(slot(pos));
+  const std::uint64_t w = s->word.load();
+  // The tag as an atomic: the slot may move on meanwhile and a producer write it.
+  return pos_of(w) == (pos & kPosMask) && (state_of(w) == kReading || state_of(w) == kReady) &&
+         std::atomic_ref<std::uint32_t>(s->tag).load(std::memory_order_relaxed) == tag;
+}
+
+std::uint64_t Ring::abandoned() const noexcept { return header()->abandoned.load(); }
+
+bool Ring::test_claim_and_abandon(bool as_consumer) {
+  RingHeader* h = header();
+  const auto [me, epoch] = holder();
+  const std::uint64_t pos = as_consumer ? h->head.load() : h->tail.load();
+  SlotHead* s = head_of(slot(pos));
+  std::uint64_t w = s->word.load();
+  if (pos_of(w) != (pos & kPosMask) || state_of(w) != (as_consumer ? kReady : kFree))
+    return false;
+  if (!s->word.compare_exchange_strong(w, pack(pos, as_consumer ? kReading : kWriting, me,
+                                               epoch)))
+    return false;
+  std::uint64_t expected = pos;
+  (as_consumer ? h->head : h->tail).compare_exchange_strong(expected, pos + 1);
+  return true;
+}
+
+}  // namespace shmtensor::internal

@@ -1,0 +1,229 @@
+// Endpoint (src/transport/endpoint.h): one direction of a channel — its ring, its announced
+// datagrams, its depot and its readiness fd — driven directly, without a Queue or a
+// Connection around it: which frames take a slot, what a receive of each kind of slot
+// returns, when the readiness fd is signalled and cleared, and a datagram with an fd that a
+// forked child sends through its own endpoint over the same ring.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "os/event_fd.h"
+#include "os/poll.h"
+#include "os/socket.h"
+#include "os/unique_fd.h"
+#include "shmtensor/error.h"
+#include "shmtensor/sharing_strategy.h"
+#include "shmtensor/tensor.h"
+#include "support/expect_error.h"
+#include "support/leak_check.h"
+#include "transport/endpoint.h"
+#include "transport/link_control.h"
+#include "transport/ring.h"
+#include "wire/wire.h"
+
+namespace shmtensor {
+namespace {
+
+using internal::Deadline;
+using internal::Endpoint;
+using internal::EndpointWords;
+using internal::LinkControl;
+using internal::Ring;
+using internal::UniqueFd;
+using testing::fork_child;
+using testing::wait_child;
+
+// One direction over a ring of 8 slots of 256 bytes, its words in the ring's user area (as
+// a connection's link keeps them), a socket pair for its datagrams and depot.
+class EndpointTest : public testing::LeakCheckedTest {
+ protected:
+  void SetUp() override {
+    LeakCheckedTest::SetUp();
+    Ring ring = Ring::create(8, 256);
+    words_ = new (ring.user_area()) LinkControl{};
+    internal::init_depot(&words_->depot);
+    ring_fd_ = internal::dup_cloexec(ring.fd());
+    ready_ = internal::make_event_fd();
+    auto [a, b] = internal::seqpacket_pair();
+    send_sock_ = std::move(a);
+    recv_sock_ = std::move(b);
+    receiver_.emplace();
+    bind(*receiver_, std::move(ring), /*sending=*/false);
+  }
+  void TearDown() override {
+    receiver_.reset();
+    ring_fd_.reset();
+    ready_.reset();
+    send_sock_.reset();
+    recv_sock_.reset();
+    LeakCheckedTest::TearDown();
+  }
+  // `e` over the same ring and words; as the sending side (datagrams out, deposits) or
+  // the receiving one.
+  void bind(Endpoint& e, Ring ring, bool sending) {
+    EndpointWords w{&words_->send_lock, &words_->recv_lock, &words_->taken_below,
+                    &words_->readiness_wanted, &words_->signalling, closed_, nullptr, nullptr};
+    internal::EndpointSockets s;
+    if (sending) {
+      w.send_depot = &words_->depot;
+      s.send = send_sock_.get();
+      s.deposit = recv_sock_.get();
+    } else {
+      w.recv_depot = &words_->depot;
+      s.recv = recv_sock_.get();
+      s.peek = send_sock_.get();
+    }
+    e.bind(std::move(ring), internal::dup_cloexec(ready_.get()), w, s, internal::kQueueNames, 1);
+  }
+  Ring attach() { return Ring::attach(internal::dup_cloexec(ring_fd_.get())); }
+  bool readable() {
+    const int fds[1] = {ready_.get()};
+    return !internal::wait_readable(fds, std::chrono::nanoseconds(0)).empty();
+  }
+  // Pops the next slot and receives it on `receiver_`.
+  std::optional<Decoder> receive_next() {
+    auto buffer = internal::receive_buffer();
+    Ring& ring = receiver_->ring();
+    const Ring::Popped p = ring.pop(std::span(buffer.get(), ring.max_message()), Ring::kNoWait,
+                                    internal::kRingMarkerTag);
+    EXPECT_EQ(p.status, Ring::Status::kOk);
+    if (p.status != Ring::Status::kOk) return std::nullopt;
+    std::byte* data = buffer.get();
+    return receiver_->receive(std::move(buffer), data, p, Deadline{});
+  }
+
+  LinkControl* words_ = nullptr;
+  const std::atomic<std::uint32_t>* closed_ = nullptr;
+  UniqueFd ring_fd_;
+  UniqueFd ready_;
+  UniqueFd send_sock_;
+  UniqueFd recv_sock_;
+  std::optional<Endpoint> receiver_;  // the direction's receiving side
+};
+
+Encoder encoded(const auto& value) {
+  Encoder e;
+  e.encode(value);
+  return e;
+}
+
+TEST_F(EndpointTest, AFrameTakesASlotOnlyWithoutFdsAndWhenItFits) {
+  Endpoint sender;
+  bind(sender, attach(), /*sending=*/true);
+  EXPECT_TRUE(sender.fits_slot(sender.frame(encoded(std::int64_t{42}))));
+  EXPECT_FALSE(sender.fits_slot(sender.frame(encoded(std::string(300, 'x')))));  // > 240 B
+  ASSERT_EQ(get_sharing_strategy(), SharingStrategy::kFileDescriptor);
+  Tensor t = Tensor::arange(4);
+  t.share_memory_();
+  internal::OutgoingFrame with_fd = sender.frame(encoded(t));
+  EXPECT_EQ(with_fd.fds().size(), 1u);
+  EXPECT_FALSE(sender.fits_slot(with_fd));
+}
+
+TEST_F(EndpointTest, ASlotIsParsedAndASlotOfAnotherTagIsAProtocolError) {
+  Endpoint sender;
+  bind(sender, attach(), /*sending=*/true);
+  internal::OutgoingFrame frame = sender.frame(encoded(std::int64_t{42}));
+  ASSERT_EQ(sender.push(frame.parts(), Ring::kNoWait), Ring::Status::kOk);
+  frame.sent = true;
+  std::optional<Decoder> d = receive_next();
+  ASSERT_TRUE(d.has_value());
+  EXPECT_EQ(d->decode<std::int64_t>(), 42);
+  d->finish();
+
+  const std::byte junk[8] = {};
+  ASSERT_EQ(sender.ring().push(junk, 77, Ring::kNoWait), Ring::Status::kOk);
+  EXPECT_ERROR((void)receive_next(), ProtocolError,
+               "a slot of the queue's ring has tag 77, neither a message nor a marker");
+}
+
+TEST_F(EndpointTest, ASenderIsCountedAndSignalsOnlyWhileAReaderWantsTheFd) {
+  Endpoint sender;
+  bind(sender, attach(), /*sending=*/true);
+  {
+    const Endpoint::Signalling s(sender);
+    EXPECT_EQ(words_->signalling.load(), 0u) << "nobody wants the fd: not counted";
+  }
+  sender.notify();
+  EXPECT_FALSE(readable());
+
+  receiver_->want();
+  EXPECT_EQ(words_->readiness_wanted.load(), 1u);
+  EXPECT_FALSE(readable()) << "an empty ring: want() leaves the fd clear";
+  {
+    Endpoint::Signalling s(sender);
+    EXPECT_EQ(words_->signalling.load(), 1u);
+    s.begin(sender);  // counted once however often it begins
+    EXPECT_EQ(words_->signalling.load(), 1u);
+    s.end();
+    EXPECT_EQ(words_->signalling.load(), 0u);
+  }
+  EXPECT_EQ(words_->signalling.load(), 0u);
+  sender.notify();
+  EXPECT_TRUE(readable());
+  receiver_->unwant();
+  receiver_->unwant();  // never below 0
+  EXPECT_EQ(words_->readiness_wanted.load(), 0u);
+}
+
+TEST_F(EndpointTest, RearmKeepsTheFdReadableWhileAMessageIsReadyAndClearsItAfter) {
+  Endpoint sender;
+  bind(sender, attach(), /*sending=*/true);
+  receiver_->want();
+  for (const std::int64_t v : {1, 2}) {
+    internal::OutgoingFrame frame = sender.frame(encoded(v));
+    ASSERT_EQ(sender.push(frame.parts(), Ring::kNoWait), Ring::Status::kOk);
+    frame.sent = true;
+    sender.notify();
+  }
+  std::optional<Decoder> first = receive_next();
+  ASSERT_TRUE(first.has_value());
+  receiver_->rearm();
+  EXPECT_TRUE(readable()) << "a second message is ready";
+  std::optional<Decoder> second = receive_next();
+  ASSERT_TRUE(second.has_value());
+  EXPECT_EQ(second->decode<std::int64_t>(), 2);
+  receiver_->rearm();
+  EXPECT_FALSE(readable()) << "the ring is empty";
+}
+
+TEST_F(EndpointTest, AClosedFlagKeepsTheFdReadableOnAnEmptyRing) {
+  std::atomic<std::uint32_t> closed{1};
+  closed_ = &closed;
+  Endpoint queue_like;
+  bind(queue_like, attach(), /*sending=*/false);
+  queue_like.want();
+  EXPECT_TRUE(readable());
+  queue_like.rearm();
+  EXPECT_TRUE(readable()) << "a closed queue stays readable";
+}
+
+TEST_F(EndpointTest, ADatagramAChildSendsThroughItsOwnEndpointArrivesWithItsSegment) {
+  ASSERT_EQ(get_sharing_strategy(), SharingStrategy::kFileDescriptor);
+  const pid_t pid = fork_child([this] {
+    Endpoint sender;
+    bind(sender, attach(), /*sending=*/true);
+    Tensor t = Tensor::arange(16);
+    t.share_memory_();
+    internal::OutgoingFrame frame = sender.frame(encoded(t));
+    ASSERT_FALSE(sender.fits_slot(frame));
+    ASSERT_EQ(sender.send_datagram(frame, std::nullopt), internal::AnnouncedSend::kSent);
+  });
+  ASSERT_EQ(wait_child(pid), 0);
+  std::optional<Decoder> d = receive_next();
+  ASSERT_TRUE(d.has_value());
+  const Tensor t = d->decode<Tensor>();
+  d->finish();
+  ASSERT_EQ(t.numel(), 16);
+  EXPECT_EQ(t.data_ptr<std::int64_t>()[15], 15);
+}
+
+}  // namespace
+}  // namespace shmtensor
