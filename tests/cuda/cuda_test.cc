@@ -42,6 +42,7 @@
 #include "shmtensor/spawn.h"
 #include "shmtensor/start_method.h"
 #include "shmtensor/tensor.h"
+#include "support/expect_error.h"
 #include "support/leak_check.h"
 #include "wire/frame.h"
 #include "wire/wire.h"
@@ -298,8 +299,10 @@ TEST_F(CudaTest, ADeviceAllocationsFdIsCloseOnExec) {
 
 TEST_F(CudaTest, ADeviceThisProcessDoesNotSeeIsAnInvalidArgument) {
   const int n = shmtensor::cuda::device_count();
-  EXPECT_THROW((void)Tensor::empty({2}, DType::kFloat32, Device::cuda(n)), std::invalid_argument);
-  EXPECT_THROW((void)iota(2).cuda(n + 3), std::invalid_argument);
+  EXPECT_ERROR((void)Tensor::empty({2}, DType::kFloat32, Device::cuda(n)), std::invalid_argument,
+               "cuda:" + std::to_string(n) + ": this process sees");
+  EXPECT_ERROR((void)iota(2).cuda(n + 3), std::invalid_argument,
+               "cuda:" + std::to_string(n + 3) + ": this process sees");
 }
 
 TEST_F(CudaTest, HundredThousandSmallTensorsShareAFewAllocations) {

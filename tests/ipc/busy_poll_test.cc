@@ -13,6 +13,7 @@
 
 #include "shmtensor/connection.h"
 #include "shmtensor/queue.h"
+#include "support/expect_error.h"
 #include "support/leak_check.h"
 #include "support/strategy_test.h"
 #include "transport/busy_poll.h"
@@ -36,8 +37,10 @@ class BusyPollTest : public testing::StrategyTest {
 TEST(BusyPollSettingTest, SetGetAndValuesOutOfRange) {
   set_busy_poll(50us);
   EXPECT_DOUBLE_EQ(get_busy_poll().count(), 50e-6);
-  EXPECT_THROW(set_busy_poll(Duration(-1e-6)), std::invalid_argument);
-  EXPECT_THROW(set_busy_poll(2s), std::invalid_argument);
+  EXPECT_ERROR(set_busy_poll(Duration(-1e-6)), std::invalid_argument,
+               "the budget must be from 0 to 1 second, not -0.000001 s");
+  EXPECT_ERROR(set_busy_poll(2s), std::invalid_argument,
+               "the budget must be from 0 to 1 second, not 2.000000 s");
   EXPECT_DOUBLE_EQ(get_busy_poll().count(), 50e-6) << "a refused value changes nothing";
   set_busy_poll(1s);  // the largest
   EXPECT_DOUBLE_EQ(get_busy_poll().count(), 1.0);
@@ -158,8 +161,10 @@ TEST(BusyPollSettingTest, AQueuesOwnBudgetReplacesTheProcesss) {
   Queue<int> copy = q;  // a copy in this process shares it
   ASSERT_TRUE(copy.busy_poll());
   EXPECT_DOUBLE_EQ(copy.busy_poll()->count(), 200e-6);
-  EXPECT_THROW(q.set_busy_poll(Duration(-1e-6)), std::invalid_argument);
-  EXPECT_THROW(q.set_busy_poll(2s), std::invalid_argument);
+  EXPECT_ERROR(q.set_busy_poll(Duration(-1e-6)), std::invalid_argument,
+               "Queue::set_busy_poll: a negative budget");
+  EXPECT_ERROR(q.set_busy_poll(2s), std::invalid_argument,
+               "the budget must be from 0 to 1 second, not 2000000000 ns");
   EXPECT_DOUBLE_EQ(q.busy_poll()->count(), 200e-6) << "a refused value changes nothing";
   pid_t child = fork_child([&] {
     EXPECT_EQ(q.busy_poll(), std::nullopt) << "a forked child follows its own process's";
@@ -194,7 +199,7 @@ void expect_2000_items_in_order(Queue<std::pair<int, Tensor>>& q, int pause_ever
     ASSERT_EQ(n, i);
     ASSERT_EQ(t.data_ptr<float>()[2], static_cast<float>(i));
   }
-  EXPECT_THROW(q.get(), QueueClosed);
+  EXPECT_ERROR(q.get(), QueueClosed, "get() on a closed and empty queue");
   EXPECT_EQ(wait_child(child), 0);
 }
 
@@ -222,7 +227,8 @@ TEST_P(BusyPollTest, RoundTripsCarryExactValuesAndEndOfStreamIsSeen) {
     t = a.recv<Tensor>();
   }
   EXPECT_EQ(t.data_ptr<std::int64_t>()[0], 500);
-  EXPECT_THROW(a.recv<Tensor>(), ConnectionClosed);  // the child exited: end of stream
+  EXPECT_ERROR(a.recv<Tensor>(), ConnectionClosed,
+               "the peer closed the connection");  // the child exited: end of stream
   EXPECT_EQ(wait_child(child), 0);
 }
 

@@ -135,8 +135,9 @@ TEST_P(ConnectionRingTest, AReceiverBlockedInRecvSeesThePeersCloseAndGetsWhatWas
     EXPECT_EQ(b.recv<std::int64_t>(), 1);
     ready.send();
     EXPECT_EQ(b.recv<std::int64_t>(), 2);  // sent right before the close
-    EXPECT_THROW((void)b.recv<std::int64_t>(), ConnectionClosed);
-    EXPECT_THROW((void)b.recv<std::int64_t>(), ConnectionClosed);  // and stays so
+    EXPECT_ERROR((void)b.recv<std::int64_t>(), ConnectionClosed, "the peer closed the connection");
+    EXPECT_ERROR((void)b.recv<std::int64_t>(), ConnectionClosed,
+                 "the peer closed the connection");  // and stays so
   });
   b.close();
   a.send(std::int64_t{1});
@@ -160,7 +161,8 @@ TEST_P(ConnectionRingTest, AZeroTimeoutReceiveAfterThePeerExitedSaysClosed) {
   EXPECT_TRUE(a.poll());
   EXPECT_EQ(a.try_recv<std::int64_t>(), std::optional<std::int64_t>(1));
   EXPECT_TRUE(a.poll()) << "the end waits";
-  EXPECT_THROW((void)a.try_recv<std::int64_t>(), ConnectionClosed);
+  EXPECT_ERROR((void)a.try_recv<std::int64_t>(), ConnectionClosed,
+               "the peer closed the connection");
 }
 
 TEST_P(ConnectionRingTest, AForkedCopyKeepsAnEndOpenUntilItsLastHolderCloses) {
@@ -178,8 +180,9 @@ TEST_P(ConnectionRingTest, AForkedCopyKeepsAnEndOpenUntilItsLastHolderCloses) {
   EXPECT_EQ(a.recv<std::int64_t>(), 6);
   EXPECT_EQ(wait_child(child), 0);
   // Its last holder exited: the peer is gone now.
-  EXPECT_THROW((void)a.recv<std::int64_t>(), ConnectionClosed);
-  EXPECT_THROW(a.send(std::int64_t{7}), ConnectionClosed);
+  EXPECT_ERROR((void)a.recv<std::int64_t>(), ConnectionClosed, "the peer closed the connection");
+  EXPECT_ERROR(a.send(std::int64_t{7}), ConnectionClosed,
+               "send() on a connection whose peer has closed");
 }
 
 // Forks a peer that holds `theirs` (closing `ours` in it) until it is killed; this process
@@ -201,9 +204,10 @@ TEST_P(ConnectionRingTest, APeerKilledIsNoticedByAReceiverAndABlockedSender) {
   const pid_t child = fork_peer_until_killed(a, b);
   ASSERT_EQ(::kill(child, SIGKILL), 0);
   EXPECT_EQ(wait_child(child), 128 + SIGKILL);
-  EXPECT_THROW((void)a.recv<std::int64_t>(), ConnectionClosed);
+  EXPECT_ERROR((void)a.recv<std::int64_t>(), ConnectionClosed, "the peer closed the connection");
   // Sends: refused once the socket says so (at once here: the receive above looked).
-  EXPECT_THROW(a.send(std::int64_t{1}), ConnectionClosed);
+  EXPECT_ERROR(a.send(std::int64_t{1}), ConnectionClosed,
+               "send() on a connection whose peer has closed");
 
   // A sender blocked on a full ring whose reader dies wakes up with ConnectionClosed.
   auto [c, d] = pipe();
@@ -215,7 +219,7 @@ TEST_P(ConnectionRingTest, APeerKilledIsNoticedByAReceiverAndABlockedSender) {
     ::usleep(20'000);
     ASSERT_EQ(::kill(reader, SIGKILL), 0);
   });
-  EXPECT_THROW(c.send(sent), ConnectionClosed);
+  EXPECT_ERROR(c.send(sent), ConnectionClosed, "send() on a connection whose peer has closed");
   EXPECT_EQ(wait_child(killer), 0);
   EXPECT_EQ(wait_child(reader), 128 + SIGKILL);
 }
@@ -230,7 +234,7 @@ TEST_P(ConnectionRingTest, AReceiverAsleepWhenItsPeerIsKilledIsWokenByTheHangUpW
     ASSERT_TRUE(wait_until_asleep(::getppid()));
     ASSERT_EQ(::kill(peer, SIGKILL), 0);
   });
-  EXPECT_THROW((void)a.recv<std::int64_t>(), ConnectionClosed);
+  EXPECT_ERROR((void)a.recv<std::int64_t>(), ConnectionClosed, "the peer closed the connection");
   EXPECT_EQ(wait_child(killer), 0);
   EXPECT_EQ(wait_child(peer), 128 + SIGKILL);
   // The receive slept watched: the watch (fired, so later receives sleep in slices) stays
@@ -238,7 +242,7 @@ TEST_P(ConnectionRingTest, AReceiverAsleepWhenItsPeerIsKilledIsWokenByTheHangUpW
   EXPECT_EQ(internal::hangup_watch_count(), 1u);
   EXPECT_TRUE(internal::hangup_watch_running());
   EXPECT_EQ(watch_threads(), 1);
-  EXPECT_THROW((void)a.recv<std::int64_t>(), ConnectionClosed);
+  EXPECT_ERROR((void)a.recv<std::int64_t>(), ConnectionClosed, "the peer closed the connection");
   a.close();
   EXPECT_EQ(internal::hangup_watch_count(), 0u);
   EXPECT_FALSE(internal::hangup_watch_running());
@@ -265,14 +269,14 @@ TEST_P(ConnectionRingTest, AForkedChildWatchesItsOwnCopyOfAnEnd) {
     EXPECT_FALSE(internal::hangup_watch_running());
     EXPECT_EQ(internal::hangup_watch_count(), 0u);
     EXPECT_EQ(watch_threads(), 0);
-    EXPECT_THROW((void)a.recv<std::int64_t>(), ConnectionClosed);
+    EXPECT_ERROR((void)a.recv<std::int64_t>(), ConnectionClosed, "the peer closed the connection");
     EXPECT_EQ(internal::hangup_watch_count(), 1u);
   });
   ASSERT_TRUE(wait_until_asleep(child));
   ASSERT_EQ(::kill(peer, SIGKILL), 0);
   EXPECT_EQ(wait_child(child), 0);
   EXPECT_EQ(wait_child(peer), 128 + SIGKILL);
-  EXPECT_THROW((void)a.recv<std::int64_t>(), ConnectionClosed);
+  EXPECT_ERROR((void)a.recv<std::int64_t>(), ConnectionClosed, "the peer closed the connection");
 }
 
 // A thread's id, for wait_until_asleep (a thread's /proc/<tid>/stat).
@@ -375,7 +379,7 @@ TEST_P(ConnectionRingTest, NativeHandleIsReadableExactlyWhileAMessageOrTheEndWai
   go.send();
   EXPECT_EQ(wait_child(child), 0);
   EXPECT_TRUE(readable(fd, 10'000)) << "the peer is gone: readable, and recv says so";
-  EXPECT_THROW((void)b.recv<std::int64_t>(), ConnectionClosed);
+  EXPECT_ERROR((void)b.recv<std::int64_t>(), ConnectionClosed, "the peer closed the connection");
 }
 
 // The library's own waiters (a worker group) ask for readiness only while they sleep: a
@@ -406,7 +410,7 @@ TEST_P(ConnectionRingTest, AWaitersReadinessIsSignalledOnlyWhileItWaits) {
   (void)ConnectionAccess::begin_wait(b);
   EXPECT_TRUE(readable(fd, 10'000)) << "the peer is gone";
   ConnectionAccess::end_wait(b);
-  EXPECT_THROW((void)b.recv<std::int64_t>(), ConnectionClosed);
+  EXPECT_ERROR((void)b.recv<std::int64_t>(), ConnectionClosed, "the peer closed the connection");
 }
 
 TEST_P(ConnectionRingTest, AReceivedEndIsUsableAndEndsAreRefusedWhenTheirFdsAreNot) {
@@ -430,7 +434,7 @@ TEST_P(ConnectionRingTest, AReceivedEndIsUsableAndEndsAreRefusedWhenTheirFdsAreN
     e.write_fd(socket_of(raw_a));
     internal::ConnectionAccess::send(a, std::move(e));
   }
-  EXPECT_THROW((void)b.recv<Connection>(), ProtocolError);
+  EXPECT_ERROR((void)b.recv<Connection>(), ProtocolError, "a connection\'s kind byte is 2");
   int p[2];
   ASSERT_EQ(::pipe(p), 0);
   {
@@ -484,7 +488,7 @@ TEST_P(ConnectionRingTest, AnArenaSegmentsFdTravelsOncePerConnection) {
     Connection end = d.recv<Connection>();
     for (int i = 3 * kMessages / 4; i < kMessages; ++i)
       ASSERT_EQ(end.recv<Tensor>().data_ptr<std::int32_t>()[3], i);
-    EXPECT_THROW((void)end.recv<Tensor>(), ConnectionClosed);
+    EXPECT_ERROR((void)end.recv<Tensor>(), ConnectionClosed, "the peer closed the connection");
   });
   d.close();
   c.send(b);
@@ -520,7 +524,7 @@ TEST_P(ConnectionRingTest, APeerExitingWithOurMessagesUnreadLosesNothingItSent) 
   });
   EXPECT_EQ(wait_child(first), 0);
   EXPECT_EQ(a.recv<Tensor>().data_ptr<std::int32_t>()[3], 7);
-  EXPECT_THROW((void)a.recv<Tensor>(), ConnectionClosed);
+  EXPECT_ERROR((void)a.recv<Tensor>(), ConnectionClosed, "the peer closed the connection");
 }
 
 // A readiness fd left readable with nothing there (a signal that came after its message
@@ -572,7 +576,7 @@ TEST_P(ConnectionRingTest, SlotsAHostilePeerWritesAreProtocolErrors) {
   a.send(std::int64_t{2});
   push({}, internal::kRingMarkerTag);  // a marker whose datagram was never sent
   a.send(std::int64_t{3});
-  EXPECT_THROW((void)b.recv<std::int64_t>(), ProtocolError);
+  EXPECT_ERROR((void)b.recv<std::int64_t>(), ProtocolError, "shorter than a frame header");
   EXPECT_EQ(b.recv<std::int64_t>(), 1);
   EXPECT_ERROR((void)b.recv<std::int64_t>(), ProtocolError, "neither a message nor a marker");
   EXPECT_EQ(b.recv<std::int64_t>(), 2);

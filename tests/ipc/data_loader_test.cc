@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "shmtensor/shmtensor.h"
+#include "support/expect_error.h"
 #include "support/leak_check.h"
 
 namespace shmtensor {
@@ -239,7 +240,8 @@ TEST_F(DataLoaderTest, CustomSamplersGiveTheirOrder) {
   EXPECT_EQ(epoch(by_batches), (Batches{{5}, {1, 2, 3}, {8, 0}}));
   DataLoader out_of_range(Numbers{10},
                           {.sampler = std::vector<std::int64_t>{10}, .num_workers = 1});
-  EXPECT_THROW(out_of_range.begin(), std::out_of_range);
+  EXPECT_ERROR(out_of_range.begin(), std::out_of_range,
+               "sampler index 10 is out of range for a dataset of size 10");
 }
 
 // Sample i: (i, worker id, worker seed, num_workers) as seen by get() in the worker.

@@ -20,6 +20,7 @@
 #include "shmtensor/error.h"
 #include "shmtensor/sharing_strategy.h"
 #include "shmtensor/storage.h"
+#include "support/expect_error.h"
 #include "support/leak_check.h"
 #include "support/strategy_test.h"
 
@@ -132,7 +133,8 @@ TEST_F(LimitsTest, TinyDevShmIsAClearErrorNotASigbus) {
     Storage priv = Storage::allocate(4 * kMiB);
     std::memset(priv.data(), 9, priv.nbytes());
     void* before = priv.data();
-    EXPECT_THROW(priv.share_memory_(), SharedMemoryFullError);
+    EXPECT_ERROR(priv.share_memory_(), SharedMemoryFullError,
+                 "/dev/shm is too small for a file_system segment");
     EXPECT_FALSE(priv.is_shared());
     EXPECT_EQ(priv.data(), before);
     EXPECT_EQ(static_cast<unsigned char*>(priv.data())[4 * kMiB - 1], 9);
@@ -185,7 +187,7 @@ TEST_F(LimitsTest, OutOfFdsIsASystemErrorWithAdvice) {
     }
     Storage priv = Storage::allocate(4096);
     std::memset(priv.data(), 5, 4096);
-    EXPECT_THROW(priv.share_memory_(), SystemError);
+    EXPECT_ERROR(priv.share_memory_(), SystemError, "this process is at its open-file limit");
     EXPECT_FALSE(priv.is_shared());
     EXPECT_EQ(static_cast<unsigned char*>(priv.data())[4095], 5);
 
@@ -223,7 +225,8 @@ TEST_F(LimitsTest, UnmappableSizeIsASystemError) {
   }
   // file_system reserves the space first: the same size is a full /dev/shm.
   set_sharing_strategy("file_system");
-  EXPECT_THROW((void)Storage::allocate_shared(huge), SharedMemoryFullError);
+  EXPECT_ERROR((void)Storage::allocate_shared(huge), SharedMemoryFullError,
+               "/dev/shm is too small for a file_system segment");
 }
 
 // The sizes in these messages, exact, without iostreams or the locale (src/os/shm.cc).

@@ -25,6 +25,7 @@
 #include "process/pool_protocol.h"
 #include "shmtensor/sharing_strategy.h"
 #include "shmtensor/tensor.h"
+#include "support/expect_error.h"
 #include "support/leak_check.h"
 #include "support/strategy_test.h"
 
@@ -178,7 +179,8 @@ TEST_P(PoolTest, TaskExceptionIsRethrownAndThePoolGoesOn) {
     auto pids = pool.pids();
     EXPECT_NE(std::find(pids.begin(), pids.end(), e.pid()), pids.end());
   }
-  EXPECT_THROW(pool.map(fail_on_odd, std::vector<int>{0, 2, 3, 4}), shmtensor::TaskError);
+  EXPECT_ERROR(pool.map(fail_on_odd, std::vector<int>{0, 2, 3, 4}), shmtensor::TaskError,
+               "std::invalid_argument: odd input 3");
   EXPECT_EQ(pool.apply(fail_on_odd, 8), 8);
   pool.close();
   pool.join();
@@ -233,7 +235,8 @@ TEST_P(PoolTest, ChunksizeKeepsOrderValuesAndPerInputErrors) {
     EXPECT_TRUE(tensors[i].equal(Tensor::full({3}, i + 1, DType::kFloat32)));
     EXPECT_TRUE(doubled[i].equal(Tensor::full({3}, 2 * (i + 1), DType::kFloat32)));
   }
-  EXPECT_THROW(pool.map(square, inputs, /*chunksize=*/0), std::invalid_argument);
+  EXPECT_ERROR(pool.map(square, inputs, /*chunksize=*/0), std::invalid_argument,
+               "Pool: chunksize must be at least 1");
   pool.close();
   pool.join();
 }
@@ -242,7 +245,9 @@ TEST_P(PoolTest, WorkerDeathFailsItsWholeChunk) {
   Pool pool(1, options());
   auto stream = pool.imap(die_on, std::vector<int>{1, 2, 3, 4, 5, 6}, /*chunksize=*/3);
   // The first chunk (1, 2, 3) dies at 3: all three fail; the next chunk runs in a new worker.
-  for (int i = 0; i < 3; ++i) EXPECT_THROW((void)stream.next(), shmtensor::ProcessExitedException);
+  for (int i = 0; i < 3; ++i)
+    EXPECT_ERROR((void)stream.next(), shmtensor::ProcessExitedException,
+                 "terminated with signal SIGKILL while running this task");
   EXPECT_EQ(stream.next(), 4);
   EXPECT_EQ(stream.next(), 5);
   EXPECT_EQ(stream.next(), 6);
@@ -374,9 +379,11 @@ TEST_P(PoolTest, UsesAllWorkers) {
 TEST_P(PoolTest, CloseThenJoinFinishesSubmittedTasks) {
   Pool pool(2, options());
   auto f = pool.apply_async(sleep_ms, 200);
-  EXPECT_THROW(pool.join(), shmtensor::Error);  // not closed yet
+  EXPECT_ERROR(pool.join(), shmtensor::Error,
+               "Pool::join: call close() or terminate() first");  // not closed yet
   pool.close();
-  EXPECT_THROW(pool.apply_async(square, 1), shmtensor::Error);
+  EXPECT_ERROR(pool.apply_async(square, 1), shmtensor::Error,
+               "no tasks can be added after close() or terminate()");
   pool.join();
   EXPECT_EQ(f.get(), 200);
 }
@@ -389,8 +396,8 @@ TEST_P(PoolTest, TerminateFailsUnfinishedTasks) {
   auto t0 = std::chrono::steady_clock::now();
   pool.terminate();
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 4s);
-  EXPECT_THROW(running.get(), shmtensor::Error);
-  EXPECT_THROW(queued.get(), shmtensor::Error);
+  EXPECT_ERROR(running.get(), shmtensor::Error, "Pool: terminated before this task finished");
+  EXPECT_ERROR(queued.get(), shmtensor::Error, "Pool: terminated before this task finished");
   pool.join();
 }
 

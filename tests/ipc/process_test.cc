@@ -22,6 +22,7 @@
 #include "shmtensor/internal/storage_access.h"
 #include "shmtensor/queue.h"
 #include "shmtensor/tensor.h"
+#include "support/expect_error.h"
 #include "support/leak_check.h"
 #include "support/strategy_test.h"
 
@@ -145,11 +146,12 @@ TEST_P(ProcessTest, DaemonIsTerminatedOnDestruction) {
 
 TEST_P(ProcessTest, UsageErrors) {
   Process p = make(exit_with, 0);
-  EXPECT_THROW(p.pid(), shmtensor::Error);
-  EXPECT_THROW(p.join(), shmtensor::Error);
+  EXPECT_ERROR(p.pid(), shmtensor::Error, "Process::pid: the process was not started");
+  EXPECT_ERROR(p.join(), shmtensor::Error, "Process::join: the process was not started");
   p.start();
-  EXPECT_THROW(p.start(), shmtensor::Error);
-  EXPECT_THROW(p.set_daemon(true), shmtensor::Error);
+  EXPECT_ERROR(p.start(), shmtensor::Error, "Process::start: a process can be started only once");
+  EXPECT_ERROR(p.set_daemon(true), shmtensor::Error,
+               "Process::set_daemon: the process was already started");
   p.join();
 }
 
@@ -221,7 +223,7 @@ TEST_F(ProcessForkTest, CapturingLambdaCannotBeExeced) {
   int base = 1;
   Process p([base] { (void)base; });
   p.set_start_method(StartMethod::kExec);
-  EXPECT_THROW(p.start(), shmtensor::Error);
+  EXPECT_ERROR(p.start(), shmtensor::Error, "cannot start this callable with StartMethod::kExec");
 }
 
 TEST_F(ProcessForkTest, NonDaemonIsWaitedForOnDestruction) {

@@ -13,6 +13,7 @@
 
 #include "shmtensor/queue.h"
 #include "shmtensor/tensor.h"
+#include "support/expect_error.h"
 #include "support/leak_check.h"
 #include "support/strategy_test.h"
 
@@ -135,12 +136,13 @@ TEST_P(QueueBatchTest, AClosedQueueRefusesBatchesAndDrainsThenSaysClosed) {
   Queue<std::int64_t> q;
   q.put_many(std::vector<std::int64_t>{1, 2, 3});
   q.close();
-  EXPECT_THROW(q.put_many(std::vector<std::int64_t>{4}), QueueClosed);
-  EXPECT_THROW((void)q.try_put_many(std::vector<std::int64_t>{4}, 10ms), QueueClosed);
+  EXPECT_ERROR(q.put_many(std::vector<std::int64_t>{4}), QueueClosed, "put() on a closed queue");
+  EXPECT_ERROR((void)q.try_put_many(std::vector<std::int64_t>{4}, 10ms), QueueClosed,
+               "put() on a closed queue");
   EXPECT_EQ(q.get_many(2), (std::vector<std::int64_t>{1, 2}));
   EXPECT_EQ(q.get_many(2), (std::vector<std::int64_t>{3}));
-  EXPECT_THROW((void)q.get_many(2), QueueClosed);
-  EXPECT_THROW((void)q.try_get_many(2, 10ms), QueueClosed);
+  EXPECT_ERROR((void)q.get_many(2), QueueClosed, "get() on a closed and empty queue");
+  EXPECT_ERROR((void)q.try_get_many(2, 10ms), QueueClosed, "get() on a closed and empty queue");
 }
 
 // Many producers' batches to many consumers' batches: each item exactly once, each

@@ -18,6 +18,7 @@
 #include "shmtensor/connection.h"
 #include "shmtensor/internal/storage_access.h"
 #include "shmtensor/queue.h"
+#include "support/expect_error.h"
 #include "support/leak_check.h"
 #include "support/pipe.h"
 #include "support/strategy_test.h"
@@ -214,7 +215,7 @@ TEST_P(QueueLifetimeTest, AFailedGetFreesItsSlotInABoundedQueue) {
     go.close();
     wait.recv<int>();
     // The segment's name is gone: opening it fails (SystemError, not ProtocolError).
-    EXPECT_THROW(q.get(), SystemError);
+    EXPECT_ERROR(q.get(), SystemError, "shm_open(/shmtensor_");
     EXPECT_EQ(q.size(), 0u);
   });
   wait.close();
@@ -290,12 +291,13 @@ TEST_P(QueueLifetimeTest, PollTryRecvTryGetAndEmpty) {
 TEST_P(QueueLifetimeTest, CloseWakesAProducerBlockedOnAFullQueue) {
   Queue<int> q(1);
   q.put(1);
-  pid_t producer = fork_child([&] { EXPECT_THROW(q.put(2), QueueClosed); });
+  pid_t producer =
+      fork_child([&] { EXPECT_ERROR(q.put(2), QueueClosed, "put() on a closed queue"); });
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   q.close();
   EXPECT_EQ(wait_child(producer), 0);
   EXPECT_EQ(q.get(), 1);
-  EXPECT_THROW(q.get(), QueueClosed);
+  EXPECT_ERROR(q.get(), QueueClosed, "get() on a closed and empty queue");
 }
 
 TEST_P(QueueLifetimeTest, OneQueueFromSeveralThreadsOfOneProcess) {

@@ -25,6 +25,7 @@
 #include "os/proc.h"
 #include "os/shm.h"
 #include "shmtensor/error.h"
+#include "support/expect_error.h"
 #include "support/leak_check.h"
 #include "support/pipe.h"
 
@@ -102,18 +103,25 @@ bool big_ok(const std::byte* p, std::size_t n) {
 }
 
 TEST_F(RingTest, GeometryIsChecked) {
-  EXPECT_THROW(Ring::create(3, 256), std::invalid_argument);
-  EXPECT_THROW(Ring::create(1, 256), std::invalid_argument);
-  EXPECT_THROW(Ring::create(8, 100), std::invalid_argument);
-  EXPECT_THROW(Ring::create(8, 32), std::invalid_argument);
-  EXPECT_THROW(Ring::create(1u << 21, 64), std::invalid_argument);
+  EXPECT_ERROR(Ring::create(3, 256), std::invalid_argument,
+               "slot_count must be a power of two in [2, 2^20]");
+  EXPECT_ERROR(Ring::create(1, 256), std::invalid_argument,
+               "slot_count must be a power of two in [2, 2^20]");
+  EXPECT_ERROR(Ring::create(8, 100), std::invalid_argument,
+               "slot_bytes a multiple of 64 in [64, 65536]");
+  EXPECT_ERROR(Ring::create(8, 32), std::invalid_argument,
+               "slot_bytes a multiple of 64 in [64, 65536]");
+  EXPECT_ERROR(Ring::create(1u << 21, 64), std::invalid_argument,
+               "slot_count must be a power of two in [2, 2^20]");
   Ring r = Ring::create(8, 128);
   EXPECT_EQ(r.slot_count(), 8u);
   EXPECT_EQ(r.max_message(), 128u - Ring::kSlotHeaderBytes);
   std::vector<std::byte> big(r.max_message() + 1);
-  EXPECT_THROW(r.push(big, 0, std::nullopt), std::invalid_argument);
+  EXPECT_ERROR(r.push(big, 0, std::nullopt), std::invalid_argument,
+               "a message of 113 bytes does not fit a slot of 112");
   std::vector<std::byte> small(r.max_message() - 1);
-  EXPECT_THROW(r.pop(small, std::nullopt), std::invalid_argument);
+  EXPECT_ERROR(r.pop(small, std::nullopt), std::invalid_argument,
+               "Ring::pop: the buffer is smaller than a slot\'s message");
 }
 
 TEST_F(RingTest, MessagesComeOutInOrderWithTheirTagsAndSizes) {
@@ -467,7 +475,8 @@ TEST_F(RingTest, AttachValidatesTheMemfd) {
   // Not sealed: a peer could truncate it under a reader.
   UniqueFd unsealed(::memfd_create("x", MFD_CLOEXEC));
   ASSERT_EQ(::ftruncate(unsealed.get(), 1 << 16), 0);
-  EXPECT_THROW(Ring::attach(std::move(unsealed)), ProtocolError);
+  EXPECT_ERROR(Ring::attach(std::move(unsealed)), ProtocolError,
+               "the memfd is not sealed against resizing");
 }
 
 // A peer that writes garbage over slot words and sizes: each pop either returns a whole

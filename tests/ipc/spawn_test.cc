@@ -22,6 +22,7 @@
 #include "os/mapping.h"
 #include "shmtensor/queue.h"
 #include "shmtensor/start_method.h"
+#include "support/expect_error.h"
 #include "support/leak_check.h"
 
 namespace spawn_test {
@@ -272,7 +273,8 @@ TEST_P(SpawnTest, SigkillAfterTheGracePeriod) {
   auto pids = ctx.pids();
   ::testing::internal::CaptureStderr();
   auto t0 = std::chrono::steady_clock::now();
-  EXPECT_THROW(ctx.join(std::nullopt, 300ms), ProcessExitedException);
+  EXPECT_ERROR(ctx.join(std::nullopt, 300ms), ProcessExitedException,
+               "process 0 terminated with exit code 3");
   auto elapsed = std::chrono::steady_clock::now() - t0;
   std::string err = ::testing::internal::GetCapturedStderr();
   EXPECT_THAT(err,
@@ -449,7 +451,8 @@ TEST_F(SpawnForkTest, ExecChildWithoutInitCannotStartChildren) {
 }
 
 TEST_F(SpawnForkTest, NprocsMustBePositive) {
-  EXPECT_THROW(shmtensor::spawn(success_func, 0), shmtensor::Error);
+  EXPECT_ERROR(shmtensor::spawn(success_func, 0), shmtensor::Error,
+               "spawn: nprocs must be at least 1, got 0");
 }
 
 TEST_F(SpawnForkTest, DestroyingTheContextWaitsForTheChildren) {

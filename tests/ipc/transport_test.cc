@@ -11,6 +11,7 @@
 
 #include "shmtensor/connection.h"
 #include "shmtensor/queue.h"
+#include "support/expect_error.h"
 #include "support/leak_check.h"
 #include "support/pipe.h"
 #include "support/strategy_test.h"
@@ -289,12 +290,13 @@ TEST_P(TransportTest, CloseDrainsThenThrowsQueueClosed) {
   pid_t child = fork_child([&] {
     EXPECT_EQ(q.get(), 1);
     EXPECT_EQ(q.get(), 2);
-    EXPECT_THROW(q.get(), QueueClosed);  // woken by close() in the parent
+    EXPECT_ERROR(q.get(), QueueClosed,
+                 "get() on a closed and empty queue");  // woken by close() in the parent
   });
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   q.close();
   EXPECT_EQ(wait_child(child), 0);
-  EXPECT_THROW(q.put(3), QueueClosed);
+  EXPECT_ERROR(q.put(3), QueueClosed, "put() on a closed queue");
 }
 
 // Whether the queue's readiness fd polls readable, waiting up to `ms`.
@@ -338,7 +340,7 @@ TEST_P(TransportTest, ReadinessFdIsReadableWhileItemsAreThere) {
   go.send();
   EXPECT_TRUE(readable(fd, 10000));
   EXPECT_EQ(wait_child(producer), 0);
-  EXPECT_THROW(q.get(), QueueClosed);
+  EXPECT_ERROR(q.get(), QueueClosed, "get() on a closed and empty queue");
   EXPECT_TRUE(readable(fd, 0));  // closed: stays readable
 }
 
@@ -355,7 +357,8 @@ TEST_P(TransportTest, TrySendRefusesWithoutBlockingWhenThePeerIsNotReading) {
   for (std::int64_t i = 1; i <= sent; ++i) ASSERT_EQ(b.recv<std::int64_t>(), i);
   EXPECT_FALSE(b.poll());
   b.close();
-  EXPECT_THROW((void)a.try_send(std::int64_t{0}), ConnectionClosed);
+  EXPECT_ERROR((void)a.try_send(std::int64_t{0}), ConnectionClosed,
+               "send() on a connection whose peer has closed");
 }
 
 TEST_P(TransportTest, ARefusedPutMovesNothingIntoSharedMemory) {
@@ -368,8 +371,8 @@ TEST_P(TransportTest, ARefusedPutMovesNothingIntoSharedMemory) {
   EXPECT_FALSE(t.is_shared());
   Queue<Tensor> closed;
   closed.close();
-  EXPECT_THROW(closed.put(t), QueueClosed);
-  EXPECT_THROW((void)closed.try_put(t), QueueClosed);
+  EXPECT_ERROR(closed.put(t), QueueClosed, "put() on a closed queue");
+  EXPECT_ERROR((void)closed.try_put(t), QueueClosed, "put() on a closed queue");
   EXPECT_FALSE(t.is_shared());
   // Admitted, it moves (in place) and arrives.
   EXPECT_EQ(full.get().numel(), 4);

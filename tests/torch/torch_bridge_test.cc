@@ -11,6 +11,7 @@
 
 #include "shmtensor/error.h"
 #include "shmtensor/torch.h"
+#include "support/expect_error.h"
 #include "support/leak_check.h"
 
 namespace shmtensor {
@@ -158,7 +159,7 @@ TEST_F(TorchBridgeTest, WhatShmtensorCannotHoldIsAnInvalidArgument) {
   expect_invalid(at::empty({2}, at::TensorOptions().device(at::kMeta)), "CPU tensors only");
   expect_invalid(at::eye(3).to_sparse(), "strided");
   expect_invalid(at::empty({2}, at::kComplexHalf), "ComplexHalf");
-  EXPECT_THROW((void)to_torch(Tensor()), std::invalid_argument);
+  EXPECT_ERROR((void)to_torch(Tensor()), std::invalid_argument, "to_torch: an undefined Tensor");
   EXPECT_FALSE(from_torch(at::Tensor()).defined());
 }
 
@@ -206,7 +207,7 @@ TEST_F(TorchBridgeTest, TensorsOnOneStorageShareOneTorchStorageWhileOneLives) {
   EXPECT_EQ(a.storage().use_count(), 2u);
   EXPECT_EQ(probe.use_count(), 3);  // probe, x, one DataPtr for both
   // torch's resize cannot take the bytes out of shared memory.
-  EXPECT_THROW(a.resize_({100}), c10::Error);
+  EXPECT_ERROR(a.resize_({100}), c10::Error, "Trying to resize storage that is not resizable");
   a.reset();
   b.reset();
   EXPECT_EQ(probe.use_count(), 2);
@@ -264,20 +265,22 @@ TEST_F(TorchBridgeTest, ShareMemoryLeavesEmptyAndUnsuitableStoragesAlone) {
   EXPECT_TRUE(empty.storage().resizable());
 
   at::Tensor meta = at::empty({4}, at::TensorOptions().device(at::kMeta));
-  EXPECT_THROW(share_memory_(*meta.storage().unsafeGetStorageImpl()), std::invalid_argument);
+  EXPECT_ERROR(share_memory_(*meta.storage().unsafeGetStorageImpl()), std::invalid_argument,
+               "share_memory_: a storage on meta");
 
   at::Tensor t = at::arange(8, at::kLong);
   c10::StorageImpl& impl = *t.storage().unsafeGetStorageImpl();
   const void* before = storage_data(t);
-  EXPECT_THROW(share_memory_(impl, [](std::size_t) { return Storage::allocate_shared(7); }),
-               std::invalid_argument);
-  EXPECT_THROW(share_memory_(impl, [](std::size_t n) { return Storage::allocate(n); }),
-               std::invalid_argument);
-  EXPECT_THROW(share_memory_(impl,
-                             [](std::size_t n) -> Storage {
-                               throw SharedMemoryFullError("full", n, 0);
-                             }),
-               SharedMemoryFullError);
+  EXPECT_ERROR(share_memory_(impl, [](std::size_t) { return Storage::allocate_shared(7); }),
+               std::invalid_argument,
+               "allocate(64) must return a shared Storage of that many bytes");
+  EXPECT_ERROR(share_memory_(impl, [](std::size_t n) { return Storage::allocate(n); }),
+               std::invalid_argument,
+               "allocate(64) must return a shared Storage of that many bytes");
+  EXPECT_ERROR(
+      share_memory_(impl,
+                    [](std::size_t n) -> Storage { throw SharedMemoryFullError("full", n, 0); }),
+      SharedMemoryFullError, "full");
   EXPECT_EQ(storage_data(t), before);
   EXPECT_TRUE(impl.resizable());
   EXPECT_FALSE(shared_storage_of(impl).has_value());

@@ -11,6 +11,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "support/expect_error.h"
+
 namespace shmtensor {
 namespace {
 
@@ -63,13 +65,15 @@ TEST(DTypeTest, UnknownNameThrowsNamingValidValues) {
     EXPECT_NE(what.find("bfloat16"), std::string::npos) << what;
     EXPECT_NE(what.find("complex128"), std::string::npos) << what;
   }
-  EXPECT_THROW(dtype_from_string(""), std::invalid_argument);
-  EXPECT_THROW(dtype_from_string("Float32"), std::invalid_argument);
+  EXPECT_ERROR(dtype_from_string(""), std::invalid_argument, "unknown dtype \'\'");
+  EXPECT_ERROR(dtype_from_string("Float32"), std::invalid_argument, "unknown dtype \'Float32\'");
 }
 
 TEST(DTypeTest, ValueOutsideTheEnumThrows) {
-  EXPECT_THROW(element_size(static_cast<DType>(12)), std::invalid_argument);
-  EXPECT_THROW(to_string(static_cast<DType>(255)), std::invalid_argument);
+  EXPECT_ERROR(element_size(static_cast<DType>(12)), std::invalid_argument,
+               "invalid DType value 12");
+  EXPECT_ERROR(to_string(static_cast<DType>(255)), std::invalid_argument,
+               "invalid DType value 255");
 }
 
 TEST(DTypeTest, DTypeOfMapsTypes) {

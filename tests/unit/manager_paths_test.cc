@@ -6,6 +6,7 @@
 
 #include "manager/paths.h"
 #include "shmtensor/error.h"
+#include "support/expect_error.h"
 
 namespace shmtensor::internal::manager {
 namespace {
@@ -59,7 +60,7 @@ TEST(ManagerPathsTest, GroupNamesAreChecked) {
   EXPECT_FALSE(is_valid_group("a/b"));
   EXPECT_FALSE(is_valid_group(".."));
   EXPECT_FALSE(is_valid_group(std::string(65, 'a')));
-  EXPECT_THROW(manager_location("/tmp", "../x"), Error);
+  EXPECT_ERROR(manager_location("/tmp", "../x"), Error, "invalid shmtensor-manager group \"../x\"");
 }
 
 TEST(ManagerPathsTest, EnvironmentChoosesDirectoryGroupProgramAndGrace) {

@@ -18,6 +18,7 @@
 #include "shmtensor/error.h"
 #include "shmtensor/internal/storage_access.h"
 #include "shmtensor/storage.h"
+#include "support/expect_error.h"
 #include "support/leak_check.h"
 #include "support/strategy_test.h"
 
@@ -69,7 +70,8 @@ TEST_F(SharingStrategyTest, InvalidNamesAreRejectedNamingTheValidOnes) {
     // A rejected name changes nothing.
     EXPECT_EQ(get_sharing_strategy(), SharingStrategy::kFileSystem);
   }
-  EXPECT_THROW(set_sharing_strategy(static_cast<SharingStrategy>(7)), std::invalid_argument);
+  EXPECT_ERROR(set_sharing_strategy(static_cast<SharingStrategy>(7)), std::invalid_argument,
+               "invalid sharing strategy value");
   EXPECT_EQ(get_sharing_strategy(), SharingStrategy::kFileSystem);
 }
 
@@ -256,7 +258,8 @@ TEST_F(SegmentValidationTest, AttachFdRejectsAnUnsealedFd) {
   ASSERT_GE(shm, 0) << std::strerror(errno);
   ::shm_unlink(name.c_str());
   ASSERT_EQ(::ftruncate(shm, 4096), 0);
-  EXPECT_THROW(Segment::attach_fd(internal::UniqueFd(shm), 1), ProtocolError);
+  EXPECT_ERROR(Segment::attach_fd(internal::UniqueFd(shm), 1), ProtocolError,
+               "not sealed against shrinking");
 }
 
 TEST_F(SegmentValidationTest, AttachFdRejectsAnFdSmallerThanAHeader) {
@@ -287,11 +290,12 @@ TEST_F(SegmentValidationTest, AttachFdValidatesTheHeaderAndUnmapsOnFailure) {
   std::size_t maps = testing::shmtensor_mappings().size();
 
   HeaderCopy zero{};
-  EXPECT_THROW(Segment::attach_fd(make(zero), uid), ProtocolError);
-  EXPECT_THROW(Segment::attach_fd(make(hdr), uid + 1), ProtocolError);
+  EXPECT_ERROR(Segment::attach_fd(make(zero), uid), ProtocolError, "bad magic");
+  EXPECT_ERROR(Segment::attach_fd(make(hdr), uid + 1), ProtocolError,
+               "uid does not match the message");
   HeaderCopy bad_version = hdr;
   bad_version.h().layout_version = 99;
-  EXPECT_THROW(Segment::attach_fd(make(bad_version), uid), ProtocolError);
+  EXPECT_ERROR(Segment::attach_fd(make(bad_version), uid), ProtocolError, "layout version 99");
   // More blocks than any segment of that kind has: refused before anything is allocated
   // per block (the geometry is checked before the sizes, so the object need not be big).
   HeaderCopy two_dedicated = hdr;

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "shmtensor/tensor.h"
+#include "support/expect_error.h"
 #include "support/leak_check.h"
 #include "unit/tensor_test_util.h"
 
@@ -83,10 +84,14 @@ TEST(TensorFactoryTest, FullConvertsTheValue) {
 }
 
 TEST(TensorFactoryTest, BadSizesThrow) {
-  EXPECT_THROW((void)Tensor::empty({2, -1}), std::invalid_argument);
-  EXPECT_THROW((void)Tensor::zeros({-3}), std::invalid_argument);
-  EXPECT_THROW((void)Tensor::empty({std::int64_t{1} << 62, 4}), std::invalid_argument);
-  EXPECT_THROW((void)Tensor::arange(-1), std::invalid_argument);
+  EXPECT_ERROR((void)Tensor::empty({2, -1}), std::invalid_argument,
+               "negative dimension -1 in sizes [2, -1]");
+  EXPECT_ERROR((void)Tensor::zeros({-3}), std::invalid_argument,
+               "negative dimension -3 in sizes [-3]");
+  EXPECT_ERROR((void)Tensor::empty({std::int64_t{1} << 62, 4}), std::invalid_argument,
+               "sizes [4611686018427387904, 4] overflow int64");
+  EXPECT_ERROR((void)Tensor::arange(-1), std::invalid_argument,
+               "Tensor::arange: n must be >= 0, got -1");
   EXPECT_EQ(Tensor::arange(0).numel(), 0);
 }
 
@@ -101,8 +106,10 @@ TEST(TensorFactoryTest, FromVector) {
   Tensor m = Tensor::from_vector<std::int32_t>({1, 2, 3, 4, 5, 6}, {3, 2});
   EXPECT_EQ(m.sizes(), (V{3, 2}));
   EXPECT_EQ(m[2][0].item<int>(), 5);
-  EXPECT_THROW((void)Tensor::from_vector<std::int32_t>({1, 2, 3}, {2, 2}), std::invalid_argument);
-  EXPECT_THROW((void)Tensor::from_vector<std::int32_t>({1, 2}, {-1, -2}), std::invalid_argument);
+  EXPECT_ERROR((void)Tensor::from_vector<std::int32_t>({1, 2, 3}, {2, 2}), std::invalid_argument,
+               "3 values do not fill sizes of numel 4");
+  EXPECT_ERROR((void)Tensor::from_vector<std::int32_t>({1, 2}, {-1, -2}), std::invalid_argument,
+               "negative dimension -1 in sizes [-1, -2]");
   Tensor e = Tensor::from_vector(std::vector<double>{});
   EXPECT_EQ(e.sizes(), (V{0}));
   // The vector is copied: the tensor owns its bytes.
@@ -134,11 +141,15 @@ TEST(TensorStackTest, StackAlongEveryDim) {
 
 TEST(TensorStackTest, StackRejectsMismatches) {
   Tensor a = Tensor::zeros({2});
-  EXPECT_THROW((void)stack({}), std::invalid_argument);
-  EXPECT_THROW((void)stack({a, Tensor::zeros({3})}), std::invalid_argument);
-  EXPECT_THROW((void)stack({a, Tensor::zeros({2}, DType::kInt32)}), std::invalid_argument);
-  EXPECT_THROW((void)stack({a, Tensor()}), std::invalid_argument);
-  EXPECT_THROW((void)stack({a, a}, 2), std::out_of_range);
+  EXPECT_ERROR((void)stack({}), std::invalid_argument,
+               "stack: expects a non-empty list of tensors");
+  EXPECT_ERROR((void)stack({a, Tensor::zeros({3})}), std::invalid_argument,
+               "expects each tensor to be equal size, but got [2] at entry 0 and [3] at entry 1");
+  EXPECT_ERROR((void)stack({a, Tensor::zeros({2}, DType::kInt32)}), std::invalid_argument,
+               "expects one dtype, but got float32 at entry 0 and int32 at entry 1");
+  EXPECT_ERROR((void)stack({a, Tensor()}), std::invalid_argument, "stack: tensor 1 is undefined");
+  EXPECT_ERROR((void)stack({a, a}, 2), std::out_of_range,
+               "Dimension out of range (expected to be in range of [-2, 1], but got 2)");
 }
 
 class TensorStackIntoTest : public testing::LeakCheckedTest {};
@@ -155,9 +166,11 @@ TEST_F(TensorStackIntoTest, StackIntoWritesAPreallocatedSharedTensor) {
   stack_into({Tensor::arange(3), Tensor::arange(3)}, col, 1);
   EXPECT_EQ(ints(col), (V{0, 0, 1, 1, 2, 2}));
   Tensor wrong = Tensor::zeros({3, 3});
-  EXPECT_THROW(stack_into({Tensor::arange(3), Tensor::arange(3)}, wrong), std::invalid_argument);
+  EXPECT_ERROR(stack_into({Tensor::arange(3), Tensor::arange(3)}, wrong), std::invalid_argument,
+               "out has sizes [3, 3] but the stacked sizes are [2, 3]");
   Tensor undefined;
-  EXPECT_THROW(stack_into({Tensor::arange(3)}, undefined), std::invalid_argument);
+  EXPECT_ERROR(stack_into({Tensor::arange(3)}, undefined), std::invalid_argument,
+               "out has sizes (undefined) but the stacked sizes are [1, 3]");
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 
 #include "shmtensor/sharing_strategy.h"
 #include "shmtensor/tensor.h"
+#include "support/expect_error.h"
 #include "unit/tensor_test_util.h"
 
 namespace shmtensor {
@@ -78,9 +79,11 @@ TEST(TensorCopyTest, CopyBroadcastsTheSource) {
   EXPECT_EQ(ints(t), (V{5, 5, 5, 6, 6, 6}));
   t.copy_(Tensor::full({}, 4.0));
   EXPECT_EQ(ints(t), (V{4, 4, 4, 4, 4, 4}));
-  EXPECT_THROW(t.copy_(Tensor::zeros({2})), std::invalid_argument);
-  EXPECT_THROW(t.copy_(Tensor::zeros({3, 2})), std::invalid_argument);
-  EXPECT_THROW(t.copy_(Tensor()), std::invalid_argument);
+  EXPECT_ERROR(t.copy_(Tensor::zeros({2})), std::invalid_argument,
+               "source of sizes [2] cannot be broadcast to sizes [2, 3]");
+  EXPECT_ERROR(t.copy_(Tensor::zeros({3, 2})), std::invalid_argument,
+               "source of sizes [3, 2] cannot be broadcast to sizes [2, 3]");
+  EXPECT_ERROR(t.copy_(Tensor()), std::invalid_argument, "Tensor::copy_: the tensor is undefined");
   Tensor e = Tensor::zeros({0, 3});
   EXPECT_NO_THROW(e.copy_(Tensor::zeros({3})));
 }
@@ -107,8 +110,9 @@ TEST(TensorOpsTest, FillAndAdd) {
   EXPECT_EQ(ints(i8), (V{-128, -127, 1}));  // wraps
   i8.add_(-2);
   EXPECT_EQ(ints(i8), (V{126, 127, -1}));
-  EXPECT_THROW(i8.add_(0.5), std::invalid_argument);
-  EXPECT_THROW(i8.add_(std::numeric_limits<double>::infinity()), std::invalid_argument);
+  EXPECT_ERROR(i8.add_(0.5), std::invalid_argument, "cannot add the non-integral value 0.5");
+  EXPECT_ERROR(i8.add_(std::numeric_limits<double>::infinity()), std::invalid_argument,
+               "cannot add the non-integral value inf");
 
   Tensor b = Tensor::from_vector(std::vector<bool>{true, false});
   b.add_(0);

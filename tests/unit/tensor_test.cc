@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "support/expect_error.h"
 #include "support/leak_check.h"
 #include "unit/tensor_test_util.h"
 
@@ -28,12 +29,14 @@ TEST(TensorTest, DefaultIsUndefined) {
   EXPECT_FALSE(t.defined());
   EXPECT_FALSE(t.is_shared());
   EXPECT_EQ(t.to_string(), "tensor(undefined)");
-  EXPECT_THROW(t.raw_data(), std::invalid_argument);
-  EXPECT_THROW(t.data_ptr<float>(), std::invalid_argument);
-  EXPECT_THROW(t.item<float>(), std::invalid_argument);
-  EXPECT_THROW((void)t.clone(), std::invalid_argument);
-  EXPECT_THROW((void)t.view({1}), std::invalid_argument);
-  EXPECT_THROW(t.share_memory_(), std::invalid_argument);
+  EXPECT_ERROR(t.raw_data(), std::invalid_argument, "Tensor::raw_data: the tensor is undefined");
+  EXPECT_ERROR(t.data_ptr<float>(), std::invalid_argument,
+               "Tensor::data_ptr: the tensor is undefined");
+  EXPECT_ERROR(t.item<float>(), std::invalid_argument, "Tensor::item: the tensor is undefined");
+  EXPECT_ERROR((void)t.clone(), std::invalid_argument, "Tensor::clone: the tensor is undefined");
+  EXPECT_ERROR((void)t.view({1}), std::invalid_argument, "Tensor::view: the tensor is undefined");
+  EXPECT_ERROR(t.share_memory_(), std::invalid_argument,
+               "Tensor::share_memory_: the tensor is undefined");
 }
 
 TEST(TensorTest, Metadata) {
@@ -48,8 +51,10 @@ TEST(TensorTest, Metadata) {
   EXPECT_EQ(t.size(-3), 2);
   EXPECT_EQ(t.stride(1), 4);
   EXPECT_EQ(t.stride(-1), 1);
-  EXPECT_THROW(t.size(3), std::out_of_range);
-  EXPECT_THROW(t.stride(-4), std::out_of_range);
+  EXPECT_ERROR(t.size(3), std::out_of_range,
+               "Dimension out of range (expected to be in range of [-3, 2], but got 3)");
+  EXPECT_ERROR(t.stride(-4), std::out_of_range,
+               "Dimension out of range (expected to be in range of [-3, 2], but got -4)");
   EXPECT_EQ(t.storage_offset(), 0);
   EXPECT_EQ(t.numel(), 24);
   EXPECT_EQ(t.element_size(), 2u);
@@ -66,8 +71,10 @@ TEST(TensorTest, ZeroDimTensor) {
   EXPECT_EQ(t.nbytes(), 4u);
   EXPECT_TRUE(t.is_contiguous());
   EXPECT_EQ(t.item<int>(), 7);
-  EXPECT_THROW(t.size(0), std::out_of_range);
-  EXPECT_THROW((void)t.select(0, 0), std::out_of_range);
+  EXPECT_ERROR(t.size(0), std::out_of_range,
+               "dimension specified as 0 but tensor has no dimensions");
+  EXPECT_ERROR((void)t.select(0, 0), std::out_of_range,
+               "select() cannot be applied to a 0-dim tensor");
 }
 
 TEST(TensorTest, CopiesShareTheStorage) {
@@ -93,9 +100,11 @@ TEST(TensorTest, DataPtrTypeMismatchThrows) {
     EXPECT_NE(std::string(e.what()).find("float64"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("float32"), std::string::npos) << e.what();
   }
-  EXPECT_THROW(t.data_ptr<std::int32_t>(), std::invalid_argument);
+  EXPECT_ERROR(t.data_ptr<std::int32_t>(), std::invalid_argument,
+               "data_ptr<int32>() called on a tensor of dtype float32");
   const Tensor& c = t;
-  EXPECT_THROW(c.data_ptr<Half>(), std::invalid_argument);
+  EXPECT_ERROR(c.data_ptr<Half>(), std::invalid_argument,
+               "data_ptr<float16>() called on a tensor of dtype float32");
   EXPECT_EQ(c.data_ptr<float>(), t.raw_data());
 }
 
@@ -127,15 +136,21 @@ TEST(TensorTest, ItemConvertsLikeTorch) {
 }
 
 TEST(TensorTest, ItemRejectsOverflowAndManyElements) {
-  EXPECT_THROW(Tensor::full({}, 300, DType::kInt32).item<std::int8_t>(), std::out_of_range);
-  EXPECT_THROW(Tensor::full({}, -1, DType::kInt32).item<std::uint8_t>(), std::out_of_range);
-  EXPECT_THROW(Tensor::full({}, 1e30).item<std::int64_t>(), std::out_of_range);
-  EXPECT_THROW(Tensor::full({}, std::nan("")).item<int>(), std::out_of_range);
-  EXPECT_THROW(Tensor::full({}, 9223372036854775808.0, DType::kFloat64).item<std::int64_t>(),
-               std::out_of_range);
+  EXPECT_ERROR(Tensor::full({}, 300, DType::kInt32).item<std::int8_t>(), std::out_of_range,
+               "value 300 cannot be converted to the requested type without overflow");
+  EXPECT_ERROR(Tensor::full({}, -1, DType::kInt32).item<std::uint8_t>(), std::out_of_range,
+               "value -1 cannot be converted to the requested type without overflow");
+  EXPECT_ERROR(Tensor::full({}, 1e30).item<std::int64_t>(), std::out_of_range,
+               "cannot be converted to the requested type without overflow");
+  EXPECT_ERROR(Tensor::full({}, std::nan("")).item<int>(), std::out_of_range,
+               "value nan cannot be converted to the requested type without overflow");
+  EXPECT_ERROR(Tensor::full({}, 9223372036854775808.0, DType::kFloat64).item<std::int64_t>(),
+               std::out_of_range, "value 9223372036854775808.000000 cannot be converted");
   EXPECT_EQ(Tensor::full({}, 255, DType::kInt32).item<std::uint8_t>(), 255);
-  EXPECT_THROW(Tensor::zeros({2}).item<float>(), std::invalid_argument);
-  EXPECT_THROW(Tensor::zeros({0}).item<float>(), std::invalid_argument);
+  EXPECT_ERROR(Tensor::zeros({2}).item<float>(), std::invalid_argument,
+               "a tensor with 2 elements cannot be converted to a scalar");
+  EXPECT_ERROR(Tensor::zeros({0}).item<float>(), std::invalid_argument,
+               "a tensor with 0 elements cannot be converted to a scalar");
 }
 
 // ---- from_storage ----------------------------------------------------------------------------
@@ -162,31 +177,51 @@ TEST(TensorFromStorageTest, RejectsHostileValues) {
                         std::vector<std::int64_t> strides, DType dtype = DType::kFloat64) {
     return Tensor::from_storage(s, offset, std::move(sizes), std::move(strides), dtype);
   };
-  EXPECT_THROW(make(0, {7}, {1}), std::out_of_range);   // one element too many
-  EXPECT_THROW(make(6, {1}, {1}), std::out_of_range);   // offset at the end
-  EXPECT_THROW(make(7, {0}, {1}), std::out_of_range);   // empty, but offset beyond
-  EXPECT_THROW(make(-1, {1}, {1}), std::out_of_range);  // negative offset
-  EXPECT_THROW(make(0, {2}, {6}), std::out_of_range);   // stride reaches past end
-  EXPECT_THROW(make(0, {4}, {1}, DType::kComplex128), std::out_of_range);
-  EXPECT_THROW(make(0, {-1}, {1}), std::invalid_argument);  // negative size
-  EXPECT_THROW(make(0, {2, -2}, {1, 1}), std::invalid_argument);
-  EXPECT_THROW(make(0, {2}, {-1}), std::invalid_argument);             // negative stride
-  EXPECT_THROW(make(0, {2}, {1, 1}), std::invalid_argument);           // ranks differ
-  EXPECT_THROW(make(0, {2}, {kMax}), std::out_of_range);               // last index + 1 overflows
-  EXPECT_THROW(make(0, {3}, {kMax}), std::out_of_range);               // 2*kMax overflows
-  EXPECT_THROW(make(0, {2, 2}, {kMax, kMax}), std::out_of_range);      // sum overflows
-  EXPECT_THROW(make(kMax, {1}, {1}), std::out_of_range);               // offset + 1 overflows
-  EXPECT_THROW(make(kMax / 4, {1}, {1}), std::out_of_range);           // bytes overflow
-  EXPECT_THROW(make(0, {kMax}, {0}), std::invalid_argument);           // numel * 8 overflows
-  EXPECT_THROW(make(0, {kMax, kMax}, {0, 0}), std::invalid_argument);  // numel overflows
-  EXPECT_THROW(make(0, {1}, {1}, static_cast<DType>(99)), std::invalid_argument);
-  EXPECT_THROW((void)Tensor::from_storage(Storage(), 0, {}, {}, DType::kFloat32),
-               std::invalid_argument);
+  EXPECT_ERROR(make(0, {7}, {1}), std::out_of_range,
+               "reach beyond the storage of 48 bytes");  // one element too many
+  EXPECT_ERROR(make(6, {1}, {1}), std::out_of_range,
+               "reach beyond the storage of 48 bytes");  // offset at the end
+  EXPECT_ERROR(make(7, {0}, {1}), std::out_of_range,
+               "reach beyond the storage of 48 bytes");  // empty, but offset beyond
+  EXPECT_ERROR(make(-1, {1}, {1}), std::out_of_range,
+               "negative storage offset -1");  // negative offset
+  EXPECT_ERROR(make(0, {2}, {6}), std::out_of_range,
+               "reach beyond the storage of 48 bytes");  // stride reaches past end
+  EXPECT_ERROR(make(0, {4}, {1}, DType::kComplex128), std::out_of_range,
+               "of complex128 reach beyond the storage of 48 bytes");
+  EXPECT_ERROR(make(0, {-1}, {1}), std::invalid_argument,
+               "negative dimension -1 in sizes [-1]");  // negative size
+  EXPECT_ERROR(make(0, {2, -2}, {1, 1}), std::invalid_argument,
+               "negative dimension -2 in sizes [2, -2]");
+  EXPECT_ERROR(make(0, {2}, {-1}), std::invalid_argument,
+               "negative stride in [-1]");  // negative stride
+  EXPECT_ERROR(make(0, {2}, {1, 1}), std::invalid_argument,
+               "1 sizes but 2 strides");  // ranks differ
+  EXPECT_ERROR(make(0, {2}, {kMax}), std::out_of_range,
+               "extent overflows int64");  // last index + 1 overflows
+  EXPECT_ERROR(make(0, {3}, {kMax}), std::out_of_range,
+               "sizes [3] and strides [9223372036854775807] overflow int64");  // 2*kMax overflows
+  EXPECT_ERROR(make(0, {2, 2}, {kMax, kMax}), std::out_of_range,
+               "[9223372036854775807, 9223372036854775807] overflow int64");  // sum overflows
+  EXPECT_ERROR(make(kMax, {1}, {1}), std::out_of_range,
+               "extent overflows int64");  // offset + 1 overflows
+  EXPECT_ERROR(make(kMax / 4, {1}, {1}), std::out_of_range,
+               "reach beyond the storage of 48 bytes");  // bytes overflow
+  EXPECT_ERROR(make(0, {kMax}, {0}), std::invalid_argument,
+               "overflow int64 when counted in bytes");  // numel * 8 overflows
+  EXPECT_ERROR(make(0, {kMax, kMax}, {0, 0}), std::invalid_argument,
+               "[9223372036854775807, 9223372036854775807] overflow int64");  // numel overflows
+  EXPECT_ERROR(make(0, {1}, {1}, static_cast<DType>(99)), std::invalid_argument,
+               "invalid DType value 99");
+  EXPECT_ERROR((void)Tensor::from_storage(Storage(), 0, {}, {}, DType::kFloat32),
+               std::invalid_argument, "Tensor::from_storage: undefined storage");
   // A zero-byte storage holds only empty tensors at offset 0.
   Storage none = Storage::allocate(0);
   EXPECT_NO_THROW((void)Tensor::from_storage(none, 0, {0, 5}, {5, 1}, DType::kFloat32));
-  EXPECT_THROW((void)Tensor::from_storage(none, 0, {}, {}, DType::kFloat32), std::out_of_range);
-  EXPECT_THROW((void)Tensor::from_storage(none, 1, {0}, {1}, DType::kFloat32), std::out_of_range);
+  EXPECT_ERROR((void)Tensor::from_storage(none, 0, {}, {}, DType::kFloat32), std::out_of_range,
+               "reach beyond the storage of 0 bytes");
+  EXPECT_ERROR((void)Tensor::from_storage(none, 1, {0}, {1}, DType::kFloat32), std::out_of_range,
+               "reach beyond the storage of 0 bytes");
 }
 
 // Bytes from a peer may hold any value; a bool byte other than 0 or 1 reads as true, never as
