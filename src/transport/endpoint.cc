@@ -36,32 +36,9 @@ bool Endpoint::fits_slot(const OutgoingFrame& frame) const noexcept {
   return size <= ring_.max_message();
 }
 
-Ring::Status Endpoint::push(std::span<const std::span<const std::byte>> parts,
-                            const Deadline& deadline) {
-  return ring_.push_parts(parts, kRingMessageTag, deadline, Ring::Wake::kDeferred);
-}
-
 AnnouncedSend Endpoint::send_datagram(OutgoingFrame& frame, const Deadline& deadline) {
   const SegmentFetcher fetcher = depot_.fetcher();  // for dead datagrams it drops
   return send_announced(path(&fetcher), frame, deadline);
-}
-
-void Endpoint::notify() noexcept {
-  if (words_.readiness_wanted->load(std::memory_order_seq_cst) != 0)
-    signal_event_fd(ready_fd_.get());
-}
-
-void Endpoint::Signalling::begin(Endpoint& e) noexcept {
-  if (counted_ != nullptr) return;
-  if (e.words_.readiness_wanted->load(std::memory_order_seq_cst) == 0) return;
-  counted_ = e.words_.signalling;
-  counted_->fetch_add(1, std::memory_order_seq_cst);
-}
-
-void Endpoint::Signalling::end() noexcept {
-  if (counted_ == nullptr) return;
-  counted_->fetch_sub(1, std::memory_order_seq_cst);
-  counted_ = nullptr;
 }
 
 std::optional<Decoder> Endpoint::receive(std::shared_ptr<std::byte[]> buffer, std::byte* data,
@@ -87,13 +64,14 @@ std::optional<Decoder> Endpoint::receive(std::shared_ptr<std::byte[]> buffer, st
   return d;
 }
 
+void Endpoint::signal_ready() noexcept { signal_event_fd(ready_fd_.get()); }
+
 bool Endpoint::readable_now() const noexcept {
   return ring_.has_ready() ||
          (words_.closed != nullptr && words_.closed->load(std::memory_order_seq_cst) != 0);
 }
 
-void Endpoint::rearm() noexcept {
-  if (words_.readiness_wanted->load(std::memory_order_seq_cst) == 0) return;
+void Endpoint::rearm_wanted() noexcept {
   if (readable_now()) return;
   wait_for_signallers(*words_.signalling, stuck_signalling_);
   drain_event_fd(ready_fd_.get());

@@ -79,13 +79,17 @@ class Endpoint {
   [[nodiscard]] bool fits_slot(const OutgoingFrame& frame) const noexcept;
   // A frame that fits a slot, published; the consumers asleep are woken later
   // (Ring::wake_consumers). kTimeout when the deadline passed first; kClosed: the ring was.
-  Ring::Status push(std::span<const std::span<const std::byte>> parts, const Deadline& deadline);
+  Ring::Status push(std::span<const std::span<const std::byte>> parts, const Deadline& deadline) {
+    return ring_.push_parts(parts, kRingMessageTag, deadline, Ring::Wake::kDeferred);
+  }
   // A frame as a datagram announced by a marker (send_announced); the marker wakes `wake`.
   AnnouncedSend send_datagram(OutgoingFrame& frame, const Deadline& deadline);
   // After a publish: signals the readiness fd when a reader asked for it. The publish (a
   // seq_cst read-modify-write) comes before this load, and rearm()'s look at the ring comes
   // after its seq_cst store: either the sender sees the count, or the reader the message.
-  void notify() noexcept;
+  void notify() noexcept {
+    if (words_.readiness_wanted->load(std::memory_order_seq_cst) != 0) signal_ready();
+  }
   // Counts a sender from before its publish (which may come while it waits for room) to
   // its signal, while a reader wants the readiness fd; rearm() waits for those counted.
   class Signalling {
@@ -96,8 +100,17 @@ class Endpoint {
     Signalling(const Signalling&) = delete;
     Signalling& operator=(const Signalling&) = delete;
     // Counted (again) from now, if a reader wants the fd and this is not counted yet.
-    void begin(Endpoint& e) noexcept;
-    void end() noexcept;
+    void begin(Endpoint& e) noexcept {
+      if (counted_ != nullptr) return;
+      if (e.words_.readiness_wanted->load(std::memory_order_seq_cst) == 0) return;
+      counted_ = e.words_.signalling;
+      counted_->fetch_add(1, std::memory_order_seq_cst);
+    }
+    void end() noexcept {
+      if (counted_ == nullptr) return;
+      counted_->fetch_sub(1, std::memory_order_seq_cst);
+      counted_ = nullptr;
+    }
 
    private:
     std::atomic<std::uint32_t>* counted_ = nullptr;
@@ -114,7 +127,9 @@ class Endpoint {
   // a queue is closed), and is cleared otherwise — then the ring is looked at again, so a
   // message published in between signals (by its sender, or here). Senders still to signal
   // a message taken are waited for first (wait_for_signallers: at most ~1 ms).
-  void rearm() noexcept;
+  void rearm() noexcept {
+    if (words_.readiness_wanted->load(std::memory_order_seq_cst) != 0) rearm_wanted();
+  }
   // One more reader of the readiness fd (for good, or until unwant()); the fd is then made
   // to say what is there now. The count comes before the look at the ring (both seq_cst),
   // and a sender's publish before its look at the count: it signals, or we see its message.
@@ -123,6 +138,8 @@ class Endpoint {
 
  private:
   [[nodiscard]] bool readable_now() const noexcept;
+  void rearm_wanted() noexcept;
+  void signal_ready() noexcept;
 
   Ring ring_;
   UniqueFd ready_fd_;

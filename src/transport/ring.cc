@@ -104,18 +104,6 @@ Ring Ring::attach(UniqueFd fd) {
   return Ring(std::move(fd), std::move(map), copy.slot_count, copy.slot_bytes);
 }
 
-RingHeader* Ring::header() const noexcept { return reinterpret_cast<RingHeader*>(map_.data()); }
-
-std::byte* Ring::slot(std::uint64_t pos) const noexcept {
-  return map_.data() + slots_offset_ + (pos & (slot_count_ - 1)) * slot_bytes_;
-}
-
-void Ring::wake_producers() noexcept {
-  RingHeader* h = header();
-  h->freed.fetch_add(1);
-  if (h->producers_asleep.load() != 0) futex_wake(&h->freed, 1);
-}
-
 Ring::Reservation Ring::reserve(Deadline deadline) {
   RingHeader* h = header();
   const auto [me, epoch] = holder();

@@ -100,6 +100,21 @@ struct Ring::Local {
   std::atomic<std::int64_t> idle_scan_ns{0};
 };
 
+// The accessors every step of the ring uses, inline in each of its files.
+inline RingHeader* Ring::header() const noexcept {
+  return reinterpret_cast<RingHeader*>(map_.data());
+}
+
+inline std::byte* Ring::slot(std::uint64_t pos) const noexcept {
+  return map_.data() + slots_offset_ + (pos & (slot_count_ - 1)) * slot_bytes_;
+}
+
+inline void Ring::wake_producers() noexcept {
+  RingHeader* h = header();
+  h->freed.fetch_add(1);
+  if (h->producers_asleep.load() != 0) futex_wake(&h->freed, 1);
+}
+
 inline std::pair<std::uint32_t, std::uint32_t> Ring::holder() {
   // Every push and pop asks: the claim made, a load and a compare (inlined), else the claim.
   const std::uint64_t seen = local_->claim.load(std::memory_order_acquire);
