@@ -22,6 +22,7 @@
 // budget of their own in place of the process's: Queue::set_busy_poll (queue.h).
 #pragma once
 
+#include "shmtensor/export.h"
 #include "shmtensor/timeout.h"
 
 namespace shmtensor {
@@ -30,8 +31,8 @@ namespace shmtensor {
 // Duration(0) turns polling off (the default). The environment variable
 // SHMTENSOR_BUSY_POLL_US (microseconds) sets the starting value. Throws
 // std::invalid_argument for a negative budget or one above 1 second.
-void set_busy_poll(Duration budget);
+SHMTENSOR_API void set_busy_poll(Duration budget);
 // The budget set (Duration(0): off).
-Duration get_busy_poll();
+SHMTENSOR_API Duration get_busy_poll();
 
 }  // namespace shmtensor

@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "shmtensor/error.h"
+#include "shmtensor/export.h"
 #include "shmtensor/tensor.h"
 
 namespace shmtensor {
@@ -52,7 +53,7 @@ struct Codec;
 
 // Collects the bytes, storage references and fds of one message. Not thread-safe; one per
 // message.
-class Encoder {
+class SHMTENSOR_API Encoder {
  public:
   Encoder();
   ~Encoder();
@@ -89,7 +90,7 @@ class Encoder {
 };
 
 // Reads one received message. Every read checks bounds and throws ProtocolError.
-class Decoder {
+class SHMTENSOR_API Decoder {
  public:
   ~Decoder();
   Decoder(Decoder&&) noexcept;

@@ -30,6 +30,7 @@
 #include <utility>
 
 #include "shmtensor/codec.h"
+#include "shmtensor/export.h"
 #include "shmtensor/internal/duration.h"
 
 namespace shmtensor {
@@ -40,12 +41,12 @@ struct ConnectionCore;    // src/transport/connection.cc
 }  // namespace internal
 
 // recv() on a connection whose peer closed (or that was closed here).
-class ConnectionClosed : public Error {
+class SHMTENSOR_API ConnectionClosed : public Error {
  public:
   explicit ConnectionClosed(const std::string& what) : Error(what) {}
 };
 
-class Connection {
+class SHMTENSOR_API Connection {
  public:
   Connection() noexcept;  // not connected: valid() is false
   Connection(Connection&& other) noexcept;
@@ -148,12 +149,12 @@ class Connection {
 };
 
 // A connected pair of duplex connections (a socket pair and a ring each way).
-std::pair<Connection, Connection> pipe();
+SHMTENSOR_API std::pair<Connection, Connection> pipe();
 
 // A Connection travels as duplicates of its fds: the socket, and for one made by pipe() its
 // two rings and two eventfds.
 template <>
-struct Codec<Connection> {
+struct SHMTENSOR_API Codec<Connection> {
   static void encode(Encoder& e, const Connection& c);
   static Connection decode(Decoder& d);
 };

@@ -54,6 +54,7 @@
 #include "shmtensor/collate.h"
 #include "shmtensor/data_loader_errors.h"
 #include "shmtensor/error.h"
+#include "shmtensor/export.h"
 #include "shmtensor/internal/data_loader_session.h"
 #include "shmtensor/internal/data_worker.h"
 #include "shmtensor/process.h"
@@ -71,7 +72,7 @@ struct WorkerInfo {
 };
 // The calling process's WorkerInfo in a DataLoader worker; nullopt in any other process.
 // An iterable dataset calls it (in begin()) to pick its share of the data.
-std::optional<WorkerInfo> get_worker_info();
+SHMTENSOR_API std::optional<WorkerInfo> get_worker_info();
 
 template <class Collate = DefaultCollate>
 struct DataLoaderOptions {

@@ -5,18 +5,19 @@
 #include <string>
 
 #include "shmtensor/error.h"
+#include "shmtensor/export.h"
 
 namespace shmtensor {
 
 // Base of the errors a DataLoader raises about its workers.
-class DataLoaderError : public Error {
+class SHMTENSOR_API DataLoaderError : public Error {
  public:
   explicit DataLoaderError(const std::string& what) : Error(what) {}
 };
 
 // An exception escaped the dataset or collate_fn in a worker. what() reads
 //   "DataLoader worker 1 (pid 4242) raised std::out_of_range in get(17): no sample 17"
-class DataLoaderWorkerError : public DataLoaderError {
+class SHMTENSOR_API DataLoaderWorkerError : public DataLoaderError {
  public:
   DataLoaderWorkerError(const std::string& what, int worker_id, int pid, std::int64_t index,
                         std::string stage, std::string type_name, std::string message)
@@ -39,7 +40,7 @@ class DataLoaderWorkerError : public DataLoaderError {
 
 // A worker ended: killed by a signal ("... was killed by signal SIGKILL"; for SIGBUS the
 // text explains shared memory) or exited (exit_code() >= 0).
-class DataLoaderWorkerDied : public DataLoaderError {
+class SHMTENSOR_API DataLoaderWorkerDied : public DataLoaderError {
  public:
   DataLoaderWorkerDied(const std::string& what, int worker_id, int pid, int exit_code,
                        std::string signal_name)
@@ -56,7 +57,7 @@ class DataLoaderWorkerDied : public DataLoaderError {
 };
 
 // No batch came within DataLoaderOptions::timeout.
-class DataLoaderTimeout : public DataLoaderError {
+class SHMTENSOR_API DataLoaderTimeout : public DataLoaderError {
  public:
   explicit DataLoaderTimeout(const std::string& what) : DataLoaderError(what) {}
 };

@@ -16,12 +16,13 @@
 #include <string>
 
 #include "shmtensor/error.h"
+#include "shmtensor/export.h"
 
 namespace shmtensor {
 
 enum class DeviceType : std::uint8_t { kCPU = 0, kCUDA = 1 };
 
-class Device {
+class SHMTENSOR_API Device {
  public:
   // The CPU.
   constexpr Device() noexcept = default;
@@ -48,11 +49,11 @@ namespace cuda {
 
 // Whether CUDA can be used in this process: the driver loads, initialises and sees at
 // least one device. Never throws; the first call loads the driver.
-bool is_available() noexcept;
+SHMTENSOR_API bool is_available() noexcept;
 // Devices this process sees (0 when CUDA is not available).
-int device_count() noexcept;
+SHMTENSOR_API int device_count() noexcept;
 // Why is_available() is false (empty when it is true).
-std::string unavailable_reason();
+SHMTENSOR_API std::string unavailable_reason();
 
 }  // namespace cuda
 

@@ -7,6 +7,8 @@
 #include <string>
 #include <string_view>
 
+#include "shmtensor/export.h"
+
 namespace shmtensor {
 
 enum class DType : std::uint8_t {
@@ -27,21 +29,21 @@ enum class DType : std::uint8_t {
 inline constexpr int kNumDTypes = 12;
 
 // Size in bytes of one element.
-std::size_t element_size(DType dtype);
+SHMTENSOR_API std::size_t element_size(DType dtype);
 // "bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32",
 // "float64", "complex64", "complex128".
-std::string to_string(DType dtype);
+SHMTENSOR_API std::string to_string(DType dtype);
 // Inverse of to_string; throws std::invalid_argument naming the valid values.
-DType dtype_from_string(std::string_view name);
+SHMTENSOR_API DType dtype_from_string(std::string_view name);
 
 // IEEE half and bfloat16 as storage types: bit patterns with conversions to and from float.
-struct Half {
+struct SHMTENSOR_API Half {
   std::uint16_t bits = 0;
   Half() = default;
   explicit Half(float value);
   explicit operator float() const;
 };
-struct BFloat16 {
+struct SHMTENSOR_API BFloat16 {
   std::uint16_t bits = 0;
   BFloat16() = default;
   explicit BFloat16(float value);

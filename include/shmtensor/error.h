@@ -48,16 +48,18 @@
 #include <stdexcept>
 #include <string>
 
+#include "shmtensor/export.h"
+
 namespace shmtensor {
 
 // Base of every failure the library reports about its own operations (see above).
-class Error : public std::runtime_error {
+class SHMTENSOR_API Error : public std::runtime_error {
  public:
   explicit Error(const std::string& what) : std::runtime_error(what) {}
 };
 
 // A system call failed. what() reads "<syscall>(<context>): <strerror> — <advice>".
-class SystemError : public Error {
+class SHMTENSOR_API SystemError : public Error {
  public:
   SystemError(int err, std::string syscall, const std::string& context,
               const std::string& advice = {});
@@ -71,7 +73,7 @@ class SystemError : public Error {
 
 // Not enough room in /dev/shm (file_system strategy) or in memory for a segment.
 // what() names the requested size, the free space and the fix.
-class SharedMemoryFullError : public Error {
+class SHMTENSOR_API SharedMemoryFullError : public Error {
  public:
   SharedMemoryFullError(const std::string& what, std::size_t requested, std::size_t available)
       : Error(what), requested_(requested), available_(available) {}
@@ -85,7 +87,7 @@ class SharedMemoryFullError : public Error {
 
 // Bytes or descriptors that came from another process (a segment header, a message, a
 // cmsg) are malformed or inconsistent. The data is rejected; nothing was mapped or kept.
-class ProtocolError : public Error {
+class SHMTENSOR_API ProtocolError : public Error {
  public:
   explicit ProtocolError(const std::string& what) : Error(what) {}
 };
@@ -93,7 +95,7 @@ class ProtocolError : public Error {
 // The CUDA driver is missing, refused a call, or cannot be used in this process (a child
 // forked after its parent used CUDA). what() names the driver call and the driver's error,
 // and says what to do; result() is the driver's CUresult (0 when no call failed).
-class CudaError : public Error {
+class SHMTENSOR_API CudaError : public Error {
  public:
   CudaError(const std::string& what, int result = 0) : Error(what), result_(result) {}
   int result() const noexcept { return result_; }
@@ -104,7 +106,7 @@ class CudaError : public Error {
 
 // The job's configuration, given in options or in environment variables, is invalid or
 // incomplete. what() names the option or variable, its value and what to set.
-class ConfigurationError : public Error {
+class SHMTENSOR_API ConfigurationError : public Error {
  public:
   explicit ConfigurationError(const std::string& what) : Error(what) {}
 };

@@ -50,6 +50,7 @@
 
 #include "shmtensor/codec.h"
 #include "shmtensor/error.h"
+#include "shmtensor/export.h"
 #include "shmtensor/internal/pool_task.h"
 #include "shmtensor/pool_results.h"
 #include "shmtensor/process.h"
@@ -59,7 +60,7 @@
 namespace shmtensor {
 
 // A task threw in a worker. what() is "<type>: <message>".
-class TaskError : public Error {
+class SHMTENSOR_API TaskError : public Error {
  public:
   // `text` is "<type>: <message>" as reported by the worker.
   TaskError(const std::string& text, int pid);
@@ -85,7 +86,7 @@ namespace internal {
 class PoolCore;
 }
 
-class Pool {
+class SHMTENSOR_API Pool {
  public:
   // Starts `processes` workers (0: one per CPU). Throws SystemError / Error when a worker
   // cannot be started (the others are then stopped).

@@ -28,6 +28,7 @@
 #include <utility>
 
 #include "shmtensor/error.h"
+#include "shmtensor/export.h"
 #include "shmtensor/internal/launch.h"
 #include "shmtensor/start_method.h"
 #include "shmtensor/timeout.h"
@@ -39,7 +40,7 @@ class ProcessState;
 struct ProcessAccess;
 }  // namespace internal
 
-class Process {
+class SHMTENSOR_API Process {
  public:
   // Copies fn and args; nothing runs until start(). fn(args...) must be callable.
   template <class F, class... Args>

@@ -38,13 +38,14 @@
 #include <vector>
 
 #include "shmtensor/codec.h"
+#include "shmtensor/export.h"
 #include "shmtensor/internal/duration.h"
 #include "shmtensor/internal/queue_core.h"
 
 namespace shmtensor {
 
 // get() on a closed and drained queue, or put() on a closed queue.
-class QueueClosed : public Error {
+class SHMTENSOR_API QueueClosed : public Error {
  public:
   explicit QueueClosed(const std::string& what) : Error(what) {}
 };

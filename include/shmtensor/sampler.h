@@ -20,6 +20,8 @@
 #include <utility>
 #include <vector>
 
+#include "shmtensor/export.h"
+
 namespace shmtensor {
 
 // A function of the epoch number (0, 1, ...) giving that epoch's index order; or unset.
@@ -64,9 +66,9 @@ class BatchSampler {
 // A permutation of [0, n) that depends only on `seed` (the same on every platform and
 // run): Fisher-Yates driven by splitmix64. shuffle=true uses
 // random_permutation(n, epoch_seed(seed, epoch)).
-std::vector<std::int64_t> random_permutation(std::int64_t n, std::uint64_t seed);
+SHMTENSOR_API std::vector<std::int64_t> random_permutation(std::int64_t n, std::uint64_t seed);
 // The seed of one epoch's shuffle, derived from the loader's base seed.
-std::uint64_t epoch_seed(std::uint64_t base_seed, std::int64_t epoch) noexcept;
+SHMTENSOR_API std::uint64_t epoch_seed(std::uint64_t base_seed, std::int64_t epoch) noexcept;
 
 struct DistributedSamplerOptions {
   // Processes in the job, and this process's number in [0, num_replicas). Unset: read from
@@ -106,7 +108,7 @@ struct DistributedSamplerOptions {
 // once, by the constructor.
 //
 // Copyable; const members may be called from any thread.
-class DistributedSampler {
+class SHMTENSOR_API DistributedSampler {
  public:
   explicit DistributedSampler(std::int64_t dataset_size, DistributedSamplerOptions options = {});
 

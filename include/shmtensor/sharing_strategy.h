@@ -6,6 +6,8 @@
 #include <string_view>
 #include <vector>
 
+#include "shmtensor/export.h"
+
 namespace shmtensor {
 
 enum class SharingStrategy {
@@ -18,13 +20,13 @@ enum class SharingStrategy {
 };
 
 // "file_descriptor" / "file_system".
-std::string to_string(SharingStrategy strategy);
-std::vector<SharingStrategy> get_all_sharing_strategies();
+SHMTENSOR_API std::string to_string(SharingStrategy strategy);
+SHMTENSOR_API std::vector<SharingStrategy> get_all_sharing_strategies();
 // The strategy used for storages shared from now on, process-wide. Thread-safe.
-SharingStrategy get_sharing_strategy();
-void set_sharing_strategy(SharingStrategy strategy);
+SHMTENSOR_API SharingStrategy get_sharing_strategy();
+SHMTENSOR_API void set_sharing_strategy(SharingStrategy strategy);
 // Accepts "file_descriptor" or "file_system"; throws std::invalid_argument naming the
 // valid values for anything else.
-void set_sharing_strategy(std::string_view name);
+SHMTENSOR_API void set_sharing_strategy(std::string_view name);
 
 }  // namespace shmtensor

@@ -22,14 +22,16 @@
 #include <vector>
 
 #include "shmtensor/error.h"
+#include "shmtensor/export.h"
 #include "shmtensor/internal/process_access.h"
+#include "shmtensor/internal/spawn.h"
 #include "shmtensor/process.h"
 #include "shmtensor/start_method.h"
 
 namespace shmtensor {
 
 // A child of spawn failed. error_index() is its index, pid() its pid.
-class ProcessException : public Error {
+class SHMTENSOR_API ProcessException : public Error {
  public:
   ProcessException(const std::string& what, int error_index, int pid)
       : Error(what), error_index_(error_index), pid_(pid) {}
@@ -42,13 +44,13 @@ class ProcessException : public Error {
 };
 
 // The child's function threw; what() carries its type name and message.
-class ProcessRaisedException : public ProcessException {
+class SHMTENSOR_API ProcessRaisedException : public ProcessException {
  public:
   using ProcessException::ProcessException;
 };
 
 // The child exited with a non-zero code or was killed by a signal (exit_code() < 0).
-class ProcessExitedException : public ProcessException {
+class SHMTENSOR_API ProcessExitedException : public ProcessException {
  public:
   ProcessExitedException(const std::string& what, int error_index, int pid, int exit_code,
                          std::string signal_name = {})
@@ -73,7 +75,7 @@ struct SpawnOptions {
 // The children of one spawn. Used by one thread at a time. Destroying it while children
 // run waits for them (daemons: SIGTERM, SIGKILL after 5 s) and reaps them; a failure seen
 // only then is lost.
-class ProcessContext {
+class SHMTENSOR_API ProcessContext {
  public:
   explicit ProcessContext(std::vector<Process> processes);
   ProcessContext(ProcessContext&&) noexcept;
@@ -100,12 +102,6 @@ class ProcessContext {
   std::vector<Process> processes_;
   std::vector<bool> examined_;  // join() has looked at processes_[i] since it ended
 };
-
-namespace internal {
-// Starts every process (on failure: kills and reaps those started, rethrows), then joins
-// when options.join.
-ProcessContext start_all(std::vector<Process> processes, const SpawnOptions& options);
-}  // namespace internal
 
 // Runs fn(index, args...) for index in [0, nprocs) in child processes. Arguments are copied
 // for each child (kFork) or encoded and sent to it (kExec). See the file comment.

@@ -1,6 +1,8 @@
 // How a child process starts, and the hook a re-executed child needs.
 #pragma once
 
+#include "shmtensor/export.h"
+
 namespace shmtensor {
 
 // kFork: the child is a fork of the caller and runs any callable with its captures
@@ -20,10 +22,10 @@ enum class StartMethod { kFork, kExec };
 // environment's SetUp(): that runs after all static initialization and before any test.
 // Calling it from a static initializer also works, but then the function may run before
 // other globals of the program are constructed.
-void init(int argc, char** argv);
+SHMTENSOR_API void init(int argc, char** argv);
 
 // True in a process started by the exec start method whose function has not run yet (that
 // is, before init()). Cheap (reads the environment); safe in a static initializer.
-bool is_exec_child() noexcept;
+SHMTENSOR_API bool is_exec_child() noexcept;
 
 }  // namespace shmtensor

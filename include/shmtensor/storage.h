@@ -15,6 +15,7 @@
 #include <memory>
 
 #include "shmtensor/device.h"
+#include "shmtensor/export.h"
 #include "shmtensor/sharing_strategy.h"
 
 namespace shmtensor {
@@ -24,7 +25,7 @@ class StorageImpl;
 struct StorageAccess;
 }  // namespace internal
 
-class Storage {
+class SHMTENSOR_API Storage {
  public:
   // A null storage (defined() is false).
   Storage() = default;
@@ -76,6 +77,6 @@ class Storage {
 // maps. Thread-safe. Not released: segments a Queue handle keeps mapped because their fd
 // is in the queue's depot (up to 32 per handle, while it holds the queue), and the depot's
 // own copies, which live as long as the queue (docs/transport.md, "fds once per segment").
-void empty_cache();
+SHMTENSOR_API void empty_cache();
 
 }  // namespace shmtensor

@@ -36,6 +36,7 @@
 
 #include "shmtensor/dims.h"
 #include "shmtensor/dtype.h"
+#include "shmtensor/export.h"
 #include "shmtensor/storage.h"
 
 namespace shmtensor {
@@ -44,7 +45,7 @@ namespace internal {
 struct TensorAccess;  // internal/tensor_access.h
 }  // namespace internal
 
-class Tensor {
+class SHMTENSOR_API Tensor {
  public:
   // An undefined tensor: defined() is false; only defined(), to_string() and assignment are
   // meaningful, anything touching elements throws std::invalid_argument.
@@ -251,12 +252,13 @@ class Tensor {
 // Stacks equally-sized tensors of one dtype along a new dimension dim (in [-d-1, d]) into a
 // new contiguous private tensor. Throws std::invalid_argument for an empty list or a
 // mismatch of sizes or dtypes.
-[[nodiscard]] Tensor stack(const std::vector<Tensor>& tensors, std::int64_t dim = 0);
+[[nodiscard]] SHMTENSOR_API Tensor stack(const std::vector<Tensor>& tensors, std::int64_t dim = 0);
 // The same into `out`, which must already have the stacked sizes (any dtype: values are
 // converted; any memory, e.g. empty_shared). Returns out.
-Tensor& stack_into(const std::vector<Tensor>& tensors, Tensor& out, std::int64_t dim = 0);
+SHMTENSOR_API Tensor& stack_into(const std::vector<Tensor>& tensors, Tensor& out,
+                                 std::int64_t dim = 0);
 
-std::ostream& operator<<(std::ostream& os, const Tensor& tensor);
+SHMTENSOR_API std::ostream& operator<<(std::ostream& os, const Tensor& tensor);
 
 // ---- template definitions -------------------------------------------------------------------
 

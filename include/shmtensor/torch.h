@@ -29,6 +29,7 @@
 #include <optional>
 
 #include "shmtensor/dtype.h"
+#include "shmtensor/export.h"
 #include "shmtensor/storage.h"
 #include "shmtensor/tensor.h"
 
@@ -36,10 +37,10 @@ namespace shmtensor {
 
 // ---- dtypes ---------------------------------------------------------------------------------
 // Every shmtensor dtype has a torch one (kUInt8 is torch.uint8, kFloat16 torch.half, ...).
-c10::ScalarType to_torch(DType dtype);
+SHMTENSOR_API c10::ScalarType to_torch(DType dtype);
 // The inverse; std::invalid_argument naming the dtype for those shmtensor lacks
 // (quantized types, complex32, ...).
-DType dtype_from_torch(c10::ScalarType dtype);
+SHMTENSOR_API DType dtype_from_torch(c10::ScalarType dtype);
 
 // ---- tensors --------------------------------------------------------------------------------
 // An at::Tensor over the same bytes, sizes, strides, storage offset and dtype (CPU, strided;
@@ -50,7 +51,7 @@ DType dtype_from_torch(c10::ScalarType dtype);
 // torch keeps the data pointer it is given, while a shmtensor Storage's pointer moves once,
 // on share_memory_, so after to_torch the bytes must never move. Throws as share_memory_
 // then; an undefined tensor is std::invalid_argument.
-at::Tensor to_torch(const Tensor& tensor);
+SHMTENSOR_API at::Tensor to_torch(const Tensor& tensor);
 
 // A shmtensor Tensor of `tensor`'s values:
 //  - zero-copy (same bytes, sizes, strides, offset) when its storage is ours, i.e. came from
@@ -60,16 +61,16 @@ at::Tensor to_torch(const Tensor& tensor);
 //    conjugate or negative bit set, whose bytes are not its values).
 // Only CPU, strided tensors of a dtype shmtensor has; else std::invalid_argument. An
 // undefined at::Tensor gives an undefined Tensor. requires_grad is ignored (like detach()).
-Tensor from_torch(const at::Tensor& tensor);
+SHMTENSOR_API Tensor from_torch(const at::Tensor& tensor);
 
 // ---- storages (what the Python bridge, shmtensor._torch, builds on) -------------------------
 // A torch storage over the whole of `storage` (nbytes bytes; moved into shared memory first
 // when private, as in to_torch). The same c10::StorageImpl while one made earlier lives.
-c10::Storage to_torch(const Storage& storage);
+SHMTENSOR_API c10::Storage to_torch(const Storage& storage);
 
 // The shmtensor Storage behind a torch storage that is ours, else std::nullopt (a storage of
 // torch's own allocator or shared memory, or of another device).
-std::optional<Storage> shared_storage_of(const c10::StorageImpl& storage);
+SHMTENSOR_API std::optional<Storage> shared_storage_of(const c10::StorageImpl& storage);
 
 // Moves an existing CPU torch storage into shmtensor shared memory in place, as torch's
 // share_memory_() does into its own: the bytes are copied into Storage::allocate_shared
@@ -80,12 +81,12 @@ std::optional<Storage> shared_storage_of(const c10::StorageImpl& storage);
 // A storage in torch's own shared memory is moved too: the caller decides whether it should
 // be. std::invalid_argument for a storage not on the CPU. Throws as allocate_shared, with
 // the storage unchanged.
-std::optional<Storage> share_memory_(c10::StorageImpl& storage);
+SHMTENSOR_API std::optional<Storage> share_memory_(c10::StorageImpl& storage);
 // The same, with the shared bytes from `allocate(nbytes)` (called without any lock held;
 // it must return a shared Storage of exactly nbytes, else std::invalid_argument). What it
 // throws passes through, the storage unchanged: the Python bridge allocates through
 // shmtensor._C so that failures arrive as shmtensor's Python exceptions.
-std::optional<Storage> share_memory_(c10::StorageImpl& storage,
-                                     const std::function<Storage(std::size_t)>& allocate);
+SHMTENSOR_API std::optional<Storage> share_memory_(
+    c10::StorageImpl& storage, const std::function<Storage(std::size_t)>& allocate);
 
 }  // namespace shmtensor

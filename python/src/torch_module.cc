@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "shmtensor/torch.h"
-#include "torch/torch_compat.h"
+#include "shmtensor/internal/torch_compat.h"
 
 namespace py = pybind11;
 

@@ -2,8 +2,7 @@
 // (pickle bytes, blocks), where a block is a 1-d uint8 Tensor over a whole shared storage;
 // and frames: a message turned into bytes plus fds, so that a block reference, a Queue or a
 // Connection can ride inside an ordinary pickle (multiprocessing's own Queue, Pool, a
-// spawned child's arguments). The frames use the wire layer's internal entry points
-// (src/wire/wire.h), as the transport does.
+// spawned child's arguments), made and parsed by the library (shmtensor/internal/frame.h).
 //
 // Every call that can block releases the GIL. The GIL is held while Python objects are
 // touched; pybind11 casts happen before the release.
@@ -13,22 +12,22 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "bindings.h"
-#include "memory/segment.h"
-#include "memory/storage_impl.h"
-#include "os/unique_fd.h"
-#include "shmtensor/internal/connection_access.h"
 #include "shmtensor/connection.h"
+#include "shmtensor/internal/connection_access.h"
+#include "shmtensor/internal/frame.h"
 #include "shmtensor/queue.h"
 #include "shmtensor/storage.h"
 #include "shmtensor/tensor.h"
-#include "wire/wire.h"
 
 namespace py = pybind11;
 
@@ -77,37 +76,23 @@ std::optional<std::chrono::nanoseconds> to_timeout(std::optional<double> seconds
   return std::chrono::nanoseconds(static_cast<std::int64_t>(std::ceil(s * 1e9)));
 }
 
-// A message made into bytes (the frame header and inline body) and the fds it needs (borrowed:
-// they stay open while this object lives). Until mark_sent(), destroying it gives back the
-// counts the message took (block in-flight counts, a queue's in-flight copy).
+// A message made into bytes and the fds it needs (internal/frame.h), as Python sees it.
 class Frame {
  public:
-  explicit Frame(Encoder&& e) : frame_(internal::finish_frame(std::move(e))) {
-    for (std::span<const std::byte> part : frame_.parts())
-      data_.append(reinterpret_cast<const char*>(part.data()), part.size());
-    for (const auto& seg : frame_.segments())
-      if (seg->strategy() == SharingStrategy::kFileDescriptor) fd_uids_.push_back(seg->uid());
-    fd_uids_.resize(frame_.fds().size(), 0);  // object fds and the blob: not a segment
-  }
-  py::bytes data() const { return py::bytes(data_); }
+  explicit Frame(Encoder&& e) : frame_(std::move(e)) {}
+  py::bytes data() const { return py::bytes(frame_.bytes()); }
   const std::vector<int>& fds() const { return frame_.fds(); }
-  const std::vector<std::uint64_t>& fd_uids() const { return fd_uids_; }
-  // The receiver owns the counts from now on (whether or not it ever loads the message).
-  void mark_sent() { frame_.sent = true; }
+  const std::vector<std::uint64_t>& fd_uids() const { return frame_.fd_uids(); }
+  void mark_sent() { frame_.mark_sent(); }
 
  private:
-  internal::OutgoingFrame frame_;
-  std::string data_;
-  std::vector<std::uint64_t> fd_uids_;
+  internal::MessageFrame frame_;
 };
 
 // Parses a frame made by Frame in another (or this) process; takes ownership of `fds`.
 Decoder parse(const std::string& data, const std::vector<int>& fds) {
-  std::vector<internal::UniqueFd> owned;
-  owned.reserve(fds.size());
-  for (int fd : fds) owned.emplace_back(fd);
   std::span<const std::byte> bytes(reinterpret_cast<const std::byte*>(data.data()), data.size());
-  return internal::parse_frame(bytes, std::move(owned));
+  return internal::parse_message_frame(bytes, fds);
 }
 
 template <class T>

@@ -8,10 +8,10 @@
 #include <unordered_map>
 #include <utility>
 
-#include "os/fork_handlers.h"
+#include "shmtensor/internal/fork_handlers.h"
 #include "shmtensor/internal/storage_access.h"
 #include "shmtensor/torch.h"
-#include "torch/torch_compat.h"
+#include "shmtensor/internal/torch_compat.h"
 
 namespace shmtensor {
 
@@ -45,7 +45,7 @@ std::unordered_map<const void*, CacheEntry>& cache() {
 
 // A forked child must not inherit a lock held by another thread of the parent: hold both
 // across fork (they are taken only briefly, and never around anything that forks), as the
-// library's fork stage kTorchCache (os/fork_handlers.h).
+// library's fork stage kTorchCache (shmtensor/internal/fork_handlers.h).
 void lock_for_fork() noexcept {
   g_share_mu.lock();
   g_cache_mu.lock();

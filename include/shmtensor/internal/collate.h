@@ -12,12 +12,13 @@
 #include <vector>
 
 #include "shmtensor/dtype.h"
+#include "shmtensor/export.h"
 #include "shmtensor/tensor.h"
 
 namespace shmtensor::internal {
 
 // shmtensor::empty_batch (collate.h has the contract).
-Tensor empty_batch(std::vector<std::int64_t> sizes, DType dtype);
+SHMTENSOR_API Tensor empty_batch(std::vector<std::int64_t> sizes, DType dtype);
 
 template <class T, class = void>
 struct HasFields : std::false_type {};
@@ -48,7 +49,7 @@ template <> struct CppOf<DType::kInt64> { using type = std::int64_t; };
 template <> struct CppOf<DType::kFloat32> { using type = float; };
 template <> struct CppOf<DType::kFloat64> { using type = double; };
 
-[[noreturn]] void throw_collate_mismatch(const std::string& what);
+[[noreturn]] SHMTENSOR_API void throw_collate_mismatch(const std::string& what);
 
 template <class T, class = void>
 struct CollateImpl {

@@ -11,11 +11,12 @@
 #include <vector>
 
 #include "shmtensor/connection.h"
+#include "shmtensor/export.h"
 #include "shmtensor/internal/fd_counts.h"
 
 namespace shmtensor::internal {
 
-struct ConnectionAccess {
+struct SHMTENSOR_API ConnectionAccess {
   // As Connection::send / try_send / recv / try_recv, for an Encoder or a Decoder.
   static void send(Connection& c, Encoder&& message) { c.send_encoded(std::move(message)); }
   [[nodiscard]] static bool try_send(Connection& c, Encoder&& message) {

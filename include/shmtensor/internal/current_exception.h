@@ -3,10 +3,12 @@
 
 #include <string>
 
+#include "shmtensor/export.h"
+
 namespace shmtensor::internal {
 
 // "<demangled type>: <what()>" of the exception being handled (call inside a catch block;
 // "(not derived from std::exception; no message)" stands for a missing what()).
-std::string describe_current_exception();
+SHMTENSOR_API std::string describe_current_exception();
 
 }  // namespace shmtensor::internal

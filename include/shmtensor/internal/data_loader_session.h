@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "shmtensor/codec.h"
+#include "shmtensor/export.h"
 #include "shmtensor/internal/data_worker.h"
 #include "shmtensor/internal/launch.h"
 #include "shmtensor/process.h"
@@ -29,7 +30,7 @@ struct PlanOptions {
 
 // The batches of one epoch of a map-style dataset (src/data/batch_plan.cc). Throws
 // std::out_of_range for a sampler index outside [0, dataset_size).
-class BatchPlan {
+class SHMTENSOR_API BatchPlan {
  public:
   BatchPlan(std::int64_t dataset_size, const PlanOptions& options, std::int64_t epoch);
   std::int64_t size() const noexcept { return count_; }
@@ -46,9 +47,10 @@ class BatchPlan {
 };
 
 // Checks the options as torch does; throws std::invalid_argument.
-void validate_options(const PlanOptions& plan, int num_workers, int prefetch_factor,
-                      bool persistent_workers, Timeout timeout, bool iterable);
-std::uint64_t random_seed();
+SHMTENSOR_API void validate_options(const PlanOptions& plan, int num_workers,
+                                    int prefetch_factor, bool persistent_workers,
+                                    Timeout timeout, bool iterable);
+SHMTENSOR_API std::uint64_t random_seed();
 
 struct SessionOptions {
   int num_workers = 1;
@@ -62,7 +64,7 @@ struct SessionOptions {
 // The main process's side of a set of workers (src/data/loader_session.cc): starts them,
 // hands out tasks, collects and orders results, watches for deaths and timeouts, stops
 // them. Used by one thread.
-class LoaderSession {
+class SHMTENSOR_API LoaderSession {
  public:
   // The launch of worker `id` whose end of its connection is `link`.
   using Launch = std::function<LaunchSpec(int id, WorkerLink link)>;

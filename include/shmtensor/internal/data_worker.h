@@ -23,6 +23,7 @@
 
 #include "shmtensor/codec.h"
 #include "shmtensor/connection.h"
+#include "shmtensor/export.h"
 #include "shmtensor/internal/function_ref.h"
 #include "shmtensor/internal/launch.h"
 #include "shmtensor/internal/worker_group.h"
@@ -92,10 +93,10 @@ struct WorkerFailure {
   std::string text;
 };
 // Describes the exception being handled (call inside a catch block).
-WorkerFailure current_failure(std::int64_t index, const char* stage);
+SHMTENSOR_API WorkerFailure current_failure(std::int64_t index, const char* stage);
 
 // The non-template part of a worker: reading tasks, sending replies.
-class WorkerPort {
+class SHMTENSOR_API WorkerPort {
  public:
   struct Task {
     std::uint64_t id = 0;

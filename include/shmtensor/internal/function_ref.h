@@ -7,6 +7,7 @@
 #include <string>
 
 #include "shmtensor/codec.h"
+#include "shmtensor/export.h"
 
 namespace shmtensor::internal {
 
@@ -17,9 +18,9 @@ struct FunctionRef {
   SHMTENSOR_FIELDS(set, module, offset)
 };
 // Throws Error when no loaded module holds `code` (a JIT'ed function).
-FunctionRef function_ref(const void* code);
+SHMTENSOR_API FunctionRef function_ref(const void* code);
 // Throws ProtocolError for an unset ref, Error when the module is not loaded here or the
 // offset is not code of it.
-const void* resolve_function(const FunctionRef& ref);
+SHMTENSOR_API const void* resolve_function(const FunctionRef& ref);
 
 }  // namespace shmtensor::internal

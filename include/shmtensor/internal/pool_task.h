@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "shmtensor/codec.h"
+#include "shmtensor/export.h"
 #include "shmtensor/internal/current_exception.h"
 #include "shmtensor/internal/launch.h"
 
@@ -75,7 +76,7 @@ struct TaskFailure {
   std::string signal_name;
 };
 // kRaised: TaskError; kWorkerDied: ProcessExitedException; kError: Error.
-[[noreturn]] void throw_task_failure(const TaskFailure& failure);
+[[noreturn]] SHMTENSOR_API void throw_task_failure(const TaskFailure& failure);
 
 struct PoolTask {
   PoolEntry entry = nullptr;

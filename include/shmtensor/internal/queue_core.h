@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "shmtensor/codec.h"
+#include "shmtensor/export.h"
 #include "shmtensor/internal/fd_counts.h"
 
 namespace shmtensor::internal {
@@ -26,7 +27,7 @@ inline constexpr std::uint32_t kQueueRingSlotBytes = 512;
 // When the last handle anywhere is gone (no live process holds the queue, none is in
 // flight), the process that dropped it drains the items left so that their shared memory
 // is released. Thread-safe.
-class QueueCore : public std::enable_shared_from_this<QueueCore> {
+class SHMTENSOR_API QueueCore : public std::enable_shared_from_this<QueueCore> {
  public:
   // Throws std::invalid_argument for a maxsize above 2^31 - 1. joinable: a JoinableQueue's,
   // which counts unfinished tasks (task_done, join).

@@ -5,11 +5,12 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "shmtensor/export.h"
 #include "shmtensor/tensor.h"
 
 namespace shmtensor::internal {
 
-struct TensorAccess {
+struct SHMTENSOR_API TensorAccess {
   // Tensor::from_storage for a decoder, into `out` (replaced): the view's sizes and strides
   // are `ndim` int64 each, read from raw bytes straight into it (no Dims is built and moved
   // twice on the way). Validated as from_storage validates; what it refuses, from_storage

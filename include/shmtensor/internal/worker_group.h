@@ -12,6 +12,7 @@
 
 #include "shmtensor/codec.h"
 #include "shmtensor/connection.h"
+#include "shmtensor/export.h"
 #include "shmtensor/internal/launch.h"
 #include "shmtensor/process.h"
 #include "shmtensor/start_method.h"
@@ -39,7 +40,7 @@ struct WorkerExit {
 // A forked worker inherits this process's end of its own connection and of every other
 // worker's; start() makes it close them first, so that closing this process's end is an EOF
 // for the worker (which then exits), however many siblings there are.
-class WorkerGroup {
+class SHMTENSOR_API WorkerGroup {
  public:
   using Clock = std::chrono::steady_clock;
   // The launch of worker `index` whose end of its connection is `link` (make_launch).
