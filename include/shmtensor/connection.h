@@ -37,7 +37,7 @@ namespace shmtensor {
 
 namespace internal {
 struct ConnectionAccess;  // internal/connection_access.h
-struct ConnectionCore;    // src/transport/connection.cc
+struct ConnectionCore;    // src/transport/connection_core.h
 }  // namespace internal
 
 // recv() on a connection whose peer closed (or that was closed here).

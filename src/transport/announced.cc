@@ -55,7 +55,6 @@ namespace {
 // One datagram off the socket without waiting; kTimeout when there is none.
 Datagram datagram_now(int sock) { return receive_datagram(sock, std::chrono::steady_clock::now()); }
 
-
 // Whose is the socket's next datagram, which names marker position `id` (nullopt: it is too
 // short to name one)? kMine: the marker at `pos`, which this thread holds. kEarlier: a
 // marker's that is published and not yet taken, or that a live consumer holds (that
@@ -128,7 +127,8 @@ AnnouncedSend send_announced(const AnnouncedPath& p, OutgoingFrame& frame,
   // deadline is now (put_nowait) waits a little for it rather than report a full queue.
   Deadline lock_deadline = deadline;
   if (deadline)
-    lock_deadline = std::max(*deadline, std::chrono::steady_clock::now() + std::chrono::milliseconds(20));
+    lock_deadline =
+        std::max(*deadline, std::chrono::steady_clock::now() + std::chrono::milliseconds(20));
   if (lock_shared(*p.send_lock, lock_deadline, LockHold::kLong, p.names->send_lock) ==
       Locked::kTimeout)
     return AnnouncedSend::kTimeout;
@@ -144,8 +144,8 @@ AnnouncedSend send_announced(const AnnouncedPath& p, OutgoingFrame& frame,
       drop_dead_heads = [&] {
         for (Datagram& d : take_dead_heads(p, deadline)) drop_datagram(p, std::move(d));
       };
-    sent = send_frame(p.send_fd, frame, deadline, std::as_bytes(std::span(&id, 1)),
-                      drop_dead_heads);
+    sent =
+        send_frame(p.send_fd, frame, deadline, std::as_bytes(std::span(&id, 1)), drop_dead_heads);
   } catch (...) {
     p.ring->cancel(r.pos);
     throw;
@@ -189,7 +189,8 @@ std::optional<Datagram> take_announced(const AnnouncedPath& p, std::uint64_t pos
     }
   } drop_dead{dead, p};
   auto missing = [&] {
-    return ProtocolError(std::string("a marker in the ") + p.names->owner + "'s ring at position " + std::to_string(pos) +
+    return ProtocolError(std::string("a marker in the ") + p.names->owner + "'s ring at position " +
+                         std::to_string(pos) +
                          " announces a datagram the socket does not have (another process "
                          "wrote the marker, or took the datagram)");
   };
@@ -237,9 +238,10 @@ std::optional<Datagram> take_announced(const AnnouncedPath& p, std::uint64_t pos
         // the markers in between go the slow way and lose nothing more.
         if (owner == HeadOwner::kLater) {
           *p.taken_below = std::max(*p.taken_below, *id + 1);
-          throw ProtocolError(std::string("the datagram of the ") + p.names->owner + "'s marker at position " +
-                              std::to_string(pos) + " is missing: the socket's next was for " +
-                              std::to_string(*id) + " (another process took it)");
+          throw ProtocolError(std::string("the datagram of the ") + p.names->owner +
+                              "'s marker at position " + std::to_string(pos) +
+                              " is missing: the socket's next was for " + std::to_string(*id) +
+                              " (another process took it)");
         }
         // kEarlier cannot be (no earlier marker is held, unless a peer wrote taken_below):
         // nobody's, dropped.
@@ -259,17 +261,19 @@ std::optional<Datagram> take_announced(const AnnouncedPath& p, std::uint64_t pos
         }
         if (owner == HeadOwner::kLater && cut) std::rethrow_exception(cut);
         if (owner == HeadOwner::kLater)
-          throw ProtocolError(std::string("the datagram of the ") + p.names->owner + "'s marker at position " +
-                              std::to_string(pos) + " is missing: the socket's next is for " +
-                              std::to_string(**head) + " (another process took it)");
+          throw ProtocolError(std::string("the datagram of the ") + p.names->owner +
+                              "'s marker at position " + std::to_string(pos) +
+                              " is missing: the socket's next is for " + std::to_string(**head) +
+                              " (another process took it)");
         if (owner == HeadOwner::kMine) {
           Datagram d = datagram_now(sock);  // MSG_CTRUNC at the fd limit throws: it is lost
           if (d.status == RecvStatus::kOk) {
             *p.taken_below = std::max(*p.taken_below, pos + 1);
             return d;
           }
-          throw ProtocolError(std::string("the datagram of the ") + p.names->owner + "'s marker at position " +
-                              std::to_string(pos) + " went while it was being taken");
+          throw ProtocolError(std::string("the datagram of the ") + p.names->owner +
+                              "'s marker at position " + std::to_string(pos) +
+                              " went while it was being taken");
         }
         try {
           Datagram d = datagram_now(sock);

@@ -78,10 +78,10 @@ AnnouncedSend send_announced(const AnnouncedPath& path, OutgoingFrame& frame,
 // marker is given back to the ring (Ring::unread: the next pop takes it again) and the
 // result is empty. It is given back at once, also empty, when the earlier marker was itself
 // given back (nobody holds it): the caller pops again while its deadline allows, and that
-// pop takes the earlier one. And when the receive lock is wedged (the ProtocolError below). A deadline that has passed gets kAnnouncedGrace all the same, as a
-// non-blocking get must find an item whose datagram another consumer is taking now. Throws
-// ProtocolError when the socket does not have it (a marker another process wrote, or a
-// datagram another process took), and for a receive lock held by a wedged process
+// pop takes the earlier one. A deadline that has passed gets kAnnouncedGrace all the same,
+// as a non-blocking get must find an item whose datagram another consumer is taking now.
+// Throws ProtocolError when the socket does not have it (a marker another process wrote,
+// or a datagram another process took), and for a receive lock held by a wedged process
 // (os/shared_lock.h). Datagrams before it that nobody will take are dropped.
 inline constexpr auto kAnnouncedGrace = std::chrono::milliseconds(20);
 // After take_announced gave its marker back: whether the receive pops again (its deadline,

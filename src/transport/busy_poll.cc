@@ -40,8 +40,8 @@ constexpr std::uint32_t kAffinityRereads = 1024;
 
 struct ThreadState {
   std::uint64_t generation = ~std::uint64_t{0};
-  std::int64_t budget_ns = 0;  // this thread's next poll
-  std::uint32_t calls = 0;     // since the budget was set: every 64th is a probe
+  std::int64_t budget_ns = 0;         // this thread's next poll
+  std::uint32_t calls = 0;            // since the budget was set: every 64th is a probe
   std::uint32_t fork_generation = 0;  // of the process whose mask several_cpus is
   std::uint32_t affinity_age = 0;     // uses since the mask was read
   bool several_cpus = true;

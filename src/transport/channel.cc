@@ -42,7 +42,7 @@ bool send_frame(int sock, OutgoingFrame& frame, Deadline deadline,
                 std::span<const std::byte> prefix, const std::function<void()>& on_full) {
   const auto frame_parts = frame.parts();
   const std::array<std::span<const std::byte>, 4> with_prefix{prefix, frame_parts[0],
-                                                             frame_parts[1], frame_parts[2]};
+                                                              frame_parts[1], frame_parts[2]};
   const std::span<const std::span<const std::byte>> parts =
       prefix.empty() ? std::span<const std::span<const std::byte>>(frame_parts)
                      : std::span<const std::span<const std::byte>>(with_prefix);

@@ -33,8 +33,7 @@ Deadline deadline_after(std::optional<std::chrono::nanoseconds> timeout);
 // `on_full`, when set, runs each time the socket's buffer is found full (a queue drops
 // datagrams nobody will take there), and the wait for room is then sliced into 10 ms polls.
 bool send_frame(int sock, OutgoingFrame& frame, Deadline deadline,
-                std::span<const std::byte> prefix = {},
-                const std::function<void()>& on_full = {});
+                std::span<const std::byte> prefix = {}, const std::function<void()>& on_full = {});
 
 enum class RecvStatus { kOk, kEof, kTimeout };
 // One datagram taken off a socket, not parsed yet.

@@ -137,8 +137,7 @@ std::optional<bool> send_tensor_ringed(ConnectionCore& c, const Tensor& t,
   check_peer(c);
   alignas(8) std::byte buffer[kConnectionRingSlotBytes - Ring::kSlotHeaderBytes];
   TensorFrame frame;
-  if (!frame.frame(t, FdElision{deposited_with_peer, &c.out.depot()}, buffer))
-    return std::nullopt;
+  if (!frame.frame(t, FdElision{deposited_with_peer, &c.out.depot()}, buffer)) return std::nullopt;
   const std::span<const std::byte> parts[1] = {frame.bytes()};
   if (!push_ringed(c, parts, deadline)) return false;
   frame.mark_sent();  // the receiver now owns the in-flight counts
@@ -360,6 +359,5 @@ Decoder Connection::recv_encoded(std::optional<std::chrono::nanoseconds> timeout
 std::optional<Decoder> Connection::try_recv_encoded(std::chrono::nanoseconds timeout) {
   return internal::receive_on(core_, timeout);
 }
-
 
 }  // namespace shmtensor

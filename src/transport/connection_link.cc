@@ -93,8 +93,8 @@ std::pair<Connection, Connection> pipe() {
   internal::UniqueFd ready_a = internal::make_readiness_fd();  // says end a has messages
   internal::UniqueFd ready_b = internal::make_readiness_fd();
   // Each end attaches its own Ring objects (a Ring's holder record is per object).
-  auto end = [](internal::UniqueFd sock, internal::UniqueFd depot, const Ring& out,
-                const Ring& in, int out_ready, int in_ready) {
+  auto end = [](internal::UniqueFd sock, internal::UniqueFd depot, const Ring& out, const Ring& in,
+                int out_ready, int in_ready) {
     auto core = std::make_unique<ConnectionCore>();
     core->sock = std::move(sock);
     core->depot_sock = std::move(depot);

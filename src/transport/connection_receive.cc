@@ -89,8 +89,7 @@ std::optional<Ring::Popped> pop_ringed(ConnectionCore& c, const Deadline& deadli
       c.in.rearm();
       return p;
     }
-    if (p.status == Ring::Status::kClosed)
-      throw_ring_closed();
+    if (p.status == Ring::Status::kClosed) throw_ring_closed();
     // The clock before each spin: a publish count that keeps moving with nothing for us (a
     // kick, another process storing to it) must not keep us polling past the budget.
     if (budget.count() > 0 && !woke && Clock::now() < poll_until &&
@@ -134,8 +133,9 @@ std::optional<Ring::Popped> pop_ringed(ConnectionCore& c, const Deadline& deadli
     if (!deadline && sleeps_untimed(c))
       ring.wait_for_publish_untimed(seen);  // a hang-up kicks it (hangup_fired)
     else
-      ring.wait_for_publish(seen, deadline ? std::min(*deadline, Clock::now() + kConnectionWaitSlice)
-                                           : Clock::now() + kConnectionWaitSlice);
+      ring.wait_for_publish(seen, deadline
+                                      ? std::min(*deadline, Clock::now() + kConnectionWaitSlice)
+                                      : Clock::now() + kConnectionWaitSlice);
     woke = true;
   }
 }
@@ -185,7 +185,8 @@ bool recv_tensor_ringed(ConnectionCore& c, const Deadline& deadline, Tensor& out
 
 std::optional<Decoder> recv_socket(int fd, const Deadline& deadline) {
   Datagram d = receive_datagram(fd, deadline);
-  if (d.status == RecvStatus::kEof) throw ConnectionClosed("recv(): the peer closed the connection");
+  if (d.status == RecvStatus::kEof)
+    throw ConnectionClosed("recv(): the peer closed the connection");
   if (d.status == RecvStatus::kTimeout) return std::nullopt;
   return parse_datagram(std::move(d));
 }

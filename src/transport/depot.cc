@@ -71,7 +71,7 @@ bool depot_omit(DepotTable* t, int deposit_sock, const Segment& seg) {
     // A deposit that failed may be tried again by one sender (this CAS decides who).
     std::uint64_t failed = kDepositFailed;
     claimed = t->entries[entry].state.compare_exchange_strong(failed, kDepositing,
-                                                             std::memory_order_acq_rel);
+                                                              std::memory_order_acq_rel);
   }
   if (!claimed) return t->entries[entry].state.load(std::memory_order_acquire) == kDeposited;
   std::uint64_t uid = seg.uid();
@@ -83,8 +83,7 @@ bool depot_omit(DepotTable* t, int deposit_sock, const Segment& seg) {
   } catch (const SystemError&) {  // ETOOMANYREFS, ENOBUFS: see docs/transport.md
   }
   // The uid stays: an entry never changes hands, so whoever read it reads it right.
-  t->entries[entry].state.store(deposited ? kDeposited : kDepositFailed,
-                                std::memory_order_release);
+  t->entries[entry].state.store(deposited ? kDeposited : kDepositFailed, std::memory_order_release);
   return false;  // this message carries the fd
 }
 
@@ -107,9 +106,10 @@ std::shared_ptr<Segment> depot_fetch(DepotTable* t, int peek_sock, std::uint64_t
     // kStuckAfter, also for a holder that is stopped, then says so.
     const auto until = std::chrono::steady_clock::now() + kStuckAfter;
     if (lock_shared(t->lock, until, LockHold::kBrief, "a depot's lock") == Locked::kTimeout)
-      throw ProtocolError("a depot's lock was held for more than 1 s by a stopped process (or "
-                          "another process wrote over it): the segment it names cannot be "
-                          "fetched now");
+      throw ProtocolError(
+          "a depot's lock was held for more than 1 s by a stopped process (or "
+          "another process wrote over it): the segment it names cannot be "
+          "fetched now");
     SharedLockGuard unlock{t->lock};
     // Datagram by datagram, each peek at the byte offset where the next one starts (a
     // peek moves the shared offset by the bytes it copied, not by the datagram: set it

@@ -20,8 +20,9 @@ void Endpoint::bind(Ring ring, UniqueFd ready_fd, const EndpointWords& words,
 }
 
 AnnouncedPath Endpoint::path(const SegmentFetcher* fetcher) noexcept {
-  return {&ring_,          sockets_.send,      sockets_.recv, words_.send_lock, words_.recv_lock,
-          words_.taken_below, fetcher, names_, wake_};
+  return {&ring_,           sockets_.send,    sockets_.recv,
+          words_.send_lock, words_.recv_lock, words_.taken_below,
+          fetcher,          names_,           wake_};
 }
 
 OutgoingFrame Endpoint::frame(Encoder&& encoder) {

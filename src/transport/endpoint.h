@@ -85,8 +85,9 @@ class Endpoint {
   // A frame as a datagram announced by a marker (send_announced); the marker wakes `wake`.
   AnnouncedSend send_datagram(OutgoingFrame& frame, const Deadline& deadline);
   // After a publish: signals the readiness fd when a reader asked for it. The publish (a
-  // seq_cst read-modify-write) comes before this load, and rearm()'s look at the ring comes
-  // after its seq_cst store: either the sender sees the count, or the reader the message.
+  // seq_cst read-modify-write) comes before this load; a reader's count (want(), a seq_cst
+  // read-modify-write) and rearm()'s drain come before a full fence and its look at the
+  // ring: either the sender sees the count, or the reader the message.
   void notify() noexcept {
     if (words_.readiness_wanted->load(std::memory_order_seq_cst) != 0) signal_ready();
   }

@@ -54,9 +54,7 @@ State& state() {
   return *s;
 }
 
-void close_fd(int& fd) noexcept {
-  const UniqueFd closing(std::exchange(fd, -1));
-}
+void close_fd(int& fd) noexcept { const UniqueFd closing(std::exchange(fd, -1)); }
 
 void* run(void* arg) {
   const Thread t = *static_cast<Thread*>(arg);
@@ -175,8 +173,7 @@ std::uint64_t watch_hangup(int sock, void (*fire)(void*), void* context) noexcep
       id = 0;
     }
     // EPOLLHUP and EPOLLERR are always reported.
-    if (id != 0 &&
-        !try_add_to_epoll(s.thread.epoll, sock, kEpollReadHangup | kEpollOneShot, id)) {
+    if (id != 0 && !try_add_to_epoll(s.thread.epoll, sock, kEpollReadHangup | kEpollOneShot, id)) {
       s.watches.erase(id);
       id = 0;
     }

@@ -82,7 +82,7 @@ TakenItem take_item_polling(Ring& ring, const Deadline& deadline,
 }  // namespace
 
 std::size_t QueueCore::put_many(std::span<Encoder> items,
-                               std::optional<std::chrono::nanoseconds> timeout, bool counted) {
+                                std::optional<std::chrono::nanoseconds> timeout, bool counted) {
   const Deadline deadline = deadline_after(timeout);
   QueueControl* c = state_->control();
   Endpoint& endpoint = state_->endpoint;
@@ -174,8 +174,10 @@ namespace {
 // The rest of a get once the item left the ring: frees its place, then parses it. Empty
 // when the item is a marker whose datagram is behind one that another consumer holds past
 // `deadline` (Endpoint::receive): the marker is back in the ring, and so is its place (the
-// queue may then hold maxsize + 1 items until one is taken).
-std::optional<Decoder> receive_taken(QueueCore::State& st, TakenItem&& t, const Deadline& deadline) {
+// queue may then hold maxsize + 1 items until one is taken; the readiness fd says "ready"
+// again before the place is back, which no reader of either can tell apart).
+std::optional<Decoder> receive_taken(QueueCore::State& st, TakenItem&& t,
+                                     const Deadline& deadline) {
   // The place is free once the item left the ring, before it is parsed: parsing may wait
   // seconds (mapping a named segment may have to start the manager daemon), and a consumer
   // SIGKILLed meanwhile would take the place with it. An item that fails to parse
@@ -214,8 +216,9 @@ void QueueCore::rethrow_deferred() {
 
 void QueueCore::set_busy_poll(std::optional<std::chrono::nanoseconds> budget) {
   if (budget && (budget->count() < 0 || *budget > std::chrono::seconds(1)))
-    throw std::invalid_argument("Queue::set_busy_poll: the budget must be from 0 to 1 second, not " +
-                                std::to_string(budget->count()) + " ns");
+    throw std::invalid_argument(
+        "Queue::set_busy_poll: the budget must be from 0 to 1 second, not " +
+        std::to_string(budget->count()) + " ns");
   state_->busy_poll_fork_generation.store(fork_generation(), std::memory_order_relaxed);
   state_->busy_poll_ns.store(budget ? budget->count() : -1, std::memory_order_relaxed);
 }
@@ -336,8 +339,7 @@ bool QueueCore::join(std::optional<std::chrono::nanoseconds> timeout) {
 
 int QueueCore::readiness_fd() noexcept {
   // Counted once per handle, for good: nobody knows when its caller polls.
-  if (!state_->readiness_counted.exchange(true, std::memory_order_acq_rel))
-    state_->endpoint.want();
+  if (!state_->readiness_counted.exchange(true, std::memory_order_acq_rel)) state_->endpoint.want();
   return state_->endpoint.ready_fd();
 }
 

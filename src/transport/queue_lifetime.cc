@@ -33,7 +33,6 @@ namespace shmtensor::internal {
 
 namespace {
 
-
 // Every live QueueCore of this process, for the fork handlers. The mutex is held across
 // fork (prepare → parent/child), so the child never inherits it locked by another thread.
 std::mutex g_live_mu;
@@ -71,8 +70,8 @@ void child_after_fork() noexcept {
       if (st->slot >= 0) {
         // A CAS: had the parent died already, its slot could have been taken over.
         std::uint64_t parent = g_fork_owner;
-        if (!st->control()->holders[st->slot].compare_exchange_strong(
-                parent, me, std::memory_order_seq_cst)) {
+        if (!st->control()->holders[st->slot].compare_exchange_strong(parent, me,
+                                                                      std::memory_order_seq_cst)) {
           st->slot = claim_holder(st->control(), me);
         }
       }
@@ -148,7 +147,8 @@ void drain(QueueCore::State& st) noexcept {
     }
     if (d.status != RecvStatus::kOk) return;
     const SegmentFetcher depot = st.endpoint.depot().fetcher();
-    drop_datagram(st.endpoint.path(&depot), std::move(d));  // dropping it gives back what it adopted
+    drop_datagram(st.endpoint.path(&depot),
+                  std::move(d));  // dropping it gives back what it adopted
   }
 }
 

@@ -12,10 +12,23 @@
 
 namespace shmtensor::internal {
 
-// Gives back the places that holders which died while sending took (their items never
-// reached the socket).
-void reclaim_dead_senders(QueueControl* c) noexcept;
+namespace {
 
+// Gives back the places that holders which died while sending took: their items never
+// reached the socket. exchange() hands a dead slot's count to one reclaimer. If a new holder
+// took the slot over in between (claim_holder), one of its own places may be given back
+// early: one item more than maxsize may then be in the socket, never a place lost.
+void reclaim_dead_senders(QueueControl* c) noexcept {
+  for (int s = 0; s < kQueueHolderSlots; ++s) {
+    if (c->sending[s].load(std::memory_order_relaxed) == 0) continue;
+    const std::uint64_t owner = c->holders[s].load(std::memory_order_seq_cst);
+    if (owner == 0 || slot_owner_alive(owner)) continue;
+    for (std::uint32_t n = c->sending[s].exchange(0, std::memory_order_acq_rel); n > 0; --n)
+      release_item(c);
+  }
+}
+
+}  // namespace
 
 // Frees one reserved item slot; never below 0 (a raw peer may send a datagram for which no
 // producer reserved one).
@@ -67,21 +80,6 @@ int claim_holder(QueueControl* c, std::uint64_t owner) noexcept {
   c->overflow.store(1, std::memory_order_seq_cst);
   return -1;
 }
-
-// Gives back the places that holders which died while sending took: their items never
-// reached the socket. exchange() hands a dead slot's count to one reclaimer. If a new holder
-// took the slot over in between (claim_holder), one of its own places may be given back
-// early: one item more than maxsize may then be in the socket, never a place lost.
-void reclaim_dead_senders(QueueControl* c) noexcept {
-  for (int s = 0; s < kQueueHolderSlots; ++s) {
-    if (c->sending[s].load(std::memory_order_relaxed) == 0) continue;
-    const std::uint64_t owner = c->holders[s].load(std::memory_order_seq_cst);
-    if (owner == 0 || slot_owner_alive(owner)) continue;
-    for (std::uint32_t n = c->sending[s].exchange(0, std::memory_order_acq_rel); n > 0; --n)
-      release_item(c);
-  }
-}
-
 
 // Sleeps on `word` while it holds `seen`, for at most 50 ms and until the deadline, counted
 // in `sleepers` (whoever changes the word calls FUTEX_WAKE only while that is not 0). False,

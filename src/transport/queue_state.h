@@ -51,8 +51,8 @@ struct QueueCore::State {
   std::atomic<std::uint32_t> busy_poll_fork_generation{0};
   std::optional<std::chrono::nanoseconds> busy_poll() const {
     const std::int64_t ns = busy_poll_ns.load(std::memory_order_relaxed);
-    if (ns < 0 || busy_poll_fork_generation.load(std::memory_order_relaxed) !=
-                      internal::fork_generation())
+    if (ns < 0 ||
+        busy_poll_fork_generation.load(std::memory_order_relaxed) != internal::fork_generation())
       return std::nullopt;
     return std::chrono::nanoseconds(ns);
   }
@@ -63,11 +63,12 @@ struct QueueCore::State {
   // takes from the sending end's.
   void bind(Ring ring, UniqueFd ready_fd) noexcept {
     QueueControl* c = control();
-    const EndpointWords words{&c->send_lock,       &c->recv_lock, &c->taken_below,
-                              &c->readiness_wanted, &c->signalling, &c->closed,
-                              &c->depot,            &c->depot};
+    const EndpointWords words{&c->send_lock,  &c->recv_lock, &c->taken_below, &c->readiness_wanted,
+                              &c->signalling, &c->closed,    &c->depot,       &c->depot};
     endpoint.bind(std::move(ring), std::move(ready_fd), words,
-                  {.send = send_fd.get(), .recv = recv_fd.get(), .deposit = recv_fd.get(),
+                  {.send = send_fd.get(),
+                   .recv = recv_fd.get(),
+                   .deposit = recv_fd.get(),
                    .peek = send_fd.get()},
                   kQueueNames, 1);
   }
@@ -111,7 +112,8 @@ class ItemPlace {
  private:
   void done_sending() noexcept {
     if (slot_ < 0) return;
-    // Never below 0: a reclaimer may have taken this count already (see above).
+    // Never below 0: a reclaimer may have taken this count already (reclaim_dead_senders,
+    // queue_places.cc).
     auto& sending = control_->sending[slot_];
     std::uint32_t n = sending.load(std::memory_order_relaxed);
     while (n > 0 && !sending.compare_exchange_weak(n, n - 1, std::memory_order_acq_rel)) {
@@ -133,6 +135,7 @@ bool sleep_slice(std::atomic<std::uint32_t>* word, std::uint32_t seen,
 
 // ---- Taking items off the ring (queue_core.cc) ----
 
+// One item taken off the ring, not parsed yet: its bytes at `data` (in `buffer`), or its
 // datagram.
 struct TakenItem {
   Ring::Status status = Ring::Status::kTimeout;

@@ -31,8 +31,8 @@ namespace {
 constexpr std::uint32_t kSlotsOffset = (sizeof(RingHeader) + 63) / 64 * 64;
 
 bool valid_geometry(std::uint32_t count, std::uint32_t bytes) {
-  return count >= 2 && count <= Ring::kMaxSlotCount && (count & (count - 1)) == 0 &&
-         bytes >= 64 && bytes <= Ring::kMaxSlotBytes && bytes % 64 == 0;
+  return count >= 2 && count <= Ring::kMaxSlotCount && (count & (count - 1)) == 0 && bytes >= 64 &&
+         bytes <= Ring::kMaxSlotBytes && bytes % 64 == 0;
 }
 
 }  // namespace
@@ -65,8 +65,9 @@ Ring::~Ring() { free_holder(); }
 
 Ring Ring::create(std::uint32_t slot_count, std::uint32_t slot_bytes) {
   if (!valid_geometry(slot_count, slot_bytes))
-    throw std::invalid_argument("Ring: slot_count must be a power of two in [2, 2^20] and "
-                                "slot_bytes a multiple of 64 in [64, 65536]");
+    throw std::invalid_argument(
+        "Ring: slot_count must be a power of two in [2, 2^20] and "
+        "slot_bytes a multiple of 64 in [64, 65536]");
   const std::uint64_t total = kSlotsOffset + std::uint64_t{slot_count} * slot_bytes;
   UniqueFd fd = create_sealed_memfd(total);
   Mapping map = Mapping::map_shared(fd.get(), total, "message ring");
@@ -149,9 +150,9 @@ Ring::Reservation Ring::reserve(Deadline deadline) {
       // A tail hint a peer moved: the slot words say where the tail is.
       if (resync()) continue;
       if (!s->word.compare_exchange_strong(w, pack(pos, kFree))) continue;
-      corrupt(wp > (pos & kPosMask) ? "slot word laps ahead of the tail"
-                                    : "slot word behind the tail",
-              pos, w);
+      corrupt(
+          wp > (pos & kPosMask) ? "slot word laps ahead of the tail" : "slot word behind the tail",
+          pos, w);
     }
     if (state_of(w) == kFree) {
       // Free for the previous lap while the tail hint is a lap past it: the hint was moved
@@ -225,22 +226,19 @@ void Ring::cancel(std::uint64_t pos) noexcept {
   wake_producers();
 }
 
-Ring::Status Ring::push_parts(std::span<const std::span<const std::byte>> parts,
-                              std::uint32_t tag, Deadline deadline, Wake wake) {
+Ring::Status Ring::push_parts(std::span<const std::span<const std::byte>> parts, std::uint32_t tag,
+                              Deadline deadline, Wake wake) {
   std::size_t total = 0;
   for (const auto& part : parts) total += part.size();
   if (total > max_message())
     throw std::invalid_argument("Ring::push: a message of " + std::to_string(total) +
-                                " bytes does not fit a slot of " +
-                                std::to_string(max_message()));
+                                " bytes does not fit a slot of " + std::to_string(max_message()));
   for (;;) {
     const Reservation r = reserve(deadline);
     // A claim taken away from us (judged dead, wrongly) was not published: claim again.
     if (r.status != Status::kOk || commit(r.pos, parts, tag, wake)) return r.status;
   }
 }
-
-
 
 void Ring::close() noexcept {
   RingHeader* h = header();

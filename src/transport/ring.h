@@ -86,9 +86,7 @@ class Ring {
   // Where the first slot starts in the memfd (tests, fuzzing).
   [[nodiscard]] std::size_t slots_offset() const noexcept { return slots_offset_; }
   // The most bytes one message may have.
-  [[nodiscard]] std::size_t max_message() const noexcept {
-    return slot_bytes_ - kSlotHeaderBytes;
-  }
+  [[nodiscard]] std::size_t max_message() const noexcept { return slot_bytes_ - kSlotHeaderBytes; }
 
   enum class Status { kOk, kTimeout, kClosed };
   // Writes one message (at most max_message() bytes; std::invalid_argument otherwise) with
@@ -208,14 +206,15 @@ class Ring {
 
  private:
   Ring(UniqueFd fd, Mapping map, std::uint32_t slot_count, std::uint32_t slot_bytes);
-  RingHeader* header() const noexcept;
-  std::byte* slot(std::uint64_t pos) const noexcept;
+  // Defined in ring_local.h (inline in each of the ring's files).
+  inline RingHeader* header() const noexcept;
+  inline std::byte* slot(std::uint64_t pos) const noexcept;
   // This process's holder record (index, epoch), claimed on first use in each process.
-  std::pair<std::uint32_t, std::uint32_t> holder();
+  inline std::pair<std::uint32_t, std::uint32_t> holder();
   [[gnu::noinline]] std::pair<std::uint32_t, std::uint32_t> claim_holder_record();
   bool claimer_dead(std::uint64_t word) const noexcept;
   void free_holder() noexcept;
-  void wake_producers() noexcept;
+  inline void wake_producers() noexcept;
   // Moves a hint that is further from the slot words than any honest ring puts it back to
   // where the words say; true when it moved one.
   bool resync_hints() noexcept;

@@ -61,8 +61,8 @@ struct RingHeader {
   std::uint32_t slot_bytes;
   std::uint32_t slots_offset;
   std::uint64_t total_bytes;
-  alignas(64) std::atomic<std::uint64_t> tail;  // hint: next position to claim for writing
-  alignas(64) std::atomic<std::uint64_t> head;  // hint: next position to claim for reading
+  alignas(64) std::atomic<std::uint64_t> tail;       // hint: next position to claim for writing
+  alignas(64) std::atomic<std::uint64_t> head;       // hint: next position to claim for reading
   alignas(64) std::atomic<std::uint32_t> published;  // futex word of sleeping consumers
   std::atomic<std::uint32_t> consumers_asleep;
   alignas(64) std::atomic<std::uint32_t> freed;  // futex word of sleeping producers

@@ -23,20 +23,17 @@ namespace shmtensor::internal {
 namespace ring_detail {
 
 // A sleep is at most this long, so that a claim of a process that died is noticed.
-constexpr auto kSleepSlice = std::chrono::milliseconds(50);
-// How often a consumer that sleeps with nothing published looks for hidden messages.
-constexpr auto kIdleScanEvery = std::chrono::seconds(1);
-// Spins on a slot a producer is writing (a copy of at most 64 KiB) before sleeping.
-constexpr int kWritingSpins = 256;
+inline constexpr auto kSleepSlice = std::chrono::milliseconds(50);
 
+// Only the ring's files include this header (and say `using namespace ring_detail`).
 using Clock = std::chrono::steady_clock;
 
 inline SlotHead* head_of(std::byte* slot) { return reinterpret_cast<SlotHead*>(slot); }
 
 // A slot word no protocol state explains, as a ProtocolError.
 [[noreturn]] inline void corrupt(const char* what, std::uint64_t pos, std::uint64_t word) {
-  throw ProtocolError(std::string("message ring: ") + what + " (position " +
-                      std::to_string(pos) + ", slot word 0x" +
+  throw ProtocolError(std::string("message ring: ") + what + " (position " + std::to_string(pos) +
+                      ", slot word 0x" +
                       [&] {
                         char b[17];
                         std::snprintf(b, sizeof b, "%016llx",
@@ -49,7 +46,7 @@ inline SlotHead* head_of(std::byte* slot) { return reinterpret_cast<SlotHead*>(s
 // Sleeps on `word` (expected value `seen`) for at most a slice and the deadline. False when
 // the deadline has passed.
 inline bool sleep_on(std::atomic<std::uint32_t>* word, std::uint32_t seen,
-              const Ring::Deadline& deadline) {
+                     const Ring::Deadline& deadline) {
   auto slice = std::chrono::duration_cast<std::chrono::nanoseconds>(kSleepSlice);
   if (deadline) {
     const auto now = Clock::now();
@@ -91,8 +88,9 @@ constexpr std::uint32_t claim_epoch(std::uint64_t c) { return c & 0xff; }
 }  // namespace ring_detail
 
 // This process's claim, packed into one word (fork generation << 32 | holder << 8 | epoch:
-// os/proc.h, fork_generation; 0: none) so that threads agree on it without a lock: a mutex here could be inherited locked by a child
-// forked while another thread claimed, whose first push or pop would then hang.
+// os/proc.h, fork_generation; 0: none) so that threads agree on it without a lock: a mutex
+// here could be inherited locked by a child forked while another thread claimed, whose
+// first push or pop would then hang.
 struct Ring::Local {
   std::atomic<std::uint64_t> claim{0};
   // When this handle last looked for messages hidden behind the head after a sleep with

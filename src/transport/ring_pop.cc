@@ -18,6 +18,11 @@ namespace shmtensor::internal {
 using namespace ring_word;
 using namespace ring_detail;
 
+namespace {
+// Spins on a slot a producer is writing (a copy of at most 64 KiB) before sleeping.
+constexpr int kWritingSpins = 256;
+}  // namespace
+
 Ring::Popped Ring::pop(std::span<std::byte> out, Deadline deadline, std::uint32_t hold_tag) {
   if (out.size() < max_message())
     throw std::invalid_argument("Ring::pop: the buffer is smaller than a slot's message");
@@ -150,8 +155,8 @@ Ring::Popped Ring::pop(std::span<std::byte> out, Deadline deadline, std::uint32_
       // looks once more, and does not count itself among the sleepers: counted, it would
       // make a producer publishing meanwhile call FUTEX_WAKE for nobody, and move the
       // count's cache line between the two CPUs at every poll.
-      const bool unchanged = s->word.load() == w && h->head.load() == pos &&
-                             (h->closed.load() != 0) == was_closed;
+      const bool unchanged =
+          s->word.load() == w && h->head.load() == pos && (h->closed.load() != 0) == was_closed;
       if (unchanged) return {Status::kTimeout, 0, 0};
       spins = 0;
       continue;
@@ -173,8 +178,8 @@ Ring::Popped Ring::pop(std::span<std::byte> out, Deadline deadline, std::uint32_
       }
     }
     h->consumers_asleep.fetch_add(1);
-    const bool unchanged = s->word.load() == w && h->head.load() == pos &&
-                           (h->closed.load() != 0) == was_closed;
+    const bool unchanged =
+        s->word.load() == w && h->head.load() == pos && (h->closed.load() != 0) == was_closed;
     const bool in_time = !unchanged || sleep_on(&h->published, seen, deadline);
     h->consumers_asleep.fetch_sub(1);
     if (unchanged && h->published.load() == seen) idle_scan();

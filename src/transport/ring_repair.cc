@@ -15,6 +15,11 @@ namespace shmtensor::internal {
 using namespace ring_word;
 using namespace ring_detail;
 
+namespace {
+// How often a consumer that sleeps with nothing published looks for hidden messages.
+constexpr auto kIdleScanEvery = std::chrono::seconds(1);
+}  // namespace
+
 std::pair<std::uint32_t, std::uint32_t> Ring::claim_holder_record() {
   Local& l = *local_;
   const std::uint32_t me = fork_generation();
@@ -183,10 +188,8 @@ bool Ring::test_claim_and_abandon(bool as_consumer) {
   const std::uint64_t pos = as_consumer ? h->head.load() : h->tail.load();
   SlotHead* s = head_of(slot(pos));
   std::uint64_t w = s->word.load();
-  if (pos_of(w) != (pos & kPosMask) || state_of(w) != (as_consumer ? kReady : kFree))
-    return false;
-  if (!s->word.compare_exchange_strong(w, pack(pos, as_consumer ? kReading : kWriting, me,
-                                               epoch)))
+  if (pos_of(w) != (pos & kPosMask) || state_of(w) != (as_consumer ? kReady : kFree)) return false;
+  if (!s->word.compare_exchange_strong(w, pack(pos, as_consumer ? kReading : kWriting, me, epoch)))
     return false;
   std::uint64_t expected = pos;
   (as_consumer ? h->head : h->tail).compare_exchange_strong(expected, pos + 1);

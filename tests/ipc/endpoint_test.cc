@@ -1,8 +1,8 @@
 // Endpoint (src/transport/endpoint.h): one direction of a channel — its ring, its announced
 // datagrams, its depot and its readiness fd — driven directly, without a Queue or a
 // Connection around it: which frames take a slot, what a receive of each kind of slot
-// returns, when the readiness fd is signalled and cleared, and a datagram with an fd that a
-// forked child sends through its own endpoint over the same ring.
+// returns, when the readiness fd is signalled and cleared, and a forked child's datagram
+// with an fd, then a message that names the same segment from the depot.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -40,6 +40,12 @@ using internal::UniqueFd;
 using testing::fork_child;
 using testing::wait_child;
 
+Encoder encoded(const auto& value) {
+  Encoder e;
+  e.encode(value);
+  return e;
+}
+
 // One direction over a ring of 8 slots of 256 bytes, its words in the ring's user area (as
 // a connection's link keeps them), a socket pair for its datagrams and depot.
 class EndpointTest : public testing::LeakCheckedTest {
@@ -68,8 +74,14 @@ class EndpointTest : public testing::LeakCheckedTest {
   // `e` over the same ring and words; as the sending side (datagrams out, deposits) or
   // the receiving one.
   void bind(Endpoint& e, Ring ring, bool sending) {
-    EndpointWords w{&words_->send_lock, &words_->recv_lock, &words_->taken_below,
-                    &words_->readiness_wanted, &words_->signalling, closed_, nullptr, nullptr};
+    EndpointWords w{&words_->send_lock,
+                    &words_->recv_lock,
+                    &words_->taken_below,
+                    &words_->readiness_wanted,
+                    &words_->signalling,
+                    closed_,
+                    nullptr,
+                    nullptr};
     internal::EndpointSockets s;
     if (sending) {
       w.send_depot = &words_->depot;
@@ -83,6 +95,13 @@ class EndpointTest : public testing::LeakCheckedTest {
     e.bind(std::move(ring), internal::dup_cloexec(ready_.get()), w, s, internal::kQueueNames, 1);
   }
   Ring attach() { return Ring::attach(internal::dup_cloexec(ring_fd_.get())); }
+  // A shared tensor framed on `sender` with its segment's fd, and sent as a datagram.
+  static void send_datagram_of(Endpoint& sender, const Tensor& t) {
+    internal::OutgoingFrame frame = sender.frame(encoded(t));
+    ASSERT_EQ(frame.fds().size(), 1u);
+    ASSERT_FALSE(sender.fits_slot(frame));
+    ASSERT_EQ(sender.send_datagram(frame, std::nullopt), internal::AnnouncedSend::kSent);
+  }
   bool readable() {
     const int fds[1] = {ready_.get()};
     return !internal::wait_readable(fds, std::chrono::nanoseconds(0)).empty();
@@ -107,12 +126,6 @@ class EndpointTest : public testing::LeakCheckedTest {
   UniqueFd recv_sock_;
   std::optional<Endpoint> receiver_;  // the direction's receiving side
 };
-
-Encoder encoded(const auto& value) {
-  Encoder e;
-  e.encode(value);
-  return e;
-}
 
 TEST_F(EndpointTest, AFrameTakesASlotOnlyWithoutFdsAndWhenItFits) {
   Endpoint sender;
@@ -205,24 +218,53 @@ TEST_F(EndpointTest, AClosedFlagKeepsTheFdReadableOnAnEmptyRing) {
   EXPECT_TRUE(readable()) << "a closed queue stays readable";
 }
 
-TEST_F(EndpointTest, ADatagramAChildSendsThroughItsOwnEndpointArrivesWithItsSegment) {
+TEST_F(EndpointTest, AReaderThatAsksWhileAMessageIsReadyFindsTheFdReadableAtOnce) {
+  Endpoint sender;
+  bind(sender, attach(), /*sending=*/true);
+  internal::OutgoingFrame frame = sender.frame(encoded(std::int64_t{7}));
+  ASSERT_EQ(sender.push(frame.parts(), Ring::kNoWait), Ring::Status::kOk);
+  frame.sent = true;
+  sender.notify();
+  EXPECT_FALSE(readable()) << "nobody wanted the fd when it was published";
+  receiver_->want();
+  EXPECT_TRUE(readable());
+  std::optional<Decoder> d = receive_next();
+  ASSERT_TRUE(d.has_value());
+  EXPECT_EQ(d->decode<std::int64_t>(), 7);
+}
+
+TEST_F(EndpointTest, ASegmentsFdTravelsOnceAndALaterMessageNamesItFromTheDepot) {
   ASSERT_EQ(get_sharing_strategy(), SharingStrategy::kFileDescriptor);
+  // The child sends a tensor and then a view of it, and exits: the first message carries
+  // the segment's fd (and deposits it), the second names the segment alone and fits a slot.
   const pid_t pid = fork_child([this] {
     Endpoint sender;
     bind(sender, attach(), /*sending=*/true);
-    Tensor t = Tensor::arange(16);
-    t.share_memory_();
-    internal::OutgoingFrame frame = sender.frame(encoded(t));
-    ASSERT_FALSE(sender.fits_slot(frame));
-    ASSERT_EQ(sender.send_datagram(frame, std::nullopt), internal::AnnouncedSend::kSent);
+    Tensor a = Tensor::arange(16);
+    a.share_memory_();
+    send_datagram_of(sender, a);
+    internal::OutgoingFrame second = sender.frame(encoded(a.narrow(0, 8, 8)));
+    ASSERT_TRUE(second.fds().empty()) << "the segment is in the depot: no fd";
+    ASSERT_TRUE(sender.fits_slot(second));
+    ASSERT_EQ(sender.push(second.parts(), Ring::kNoWait), Ring::Status::kOk);
+    second.sent = true;
+    EXPECT_EQ(sender.depot().counts().sent, 1u);
+    EXPECT_EQ(sender.depot().counts().omitted, 1u);
   });
   ASSERT_EQ(wait_child(pid), 0);
-  std::optional<Decoder> d = receive_next();
-  ASSERT_TRUE(d.has_value());
-  const Tensor t = d->decode<Tensor>();
-  d->finish();
-  ASSERT_EQ(t.numel(), 16);
-  EXPECT_EQ(t.data_ptr<std::int64_t>()[15], 15);
+  std::optional<Decoder> first = receive_next();
+  ASSERT_TRUE(first.has_value());
+  const Tensor a = first->decode<Tensor>();
+  first->finish();
+  std::optional<Decoder> second = receive_next();
+  ASSERT_TRUE(second.has_value());
+  const Tensor b = second->decode<Tensor>();
+  second->finish();
+  ASSERT_EQ(a.numel(), 16);
+  ASSERT_EQ(b.numel(), 8);
+  EXPECT_EQ(a.data_ptr<std::int64_t>()[15], 15);
+  EXPECT_EQ(b.data_ptr<std::int64_t>()[7], 15);
+  EXPECT_EQ(b.storage().data(), a.storage().data()) << "one storage in the receiver";
 }
 
 }  // namespace
