@@ -74,6 +74,11 @@ class SHMTENSOR_API Encoder {
   // reference). The storage moves into shared memory when the message is sent, once the
   // transport has admitted it, not here. Throws Error for more than 64 dimensions.
   void write_tensor(const Tensor& t);
+  // Records a reference to a whole storage, as write_tensor does for a tensor's, with no
+  // view: the receiver gets the storage (over the same memory). An undefined storage
+  // arrives undefined, one of 0 bytes as a new empty one. Throws Error for a CUDA storage
+  // of 0 bytes.
+  void write_storage(const Storage& s);
   // Attaches a duplicate of `fd` to the message (for Connection and Queue). Throws
   // SystemError (EMFILE).
   void write_fd(int fd);
@@ -85,6 +90,8 @@ class SHMTENSOR_API Encoder {
 
  private:
   friend struct internal::CodecAccess;
+  // The index of `impl` in the message's storage table, added if it is not there yet.
+  std::uint32_t record_storage(const std::shared_ptr<internal::StorageImpl>& impl);
   std::vector<std::byte> payload_;
   std::unique_ptr<internal::EncoderState> state_;
 };
@@ -110,6 +117,7 @@ class SHMTENSOR_API Decoder {
   [[nodiscard]] std::size_t read_size(std::size_t min_element_bytes = 1);
   [[nodiscard]] std::size_t remaining() const noexcept;
   [[nodiscard]] Tensor read_tensor();
+  [[nodiscard]] Storage read_storage();
   // Takes ownership of the next attached fd; the caller must close it (or hand it on).
   [[nodiscard]] int take_fd();
 
@@ -140,6 +148,8 @@ struct MinEncodedBytes<T, std::enable_if_t<std::is_arithmetic_v<T> || std::is_en
     : std::integral_constant<std::size_t, sizeof(T)> {};
 template <>
 struct MinEncodedBytes<Tensor> : std::integral_constant<std::size_t, 1> {};
+template <>
+struct MinEncodedBytes<Storage> : std::integral_constant<std::size_t, 4> {};
 template <>
 struct MinEncodedBytes<std::string> : std::integral_constant<std::size_t, 8> {};
 template <class T, class A>
@@ -186,6 +196,12 @@ template <>
 struct Codec<Tensor> {
   static void encode(Encoder& e, const Tensor& t) { e.write_tensor(t); }
   static Tensor decode(Decoder& d) { return d.read_tensor(); }
+};
+
+template <>
+struct Codec<Storage> {
+  static void encode(Encoder& e, const Storage& s) { e.write_storage(s); }
+  static Storage decode(Decoder& d) { return d.read_storage(); }
 };
 
 template <>

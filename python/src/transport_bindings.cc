@@ -34,8 +34,9 @@ namespace py = pybind11;
 namespace shmtensor::python {
 namespace {
 
-// A message item: the pickle and its out-of-band blocks.
-using Item = std::pair<std::string, std::vector<Tensor>>;
+// A message item: the pickle and its out-of-band blocks' storages. The pickle describes each
+// array's view of its block; the message carries the storages alone (Codec<Storage>).
+using Item = std::pair<std::string, std::vector<Storage>>;
 
 // A block as Python sees it: a 1-d uint8 Tensor over a whole shared storage (what
 // shmtensor.numpy._block_of returns).
@@ -45,23 +46,30 @@ Tensor block_of_storage(const Storage& storage) {
 }
 
 // The blocks travel as whole storages; what a block tensor views does not matter.
-std::vector<Tensor> whole_blocks(const std::vector<Tensor>& blocks) {
-  std::vector<Tensor> out;
+std::vector<Storage> block_storages(const std::vector<Tensor>& blocks) {
+  std::vector<Storage> out;
   out.reserve(blocks.size());
   for (const auto& t : blocks) {
     if (!t.defined() || !t.is_shared())
       throw py::value_error("shmtensor message blocks must be shared tensors");
-    out.push_back(block_of_storage(t.storage()));
+    out.push_back(t.storage());
   }
   return out;
 }
 
+std::vector<Tensor> blocks_of_storages(const std::vector<Storage>& storages) {
+  std::vector<Tensor> out;
+  out.reserve(storages.size());
+  for (const auto& s : storages) out.push_back(block_of_storage(s));
+  return out;
+}
+
 Item make_item(py::bytes data, const std::vector<Tensor>& blocks) {
-  return Item{std::string(data), whole_blocks(blocks)};
+  return Item{std::string(data), block_storages(blocks)};
 }
 
 py::tuple item_to_python(Item&& item) {
-  return py::make_tuple(py::bytes(item.first), py::cast(std::move(item.second)));
+  return py::make_tuple(py::bytes(item.first), py::cast(blocks_of_storages(item.second)));
 }
 
 // The one conversion of a Python timeout (seconds, a float; None: no limit), for every
@@ -261,12 +269,16 @@ void bind_transport(py::module_& m) {
 
   m.def("_frame_of_blocks", [](const std::vector<Tensor>& blocks) {
     Encoder e;
-    e.encode(whole_blocks(blocks));
+    e.encode(block_storages(blocks));
     return Frame(std::move(e));
   });
   m.def("_blocks_of_frame", [](const std::string& data, const std::vector<int>& fds) {
-    py::gil_scoped_release release;
-    return decode_whole<std::vector<Tensor>>(parse(data, fds));
+    std::vector<Storage> storages;
+    {
+      py::gil_scoped_release release;
+      storages = decode_whole<std::vector<Storage>>(parse(data, fds));
+    }
+    return blocks_of_storages(storages);
   });
 
   py::class_<PyConnection>(m, "_Connection")

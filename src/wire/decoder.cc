@@ -64,6 +64,15 @@ Tensor Decoder::read_tensor() {
   return t;
 }
 
+Storage Decoder::read_storage() {
+  const auto index = read_pod<std::uint32_t>();
+  if (index == internal::kNoStorage) return Storage();
+  if (index == internal::kEmptyTensor) return Storage::allocate(0);
+  auto& storages = state_->storages;
+  if (index >= storages.size()) bad("storage index out of range");
+  return storages[index];
+}
+
 int Decoder::take_fd() {
   auto& st = *state_;
   if (st.next_object_fd >= st.object_fds.size()) bad("value refers to a missing fd");

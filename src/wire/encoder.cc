@@ -102,6 +102,30 @@ std::size_t padded_name_bytes(const Segment& seg) noexcept {
 }  // namespace
 }  // namespace internal
 
+std::uint32_t Encoder::record_storage(const std::shared_ptr<internal::StorageImpl>& impl) {
+  // Only recorded here: the frame stage moves it into shared memory, once the transport has
+  // admitted the message. Several references to one storage are one entry.
+  auto& storages = state_->storages;
+  auto it = std::find(storages.begin(), storages.end(), impl);
+  if (it == storages.end()) {
+    storages.push_back(impl);
+    it = storages.end() - 1;
+  }
+  return static_cast<std::uint32_t>(it - storages.begin());
+}
+
+void Encoder::write_storage(const Storage& s) {
+  // frame.h: the u32 storage index alone.
+  std::uint32_t index = internal::kNoStorage;
+  if (s.defined() && s.nbytes() == 0) {
+    if (s.device().is_cuda()) throw Error("cannot send a CUDA storage of 0 bytes");
+    index = internal::kEmptyTensor;
+  } else if (s.defined()) {
+    index = record_storage(internal::StorageAccess::impl(s));
+  }
+  write_pod(index);
+}
+
 void Encoder::write_tensor(const Tensor& t) {
   // EncodedTensorHead, sizes, strides (frame.h): built here and appended in one write (a
   // tensor's encoding is most of a small message's work).
@@ -116,17 +140,9 @@ void Encoder::write_tensor(const Tensor& t) {
   const bool has_storage = t.numel() > 0;
   bool cuda = false;
   if (has_storage) {
-    // Only recorded here: the frame stage moves it into shared memory, once the transport
-    // has admitted the message.
     const std::shared_ptr<internal::StorageImpl>& impl = internal::StorageAccess::impl(t.storage());
     cuda = impl->device() >= 0;
-    auto& storages = state_->storages;
-    auto it = std::find(storages.begin(), storages.end(), impl);
-    if (it == storages.end()) {
-      storages.push_back(impl);
-      it = storages.end() - 1;
-    }
-    index = static_cast<std::uint32_t>(it - storages.begin());
+    index = record_storage(impl);
   } else {
     cuda = t.is_cuda();
   }

@@ -24,8 +24,13 @@ inline constexpr std::size_t kMaxInlineFrame = 64 * 1024;
 // A blob is at most this big (a hostile peer cannot make us map more).
 inline constexpr std::size_t kMaxBlob = std::size_t{1} << 34;
 inline constexpr std::size_t kMaxNameLength = 64;
-// An encoded Tensor's storage index when it has no elements (and so needs no storage).
+// An encoded Tensor's storage index when it has no elements (and so needs no storage); an
+// encoded Storage's when it has no bytes.
 inline constexpr std::uint32_t kEmptyTensor = 0xfffffffeu;
+// An encoded Storage (in the payload, by Encoder::write_storage) is its u32 storage index
+// alone: an index into the frame's storage table, kEmptyTensor for one of 0 bytes, or this
+// for an undefined one.
+inline constexpr std::uint32_t kNoStorage = 0xffffffffu;
 // The most dimensions an encoded Tensor has (its ndim is one byte; 64 bounds what a
 // hostile message can make a receiver allocate).
 inline constexpr std::size_t kMaxTensorDims = 64;

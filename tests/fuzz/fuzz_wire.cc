@@ -16,7 +16,8 @@
 namespace {
 using Value = std::variant<std::int64_t, std::string, std::vector<shmtensor::Tensor>,
                            std::map<std::string, std::optional<shmtensor::Tensor>>,
-                           std::tuple<double, bool, std::vector<float>>>;
+                           std::tuple<double, bool, std::vector<float>>,
+                           std::vector<shmtensor::Storage>>;
 }
 
 // What a parse of `bytes` as one Tensor came to: the tensor's layout, or the error's type

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "shmtensor/connection.h"
+#include "shmtensor/internal/connection_access.h"
 #include "shmtensor/queue.h"
 #include "support/expect_error.h"
 #include "support/leak_check.h"
@@ -43,6 +44,43 @@ TEST_P(TransportTest, TensorSentOverPipeIsZeroCopyAndWritableBothWays) {
   EXPECT_EQ(a.recv<std::string>(), "written");
   EXPECT_EQ(t.data_ptr<float>()[0], 42.0f);
   EXPECT_EQ(wait_child(child), 0);
+}
+
+// A Storage travels alone, with no view (Codec<Storage>: its storage index, wire_format.md):
+// the same memory arrives, writable both ways; an undefined one arrives undefined and one
+// of 0 bytes as a new empty one; a storage and a tensor over it in one message are one
+// storage on arrival.
+TEST_P(TransportTest, AStorageTravelsAloneAndWritesAreSeenBothWays) {
+  auto [a, b] = pipe();
+  pid_t child = fork_child([&, &b = b] {
+    a.close();
+    auto [s, empty, none, t] = b.recv<std::tuple<Storage, Storage, Storage, Tensor>>();
+    EXPECT_TRUE(s.is_shared());
+    ASSERT_EQ(s.nbytes(), 64u);
+    EXPECT_EQ(static_cast<const std::uint8_t*>(s.data())[5], 5);
+    static_cast<std::uint8_t*>(s.data())[0] = 200;  // visible in the parent
+    EXPECT_TRUE(empty.defined());
+    EXPECT_EQ(empty.nbytes(), 0u);
+    EXPECT_FALSE(none.defined());
+    EXPECT_EQ(t.storage().data(), s.data()) << "one storage, not two";
+    b.send(std::string("written"));
+  });
+  b.close();
+  Tensor t = Tensor::arange(64, DType::kUInt8);
+  Storage s = t.storage();
+  a.send(std::make_tuple(s, Storage::allocate(0), Storage(), t));
+  EXPECT_TRUE(s.is_shared());
+  EXPECT_EQ(a.recv<std::string>(), "written");
+  EXPECT_EQ(static_cast<const std::uint8_t*>(s.data())[0], 200);
+  EXPECT_EQ(wait_child(child), 0);
+}
+
+TEST_P(TransportTest, AStorageIndexOutsideTheMessagesTableIsAProtocolError) {
+  auto [a, b] = pipe();
+  Encoder e;
+  e.write_pod<std::uint32_t>(3);  // a message with no storage table names storage 3
+  internal::ConnectionAccess::send(a, std::move(e));
+  EXPECT_ERROR((void)b.recv<Storage>(), ProtocolError, "storage index out of range");
 }
 
 TEST_P(TransportTest, IdentityIsPreservedWithinAMessageAndOnTheWayBack) {
