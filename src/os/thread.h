@@ -16,8 +16,9 @@ struct ThreadHandle {
 // Starts run(arg) on a new thread that blocks every signal (a signal for the process is
 // never delivered to it), with a stack of `stack_bytes` (or the default size where glibc
 // refuses that one: it carves the static TLS of the loaded libraries out of the stack), and
-// named `name` (at most 15 characters; a name that cannot be set is left). Returns false
-// when no thread could be made: nothing was started and run will not be called. The
+// named `name` before run starts (at most 15 characters; a longer name is not set).
+// Returns false when no thread could be made: nothing was started and run will not be
+// called. The
 // calling thread's signal mask is its own again on return. Never throws.
 bool start_thread(void* (*run)(void*), void* arg, std::size_t stack_bytes, const char* name,
                   ThreadHandle* started) noexcept;
