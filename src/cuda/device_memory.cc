@@ -270,6 +270,21 @@ void synchronize(int device) {
   d.check(d.api().cuCtxSynchronize(), "cuCtxSynchronize");
 }
 
+void write_fence(int device, CUdeviceptr fence, std::uint64_t value) {
+  const Driver& d = Driver::get();
+  CurrentDevice current(d, device);
+  d.check(d.api().cuStreamWriteValue64(kLegacyStream, fence, value,
+                                       CU_STREAM_WRITE_VALUE_DEFAULT),
+          "cuStreamWriteValue64");
+}
+
+void wait_for_fence(int device, CUdeviceptr fence, std::uint64_t value) {
+  const Driver& d = Driver::get();
+  CurrentDevice current(d, device);
+  d.check(d.api().cuStreamWaitValue64(kLegacyStream, fence, value, CU_STREAM_WAIT_VALUE_GEQ),
+          "cuStreamWaitValue64");
+}
+
 std::uint64_t import_count() noexcept { return g_imports.load(std::memory_order_relaxed); }
 
 void check_usable(int ordinal) { (void)usable_device(Driver::get(), ordinal); }

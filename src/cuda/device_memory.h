@@ -62,6 +62,16 @@ void copy_device_to_device(int device, CUdeviceptr dst, CUdeviceptr src, std::si
 void fill_device(int device, CUdeviceptr dst, unsigned char value, std::size_t n);
 // Waits for the device's work (kernels the user launched on its tensors) to finish.
 void synchronize(int device);
+// Stream memory operations on the device's legacy default stream, whose work waits for
+// the work queued before on every blocking stream (and theirs for it). Both return once
+// the operation is queued; CudaError when the driver refuses. `fence` is 8 bytes of device
+// memory, 8-aligned, mapped in this process.
+// write_fence: the write of `value` to `fence`, once everything queued before is done
+// (with a memory barrier: those writes are visible first).
+void write_fence(int device, CUdeviceptr fence, std::uint64_t value);
+// wait_for_fence: later work waits until `fence` holds `value` or more (a cyclic
+// comparison), written by any process.
+void wait_for_fence(int device, CUdeviceptr fence, std::uint64_t value);
 
 // Throws CudaError unless device `ordinal` can hold shareable memory: virtual memory
 // management, POSIX-fd export claimed, and a trial export and import at its first use

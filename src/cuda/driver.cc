@@ -62,8 +62,11 @@ struct EntryPoint {
   const char* base;
   const char* versioned;
   std::size_t offset;  // in DriverApi
+  bool optional;       // left null when missing (DriverApi says what does without it)
 };
-#define SHMTENSOR_ENTRY(base, versioned) {#base, versioned, offsetof(DriverApi, base)}
+#define SHMTENSOR_ENTRY(base, versioned) {#base, versioned, offsetof(DriverApi, base), false}
+#define SHMTENSOR_OPTIONAL_ENTRY(base, versioned) \
+  {#base, versioned, offsetof(DriverApi, base), true}
 const EntryPoint kEntryPoints[] = {
     SHMTENSOR_ENTRY(cuInit, "cuInit"),
     SHMTENSOR_ENTRY(cuDriverGetVersion, "cuDriverGetVersion"),
@@ -97,8 +100,11 @@ const EntryPoint kEntryPoints[] = {
     SHMTENSOR_ENTRY(cuStreamCreate, "cuStreamCreate"),
     SHMTENSOR_ENTRY(cuStreamDestroy, "cuStreamDestroy_v2"),
     SHMTENSOR_ENTRY(cuMemsetD32Async, "cuMemsetD32Async"),
+    SHMTENSOR_OPTIONAL_ENTRY(cuStreamWriteValue64, "cuStreamWriteValue64_v2"),
+    SHMTENSOR_OPTIONAL_ENTRY(cuStreamWaitValue64, "cuStreamWaitValue64_v2"),
 };
 #undef SHMTENSOR_ENTRY
+#undef SHMTENSOR_OPTIONAL_ENTRY
 // The CUDA version every entry point is pinned to when resolved through cuGetProcAddress.
 constexpr int kPinnedCudaVersion = 12000;
 
@@ -117,6 +123,7 @@ bool resolve(void* lib, DriverApi* api, std::string* why) {
     // Drivers older than 12.0 have no cuGetProcAddress_v2: their versioned exports are the
     // same entry points.
     if (fn == nullptr) fn = library_symbol(lib, e.versioned);
+    if (fn == nullptr && e.optional) continue;
     if (fn == nullptr) {
       *why = std::string("the CUDA driver lacks ") + e.versioned +
              " (virtual memory management needs driver 11.3 or newer)";
@@ -194,6 +201,11 @@ Driver* Driver::load(std::string* why) noexcept {
               &v, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, info.device) ==
           CUDA_SUCCESS)
         info.posix_fd = v != 0;
+      v = 0;
+      if (api.cuStreamWriteValue64 != nullptr && api.cuStreamWaitValue64 != nullptr &&
+          api.cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS,
+                                   info.device) == CUDA_SUCCESS)
+        info.stream_mem_ops = v != 0;
       d->devices_.push_back(std::move(info));
     }
     d->ready_.reset(new ReadyState[d->devices_.size()]);

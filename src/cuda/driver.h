@@ -41,6 +41,8 @@ struct DeviceInfo {
   std::string name;
   bool vmm = false;       // CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
   bool posix_fd = false;  // CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED
+  // CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS, and the driver has the calls.
+  bool stream_mem_ops = false;
   // Set by Driver::ready(): cuMemGetAllocationGranularity (minimum; 0 without VMM) and
   // the primary context, retained for the process's life.
   std::size_t granularity = 0;

@@ -17,6 +17,9 @@ struct CUctx_st;
 using CUcontext = CUctx_st*;
 struct CUstream_st;
 using CUstream = CUstream_st*;
+// The context's legacy default stream (cuda.h's CU_STREAM_LEGACY): work on it waits for
+// the work queued before on every blocking stream, and theirs for it.
+inline const CUstream kLegacyStream = reinterpret_cast<CUstream>(std::uintptr_t{0x1});
 
 inline constexpr CUresult CUDA_SUCCESS = 0;
 inline constexpr CUresult CUDA_ERROR_INVALID_VALUE = 1;
@@ -61,7 +64,10 @@ inline constexpr int CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 0x3;
 inline constexpr int CU_MEM_ALLOC_GRANULARITY_MINIMUM = 0x0;
 inline constexpr int CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED = 102;
 inline constexpr int CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED = 103;
+inline constexpr int CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS = 122;
 inline constexpr unsigned int CU_STREAM_NON_BLOCKING = 0x1;
+inline constexpr unsigned int CU_STREAM_WAIT_VALUE_GEQ = 0x0;
+inline constexpr unsigned int CU_STREAM_WRITE_VALUE_DEFAULT = 0x0;
 
 // Every driver entry point shmtensor uses. Filled by the loader (the real driver: through
 // cuGetProcAddress_v2 at the version each is pinned to, or dlsym of the versioned export on
@@ -108,6 +114,13 @@ struct DriverApi {
   CUresult (*cuStreamDestroy)(CUstream stream);
   CUresult (*cuMemsetD32Async)(CUdeviceptr dst, unsigned int value, std::size_t count,
                                CUstream stream);
+  // Stream memory operations (cuda/stream_order.h): a sender's stream writes a value once
+  // its earlier work is done, and a receiver's stream waits for it. Optional: null where
+  // the driver lacks them (older than 11.7), and messages then wait with cuCtxSynchronize.
+  CUresult (*cuStreamWriteValue64)(CUstream stream, CUdeviceptr addr, std::uint64_t value,
+                                   unsigned int flags);
+  CUresult (*cuStreamWaitValue64)(CUstream stream, CUdeviceptr addr, std::uint64_t value,
+                                  unsigned int flags);
 };
 
 // The fake driver's table (fake_driver.cc): devices backed by memfd + mmap, for tests on
@@ -116,6 +129,9 @@ const DriverApi& fake_driver_api();
 // The fake driver's count of cuCtxSynchronize calls in this process (tests check who
 // waits for the device).
 std::uint64_t fake_synchronize_count() noexcept;
+// The fake driver's counts of stream memory operations queued in this process.
+std::uint64_t fake_fence_writes() noexcept;
+std::uint64_t fake_fence_waits() noexcept;
 // The fake driver's count of cuDevicePrimaryCtxRetain calls in this process.
 std::uint64_t fake_context_retains() noexcept;
 

@@ -9,7 +9,11 @@
 //
 // SHMTENSOR_FAKE_CUDA_REFUSE_EXPORT makes every export fail (while the device attribute
 // still claims support), as some containers do; SHMTENSOR_FAKE_CUDA_IMPORT_OUT_OF_MEMORY
-// makes every import fail as a full device would.
+// makes every import fail as a full device would. SHMTENSOR_FAKE_CUDA_NO_STREAM_MEM_OPS
+// makes the device deny 64-bit stream memory operations (an old driver).
+//
+// Work queued on a stream runs on a thread of the fake's own, later, as on a GPU (see
+// WorkQueue below), so that a reader that does not wait for it reads stale bytes.
 //
 // Devices: SHMTENSOR_FAKE_CUDA_DEVICES of them (default 1, at most 8), with UUIDs
 // "shmtensor-fake\0<n>"; CUDA_VISIBLE_DEVICES (a comma list of indices) selects and orders
@@ -21,11 +25,16 @@
 
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <climits>
+#include <condition_variable>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cuda/driver_api.h"
@@ -135,7 +144,9 @@ CUresult fake_device_uuid(CUuuid* uuid, CUdevice d) {
 CUresult fake_device_attribute(int* v, int attr, CUdevice d) {
   if (physical_of(d) < 0) return CUDA_ERROR_INVALID_DEVICE;
   *v = (attr == CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED ||
-        attr == CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED)
+        attr == CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED ||
+        (attr == CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS &&
+         std::getenv("SHMTENSOR_FAKE_CUDA_NO_STREAM_MEM_OPS") == nullptr))
            ? 1
            : 0;
   return CUDA_SUCCESS;
@@ -160,28 +171,105 @@ CUresult fake_ctx_set_current(CUcontext ctx) {
   return CUDA_SUCCESS;
 }
 
-// Work "queued on a stream" (cuMemsetD32Async): done only when the context is
-// synchronized or the stream destroyed, so that a test sees what a consumer would read if
-// nobody waited for it.
-struct PendingFill {
-  unsigned int* dst;
-  unsigned int value;
-  std::size_t count;
-};
-std::mutex g_pending_mu;
-std::vector<PendingFill> g_pending;
-std::atomic<std::uint64_t> g_synchronizations{0};
+// The device's work queue. What a caller queues on a stream (cuMemsetD32Async, the
+// stream memory operations) runs on a thread of its own, in the order it was queued: one
+// order for every stream, which CUDA allows (it is stricter than CUDA's). A fill first
+// waits kFillTime, as a kernel takes time, so that a reader that does not wait for the
+// work reads the bytes from before it. A synchronous call (a copy, cuMemsetD8) and
+// cuCtxSynchronize wait until everything queued before them has run, as calls on the
+// legacy default stream do; a wait for a value holds the queue until some process (its
+// own queue) writes the value. Work still queued when the process ends is lost, as a
+// SIGKILLed process's is on a GPU.
+//
+// The queue is made once and never destroyed: its thread may outlive static destructors.
+// A forked child cannot use the driver (driver.h), so it never touches the parent's queue.
+constexpr auto kFillTime = std::chrono::milliseconds(1);
 
-void run_pending() {
-  std::lock_guard lock(g_pending_mu);
-  for (const auto& f : g_pending)
-    for (std::size_t i = 0; i < f.count; ++i) f.dst[i] = f.value;
-  g_pending.clear();
+struct QueuedWork {
+  enum Kind { kFill32, kWrite64, kWait64 } kind;
+  void* addr;
+  std::uint64_t value;
+  std::size_t count;  // kFill32: elements
+};
+
+class WorkQueue {
+ public:
+  void push(const QueuedWork& w) {
+    std::lock_guard lock(mu_);
+    if (!started_) {
+      std::thread([this] { run(); }).detach();
+      started_ = true;
+    }
+    work_.push_back(w);
+    ++queued_;
+    cv_.notify_all();
+  }
+  // Returns once everything queued before the call has run.
+  void drain() {
+    std::unique_lock lock(mu_);
+    const std::uint64_t target = queued_;
+    cv_.wait(lock, [&] { return done_ >= target; });
+  }
+
+ private:
+  void run() {
+    for (;;) {
+      QueuedWork w;
+      {
+        std::unique_lock lock(mu_);
+        cv_.wait(lock, [&] { return !work_.empty(); });
+        w = work_.front();
+      }
+      execute(w);
+      std::lock_guard lock(mu_);
+      work_.pop_front();
+      ++done_;
+      cv_.notify_all();
+    }
+  }
+  static void execute(const QueuedWork& w) {
+    switch (w.kind) {
+      case QueuedWork::kFill32: {
+        std::this_thread::sleep_for(kFillTime);
+        auto* p = static_cast<unsigned int*>(w.addr);
+        for (std::size_t i = 0; i < w.count; ++i) p[i] = static_cast<unsigned int>(w.value);
+        break;
+      }
+      case QueuedWork::kWrite64:
+        std::atomic_ref(*static_cast<std::uint64_t*>(w.addr))
+            .store(w.value, std::memory_order_release);
+        break;
+      case QueuedWork::kWait64:
+        // CU_STREAM_WAIT_VALUE_GEQ: a cyclic greater-or-equal.
+        while (static_cast<std::int64_t>(
+                   std::atomic_ref(*static_cast<std::uint64_t*>(w.addr))
+                       .load(std::memory_order_acquire) -
+                   w.value) < 0)
+          std::this_thread::sleep_for(std::chrono::microseconds(50));
+        break;
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<QueuedWork> work_;
+  std::uint64_t queued_ = 0;
+  std::uint64_t done_ = 0;
+  bool started_ = false;
+};
+
+WorkQueue& work_queue() {
+  static WorkQueue* queue = new WorkQueue;
+  return *queue;
 }
+
+std::atomic<std::uint64_t> g_synchronizations{0};
+std::atomic<std::uint64_t> g_fence_writes{0};
+std::atomic<std::uint64_t> g_fence_waits{0};
 
 CUresult fake_ctx_synchronize() {
   g_synchronizations.fetch_add(1, std::memory_order_relaxed);
-  run_pending();
+  work_queue().drain();
   return CUDA_SUCCESS;
 }
 
@@ -317,21 +405,25 @@ CUresult fake_set_access(CUdeviceptr ptr, std::size_t size, const CUmemAccessDes
 }
 
 CUresult fake_htod(CUdeviceptr dst, const void* src, std::size_t n) {
+  work_queue().drain();
   if (n > 0) std::memcpy(reinterpret_cast<void*>(dst), src, n);
   return CUDA_SUCCESS;
 }
 
 CUresult fake_dtoh(void* dst, CUdeviceptr src, std::size_t n) {
+  work_queue().drain();
   if (n > 0) std::memcpy(dst, reinterpret_cast<const void*>(src), n);
   return CUDA_SUCCESS;
 }
 
 CUresult fake_dtod(CUdeviceptr dst, CUdeviceptr src, std::size_t n) {
+  work_queue().drain();
   if (n > 0) std::memmove(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), n);
   return CUDA_SUCCESS;
 }
 
 CUresult fake_memset(CUdeviceptr dst, unsigned char v, std::size_t n) {
+  work_queue().drain();
   if (n > 0) std::memset(reinterpret_cast<void*>(dst), v, n);
   return CUDA_SUCCESS;
 }
@@ -342,14 +434,33 @@ CUresult fake_stream_create(CUstream* stream, unsigned int) {
 }
 
 CUresult fake_stream_destroy(CUstream stream) {
-  run_pending();  // a destroyed stream's work still completes
+  work_queue().drain();  // a destroyed stream's work still completes
   delete reinterpret_cast<char*>(stream);
   return CUDA_SUCCESS;
 }
 
 CUresult fake_memset32_async(CUdeviceptr dst, unsigned int v, std::size_t n, CUstream) {
-  std::lock_guard lock(g_pending_mu);
-  g_pending.push_back({reinterpret_cast<unsigned int*>(dst), v, n});
+  work_queue().push({QueuedWork::kFill32, reinterpret_cast<void*>(dst), v, n});
+  return CUDA_SUCCESS;
+}
+
+bool stream_mem_ops_denied() {
+  return std::getenv("SHMTENSOR_FAKE_CUDA_NO_STREAM_MEM_OPS") != nullptr;
+}
+
+CUresult fake_write_value64(CUstream, CUdeviceptr addr, std::uint64_t value, unsigned int flags) {
+  if (stream_mem_ops_denied()) return CUDA_ERROR_NOT_SUPPORTED;
+  if (flags != CU_STREAM_WRITE_VALUE_DEFAULT || addr % 8 != 0) return CUDA_ERROR_INVALID_VALUE;
+  g_fence_writes.fetch_add(1, std::memory_order_relaxed);
+  work_queue().push({QueuedWork::kWrite64, reinterpret_cast<void*>(addr), value, 0});
+  return CUDA_SUCCESS;
+}
+
+CUresult fake_wait_value64(CUstream, CUdeviceptr addr, std::uint64_t value, unsigned int flags) {
+  if (stream_mem_ops_denied()) return CUDA_ERROR_NOT_SUPPORTED;
+  if (flags != CU_STREAM_WAIT_VALUE_GEQ || addr % 8 != 0) return CUDA_ERROR_INVALID_VALUE;
+  g_fence_waits.fetch_add(1, std::memory_order_relaxed);
+  work_queue().push({QueuedWork::kWait64, reinterpret_cast<void*>(addr), value, 0});
   return CUDA_SUCCESS;
 }
 
@@ -362,7 +473,7 @@ const DriverApi kFake = {
     fake_import,        fake_properties,         fake_reserve,      fake_address_free,
     fake_map,           fake_unmap,              fake_set_access,   fake_htod,
     fake_dtoh,          fake_dtod,               fake_memset,       fake_stream_create,
-    fake_stream_destroy, fake_memset32_async,
+    fake_stream_destroy, fake_memset32_async, fake_write_value64, fake_wait_value64,
 };
 
 }  // namespace
@@ -370,6 +481,12 @@ const DriverApi kFake = {
 const DriverApi& fake_driver_api() { return kFake; }
 
 std::uint64_t fake_context_retains() noexcept { return g_retains.load(std::memory_order_relaxed); }
+
+std::uint64_t fake_fence_writes() noexcept {
+  return g_fence_writes.load(std::memory_order_relaxed);
+}
+
+std::uint64_t fake_fence_waits() noexcept { return g_fence_waits.load(std::memory_order_relaxed); }
 
 std::uint64_t fake_synchronize_count() noexcept {
   return g_synchronizations.load(std::memory_order_relaxed);

@@ -4,6 +4,7 @@
 #include "cuda/device_memory.h"
 #include "cuda/driver.h"
 #include "memory/arena.h"
+#include "memory/fence.h"
 #include "memory/registry.h"
 #include "memory/storage_impl.h"
 #include "shmtensor/storage.h"
@@ -120,6 +121,7 @@ SharingStrategy Storage::sharing_strategy() const noexcept {
 }
 
 void empty_cache() {
+  internal::release_fences();
   internal::Registry::instance().forget_cached_segments();
   internal::arena_trim();
 }

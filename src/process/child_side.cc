@@ -8,6 +8,7 @@
 #include <iostream>
 #include <memory>
 
+#include "memory/fence.h"
 #include "memory/segment.h"
 #include "os/child.h"
 #include "os/unique_fd.h"
@@ -75,7 +76,9 @@ void run_forked_child(const std::function<void()>& body, int report_fd, int pare
     code = 1;
   }
   flush_stdio();
-  release_named_segments_before_exit();  // _exit runs no atexit handler
+  // _exit runs no atexit handler.
+  complete_fences_before_exit();
+  release_named_segments_before_exit();
   exit_now(code);
 }
 

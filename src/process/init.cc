@@ -7,6 +7,7 @@
 #include <string_view>
 #include <vector>
 
+#include "memory/fence.h"
 #include "memory/segment.h"
 #include "os/child.h"
 #include "os/code_address.h"
@@ -133,7 +134,9 @@ void init(int /*argc*/, char** /*argv*/) {
     code = 1;
   }
   internal::flush_stdio();
-  internal::release_named_segments_before_exit();  // _exit runs no atexit handler
+  // _exit runs no atexit handler.
+  internal::complete_fences_before_exit();
+  internal::release_named_segments_before_exit();
   internal::exit_now(code);
 }
 

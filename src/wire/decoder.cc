@@ -1,8 +1,10 @@
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <exception>
 #include <new>
 
+#include "memory/fence.h"
 #include "memory/registry.h"
 #include "memory/storage_impl.h"
 #include "os/mapping.h"
@@ -350,6 +352,26 @@ class NamedCounts {
   std::vector<char>& proven_;
 };
 
+// The fence table (kFlagFences), checked: each fence 8 aligned bytes inside the blocks of
+// a device segment of the message. Returns the count.
+std::uint32_t take_fences(BodyReader& r, const std::vector<std::shared_ptr<Segment>>& segments,
+                          std::array<FenceEntry, kMaxFences>& out) {
+  const auto count = r.take<std::uint32_t>();
+  if (r.take<std::uint32_t>() != 0 || count == 0 || count > kMaxFences) bad("bad fence count");
+  for (std::uint32_t i = 0; i < count; ++i) {
+    const auto e = r.take<FenceEntry>();
+    if (e.segment_index >= segments.size()) bad("fence refers to a missing segment");
+    const Segment& seg = *segments[e.segment_index];
+    // By kind: a device segment this process cannot map is its metadata alone.
+    if (!is_device_kind(seg.kind())) bad("fence lies in a host segment");
+    if (e.reserved != 0 || e.offset % 8 != 0 || seg.payload_size() < 8 ||
+        e.offset > seg.payload_size() - 8)
+      bad("fence lies outside its segment's blocks");
+    out[i] = e;
+  }
+  return count;
+}
+
 }  // namespace
 
 Decoder parse_frame(std::span<const std::byte> datagram, std::vector<UniqueFd> fds,
@@ -361,7 +383,7 @@ Decoder parse_frame(std::span<const std::byte> datagram, std::vector<UniqueFd> f
   if (h.version != kWireVersion)
     bad("wire version " + std::to_string(h.version) + ", this library speaks " +
         std::to_string(kWireVersion));
-  if ((h.flags & ~kFlagBlob) != 0) bad("unknown flags");
+  if ((h.flags & ~(kFlagBlob | kFlagFences)) != 0) bad("unknown flags");
   if (h.fd_count != fds.size())
     bad("header announces " + std::to_string(h.fd_count) + " fds but " +
         std::to_string(fds.size()) + " arrived");
@@ -449,7 +471,12 @@ Decoder parse_frame(std::span<const std::byte> datagram, std::vector<UniqueFd> f
   // Senders list a segment only for its storages: a named one without would keep the
   // message's count on the name for good.
   if (!named_counts.all_named_proven()) bad("named segment that no storage uses");
+  std::array<FenceEntry, kMaxFences> fences;
+  const std::uint32_t fence_count = (h.flags & kFlagFences) ? take_fences(r, segments, fences) : 0;
   if (unusable.error) std::rethrow_exception(unusable.error);
+  // Every check passed: the waits are queued last, so that a refused message queues none.
+  for (std::uint32_t i = 0; i < fence_count; ++i)
+    wait_for_fence(segments[fences[i].segment_index], fences[i].offset, fences[i].value);
   st->payload = body.subspan(r.pos);
   st->keep = std::move(keep);
   // The segments stay mapped through the storages; the scratch lists are not needed now.

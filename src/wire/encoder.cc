@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "cuda/device_memory.h"
+#include "memory/fence.h"
 #include "memory/storage_impl.h"
 #include "os/mapping.h"
 #include "os/shm.h"
@@ -181,15 +182,21 @@ OutgoingFrame finish_frame(Encoder&& encoder, const FdElision* elision) {
   // Into shared memory, in place: every tensor and view on these storages follows.
   const SharingStrategy strategy = get_sharing_strategy();
   for (const auto& impl : st.storages) impl->share_memory_(strategy);
-  // What this process wrote to device memory, kernels included, is complete before the
-  // message can be received: once per device the message carries.
-  int synced[8];
-  std::size_t nsynced = 0;
+  // What this process queued on device memory before now is done before the receiver's
+  // work on the message's device storages starts: a fence per device (memory/fence.h).
+  int devices[kMaxFences];
+  std::size_t ndevices = 0;
   for (const auto& impl : st.storages) {
     const int device = impl->device();
-    if (device < 0 || std::find(synced, synced + nsynced, device) != synced + nsynced) continue;
-    cuda::synchronize(device);
-    if (nsynced < std::size(synced)) synced[nsynced++] = device;
+    if (device < 0 || std::find(devices, devices + ndevices, device) != devices + ndevices)
+      continue;
+    if (ndevices == std::size(devices)) {
+      cuda::synchronize(device);  // more devices than a message has fences for
+      continue;
+    }
+    devices[ndevices++] = device;
+    if (auto f = signal_fence(device))
+      st.fences.push_back({std::move(f->segment), f->offset, f->value});
   }
 
   // Segment table: one entry per distinct segment.
@@ -202,11 +209,17 @@ OutgoingFrame finish_frame(Encoder&& encoder, const FdElision* elision) {
     }
     st.storage_segment.push_back(static_cast<std::uint32_t>(it - st.segments.begin()));
   }
+  // A fence's segment is listed like a storage's (its fds travel, the receiver maps it).
+  for (const auto& f : st.fences)
+    if (std::find(st.segments.begin(), st.segments.end(), f.segment.get()) == st.segments.end())
+      st.segments.push_back(f.segment.get());
   // The tables' size first, so that they are written into one resize (entries appended
   // one by one cost more than the rest of a small message's frame). A segment's entry is
   // followed by its name, padded to 8 bytes, when it is neither a device segment nor a
   // file_descriptor one (the last branch below).
   std::size_t table_bytes = st.storages.size() * sizeof(StorageEntry);
+  if (!st.fences.empty())
+    table_bytes += 2 * sizeof(std::uint32_t) + st.fences.size() * sizeof(FenceEntry);
   for (Segment* seg : st.segments) table_bytes += sizeof(SegmentEntry) + padded_name_bytes(*seg);
   std::vector<std::byte>& tables = st.tables;
   tables.resize(table_bytes);  // zeroed: a name's padding is
@@ -248,6 +261,19 @@ OutgoingFrame finish_frame(Encoder&& encoder, const FdElision* elision) {
     e.nbytes = st.storages[i]->nbytes();
     append(&e, sizeof e);
   }
+  if (!st.fences.empty()) {
+    const std::uint32_t head[2] = {static_cast<std::uint32_t>(st.fences.size()), 0};
+    append(head, sizeof head);
+    for (const auto& f : st.fences) {
+      FenceEntry e{};
+      e.segment_index = static_cast<std::uint32_t>(
+          std::find(st.segments.begin(), st.segments.end(), f.segment.get()) -
+          st.segments.begin());
+      e.offset = f.offset;
+      e.value = f.value;
+      append(&e, sizeof e);
+    }
+  }
   assert(out == tables.data() + tables.size());
 
   for (auto& fd : st.object_fds) {
@@ -257,6 +283,7 @@ OutgoingFrame finish_frame(Encoder&& encoder, const FdElision* elision) {
   FrameHeader& h = frame.header;
   h = frame_header(tables.size() + st.payload.size(), st.segments.size(), st.storages.size());
   h.object_fd_count = static_cast<std::uint32_t>(st.object_fds.size());
+  if (!st.fences.empty()) h.flags |= kFlagFences;
   if (sizeof(FrameHeader) + h.body_size > kMaxInlineFrame) {
     // Too big for one datagram: the body goes into a sealed memfd sent along.
     UniqueFd blob = create_sealed_memfd(h.body_size);

@@ -4,6 +4,7 @@
 //   body (inline, or in a memfd "blob" attached as the last fd when it is large):
 //     SegmentEntry × segment_count   each followed by its name, padded to 8 bytes
 //     StorageEntry × storage_count
+//     with kFlagFences: u32 fence count, u32 0, FenceEntry × count
 //     payload                        the encoded value
 //   fds: one per file_descriptor segment (SegmentEntry::fd_index), two per device
 //        segment (its memfd, then its CUDA allocation), then object fds
@@ -19,6 +20,8 @@ namespace shmtensor::internal {
 inline constexpr std::uint32_t kFrameMagic = 0x31575453;  // "STW1"
 inline constexpr std::uint16_t kWireVersion = 1;
 inline constexpr std::uint16_t kFlagBlob = 1;
+// The body has a fence table after the storage table (memory/fence.h).
+inline constexpr std::uint16_t kFlagFences = 2;
 // A datagram is at most this big; larger bodies travel in a blob.
 inline constexpr std::size_t kMaxInlineFrame = 64 * 1024;
 // A blob is at most this big (a hostile peer cannot make us map more).
@@ -71,6 +74,19 @@ struct StorageEntry {
   std::uint64_t nbytes;
 };
 static_assert(sizeof(StorageEntry) == 24);
+
+// A fence the receiver waits for before it uses the message's device memory (memory/fence.h):
+// 8 bytes at `offset` in the blocks of a device segment of the segment table, which reach
+// `value` once the sender's device work before the send is done. One per device the
+// message carries, at most kMaxFences.
+struct FenceEntry {
+  std::uint32_t segment_index;
+  std::uint32_t reserved;  // 0
+  std::uint64_t offset;    // from the segment's payload start; a multiple of 8
+  std::uint64_t value;
+};
+static_assert(sizeof(FenceEntry) == 24);
+inline constexpr std::uint32_t kMaxFences = 64;
 
 // An encoded Tensor (in the payload, by Encoder::write_tensor): this head, then
 // i64 sizes[ndim], i64 strides[ndim]. An undefined tensor is the `defined` byte (0) alone.

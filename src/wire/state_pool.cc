@@ -87,6 +87,7 @@ void recycle(std::unique_ptr<EncoderState> st) noexcept {
   reset(st->owned_fds);
   reset(st->in_flight);
   reset(st->in_flight_blocks);
+  reset(st->fences);
   give_state(std::move(st));
 }
 

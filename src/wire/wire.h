@@ -53,6 +53,13 @@ struct EncoderState {
   std::vector<Segment*> in_flight;
   // Storages whose block got a count for this message; given back if never sent.
   std::vector<StorageImpl*> in_flight_blocks;
+  // The fences the message names (its FenceEntry table, memory/fence.h), by segment.
+  struct Fence {
+    std::shared_ptr<Segment> segment;  // held until the message is sent (or dropped)
+    std::uint64_t offset;
+    std::uint64_t value;
+  };
+  std::vector<Fence> fences;
 
   EncoderState() = default;
   EncoderState(const EncoderState&) = delete;

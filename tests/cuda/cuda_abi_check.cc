@@ -4,6 +4,7 @@
 #include <cuda.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <string_view>
 
 #include "cuda/driver_api.h"
@@ -48,6 +49,10 @@ static_assert(offsetof(ours::CUmemAccessDesc, flags) == offsetof(CUmemAccessDesc
 
 static_assert(sizeof(ours::CUresult) == sizeof(CUresult));
 static_assert(ours::CU_STREAM_NON_BLOCKING == CU_STREAM_NON_BLOCKING);
+static_assert(ours::CU_STREAM_WAIT_VALUE_GEQ == CU_STREAM_WAIT_VALUE_GEQ);
+static_assert(ours::CU_STREAM_WRITE_VALUE_DEFAULT == CU_STREAM_WRITE_VALUE_DEFAULT);
+static_assert(ours::CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS ==
+              CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS);
 
 // The versioned symbols src/cuda/driver.cc falls back to (drivers without
 // cuGetProcAddress_v2) are the ones cuda.h maps the API names to.
@@ -64,6 +69,9 @@ static_assert(std::string_view(SHMTENSOR_STR(cuGetProcAddress)) == "cuGetProcAdd
 static_assert(std::string_view(SHMTENSOR_STR(cuMemsetD32Async)) == "cuMemsetD32Async");
 static_assert(std::string_view(SHMTENSOR_STR(cuCtxSynchronize)) == "cuCtxSynchronize");
 static_assert(std::string_view(SHMTENSOR_STR(cuMemCreate)) == "cuMemCreate");
+static_assert(std::string_view(SHMTENSOR_STR(cuStreamWriteValue64)) ==
+              "cuStreamWriteValue64_v2");
+static_assert(std::string_view(SHMTENSOR_STR(cuStreamWaitValue64)) == "cuStreamWaitValue64_v2");
 
 // Parameter types of entry points whose arguments are easy to get wrong: ours take the
 // same sizes in the same order (CUresult and enums are int-sized in both).
@@ -84,7 +92,15 @@ static_assert(same_shape(ours::DriverApi{}.cuMemExportToShareableHandle,
                          &::cuMemExportToShareableHandle));
 static_assert(same_shape(ours::DriverApi{}.cuMemSetAccess, &::cuMemSetAccess));
 static_assert(same_shape(ours::DriverApi{}.cuMemsetD32Async, &::cuMemsetD32Async));
+static_assert(same_shape(ours::DriverApi{}.cuStreamWriteValue64, &::cuStreamWriteValue64));
+static_assert(same_shape(ours::DriverApi{}.cuStreamWaitValue64, &::cuStreamWaitValue64));
 static_assert(same_shape(ours::DriverApi{}.cuMemGetAllocationGranularity,
                          &::cuMemGetAllocationGranularity));
 
-int main() { return 0; }
+// A pointer value: not a constant expression, so checked when the test runs.
+int main() {
+  return reinterpret_cast<std::uintptr_t>(ours::kLegacyStream) ==
+                 reinterpret_cast<std::uintptr_t>(CU_STREAM_LEGACY)
+             ? 0
+             : 1;
+}

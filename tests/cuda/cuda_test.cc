@@ -352,7 +352,9 @@ TEST_F(CudaTest, RoundTripKeepsIdentityAndWritesAreSeenBothWays) {
     EXPECT_EQ(back.raw_data(), sent[static_cast<std::size_t>(i)].raw_data());
     EXPECT_EQ(sent[static_cast<std::size_t>(i)][0].item<float>(), 2.0f * i);
   }
-  EXPECT_EQ(imports.get(), 1) << "200 tensors of one device segment: one import";
+  // And one for this process's fence (docs/cuda.md, "Ordering").
+  const long fence = shmtensor::internal::cuda::Driver::get().ready(0).stream_mem_ops ? 1 : 0;
+  EXPECT_EQ(imports.get(), 1 + fence) << "200 tensors of one device segment: one import";
   p.join();
   EXPECT_EQ(p.exitcode(), 0) << p.error();
 }
@@ -438,12 +440,19 @@ TEST_F(CudaTest, ImportsEqualTheChunksOfManySmallTensors) {
   Queue<long> imports;
   Process p = exec_process(Process(keep_and_count_imports, q, imports, kCount));
   for (const auto& t : sent) q.put(t);
-  EXPECT_EQ(imports.get(), chunks) << kCount << " tensors in " << chunks << " device segments";
+  // And one for the producer's fence (docs/cuda.md, "Ordering"), which every message names.
+  const long fence = shmtensor::internal::cuda::Driver::get().ready(0).stream_mem_ops ? 1 : 0;
+  EXPECT_EQ(imports.get(), chunks + fence)
+      << kCount << " tensors in " << chunks << " device segments";
   p.join();
   EXPECT_EQ(p.exitcode(), 0) << p.error();
 }
 
+// Receives a first tensor and says it is ready (-1), then receives a tensor and counts its
+// elements that are not `value`.
 void count_not_equal(Queue<Tensor> in, Queue<long> out, long value) {
+  (void)in.get();
+  out.put(-1);
   Tensor host = in.get().cpu();
   const auto* v = host.data_ptr<std::int32_t>();
   long wrong = 0;
@@ -454,23 +463,32 @@ void count_not_equal(Queue<Tensor> in, Queue<long> out, long value) {
 TEST_F(CudaTest, AConsumerSeesTheFinalValuesOfWorkQueuedWithoutAHostSync) {
   const auto& d = shmtensor::internal::cuda::Driver::get();
   // 256 MiB of int32 on a GPU (long enough to be running when the message goes); 4 MiB on
-  // the fake driver, which defers stream work until someone synchronizes.
+  // the fake driver, whose queued fills each take a millisecond.
   const std::int64_t n = real_driver() ? std::int64_t{64} << 20 : std::int64_t{1} << 20;
   Tensor t = Tensor::empty({n}, DType::kInt32, Device::cuda());
   shmtensor::internal::cuda::CurrentDevice current(d, 0);
   shmtensor::internal::cuda::CUstream stream = nullptr;
-  d.check(d.api().cuStreamCreate(&stream, shmtensor::internal::cuda::CU_STREAM_NON_BLOCKING),
-          "cuStreamCreate");
+  Queue<Tensor> q;
+  Queue<long> wrong;
+  Process p = exec_process(Process(count_not_equal, q, wrong, 32L));
+  // A first message: the sender's fence is made (a synchronous memset), the consumer is
+  // ready and reads the next message as soon as it comes.
+  q.put(Tensor::zeros({1}, DType::kInt32, Device::cuda()));
+  ASSERT_EQ(wrong.get(), -1);
+  // A blocking stream: the legacy default stream, where the sender's fence is written,
+  // waits for its work (docs/cuda.md, "Ordering").
+  d.check(d.api().cuStreamCreate(&stream, 0), "cuStreamCreate");
   // 32 passes over the tensor on a stream that nothing waits for; the last writes 32.
   for (unsigned v = 1; v <= 32; ++v)
     d.check(d.api().cuMemsetD32Async(reinterpret_cast<shmtensor::internal::cuda::CUdeviceptr>(
                                          t.raw_data()),
                                      v, static_cast<std::size_t>(n), stream),
             "cuMemsetD32Async");
-  Queue<Tensor> q;
-  Queue<long> wrong;
-  Process p = exec_process(Process(count_not_equal, q, wrong, 32L));
-  q.put(t);  // at once: sending waits for the device's queued work
+  const auto synchronized = shmtensor::internal::cuda::fake_synchronize_count();
+  q.put(t);  // at once: the message's fence is written once the passes are done
+  if (!real_driver())
+    EXPECT_EQ(shmtensor::internal::cuda::fake_synchronize_count(), synchronized)
+        << "the sender does not wait for the device";
   EXPECT_EQ(wrong.get(), 0);
   p.join();
   EXPECT_EQ(p.exitcode(), 0) << p.error();
@@ -511,66 +529,163 @@ void echo(Queue<Tensor> in, Queue<Tensor> out, int count) {
   for (int i = 0; i < count; ++i) out.put(in.get());
 }
 
+// Round trips of a 64 MiB tensor to another process and back (zero copy), ordered by
+// fences and then by synchronizing the device (SHMTENSOR_CUDA_ORDERING=synchronize, in
+// both processes), against one cuMemcpyDtoD of the same bytes waited for: medians printed,
+// not asserted (docs/cuda.md, "On a GPU").
 TEST_F(CudaTest, ThroughputAgainstADeviceToDeviceCopy) {
   if (!real_driver()) GTEST_SKIP() << "figures of the fake driver mean nothing";
   constexpr int kRounds = 20;
   const std::int64_t n = std::int64_t{16} << 20;  // 64 MiB of float32
   Tensor a = Tensor::zeros({n}, DType::kFloat32, Device::cuda());
   Tensor b = Tensor::zeros({n}, DType::kFloat32, Device::cuda());
-  Queue<Tensor> to, from;
-  Process p = exec_process(Process(echo, to, from, kRounds));
-  std::vector<double> trip_us, copy_us;
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  std::vector<double> copy_us;
   for (int i = 0; i < kRounds; ++i) {
     auto t0 = std::chrono::steady_clock::now();
-    to.put(a);
-    Tensor back = from.get();
-    auto t1 = std::chrono::steady_clock::now();
-    ASSERT_TRUE(back.storage().is_same(a.storage()));
     b.copy_(a);
-    auto t2 = std::chrono::steady_clock::now();
-    trip_us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
-    copy_us.push_back(std::chrono::duration<double, std::micro>(t2 - t1).count());
+    shmtensor::internal::cuda::synchronize(0);
+    copy_us.push_back(
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
   }
-  std::sort(trip_us.begin(), trip_us.end());
-  std::sort(copy_us.begin(), copy_us.end());
-  std::cout << "64 MiB CUDA tensor, median of " << kRounds << ": round trip to another process "
-            << trip_us[kRounds / 2] << " us (zero copy), cuMemcpyDtoD " << copy_us[kRounds / 2]
-            << " us\n";
-  p.join();
-  EXPECT_EQ(p.exitcode(), 0) << p.error();
+  for (const char* ordering : {"fences", "synchronize"}) {
+    if (std::string(ordering) == "synchronize") setenv("SHMTENSOR_CUDA_ORDERING", "synchronize", 1);
+    Queue<Tensor> to, from;
+    Process p = exec_process(Process(echo, to, from, kRounds));
+    std::vector<double> trip_us;
+    for (int i = 0; i < kRounds; ++i) {
+      b.copy_(a);  // device work queued before each send, as a producer's kernel would be
+      auto t0 = std::chrono::steady_clock::now();
+      to.put(a);
+      Tensor back = from.get();
+      trip_us.push_back(
+          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+      ASSERT_TRUE(back.storage().is_same(a.storage()));
+    }
+    p.join();
+    unsetenv("SHMTENSOR_CUDA_ORDERING");
+    EXPECT_EQ(p.exitcode(), 0) << p.error();
+    std::cout << "64 MiB CUDA tensor, median of " << kRounds << ", ordered by " << ordering
+              << ": round trip to another process " << median(trip_us)
+              << " us (zero copy); one cuMemcpyDtoD of 64 MiB, waited for: " << median(copy_us)
+              << " us\n";
+  }
 }
 
-// Over a Connection (its end received through a Queue): receives a tensor, reports the device synchronizations its release
-// caused (the fake driver counts them), then those of dropping a tensor of its own.
+// Over a Connection (its end received through a Queue): receives a tensor, reports the
+// fence waits its receipt queued and the device synchronizations its release caused (the
+// fake driver counts both), then the synchronizations of dropping a tensor of its own.
 void release_and_count(Queue<shmtensor::Connection> connections) {
+  using shmtensor::internal::cuda::fake_fence_waits;
   using shmtensor::internal::cuda::fake_synchronize_count;
   shmtensor::Connection c = connections.get();
-  Tensor t = c.recv<Tensor>();
-  if (t[5].item<float>() != 5.0f) throw std::runtime_error("wrong value");
+  const auto waits = fake_fence_waits();
+  auto v = c.recv<std::vector<Tensor>>();  // a tensor and a view of it
+  const auto received_waits = fake_fence_waits() - waits;
+  if (v.at(0)[5].item<float>() != 5.0f || v.at(1).item<float>() != 3.0f)
+    throw std::runtime_error("wrong value");
   const auto before = fake_synchronize_count();
-  t = Tensor();
+  v.clear();
   const auto after_received = fake_synchronize_count();
   (void)Tensor::zeros({8}, DType::kFloat32, Device::cuda());
   const auto after_own = fake_synchronize_count();
-  c.send(std::vector<long>{static_cast<long>(after_received - before),
+  c.send(std::vector<long>{static_cast<long>(received_waits),
+                           static_cast<long>(after_received - before),
                            static_cast<long>(after_own - after_received)});
 }
 
-TEST_F(CudaTest, SendingAndReleasingAReceivedTensorWaitForTheDevice) {
-  if (real_driver()) GTEST_SKIP() << "counts the fake driver's synchronizations";
+TEST_F(CudaTest, ASenderQueuesAFenceAndAReceiverWaitsForItOnItsStream) {
+  if (real_driver()) GTEST_SKIP() << "counts the fake driver's calls";
+  using shmtensor::internal::cuda::fake_fence_writes;
+  using shmtensor::internal::cuda::fake_synchronize_count;
   auto [mine, theirs] = shmtensor::pipe();
   Queue<shmtensor::Connection> connections;
   Process p = exec_process(Process(release_and_count, connections));
   connections.put(theirs);  // the child's end travels as an fd
   theirs = shmtensor::Connection();
-  const auto before = shmtensor::internal::cuda::fake_synchronize_count();
-  mine.send(iota(16).cuda());
-  EXPECT_EQ(shmtensor::internal::cuda::fake_synchronize_count() - before, 1u)
-      << "the sender waits once per device the message carries";
-  EXPECT_EQ(mine.recv<std::vector<long>>(), (std::vector<long>{1, 0}))
-      << "a received block's release waits for the device; a block of one's own does not";
+  Tensor a = iota(16).cuda();
+  const auto synchronized = fake_synchronize_count();
+  const auto written = fake_fence_writes();
+  mine.send(std::vector<Tensor>{a, a[3]});  // one device: one fence
+  EXPECT_EQ(fake_fence_writes() - written, 1u) << "one fence per device the message carries";
+  EXPECT_EQ(fake_synchronize_count() - synchronized, 0u) << "the sender does not wait";
+  EXPECT_EQ(mine.recv<std::vector<long>>(), (std::vector<long>{1, 1, 0}))
+      << "the receiver queues one wait; a received block's release waits for the device, a "
+         "block of one's own does not";
   p.join();
   EXPECT_EQ(p.exitcode(), 0) << p.error();
+}
+
+// The sum of a float32 tensor's elements, read on the host.
+double sum_of(const Tensor& t) {
+  Tensor host = t.cpu().contiguous();
+  double sum = 0;
+  for (std::int64_t i = 0; i < host.numel(); ++i) sum += host.data_ptr<float>()[i];
+  return sum;
+}
+
+void receive_vector_and_sum(Queue<std::vector<Tensor>> in, Queue<double> out) {
+  double sum = 0;
+  for (const Tensor& t : in.get()) sum += sum_of(t);
+  out.put(sum);
+}
+
+TEST_F(CudaTest, AMessageOnTwoDevicesCarriesAFenceForEach) {
+  if (real_driver() && shmtensor::cuda::device_count() < 2) GTEST_SKIP() << "one device";
+  using shmtensor::internal::cuda::fake_fence_writes;
+  Queue<std::vector<Tensor>> q;
+  Queue<double> sums;
+  Process p = exec_process(Process(receive_vector_and_sum, q, sums));
+  const auto written = fake_fence_writes();
+  q.put(std::vector<Tensor>{iota(10).cuda(0), iota(10, 100.0f).cuda(1), iota(10).cuda(0)});
+  if (!real_driver()) EXPECT_EQ(fake_fence_writes() - written, 2u);
+  EXPECT_EQ(sums.get(), 45.0 + 1045.0 + 45.0);
+  p.join();
+  EXPECT_EQ(p.exitcode(), 0) << p.error();
+}
+
+void receive_and_sum(Queue<Tensor> in, Queue<double> out) {
+  out.put(sum_of(in.get()));
+}
+
+// SHMTENSOR_CUDA_ORDERING=synchronize, or a device without 64-bit stream memory
+// operations (checked in a child, as the driver reads the attribute when it loads): the
+// sender synchronizes the device and the message carries no fence.
+void expect_a_synchronize_and_no_fence() {
+  using shmtensor::internal::cuda::fake_fence_writes;
+  using shmtensor::internal::cuda::fake_synchronize_count;
+  Queue<Tensor> q;
+  Queue<double> sums;
+  Process p = exec_process(Process(receive_and_sum, q, sums));
+  Tensor t = iota(100).cuda();
+  const auto synchronized = fake_synchronize_count();
+  const auto written = fake_fence_writes();
+  q.put(t);
+  EXPECT_EQ(fake_synchronize_count() - synchronized, 1u);
+  EXPECT_EQ(fake_fence_writes() - written, 0u);
+  EXPECT_EQ(sums.get(), 4950.0);
+  p.join();
+  EXPECT_EQ(p.exitcode(), 0) << p.error();
+}
+
+TEST_F(CudaTest, WithoutStreamMemoryOperationsTheSenderSynchronizes) {
+  if (real_driver()) GTEST_SKIP() << "counts the fake driver's calls";
+  setenv("SHMTENSOR_CUDA_ORDERING", "synchronize", 1);
+  expect_a_synchronize_and_no_fence();
+  unsetenv("SHMTENSOR_CUDA_ORDERING");
+  EXPECT_EQ(run_self("CudaWithoutStreamMemOpsChild.Checks",
+                     {"SHMTENSOR_CUDA_DRIVER=fake", "SHMTENSOR_FAKE_CUDA_NO_STREAM_MEM_OPS=1"}),
+            0);
+}
+
+TEST(CudaWithoutStreamMemOpsChild, Checks) {
+  if (std::getenv("SHMTENSOR_FAKE_CUDA_NO_STREAM_MEM_OPS") == nullptr)
+    GTEST_SKIP() << "run by WithoutStreamMemoryOperationsTheSenderSynchronizes";
+  EXPECT_FALSE(shmtensor::internal::cuda::Driver::get().device(0).stream_mem_ops);
+  expect_a_synchronize_and_no_fence();
 }
 
 void fill_argument(Tensor t, double value) { t.fill_(value); }
@@ -807,6 +922,66 @@ std::vector<std::byte> device_entry_frame(const Segment& seg, std::int32_t fd_in
   std::memcpy(datagram.data(), &h, sizeof h);
   std::memcpy(datagram.data() + sizeof h, &e, sizeof e);
   return datagram;
+}
+
+// A frame of one segment entry (the fds given) and the fence table `fences`.
+std::vector<std::byte> fence_frame(const Segment& seg, std::uint32_t count,
+                                   const std::vector<shmtensor::internal::FenceEntry>& fences) {
+  using namespace shmtensor::internal;
+  SegmentEntry e = {};
+  e.uid = seg.uid();
+  e.total_size = seg.mapped_size();
+  e.strategy = seg.is_device() ? 2 : 0;
+  e.fd_index = 0;
+  const std::uint32_t head[2] = {count, 0};
+  FrameHeader h{};
+  h.magic = kFrameMagic;
+  h.version = kWireVersion;
+  h.flags = kFlagFences;
+  h.segment_count = 1;
+  h.fd_count = seg.is_device() ? 2 : 1;
+  h.body_size = sizeof e + sizeof head + fences.size() * sizeof(FenceEntry);
+  std::vector<std::byte> datagram(sizeof h + h.body_size);
+  std::byte* p = datagram.data();
+  for (auto [from, n] : {std::pair<const void*, std::size_t>{&h, sizeof h}, {&e, sizeof e},
+                         {head, sizeof head}}) {
+    std::memcpy(p, from, n);
+    p += n;
+  }
+  if (!fences.empty()) std::memcpy(p, fences.data(), fences.size() * sizeof(FenceEntry));
+  return datagram;
+}
+
+TEST_F(CudaTest, MalformedFenceEntriesAreProtocolErrorsAndQueueNoWait) {
+  using namespace shmtensor::internal;
+  auto seg = Segment::create_device(0, 64, 4, SegmentKind::kDeviceArena);
+  auto host = Segment::create(shmtensor::SharingStrategy::kFileDescriptor, 64, 4, SegmentKind::kArena);
+  auto parse = [&](const Segment& s, std::uint32_t count, std::vector<FenceEntry> fences) {
+    std::vector<UniqueFd> fds;
+    fds.push_back(dup_cloexec(s.fd()));
+    if (s.is_device()) fds.push_back(dup_cloexec(s.device_fd()));
+    return protocol_error_text(
+        [&] { (void)parse_frame(fence_frame(s, count, fences), std::move(fds)); });
+  };
+  const auto waits = cuda::fake_fence_waits();
+  EXPECT_THAT(parse(*seg, 1, {{1, 0, 0, 1}}), HasSubstr("fence refers to a missing segment"));
+  EXPECT_THAT(parse(*host, 1, {{0, 0, 0, 1}}), HasSubstr("fence lies in a host segment"));
+  for (std::uint64_t offset : {std::uint64_t{4}, std::uint64_t{256 - 8 + 8}, ~std::uint64_t{7}})
+    EXPECT_THAT(parse(*seg, 1, {{0, 0, offset, 1}}), HasSubstr("fence lies outside"))
+        << offset;
+  EXPECT_THAT(parse(*seg, 1, {{0, 1, 0, 1}}), HasSubstr("fence lies outside"));
+  EXPECT_THAT(parse(*seg, 0, {}), HasSubstr("bad fence count"));
+  EXPECT_THAT(parse(*seg, kMaxFences + 1, {}), HasSubstr("bad fence count"));
+  EXPECT_THAT(parse(*seg, 2, {{0, 0, 0, 1}}), HasSubstr("past the end of the body"));
+  if (!real_driver()) EXPECT_EQ(cuda::fake_fence_waits(), waits) << "a refused message queues no wait";
+  // The last 8 bytes of the blocks are a fence: the message parses and queues its wait
+  // (for 0, which the zeroed bytes hold).
+  cuda::fill_device(0, reinterpret_cast<cuda::CUdeviceptr>(seg->payload() + 256 - 8), 0, 8);
+  std::vector<UniqueFd> fds;
+  fds.push_back(dup_cloexec(seg->fd()));
+  fds.push_back(dup_cloexec(seg->device_fd()));
+  EXPECT_NO_THROW((void)parse_frame(fence_frame(*seg, 1, {{0, 0, 256 - 8, 0}}), std::move(fds)));
+  if (!real_driver()) EXPECT_EQ(cuda::fake_fence_waits(), waits + 1);
 }
 
 TEST_F(CudaTest, MalformedDeviceEntriesAreProtocolErrors) {
