@@ -58,8 +58,10 @@ void init_depot(DepotTable* t) {
 }
 
 bool depositable(const Segment& seg) noexcept {
-  return seg.strategy() == SharingStrategy::kFileDescriptor && !seg.is_device() &&
-         seg.kind() == SegmentKind::kArena;
+  // A device segment's memfd is a file_descriptor one whatever the sharing strategy.
+  return seg.strategy() == SharingStrategy::kFileDescriptor &&
+         (seg.kind() == SegmentKind::kArena ||
+          (seg.kind() == SegmentKind::kDeviceArena && seg.is_device()));
 }
 
 bool depot_omit(DepotTable* t, int deposit_sock, const Segment& seg) {
@@ -75,11 +77,12 @@ bool depot_omit(DepotTable* t, int deposit_sock, const Segment& seg) {
   }
   if (!claimed) return t->entries[entry].state.load(std::memory_order_acquire) == kDeposited;
   std::uint64_t uid = seg.uid();
-  const int fd = seg.fd();
+  // A device segment's two fds in the order of a message's: the memfd, then the allocation's.
+  const int fds[2] = {seg.fd(), seg.is_device() ? seg.device_fd() : -1};
   bool deposited = false;
   try {
     deposited = send_message(deposit_sock, std::array{std::as_bytes(std::span(&uid, 1))},
-                             std::span(&fd, 1), /*nonblocking=*/true);
+                             std::span(fds, seg.is_device() ? 2 : 1), /*nonblocking=*/true);
   } catch (const SystemError&) {  // ETOOMANYREFS, ENOBUFS: see docs/transport.md
   }
   // The uid stays: an entry never changes hands, so whoever read it reads it right.
@@ -95,12 +98,13 @@ bool depot_has(DepotTable* t, const Segment& seg) noexcept {
   return entry >= 0 && t->entries[entry].state.load(std::memory_order_acquire) == kDeposited;
 }
 
-std::shared_ptr<Segment> depot_fetch(DepotTable* t, int peek_sock, std::uint64_t uid) {
+FetchedSegment depot_fetch(DepotTable* t, int peek_sock, std::uint64_t uid, bool device) {
   const int entry = find_entry(t, uid);
   if (entry < 0 || t->entries[entry].state.load(std::memory_order_acquire) != kDeposited)
-    return nullptr;
-  if (auto seg = Registry::instance().find_segment(uid)) return seg;
-  UniqueFd found;
+    return {};
+  if (auto seg = Registry::instance().find_segment(uid)) return {std::move(seg), {}, {}};
+  const std::size_t want = device ? 2 : 1;  // the fds a deposit of this kind carries
+  std::vector<UniqueFd> found;
   {
     // A fetch has no caller's deadline (it runs inside a parse): it waits at most
     // kStuckAfter, also for a holder that is stopped, then says so.
@@ -116,7 +120,7 @@ std::shared_ptr<Segment> depot_fetch(DepotTable* t, int peek_sock, std::uint64_t
     // each time). MSG_TRUNC returns a datagram's whole length. An empty datagram is
     // returned once (n = 0), then stepped over at the same offset.
     std::size_t at = 0;
-    for (int i = 0; i < kDepotScan && !found.valid() && at < (1u << 30); ++i) {
+    for (int i = 0; i < kDepotScan && found.empty() && at < (1u << 30); ++i) {
       set_peek_offset(peek_sock, static_cast<int>(at), "a depot");
       std::uint64_t id = 0;
       // ECONNRESET is retried: the peer's last copy of its depot socket closed with our
@@ -126,43 +130,51 @@ std::shared_ptr<Segment> depot_fetch(DepotTable* t, int peek_sock, std::uint64_t
           peek_message(peek_sock, std::as_writable_bytes(std::span(&id, 1)), "a depot");
       if (!p) break;  // looked at all
       at += p->size;
-      // What a sender deposits: exactly 8 bytes (the uid) and one fd. Anything else is a
-      // holder's junk, stepped over.
+      // What a sender deposits: exactly 8 bytes (the uid) and its fds (one; two for a device
+      // segment). Anything else is a holder's junk, stepped over.
       const bool ours = p->size == sizeof id && id == uid;
-      if (ours && p->fds_cut && p->fds.empty())
+      if (ours && p->fds_cut && p->fds.size() < want)
         throw ProtocolError(
             "a message names a segment that this process must map from its channel's "
             "depot, and the depot's fd did not arrive (MSG_CTRUNC): this process is at its "
             "open-file limit. Raise it with `ulimit -n`");
-      if (ours && p->fds.size() == 1 && !p->fds_cut) found = std::move(p->fds[0]);
+      if (ours && p->fds.size() == want && !p->fds_cut) found = std::move(p->fds);
     }
     clear_peek_offset(peek_sock);  // peeks without an offset again
   }
-  if (!found.valid()) return nullptr;
-  // Two threads may fetch at once: attach_fd registers one segment per uid.
+  if (found.empty()) return {};
+  // Two threads may fetch at once: attach_fd (and map_device_memory, for the parse)
+  // registers one segment per uid.
   std::shared_ptr<Segment> seg = Registry::instance().find_segment(uid);
-  if (!seg) seg = Segment::attach_fd(std::move(found), uid);
+  if (seg) return {std::move(seg), {}, {}};
+  if (device) return {nullptr, std::move(found[0]), std::move(found[1])};
+  seg = Segment::attach_fd(std::move(found[0]), uid);
   if (!depositable(*seg)) throw ProtocolError("a depot holds a segment that is not an arena's");
-  return seg;
+  return {std::move(seg), {}, {}};
 }
 
 bool DepotSide::omit_fd(void* context, const Segment& seg) {
   auto& side = *static_cast<DepotSide*>(context);
   const bool omit =
       side.send_table_ != nullptr && depot_omit(side.send_table_, side.deposit_sock_, seg);
-  (omit ? side.fds_omitted_ : side.fds_sent_).fetch_add(1, std::memory_order_relaxed);
+  (omit ? side.fds_omitted_ : side.fds_sent_).fetch_add(seg.is_device() ? 2 : 1,
+                                                        std::memory_order_relaxed);
   return omit;
 }
 
-std::shared_ptr<Segment> DepotSide::fetch_deposited(void* context, std::uint64_t uid) {
+FetchedSegment DepotSide::fetch_deposited(void* context, std::uint64_t uid, bool device) {
   auto& side = *static_cast<DepotSide*>(context);
   // Fetched before (only a segment of this depot is pinned here): no look at the shared
   // table, the registry or the socket.
-  if (auto pinned = side.pins_.find(uid)) return pinned;
-  if (side.recv_table_ == nullptr) return nullptr;
-  std::shared_ptr<Segment> seg = depot_fetch(side.recv_table_, side.peek_sock_, uid);
-  if (seg) side.pins_.pin(seg);
-  return seg;
+  if (auto pinned = side.pins_.find(uid)) return {std::move(pinned), {}, {}};
+  if (side.recv_table_ == nullptr) return {};
+  FetchedSegment f = depot_fetch(side.recv_table_, side.peek_sock_, uid, device);
+  if (f.segment) side.pins_.pin(f.segment);
+  return f;
+}
+
+void DepotSide::keep_imported(void* context, const std::shared_ptr<Segment>& seg) noexcept {
+  static_cast<DepotSide*>(context)->pins_.pin(seg);
 }
 
 void DepotSide::pin_received(Decoder& d) noexcept {

@@ -1,11 +1,13 @@
-// fds once per segment (docs/transport.md): a depot. The first sender of a
-// file_descriptor arena segment on a channel deposits its fd, once: a datagram [uid] with
-// the fd, sent on a socket whose receive queue nobody takes from (a queue's sending end; a
-// connection's depot socket pair). Later messages name the segment without its fd
-// (fd_index -2, wire_format.md). A receiver that does not map it peeks through that receive
-// queue (MSG_PEEK with SO_PEEK_OFF: nothing is taken, so a process killed meanwhile loses
-// nothing) and maps it from there. The deposited fds live as long as the socket: a sender may
-// exit right after sending, and a process that joins later finds every segment there.
+// fds once per segment (docs/transport.md): a depot. The first sender of an arena segment
+// whose fds travel (file_descriptor: its memfd; device: its memfd and its allocation's fd)
+// on a channel deposits them, once: a datagram [uid] with the fds, sent on a socket whose
+// receive queue nobody takes from (a queue's sending end; a connection's depot socket
+// pair). Later messages name the segment without its fds (fd_index -2, wire_format.md). A
+// receiver that does not map it peeks through that receive queue (MSG_PEEK with
+// SO_PEEK_OFF: nothing is taken, so a process killed meanwhile loses nothing) and maps it
+// from there (a device segment: the parse imports its fds). The deposited fds live as long
+// as the socket: a sender may exit right after sending, and a process that joins later
+// finds every segment there.
 // Queue and Connection both keep a DepotTable in their shared memory.
 #pragma once
 
@@ -23,8 +25,9 @@ namespace shmtensor::internal {
 class Segment;
 
 void init_depot(DepotTable* t);
-// Only arena segments are deposited: they hold many blocks and live as long as their
-// arena. A dedicated segment (one large tensor) would stay alive with the channel.
+// Only arena segments, host (file_descriptor) or device, are deposited: they hold many
+// blocks and live as long as their arena. A dedicated segment (one large tensor, often
+// device memory) would stay alive with the channel.
 bool depositable(const Segment& seg) noexcept;
 // A sender's FdElision::omit: true once `seg` is deposited. The first sender of a segment
 // claims its entry and deposits it on `deposit_sock`; the message that made it do so still
@@ -36,11 +39,13 @@ bool depot_names(DepotTable* t, std::uint64_t uid) noexcept;
 // Whether `seg` is deposited (its fd is in the depot): depot_omit's answer for a segment
 // deposited before, without its side effect (a first sender deposits).
 bool depot_has(DepotTable* t, const Segment& seg) noexcept;
-// A receiver's fetch of a segment named without its fd: only one deposited here. Mapped
-// in this process already: that one; else mapped from `peek_sock`'s receive queue. Null
-// when the depot does not have it. Throws ProtocolError (its fd was cut: the open-file
-// limit; a deposit of another kind of segment), SystemError.
-std::shared_ptr<Segment> depot_fetch(DepotTable* t, int peek_sock, std::uint64_t uid);
+// A receiver's fetch of a segment named without its fds: only one deposited here. Mapped
+// in this process already: that one; else from `peek_sock`'s receive queue, a host segment
+// mapped, a device segment (`device`) as its two fds, which the parse imports and
+// validates (wire.h, FetchedSegment). Empty when the depot does not have it. Throws
+// ProtocolError (its fds were cut: the open-file limit; a deposit of another kind of
+// segment), SystemError.
+FetchedSegment depot_fetch(DepotTable* t, int peek_sock, std::uint64_t uid, bool device);
 
 // Keeps up to kDepotSegments segments mapped in this process while a channel's handle
 // lives, so that a receiver looks in the depot once per segment. Lock-free: a forked child
@@ -81,8 +86,9 @@ class DepotSide {
   }
   // For the frame stage of a send: leaves out the fds of segments deposited (depot_omit).
   [[nodiscard]] FdElision elision() noexcept { return {omit_fd, this}; }
-  // For parsing a receive: maps a segment named without its fd from the depot, pinned.
-  [[nodiscard]] SegmentFetcher fetcher() noexcept { return {fetch_deposited, this}; }
+  // For parsing a receive: a segment named without its fds, from the depot, pinned (a device
+  // segment once the parse imported it).
+  [[nodiscard]] SegmentFetcher fetcher() noexcept { return {fetch_deposited, this, keep_imported}; }
   // After a received message with fds was parsed: pins the deposited segments it named, so
   // that later messages naming them need no look into the depot.
   void pin_received(Decoder& d) noexcept;
@@ -100,14 +106,15 @@ class DepotSide {
 
  private:
   static bool omit_fd(void* context, const Segment& seg);
-  static std::shared_ptr<Segment> fetch_deposited(void* context, std::uint64_t uid);
+  static FetchedSegment fetch_deposited(void* context, std::uint64_t uid, bool device);
+  static void keep_imported(void* context, const std::shared_ptr<Segment>& seg) noexcept;
 
   DepotTable* send_table_ = nullptr;
   int deposit_sock_ = -1;
   DepotTable* recv_table_ = nullptr;
   int peek_sock_ = -1;
   DepotPins pins_;
-  std::atomic<std::uint64_t> fds_sent_{0};     // file_descriptor segment fds in messages
+  std::atomic<std::uint64_t> fds_sent_{0};     // segment fds in messages (two per device one)
   std::atomic<std::uint64_t> fds_omitted_{0};  // left out of them (deposited)
 };
 

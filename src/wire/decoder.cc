@@ -205,12 +205,61 @@ struct UnusableSegments {
   std::exception_ptr error;
 };
 
-// A device segment entry (strategy 2): its memfd and its allocation's fd. Kept out of
-// line: host messages, the common case, keep resolve_segment small enough to inline.
+// A device segment's two fds (from the message, or from a depot) imported: the memfd mapped
+// and validated (header, uid, size), then the allocation imported on the device whose UUID
+// the header names, checked to live there and to hold the segment's blocks (ProtocolError
+// otherwise). When this process cannot use that device (CudaError), the error is recorded
+// in `unusable` and the metadata alone returned, with `*imported` false. `arena_only`: a
+// depot holds arena segments only (transport/depot.h).
+std::shared_ptr<Segment> import_device_segment(UniqueFd meta, UniqueFd memory,
+                                               const SegmentEntry& e, std::size_t index,
+                                               UnusableSegments& unusable, bool arena_only,
+                                               bool* imported) {
+  *imported = false;
+  auto metadata = Segment::attach_device_metadata(std::move(meta), e.uid);
+  if (metadata->mapped_size() != e.total_size) bad("device segment size disagrees with its fd");
+  if (arena_only && metadata->kind() != SegmentKind::kDeviceArena)
+    bad("a depot holds a device segment that is not an arena's");
+  std::shared_ptr<Segment> seg;
+  try {
+    seg = Segment::map_device_memory(metadata, std::move(memory));
+  } catch (const CudaError&) {
+    if (!unusable.error) unusable.error = std::current_exception();
+    unusable.marked.resize(index + 1, 0);
+    unusable.marked[index] = 1;
+    return metadata;
+  }
+  *imported = true;
+  return seg;
+}
+
+// A device segment entry (strategy 2): its memfd and its allocation's fd, or kFdOmitted
+// when they are in the transport's depot. Kept out of line: host messages, the common
+// case, keep resolve_segment small enough to inline.
 [[gnu::noinline]] std::shared_ptr<Segment> resolve_device_segment(const SegmentEntry& e,
                                                                  std::vector<UniqueFd>& fds,
                                                                  std::size_t index,
-                                                                 UnusableSegments& unusable) {
+                                                                 UnusableSegments& unusable,
+                                                                 const SegmentFetcher* fetcher) {
+  bool imported = false;
+  if (e.fd_index == kFdOmitted) {
+    if (fetcher == nullptr)
+      bad("a device segment sent without its fds, on a transport that has no depot");
+    FetchedSegment f = fetcher->fetch(fetcher->context, e.uid, /*device=*/true);
+    if (f.segment) {
+      // Mapped here already (pinned, or in the registry): nothing is imported.
+      if (f.segment->mapped_size() != e.total_size || !f.segment->is_device())
+        bad("device segment sent without its fds disagrees with its mapping");
+      return f.segment;
+    }
+    if (!f.meta.valid() || !f.memory.valid())
+      bad("a device segment sent without its fds is not in its queue's or connection's depot "
+          "(uid " + std::to_string(e.uid) + ")");
+    auto seg = import_device_segment(std::move(f.meta), std::move(f.memory), e, index, unusable,
+                                     /*arena_only=*/true, &imported);
+    if (imported && fetcher->keep != nullptr) fetcher->keep(fetcher->context, seg);
+    return seg;
+  }
   if (e.fd_index < 0 || static_cast<std::size_t>(e.fd_index) + 1 >= fds.size() ||
       !fds[e.fd_index].valid() || !fds[e.fd_index + 1].valid())
     bad("device segment fd index out of range");
@@ -222,18 +271,9 @@ struct UnusableSegments {
       bad("device segment disagrees with its mapping");
     return seg;
   }
-  auto metadata = Segment::attach_device_metadata(std::move(meta), e.uid);
-  if (metadata->mapped_size() != e.total_size) bad("device segment size disagrees with its fd");
-  std::shared_ptr<Segment> seg;
-  try {
-    seg = Segment::map_device_memory(metadata, std::move(memory));
-  } catch (const CudaError&) {
-    if (!unusable.error) unusable.error = std::current_exception();
-    unusable.marked.resize(index + 1, 0);
-    unusable.marked[index] = 1;
-    return metadata;
-  }
-  Registry::instance().remember_received_segment(seg);
+  auto seg = import_device_segment(std::move(meta), std::move(memory), e, index, unusable,
+                                   /*arena_only=*/false, &imported);
+  if (imported) Registry::instance().remember_received_segment(seg);
   return seg;
 }
 
@@ -241,13 +281,13 @@ std::shared_ptr<Segment> resolve_segment(const SegmentEntry& e, std::string_view
                                          std::vector<UniqueFd>& fds, std::size_t index,
                                          UnusableSegments& unusable,
                                          const SegmentFetcher* fetcher) {
-  if (e.strategy == 2) return resolve_device_segment(e, fds, index, unusable);
+  if (e.strategy == 2) return resolve_device_segment(e, fds, index, unusable, fetcher);
   if (e.strategy == 0 && e.fd_index == kFdOmitted) {
     // Sent without its fd: only a segment deposited with the transport (a queue's depot,
     // docs/transport.md) may be named so; a transport without a depot refuses it.
     if (fetcher == nullptr)
       bad("a file_descriptor segment sent without its fd, on a transport that has no depot");
-    auto seg = fetcher->fetch(fetcher->context, e.uid);
+    auto seg = fetcher->fetch(fetcher->context, e.uid, /*device=*/false).segment;
     if (!seg)
       bad("a file_descriptor segment sent without its fd is not in its queue's or connection's depot (uid " +
           std::to_string(e.uid) + ")");
@@ -499,7 +539,9 @@ bool parse_tensor_frame(std::span<const std::byte> frame, const SegmentFetcher* 
   BodyReader r{frame.subspan(sizeof h)};
   if (r.body.size() < sizeof(SegmentEntry) + sizeof(StorageEntry)) return false;
   const auto seg_entry = r.take<SegmentEntry>();
-  if (seg_entry.strategy == 2) return false;  // a device segment (two fds)
+  // A device segment: the general parse, which gives back the message's counts when this
+  // process cannot import it (UnusableSegments).
+  if (seg_entry.strategy == 2) return false;
   std::string_view name;
   if (seg_entry.strategy == 1) {
     const std::size_t padded = (std::size_t{seg_entry.name_length} + 7) / 8 * 8;

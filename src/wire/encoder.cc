@@ -230,14 +230,18 @@ OutgoingFrame finish_frame(Encoder&& encoder, const FdElision* elision) {
   };
   for (Segment* seg : st.segments) {
     if (seg->is_device()) {
-      // Two fds: the memfd of its header, slots and words, then the device allocation's.
+      // Two fds: the memfd of its header, slots and words, then the device allocation's;
+      // both left out when the transport's depot has them.
       SegmentEntry e{};
       e.uid = seg->uid();
       e.total_size = seg->mapped_size();
       e.strategy = 2;
-      e.fd_index = static_cast<std::int32_t>(st.fds.size());
-      st.fds.push_back(seg->fd());
-      st.fds.push_back(seg->device_fd());
+      e.fd_index = kFdOmitted;
+      if (elision == nullptr || !elision->omit(elision->context, *seg)) {
+        e.fd_index = static_cast<std::int32_t>(st.fds.size());
+        st.fds.push_back(seg->fd());
+        st.fds.push_back(seg->device_fd());
+      }
       append(&e, sizeof e);
     } else if (seg->strategy() == SharingStrategy::kFileDescriptor) {
       std::int32_t fd_index = kFdOmitted;

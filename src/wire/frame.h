@@ -57,14 +57,14 @@ struct SegmentEntry {
   std::uint8_t reserved;
   std::uint16_t name_length;  // file_system: bytes of the name that follows
   // file_descriptor: index into the fds, or kFdOmitted; device: the memfd's index, the
-  // allocation's fd follows it; -1 otherwise
+  // allocation's fd following it, or kFdOmitted; -1 otherwise
   std::int32_t fd_index;
 };
 static_assert(sizeof(SegmentEntry) == 24);
 
-// A file_descriptor segment's fd_index when its fd was left out: a Queue's producer
-// deposited the segment with the queue (docs/transport.md, "fds once per segment"). A
-// receiver that neither maps it nor has it in its transport's depot refuses the message.
+// The fd_index of a file_descriptor or device segment whose fds were left out: a sender
+// deposited the segment with the queue or connection (docs/transport.md, "fds once per
+// segment"). A receiver whose transport's depot does not have it refuses the message.
 inline constexpr std::int32_t kFdOmitted = -2;
 
 struct StorageEntry {

@@ -128,19 +128,33 @@ struct OutgoingFrame {
 };
 
 // A transport's say in which segment fds a frame leaves out (docs/transport.md, "fds once
-// per segment"): asked once per file_descriptor segment (not device) the message uses;
-// true leaves its fd out (SegmentEntry::fd_index kFdOmitted). Null: every fd is sent.
+// per segment"): asked once per segment whose fds travel (file_descriptor and device) the
+// message uses; true leaves its fds out (SegmentEntry::fd_index kFdOmitted). Null: every
+// fd is sent.
 struct FdElision {
   bool (*omit)(void* context, const Segment& segment);
   void* context;
 };
 
-// A transport's way to get a segment that a frame names without its fd (kFdOmitted) and
-// that this process does not map: returns it mapped, or null when the transport does not
-// have it. Null: such a frame is refused.
+// What a transport has for a segment that a frame names without its fds (kFdOmitted).
+struct FetchedSegment {
+  // The segment mapped in this process: one it mapped already, or a host segment mapped
+  // from the transport's depot. Null when the transport does not have it, or for `fds`.
+  std::shared_ptr<Segment> segment;
+  // A device segment this process does not map: the memfd and the allocation's fd from
+  // the depot, which the parse imports exactly as those that travel in a message (both
+  // invalid otherwise).
+  UniqueFd meta, memory;
+};
+
+// A transport's way to get a segment that a frame names without its fds. `device`: the
+// entry is a device segment's (two fds). `keep` (may be null) is given the device segment
+// the parse imported from fetched fds, for the transport to keep mapped. A null fetcher:
+// such a frame is refused.
 struct SegmentFetcher {
-  std::shared_ptr<Segment> (*fetch)(void* context, std::uint64_t uid);
+  FetchedSegment (*fetch)(void* context, std::uint64_t uid, bool device);
   void* context;
+  void (*keep)(void* context, const std::shared_ptr<Segment>& segment) noexcept = nullptr;
 };
 
 // The frame stage. Moves every storage the encoder collected into shared memory (with the
@@ -153,10 +167,11 @@ OutgoingFrame finish_frame(Encoder&& encoder, const FdElision* elision = nullptr
 // The parse stage. Validates one received datagram and its fds and resolves every storage
 // reference (mapping segments not yet mapped, reusing those that are). The Decoder reads
 // its payload in place: `keep` must own the datagram's bytes, or be null when the caller
-// keeps them alive as long as the Decoder. A segment named without its fd (kFdOmitted)
-// must be mapped here already, or be one `fetcher` has. Throws ProtocolError on any malformed or
-// inconsistent input, SystemError when a named segment cannot be opened or mapped; the
-// fds are closed then.
+// keeps them alive as long as the Decoder. A segment named without its fds (kFdOmitted)
+// must be one `fetcher` has. Throws ProtocolError on any malformed or inconsistent input,
+// SystemError when a named segment cannot be opened or mapped, CudaError when a device
+// segment cannot be mapped in this process (the message's counts of its blocks are given
+// back first); the fds are closed then.
 Decoder parse_frame(std::span<const std::byte> datagram, std::vector<UniqueFd> fds,
                     std::shared_ptr<const void> keep = nullptr,
                     const SegmentFetcher* fetcher = nullptr);

@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/cuda_fixture.h"
 #include "cuda/device_memory.h"
 #include "cuda/driver.h"
 #include "cuda/probe.h"
@@ -58,38 +59,6 @@ using shmtensor::StartMethod;
 using shmtensor::Tensor;
 using ::testing::HasSubstr;
 
-bool real_driver() { return std::getenv("SHMTENSOR_CUDA_TEST_REAL") != nullptr; }
-
-[[maybe_unused]] const bool kFakeDriver = [] {
-  if (!real_driver()) {
-    setenv("SHMTENSOR_CUDA_DRIVER", "fake", 0);
-    setenv("SHMTENSOR_FAKE_CUDA_DEVICES", "2", 0);
-  }
-  return true;
-}();
-
-Tensor iota(std::int64_t n, float start = 0) {
-  std::vector<float> v(static_cast<std::size_t>(n));
-  for (std::int64_t i = 0; i < n; ++i) v[static_cast<std::size_t>(i)] = start + static_cast<float>(i);
-  return Tensor::from_vector(v);
-}
-
-Process exec_process(Process p) {
-  p.set_start_method(StartMethod::kExec);
-  p.start();
-  return p;
-}
-
-// What a ProtocolError says, when it is one.
-std::string protocol_error_text(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const shmtensor::ProtocolError& e) {
-    return e.what();
-  }
-  return "(no ProtocolError)";
-}
-
 std::size_t device_free_bytes() {
   const auto& d = shmtensor::internal::cuda::Driver::get();
   shmtensor::internal::cuda::CurrentDevice current(d, 0);
@@ -97,28 +66,6 @@ std::size_t device_free_bytes() {
   d.check(d.api().cuMemGetInfo(&free, &total), "cuMemGetInfo");
   return free;
 }
-
-class CudaTest : public shmtensor::testing::LeakCheckedTest {
- protected:
-  void SetUp() override {
-    if (real_driver() && !shmtensor::cuda::is_available())
-      GTEST_SKIP() << "no CUDA here (" << shmtensor::cuda::unavailable_reason() << ")";
-    ASSERT_TRUE(shmtensor::cuda::is_available()) << shmtensor::cuda::unavailable_reason();
-    // The real driver opens fds of its own (/dev/nvidia*, eventfds, a pipe) when a process
-    // first uses a device, and keeps them: use the device once before the leak check
-    // records what this process holds.
-    if (real_driver()) (void)Tensor::zeros({1}, DType::kFloat32, Device::cuda()).cpu();
-    LeakCheckedTest::SetUp();
-  }
-  void TearDown() override {
-    if (!IsSkipped()) LeakCheckedTest::TearDown();
-  }
-  // The second device, or the first when there is one.
-  static int other_device() { return shmtensor::cuda::device_count() > 1 ? 1 : 0; }
-  static std::size_t granularity() {
-    return shmtensor::internal::cuda::Driver::get().ready(0).granularity;
-  }
-};
 
 // ---- without a driver ----------------------------------------------------------------
 
@@ -901,27 +848,6 @@ TEST_F(CudaTest, TamperedDeviceHeadersAreRefused) {
   h->data_size = block_size * count;
   // Restored, it attaches: to the segment this process already has.
   EXPECT_NO_THROW(attach());
-}
-
-// A frame of one device segment entry and no storage.
-std::vector<std::byte> device_entry_frame(const Segment& seg, std::int32_t fd_index,
-                                          std::uint32_t fds) {
-  using namespace shmtensor::internal;
-  FrameHeader h{};
-  h.magic = kFrameMagic;
-  h.version = kWireVersion;
-  h.segment_count = 1;
-  h.fd_count = fds;
-  SegmentEntry e{};
-  e.uid = seg.uid();
-  e.total_size = seg.mapped_size();
-  e.strategy = 2;
-  e.fd_index = fd_index;
-  h.body_size = sizeof e;
-  std::vector<std::byte> datagram(sizeof h + sizeof e);
-  std::memcpy(datagram.data(), &h, sizeof h);
-  std::memcpy(datagram.data() + sizeof h, &e, sizeof e);
-  return datagram;
 }
 
 // A frame of one segment entry (the fds given) and the fence table `fences`.

@@ -589,7 +589,7 @@ TEST_F(HostileFramesTest, BlobFrames) {
 }
 
 TEST_F(HostileFramesTest, UnknownFlags) {
-  for (std::uint16_t flags : {std::uint16_t{2}, std::uint16_t{0x8000},
+  for (std::uint16_t flags : {std::uint16_t{4}, std::uint16_t{0x8000},
                               static_cast<std::uint16_t>(internal::kFlagBlob | 4)}) {
     FrameHeader h = header(8);
     h.flags = flags;

@@ -131,9 +131,9 @@ std::vector<std::byte> bytes_of(const TensorFrame& f) {
 // a file_descriptor segment without its fd (kFdOmitted).
 struct OneSegment {
   std::shared_ptr<Segment> seg;
-  static std::shared_ptr<Segment> fetch(void* self, std::uint64_t uid) {
+  static internal::FetchedSegment fetch(void* self, std::uint64_t uid, bool /*device*/) {
     const auto& seg = static_cast<OneSegment*>(self)->seg;
-    return seg->uid() == uid ? seg : nullptr;
+    return {seg->uid() == uid ? seg : nullptr, {}, {}};
   }
   internal::SegmentFetcher fetcher() { return {fetch, this}; }
 };

@@ -45,8 +45,8 @@ struct SHMTENSOR_API ConnectionAccess {
   [[nodiscard]] static int begin_wait(Connection& c);
   static void end_wait(Connection& c) noexcept;
   [[nodiscard]] static Connection wrap(std::unique_ptr<ConnectionCore> core) noexcept;
-  // file_descriptor segment fds this end put in messages, and left out of them (the
-  // segment was deposited with the peer: fds once per segment), since it was made here.
+  // Segment fds this end put in messages, and left out of them (the segment was deposited
+  // with the peer: fds once per segment), since it was made here (fd_counts.h).
   using FdCounts = internal::FdCounts;
   [[nodiscard]] static FdCounts fd_counts(const Connection& c) noexcept;
 };

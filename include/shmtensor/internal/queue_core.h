@@ -89,8 +89,8 @@ class SHMTENSOR_API QueueCore : public std::enable_shared_from_this<QueueCore> {
   [[nodiscard]] std::size_t size() const noexcept;
   [[nodiscard]] std::size_t maxsize() const noexcept;
   void encode(Encoder& e) const;
-  // file_descriptor segment fds this handle put in items, and left out of them because
-  // the segment is in the queue's depot.
+  // Segment fds this handle put in items, and left out of them because the segment is in
+  // the queue's depot (fd_counts.h).
   using FdCounts = internal::FdCounts;
   [[nodiscard]] FdCounts fd_counts() const noexcept;
   // The memfds of the queue's control block and ring (src/transport/queue_control.h,
