@@ -114,7 +114,7 @@ struct DriverApi {
   CUresult (*cuStreamDestroy)(CUstream stream);
   CUresult (*cuMemsetD32Async)(CUdeviceptr dst, unsigned int value, std::size_t count,
                                CUstream stream);
-  // Stream memory operations (cuda/stream_order.h): a sender's stream writes a value once
+  // Stream memory operations (write_fence and wait_for_fence, cuda/device_memory.h): a sender's stream writes a value once
   // its earlier work is done, and a receiver's stream waits for it. Optional: null where
   // the driver lacks them (older than 11.7), and messages then wait with cuCtxSynchronize.
   CUresult (*cuStreamWriteValue64)(CUstream stream, CUdeviceptr addr, std::uint64_t value,

@@ -85,6 +85,9 @@ std::optional<SignalledFence> signal_fence(int ordinal) {
     auto seg = Segment::create_device(ordinal, kSegmentAlignment, 1, SegmentKind::kDeviceArena);
     cuda::fill_device(ordinal, reinterpret_cast<cuda::CUdeviceptr>(seg->payload()), 0,
                       sizeof(std::uint64_t));
+    // Done before any message names it: cuMemsetD8 may return before the device ran it,
+    // and a receiver would otherwise compare with whatever the memory held before.
+    cuda::synchronize(ordinal);
     f.segment = Registry::instance().add_segment(seg);
     f.count = 0;
     static std::atomic<bool> at_exit{false};

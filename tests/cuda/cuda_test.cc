@@ -33,6 +33,7 @@
 #include "cuda/probe.h"
 #include "manager/report.h"
 #include "memory/arena.h"
+#include "memory/fence.h"
 #include "memory/registry.h"
 #include "memory/segment.h"
 #include "os/shm.h"
@@ -418,8 +419,8 @@ TEST_F(CudaTest, AConsumerSeesTheFinalValuesOfWorkQueuedWithoutAHostSync) {
   Queue<Tensor> q;
   Queue<long> wrong;
   Process p = exec_process(Process(count_not_equal, q, wrong, 32L));
-  // A first message: the sender's fence is made (a synchronous memset), the consumer is
-  // ready and reads the next message as soon as it comes.
+  // A first message: the sender's fence is made (zeroed, and the device synchronized), the
+  // consumer is ready and reads the next message as soon as it comes.
   q.put(Tensor::zeros({1}, DType::kInt32, Device::cuda()));
   ASSERT_EQ(wrong.get(), -1);
   // A blocking stream: the legacy default stream, where the sender's fence is written,
@@ -440,6 +441,36 @@ TEST_F(CudaTest, AConsumerSeesTheFinalValuesOfWorkQueuedWithoutAHostSync) {
   p.join();
   EXPECT_EQ(p.exitcode(), 0) << p.error();
   d.check(d.api().cuStreamDestroy(stream), "cuStreamDestroy");
+}
+
+// Queues 32 passes over a tensor on a blocking stream, sends it and returns at once: the
+// child's exit (_exit, which runs no atexit handler) must first complete the fence write it
+// queued, which a GPU (and the fake driver) drops with a dead process's queued work. The
+// stream is not destroyed: destroying one waits for its work.
+void fill_send_and_exit(Queue<Tensor> out) {
+  const auto& d = shmtensor::internal::cuda::Driver::get();
+  const std::int64_t n = std::int64_t{1} << 18;
+  Tensor t = Tensor::zeros({n}, DType::kInt32, Device::cuda());
+  shmtensor::internal::cuda::CurrentDevice current(d, 0);
+  shmtensor::internal::cuda::CUstream stream = nullptr;
+  d.check(d.api().cuStreamCreate(&stream, 0), "cuStreamCreate");
+  for (unsigned v = 1; v <= 32; ++v)
+    d.check(d.api().cuMemsetD32Async(
+                reinterpret_cast<shmtensor::internal::cuda::CUdeviceptr>(t.raw_data()), v,
+                static_cast<std::size_t>(n), stream),
+            "cuMemsetD32Async");
+  out.put(t);
+}
+
+TEST_F(CudaTest, AProducerThatExitsRightAfterSendingCompletesItsFenceFirst) {
+  Queue<Tensor> q;
+  Process p = exec_process(Process(fill_send_and_exit, q));
+  p.join();
+  ASSERT_EQ(p.exitcode(), 0) << p.error();
+  Tensor host = q.get().cpu();  // would wait for good on a fence that was never written
+  long wrong = 0;
+  for (std::int64_t i = 0; i < host.numel(); ++i) wrong += host.data_ptr<std::int32_t>()[i] != 32;
+  EXPECT_EQ(wrong, 0);
 }
 
 TEST_F(CudaTest, DeviceMemoryReturnsToItsBaselineAfterProducerExitAndConsumerKill) {
@@ -554,6 +585,10 @@ TEST_F(CudaTest, ASenderQueuesAFenceAndAReceiverWaitsForItOnItsStream) {
   connections.put(theirs);  // the child's end travels as an fd
   theirs = shmtensor::Connection();
   Tensor a = iota(16).cuda();
+  // The first signal makes this process's fence: zeroed, and the device synchronized once.
+  const auto before_fence = fake_synchronize_count();
+  ASSERT_TRUE(shmtensor::internal::signal_fence(0).has_value());
+  EXPECT_EQ(fake_synchronize_count() - before_fence, 1u);
   const auto synchronized = fake_synchronize_count();
   const auto written = fake_fence_writes();
   mine.send(std::vector<Tensor>{a, a[3]});  // one device: one fence
