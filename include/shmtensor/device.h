@@ -54,6 +54,10 @@ SHMTENSOR_API bool is_available() noexcept;
 SHMTENSOR_API int device_count() noexcept;
 // Why is_available() is false (empty when it is true).
 SHMTENSOR_API std::string unavailable_reason();
+// Waits until the work this process queued on `device` (kernels and copies, on any stream)
+// is complete, as torch.cuda.synchronize. Throws std::invalid_argument for the CPU or a
+// device this process does not see, CudaError when CUDA cannot be used.
+SHMTENSOR_API void synchronize(Device device);
 
 }  // namespace cuda
 
