@@ -54,6 +54,16 @@ SHMTENSOR_API bool is_available() noexcept;
 SHMTENSOR_API int device_count() noexcept;
 // Why is_available() is false (empty when it is true).
 SHMTENSOR_API std::string unavailable_reason();
+// Waits until the work this process queued on `device` (kernels and copies, on any stream)
+// is complete, as torch.cuda.synchronize. Throws std::invalid_argument for the CPU or a
+// device this process does not see, CudaError when CUDA cannot be used.
+SHMTENSOR_API void synchronize(Device device);
+// Waits until the device work this process queued before the CUDA messages it sent is
+// done, so that those messages' fences are written (docs/cuda.md, "Ordering"): a receiver
+// waits for them, and a GPU drops the queued work of a process that ended. Called at exit
+// (an atexit handler) and at the end of a Process or spawn child; a process that ends
+// another way (its own _exit, Python's os._exit) calls it first. Never throws.
+SHMTENSOR_API void complete_fences() noexcept;
 
 }  // namespace cuda
 

@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 
 #include "shmtensor/device.h"
@@ -38,6 +39,25 @@ class SHMTENSOR_API Storage {
   // by fd whatever the strategy). Uninitialised. Throws std::invalid_argument for a device
   // this process does not see, CudaError when CUDA cannot be used or is out of memory.
   [[nodiscard]] static Storage allocate(std::size_t nbytes, Device device);
+  // A storage over `nbytes` at `data`, memory that shmtensor did not allocate (another
+  // library's: a DLPack capsule's, a NumPy array's, a torch tensor's), without a copy. It is
+  // private (is_shared() is false) and sees the owner's writes and the owner sees its own,
+  // until share_memory_() moves the bytes into shared memory: from then on the storage's
+  // tensors use the shared copy and no longer alias `data` (as torch's share_memory_() of a
+  // tensor made by torch.from_numpy leaves the array behind). A CUDA `data` is a device
+  // address of this process on `device`; share_memory_() then copies it into the device
+  // arena (device to device, the device's queued work complete before and after).
+  //
+  // `deleter` (may be empty) is called exactly once, when the storage stops using the
+  // memory: when its last handle in this process goes, or once share_memory_() has moved
+  // the bytes. It may be called from any thread, with no lock of shmtensor held, and must
+  // not throw. A forked child's copy of the storage calls it in the child too.
+  //
+  // Throws std::invalid_argument for a null `data` with nbytes > 0, or a CUDA device this
+  // process does not see; CudaError when CUDA cannot be used. On a throw the deleter is not
+  // called: the memory is still the caller's.
+  [[nodiscard]] static Storage from_blob(void* data, std::size_t nbytes, Device device,
+                                         std::function<void()> deleter);
 
   bool defined() const noexcept { return impl_ != nullptr; }
   // The bytes' address: for a CUDA storage a device address (for kernels and the CUDA

@@ -72,14 +72,19 @@ const char* buffer_format(DType dtype) {
   return nullptr;
 }
 
-DLType dlpack_type(DType dtype) {
-  constexpr std::uint8_t kInt = 0, kUInt = 1, kFloat = 2, kBfloat = 4, kComplex = 5;
+namespace {
+constexpr std::uint8_t kInt = 0, kUInt = 1, kFloat = 2, kBfloat = 4, kComplex = 5, kBool = 6;
+}  // namespace
+
+DLType dlpack_type(DType dtype, bool with_bool) {
   const auto bits = static_cast<std::uint8_t>(element_size(dtype) * 8);
   switch (dtype) {
     case DType::kBool:
+      if (with_bool) return {kBool, 8};
       throw py::buffer_error(
-          "DLPack 0.6 has no boolean type (torch 1.13 refuses bool too): convert to uint8 "
-          "first, or use the buffer protocol (np.asarray)");
+          "DLPack 0.6 has no boolean type (torch 1.13 refuses bool too): a consumer of DLPack "
+          "1.0 gets one (max_version=(1, 0)); else convert to uint8 first, or use the buffer "
+          "protocol (np.asarray)");
     case DType::kUInt8: return {kUInt, bits};
     case DType::kInt8:
     case DType::kInt16:
@@ -93,6 +98,38 @@ DLType dlpack_type(DType dtype) {
     case DType::kComplex128: return {kComplex, bits};
   }
   throw py::buffer_error("unknown dtype");
+}
+
+std::optional<DType> dtype_of_dlpack(std::uint8_t code, std::uint8_t bits) {
+  switch (code) {
+    case kInt:
+      if (bits == 8) return DType::kInt8;
+      if (bits == 16) return DType::kInt16;
+      if (bits == 32) return DType::kInt32;
+      if (bits == 64) return DType::kInt64;
+      break;
+    case kUInt:
+      if (bits == 8) return DType::kUInt8;
+      break;
+    case kFloat:
+      if (bits == 16) return DType::kFloat16;
+      if (bits == 32) return DType::kFloat32;
+      if (bits == 64) return DType::kFloat64;
+      break;
+    case kBfloat:
+      if (bits == 16) return DType::kBFloat16;
+      break;
+    case kComplex:
+      if (bits == 64) return DType::kComplex64;
+      if (bits == 128) return DType::kComplex128;
+      break;
+    case kBool:
+      if (bits == 8) return DType::kBool;
+      break;
+    default:
+      break;
+  }
+  return std::nullopt;
 }
 
 }  // namespace shmtensor::python

@@ -5,6 +5,7 @@
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
+#include <optional>
 
 #include "shmtensor/dtype.h"
 
@@ -20,12 +21,15 @@ pybind11::dtype numpy_dtype(DType dtype);
 // nullptr for bfloat16, which has none.
 const char* buffer_format(DType dtype);
 
-// DLPack 0.6 type codes (dlpack.h's DLDataTypeCode).
+// DLPack type codes (dlpack.h's DLDataTypeCode).
 struct DLType {
   std::uint8_t code;
   std::uint8_t bits;
 };
-// Throws py::buffer_error for bool (DLPack 0.6 has no boolean type).
-DLType dlpack_type(DType dtype);
+// Throws py::buffer_error for bool unless `with_bool` (DLPack 0.6 has no boolean type;
+// 1.0 has kDLBool).
+DLType dlpack_type(DType dtype, bool with_bool);
+// The DType of a DLPack type (code, bits), if shmtensor has one.
+std::optional<DType> dtype_of_dlpack(std::uint8_t code, std::uint8_t bits);
 
 }  // namespace shmtensor::python

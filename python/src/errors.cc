@@ -4,7 +4,9 @@
 // for a failed system call (and MemoryError too when it failed for want of memory, ENOMEM,
 // as NumPy raises MemoryError for an array too large to allocate), ValueError for bad input
 // from a peer or a bad configuration, EOFError for a connection whose peer closed,
-// ValueError for a queue closed (as multiprocessing raises for a closed Queue).
+// ValueError for a queue closed (as multiprocessing raises for a closed Queue). CUDA that
+// cannot be used (no driver, a failed driver call, a forked child) is CudaError, an Error
+// only, as torch raises RuntimeError for the same.
 #include <cerrno>
 #include <cstring>
 #include <stdexcept>
@@ -31,6 +33,7 @@ PyObject* g_protocol = nullptr;
 PyObject* g_configuration = nullptr;
 PyObject* g_connection_closed = nullptr;
 PyObject* g_queue_closed = nullptr;
+PyObject* g_cuda = nullptr;
 
 PyObject* new_class(py::module_& m, const char* name, py::tuple bases, const char* doc) {
   std::string qualified = std::string("shmtensor.") + name;
@@ -99,6 +102,12 @@ void bind_errors(py::module_& m) {
       "A put on a closed queue, or a get on one closed and drained; a ValueError, as "
       "multiprocessing raises for a closed Queue.");
 
+  g_cuda = new_class(
+      m, "CudaError", py::make_tuple(error),
+      "CUDA cannot be used for this: no driver, a driver call that failed (result is its "
+      "CUresult, 0 when no call failed), a device this process does not see, or CUDA in a "
+      "process forked after CUDA was used (start it with 'spawn' or 'forkserver').");
+
   // Translators run newest first; subclasses are caught before their bases within one.
   // A translator registered later (bind_transport's, for its own types) runs before this.
   py::register_exception_translator([](std::exception_ptr p) {
@@ -123,6 +132,10 @@ void bind_errors(py::module_& m) {
       raise(g_connection_closed, e.what());
     } catch (const QueueClosed& e) {
       raise(g_queue_closed, e.what());
+    } catch (const CudaError& e) {
+      py::dict attrs;
+      attrs["result"] = py::int_(e.result());
+      raise(g_cuda, e.what(), attrs);
     } catch (const Error& e) {
       raise(g_error, e.what());
     } catch (const std::out_of_range& e) {

@@ -2,9 +2,11 @@
 // share_memory_() may wait on the manager daemon (file_system) or on the kernel, so they run
 // without the GIL; nothing here holds a Python object while the GIL is released.
 #include <pybind11/numpy.h>
+#include <pybind11/complex.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <complex>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -12,6 +14,7 @@
 #include <vector>
 
 #include "bindings.h"
+#include "devices.h"
 #include "dtypes.h"
 #include "exports.h"
 #include "shmtensor/busy_poll.h"
@@ -33,11 +36,40 @@ std::vector<std::int64_t> shape_from_object(const py::handle& obj) {
   return out;
 }
 
-Tensor make_tensor(const py::handle& shape, const py::handle& dtype, bool shared) {
+// On a CUDA device, `shared` changes nothing: device memory is shared from birth.
+Tensor make_tensor(const py::handle& shape, const py::handle& dtype, bool shared,
+                   const py::handle& device) {
   std::vector<std::int64_t> sizes = shape_from_object(shape);
   DType dt = dtype_from_object(dtype);
+  const Device d = device.is_none() ? Device::cpu() : device_from_object(device);
   py::gil_scoped_release release;
+  if (d.is_cuda()) return Tensor::empty(std::move(sizes), dt, d);
   return shared ? Tensor::empty_shared(std::move(sizes), dt) : Tensor::empty(std::move(sizes), dt);
+}
+
+Tensor make_zeros(const py::handle& shape, const py::handle& dtype, const py::handle& device) {
+  std::vector<std::int64_t> sizes = shape_from_object(shape);
+  DType dt = dtype_from_object(dtype);
+  const Device d = device.is_none() ? Device::cpu() : device_from_object(device);
+  py::gil_scoped_release release;
+  return Tensor::zeros(std::move(sizes), dt, d);
+}
+
+// Tensor.to(device=None, dtype=None): the same storage when nothing changes, as torch's.
+Tensor tensor_to(const Tensor& t, const py::object& device, const py::object& dtype) {
+  const Device d = device.is_none() ? t.device() : device_from_object(device);
+  const DType dt = dtype.is_none() ? t.dtype() : dtype_from_object(dtype);
+  py::gil_scoped_release release;
+  return t.to(d).to(dt);
+}
+
+// Tensor.cuda(device=None): cuda:0 when None, as shmtensor has no current device.
+Tensor tensor_cuda(const Tensor& t, const py::object& device) {
+  const Device d = device.is_none() ? Device::cuda(0) : device_from_object(device);
+  if (!d.is_cuda())
+    throw py::value_error("Tensor.cuda(" + d.to_string() + "): not a CUDA device (use .to())");
+  py::gil_scoped_release release;
+  return t.to(d);
 }
 
 py::tuple to_tuple(std::span<const std::int64_t> v, std::int64_t scale = 1) {
@@ -120,14 +152,16 @@ Tensor block_of_capsule(const py::capsule& capsule) {
 
 void bind_tensor(py::module_& m) {
   bind_errors(m);
+  bind_device(m);
 
   py::class_<Tensor>(m, "Tensor", py::custom_type_setup([](PyHeapTypeObject* type) {
                        install_buffer_protocol(type);
                      }),
                      R"doc(A typed, strided n-d view over refcounted bytes (shmtensor's C++
 Tensor). Made by shmtensor.from_numpy, shmtensor.empty/zeros/ones/full, or received from
-another process. np.asarray(t) is a writable view without a copy (buffer protocol);
-__array_interface__ and __dlpack__ are there for other consumers.)doc")
+another process; on the CPU or a CUDA device (device=, .cuda(), .to()). np.asarray(t) of a
+CPU tensor is a writable view without a copy (buffer protocol); __array_interface__ and
+__dlpack__ are there for other consumers, shmtensor.from_dlpack for the way in.)doc")
       .def_property_readonly("shape", [](const Tensor& t) { return to_tuple(t.sizes()); })
       .def_property_readonly(
           "dtype",
@@ -142,6 +176,43 @@ __array_interface__ and __dlpack__ are there for other consumers.)doc")
             return to_tuple(t.strides(), static_cast<std::int64_t>(t.element_size()));
           },
           "In bytes, as NumPy's (stride() gives elements, as torch's).")
+      .def_property_readonly("device", &Tensor::device)
+      .def_property_readonly("is_cuda", &Tensor::is_cuda)
+      .def("cpu", [](const Tensor& t) {
+        py::gil_scoped_release release;
+        return t.cpu();
+      }, "A copy in private CPU memory; no copy (the same storage) when on the CPU already.")
+      .def("cuda", &tensor_cuda, py::arg("device") = py::none(),
+           "A copy on a CUDA device (cuda:0 when None); no copy when there already.")
+      .def("to", &tensor_to, py::arg("device") = py::none(), py::arg("dtype") = py::none(),
+           "A copy on device with dtype (None: unchanged); no copy when neither changes.")
+      .def(
+          "fill_",
+          [](Tensor& t, const py::object& value) -> Tensor& {
+            if (PyComplex_Check(value.ptr())) {
+              const auto v = value.cast<std::complex<double>>();
+              py::gil_scoped_release release;
+              return t.fill_(v);
+            }
+            const auto v = value.cast<double>();
+            py::gil_scoped_release release;
+            return t.fill_(v);
+          },
+          py::arg("value"), py::return_value_policy::reference_internal,
+          "Every element set to value (converted as the C++ fill_: a double, or a complex); "
+          "returns self. On a CUDA device through a host copy.")
+      .def(
+          "copy_",
+          [](Tensor& t, const Tensor& src) -> Tensor& {
+            py::gil_scoped_release release;
+            return t.copy_(src);
+          },
+          py::arg("src"), py::return_value_policy::reference_internal,
+          "src's values (broadcast, converted) written into self, between any two devices; "
+          "returns self.")
+      .def("data_ptr", [](const Tensor& t) {
+        return reinterpret_cast<std::uintptr_t>(t.raw_data());
+      }, "The address of element 0 (a device address for a CUDA tensor), as torch's.")
       .def_property_readonly("ndim", &Tensor::dim)
       .def_property_readonly("nbytes", &Tensor::nbytes)
       .def_property_readonly("itemsize", &Tensor::element_size)
@@ -199,24 +270,37 @@ __array_interface__ and __dlpack__ are there for other consumers.)doc")
         py::gil_scoped_release release;
         return t.clone();
       }, "A contiguous copy in private memory.")
-      .def("numpy", [](py::object self) { return py::module_::import("numpy").attr("asarray")(self); },
-           "np.asarray(self): a writable view, no copy.")
+      .def("numpy", [](py::object self) {
+             const Tensor& t = self.cast<const Tensor&>();
+             if (t.is_cuda())
+               throw py::type_error("numpy() of a " + t.device().to_string() +
+                                    " tensor: its bytes are device memory; use .cpu() first");
+             return py::module_::import("numpy").attr("asarray")(self);
+           }, "np.asarray(self): a writable view, no copy (CPU tensors only).")
       .def("__len__", [](const Tensor& t) {
         if (t.dim() == 0) throw py::type_error("len() of a 0-d tensor");
         return t.sizes()[0];
       })
       .def("__repr__", &Tensor::to_string)
       .def_property_readonly("__array_interface__", &array_interface)
-      .def("__dlpack__", [](const Tensor& t, py::object stream) {
-        if (!stream.is_none())
-          throw py::buffer_error("a CPU tensor takes no stream (DLPack: stream must be None)");
-        return to_dlpack(t);
-      }, py::arg("stream") = py::none())
-      .def("__dlpack_device__", [](const Tensor&) { return py::make_tuple(1, 0); },
-           "(kDLCPU, 0)");
+      .def("__dlpack__", &to_dlpack, py::arg("stream") = py::none(),
+           py::arg("max_version") = py::none(), py::arg("dl_device") = py::none(),
+           py::arg("copy") = py::none(),
+           "A DLPack capsule (1.0 for max_version >= (1, 0), else 0.6), as the Python array "
+           "API defines it. A CUDA tensor's device work is complete before it returns unless "
+           "stream is -1; a CPU tensor takes stream None only.")
+      .def("__dlpack_device__", [](const Tensor& t) {
+        return t.is_cuda() ? py::make_tuple(2, t.device().index()) : py::make_tuple(1, 0);
+      }, "(kDLCPU, 0) = (1, 0), or (kDLCUDA, index) = (2, index).");
 
   m.def("_empty", &make_tensor, py::arg("shape"), py::arg("dtype"), py::arg("shared"),
-        "An uninitialised Tensor, in shared memory of the current strategy if shared.");
+        py::arg("device") = py::none(),
+        "An uninitialised Tensor, in shared memory of the current strategy if shared, on "
+        "device (None: the CPU).");
+  m.def("_zeros", &make_zeros, py::arg("shape"), py::arg("dtype"), py::arg("device") = py::none(),
+        "A Tensor of zeros in private memory (device memory on a CUDA device).");
+  m.def("_from_dlpack", &from_dlpack_capsule, py::arg("capsule"),
+        "(Tensor over a DLPack capsule's memory, read-only flag of the producer).");
   m.def("_block_of", &block_of, py::arg("array"));
   m.def("_storage_capsule", &storage_capsule, py::arg("tensor"),
         "A PyCapsule 'shmtensor.Storage' holding the tensor's Storage (for shmtensor._torch).");

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "bindings.h"
+#include "devices.h"
 #include "shmtensor/connection.h"
 #include "shmtensor/internal/connection_access.h"
 #include "shmtensor/internal/frame.h"
@@ -241,9 +242,10 @@ void bind_transport(py::module_& m) {
       [](const Tensor& t) { return reinterpret_cast<std::uintptr_t>(t.storage().data()); },
       "Where the storage behind a tensor starts (a key for the block in this process).");
 
-  // A Tensor pickled by reference, named by its block and its view. The Python reducer
-  // shares it in place first (as torch's reducer and Connection::send do), through the
-  // binding that refuses while NumPy views of its private bytes exist.
+  // A Tensor pickled by reference, named by its block and its view (and its device, which
+  // an empty tensor has no block to carry). The Python reducer shares it in place first (as
+  // torch's reducer and Connection::send do), through the binding that refuses while NumPy
+  // views of its private bytes exist.
   m.def("_tensor_parts", [](const Tensor& t) {
     std::optional<Tensor> block;
     if (t.defined() && t.numel() > 0) {
@@ -251,15 +253,22 @@ void bind_transport(py::module_& m) {
       block = block_of_storage(t.storage());
     }
     return py::make_tuple(block, t.numel() > 0 ? t.storage_offset() : 0, t.sizes().vec(),
-                          t.strides().vec(), to_string(t.dtype()));
+                          t.strides().vec(), to_string(t.dtype()), t.device().to_string());
   });
-  m.def("_tensor_from_parts", [](std::optional<Tensor> block, std::int64_t offset,
-                                 std::vector<std::int64_t> sizes, std::vector<std::int64_t> strides,
-                                 const std::string& dtype) {
-    DType d = dtype_from_string(dtype);
-    if (!block) return Tensor::empty(std::move(sizes), d);
-    return Tensor::from_storage(block->storage(), offset, std::move(sizes), std::move(strides), d);
-  });
+  m.def(
+      "_tensor_from_parts",
+      [](std::optional<Tensor> block, std::int64_t offset, std::vector<std::int64_t> sizes,
+         std::vector<std::int64_t> strides, const std::string& dtype, const py::object& device) {
+        DType d = dtype_from_string(dtype);
+        if (!block) {
+          const Device dev = device.is_none() ? Device::cpu() : device_from_object(device);
+          return Tensor::empty(std::move(sizes), d, dev);
+        }
+        return Tensor::from_storage(block->storage(), offset, std::move(sizes),
+                                    std::move(strides), d);
+      },
+      py::arg("block"), py::arg("offset"), py::arg("sizes"), py::arg("strides"),
+      py::arg("dtype"), py::arg("device") = py::none());
 
   py::class_<Frame>(m, "_Frame")
       .def_property_readonly("data", &Frame::data)

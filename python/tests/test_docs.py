@@ -1,5 +1,6 @@
 """Every ```python block of README.md and docs/*.md runs, as a script of its own, against the
-package under test and exits 0. A block whose first line is `# fragment` is skipped."""
+package under test and exits 0. A block whose first line is `# fragment` is skipped. CUDA
+examples run on the fake driver with two devices (docs/cuda.md, "Testing without a GPU")."""
 import os
 import re
 import subprocess
@@ -35,6 +36,8 @@ def test_block_runs(code, tmp_path):
     script.write_text(code)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.path.dirname(os.path.dirname(os.path.abspath(shmtensor.__file__)))
+    env.update(SHMTENSOR_CUDA_DRIVER="fake", SHMTENSOR_FAKE_CUDA_DEVICES="2")
+    env.pop("CUDA_VISIBLE_DEVICES", None)
     r = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, timeout=120,
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert r.returncode == 0, r.stdout

@@ -322,7 +322,7 @@ def test_tensor_is_a_buffer():
 ALLOWLIST_C = [
     # pybind11's metaclass (pybind11_builtins.pybind11_type), which no stub can name.
     "shmtensor._C.Tensor", "shmtensor._C._Connection", "shmtensor._C._Frame",
-    "shmtensor._C._Queue",
+    "shmtensor._C._Queue", "shmtensor._C.device",
     # Classes without a constructor: pybind11's __init__(self, *args, **kwargs) raises
     # TypeError; the stub declares none.
     "shmtensor._C.Tensor.__init__", "shmtensor._C._Connection.__init__",
@@ -402,6 +402,8 @@ a.send_bytes(3)  # E
 b.poll(timeout="now")  # E
 smp.spawn(print, nprocs="2")  # E
 smp.get_context().Queue(maxsize=None)  # E
+shmtensor.zeros(3, device=1.5)  # E
+t.to(dtype="int16").device.index + 1  # E
 ok = t.shape + t.strides
 '''
 

@@ -42,6 +42,26 @@ def tensors() -> float:
     return float(a.sum() + b.sum()) + shmtensor.get_busy_poll()
 
 
+def devices() -> int:
+    d: shmtensor.device = shmtensor.device("cuda", 1)
+    kind: str = d.type
+    index: int | None = d.index
+    if not shmtensor.cuda.is_available():
+        return shmtensor.cuda.device_count() + len(shmtensor.cuda.unavailable_reason())
+    t = shmtensor.zeros((2, 3), "float32", device=d).fill_(1.5)
+    u = shmtensor.empty(3, device=0).copy_(shmtensor.ones(3)).to("cuda:0", dtype="int16")
+    back: shmtensor.Tensor = shmtensor.from_dlpack(t.cuda().cpu(), copy=False)
+    on_device: bool = t.is_cuda and t.device == d
+    shmtensor.cuda.synchronize(t.device)
+    capsule = u.__dlpack__(stream=1, max_version=(1, 0))
+    try:
+        shmtensor.full(2, 0.5, device="cuda:9")
+    except shmtensor.CudaError as e:
+        print(e.result)
+    print(kind, index, on_device, back.data_ptr(), capsule, u.__dlpack_device__())
+    return t.numel()
+
+
 def arrays() -> bool:
     a = snp.zeros((1000, 1000), dtype="float32")
     b = snp.share(np.ones(10))

@@ -47,7 +47,8 @@ bool fake_requested() {
 
 constexpr const char* kForkedMessage =
     "CUDA cannot be used in a process forked after CUDA was used in its parent (CUDA does "
-    "not survive fork): start it with the exec start method (StartMethod::kExec)";
+    "not survive fork): start it with the exec start method (StartMethod::kExec; in "
+    "Python, the 'spawn' or 'forkserver' start method)";
 
 // A forked child that has an fd of /dev/nvidiactl before loading the driver itself got it
 // from its parent: some other library (torch) initialised CUDA there.

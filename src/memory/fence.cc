@@ -12,6 +12,7 @@
 #include "cuda/driver.h"
 #include "memory/registry.h"
 #include "memory/segment.h"
+#include "shmtensor/device.h"
 
 namespace shmtensor::internal {
 
@@ -121,6 +122,16 @@ void wait_for_fence(const std::shared_ptr<Segment>& segment, std::uint64_t offse
   // Its waits are done once the device finished what was queued before now.
   if (dropped) synchronize_quietly(dropped->device());
 }
+
+}  // namespace shmtensor::internal
+
+namespace shmtensor::cuda {
+
+void complete_fences() noexcept { internal::complete_fences_before_exit(); }
+
+}  // namespace shmtensor::cuda
+
+namespace shmtensor::internal {
 
 void release_fences() noexcept {
   if (!g_used.load(std::memory_order_acquire) || cuda::forked_after_load()) return;

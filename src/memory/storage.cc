@@ -20,6 +20,11 @@ StorageImpl::StorageImpl(std::size_t nbytes) : nbytes_(nbytes) {
   }
 }
 
+StorageImpl::StorageImpl(Foreign f) noexcept
+    : nbytes_(f.nbytes), foreign_deleter_(std::move(f.deleter)), device_(f.device) {
+  data_.store(f.data, std::memory_order_relaxed);
+}
+
 StorageImpl::StorageImpl(std::shared_ptr<Segment> segment, std::size_t offset,
                          std::size_t nbytes, std::uint32_t block, bool counted)
     : nbytes_(nbytes), segment_(std::move(segment)), offset_(offset), block_(block),
@@ -30,6 +35,13 @@ StorageImpl::StorageImpl(std::shared_ptr<Segment> segment, std::size_t offset,
 
 StorageImpl::~StorageImpl() {
   private_free(private_, private_capacity_);
+  if (foreign_deleter_) {
+    // The owner's code: a destructor cannot report its failure (from_blob forbids one).
+    try {
+      foreign_deleter_();
+    } catch (...) {
+    }
+  }
   if (!segment_) return;
   if (device_ >= 0 && !segment_->own() && !cuda::forked_after_load()) {
     // A received block: work this process queued on it (a kernel launched on the tensor)
@@ -47,21 +59,45 @@ StorageImpl::~StorageImpl() {
 
 void StorageImpl::share_memory_(SharingStrategy strategy) {
   if (is_shared()) return;
-  std::lock_guard lock(mu_);
-  if (shared_.load(std::memory_order_relaxed)) return;  // another thread won
-  if (nbytes_ > 0) {
-    // The segment is made before anything changes, so a failure leaves us untouched.
-    Block b = arena_allocate(strategy, nbytes_);
-    std::byte* dst = b.segment->payload() + b.offset;
-    std::memcpy(dst, private_, nbytes_);
-    segment_ = std::move(b.segment);
-    offset_ = b.offset;
-    block_ = b.index;
-    Registry::instance().add_storage(*segment_, block_, shared_from_this());
-    data_.store(dst, std::memory_order_release);
-    private_free(std::exchange(private_, nullptr), private_capacity_);
+  // A foreign owner's deleter runs after the lock is released: it is the owner's code (it
+  // may take the GIL, or drop the last reference to something that shares memory again).
+  std::function<void()> release_foreign;
+  {
+    std::lock_guard lock(mu_);
+    if (shared_.load(std::memory_order_relaxed)) return;  // another thread won
+    if (nbytes_ > 0) {
+      std::byte* src = data_.load(std::memory_order_relaxed);
+      // The segment is made before anything changes, so a failure leaves us untouched.
+      Block b = device_ >= 0 ? arena_allocate_device(device_, nbytes_)
+                             : arena_allocate(strategy, nbytes_);
+      std::byte* dst = b.segment->payload() + b.offset;
+      if (device_ >= 0) {
+        // Foreign device memory: the owner's queued work on it (on any stream) ends before
+        // the copy reads it, and the copy ends before the owner may reuse the memory.
+        cuda::synchronize(device_);
+        cuda::copy_device_to_device(device_, reinterpret_cast<cuda::CUdeviceptr>(dst),
+                                    reinterpret_cast<cuda::CUdeviceptr>(src), nbytes_);
+        cuda::synchronize(device_);
+      } else {
+        std::memcpy(dst, src, nbytes_);
+      }
+      segment_ = std::move(b.segment);
+      offset_ = b.offset;
+      block_ = b.index;
+      Registry::instance().add_storage(*segment_, block_, shared_from_this());
+      data_.store(dst, std::memory_order_release);
+      private_free(std::exchange(private_, nullptr), private_capacity_);
+    }
+    release_foreign = std::move(foreign_deleter_);
+    foreign_deleter_ = nullptr;
+    shared_.store(true, std::memory_order_release);
   }
-  shared_.store(true, std::memory_order_release);
+  if (release_foreign) {
+    try {
+      release_foreign();
+    } catch (...) {
+    }
+  }
 }
 
 std::shared_ptr<StorageImpl> allocate_shared_storage(std::size_t nbytes,
@@ -106,6 +142,24 @@ Storage Storage::allocate(std::size_t nbytes, Device device) {
         internal::StorageImpl::EmptyOnDevice{device.index()}));
   }
   return Storage(internal::allocate_device_storage(nbytes, device.index()));
+}
+
+Storage Storage::from_blob(void* data, std::size_t nbytes, Device device,
+                           std::function<void()> deleter) {
+  if (data == nullptr && nbytes > 0)
+    throw std::invalid_argument("Storage::from_blob: null data for " + std::to_string(nbytes) +
+                                " bytes");
+  int ordinal = -1;
+  if (device.is_cuda()) {
+    if (device.index() < 0)
+      throw std::invalid_argument("Storage::from_blob: " + device.to_string() +
+                                  " is not a device");
+    (void)internal::cuda::Driver::get().device(device.index());  // exists, or throws
+    ordinal = device.index();
+  }
+  auto impl = std::make_shared<internal::StorageImpl>(internal::StorageImpl::Foreign{
+      static_cast<std::byte*>(data), nbytes, ordinal, std::move(deleter)});
+  return Storage(std::move(impl));
 }
 
 Device Storage::device() const noexcept {

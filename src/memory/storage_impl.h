@@ -1,11 +1,12 @@
-// StorageImpl: what a Storage handle points at. Private bytes (heap) or a shared block
-// (segment + block). The data pointer moves at most once, private → shared, under mu_.
+// StorageImpl: what a Storage handle points at. Private bytes (heap), another owner's
+// memory (Storage::from_blob), or a shared block (segment + block). The data pointer moves at most once, private → shared, under mu_.
 // A shared StorageImpl is this process's one hold on its block: it releases the block
 // when destroyed (segment.h). The registry makes it unique per (segment, offset).
 #pragma once
 
 #include <atomic>
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <mutex>
 
@@ -24,6 +25,15 @@ class StorageImpl : public std::enable_shared_from_this<StorageImpl> {
   explicit StorageImpl(EmptyOnDevice e) noexcept : nbytes_(0), device_(e.device) {
     shared_.store(true, std::memory_order_relaxed);
   }
+  // Memory of another owner (Storage::from_blob): not shared; `deleter` runs once, when
+  // this storage stops using the memory (destroyed, or moved by share_memory_).
+  struct Foreign {
+    std::byte* data;
+    std::size_t nbytes;
+    int device;  // -1 for host memory
+    std::function<void()> deleter;
+  };
+  explicit StorageImpl(Foreign f) noexcept;
   // A storage in block `block` (at `offset` of the payload) of `segment`, which this
   // process already holds (its slot's bit, or a count when `counted`). The caller
   // registers it.
@@ -42,7 +52,9 @@ class StorageImpl : public std::enable_shared_from_this<StorageImpl> {
   // memory. Device storages are born shared (in a device segment) and never move.
   int device() const noexcept { return device_; }
 
-  // Moves into a new segment of `strategy` in place. No-op if shared or nbytes == 0.
+  // Moves into a new segment of `strategy` in place (a foreign CUDA storage: into the
+  // device arena of its device, whatever the strategy). No-op if shared; allocates nothing
+  // when nbytes == 0. Releases foreign memory once moved.
   void share_memory_(SharingStrategy strategy);
 
   // Valid once is_shared() returned true (immutable from then on).
@@ -59,6 +71,7 @@ class StorageImpl : public std::enable_shared_from_this<StorageImpl> {
   std::size_t nbytes_;
   std::byte* private_ = nullptr;  // from private_allocate()
   std::size_t private_capacity_ = 0;
+  std::function<void()> foreign_deleter_;  // until the foreign memory is released
   std::shared_ptr<Segment> segment_;
   std::size_t offset_ = 0;
   std::uint32_t block_ = 0;

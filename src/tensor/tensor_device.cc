@@ -110,4 +110,15 @@ Tensor& Tensor::copy_across_devices(const Tensor& source) {
   return *this;
 }
 
+namespace cuda {
+
+void synchronize(Device device) {
+  if (!device.is_cuda())
+    throw std::invalid_argument("cuda::synchronize: " + device.to_string() +
+                                " is not a CUDA device");
+  internal::cuda::synchronize(device.index());
+}
+
+}  // namespace cuda
+
 }  // namespace shmtensor

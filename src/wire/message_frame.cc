@@ -13,8 +13,16 @@ MessageFrame::MessageFrame(Encoder&& message)
     : frame_(std::make_unique<OutgoingFrame>(finish_frame(std::move(message)))) {
   for (std::span<const std::byte> part : frame_->parts())
     bytes_.append(reinterpret_cast<const char*>(part.data()), part.size());
-  for (const Segment* segment : frame_->segments())
-    if (segment->strategy() == SharingStrategy::kFileDescriptor) fd_uids_.push_back(segment->uid());
+  // finish_frame's order: a device segment's memfd, then its allocation's fd (which gets
+  // no uid: a uid names the memfd that maps the segment); a file_descriptor segment's memfd.
+  for (const Segment* segment : frame_->segments()) {
+    if (segment->is_device()) {
+      fd_uids_.push_back(segment->uid());
+      fd_uids_.push_back(0);
+    } else if (segment->strategy() == SharingStrategy::kFileDescriptor) {
+      fd_uids_.push_back(segment->uid());
+    }
+  }
   fd_uids_.resize(frame_->fds().size(), 0);  // object fds and the blob: not a segment
 }
 

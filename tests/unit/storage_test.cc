@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <latch>
@@ -15,6 +17,8 @@
 #include "memory/storage_impl.h"
 #include "shmtensor/internal/storage_access.h"
 #include "shmtensor/sharing_strategy.h"
+#include "shmtensor/tensor.h"
+#include "support/expect_error.h"
 #include "support/leak_check.h"
 #include "support/strategy_test.h"
 
@@ -221,6 +225,103 @@ TEST_P(StorageTest, ManyStoragesEachGetTheirOwnBytes) {
     EXPECT_TRUE(has_pattern(all[i], static_cast<std::uint8_t>(i))) << i;
     for (int j = 0; j < i; ++j) EXPECT_NE(all[i].data(), all[j].data());
   }
+}
+
+// ---- Storage::from_blob: memory of another owner ----------------------------------------------
+
+// A foreign owner's buffer and a deleter that counts its calls.
+struct ForeignBuffer {
+  std::vector<std::uint8_t> bytes;
+  std::atomic<int> deleted{0};
+  explicit ForeignBuffer(std::size_t n) : bytes(n) {}
+  Storage wrap() {
+    return Storage::from_blob(bytes.data(), bytes.size(), Device::cpu(),
+                              [this] { deleted.fetch_add(1, std::memory_order_relaxed); });
+  }
+};
+
+TEST_P(StorageTest, FromBlobAliasesTheOwnersMemoryUntilTheLastHandleGoes) {
+  ForeignBuffer buf(4096);
+  {
+    Storage s = buf.wrap();
+    EXPECT_EQ(s.data(), buf.bytes.data());
+    EXPECT_EQ(s.nbytes(), 4096u);
+    EXPECT_EQ(s.device(), Device::cpu());
+    EXPECT_FALSE(s.is_shared());
+    static_cast<std::uint8_t*>(s.data())[7] = 42;  // ours, in the owner's memory
+    EXPECT_EQ(buf.bytes[7], 42);
+    buf.bytes[9] = 43;  // the owner's, in ours
+    EXPECT_EQ(static_cast<const std::uint8_t*>(s.data())[9], 43);
+    Storage copy = s;
+    Tensor view = Tensor::from_storage(s, 8, {4}, {1}, DType::kUInt8);
+    s = Storage();
+    copy = Storage();
+    EXPECT_EQ(buf.deleted.load(), 0);  // the view holds it
+    EXPECT_EQ(view[1].item<int>(), 43);
+  }
+  EXPECT_EQ(buf.deleted.load(), 1);
+  EXPECT_TRUE(testing::shmtensor_mappings().empty());
+}
+
+TEST_P(StorageTest, FromBlobShareMemoryMovesTheBytesAndReleasesTheOwnerOnce) {
+  ForeignBuffer buf(std::size_t{1} << 20);
+  {
+    Storage s = buf.wrap();
+    fill_pattern(s, 5);
+    Tensor view = Tensor::from_storage(s, 0, {16}, {1}, DType::kUInt8);
+    s.share_memory_();
+    EXPECT_EQ(buf.deleted.load(), 1);  // at the move, not at the end
+    EXPECT_TRUE(s.is_shared() && view.is_shared());
+    EXPECT_EQ(s.sharing_strategy(), GetParam());
+    EXPECT_NE(s.data(), buf.bytes.data());
+    EXPECT_EQ(view.raw_data(), s.data());
+    EXPECT_TRUE(has_pattern(s, 5));
+    std::fill(buf.bytes.begin(), buf.bytes.end(), 0);  // no longer ours
+    EXPECT_TRUE(has_pattern(s, 5));
+    s.share_memory_();
+  }
+  EXPECT_EQ(buf.deleted.load(), 1);
+}
+
+TEST_P(StorageTest, FromBlobSharedConcurrentlyReleasesOnce) {
+  for (int round = 0; round < 20; ++round) {
+    ForeignBuffer buf(std::size_t{64} * 1024);
+    Storage s = buf.wrap();
+    fill_pattern(s, static_cast<std::uint8_t>(round));
+    constexpr int kThreads = 4;
+    std::latch start(kThreads);
+    std::vector<std::thread> threads;
+    for (int i = 0; i < kThreads; ++i) {
+      threads.emplace_back([&] {
+        Storage mine = s;
+        start.arrive_and_wait();
+        mine.share_memory_();
+      });
+    }
+    for (auto& t : threads) t.join();
+    EXPECT_EQ(buf.deleted.load(), 1);
+    EXPECT_TRUE(has_pattern(s, static_cast<std::uint8_t>(round)));
+  }
+}
+
+TEST_P(StorageTest, FromBlobOfNoBytesAndItsErrors) {
+  int deleted = 0;
+  {
+    Storage empty = Storage::from_blob(nullptr, 0, Device::cpu(), [&] { ++deleted; });
+    EXPECT_TRUE(empty.defined());
+    EXPECT_FALSE(empty.is_shared());
+    empty.share_memory_();
+    EXPECT_TRUE(empty.is_shared());
+    EXPECT_EQ(deleted, 1);
+  }
+  EXPECT_EQ(deleted, 1);
+  Storage no_deleter = Storage::from_blob(&deleted, sizeof deleted, Device::cpu(), nullptr);
+  no_deleter = Storage();
+  EXPECT_ERROR((void)Storage::from_blob(nullptr, 8, Device::cpu(), [&] { ++deleted; }),
+               std::invalid_argument, "Storage::from_blob: null data for 8 bytes");
+  EXPECT_ERROR((void)Storage::from_blob(&deleted, 4, Device::cuda(-1), [&] { ++deleted; }),
+               std::invalid_argument, "cuda:-1 is not a device");
+  EXPECT_EQ(deleted, 1);  // not called when from_blob throws
 }
 
 INSTANTIATE_TEST_SUITE_P(Strategies, StorageTest, testing::kAllStrategies, testing::strategy_name);

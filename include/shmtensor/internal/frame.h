@@ -32,8 +32,9 @@ class SHMTENSOR_API MessageFrame {
 
   const std::string& bytes() const noexcept { return bytes_; }
   const std::vector<int>& fds() const noexcept;
-  // By fd: the uid of the file_descriptor segment it maps, 0 for any other fd (a Queue's
-  // or Connection's, the blob).
+  // By fd: the uid of the segment whose memfd it is (a file_descriptor or a device
+  // segment), 0 for any other fd (a device segment's allocation, a Queue's or Connection's,
+  // the blob).
   const std::vector<std::uint64_t>& fd_uids() const noexcept { return fd_uids_; }
   // The receiver owns the counts from now on, whether or not it ever parses the message.
   void mark_sent() noexcept;

@@ -45,6 +45,10 @@ class FdRef:
 
     @classmethod
     def of(cls, fd: int, key: int) -> FdRef:
+        """One duplicate of fd per key while a pickle holds it (a segment's memfd, by the
+        segment's uid); key 0 (an fd that is not a segment's memfd) gets its own each time."""
+        if key == 0:
+            return cls(os.dup(fd))
         ref = _refs.get(key)
         if ref is None:
             ref = _refs[key] = cls(os.dup(fd))

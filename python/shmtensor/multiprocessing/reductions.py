@@ -392,8 +392,8 @@ def _reduce_tensor(t):
     return _rebuild_tensor, (None if block is None else _ref(block),) + tuple(rest)
 
 
-def _rebuild_tensor(block, offset, sizes, strides, dtype):
-    return _C._tensor_from_parts(block, offset, sizes, strides, dtype)
+def _rebuild_tensor(block, offset, sizes, strides, dtype, device=None):
+    return _C._tensor_from_parts(block, offset, sizes, strides, dtype, device)
 
 
 def init_reductions() -> None:
