@@ -77,10 +77,18 @@ run: all
 	  PYTHONPATH=build/python /usr/bin/python3 python/bench/bench_torch.py --demo; \
 	else echo "torch demo skipped: /usr/bin/python3 cannot import torch (python3-torch)"; fi
 
-# The layers first: a rule broken fails in a second, before the build.
+# The layers first: a rule broken fails in a second, before the build. The torch 2.x lane's
+# build runs (niced) beside the main build's tests, which take turns at /dev/shm and leave a
+# core mostly idle; its tests run after them.
+LANE := JOBS=$(JOBS) CTEST_JOBS=$(CTEST_JOBS) BUILD_TYPE=$(BUILD_TYPE) tools/ci/torch2_lane build-torch2
 test: layers all
-	$(CTEST) --test-dir build || { $(FAILED) build; exit 1; }
-	$(MAKE) torch2
+	@echo "torch 2.x lane: building beside the tests (log: build/torch2-lane-build.log)"
+	@$(LANE:tools/%=setsid nice -n 10 tools/%) build > build/torch2-lane-build.log 2>&1 & lane=$$!; \
+	$(CTEST) --test-dir build || { $(FAILED) build; kill -- -$$lane 2>/dev/null; exit 1; }; \
+	wait $$lane || { tail -n 80 build/torch2-lane-build.log; \
+	                 echo "torch 2.x lane: the build failed (build/torch2-lane-build.log)"; exit 1; }; \
+	cat build/torch2-lane-build.log
+	$(LANE) test
 
 layers:
 	tools/ci/check_layers
@@ -88,7 +96,7 @@ layers:
 # torch 2.x (pinned: torch==2.13.0, a CPU wheel) in build-torch2/venv, made with the first
 # python3.11 on PATH (SHMTENSOR_TORCH2_PYTHON names another): tools/ci/torch2_lane.
 torch2: deps
-	JOBS=$(JOBS) CTEST_JOBS=$(CTEST_JOBS) BUILD_TYPE=$(BUILD_TYPE) tools/ci/torch2_lane build-torch2
+	$(LANE)
 
 asan: deps
 	$(CMAKE) -S . -B build-asan -DSHMTENSOR_SANITIZE=address,undefined $(LEAN)
@@ -100,8 +108,12 @@ asan: deps
 # ours to check), where GCC compares the definitions of each type and inline function across
 # translation units (-Wodr) and fails the link on a mismatch (two different `RecvResult`s in
 # one namespace were such a case). A build, not a test run: the code is the same as `make test`'s.
+# -O0 without -g: GCC compares the types while it reads the objects at link time, at any
+# optimisation level, so optimised code and debug info would only make this build slower
+# (it links every test program's copy of the static library again).
 odr: deps
 	$(CMAKE) -S . -B build-odr $(LEAN) -DSHMTENSOR_BUILD_TORCH=OFF \
+	  -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG=-O0 \
 	  -DCMAKE_CXX_FLAGS="-flto=auto -Wodr -Werror" \
 	  -DCMAKE_EXE_LINKER_FLAGS="-flto=auto -Wodr -Werror" \
 	  -DCMAKE_SHARED_LINKER_FLAGS="-flto=auto -Wodr -Werror"

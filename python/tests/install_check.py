@@ -10,6 +10,10 @@
       `/usr/bin/python3 -m pip install --no-build-isolation --no-deps --target WORK_DIR/target`
       of the clone (the clone's own build directory is kept under WORK_DIR between runs, so
       ccache and CMake rebuild little).
+  install_check.py pip-build SOURCE_DIR WORK_DIR
+  install_check.py pip-verify SOURCE_DIR WORK_DIR
+      The two halves of `pip`: the clone and pip's build and install; the check of what it
+      installed (CTest runs the build beside other tests and the check in turn with them).
 Then, in a fresh interpreter with only that directory on PYTHONPATH and the working
 directory elsewhere: import shmtensor from there, share an array with a forked child both
 ways, and start the manager daemon (file_system, a fresh manager directory), which must be
@@ -126,7 +130,7 @@ def verify(package_root, work):
 
 
 def main():
-    if len(sys.argv) < 2 or sys.argv[1] not in ("cmake", "pip"):
+    if len(sys.argv) < 2 or sys.argv[1] not in ("cmake", "pip", "pip-build", "pip-verify"):
         fail(__doc__)
     mode = sys.argv[1]
     if mode == "cmake" and len(sys.argv) == 5:
@@ -135,9 +139,14 @@ def main():
         shutil.rmtree(prefix, ignore_errors=True)
         run(["cmake", "--install", build, "--prefix", prefix, "--component", "python"])
         verify(os.path.join(prefix, rel), work)
-    elif mode == "pip" and len(sys.argv) == 4:
+    elif mode.startswith("pip") and len(sys.argv) == 4:
         source, work = os.path.abspath(sys.argv[2]), os.path.abspath(sys.argv[3])
         clone, target = os.path.join(work, "src"), os.path.join(work, "target")
+        if mode == "pip-verify":
+            if not os.path.isdir(target):
+                fail(f"{target} does not exist: pip-build did not run or failed")
+            verify(target, work)
+            return
         # The clone is replaced, its build directory kept (outside it), so that a rerun is
         # incremental.
         shutil.rmtree(clone, ignore_errors=True)
@@ -152,7 +161,8 @@ def main():
         run(["/usr/bin/python3", "-m", "pip", "install", "--no-build-isolation", "--no-deps",
              "--target", target, clone], env=env, cwd=work, timeout=1500)
         print(f"pip install took {time.time() - started:.0f} s", flush=True)
-        verify(target, work)
+        if mode == "pip":
+            verify(target, work)
     else:
         fail(__doc__)
 

@@ -28,8 +28,13 @@ What it does, in order (each step fails the test with the reason):
      manager directory; the daemon it started must be WORK/prefix/bin/shmtensor-manager, found
      next to the library, not the build tree's.
   6. No /dev/shm name is left.
-Usage: doc_examples.py SOURCE_DIR BUILD_DIR WORK_DIR
+Usage: doc_examples.py SOURCE_DIR BUILD_DIR WORK_DIR [build|run]
+  build: steps 1 to 3 only (no program runs, nothing touches /dev/shm, so CTest runs it
+  beside other tests); run: steps 4 to 6, on what `build` left in WORK_DIR (CTest's
+  docs.examples, which shares /dev/shm with the other IPC tests and takes turns with them).
+  Without either, all of it.
 """
+import json
 import os
 import re
 import shutil
@@ -122,15 +127,12 @@ int main() {
 """
 
 
-def main():
-    if len(sys.argv) != 4:
-        fail(__doc__)
-    source_dir, build_dir, work = (os.path.abspath(a) for a in sys.argv[1:])
+def build(source_dir, build_dir, work):
+    """Steps 1 to 3: the programs to run, as (where, path) pairs, also in WORK/runs.json."""
     shutil.rmtree(work, ignore_errors=True)
     prefix = os.path.join(work, "prefix")
     proj = os.path.join(work, "examples")
     os.makedirs(proj)
-    names_before = shm_names()
 
     run(["cmake", "--install", build_dir, "--prefix", prefix])
 
@@ -189,6 +191,25 @@ def main():
     runs = [(u["where"], os.path.join(out, u["name"])) for u in units if u["run"]]
     runs += [("static link of " + first_run["where"], os.path.join(out, "static_link")),
              ("pkg-config link of " + first_run["where"], pc_exe)]
+    summary = {"runs": runs, "units": len(units),
+               "objects": sum(1 for u in units if not u["main"])}
+    with open(os.path.join(work, "runs.json"), "w") as f:
+        json.dump(summary, f)
+    print(f"OK: {len(units)} examples compiled")
+    return summary
+
+
+def run_programs(work):
+    """Steps 4 to 6, on what build() left in `work`."""
+    try:
+        with open(os.path.join(work, "runs.json")) as f:
+            summary = json.load(f)
+    except FileNotFoundError:
+        fail(f"{work}/runs.json does not exist: the examples were not built (docs.examples_build)")
+    prefix = os.path.join(work, "prefix")
+    out = os.path.join(work, "out")
+    runs = summary["runs"]
+    names_before = shm_names()
     for where, exe in runs:
         print(f"run {where}", flush=True)
         try:
@@ -202,9 +223,11 @@ def main():
 
     # Manager discovery from a program that is not next to shmtensor-manager.
     away = os.path.join(work, "elsewhere")
+    shutil.rmtree(away, ignore_errors=True)
     os.makedirs(away)
     exe = shutil.copy(os.path.join(out, "discover"), away)
     mdir = os.path.join(work, "manager")
+    shutil.rmtree(mdir, ignore_errors=True)
     os.makedirs(mdir, mode=0o700)
     want = os.path.realpath(os.path.join(prefix, "bin", "shmtensor-manager"))
     denv = {k: v for k, v in os.environ.items() if k != "SHMTENSOR_MANAGER"}
@@ -229,8 +252,19 @@ def main():
     left = shm_names() - names_before
     if left:
         fail("names left in /dev/shm: " + ", ".join(sorted(left)))
-    print(f"OK: {len(units)} examples compiled, {len(runs)} programs ran, "
-          f"{sum(1 for u in units if not u['main'])} compiled as objects")
+    print(f"OK: {summary['units']} examples compiled, {len(runs)} programs ran, "
+          f"{summary['objects']} compiled as objects")
+
+
+def main():
+    if len(sys.argv) not in (4, 5) or (len(sys.argv) == 5 and sys.argv[4] not in ("build", "run")):
+        fail(__doc__)
+    source_dir, build_dir, work = (os.path.abspath(a) for a in sys.argv[1:4])
+    mode = sys.argv[4] if len(sys.argv) == 5 else "all"
+    if mode in ("build", "all"):
+        build(source_dir, build_dir, work)
+    if mode in ("run", "all"):
+        run_programs(work)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,12 @@ shmtensor.multiprocessing's Queue, SimpleQueue, JoinableQueue, Pipe, Pool and ge
 place of multiprocessing's, under one start method, and reports the difference.
 
     PYTHONPATH=build/python /usr/bin/python3 python/tests/cpython_mp/run_cpython_mp.py \\
-        --method spawn [--out DIR] [--only PATTERN]
+        --method spawn [--out DIR] [--only PATTERN] [--full]
+
+Every test runs with ours; then stock, the tests that did not pass with ours (a test that
+passes with ours is no regression, whatever it does stock), or every test with --full, which
+also lists the tests that pass with ours only. That halves the run: about 1 to 2 minutes
+per start method on 2 cores instead of 2.5 to 3.5.
 
 "With ours" means what a user who changes `import multiprocessing` gets: before the test
 module is imported (in this process and, through __main__, in every child it starts) the
@@ -230,6 +235,8 @@ def main():
     parser.add_argument("--out", default=None, help="where the logs go (default: a temp dir)")
     parser.add_argument("--only", default=None, help="test ids containing this substring")
     parser.add_argument("--test-timeout", type=float, default=120.0)
+    parser.add_argument("--full", action="store_true",
+                        help="run every test stock too (default: those that fail with ours)")
     parser.add_argument("--worker", metavar="LOG", default=None)
     parser.add_argument("--list", action="store_true")
     parser.add_argument("ids", nargs="*")
@@ -261,21 +268,26 @@ def main():
     if args.only:
         ids = [t for t in ids if args.only in t]
 
-    results = {}
     stacks = {}
-    for impl in IMPLS:
-        t0 = time.monotonic()
-        results[impl] = run_impl(impl, args.method, ids, out_dir, args.test_timeout, "", stacks)
-        counts = {}
-        for outcome in results[impl].values():
-            counts[outcome] = counts.get(outcome, 0) + 1
-        print("%-9s %-10s %5.0f s  %s" % (impl, args.method, time.monotonic() - t0,
-                                           " ".join("%s=%d" % kv for kv in sorted(counts.items()))),
-              flush=True)
 
-    stock, ours = results["stock"], results["shmtensor"]
-    if not any(o == "passed" for o in stock.values()):
-        print("the stock run passed no test: the runner is broken (logs: %s)" % out_dir)
+    def run_counted(impl, run_ids):
+        t0 = time.monotonic()
+        outcomes = run_impl(impl, args.method, run_ids, out_dir, args.test_timeout, "", stacks)
+        counts = {}
+        for outcome in outcomes.values():
+            counts[outcome] = counts.get(outcome, 0) + 1
+        print("%-9s %-10s %5.0f s  %3d tests: %s"
+              % (impl, args.method, time.monotonic() - t0, len(run_ids),
+                 " ".join("%s=%d" % kv for kv in sorted(counts.items()))), flush=True)
+        return outcomes
+
+    # Ours first, on every test; stock on every test with --full, else on those that did not
+    # pass with ours: a test that passes with ours is no regression whatever stock does.
+    ours = run_counted("shmtensor", ids)
+    stock = run_counted("stock", ids if args.full else
+                        [t for t in ids if ours.get(t) != "passed"])
+    if not any(o == "passed" for o in list(stock.values()) + list(ours.values())):
+        print("neither run passed a test: the runner is broken (logs: %s)" % out_dir)
         return 1
     suspects = [t for t in ids if stock.get(t) == "passed" and ours.get(t) != "passed"]
     regressions = []
@@ -298,9 +310,10 @@ def main():
             else:
                 print("  flaky, not counted: %s (stock again: %s, ours again: %s)"
                       % (t, again_stock.get(t), again_ours.get(t)))
-    better = [t for t in ids if ours.get(t) == "passed" and stock.get(t) != "passed"]
-    for t in better:
-        print("  passes with ours only: %s (stock: %s)" % (t, stock.get(t)))
+    if args.full:
+        for t in ids:
+            if ours.get(t) == "passed" and stock.get(t) != "passed":
+                print("  passes with ours only: %s (stock: %s)" % (t, stock.get(t)))
     with open(os.path.join(out_dir, "report-%s.json" % args.method), "w") as f:
         json.dump({"stock": stock, "shmtensor": ours,
                    "regressions": [r[0] for r in regressions]}, f, indent=1)
@@ -316,9 +329,9 @@ def main():
         print("logs (each test's output): %s" % out_dir)
         return 1
     print("%s: every test that passes stock passes with shmtensor.multiprocessing, but %d "
-          "allowed (%d of %d pass stock)" % (args.method, len(allowed),
-                                             sum(1 for t in ids if stock.get(t) == "passed"),
-                                             len(ids)))
+          "allowed (%d of %d pass with ours)" % (args.method, len(allowed),
+                                                 sum(1 for t in ids if ours.get(t) == "passed"),
+                                                 len(ids)))
     return 0
 
 
