@@ -311,8 +311,14 @@ void produce_and_exit(Queue<Tensor> out, int kind) {
   out.put(iota(100000, 1.0f).cuda(kind));
 }
 
-void produce_and_wait(Queue<Tensor> out, Queue<long> done) {
+void produce_and_wait(Queue<Tensor> out, Queue<long> fenced, Queue<long> done) {
   out.put(iota(1000, 5.0f).cuda());
+  // The fence of the put written before the test kills this process: a sender killed while
+  // its fence write is still queued leaves the receiver's stream waiting for good
+  // (docs/cuda.md, "Ordering"; the fake driver runs queued work on a thread of the process,
+  // which a loaded machine may not have run by the kill).
+  shmtensor::cuda::complete_fences();
+  fenced.put(1);
   (void)done.get();  // never comes: the test kills this process
 }
 
@@ -328,9 +334,10 @@ TEST_F(CudaTest, ConsumerKeepsTheDataWhenTheProducerExitsOrIsKilled) {
   }
   {
     Queue<Tensor> q;
-    Queue<long> never;
-    Process p = exec_process(Process(produce_and_wait, q, never));
+    Queue<long> fenced, never;
+    Process p = exec_process(Process(produce_and_wait, q, fenced, never));
     Tensor t = q.get();
+    EXPECT_EQ(fenced.get(), 1);
     p.kill();
     p.join();
     EXPECT_EQ(p.exitcode(), -SIGKILL);
