@@ -47,6 +47,9 @@ DEB_PACKAGES := g++ make cmake ninja-build pkg-config python3 libpython$(PY_VERS
 
 # Sanitizer builds skip benchmarks and examples: CI has 2 cores and 90 minutes.
 LEAN := -DSHMTENSOR_BUILD_BENCHMARKS=OFF -DSHMTENSOR_BUILD_EXAMPLES=OFF
+# ... and are built at -O1 with line tables only (-g1: a report still names file and line),
+# which halves their compile time against -O2 -g (93 s -> 44 s for one ASan test file).
+SANITIZED := $(LEAN) -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG"
 
 # detect_leaks: LeakSanitizer at exit. abort_on_error: a crash a test can see (not exit 1).
 # handle_sigbus=0 (ASan and TSan): by default the sanitizers catch SIGBUS, print a report
@@ -99,7 +102,7 @@ torch2: deps
 	$(LANE)
 
 asan: deps
-	$(CMAKE) -S . -B build-asan -DSHMTENSOR_SANITIZE=address,undefined $(LEAN)
+	$(CMAKE) -S . -B build-asan -DSHMTENSOR_SANITIZE=address,undefined $(SANITIZED)
 	cmake --build build-asan -j$(JOBS)
 	$(CTEST) --test-dir build-asan || { $(FAILED) build-asan; exit 1; }
 
@@ -126,8 +129,9 @@ odr: deps
 # forbids it; there, `sysctl vm.mmap_rnd_bits=28` on the host is the fix if TSan fails).
 NO_ASLR := $(shell setarch $$(uname -m) -R true 2>/dev/null && echo setarch $$(uname -m) -R)
 
+# Without the Python package: its tests do not run under ThreadSanitizer (docs/python.md).
 tsan: deps
-	$(CMAKE) -S . -B build-tsan -DSHMTENSOR_SANITIZE=thread $(LEAN)
+	$(CMAKE) -S . -B build-tsan -DSHMTENSOR_SANITIZE=thread $(SANITIZED) -DSHMTENSOR_BUILD_PYTHON=OFF
 	cmake --build build-tsan -j$(JOBS)
 	$(NO_ASLR) $(CTEST) --test-dir build-tsan || { $(FAILED) build-tsan; exit 1; }
 
