@@ -81,8 +81,8 @@ run: all
 	else echo "torch demo skipped: /usr/bin/python3 cannot import torch (python3-torch)"; fi
 
 # The layers first: a rule broken fails in a second, before the build. The torch 2.x lane's
-# build runs (niced) beside the main build's tests, which take turns at /dev/shm and leave a
-# core mostly idle; its tests run after them.
+# build runs (niced) beside the main build's tests, which take turns at /dev/shm (the C++ ones
+# leave a core idle; the Python ones do not, and run slower beside it); its tests run after them.
 LANE := JOBS=$(JOBS) CTEST_JOBS=$(CTEST_JOBS) BUILD_TYPE=$(BUILD_TYPE) tools/ci/torch2_lane build-torch2
 test: layers all
 	@echo "torch 2.x lane: building beside the tests (log: build/torch2-lane-build.log)"
