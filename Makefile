@@ -1,6 +1,6 @@
 # shmtensor — the commands a new user and CI need.
 #
-#   make run     install missing Debian packages, build, run the flagship demo
+#   make run     install missing Debian packages, build what the demo needs, run the flagship demo
 #   make test    check the layers (make layers), install missing Debian packages, build, run
 #                every test; then the torch 2.x lane: the Python package built against torch
 #                2.x from PyPI in a virtual environment (build-torch2/), its Python and torch
@@ -19,10 +19,22 @@
 BUILD_TYPE  ?= RelWithDebInfo
 JOBS        ?= $(shell nproc)
 CTEST_JOBS  ?= 2
+# ccache (Debian's), outside the clone (~/.cache/ccache): an entry is found by a hash of the
+# compiler, its arguments and the preprocessed source with every header it read, so a stale
+# entry cannot be returned. Paths under this directory are hashed relative to it and the
+# working directory is not hashed, so build/, the torch 2.x lane's build-torch2/ and a
+# sanitizer build's rebuild share the objects whose compile commands are the same (the
+# library's, in one run; everything, in a later run). A machine without a cache, or with
+# CCACHE_DISABLE=1, builds the same objects itself. SHMTENSOR_CCACHE=0: no launcher at all.
+SHMTENSOR_CCACHE ?= 1
+# (Looked up when a recipe runs: `make deps` installs it.)
+LAUNCHER    := -DCMAKE_CXX_COMPILER_LAUNCHER=$(if $(filter-out 0,$(SHMTENSOR_CCACHE)),$$(command -v ccache))
+export CCACHE_BASEDIR  ?= $(CURDIR)
+export CCACHE_NOHASHDIR ?= true
 # The Python module is built for /usr/bin/python3 (Debian's, with NumPy), never for
 # another python3 that comes first on PATH.
 CMAKE       := cmake -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) -DCMAKE_EXPORT_COMPILE_COMMANDS=ON \
-               -DPython_EXECUTABLE=/usr/bin/python3
+               -DPython_EXECUTABLE=/usr/bin/python3 $(LAUNCHER)
 # --timeout: ctest's default is 1500 s per test, so one hung test (a fork child stuck in a
 # sanitizer lock did that) costs 25 of CI's 90 minutes. The slowest test takes about 6 s
 # under TSan on 2 cores; 300 s leaves room for a loaded machine.
@@ -38,7 +50,7 @@ FAILED      := tools/ci/show_failed_tests
 # (12: Python 3.11, 13: Python 3.13).
 PY_VERSION   := $(or $(shell /usr/bin/python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null), \
                      $(if $(filter 13,$(shell cut -d. -f1 /etc/debian_version 2>/dev/null)),3.13,3.11))
-DEB_PACKAGES := g++ make cmake ninja-build pkg-config python3 libpython$(PY_VERSION)-testsuite \
+DEB_PACKAGES := g++ make cmake ninja-build pkg-config ccache python3 libpython$(PY_VERSION)-testsuite \
                 libgtest-dev libgmock-dev googletest libbenchmark-dev libcli11-dev \
                 clang libclang-rt-14-dev \
                 pybind11-dev python3-dev python3-numpy python3-pytest python3-mypy \
@@ -66,14 +78,20 @@ export UBSAN_OPTIONS ?= print_stacktrace=1:halt_on_error=1
 # consistent, so we let them run and TSan keeps checking them.
 export TSAN_OPTIONS  ?= die_after_fork=0:halt_on_error=1:second_deadlock_stack=1:handle_sigbus=0
 
-.PHONY: all run test layers torch2 asan tsan odr deps format clean
+.PHONY: all configure run test layers torch2 asan tsan odr deps format clean
 
 # cmake is re-run every time (a second or two): it picks up new files and options.
-all: deps
-	$(CMAKE) -S . -B build
+all: configure
 	cmake --build build -j$(JOBS)
 
-run: all
+configure: deps
+	$(CMAKE) -S . -B build
+
+# What `make run` runs, and only that: the demo, the daemon, the Python package with its
+# torch bridge (shmtensor_python depends on shmtensor._torch where that is built).
+RUN_TARGETS := demo shmtensor-manager shmtensor_python
+run: configure
+	cmake --build build -j$(JOBS) --target $(RUN_TARGETS)
 	./build/examples/demo
 	@echo
 	@if /usr/bin/python3 -c 'import torch' 2>/dev/null; then \

@@ -56,10 +56,13 @@ from shmtensor import _C
 from shmtensor.multiprocessing import context as _smpcontext
 from shmtensor.multiprocessing import reductions as _red
 
-try:
-    from shmtensor import _torch as _bridge
-except ImportError:
-    _bridge = None  # type: ignore[assignment]  # built with libtorch only
+from shmtensor import _bridge as _bridge_loader
+
+# The C++ bridge shmtensor._torch: the package's own (a CMake build), else compiled against
+# this torch at first import and cached (a pip install; shmtensor/_bridge.py), else None and
+# the reason, which install() says once.
+_bridge, _no_bridge_reason = _bridge_loader.load()
+_said_no_bridge = False
 
 if TYPE_CHECKING:
     from typing_extensions import TypeAlias
@@ -68,7 +71,8 @@ if TYPE_CHECKING:
     _Context: TypeAlias = ("_smpcontext.ForkContext | _smpcontext.SpawnContext"
                            " | _smpcontext.ForkServerContext")
 
-__all__ = ["install", "uninstall", "is_installed", "context", "has_bridge"]
+__all__ = ["install", "uninstall", "is_installed", "context", "has_bridge",
+           "bridge_unavailable_reason"]
 
 _Untyped = torch.UntypedStorage
 _lock = threading.RLock()
@@ -77,9 +81,14 @@ _MISSING = object()
 
 
 def has_bridge() -> bool:
-    """Whether the C++ bridge (shmtensor._torch) is built: without it, existing storages
+    """Whether the C++ bridge (shmtensor._torch) is loaded: without it, existing storages
     cannot be moved into arenas in place."""
     return _bridge is not None
+
+
+def bridge_unavailable_reason() -> str | None:
+    """Why the C++ bridge is not loaded, or None when it is."""
+    return _no_bridge_reason
 
 
 # ---- storages and blocks ------------------------------------------------------------------
@@ -332,9 +341,23 @@ def _get_preparation_data(name):
 
 def _install_in_child(strategy, busy_poll=None):
     """Run in a spawn or forkserver child of an installed process, before it unpickles
-    anything else: the parent's strategy, then install() with the parent's busy poll."""
+    anything else: the parent's strategy, then install() with the parent's busy poll. The
+    parent has said already why there is no bridge, if there is none."""
+    global _said_no_bridge
+    _said_no_bridge = True
     _tmp.set_sharing_strategy(strategy)
     install(busy_poll=busy_poll)
+
+
+def _say_no_bridge() -> None:
+    """Once per process tree: a RuntimeWarning saying why there is no bridge."""
+    global _said_no_bridge
+    if _bridge is None and not _said_no_bridge:
+        _said_no_bridge = True
+        import warnings  # noqa: PLC0415
+        warnings.warn("shmtensor.torch works without its C++ bridge, slower and without "
+                      f"moving existing storages in place: {_no_bridge_reason}",
+                      RuntimeWarning, stacklevel=3)
 
 
 def install(*, busy_poll: float | None = None) -> None:
@@ -345,9 +368,11 @@ def install(*, busy_poll: float | None = None) -> None:
     Pipe, Pool and get_context become shmtensor's native transport, so a DataLoader's
     queues are native ones. A get() on a Queue made through torch.multiprocessing in this
     process polls for up to `busy_poll` seconds (default 50 us, 0: never) before it sleeps
-    (context()). Idempotent; busy_poll given again changes the setting."""
+    (context()). Idempotent; busy_poll given again changes the setting. Without the C++
+    bridge it works, and warns once why (RuntimeWarning; bridge_unavailable_reason())."""
     global _saved
     with _lock:
+        _say_no_bridge()
         if busy_poll is not None:
             _installed_busy_poll[0] = _check_busy_poll(busy_poll)
         if _saved is not None:
@@ -422,6 +447,8 @@ class _InstallFirst:
     """A Process whose child runs install() before its target."""
 
     def run(self):
+        global _said_no_bridge
+        _said_no_bridge = True  # context() said it in the parent
         install()
         super().run()
 
@@ -556,6 +583,7 @@ def context(method: str = "fork", *, busy_poll: float = _DEFAULT_BUSY_POLL) -> _
     busy_poll = _check_busy_poll(busy_poll)
     key = (method, busy_poll)
     with _lock:
+        _say_no_bridge()
         ctx = _contexts.get(key)
         if ctx is None:
             ctx = _contexts[key] = cls()

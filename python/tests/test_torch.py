@@ -660,3 +660,70 @@ def test_a_worker_sigkilled_mid_epoch_is_torchs_error_and_nothing_leaks(installe
             got.append(int(batch[0, 0]))
     assert len(got) < 200 and got == list(range(len(got)))
     del loader, got, batch
+
+
+# ---- the bridge loader (shmtensor/_bridge.py) -------------------------------------------------
+
+BRIDGE_CHECK = r"""
+import json, os, sys, warnings
+import torch
+import shmtensor.torch as st
+out = {"has_bridge": st.has_bridge(), "reason": st.bridge_unavailable_reason()}
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    st.install()
+    st.install()
+    st.uninstall()
+    st.install()
+    st.context("fork")
+out["warnings"] = [(w.category.__name__, str(w.message)) for w in caught]
+# Without the bridge, a DataLoader's batches still travel (worker-made storages in arenas).
+data = torch.arange(24.0).reshape(6, 4)
+loader = torch.utils.data.DataLoader(data, batch_size=2, num_workers=2,
+                                     multiprocessing_context="fork")
+assert torch.equal(torch.cat(list(loader)), data)
+st.uninstall()
+module = sys.modules.get("shmtensor._torch")
+out["loaded"] = module.__file__ if module else None
+print(json.dumps(out))
+"""
+
+
+def run_bridge_check(tmp_path, **env):
+    import json  # noqa: PLC0415
+    import subprocess  # noqa: PLC0415
+    full = dict(os.environ, SHMTENSOR_CACHE_DIR=str(tmp_path / "cache"), **env)
+    r = subprocess.run([sys.executable, "-c", BRIDGE_CHECK], env=full, capture_output=True,
+                       text=True, timeout=240)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return json.loads(r.stdout.splitlines()[-1])
+
+
+@pytest.mark.parametrize("env, why", [
+    ({"SHMTENSOR_TORCH_BRIDGE": "off"}, "SHMTENSOR_TORCH_BRIDGE=off"),
+    ({"SHMTENSOR_TORCH_BRIDGE": "compile", "CXX": "/bin/false"}, "compiling it failed"),
+    ({"SHMTENSOR_TORCH_BRIDGE": "compile", "CXX": "/nonexistent/c++"}, "no C++ compiler"),
+    ({"SHMTENSOR_TORCH_BRIDGE": "sometimes"}, "SHMTENSOR_TORCH_BRIDGE is 'sometimes'"),
+])
+def test_without_the_bridge_install_works_and_says_why_once(tmp_path, env, why):
+    out = run_bridge_check(tmp_path, **env)
+    assert out["has_bridge"] is False
+    assert why in out["reason"], out["reason"]
+    warned = out["warnings"]
+    assert len(warned) == 1, warned
+    assert warned[0][0] == "RuntimeWarning"
+    assert "works without its C++ bridge" in warned[0][1] and why in warned[0][1]
+    assert out["loaded"] is None
+    if "compiling" in why:  # the compiler's log is kept, and named
+        logs = list((tmp_path / "cache" / "torch-bridge").glob("*/build.log"))
+        assert len(logs) == 1 and str(logs[0]) in out["reason"]
+        assert not list((tmp_path / "cache" / "torch-bridge").glob("*/*.so"))
+
+
+@needs_bridge
+def test_the_packages_own_bridge_loads_without_a_warning(tmp_path):
+    out = run_bridge_check(tmp_path)
+    assert out["has_bridge"] is True and out["reason"] is None
+    assert out["warnings"] == []
+    assert out["loaded"] == st._bridge.__file__
+    assert not (tmp_path / "cache").exists()  # nothing compiled
