@@ -6,7 +6,7 @@
 // SIGKILL calls no close() that would wake it; only its socket says it is gone. Without a
 // watch the receiver sleeps in 50 ms slices and looks at the socket between them, and a
 // futex wait with a time limit costs a kernel timer each time it sleeps (its share of a
-// round trip: docs/benchmarks.md, "Sleeping without a timer"). With one, it
+// round trip: docs/history.md, "Sleeping without a timer"). With one, it
 // sleeps with no time limit and the watch wakes it when the socket hangs up
 // (docs/transport.md, "The hang-up watch").
 //
