@@ -57,6 +57,14 @@ DEB_PACKAGES := g++ make cmake ninja-build pkg-config ccache python3 libpython$(
                 python3-pip python3-setuptools python3-wheel python3-venv \
                 python3-torch libtorch-dev
 
+# What `make run` needs: the build's configure step (GoogleTest, Google Benchmark and CLI11
+# included: one build directory serves `make run` and `make test`), the Python package and
+# torch. The rest (clang for the fuzzers, the test runners, CPython's test suite, the venv
+# and pip tools) comes with `make test`.
+RUN_ONLY_NOT := clang libclang-rt-14-dev python3-pytest python3-mypy libpython$(PY_VERSION)-testsuite \
+                python3-pip python3-setuptools python3-wheel python3-venv
+PACKAGES     := $(if $(filter run,$(MAKECMDGOALS)),$(filter-out $(RUN_ONLY_NOT),$(DEB_PACKAGES)),$(DEB_PACKAGES))
+
 # Sanitizer builds skip benchmarks and examples: CI has 2 cores and 90 minutes.
 LEAN := -DSHMTENSOR_BUILD_BENCHMARKS=OFF -DSHMTENSOR_BUILD_EXAMPLES=OFF
 # ... and are built at -O1 with line tables only (-g1: a report still names file and line),
@@ -157,9 +165,9 @@ deps:
 	@missing=""; \
 	if ! command -v dpkg-query >/dev/null; then \
 	  echo "not a Debian system: make sure these (or their equivalents) are installed:"; \
-	  echo "  $(DEB_PACKAGES)"; exit 0; \
+	  echo "  $(PACKAGES)"; exit 0; \
 	fi; \
-	for p in $(DEB_PACKAGES); do \
+	for p in $(PACKAGES); do \
 	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'install ok installed' \
 	    || missing="$$missing $$p"; \
 	done; \
