@@ -213,7 +213,7 @@ def site_package(python):
 
 
 def freeze(python, work):
-    return set(run([python, "-m", "pip", "freeze", "--all"], env=check_env(work)).split())
+    return set(run([python, "-m", "pip", "freeze", "--all"], env=check_env(work)).splitlines())
 
 
 def pip_build(source, work):
