@@ -117,7 +117,7 @@ def _wrap(block):
     identity for blocks received (_storage_of_block)."""
     if _bridge is not None:
         return _bridge.storage_from_block(block)
-    storage = torch.frombuffer(block, dtype=torch.uint8)._storage()
+    storage = _untyped_of(torch.frombuffer(block, dtype=torch.uint8))
     with _lock:
         _fallback[storage.data_ptr()] = (_treductions.StorageWeakRef(storage),
                                          weakref.ref(block))
