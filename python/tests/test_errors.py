@@ -140,6 +140,13 @@ def test_invalid_argument_is_value_error_and_out_of_range_is_index_error():
         t.stride(-3)
     with pytest.raises(IndexError):
         t.select(0, 5)
+    with pytest.raises(IndexError, match=r"start \(1\) \+ length \(3\) exceeds dimension size"):
+        t.narrow(1, 1, 3)
+    with pytest.raises(ValueError) as info:  # a negative length is a bad argument, not a range
+        t.narrow(1, 1, -1)
+    assert type(info.value) is ValueError
+    assert str(info.value) == (
+        "narrow(): length -1 is negative; from start 1 in dimension 1 of size 3 a length is 0 to 2")
     with pytest.raises(ValueError, match="view size is not compatible"):
         t.transpose(0, 1).view((6,))
     with pytest.raises(ValueError):
