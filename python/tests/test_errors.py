@@ -119,11 +119,12 @@ def test_configuration_problems_are_errors():
     def child():
         os.environ["SHMTENSOR_MANAGER_GROUP"] = "../escape"
         shmtensor.set_sharing_strategy("file_system")
-        with pytest.raises(shmtensor.Error) as info:
+        with pytest.raises(shmtensor.ConfigurationError) as info:
             snp.empty(16)
+        assert isinstance(info.value, ValueError)
         assert str(info.value) == (
             'invalid shmtensor-manager group "../escape" (SHMTENSOR_MANAGER_GROUP): use 1 to '
-            "64 characters of A-Z a-z 0-9 _ . -")
+            '64 characters of A-Z a-z 0-9 _ . -, other than "." and ".."')
 
     assert run_in_child(child) == 0
 
