@@ -19,8 +19,9 @@
 //        does not fit (view, reshape, expand, copy_, from_vector, stack, stack_into), a
 //        wrong dtype for data_ptr<T>, a non-integral add_ to an integer tensor, item() of
 //        a tensor with numel() != 1, an undefined tensor where elements are needed, a
-//        negative or repeated dim, a slice step <= 0, from_storage() arguments that do not
-//        describe a view inside the storage: std::invalid_argument. A dim or index out of
+//        negative or repeated dim, a slice step <= 0, a negative narrow() length,
+//        from_storage() arguments that do not describe a view inside the storage:
+//        std::invalid_argument. A dim or index out of
 //        range, an item<T>() value that T cannot hold, stride or offset arithmetic that
 //        overflows: std::out_of_range.
 //      DType (dtype.h): a value outside the enum, an unknown name: std::invalid_argument.

@@ -1,4 +1,5 @@
-// SHMTENSOR_API: what libshmtensor.so exports.
+// SHMTENSOR_API: what libshmtensor.so (and the torch bridge, libshmtensor_torch.so, for
+// shmtensor/torch.h) exports.
 //
 // The library is built with hidden visibility (-fvisibility=hidden,
 // -fvisibility-inlines-hidden): a symbol is exported only where its declaration in a public
@@ -12,7 +13,8 @@
 //    (`template <> struct SHMTENSOR_API Codec<Connection>`).
 // Templates and inline functions defined in the headers need nothing: they are compiled
 // into their user. CONTRIBUTING.md ("Exported symbols") says when to use it;
-// `ctest -R layers.exported_symbols` checks that no other internal symbol is exported.
+// `ctest -R layers.exported_symbols` checks that no other internal symbol is exported, and
+// `ctest -R layers.torch_exported_symbols` that the bridge exports no other of shmtensor.
 #pragma once
 
 #define SHMTENSOR_API __attribute__((visibility("default")))

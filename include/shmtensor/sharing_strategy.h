@@ -24,6 +24,8 @@ SHMTENSOR_API std::string to_string(SharingStrategy strategy);
 SHMTENSOR_API std::vector<SharingStrategy> get_all_sharing_strategies();
 // The strategy used for storages shared from now on, process-wide. Thread-safe.
 SHMTENSOR_API SharingStrategy get_sharing_strategy();
+// A value outside the enum (a cast integer) throws std::invalid_argument naming it and the
+// valid values.
 SHMTENSOR_API void set_sharing_strategy(SharingStrategy strategy);
 // Accepts "file_descriptor" or "file_system"; throws std::invalid_argument naming the
 // valid values for anything else.

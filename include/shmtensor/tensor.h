@@ -149,7 +149,8 @@ class SHMTENSOR_API Tensor {
   static constexpr std::int64_t kSliceEnd = std::numeric_limits<std::int64_t>::max();
   [[nodiscard]] Tensor slice(std::int64_t dim, std::int64_t start, std::int64_t end = kSliceEnd,
                              std::int64_t step = 1) const;
-  // Elements [start, start + length) along dim; start may be negative; no clamping.
+  // Elements [start, start + length) along dim; start may be negative; no clamping. A
+  // negative length is std::invalid_argument; a start or length past the end, std::out_of_range.
   [[nodiscard]] Tensor narrow(std::int64_t dim, std::int64_t start, std::int64_t length) const;
   [[nodiscard]] Tensor transpose(std::int64_t dim0, std::int64_t dim1) const;
   // dims must be a permutation of [0, dim()).

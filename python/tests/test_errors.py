@@ -119,11 +119,12 @@ def test_configuration_problems_are_errors():
     def child():
         os.environ["SHMTENSOR_MANAGER_GROUP"] = "../escape"
         shmtensor.set_sharing_strategy("file_system")
-        with pytest.raises(shmtensor.Error) as info:
+        with pytest.raises(shmtensor.ConfigurationError) as info:
             snp.empty(16)
+        assert isinstance(info.value, ValueError)
         assert str(info.value) == (
             'invalid shmtensor-manager group "../escape" (SHMTENSOR_MANAGER_GROUP): use 1 to '
-            "64 characters of A-Z a-z 0-9 _ . -")
+            '64 characters of A-Z a-z 0-9 _ . -, other than "." and ".."')
 
     assert run_in_child(child) == 0
 
@@ -140,6 +141,13 @@ def test_invalid_argument_is_value_error_and_out_of_range_is_index_error():
         t.stride(-3)
     with pytest.raises(IndexError):
         t.select(0, 5)
+    with pytest.raises(IndexError, match=r"start \(1\) \+ length \(3\) exceeds dimension size"):
+        t.narrow(1, 1, 3)
+    with pytest.raises(ValueError) as info:  # a negative length is a bad argument, not a range
+        t.narrow(1, 1, -1)
+    assert type(info.value) is ValueError
+    assert str(info.value) == (
+        "narrow(): length -1 is negative; from start 1 in dimension 1 of size 3 a length is 0 to 2")
     with pytest.raises(ValueError, match="view size is not compatible"):
         t.transpose(0, 1).view((6,))
     with pytest.raises(ValueError):
@@ -148,3 +156,54 @@ def test_invalid_argument_is_value_error_and_out_of_range_is_index_error():
         shmtensor.empty((2, -1))
     with pytest.raises(TypeError, match="no dtype for NumPy's uint16"):
         shmtensor.empty(3, np.uint16)
+
+
+def test_an_fd_keeper_that_cannot_be_reached_is_system_call_error():
+    # A forked child (no keeper connection of its parent's) pointed at an address nobody
+    # listens on, with no keeper to start: the sender's register and the receiver's ask.
+    from shmtensor.multiprocessing import keeper
+
+    def child():
+        keeper._fd_keeper.address = lambda: "\0shmtensor-test-no-keeper-%d" % os.getpid()
+        keeper._start_keeper = lambda: None
+        keeper._REQUEST_TIMEOUT = 0.05
+        with pytest.raises(shmtensor.SystemCallError) as info:
+            keeper.register_ticket(os.urandom(16))
+        e = info.value
+        assert isinstance(e, OSError) and isinstance(e, shmtensor.Error)
+        assert e.errno == errno.ECONNREFUSED and e.strerror == os.strerror(errno.ECONNREFUSED)
+        assert e.syscall == "connect"
+        reach = ("shmtensor: cannot reach the fd keeper (%s) for shared memory in a pickle "
+                 "within 0.05 s; the last attempt failed with: [Errno %d] %s"
+                 % (keeper._SCRIPT, errno.ECONNREFUSED, os.strerror(errno.ECONNREFUSED)))
+        assert str(e) == reach
+        with pytest.raises(shmtensor.SystemCallError) as info:
+            keeper.claim_ticket(os.urandom(16))
+        e = info.value
+        assert e.errno == errno.ECONNREFUSED and e.syscall == "connect"
+        assert str(e) == ("shmtensor: cannot ask the fd keeper for this pickle's shared memory "
+                          "(%s)" % reach)
+
+    assert run_in_child(child) == 0
+
+
+@pytest.mark.parametrize("strategy", ["file_descriptor", "file_system"])
+def test_a_pickle_the_fd_keeper_holds_nothing_for_is_error(strategy):
+    # A token or ticket the keeper never had: what a replay of a pickle in another process
+    # meets (test_mp_lifetime.py replays one for real).
+    from shmtensor.multiprocessing import keeper
+
+    if strategy == "file_descriptor":
+        with pytest.raises(shmtensor.Error) as info:
+            keeper._KeptFd(os.urandom(16)).take()
+        expected = ("shmtensor: the fd keeper does not hold this pickle's shared memory: a "
+                    "pickle of shared memory is single-use (it was loaded already), or it "
+                    "outlived the keeper's grace period")
+    else:
+        with pytest.raises(shmtensor.Error) as info:
+            keeper.claim_ticket(os.urandom(16))
+        expected = ("shmtensor: the fd keeper holds no ticket for this pickle: a pickle of "
+                    "shared memory is single-use (it was loaded already, here or in another "
+                    "process), or it outlived the keeper's grace period after its sender died")
+    assert type(info.value) is shmtensor.Error and isinstance(info.value, RuntimeError)
+    assert str(info.value) == expected

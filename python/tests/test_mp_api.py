@@ -76,10 +76,13 @@ def test_queue_methods():
     q.close()
     q.join_thread()
     q.cancel_join_thread()
-    with pytest.raises(ValueError, match="is closed"):
-        q.put(1)
-    with pytest.raises(ValueError, match="is closed"):
-        q.get()
+    for call in (lambda: q.put(1), q.get, lambda: q.put_many([1]), lambda: q.get_many(1)):
+        with pytest.raises(shmtensor.QueueClosed) as info:
+            call()
+        assert isinstance(info.value, ValueError)  # as multiprocessing's closed Queue
+        assert str(info.value) == (
+            "Queue %r is closed: close() was called on this handle, which can no longer put or "
+            "get (other handles of the queue are not affected)" % q)
 
 
 def _put_batches(q, n, batch):

@@ -101,8 +101,13 @@ def test_a_pickle_is_single_use(strategy):
     first, second = ForkingPickler.dumps(a), ForkingPickler.dumps(a)
     b = pickle.loads(first)
     assert b.ctypes.data == a.ctypes.data
-    with pytest.raises(RuntimeError, match="already loaded in this process.*single-use"):
+    with pytest.raises(shmtensor.Error) as info:
         pickle.loads(first)  # refused before anything is asked of the fd keeper or the counts
+    assert type(info.value) is shmtensor.Error and isinstance(info.value, RuntimeError)
+    assert str(info.value) == (
+        "shmtensor: this pickle was already loaded in this process (or in the one it was forked "
+        "from); a pickle of shared memory is single-use (its first load took the counts it "
+        "carried): send the object again instead of keeping its pickle")
     c = pickle.loads(second)  # the replay took nothing from this one
     assert c.ctypes.data == a.ctypes.data
 
@@ -112,7 +117,7 @@ def load_twice_and_report(replayed, other, out):
         try:
             out.put("loaded %s" % pickle.loads(data)[0])
         except Exception as e:
-            out.put("%s: %s" % (type(e).__name__, e))
+            out.put("%s.%s: %s" % (type(e).__module__, type(e).__name__, e))
 
 
 def test_a_pickle_replayed_in_another_process_is_an_error(strategy):
@@ -128,8 +133,8 @@ def test_a_pickle_replayed_in_another_process_is_an_error(strategy):
     p.start()
     p.join(30)
     assert p.exitcode == 0
-    expected = {"file_descriptor": "RuntimeError: shmtensor: the fd keeper does not hold",
-                "file_system": "RuntimeError: shmtensor: the fd keeper holds no ticket"}
+    expected = {"file_descriptor": "shmtensor.Error: shmtensor: the fd keeper does not hold",
+                "file_system": "shmtensor.Error: shmtensor: the fd keeper holds no ticket"}
     assert out.get().startswith(expected[strategy])
     assert out.get() == "loaded 3.0"  # the replay took nothing from the other message
 

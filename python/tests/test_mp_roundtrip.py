@@ -204,8 +204,12 @@ def test_small_arrays_stay_in_the_pickle_and_threshold_is_settable():
         assert snp.is_shared(got) and got.tolist() == small.tolist()
     finally:
         smp.set_share_threshold(old)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError) as info:  # a bad argument: a plain ValueError
         smp.set_share_threshold(-1)
+    assert type(info.value) is ValueError
+    assert str(info.value) == ("set_share_threshold(-1): the share threshold is a number of "
+                               "bytes >= 0")
+    assert smp.get_share_threshold() == old
 
 
 def tensor_child(q, r):

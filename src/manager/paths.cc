@@ -68,18 +68,21 @@ std::string default_manager_dir() {
 
 ManagerLocation manager_location(const std::string& dir, const std::string& group) {
   if (!is_valid_group(group))
-    throw Error("invalid shmtensor-manager group \"" + group +
-                "\" (SHMTENSOR_MANAGER_GROUP): use 1 to 64 characters of A-Z a-z 0-9 _ . -");
+    throw ConfigurationError(
+        "invalid shmtensor-manager group \"" + group +
+        "\" (SHMTENSOR_MANAGER_GROUP): use 1 to 64 characters of A-Z a-z 0-9 _ . -, other than "
+        "\".\" and \"..\"");
   char dev[32];
   std::snprintf(dev, sizeof dev, "%llx", static_cast<unsigned long long>(dev_shm_device()));
   std::string base = dir + "/" + group + "-" + dev;
   ManagerLocation loc{dir, group, base + ".sock", base + ".lock", base + ".log", base + ".journal"};
   if (loc.socket_path.size() > max_unix_socket_path())
-    throw Error("the shmtensor-manager socket path " + loc.socket_path + " is " +
-                std::to_string(loc.socket_path.size()) + " bytes, more than the " +
-                std::to_string(max_unix_socket_path()) +
-                " a unix socket address holds: set SHMTENSOR_MANAGER_DIR to a shorter directory "
-                "(or a shorter SHMTENSOR_MANAGER_GROUP)");
+    throw ConfigurationError(
+        "the shmtensor-manager socket path " + loc.socket_path + " is " +
+        std::to_string(loc.socket_path.size()) + " bytes, more than the " +
+        std::to_string(max_unix_socket_path()) +
+        " a unix socket address holds: set SHMTENSOR_MANAGER_DIR to a shorter directory "
+        "(or a shorter SHMTENSOR_MANAGER_GROUP)");
   return loc;
 }
 

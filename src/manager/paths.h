@@ -27,8 +27,8 @@ struct ManagerLocation {
   std::string journal_path;  // <dir>/<group>-<dev>.journal (journal.h)
 };
 
-// From the environment (see above). Throws Error for an invalid group name or a socket
-// path longer than a socket address holds.
+// From the environment (see above). Throws ConfigurationError for an invalid group name or
+// a socket path longer than a socket address holds.
 ManagerLocation manager_location();
 ManagerLocation manager_location(const std::string& dir, const std::string& group);
 // The directory alone, from the environment.

@@ -29,7 +29,12 @@ SharingStrategy get_sharing_strategy() { return g_strategy.load(std::memory_orde
 
 void set_sharing_strategy(SharingStrategy strategy) {
   if (strategy != SharingStrategy::kFileDescriptor && strategy != SharingStrategy::kFileSystem)
-    throw std::invalid_argument("invalid sharing strategy value");
+    throw std::invalid_argument(
+        "invalid sharing strategy value " + std::to_string(static_cast<int>(strategy)) +
+        ": valid values are SharingStrategy::kFileDescriptor (" +
+        std::to_string(static_cast<int>(SharingStrategy::kFileDescriptor)) +
+        ", \"file_descriptor\") and SharingStrategy::kFileSystem (" +
+        std::to_string(static_cast<int>(SharingStrategy::kFileSystem)) + ", \"file_system\")");
   g_strategy.store(strategy, std::memory_order_relaxed);
 }
 

@@ -32,7 +32,12 @@ Tensor Tensor::to(DType dtype) const {
 
 Tensor& Tensor::copy_(const Tensor& src) {
   check_defined("copy_");
-  src.check_defined("copy_");
+  if (!src.defined()) {
+    throw std::invalid_argument(
+        "Tensor::copy_: the source tensor is undefined (a default-constructed Tensor has no "
+        "elements); give a defined tensor whose sizes broadcast to " +
+        internal::sizes_to_string(sizes_));
+  }
   // Reading from a storage we are writing could see already-overwritten elements (e.g.
   // x.copy_(x.transpose(0, 1))): copy the source out first. Distinct storages never overlap.
   Tensor source = src.storage_.is_same(storage_) && numel() > 0 ? src.clone() : src;

@@ -164,7 +164,16 @@ Tensor Tensor::narrow(std::int64_t dim, std::int64_t start, std::int64_t length)
                             " out of range for dimension of size " + std::to_string(size));
   }
   if (start < 0) start += size;
-  if (length < 0 || length > size - start) {
+  // A negative length is a bad argument (as a negative size is), not a position out of
+  // range: it gets its own message, which says what lengths fit.
+  if (length < 0) {
+    throw std::invalid_argument("narrow(): length " + std::to_string(length) +
+                                " is negative; from start " + std::to_string(start) +
+                                " in dimension " + std::to_string(d) + " of size " +
+                                std::to_string(size) + " a length is 0 to " +
+                                std::to_string(size - start));
+  }
+  if (length > size - start) {
     throw std::out_of_range("narrow(): start (" + std::to_string(start) + ") + length (" +
                             std::to_string(length) + ") exceeds dimension size (" +
                             std::to_string(size) + ")");

@@ -64,10 +64,23 @@ Ring& Ring::operator=(Ring&& o) noexcept {
 Ring::~Ring() { free_holder(); }
 
 Ring Ring::create(std::uint32_t slot_count, std::uint32_t slot_bytes) {
-  if (!valid_geometry(slot_count, slot_bytes))
-    throw std::invalid_argument(
-        "Ring: slot_count must be a power of two in [2, 2^20] and "
-        "slot_bytes a multiple of 64 in [64, 65536]");
+  if (!valid_geometry(slot_count, slot_bytes)) {
+    // Names each argument that is wrong, with its value (both when both are).
+    const bool count_ok = valid_geometry(slot_count, 64);
+    const bool bytes_ok = valid_geometry(2, slot_bytes);
+    std::string what = "Ring::create(slot_count=" + std::to_string(slot_count) +
+                       ", slot_bytes=" + std::to_string(slot_bytes) + "): ";
+    if (!count_ok) {
+      what += "slot_count " + std::to_string(slot_count) +
+              " is not a power of two in [2, 2^20]";
+    }
+    if (!bytes_ok) {
+      if (!count_ok) what += "; ";
+      what += "slot_bytes " + std::to_string(slot_bytes) +
+              " is not a multiple of 64 in [64, 65536]";
+    }
+    throw std::invalid_argument(what);
+  }
   const std::uint64_t total = kSlotsOffset + std::uint64_t{slot_count} * slot_bytes;
   UniqueFd fd = create_sealed_memfd(total);
   Mapping map = Mapping::map_shared(fd.get(), total, "message ring");

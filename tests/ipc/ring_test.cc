@@ -104,15 +104,26 @@ bool big_ok(const std::byte* p, std::size_t n) {
 
 TEST_F(RingTest, GeometryIsChecked) {
   EXPECT_ERROR(Ring::create(3, 256), std::invalid_argument,
-               "slot_count must be a power of two in [2, 2^20]");
+               "Ring::create(slot_count=3, slot_bytes=256): slot_count 3 is not a power of two "
+               "in [2, 2^20]");
   EXPECT_ERROR(Ring::create(1, 256), std::invalid_argument,
-               "slot_count must be a power of two in [2, 2^20]");
+               "Ring::create(slot_count=1, slot_bytes=256): slot_count 1 is not a power of two "
+               "in [2, 2^20]");
   EXPECT_ERROR(Ring::create(8, 100), std::invalid_argument,
-               "slot_bytes a multiple of 64 in [64, 65536]");
+               "Ring::create(slot_count=8, slot_bytes=100): slot_bytes 100 is not a multiple of "
+               "64 in [64, 65536]");
   EXPECT_ERROR(Ring::create(8, 32), std::invalid_argument,
-               "slot_bytes a multiple of 64 in [64, 65536]");
+               "Ring::create(slot_count=8, slot_bytes=32): slot_bytes 32 is not a multiple of 64 "
+               "in [64, 65536]");
+  EXPECT_ERROR(Ring::create(8, 1u << 17), std::invalid_argument,
+               "Ring::create(slot_count=8, slot_bytes=131072): slot_bytes 131072 is not a "
+               "multiple of 64 in [64, 65536]");
   EXPECT_ERROR(Ring::create(1u << 21, 64), std::invalid_argument,
-               "slot_count must be a power of two in [2, 2^20]");
+               "Ring::create(slot_count=2097152, slot_bytes=64): slot_count 2097152 is not a "
+               "power of two in [2, 2^20]");
+  EXPECT_ERROR(Ring::create(0, 0), std::invalid_argument,
+               "Ring::create(slot_count=0, slot_bytes=0): slot_count 0 is not a power of two in "
+               "[2, 2^20]; slot_bytes 0 is not a multiple of 64 in [64, 65536]");
   Ring r = Ring::create(8, 128);
   EXPECT_EQ(r.slot_count(), 8u);
   EXPECT_EQ(r.max_message(), 128u - Ring::kSlotHeaderBytes);

@@ -46,7 +46,7 @@ TEST(ManagerPathsTest, TooLongASocketPathIsAnErrorThatSaysWhatToSet) {
   try {
     manager_location("/tmp/" + std::string(120, 'd'), "default");
     ADD_FAILURE() << "a 130-byte socket path was accepted";
-  } catch (const Error& e) {
+  } catch (const ConfigurationError& e) {
     std::string what = e.what();
     EXPECT_NE(what.find("107"), std::string::npos) << what;
     EXPECT_NE(what.find("SHMTENSOR_MANAGER_DIR"), std::string::npos) << what;
@@ -60,7 +60,11 @@ TEST(ManagerPathsTest, GroupNamesAreChecked) {
   EXPECT_FALSE(is_valid_group("a/b"));
   EXPECT_FALSE(is_valid_group(".."));
   EXPECT_FALSE(is_valid_group(std::string(65, 'a')));
-  EXPECT_ERROR(manager_location("/tmp", "../x"), Error, "invalid shmtensor-manager group \"../x\"");
+  EXPECT_ERROR(manager_location("/tmp", "../x"), ConfigurationError,
+               "invalid shmtensor-manager group \"../x\" (SHMTENSOR_MANAGER_GROUP): use 1 to 64 "
+               "characters of A-Z a-z 0-9 _ . -, other than \".\" and \"..\"");
+  EXPECT_ERROR(manager_location("/tmp", ".."), ConfigurationError,
+               "invalid shmtensor-manager group \"..\"");
 }
 
 TEST(ManagerPathsTest, EnvironmentChoosesDirectoryGroupProgramAndGrace) {

@@ -71,7 +71,11 @@ TEST_F(SharingStrategyTest, InvalidNamesAreRejectedNamingTheValidOnes) {
     EXPECT_EQ(get_sharing_strategy(), SharingStrategy::kFileSystem);
   }
   EXPECT_ERROR(set_sharing_strategy(static_cast<SharingStrategy>(7)), std::invalid_argument,
-               "invalid sharing strategy value");
+               "invalid sharing strategy value 7: valid values are "
+               "SharingStrategy::kFileDescriptor (0, \"file_descriptor\") and "
+               "SharingStrategy::kFileSystem (1, \"file_system\")");
+  EXPECT_ERROR(set_sharing_strategy(static_cast<SharingStrategy>(-1)), std::invalid_argument,
+               "invalid sharing strategy value -1: valid values are");
   EXPECT_EQ(get_sharing_strategy(), SharingStrategy::kFileSystem);
 }
 

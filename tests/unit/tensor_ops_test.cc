@@ -83,7 +83,10 @@ TEST(TensorCopyTest, CopyBroadcastsTheSource) {
                "source of sizes [2] cannot be broadcast to sizes [2, 3]");
   EXPECT_ERROR(t.copy_(Tensor::zeros({3, 2})), std::invalid_argument,
                "source of sizes [3, 2] cannot be broadcast to sizes [2, 3]");
-  EXPECT_ERROR(t.copy_(Tensor()), std::invalid_argument, "Tensor::copy_: the tensor is undefined");
+  EXPECT_ERROR(t.copy_(Tensor()), std::invalid_argument,
+               "Tensor::copy_: the source tensor is undefined (a default-constructed Tensor has "
+               "no elements); give a defined tensor whose sizes broadcast to [2, 3]");
+  EXPECT_ERROR(Tensor().copy_(t), std::invalid_argument, "Tensor::copy_: the tensor is undefined");
   Tensor e = Tensor::zeros({0, 3});
   EXPECT_NO_THROW(e.copy_(Tensor::zeros({3})));
 }

@@ -126,7 +126,12 @@ TEST(TensorViewTest, Narrow) {
                "start (8) + length (3) exceeds dimension size (10)");
   EXPECT_ERROR((void)t.narrow(0, 11, 0), std::out_of_range,
                "start 11 out of range for dimension of size 10");
-  EXPECT_ERROR((void)t.narrow(0, 0, -1), std::out_of_range, "start (0) + length (-1)");
+  EXPECT_ERROR((void)t.narrow(0, 0, -1), std::invalid_argument,
+               "narrow(): length -1 is negative; from start 0 in dimension 0 of size 10 a "
+               "length is 0 to 10");
+  EXPECT_ERROR((void)t.narrow(-1, -3, -2), std::invalid_argument,
+               "narrow(): length -2 is negative; from start 7 in dimension 0 of size 10 a "
+               "length is 0 to 3");
   Tensor m = iota({3, 4});
   m.narrow(1, 1, 2).add_(100);
   EXPECT_EQ(ints(m[0]), (V{0, 101, 102, 3}));

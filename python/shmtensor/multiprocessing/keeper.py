@@ -9,6 +9,10 @@ FdRef(fd) pickles as:
 A file_system pickle carries no fd; it registers a ticket (register_ticket) that its load
 claims (claim_ticket) before it adopts any count.
 One FdRef per fd while pickles refer to it: the pickler's memo sends it once per pickle.
+
+Failures are shmtensor's exceptions: a keeper that cannot be reached or asked is
+shmtensor.SystemCallError (an OSError), a pickle the keeper holds nothing for (single-use)
+shmtensor.Error (a RuntimeError).
 """
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ import time
 import weakref
 from typing import TYPE_CHECKING
 
+from shmtensor import _C
 from shmtensor.multiprocessing import _fd_keeper
 
 if TYPE_CHECKING:
@@ -185,14 +190,31 @@ def _start_keeper():
             close_fds=True, start_new_session=True))
 
 
+def _system_call_error(message, cause):
+    """shmtensor.SystemCallError(message) with errno and strerror of the OSError `cause` (None
+    when it had none), and syscall "connect" when cause came from connecting to the keeper,
+    cause's own syscall when it is a SystemCallError, else "" (a send or receive on the
+    keeper's socket, or the keeper closing it)."""
+    e = _C.SystemCallError(message)
+    e.errno = cause.errno if cause is not None else None
+    e.strerror = os.strerror(e.errno) if e.errno is not None else None
+    connecting = isinstance(cause, (ConnectionRefusedError, FileNotFoundError))
+    e.syscall = "connect" if connecting else getattr(cause, "syscall", "")
+    return e
+
+
+_REQUEST_TIMEOUT = 10.0
+
+
 def _request(send, expect_answer):
     """Sends a request on this process's keeper connection (connecting, and starting a keeper,
     if needed) and returns its answer (msg, fds), or None if it expects none. A connection
     that failed (the keeper exited or was killed) is replaced once per attempt."""
     global _connection
-    deadline = time.monotonic() + 10.0
+    deadline = time.monotonic() + _REQUEST_TIMEOUT
     started = False
     delay = 0.001
+    last = None  # the last OSError, for the error raised at the deadline
     while True:
         with _connection_lock:
             try:
@@ -205,18 +227,21 @@ def _request(send, expect_answer):
                 if msg:
                     return msg, fds
                 raise ConnectionResetError("the fd keeper closed the connection")
-            except (ConnectionRefusedError, FileNotFoundError):
+            except (ConnectionRefusedError, FileNotFoundError) as e:
+                last = e
                 if not started:
                     _start_keeper()
                     started = True
-            except OSError:
-                pass  # a keeper that was exiting or died: connect again (a new one starts)
+            except OSError as e:
+                last = e  # a keeper that was exiting or died: connect again (a new one starts)
             if _connection is not None:
                 _connection.close()
                 _connection = None
         if time.monotonic() > deadline:
-            raise OSError("shmtensor: cannot reach the fd keeper (%s) for shared memory in a "
-                          "pickle" % _SCRIPT)
+            raise _system_call_error(
+                "shmtensor: cannot reach the fd keeper (%s) for shared memory in a pickle "
+                "within %g s; the last attempt failed with: %s" % (_SCRIPT, _REQUEST_TIMEOUT, last),
+                last)
         time.sleep(delay)
         delay = min(delay * 2, 0.05)
         if delay >= 0.05:
@@ -238,24 +263,25 @@ def register_ticket(token: bytes) -> None:
 
 
 def claim_ticket(token: bytes) -> None:
-    """Claims a ticket registered by register_ticket; RuntimeError if it was claimed already
-    (or never registered, or its sender died longer than the grace period ago)."""
+    """Claims a ticket registered by register_ticket; shmtensor.Error (a RuntimeError) if it
+    was claimed already (or never registered, or its sender died longer than the grace period
+    ago)."""
     msg, fds = _ask(token)
     for fd in fds:
         os.close(fd)
     if msg != b"C":
-        raise RuntimeError("shmtensor: the fd keeper holds no ticket for this pickle: a "
-                           "pickle of shared memory is single-use (it was loaded already, "
-                           "here or in another process), or it outlived the keeper's grace "
-                           "period after its sender died")
+        raise _C.Error("shmtensor: the fd keeper holds no ticket for this pickle: a "
+                       "pickle of shared memory is single-use (it was loaded already, "
+                       "here or in another process), or it outlived the keeper's grace "
+                       "period after its sender died")
 
 
 def _ask(token):
     try:
         return _request(lambda s: s.sendall(b"T" + token), True)
     except OSError as e:
-        raise OSError("shmtensor: cannot ask the fd keeper for this pickle's shared memory "
-                      "(%s)" % e) from None
+        raise _system_call_error("shmtensor: cannot ask the fd keeper for this pickle's shared "
+                                 "memory (%s)" % e, e) from None
 
 
 def _from_keeper(token):
@@ -263,7 +289,7 @@ def _from_keeper(token):
     if msg != b"F" or len(fds) != 1:
         for fd in fds:
             os.close(fd)
-        raise RuntimeError("shmtensor: the fd keeper does not hold this pickle's shared memory: "
-                           "a pickle of shared memory is single-use (it was loaded already), "
-                           "or it outlived the keeper's grace period")
+        raise _C.Error("shmtensor: the fd keeper does not hold this pickle's shared memory: "
+                       "a pickle of shared memory is single-use (it was loaded already), "
+                       "or it outlived the keeper's grace period")
     return FdRef(fds[0])

@@ -134,7 +134,10 @@ class Queue:
 
     def _check(self) -> _Queue:
         if self._q is None:
-            raise ValueError("Queue %r is closed" % self)
+            # shmtensor.QueueClosed is a ValueError, as multiprocessing's for a closed Queue.
+            raise _C.QueueClosed("Queue %r is closed: close() was called on this handle, which "
+                                 "can no longer put or get (other handles of the queue are not "
+                                 "affected)" % self)
         return self._q
 
     def put(self, obj: object, block: bool = True, timeout: float | None = None) -> None:

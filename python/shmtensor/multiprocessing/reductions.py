@@ -18,9 +18,9 @@ Two paths share the same reducers (registered with multiprocessing.reduction.For
 
 Either way the message carries a count on each block it names (the C++ in-flight count), so
 the sender may drop its arrays at once. A plain pickle is therefore single-use, as in torch:
-its first load adopts those counts, and a second load raises RuntimeError and takes nothing
-from other messages: in the same process by the pickle's nonce, in another one by the fd
-keeper, which hands each fd (file_descriptor) or ticket (file_system) out once.
+its first load adopts those counts, and a second load raises shmtensor.Error (a RuntimeError)
+and takes nothing from other messages: in the same process by the pickle's nonce, in another
+one by the fd keeper, which hands each fd (file_descriptor) or ticket (file_system) out once.
 """
 from __future__ import annotations
 
@@ -55,7 +55,9 @@ def set_share_threshold(nbytes: int) -> None:
     global _share_threshold
     nbytes = int(nbytes)
     if nbytes < 0:
-        raise ValueError("the share threshold is a number of bytes >= 0")
+        # A bad argument, as set_sharing_strategy's: a plain ValueError (python.md's table).
+        raise ValueError("set_share_threshold(%d): the share threshold is a number of bytes "
+                         ">= 0" % nbytes)
     _share_threshold = nbytes
 
 
@@ -303,7 +305,7 @@ def _adopt_frame(data, fd_refs, nonce, ticket):
     """The blocks of a plain pickle's frame, adopted once (the inverse of _frame_args)."""
     with _nonce_lock:
         if nonce in _loaded_nonces:
-            raise RuntimeError(
+            raise _C.Error(
                 "shmtensor: this pickle was already loaded in this process (or in the one it "
                 "was forked from); a pickle of "
                 "shared memory is single-use (its first load took the counts it carried): "
