@@ -287,11 +287,16 @@ std::string fds_after_exec() {
   return text;
 }
 
+// The lines of `ls -l /proc/self/fd` whose fd is a shmtensor segment (a memfd, or a
+// /dev/shm name), by their targets only: a path that merely contains "shmtensor" (a
+// checkout in a directory of that name, whose build log ctest passes down) is not one.
 std::vector<std::string> shmtensor_lines(const std::string& text) {
   std::vector<std::string> lines;
   std::istringstream in(text);
   for (std::string line; std::getline(in, line);)
-    if (line.find("shmtensor") != std::string::npos) lines.push_back(line);
+    if (line.find(" -> /memfd:shmtensor") != std::string::npos ||
+        line.find(" -> /dev/shm/shmtensor_") != std::string::npos)
+      lines.push_back(line);
   return lines;
 }
 
