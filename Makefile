@@ -52,7 +52,7 @@ PY_VERSION   := $(or $(shell /usr/bin/python3 -c 'import sys; print("%d.%d" % sy
                      $(if $(filter 13,$(shell cut -d. -f1 /etc/debian_version 2>/dev/null)),3.13,3.11))
 DEB_PACKAGES := g++ make cmake ninja-build pkg-config ccache python3 libpython$(PY_VERSION)-testsuite \
                 libgtest-dev libgmock-dev googletest libbenchmark-dev libcli11-dev \
-                clang libclang-rt-14-dev \
+                clang libclang-rt-dev \
                 pybind11-dev python3-dev python3-numpy python3-pytest python3-mypy \
                 python3-pip python3-setuptools python3-wheel python3-venv \
                 python3-torch libtorch-dev
@@ -61,7 +61,7 @@ DEB_PACKAGES := g++ make cmake ninja-build pkg-config ccache python3 libpython$(
 # included: one build directory serves `make run` and `make test`), the Python package and
 # torch. The rest (clang for the fuzzers, the test runners, CPython's test suite, the venv
 # and pip tools) comes with `make test`.
-RUN_ONLY_NOT := clang libclang-rt-14-dev python3-pytest python3-mypy libpython$(PY_VERSION)-testsuite \
+RUN_ONLY_NOT := clang libclang-rt-dev python3-pytest python3-mypy libpython$(PY_VERSION)-testsuite \
                 python3-pip python3-setuptools python3-wheel python3-venv
 PACKAGES     := $(if $(filter run,$(MAKECMDGOALS)),$(filter-out $(RUN_ONLY_NOT),$(DEB_PACKAGES)),$(DEB_PACKAGES))
 
@@ -110,7 +110,7 @@ run: configure
 # build runs (niced) beside the main build's tests, which take turns at /dev/shm (the C++ ones
 # leave a core idle; the Python ones do not, and run slower beside it); its tests run after them.
 LANE := JOBS=$(JOBS) CTEST_JOBS=$(CTEST_JOBS) BUILD_TYPE=$(BUILD_TYPE) tools/ci/torch2_lane build-torch2
-test: layers all
+test: deps layers all
 	@echo "torch 2.x lane: building beside the tests (log: build/torch2-lane-build.log)"
 	@$(LANE:tools/%=setsid nice -n 10 tools/%) build > build/torch2-lane-build.log 2>&1 & lane=$$!; \
 	$(CTEST) --test-dir build || { $(FAILED) build; kill -- -$$lane 2>/dev/null; exit 1; }; \
