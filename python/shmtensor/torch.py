@@ -20,8 +20,8 @@ What install() changes, and uninstall() restores exactly:
     default_collate allocates each batch with), shadowed by Python attributes;
   * with the bridge, default_collate_fn_map[torch.Tensor]: a worker's batch of plain CPU
     tensors is stacked into an arena block in one call;
-  * torch.multiprocessing's Queue, SimpleQueue, JoinableQueue, Pipe, Pool and get_context: shmtensor's
-    native transport (a DataLoader's queues among them);
+  * torch.multiprocessing's Queue, SimpleQueue, JoinableQueue, Pipe, Pool and get_context:
+    shmtensor's native transport (a DataLoader's queues among them);
   * multiprocessing.spawn.get_preparation_data: a spawn or forkserver child runs install()
     before it unpickles anything of its parent's (forked children inherit it).
 The sharing strategy is torch's own (torch.multiprocessing.set_sharing_strategy): each

@@ -44,7 +44,8 @@ def _tcp_store_refused():
 # CTest counts as a failure unless the test's SKIP_REGULAR_EXPRESSION matches.
 _refused = _tcp_store_refused()
 needs_rendezvous = pytest.mark.skipif(
-    bool(_refused), reason=f"torchrun cannot rendezvous with this torch {torch.__version__}: {_refused}")
+    bool(_refused),
+    reason=f"torchrun cannot rendezvous with this torch {torch.__version__}: {_refused}")
 
 
 def run_job(out_dir, install, method):
