@@ -23,7 +23,9 @@ What install() changes, and uninstall() restores exactly:
   * torch.multiprocessing's Queue, SimpleQueue, JoinableQueue, Pipe, Pool and get_context:
     shmtensor's native transport (a DataLoader's queues among them);
   * multiprocessing.spawn.get_preparation_data: a spawn or forkserver child runs install()
-    before it unpickles anything of its parent's (forked children inherit it).
+    before it unpickles anything of its parent's (forked children inherit it);
+  * DataLoader._get_iterator: a DataLoader with workers iterates with shmtensor's iterator
+    (shmtensor/_loader.py), as does one whose multiprocessing_context is a context().
 The sharing strategy is torch's own (torch.multiprocessing.set_sharing_strategy): each
 allocation uses the one torch has at that moment; children started by spawn or forkserver
 get this process's.
@@ -57,6 +59,7 @@ from shmtensor.multiprocessing import context as _smpcontext
 from shmtensor.multiprocessing import reductions as _red
 
 from shmtensor import _bridge as _bridge_loader
+from shmtensor import _loader
 
 # The C++ bridge shmtensor._torch: the package's own (a CMake build), else compiled against
 # this torch at first import and cached (a pip install; shmtensor/_bridge.py), else None and
@@ -360,6 +363,38 @@ def _say_no_bridge() -> None:
                       RuntimeWarning, stacklevel=3)
 
 
+# ---- the DataLoader's iterator ------------------------------------------------------------
+
+_DataLoader = torch.utils.data.DataLoader
+_torch_get_iterator = _DataLoader._get_iterator
+
+
+def _takes(loader) -> bool:
+    """Whether a DataLoader with workers iterates with shmtensor's iterator: while install()
+    is active, or when its multiprocessing_context is a shmtensor.torch.context()."""
+    return _saved is not None or isinstance(loader.multiprocessing_context, _PollingQueues)
+
+
+def _get_iterator(self):
+    """DataLoader._get_iterator once install() or context() has run: shmtensor's iterator
+    (shmtensor/_loader.py) for a loader with workers that _takes; torch's otherwise, or
+    when this torch lacks what shmtensor's needs (saying why, once)."""
+    if self.num_workers > 0 and _takes(self):
+        reason = _loader.unavailable_reason()
+        if reason is None:
+            self.check_worker_number_rationality()
+            return _loader.ShmtensorDataLoaderIter(self)
+        _loader.say_torch_iterator(reason)
+    return _torch_get_iterator(self)
+
+
+def _hook_loader() -> None:
+    """Puts _get_iterator on DataLoader (once; it passes every loader it does not take to
+    torch's method, so it stays after uninstall() when a context() exists)."""
+    if _DataLoader.__dict__.get("_get_iterator") is _torch_get_iterator:
+        _DataLoader._get_iterator = _get_iterator
+
+
 def install(*, busy_poll: float | None = None) -> None:
     """Puts torch's sharing of CPU storages on shmtensor arenas in this process and in every
     process it starts afterwards, by any start method: forked children inherit it, and
@@ -397,6 +432,7 @@ def install(*, busy_poll: float | None = None) -> None:
         for name, value in _TORCH_MP.items():
             setattr(_tmp, name, value)
         _mpspawn.get_preparation_data = _get_preparation_data
+        _hook_loader()
         # Only torch's own entry: a function the user registered stays theirs.
         if _bridge is not None and saved["collate_tensor"] is _collate.collate_tensor_fn:
             _collate.default_collate_fn_map[torch.Tensor] = _collate_tensor
@@ -434,6 +470,8 @@ def uninstall() -> None:
             _mpspawn.get_preparation_data = saved["get_preparation_data"]
         if _collate.default_collate_fn_map.get(torch.Tensor) is _collate_tensor:
             _collate.default_collate_fn_map[torch.Tensor] = saved["collate_tensor"]
+        if not _contexts and _DataLoader.__dict__.get("_get_iterator") is _get_iterator:
+            _DataLoader._get_iterator = _torch_get_iterator
 
 
 def is_installed() -> bool:
@@ -588,4 +626,5 @@ def context(method: str = "fork", *, busy_poll: float = _DEFAULT_BUSY_POLL) -> _
         if ctx is None:
             ctx = _contexts[key] = cls()
             ctx._busy_poll = busy_poll
+        _hook_loader()
     return ctx

@@ -1,7 +1,10 @@
-"""Helpers for the Python tests: running code in a forked child with a verdict."""
+"""Helpers for the Python tests: running code in a forked child with a verdict, and the torch
+tests' `strategy` fixture."""
 import os
 import sys
 import traceback
+
+import pytest
 
 
 def run_in_child(fn):
@@ -35,3 +38,14 @@ def forget_inherited_forkserver():
     if fs._forkserver_alive_fd is not None:
         os.close(fs._forkserver_alive_fd)
     fs._forkserver_pid = fs._forkserver_address = fs._forkserver_alive_fd = None
+
+
+@pytest.fixture(name="strategy", params=["file_descriptor", "file_system"])
+def torch_strategy(request):
+    """The fixture `strategy` of the torch tests (imported by them): each test runs under
+    both of torch's sharing strategies, torch's own setting restored afterwards."""
+    import torch.multiprocessing as tmp  # noqa: PLC0415 (torch only where a test asks)
+    old = tmp.get_sharing_strategy()
+    tmp.set_sharing_strategy(request.param)
+    yield request.param
+    tmp.set_sharing_strategy(old)

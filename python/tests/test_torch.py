@@ -15,7 +15,7 @@ import torch.multiprocessing as tmp  # noqa: E402
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
 import shmtensor.torch as st  # noqa: E402
-from helpers import forget_inherited_forkserver, run_in_child  # noqa: E402
+from helpers import forget_inherited_forkserver, run_in_child, torch_strategy  # noqa: E402,F401
 
 # The blog workload's samples, all kept: 20,000 (80,000 tensors, where stock torch's
 # file_descriptor strategy dies at ~250 under ulimit -n 1024). Under the sanitizers, whose
@@ -25,14 +25,6 @@ BLOG_KEPT = 2000 if os.environ.get("SHMTENSOR_TEST_SANITIZE") else 20000
 
 needs_bridge = pytest.mark.skipif(not st.has_bridge(),
                                   reason="shmtensor._torch (the C++ bridge) is not built")
-
-
-@pytest.fixture(params=["file_descriptor", "file_system"])
-def strategy(request):
-    old = tmp.get_sharing_strategy()
-    tmp.set_sharing_strategy(request.param)
-    yield request.param
-    tmp.set_sharing_strategy(old)
 
 
 @pytest.fixture
@@ -88,6 +80,7 @@ def test_install_and_uninstall_restore_torch_exactly():
     assert U.__dict__["is_shared"] is st._is_shared
     assert {n: getattr(tmp, n) for n in torch_mp} == st._TORCH_MP
     assert multiprocessing.spawn.get_preparation_data is st._get_preparation_data
+    assert DataLoader._get_iterator is st._get_iterator
     st.uninstall()
     assert not st.is_installed()
     assert ForkingPickler._extra_reducers[U] is reducer
@@ -95,6 +88,10 @@ def test_install_and_uninstall_restore_torch_exactly():
     assert {n: U.__dict__.get(n) for n in before} == before
     assert {n: tmp.__dict__.get(n) for n in torch_mp} == torch_mp
     assert multiprocessing.spawn.get_preparation_data is preparation
+    # Torch's own again, unless a context() of this process still needs shmtensor's (which
+    # passes every other loader to torch's).
+    assert DataLoader._get_iterator is (st._get_iterator if st._contexts
+                                        else st._torch_get_iterator)
     assert tmp.Queue is multiprocessing.Queue and tmp.get_context is multiprocessing.get_context
     st.uninstall()  # idempotent
     # What another library put in place after install() stays in place.

@@ -3,8 +3,9 @@ children of the fork, spawn and forkserver start methods. Prints one line per pr
 exits 0 when all four report it, 1 otherwise.
 
 It also prints which function ForkingPickler now uses for torch.UntypedStorage (what install()
-is expected to replace) and whether shmtensor.torch has its C++ bridge, for the report only:
-how install() hooks torch is its own business.
+is expected to replace), whether shmtensor.torch has its C++ bridge, and which iterator a
+DataLoader gets (DataLoader._get_iterator), for the report only: how install() hooks torch is its own
+business.
 """
 import multiprocessing
 import sys
@@ -23,6 +24,9 @@ def report(_=None):
         import shmtensor.torch
         bridge = getattr(shmtensor.torch, "has_bridge", None)
         name += f"; C++ bridge: {'yes' if bridge() else 'no'}" if bridge else ""
+    from torch.utils.data import DataLoader
+    get = DataLoader._get_iterator
+    name += f"; DataLoader._get_iterator: {get.__module__}.{get.__qualname__}"
     return installed, name
 
 

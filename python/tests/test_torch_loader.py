@@ -1,0 +1,281 @@
+"""shmtensor's DataLoader iterator (shmtensor/_loader.py): which loaders take it, and the
+same batches, errors and ends as torch's own iterator on the same loader, with real worker
+processes, both strategies, and the leak check after every test."""
+import os
+import random
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="python3-torch is not installed")
+np = pytest.importorskip("numpy")
+import torch.multiprocessing as tmp  # noqa: E402
+from torch.utils.data import (BatchSampler, DataLoader, Dataset, IterableDataset,  # noqa: E402
+                              RandomSampler, SequentialSampler, get_worker_info)
+from torch.utils.data import dataloader as torch_dataloader  # noqa: E402
+
+import shmtensor.torch as st  # noqa: E402
+from helpers import run_in_child, torch_strategy  # noqa: E402,F401 (fixture `strategy`)
+from shmtensor import _loader  # noqa: E402
+
+TORCH_2 = int(torch.__version__.split(".")[0]) >= 2
+
+
+class Noisy(Dataset):
+    """Samples that depend on the worker's random state (random, torch and NumPy, which the
+    workers seed) and on which worker loads them: equal across two iterators only if both
+    seed the workers alike and give each worker the same batches in the same order."""
+
+    def __init__(self, n=37):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        info = get_worker_info()
+        return {"i": i, "worker": -1 if info is None else info.id,
+                "torch": torch.rand(3), "random": random.random(),
+                "numpy": float(np.random.rand())}
+
+
+def collect(loader, epochs=1):
+    torch.manual_seed(1234)  # the loader's base seed comes from torch's global generator
+    return [list(loader) for _ in range(epochs)]
+
+
+def same(a, b):
+    """Exact equality of nested batches (tensors compared by value, dtype and shape)."""
+    if isinstance(a, torch.Tensor):
+        return (isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape
+                and torch.equal(a, b))
+    if isinstance(a, dict):
+        return type(a) is type(b) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return (type(a) is type(b) and len(a) == len(b)
+                and all(same(x, y) for x, y in zip(a, b)))
+    return type(a) is type(b) and a == b
+
+
+def stock_and_ours(make_loader, epochs=1):
+    """The batches of the loader that make_loader() returns, under torch's iterator
+    (nothing installed) and under shmtensor's (install()), checking which iterator ran.
+    Called in a forked child (run_in_child): stock torch's file_system strategy keeps a
+    connection to its torch_shm_manager for the rest of the process."""
+    assert not st.is_installed()
+    # Another loader for the check: a persistent_workers loader keeps its first iterator.
+    assert type(iter(make_loader())) is torch_dataloader._MultiProcessingDataLoaderIter
+    stock = collect(make_loader(), epochs)
+    st.install()
+    try:
+        assert type(iter(make_loader())) is _loader.ShmtensorDataLoaderIter
+        ours = collect(make_loader(), epochs)
+    finally:
+        st.uninstall()
+    return stock, ours
+
+
+def double(batch):
+    return [(2 * b["i"], b["random"]) for b in batch]
+
+
+def _seeded(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+# Each a function: a fresh sampler or generator for each loader made.
+OPTIONS = {
+    "default": lambda: dict(num_workers=2),
+    "batch 4, shuffled with a generator": lambda: dict(
+        num_workers=2, batch_size=4, shuffle=True, generator=_seeded(7)),
+    "batch_size=None": lambda: dict(num_workers=3, batch_size=None),
+    "drop_last": lambda: dict(num_workers=2, batch_size=5, drop_last=True),
+    "collate_fn": lambda: dict(num_workers=2, batch_size=3, collate_fn=double),
+    "sampler": lambda: dict(num_workers=2, batch_size=2,
+                            sampler=RandomSampler(range(37), generator=_seeded(3))),
+    "batch_sampler": lambda: dict(num_workers=2, batch_sampler=BatchSampler(
+        SequentialSampler(range(37)), batch_size=6, drop_last=False)),
+    "prefetch_factor=1": lambda: dict(num_workers=2, batch_size=2, prefetch_factor=1),
+    "prefetch_factor=5, 3 workers": lambda: dict(num_workers=3, batch_size=2,
+                                                 prefetch_factor=5),
+    "one worker": lambda: dict(num_workers=1, batch_size=3, shuffle=True),
+    "persistent_workers": lambda: dict(num_workers=2, batch_size=4, persistent_workers=True,
+                                       shuffle=True),
+    "persistent spawn workers": lambda: dict(num_workers=2, batch_size=4,
+                                             persistent_workers=True,
+                                             multiprocessing_context="spawn"),
+    "worker_init_fn": lambda: dict(num_workers=2, batch_size=3,
+                                   worker_init_fn=lambda w: random.seed(100 + w)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OPTIONS))
+def test_the_same_batches_as_torchs_iterator(strategy, name):
+    assert run_in_child(lambda: same_batches(name)) == 0
+
+
+def same_batches(name):
+    stock, ours = stock_and_ours(lambda: DataLoader(Noisy(), **OPTIONS[name]()), epochs=2)
+    assert len(stock[0]) == len(ours[0]) > 0
+    assert same(stock, ours)
+    # Both epochs of each differ (new seeds per epoch), and every worker loaded some.
+    assert not same(stock[0], stock[1])
+    first = stock[0][0]
+    if isinstance(first, dict) and "worker" in first:
+        workers = set(int(w) for b in stock[0]
+                      for w in torch.as_tensor(b["worker"]).reshape(-1))
+        assert workers == set(range(OPTIONS[name]()["num_workers"]))
+
+
+@pytest.mark.skipif(not TORCH_2, reason="in_order is torch 2.6's (this torch has none)")
+def test_not_in_order_gives_the_same_batches_in_some_order(strategy):
+    assert run_in_child(same_batches_not_in_order) == 0
+
+
+def same_batches_not_in_order():
+    def make():
+        return DataLoader(Noisy(), num_workers=2, batch_size=3, in_order=False)
+    stock, ours = stock_and_ours(make)
+    # Which worker loads a batch depends on timing here (torch gives a task to a worker with
+    # room), and so do its random values: the batches' samples are what must agree.
+    expected = [list(range(k, min(k + 3, 37))) for k in range(0, 37, 3)]
+    assert sorted(b["i"].tolist() for b in stock[0]) == expected
+    assert sorted(b["i"].tolist() for b in ours[0]) == expected
+
+
+class Shards(IterableDataset):
+    """An IterableDataset that shards itself with get_worker_info(), and claims a length."""
+
+    def __init__(self, n, claimed):
+        self.n, self.claimed = n, claimed
+
+    def __len__(self):
+        return self.claimed
+
+    def __iter__(self):
+        info = get_worker_info()
+        return iter(range(info.id, self.n, info.num_workers))
+
+
+def test_an_iterable_dataset_shards_and_warns_as_torch(strategy):
+    assert run_in_child(iterable_as_torch) == 0
+
+
+def iterable_as_torch():
+    dataset = Shards(10, claimed=4)  # one object: torch's warning names it
+
+    def run():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            loader = DataLoader(dataset, num_workers=2, batch_size=2)
+            assert len(loader) == 2  # ceil(4 / 2); torch warns after the 4th batch
+            batches = [b.tolist() for b in loader]
+        return batches, [str(w.message) for w in caught
+                         if "Length of IterableDataset" in str(w.message)]
+    stock = run()
+    st.install()
+    try:
+        ours = run()
+    finally:
+        st.uninstall()
+    assert stock == ours
+    assert ours[0] == [[0, 2], [1, 3], [4, 6], [5, 7], [8], [9]]
+    assert len(ours[1]) == 2  # after batches 5 and 6: more than the 4 samples claimed
+
+
+class Fails(Dataset):
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        if i == 5:
+            raise KeyError("no sample %d" % i)
+        return i
+
+
+def test_a_workers_exception_is_raised_as_torch_raises_it(strategy):
+    st.install()
+    try:
+        loader = DataLoader(Fails(), num_workers=2, batch_size=2)
+        it = iter(loader)
+        assert type(it) is _loader.ShmtensorDataLoaderIter
+        assert next(it).tolist() == [0, 1]
+        assert next(it).tolist() == [2, 3]
+        with pytest.raises(KeyError) as e:
+            next(it)
+        # torch's ExceptionWrapper: the worker (worker 0 loads batches 0 and 2), its traceback.
+        assert "Caught KeyError in DataLoader worker process 0." in str(e.value)
+        assert "no sample 5" in str(e.value)
+        assert next(it).tolist() == [6, 7]  # the epoch goes on, as torch's does
+        with pytest.raises(StopIteration):
+            next(it)
+    finally:
+        st.uninstall()
+
+
+def test_an_early_break_and_a_new_epoch_stop_the_workers(strategy):
+    st.install()
+    try:
+        loader = DataLoader(Noisy(400), num_workers=2, batch_size=4, prefetch_factor=4)
+        for epoch in range(3):
+            it = iter(loader)
+            pids = [w.pid for w in it._workers]
+            for k, batch in enumerate(it):
+                assert batch["i"].tolist() == [4 * k + j for j in range(4)]
+                if k == 10 + epoch:
+                    break
+            it._shutdown_workers()  # what dropping the iterator does (__del__)
+            assert [w.is_alive() for w in it._workers] == [False, False]
+            assert all(not os.path.exists("/proc/%d" % pid) for pid in pids)
+            del it
+    finally:
+        st.uninstall()
+
+
+class Slow(Dataset):
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        if i == 2:
+            import time
+            time.sleep(2)
+        return i
+
+
+def test_a_timeout_is_torchs_error():
+    st.install()
+    try:
+        loader = DataLoader(Slow(), num_workers=1, timeout=0.5)
+        it = iter(loader)
+        assert type(it) is _loader.ShmtensorDataLoaderIter
+        assert [next(it).tolist(), next(it).tolist()] == [[0], [1]]
+        with pytest.raises(RuntimeError, match=r"^DataLoader timed out after 0.5 seconds$"):
+            next(it)
+        it._shutdown_workers()
+    finally:
+        st.uninstall()
+
+
+def test_which_loaders_take_it(monkeypatch):
+    plain = DataLoader(Noisy(), num_workers=1)
+    assert type(iter(plain)) is torch_dataloader._MultiProcessingDataLoaderIter
+    scoped = DataLoader(Noisy(), num_workers=1, multiprocessing_context=st.context("fork"))
+    assert type(iter(scoped)) is _loader.ShmtensorDataLoaderIter
+    assert type(iter(DataLoader(Noisy(), num_workers=0))) is \
+        torch_dataloader._SingleProcessDataLoaderIter
+    st.install()
+    try:
+        assert type(iter(plain)) is _loader.ShmtensorDataLoaderIter
+        # Asked for torch's: torch's, saying why once.
+        monkeypatch.setenv("SHMTENSOR_DATALOADER_ITERATOR", "torch")
+        _loader._said.clear()
+        with pytest.warns(RuntimeWarning, match="torch's own iterator: "
+                          "SHMTENSOR_DATALOADER_ITERATOR=torch"):
+            assert type(iter(plain)) is torch_dataloader._MultiProcessingDataLoaderIter
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert type(iter(plain)) is torch_dataloader._MultiProcessingDataLoaderIter
+    finally:
+        st.uninstall()
+    assert type(iter(plain)) is torch_dataloader._MultiProcessingDataLoaderIter
