@@ -12,7 +12,9 @@ stock torch's failures do not poison the next one), under ulimit -n 1024:
             install (shmtensor.torch.install(): torch.multiprocessing's queues become
             shmtensor's native ones), context (multiprocessing_context=
             shmtensor.torch.context("fork")), and inline (the same loop with num_workers=0:
-            no process, no shared memory; what workers must beat). Workers are forked, or
+            no process, no shared memory; what workers must beat). --iterator compares
+            install() with torch's DataLoader iterator (SHMTENSOR_DATALOADER_ITERATOR=torch)
+            and with shmtensor's, busy polling off, with the consumer's CPU per batch. Workers are forked, or
             started by spawn or forkserver (multiprocessing_context="spawn", ... for stock
             and install; context("spawn"), ... for the context).
   queue     torch.multiprocessing.Queue, fork, one consumer: fresh 40 B tensors
@@ -20,6 +22,8 @@ stock torch's failures do not poison the next one), under ulimit -n 1024:
             sent again and again; messages/s.
   pingpong  a fresh 40 B tensor through a torch.multiprocessing.Pipe, a small int back; the
             median round trip.
+  dataset   (--dataset MIB) spawn and forkserver workers of a dataset holding MIB MiB in a
+            tensor or a NumPy array: time to the first batch, each process's memory.
 """
 import argparse
 import json
@@ -43,9 +47,12 @@ def shared_mappings():
 def setup(mode, strategy):
     import torch.multiprocessing as tmp
     tmp.set_sharing_strategy(strategy)
-    if mode == "install":
+    if mode in ("install", "torchiter", "consumer", "consumer-torchiter"):
         import shmtensor.torch
-        shmtensor.torch.install()
+        if mode.endswith("torchiter"):  # install() with torch's own DataLoader iterator
+            os.environ["SHMTENSOR_DATALOADER_ITERATOR"] = "torch"
+        # consumer*: no busy polling, so that the consumer's CPU time is its work
+        shmtensor.torch.install(busy_poll=0 if mode.startswith("consumer") else None)
 
 
 class Blog:
@@ -76,6 +83,7 @@ def blog(mode, strategy, n, workers, method="fork"):
     elif method != "fork":
         kw["multiprocessing_context"] = method
     kept, error = [], None
+    usage = resource.getrusage(resource.RUSAGE_SELF)
     start = time.perf_counter()
     try:
         for batch in DataLoader(Blog(n), num_workers=workers, **kw):
@@ -83,8 +91,11 @@ def blog(mode, strategy, n, workers, method="fork"):
     except Exception as e:  # torch's own failure, reported as it is
         error = "%s: %s" % (type(e).__name__, str(e).splitlines()[0][:160])
     elapsed = time.perf_counter() - start
+    end = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = end.ru_utime - usage.ru_utime + end.ru_stime - usage.ru_stime
     return {"samples": len(kept), "per_s": len(kept) / elapsed, "fds": fds(),
-            "mappings": shared_mappings(), "error": error}
+            "mappings": shared_mappings(), "error": error,
+            "consumer_us": cpu / max(len(kept), 1) * 1e6}
 
 
 def queue(mode, strategy, what, n):
@@ -144,10 +155,59 @@ def pingpong(mode, strategy, n):
     return {"p50_us": statistics.median(times) * 1e6}
 
 
+class Held:
+    """A dataset holding `mib` MiB in one tensor or NumPy array: what a spawned or
+    forkserver worker gets as a pickle."""
+
+    def __init__(self, kind, mib):
+        import numpy as np
+        import torch
+        n = mib << 18
+        self.data = (torch.arange(n, dtype=torch.float32) if kind == "tensor"
+                     else np.arange(n, dtype=np.float32))
+        self.rows = n // 1024
+
+    def __len__(self):
+        return self.rows
+
+    def __getitem__(self, i):
+        import torch
+        return torch.as_tensor(self.data[i * 1024:(i + 1) * 1024]).sum()
+
+
+def rss_mib(pid):
+    out = {}
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith(("RssAnon", "RssShmem")):
+                key, value = line.split(":")
+                out[key] = int(value.split()[0]) >> 10
+    return out
+
+
+def dataset(mode, kind, method, mib):
+    """Time to the first batch of a DataLoader (2 workers started by `method`) over Held,
+    and each process's memory once 21 batches came."""
+    from torch.utils.data import DataLoader
+    setup(mode, "file_descriptor")
+    loader = DataLoader(Held(kind, mib), num_workers=2, batch_size=64,
+                        multiprocessing_context=method)
+    start = time.perf_counter()
+    it = iter(loader)
+    next(it)
+    first = time.perf_counter() - start
+    for _ in range(20):
+        next(it)
+    return {"first_batch_s": first, "workers": [rss_mib(w.pid) for w in it._workers],
+            "main": rss_mib(os.getpid())}
+
+
 def child_main(args):
     resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
     kind = args[0]
-    if kind == "blog":
+    if kind == "dataset":
+        out = dataset(args[1], args[2], args[3], int(args[4]))
+    elif kind == "blog":
         out = blog(args[1], args[2], int(args[3]), int(args[4]), *args[5:6])
     elif kind == "queue":
         out = queue(args[1], args[2], args[3], int(args[4]))
@@ -183,10 +243,22 @@ def main():
                     help="only the blog workload side by side (file_system, 4,000 samples, "
                          "1 and 2 workers): this many rounds of stock, install, context and "
                          "inline in turn; each run's samples/s, the medians and their ratios")
+    ap.add_argument("--iterator", type=int, default=0, metavar="ROUNDS",
+                    help="only install() with torch's DataLoader iterator against "
+                         "shmtensor's (blog workload, file_system, 8,000 samples, busy "
+                         "polling off): samples/s and the consumer's CPU per batch")
+    ap.add_argument("--dataset", type=int, default=0, metavar="MIB",
+                    help="only spawn and forkserver workers of a dataset holding MIB MiB "
+                         "(a tensor, then a NumPy array), stock and install(): time to the "
+                         "first batch, and each process's anonymous and shared memory")
     ap.add_argument("--child", nargs=argparse.REMAINDER)
     a = ap.parse_args()
     if a.child:
         return child_main(a.child)
+    if a.dataset:
+        return datasets(a.dataset)
+    if a.iterator:
+        return iterators(a.iterator)
     if a.demo:
         return demo()
     if a.rounds:
@@ -254,6 +326,46 @@ def rounds(count, n=4000, strategy="file_system"):
             print("  W=%d install/stock %.1fx  context/stock %.1fx  install/inline %.2fx"
                   % (workers, med["install"] / med["stock"], med["context"] / med["stock"],
                      med["install"] / med["inline"]), flush=True)
+
+
+def iterators(count, n=8000, strategy="file_system"):
+    import torch
+    print("torch %s, blog workload, %s, %d samples, install(busy_poll=0), %d alternating "
+          "rounds: samples/s, and the consumer's CPU (user + system) per batch"
+          % (torch.__version__, strategy, n, count))
+    modes = (("consumer-torchiter", "torch's iterator"), ("consumer", "shmtensor's"))
+    for workers in (1, 2):
+        rates = {m: [] for m, _ in modes}
+        cpu = {m: [] for m, _ in modes}
+        for _ in range(count):
+            for mode, _ in modes:
+                r = run("blog", mode, strategy, n, workers)
+                rates[mode].append(0 if r.get("error") else r["per_s"])
+                cpu[mode].append(0 if r.get("error") else r["consumer_us"])
+        for mode, label in modes:
+            print("  W=%d %-17s samples/s %s  median %6.0f   consumer us/batch %s  median %5.1f"
+                  % (workers, label, " ".join("%6.0f" % v for v in rates[mode]),
+                     statistics.median(rates[mode]),
+                     " ".join("%5.1f" % v for v in cpu[mode]), statistics.median(cpu[mode])),
+                  flush=True)
+
+
+def datasets(mib):
+    import torch
+    print("torch %s, a dataset of %d MiB, 2 workers, file_descriptor (MiB: RssAnon/RssShmem)"
+          % (torch.__version__, mib))
+    for kind in ("tensor", "numpy"):
+        for method in ("spawn", "forkserver"):
+            for mode in ("stock", "install"):
+                r = run("dataset", mode, kind, method, mib)
+                if r.get("error"):
+                    print("  %-6s %-10s %-7s %s" % (kind, method, mode, r["error"]))
+                    continue
+                workers = "  ".join("%d/%d" % (w["RssAnon"], w["RssShmem"])
+                                    for w in r["workers"])
+                print("  %-6s %-10s %-7s first batch %5.2f s  workers %s  main %d/%d" % (
+                    kind, method, mode, r["first_batch_s"], workers, r["main"]["RssAnon"],
+                    r["main"]["RssShmem"]), flush=True)
 
 
 def demo(n=20000):

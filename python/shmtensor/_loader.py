@@ -6,7 +6,9 @@ It is torch's _MultiProcessingDataLoaderIter with the main process's path per ba
 cheaper, and everything else torch's own: the workers run torch's _worker_loop (seeding of
 random, torch and NumPy, get_worker_info, worker_init_fn, the fetcher, IterableDataset's end,
 ExceptionWrapper with the worker id), and starting, resuming (persistent_workers), pinning,
-timeouts, dead workers and shutdown are torch's code. What differs, per batch:
+timeouts, dead workers and shutdown are torch's code. Spawn and forkserver workers get the
+dataset's NumPy arrays as one shared copy for all of them (one_copy_per_array), where each
+would unpickle its own. What differs, per batch:
   * no record_function scope around __next__ unless a profiler is enabled (torch opens one
     for every batch: ~6 us here, and on torch 1.13 it allocates a tensor);
   * with in_order, a map-style dataset and no pinning (the plain case), new tasks are sent
@@ -27,6 +29,8 @@ import warnings
 
 import torch
 from torch.utils.data import dataloader as _dl
+
+from shmtensor.multiprocessing import reductions as _reductions
 
 _MPIter = _dl._MultiProcessingDataLoaderIter
 _Map = _dl._DatasetKind.Map
@@ -50,6 +54,13 @@ def unavailable_reason() -> str | None:
 
 class ShmtensorDataLoaderIter(_MPIter):
     """torch's multiprocessing DataLoader iterator with shmtensor's path per batch."""
+
+    def __init__(self, loader):
+        # Spawn and forkserver workers each get a pickle of the dataset: its NumPy arrays
+        # are copied into shared memory once for all of them (its tensors move there in
+        # place at the first pickle, as with torch).
+        with _reductions.one_copy_per_array():
+            super().__init__(loader)
 
     # Set by _reset (which torch's __init__ calls, after starting the workers).
     _plain = False

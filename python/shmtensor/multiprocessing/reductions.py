@@ -24,6 +24,7 @@ one by the fd keeper, which hands each fd (file_descriptor) or ticket (file_syst
 """
 from __future__ import annotations
 
+import contextlib
 import io
 import multiprocessing.context as _mpcontext
 import multiprocessing.reduction as _mpreduction
@@ -371,6 +372,35 @@ def _plain_dumps(cls, obj, protocol=None):
 # ---- reducers ------------------------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def one_copy_per_array():
+    """While active on this thread, an array that is not in shared memory and is pickled
+    more than once is copied into a block only the first time; later picklings send that
+    block (the array as it was then). A DataLoader's iterator starts its spawn and
+    forkserver workers in this scope: each worker's pickle of the dataset carries the same
+    blocks, one copy of each array in all (shmtensor/_loader.py)."""
+    if _local.__dict__.get("copies") is not None:  # nested: the outer scope's copies
+        yield
+        return
+    _local.copies = {}
+    try:
+        yield
+    finally:
+        _local.copies = None  # and the arrays it kept alive (their ids stay unique meanwhile)
+
+
+def _copied(a):
+    """The block holding a copy of `a` and the copy: a new one, or, in one_copy_per_array,
+    the one made the first time `a` was pickled in the scope."""
+    copies = _local.__dict__.get("copies")
+    if copies is None:
+        return _copy_to_block(a)
+    kept = copies.get(id(a))
+    if kept is None or kept[0] is not a:
+        kept = copies[id(a)] = (a,) + _copy_to_block(a)
+    return kept[1], kept[2]
+
+
 def _reduce_ndarray(a):
     if a.dtype.hasobject:
         return a.__reduce_ex__(4)
@@ -379,7 +409,7 @@ def _reduce_ndarray(a):
     if found is None:
         if a.nbytes == 0 or a.nbytes < _share_threshold:
             return a.__reduce_ex__(4)
-        block, a = _copy_to_block(a)
+        block, a = _copied(a)
         offset = 0
     else:
         block, offset = found
