@@ -10,6 +10,10 @@
 #   make torch2  that lane alone
 #   make asan    the same tests built with AddressSanitizer + UndefinedBehaviorSanitizer
 #   make tsan    the same tests built with ThreadSanitizer
+#   make debian13  `make test` in a Debian 13 tree made with debootstrap (by hand, as root;
+#                tools/ci/debian13)
+#   make pythons shmtensor.multiprocessing's and NumPy's tests on pyenv's Python 3.12 and 3.13
+#                (by hand; tools/ci/python_versions)
 #   make format  clang-format every C++ file in place
 #   make clean   remove every build directory
 #
@@ -86,7 +90,7 @@ export UBSAN_OPTIONS ?= print_stacktrace=1:halt_on_error=1
 # consistent, so we let them run and TSan keeps checking them.
 export TSAN_OPTIONS  ?= die_after_fork=0:halt_on_error=1:second_deadlock_stack=1:handle_sigbus=0
 
-.PHONY: all configure run test layers torch2 asan tsan odr deps format clean
+.PHONY: all configure run test layers torch2 asan tsan odr deps debian13 pythons format clean
 
 # cmake is re-run every time (a second or two): it picks up new files and options.
 all: configure
@@ -182,8 +186,14 @@ deps:
 	$$sudo env DEBIAN_FRONTEND=noninteractive apt-get update && \
 	$$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $$missing
 
+debian13:
+	tools/ci/debian13
+
+pythons:
+	tools/ci/python_versions 3.12 3.13
+
 format:
 	git ls-files '*.h' '*.cc' | xargs clang-format -i
 
 clean:
-	rm -rf build build-asan build-tsan build-odr build-fuzz build-torch2
+	rm -rf build build-asan build-tsan build-odr build-fuzz build-torch2 build-py3.*
