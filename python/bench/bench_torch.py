@@ -392,6 +392,30 @@ def demo(n=20000):
     elif ours:
         print("  stock torch failed; install() kept all %d samples, at %.0fx the rate stock "
               "torch had until it failed (this run)" % (n, ours / max(until_failed["stock", 1], 1)))
+    docker_demo()
+
+
+def docker_demo():
+    """Docker's 64 MiB /dev/shm, side by side (dev_shm_demo.py's 16 MiB cases), where this
+    machine allows a private mount namespace (root)."""
+    import dev_shm_demo as d
+    print()
+    why = d.skip_reason()
+    if why:
+        print("Docker's 64 MiB /dev/shm: skipped (%s)" % why)
+        return
+    print("Docker's 64 MiB /dev/shm (a private mount namespace): torch's DataLoader, %d "
+          "workers, %d batches of 16 MiB" % (d.WORKERS, d.BATCHES))
+    try:
+        out = d.run_in_namespace(16)
+    except RuntimeError as e:
+        print("  %s" % str(e).strip().splitlines()[-1])
+        return
+    for o in out:
+        label = "%s, %s" % ("torch as it is" if o["mode"] == "stock"
+                            else "shmtensor.torch.install()", o["strategy"])
+        print("  %-44s %2d of %d batches  %s"
+              % (label, o["batches"], d.BATCHES, o["error"] or "completed"))
 
 
 COLORS = {"stock": "tab:red", "install": "tab:green", "context": "tab:olive",

@@ -7,7 +7,8 @@
 // module shares no pybind11 type with _C. Allocation goes through _C._empty too, so that a
 // failure arrives as shmtensor's own Python exception (SharedMemoryFullError, ...).
 //
-// The GIL is released while share_storage_ copies the bytes; _C._empty is called with it.
+// The GIL is released while share_storage_ copies the bytes and while new_shared allocates;
+// _C._empty is called with it.
 //
 // Tensors: tensor_parts / tensor_from_block carry an exact torch.Tensor as (block, dtype,
 // offset, sizes, strides), so that shmtensor.torch's tensor reducer and its rebuild are one
@@ -124,12 +125,22 @@ py::object share_storage(const py::handle& storage) {
   return block_of(*moved);
 }
 
-// A new shared Storage of `nbytes` (> 0) of the process's current strategy. A failure is
-// made again through _C._empty, which raises shmtensor's Python exception for it
-// (SharedMemoryFullError, ...), or succeeds if the condition has passed.
+// A new shared Storage of `nbytes` (> 0) of the process's current strategy, made without
+// the GIL: a full /dev/shm makes it wait for space (arena.h), while this process's other
+// threads (a queue's feeder sending an earlier batch) run. A full /dev/shm is raised as _C's
+// SharedMemoryFullError here (made again through _C, the allocation would wait again);
+// another failure is made again through _C._empty, which raises shmtensor's Python
+// exception for it, or succeeds if the condition has passed.
 Storage allocate_shared(std::size_t nbytes) {
   try {
+    py::gil_scoped_release release;
     return Storage::allocate_shared(nbytes);
+  } catch (const SharedMemoryFullError& e) {
+    py::object error = c_module().attr("SharedMemoryFullError")(e.what());
+    error.attr("requested") = py::int_(e.requested());
+    error.attr("available") = py::int_(e.available());
+    PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(error.ptr())), error.ptr());
+    throw py::error_already_set();
   } catch (const std::exception&) {
     return allocate_through_c(nbytes);
   }

@@ -4,17 +4,21 @@
 #include <array>
 #include <atomic>
 #include <bit>
+#include <chrono>
 #include <iterator>
 #include <new>
 #include <mutex>
 #include <optional>
+#include <thread>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
 #include "cuda/device_memory.h"
 #include "cuda/driver.h"
+#include "memory/registry.h"
 #include "memory/segment.h"
+#include "os/shm.h"
 #include "shmtensor/error.h"
 
 namespace shmtensor::internal {
@@ -33,6 +37,11 @@ constexpr std::uint32_t kMinBlocks = 4;
 // Freed large segments kept for reuse, at most this many and this many bytes.
 constexpr std::size_t kLargeCacheCount = 4;
 constexpr std::size_t kLargeCacheBytes = std::size_t{1} << 30;
+// How long an allocation waits for /dev/shm space that other processes hold, and the
+// longest pause between two looks at it.
+constexpr std::chrono::milliseconds kDevShmWait{10000};
+constexpr std::chrono::milliseconds kDevShmPollMax{16};
+std::atomic<std::int64_t> g_dev_shm_wait_ms{kDevShmWait.count()};
 
 struct SizeClass {
   std::size_t index;
@@ -118,6 +127,11 @@ StrategyArena& arena_of(ArenaKey key) {
 }
 
 ArenaKey key_of(const Segment& seg) { return {seg.strategy(), seg.device()}; }
+
+// The arena whose segments are names in /dev/shm.
+bool is_named(ArenaKey key) {
+  return key.device < 0 && key.strategy == SharingStrategy::kFileSystem;
+}
 
 std::size_t round_up(std::size_t n, std::size_t a) { return (n + a - 1) / a * a; }
 
@@ -234,24 +248,60 @@ std::shared_ptr<Segment> create_arena_segment(ArenaKey key, NewSegment* need) {
   }
 }
 
-// Drops cached free large segments beyond the cache's limits, oldest first.
-void limit_large_cache(StrategyArena& sa, std::vector<std::shared_ptr<Segment>>* dropped) {
+// Drops cached free large segments beyond the cache's limits, oldest first. In the named
+// arena (`named`), when unused segments may not be kept (may_keep_unused_named_segments:
+// one statfs, made only when a segment asks), also every one this process does not hold:
+// the free ones and those handed over to receivers, which are disowned (their name goes
+// with their last holder).
+void limit_large_cache(StrategyArena& sa, bool named,
+                       std::vector<std::shared_ptr<Segment>>* dropped) {
   std::size_t count = 0, bytes = 0;
   std::vector<bool> drop(sa.large.size(), false);
+  std::optional<bool> keep;
+  const auto may_keep = [&keep] {
+    if (!keep) keep = may_keep_unused_named_segments();
+    return *keep;
+  };
   for (std::size_t k = sa.large.size(); k-- > 0;) {  // newest first
     OwnSegment& os = *sa.large[k];
-    if (os.held != 0) continue;
+    if (os.held != 0) {
+      drop[k] = named && !os.seg->holds_block(0) && !may_keep();
+      continue;
+    }
     ++count;
     bytes += os.seg->backing_size();
-    drop[k] = count > kLargeCacheCount || bytes > kLargeCacheBytes;
+    drop[k] = count > kLargeCacheCount || bytes > kLargeCacheBytes || (named && !may_keep());
   }
   std::size_t k = 0;
   std::erase_if(sa.large, [&](std::unique_ptr<OwnSegment>& os) {
     if (!drop[k++]) return false;
+    if (os->held != 0) os->seg->disown();
     g_state->index.erase(os->seg.get());
     dropped->push_back(std::move(os->seg));
     return true;
   });
+}
+
+// Moves every segment of `list` in which no block is held (after clearing the holds of
+// dead processes and rescanning) to *dropped.
+void sweep_unused(std::vector<std::unique_ptr<OwnSegment>>& list,
+                  std::vector<std::shared_ptr<Segment>>* dropped) {
+  std::erase_if(list, [dropped](std::unique_ptr<OwnSegment>& os) {
+    os->seg->reclaim_dead_slots(/*exec_check=*/true);
+    rescan(*os, true);
+    if (os->held != 0) return false;
+    g_state->index.erase(os->seg.get());
+    dropped->push_back(std::move(os->seg));
+    return true;
+  });
+}
+
+void sweep_arena(StrategyArena& sa, std::vector<std::shared_ptr<Segment>>* dropped) {
+  for (auto& ca : sa.classes) {
+    sweep_unused(ca.segments, dropped);
+    if (ca.segments.empty()) ca.next_bytes = kFirstSegmentBytes;
+  }
+  sweep_unused(sa.large, dropped);
 }
 
 std::optional<Block> try_large(ArenaKey key, std::size_t nbytes,
@@ -285,7 +335,7 @@ std::optional<Block> try_large(ArenaKey key, std::size_t nbytes,
     sa.large_reclaim_at = std::max(kLargeReclaimAt, 2 * still_held);
     if (best != nullptr && take(*best, &i)) return block_of(*best, i);
   }
-  limit_large_cache(sa, dropped);
+  limit_large_cache(sa, is_named(key), dropped);
   *need = {size, 1, key.device < 0 ? SegmentKind::kDedicated : SegmentKind::kDeviceDedicated};
   return std::nullopt;
 }
@@ -294,34 +344,80 @@ std::optional<Block> try_large(ArenaKey key, std::size_t nbytes,
 
 namespace {
 
+// /dev/shm could not hold a named segment (`full`): gives back what this process keeps
+// there unused and returns true to try again at once; else, when /dev/shm could hold the
+// segment once others give space back, waits (until *deadline, set on the first wait) for
+// that much to be free and returns true; false when the error stands.
+bool make_room(const SharedMemoryFullError& full,
+               std::optional<std::chrono::steady_clock::time_point>* deadline,
+               std::chrono::milliseconds* pause) {
+  std::vector<std::shared_ptr<Segment>> dropped;  // destroyed after unlocking
+  {
+    std::lock_guard lock(g_state->mu);
+    sweep_arena(g_state->by_strategy[1], &dropped);
+  }
+  const bool gave_back = !dropped.empty();
+  dropped.clear();  // the names of segments no receiver maps go now
+  if (Registry::instance().forget_cached_named_segments() > 0 || gave_back) return true;
+  const std::optional<ShmSpace> space = dev_shm_limit();
+  if (!space || full.requested() > space->total) return false;
+  const auto now = std::chrono::steady_clock::now();
+  if (!*deadline) *deadline = now + dev_shm_wait();
+  if (now >= **deadline) return false;
+  // Polls with pauses of 1, 2, 4 ... kDevShmPollMax ms: statfs is cheap, and a consumer
+  // that drops a batch gives its space back at once.
+  for (;;) {
+    std::this_thread::sleep_for(*pause);
+    *pause = std::min(*pause * 2, kDevShmPollMax);
+    const std::optional<ShmSpace> now_space = dev_shm_limit();
+    if (!now_space || now_space->free >= full.requested()) return true;
+    if (std::chrono::steady_clock::now() >= **deadline) return false;
+  }
+}
+
 Block allocate_in(ArenaKey key, std::size_t nbytes) {
   if (g_inherited.load(std::memory_order_relaxed) != nullptr) drop_inherited();
   const bool large = nbytes > kLargeThreshold;
   const SizeClass sc = large ? SizeClass{0, 0} : size_class(nbytes);
-  NewSegment need;
-  {
-    std::vector<std::shared_ptr<Segment>> dropped;  // destroyed after unlocking
+  std::optional<std::chrono::steady_clock::time_point> deadline;
+  std::chrono::milliseconds pause{1};
+  for (;;) {
+    NewSegment need;
+    {
+      std::vector<std::shared_ptr<Segment>> dropped;  // destroyed after unlocking
+      std::lock_guard lock(g_state->mu);
+      auto b = large ? try_large(key, nbytes, &dropped, &need) : try_small(key, sc, &need);
+      if (b) return std::move(*b);
+    }
+    // Outside the lock: another thread may add a segment of this class meanwhile; then the
+    // class has two, which is harmless.
+    std::shared_ptr<Segment> seg;
+    try {
+      seg = create_arena_segment(key, &need);
+    } catch (const SharedMemoryFullError& full) {
+      if (!is_named(key)) throw;
+      if (make_room(full, &deadline, &pause)) continue;
+      if (!deadline) throw;
+      throw SharedMemoryFullError(std::string(full.what()) + " (after waiting " +
+                                      std::to_string(dev_shm_wait().count()) +
+                                      " ms for other processes to give /dev/shm space back)",
+                                  full.requested(), full.available());
+    }
     std::lock_guard lock(g_state->mu);
-    auto b = large ? try_large(key, nbytes, &dropped, &need) : try_small(key, sc, &need);
-    if (b) return std::move(*b);
+    StrategyArena& sa = arena_of(key);
+    OwnSegment* os = nullptr;
+    if (large) {
+      os = &add_segment(sa.large, std::move(seg));
+    } else {
+      ClassArena& ca = sa.classes[sc.index];
+      const std::size_t made = std::size_t{need.count} * need.block_size;
+      ca.next_bytes = std::min(std::max(kFirstSegmentBytes, made) * 2, kMaxSegmentBytes);
+      os = &add_segment(ca.segments, std::move(seg));
+    }
+    std::uint32_t i = 0;
+    if (!take(*os, &i)) throw Error("a new segment has no free block");
+    return block_of(*os, i);
   }
-  // Outside the lock: another thread may add a segment of this class meanwhile; then the
-  // class has two, which is harmless.
-  std::shared_ptr<Segment> seg = create_arena_segment(key, &need);
-  std::lock_guard lock(g_state->mu);
-  StrategyArena& sa = arena_of(key);
-  OwnSegment* os = nullptr;
-  if (large) {
-    os = &add_segment(sa.large, std::move(seg));
-  } else {
-    ClassArena& ca = sa.classes[sc.index];
-    const std::size_t made = std::size_t{need.count} * need.block_size;
-    ca.next_bytes = std::min(std::max(kFirstSegmentBytes, made) * 2, kMaxSegmentBytes);
-    os = &add_segment(ca.segments, std::move(seg));
-  }
-  std::uint32_t i = 0;
-  if (!take(*os, &i)) throw Error("a new segment has no free block");
-  return block_of(*os, i);
 }
 
 }  // namespace
@@ -348,7 +444,31 @@ void arena_block_freed(const Segment& segment, std::uint32_t block) noexcept {
   if (it == g_state->index.end()) return;  // trimmed, or not ours any more
   OwnSegment& os = *it->second;
   if (!collect(os, block)) return;
-  if (is_dedicated_kind(segment.kind())) limit_large_cache(arena_of(key_of(segment)), &dropped);
+  if (is_dedicated_kind(segment.kind()))
+    limit_large_cache(arena_of(key_of(segment)), is_named(key_of(segment)), &dropped);
+}
+
+void arena_block_handed_over(const Segment& segment) noexcept {
+  // Where it may be kept, the arena is left as it is (its cache's limits apply when it
+  // allocates or a block comes back free).
+  if (!is_named(key_of(segment)) || may_keep_unused_named_segments()) return;
+  std::vector<std::shared_ptr<Segment>> dropped;  // destroyed after unlocking
+  std::lock_guard lock(g_state->mu);
+  if (g_state->index.find(&segment) == g_state->index.end()) return;
+  limit_large_cache(g_state->by_strategy[1], /*named=*/true, &dropped);
+}
+
+bool may_keep_unused_named_segments() noexcept {
+  const std::optional<ShmSpace> space = dev_shm_limit();
+  return !space || space->total - std::min(space->free, space->total) <= space->total / 4;
+}
+
+std::chrono::milliseconds dev_shm_wait() noexcept {
+  return std::chrono::milliseconds(g_dev_shm_wait_ms.load(std::memory_order_relaxed));
+}
+
+void set_dev_shm_wait(std::chrono::milliseconds wait) noexcept {
+  g_dev_shm_wait_ms.store(wait.count(), std::memory_order_relaxed);
 }
 
 std::size_t arena_trim() {
@@ -358,26 +478,9 @@ std::size_t arena_trim() {
     std::lock_guard lock(g_state->mu);
     for (const auto& b : g_state->private_cache) ::operator delete(b.data);
     g_state->private_cache.clear();
-    auto sweep = [&dropped](std::vector<std::unique_ptr<OwnSegment>>& list) {
-      std::erase_if(list, [&dropped](std::unique_ptr<OwnSegment>& os) {
-        os->seg->reclaim_dead_slots(/*exec_check=*/true);
-        rescan(*os, true);
-        if (os->held != 0) return false;
-        g_state->index.erase(os->seg.get());
-        dropped.push_back(std::move(os->seg));
-        return true;
-      });
-    };
-    auto sweep_arena = [&sweep](StrategyArena& sa) {
-      for (auto& ca : sa.classes) {
-        sweep(ca.segments);
-        if (ca.segments.empty()) ca.next_bytes = kFirstSegmentBytes;
-      }
-      sweep(sa.large);
-    };
-    for (auto& sa : g_state->by_strategy) sweep_arena(sa);
+    for (auto& sa : g_state->by_strategy) sweep_arena(sa, &dropped);
     for (auto& sa : g_state->by_device)
-      if (sa) sweep_arena(*sa);
+      if (sa) sweep_arena(*sa, &dropped);
   }
   return dropped.size();
 }

@@ -12,6 +12,7 @@
 // Thread-safe: one mutex per process. Lock order: arena, then registry.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -35,7 +36,31 @@ struct Block {
 
 // A block of at least nbytes (> 0), held by this process (its slot's bit is set). Throws
 // SystemError / SharedMemoryFullError when a new segment is needed and cannot be made.
+// file_system, /dev/shm full: first gives back what this process keeps there unused (its
+// free segments and its receive cache's named segments, after clearing the holds of dead
+// processes) and tries again; then, for a segment /dev/shm could hold once others give
+// space back (the consumer dropping batches), waits for that space up to
+// dev_shm_wait() (10 s), polling, and throws SharedMemoryFullError only after that.
+// Waits with no lock held. A segment larger than /dev/shm is refused at once.
 Block arena_allocate(SharingStrategy strategy, std::size_t nbytes);
+
+// How long arena_allocate waits for /dev/shm space others hold. Tests shorten it.
+std::chrono::milliseconds dev_shm_wait() noexcept;
+void set_dev_shm_wait(std::chrono::milliseconds wait) noexcept;
+
+// Whether this process may keep a file_system segment that no storage of it uses (a free
+// dedicated segment, one handed over to receivers, a received one in the receive cache)
+// for reuse: always where /dev/shm has no size limit; under a limit (Docker's 64 MB), only
+// while /dev/shm is at most a quarter full. Every segment so kept existed when the last of
+// those decisions was made, so together they take at most a quarter of a limited
+// /dev/shm, and the rest stays for storages in use.
+bool may_keep_unused_named_segments() noexcept;
+
+// `segment`, a dedicated segment of ours, lost this process's hold while others (or
+// messages) still hold its block. A file_system one that may not be kept
+// (may_keep_unused_named_segments) leaves the arena: it is no longer ours to reuse, and
+// its name goes with its last holder, as torch's do. Takes the arena lock.
+void arena_block_handed_over(const Segment& segment) noexcept;
 // The same in device memory of CUDA device `device` (this process's ordinal): blocks of
 // device segments (segment.h), whatever the strategy. Throws std::invalid_argument for a
 // device this process does not see, CudaError when CUDA cannot be used or the device is

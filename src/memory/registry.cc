@@ -268,7 +268,17 @@ std::shared_ptr<StorageImpl> Registry::find_or_add_storage(
   return made;
 }
 
+namespace {
+
+bool is_named_dedicated(const Segment& segment) {
+  return segment.strategy() == SharingStrategy::kFileSystem && is_dedicated_kind(segment.kind());
+}
+
+}  // namespace
+
 void Registry::remember_received_segment(const std::shared_ptr<Segment>& segment) {
+  // Before the lock: a statfs.
+  if (is_named_dedicated(*segment) && !may_keep_unused_named_segments()) return;
   std::vector<std::shared_ptr<Segment>> evicted;  // destroyed after unlocking (~Segment locks)
   std::lock_guard lock(state_->mu);
   auto& r = state_->received;
@@ -291,6 +301,29 @@ void Registry::forget_cached_segments() {
   std::deque<std::shared_ptr<Segment>> dropped;
   std::lock_guard lock(state_->mu);
   dropped.swap(state_->received);
+}
+
+std::size_t Registry::forget_cached_named_segments() {
+  std::vector<std::shared_ptr<Segment>> dropped;  // destroyed after unlocking
+  std::lock_guard lock(state_->mu);
+  std::erase_if(state_->received, [&dropped](std::shared_ptr<Segment>& seg) {
+    if (seg->strategy() != SharingStrategy::kFileSystem) return false;
+    dropped.push_back(std::move(seg));
+    return true;
+  });
+  return dropped.size();
+}
+
+void Registry::received_storage_gone(const Segment& segment) {
+  if (!is_named_dedicated(segment) || may_keep_unused_named_segments()) return;
+  std::shared_ptr<Segment> dropped;  // destroyed after unlocking
+  std::lock_guard lock(state_->mu);
+  auto& r = state_->received;
+  auto it = std::find_if(r.begin(), r.end(),
+                         [&segment](const auto& s) { return s.get() == &segment; });
+  if (it == r.end()) return;
+  dropped = std::move(*it);
+  r.erase(it);
 }
 
 std::vector<std::shared_ptr<Segment>> Registry::live_segments() {

@@ -57,9 +57,18 @@ class Registry {
   // storage here goes, so a stream of messages from one arena does not map and unmap it
   // each time (for a device segment: does not import it again). At most 8 segments and
   // 1 GiB of their memory (device memory included); the newest is always kept.
-  // forget_cached_segments() drops them (empty_cache()).
+  // forget_cached_segments() drops them (empty_cache()). A dedicated file_system segment
+  // is kept only while may_keep_unused_named_segments() (arena.h) says so: not remembered
+  // when it does not, and forgotten when the last storage here of one goes while it does
+  // not (received_storage_gone).
   void remember_received_segment(const std::shared_ptr<Segment>& segment);
   void forget_cached_segments();
+  // Drops the file_system segments of the cache (an allocation that found /dev/shm full).
+  // Returns how many went.
+  std::size_t forget_cached_named_segments();
+  // A storage of this process in `segment`, a dedicated file_system segment of another
+  // process, went (StorageImpl's destructor).
+  void received_storage_gone(const Segment& segment);
 
   // Every segment mapped now (release_named_segments_before_exit).
   std::vector<std::shared_ptr<Segment>> live_segments();

@@ -146,6 +146,8 @@ class Segment : public std::enable_shared_from_this<Segment> {
   bool claim_free_block(std::uint32_t block) noexcept;
   // The word of a block, read now (acquire).
   std::uint64_t block_word(std::uint32_t block) const noexcept;
+  // Whether this process holds the block through its slot (its bit is set in the word).
+  bool holds_block(std::uint32_t block) const noexcept;
   // A sender holding the block adds a count for a message that carries it. Throws Error
   // when 65535 messages carrying it are in flight already.
   void add_block_in_flight(std::uint32_t block);
@@ -163,7 +165,9 @@ class Segment : public std::enable_shared_from_this<Segment> {
   // count was in flight. *freed tells whether the block became free.
   bool drop_duplicate_in_flight(std::uint32_t block, bool* freed) noexcept;
   // Releases this process's hold. True if the block became free. A hold that is not in
-  // the word (a peer corrupted it) is reported on stderr and changes nothing.
+  // the word (a peer corrupted it) is reported on stderr and changes nothing. The creator
+  // of a dedicated segment that others still hold tells its arena
+  // (arena_block_handed_over).
   bool release_block(std::uint32_t block, bool counted) noexcept;
   // Whether this process reported the block's word as corrupted: its creator never hands
   // it out again (the word no longer tells who holds it).

@@ -103,6 +103,10 @@ std::uint64_t Segment::block_word(std::uint32_t block) const noexcept {
   return WordRef(*word_ptr(block)).load(std::memory_order_acquire);
 }
 
+bool Segment::holds_block(std::uint32_t block) const noexcept {
+  return slot_ >= 0 && (block_word(block) & (std::uint64_t{1} << slot_)) != 0;
+}
+
 bool Segment::claim_free_block(std::uint32_t block) noexcept {
   std::uint64_t expected = 0;
   const std::uint64_t held = slot_ >= 0 ? std::uint64_t{1} << slot_ : kCountUnit;
@@ -197,7 +201,11 @@ bool Segment::release_block(std::uint32_t block, bool counted) noexcept {
       report_corruption("our slot's bit is missing", block, prev);
       return false;
     }
-    if (prev != bit) return false;
+    if (prev != bit) {
+      // Others hold it still: a dedicated block of ours that we no longer use.
+      if (own() && is_dedicated_kind(geometry_.kind)) arena_block_handed_over(*this);
+      return false;
+    }
   }
   block_freed(block);
   return true;

@@ -55,6 +55,7 @@ StorageImpl::~StorageImpl() {
   }
   Registry::instance().remove_storage(*segment_, block_, this);
   segment_->release_block(block_, counted_);
+  if (!segment_->own()) Registry::instance().received_storage_gone(*segment_);
 }
 
 void StorageImpl::share_memory_(SharingStrategy strategy) {

@@ -79,9 +79,10 @@ namespace {
       size, space.free);
 }
 
-// /dev/shm's space where it is a tmpfs with a size limit; nullopt otherwise: a tmpfs
-// mounted with size=0 has no limit and reports 0 blocks, and another filesystem may keep
-// blocks for root that f_bavail leaves out.
+}  // namespace
+
+// A tmpfs mounted with size=0 has no limit and reports 0 blocks, and another filesystem
+// may keep blocks for root that f_bavail leaves out: neither is a limit to go by.
 std::optional<ShmSpace> dev_shm_limit() noexcept {
   struct statfs fs {};
   if (::statfs("/dev/shm", &fs) != 0 || fs.f_type != TMPFS_MAGIC || fs.f_blocks == 0)
@@ -90,8 +91,6 @@ std::optional<ShmSpace> dev_shm_limit() noexcept {
   return ShmSpace{static_cast<std::uint64_t>(fs.f_blocks) * block,
                   static_cast<std::uint64_t>(fs.f_bavail) * block};
 }
-
-}  // namespace
 
 UniqueFd create_named_shm(const std::string& name, std::size_t size) {
   // More than a limited tmpfs has free fails at once: posix_fallocate would take all that

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "os/unique_fd.h"
@@ -41,6 +42,9 @@ struct ShmSpace {
   std::uint64_t free = 0;
 };
 ShmSpace dev_shm_space();
+// The same where /dev/shm is a tmpfs with a size limit (Docker's 64 MB, --shm-size); nullopt
+// otherwise: another filesystem, a tmpfs mounted with size=0 (no limit), or statfs failed.
+std::optional<ShmSpace> dev_shm_limit() noexcept;
 
 // "1.5 MiB": a size for messages to people (B, KiB, MiB, GiB, TiB; one decimal).
 std::string human_bytes(std::uint64_t n);

@@ -9,13 +9,17 @@
 #include <sys/mount.h>
 #include <sys/resource.h>
 #include <sys/statvfs.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
+#include <thread>
 #include <string>
 #include <vector>
 
+#include "memory/arena.h"
 #include "os/shm.h"
 #include "shmtensor/error.h"
 #include "shmtensor/sharing_strategy.h"
@@ -281,6 +285,138 @@ TEST_F(LimitsTest, MoreThanDevShmHasFreeIsRefusedBeforeANameIsMade) {
     }
     empty_cache();
     EXPECT_TRUE(dev_shm_entries().empty());
+  });
+}
+
+// In a limited /dev/shm, a file_system allocation that does not fit first gives back the
+// segments this process keeps unused. 16 MiB tmpfs: three freed 1 MiB storages stay cached
+// (/dev/shm is at most a quarter full), and take the room a 13 MiB storage needs.
+TEST_F(LimitsTest, AFullDevShmFirstTakesBackTheSegmentsThisProcessKeeps) {
+  run_or_skip([&] {
+    if (!mount_dev_shm("size=16m,mode=1777")) return;
+    set_sharing_strategy("file_system");
+    {
+      std::vector<Storage> three;
+      for (int i = 0; i < 3; ++i) three.push_back(Storage::allocate_shared(1 * kMiB));
+    }
+    EXPECT_EQ(dev_shm_entries().size(), 3u);
+    EXPECT_EQ(internal::arena_stats().segments, 3u);
+    Storage big = Storage::allocate_shared(13 * kMiB);
+    std::memset(big.data(), 5, big.nbytes());
+    EXPECT_EQ(static_cast<unsigned char*>(big.data())[13 * kMiB - 1], 5);
+    EXPECT_EQ(dev_shm_entries().size(), 1u);
+    EXPECT_EQ(internal::arena_stats().segments, 1u);
+  });
+}
+
+// A forked child holds the block of a dedicated segment until told; the parent drops its
+// own storage first (the block is handed over). Returns the child's exit status and leaves
+// the arena's segment count after the hand-over in *segments_after.
+int hand_over_to_a_child(std::size_t nbytes, std::size_t* segments_after) {
+  Storage s = Storage::allocate_shared(nbytes);
+  std::memset(s.data(), 7, s.nbytes());
+  int go[2];
+  if (::pipe2(go, O_CLOEXEC) != 0) return -1;
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(go[1]);
+    char c = 0;
+    const bool told = ::read(go[0], &c, 1) == 1;
+    const bool intact = static_cast<unsigned char*>(s.data())[nbytes - 1] == 7;
+    s = Storage();
+    empty_cache();  // the references to its parent's segments that the child inherited
+    ::_exit(told && intact ? 0 : 1);
+  }
+  ::close(go[0]);
+  s = Storage();
+  *segments_after = internal::arena_stats().segments;
+  ssize_t ignored = ::write(go[1], "x", 1);
+  (void)ignored;
+  ::close(go[1]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+// A dedicated file_system segment whose block its creator no longer holds is kept for
+// reuse only while /dev/shm is at most a quarter full; past that the arena gives it up and
+// its name goes with its last holder. 16 MiB tmpfs: 2 MiB is kept, 6 MiB is not.
+TEST_F(LimitsTest, AHandedOverSegmentIsKeptOnlyWhileDevShmIsAtMostAQuarterFull) {
+  run_or_skip([&] {
+    if (!mount_dev_shm("size=16m,mode=1777")) return;
+    set_sharing_strategy("file_system");
+    std::size_t segments = 99;
+    EXPECT_EQ(hand_over_to_a_child(2 * kMiB, &segments), 0);
+    EXPECT_EQ(segments, 1u);
+    EXPECT_EQ(dev_shm_entries().size(), 1u);  // kept, free again
+    empty_cache();
+    EXPECT_TRUE(dev_shm_entries().empty());
+
+    EXPECT_EQ(hand_over_to_a_child(6 * kMiB, &segments), 0);
+    EXPECT_EQ(segments, 0u);
+    EXPECT_EQ(internal::arena_stats().segments, 0u);
+    EXPECT_TRUE(dev_shm_entries().empty()) << "the child's exit did not take the name";
+  });
+}
+
+// /dev/shm is full of a block another process holds: the allocation waits until that
+// process drops it, then succeeds (16 MiB tmpfs, 10 MiB held by the parent, 10 MiB asked
+// for by a child).
+TEST_F(LimitsTest, AFullDevShmWaitsForAnotherProcessToGiveSpaceBack) {
+  run_or_skip([&] {
+    if (!mount_dev_shm("size=16m,mode=1777")) return;
+    set_sharing_strategy("file_system");
+    Storage held = Storage::allocate_shared(10 * kMiB);
+    int ready[2];
+    ASSERT_EQ(::pipe2(ready, O_CLOEXEC), 0);
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::close(ready[0]);
+      held = Storage();  // the child's inherited hold: only the parent's remains
+      ssize_t ignored = ::write(ready[1], "x", 1);
+      (void)ignored;
+      try {
+        Storage mine = Storage::allocate_shared(10 * kMiB);
+        std::memset(mine.data(), 3, mine.nbytes());
+        ::_exit(static_cast<unsigned char*>(mine.data())[10 * kMiB - 1] == 3 ? 0 : 1);
+      } catch (const SharedMemoryFullError&) {
+        ::_exit(2);
+      }
+    }
+    ::close(ready[1]);
+    char c = 0;
+    ASSERT_EQ(::read(ready[0], &c, 1), 1);
+    ::close(ready[0]);
+    // Gives the child time to find /dev/shm full and wait (it succeeds either way).
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    held = Storage();
+    empty_cache();
+    int status = 0;
+    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    EXPECT_TRUE(WIFEXITED(status));
+    EXPECT_EQ(WEXITSTATUS(status), 0) << "2: SharedMemoryFullError";
+  });
+}
+
+// The wait is bounded: space nobody gives back is a SharedMemoryFullError that says how
+// long it waited. A segment larger than /dev/shm is refused at once, without that note.
+TEST_F(LimitsTest, AFullDevShmWaitsBoundedlyThenThrows) {
+  run_or_skip([&] {
+    if (!mount_dev_shm("size=16m,mode=1777")) return;
+    set_sharing_strategy("file_system");
+    internal::set_dev_shm_wait(std::chrono::milliseconds(50));
+    Storage held = Storage::allocate_shared(10 * kMiB);
+    EXPECT_ERROR((void)Storage::allocate_shared(10 * kMiB), SharedMemoryFullError,
+                 "(after waiting 50 ms for other processes to give /dev/shm space back)");
+    try {
+      (void)Storage::allocate_shared(32 * kMiB);
+      ADD_FAILURE() << "32 MiB fit in a 16 MiB /dev/shm";
+    } catch (const SharedMemoryFullError& e) {
+      EXPECT_FALSE(contains(e.what(), "after waiting")) << e.what();
+      EXPECT_TRUE(contains(e.what(), "/dev/shm is too small")) << e.what();
+    }
+    EXPECT_EQ(dev_shm_entries().size(), 1u);
+    internal::set_dev_shm_wait(std::chrono::milliseconds(10000));
   });
 }
 

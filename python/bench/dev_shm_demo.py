@@ -1,0 +1,152 @@
+"""Docker's 64 MiB /dev/shm: torch's DataLoader, stock and with shmtensor.torch.install(),
+side by side in a private mount namespace whose /dev/shm is a 64 MiB tmpfs (root only).
+python/tests/test_torch_dev_shm.py asserts on it; `make run`'s demo (bench_torch.py --demo)
+shows its 16 MiB cases.
+
+Batches of 16 MiB (and 32 MiB), 2 forked workers, both sharing strategies, each case in a
+forked child of one interpreter in the namespace. The loop drops each batch before it asks
+for the next: two workers with torch's default prefetch then have at most 3 batches in
+shared memory at once, which fit 64 MiB as shmtensor's segments (a batch and one page). A
+loop that keeps the previous batch while it waits for the next may need 4 at once, which
+fit only as torch's own files of exactly 16 MiB; and 32 MiB batches under file_system need 2
+at once, which fit only as torch's files too (docs/torch.md, "Docker's /dev/shm").
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+BATCH = 4          # samples per batch
+WORKERS = 2
+BATCHES = 12
+
+
+def scenario(mode, strategy, mib):
+    """Runs in a forked child of the namespace's interpreter: the DataLoader loop; returns
+    what happened."""
+    import gc
+    import torch
+    import torch.multiprocessing as tmp
+    from torch.utils.data import DataLoader, Dataset
+    tmp.set_sharing_strategy(strategy)
+    if mode == "install":
+        import shmtensor.torch as st
+        st.install()
+    floats = (mib << 20) // 4 // BATCH
+
+    class Samples(Dataset):
+        def __len__(self):
+            return BATCHES * BATCH
+
+        def __getitem__(self, i):
+            return torch.full((floats,), float(i))
+
+    got, wrong, error = 0, [], None
+    try:
+        loader = DataLoader(Samples(), batch_size=BATCH, num_workers=WORKERS)
+        for b in loader:
+            first = got * BATCH
+            want = torch.arange(first, first + BATCH, dtype=torch.float32).view(BATCH, 1)
+            if b.shape != (BATCH, floats) or not bool((b == want).all()):
+                wrong.append(got)
+            got += 1
+            del b, want
+    except Exception as e:  # stock torch's failure, reported as it is
+        error = "%s: %s" % (type(e).__name__, str(e).strip().splitlines()[0][:200])
+    loader = None
+    gc.collect()
+    left = []
+    if mode == "install":
+        import shmtensor
+        shmtensor.empty_cache()
+        left = shmtensor_names(wait=True)
+    return {"mode": mode, "strategy": strategy, "mib": mib, "batches": got, "wrong": wrong,
+            "error": error, "left": left}
+
+
+def shmtensor_names(wait=False):
+    import time
+    deadline = time.monotonic() + (2.0 if wait else 0.0)
+    while True:
+        names = sorted(n for n in os.listdir("/dev/shm") if n.startswith("shmtensor_"))
+        if not names or time.monotonic() >= deadline:
+            return names
+        time.sleep(0.02)
+
+
+def run_forked(*args):
+    """scenario(*args) in a forked child; its result through a pipe."""
+    r, w = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        code = 0
+        try:
+            out = json.dumps(scenario(*args)).encode()
+        except BaseException as e:
+            out = json.dumps({"crash": repr(e)}).encode()
+            code = 1
+        os.write(w, out)
+        os._exit(code)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        out = f.read()
+    os.waitpid(pid, 0)
+    # What stock torch left (a worker killed by SIGBUS leaves its files): gone before the
+    # next case, so that each starts with an empty /dev/shm. This tmpfs is private.
+    for name in os.listdir("/dev/shm"):
+        if name.startswith("torch_"):
+            os.unlink(os.path.join("/dev/shm", name))
+    return json.loads(out)
+
+
+CASES = [("stock", "file_system", 16), ("install", "file_system", 16),
+         ("stock", "file_descriptor", 16), ("install", "file_descriptor", 16),
+         ("stock", "file_system", 32), ("stock", "file_descriptor", 32),
+         ("install", "file_descriptor", 32)]
+
+
+def child_main(mib=None):
+    """In the namespace, with the 64 MiB tmpfs mounted: every case (of `mib` MiB batches
+    only, when given), one JSON line each."""
+    import torch  # noqa: F401  (imported once, before the forks)
+    import shmtensor.torch  # noqa: F401
+    for case in CASES:
+        if mib is None or case[2] == mib:
+            print(json.dumps(run_forked(*case)), flush=True)
+
+
+def skip_reason():
+    if os.geteuid() != 0:
+        return "needs root: a private mount namespace (unshare --mount) with a tmpfs on /dev/shm"
+    if shutil.which("unshare") is None:
+        return "no unshare command (util-linux)"
+    r = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                        "mount -t tmpfs -o size=64m tmpfs /dev/shm"],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        return "cannot mount a tmpfs in a private mount namespace: " + r.stderr.strip()[:200]
+    return None
+
+
+def run_in_namespace(mib=None):
+    """Every case (of `mib` MiB batches only, when given) in a private mount namespace with
+    a 64 MiB tmpfs on /dev/shm; their outcomes, in CASES's order. Check skip_reason() first.
+    Raises RuntimeError when the namespace's run fails."""
+    script = 'mount -t tmpfs -o size=64m,mode=1777 tmpfs /dev/shm && exec "$0" "$1" --child "$2"'
+    r = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script,
+                        sys.executable, os.path.abspath(__file__), str(mib or "")],
+                       capture_output=True, text=True, timeout=240)
+    out = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    want = sum(1 for case in CASES if mib is None or case[2] == mib)
+    if r.returncode != 0 or len(out) != want:
+        raise RuntimeError("the namespace's run failed (exit %d): %s%s"
+                           % (r.returncode, r.stdout[-2000:], r.stderr[-2000:]))
+    return out
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--child"]:
+    child_main(int(sys.argv[2]) if sys.argv[2:3] not in ([], [""]) else None)
