@@ -243,6 +243,7 @@ def skipped(work, why):
 
 
 def main(argv=None):
+    global PYTHON
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--build-dir", required=True, help="the CMake build tree")
     parser.add_argument("--package-dir", help="where the built package is (default BUILD/python)")
@@ -257,7 +258,6 @@ def main(argv=None):
     parser.add_argument("--stock-all", action="store_true",
                         help="run every test stock (default: those that did not pass installed)")
     args = parser.parse_args(argv)
-    global PYTHON
     PYTHON = args.python
     build_dir = os.path.abspath(args.build_dir)
     package_dir = os.path.abspath(args.package_dir or os.path.join(build_dir, "python"))
