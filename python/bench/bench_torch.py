@@ -22,6 +22,11 @@ stock torch's failures do not poison the next one), under ulimit -n 1024:
             sent again and again; messages/s.
   pingpong  a fresh 40 B tensor through a torch.multiprocessing.Pipe, a small int back; the
             median round trip.
+  workload  (--goals ROUNDS) the DataLoader goals' workloads, 2 workers, file_system: blog
+            (batch 1, 4,000 samples), tokens (windows of 2,048 int64 tokens from an array
+            in memory, batch 16, 64,000 samples) and images (3x224x224 uint8, batch 64, 6,400
+            samples); stock, install()
+            and num_workers=0, each batch dropped as it comes.
   dataset   (--dataset MIB) spawn and forkserver workers of a dataset holding MIB MiB in a
             tensor or a NumPy array: time to the first batch, each process's memory.
 """
@@ -175,6 +180,58 @@ class Held:
         return torch.as_tensor(self.data[i * 1024:(i + 1) * 1024]).sum()
 
 
+class Tokens:
+    """LLM-style samples: windows of 2,048 int64 tokens sliced from a 16 Mi-token array in
+    memory (batch 16: a 256 KiB batch)."""
+
+    def __init__(self, n):
+        import torch
+        self.n = n
+        self.tokens = torch.randint(0, 50000, (1 << 24,), generator=torch.Generator().manual_seed(0))
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        start = (i * 7919) % (len(self.tokens) - 2049)
+        return self.tokens[start:start + 2048]
+
+
+class Images:
+    """Image-like samples: a 3x224x224 uint8 tensor (batch 64: a 9.6 MB batch)."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        import torch
+        return torch.full((3, 224, 224), i % 256, dtype=torch.uint8)
+
+
+WORKLOADS = {"blog": (Blog, 1, 4000), "tokens": (Tokens, 16, 64000), "images": (Images, 64, 6400)}
+
+
+def workload(mode, strategy, name, workers):
+    """One run of a workload of WORKLOADS, every batch dropped at once: samples/s."""
+    from torch.utils.data import DataLoader
+    setup(mode, strategy)
+    cls, batch_size, n = WORKLOADS[name]
+    loader = DataLoader(cls(n), batch_size=batch_size,
+                        num_workers=0 if mode == "inline" else workers)
+    count, error = 0, None
+    start = time.perf_counter()
+    try:
+        for batch in loader:
+            count += len(batch[0]) if isinstance(batch, list) else len(batch)
+            del batch
+    except Exception as e:  # torch's own failure, reported as it is
+        error = "%s: %s" % (type(e).__name__, str(e).splitlines()[0][:160])
+    return {"per_s": count / (time.perf_counter() - start), "samples": count, "error": error}
+
+
 def rss_mib(pid):
     out = {}
     with open("/proc/%d/status" % pid) as f:
@@ -207,6 +264,8 @@ def child_main(args):
     kind = args[0]
     if kind == "dataset":
         out = dataset(args[1], args[2], args[3], int(args[4]))
+    elif kind == "workload":
+        out = workload(args[1], args[2], args[3], int(args[4]))
     elif kind == "blog":
         out = blog(args[1], args[2], int(args[3]), int(args[4]), *args[5:6])
     elif kind == "queue":
@@ -247,6 +306,10 @@ def main():
                     help="only install() with torch's DataLoader iterator against "
                          "shmtensor's (blog workload, file_system, 8,000 samples, busy "
                          "polling off): samples/s and the consumer's CPU per batch")
+    ap.add_argument("--goals", type=int, default=0, metavar="ROUNDS",
+                    help="only the DataLoader goals' workloads side by side (blog, tokens, "
+                         "images; file_system, 2 workers): stock, install() and "
+                         "num_workers=0 in turn, ROUNDS times; samples/s and the ratios")
     ap.add_argument("--dataset", type=int, default=0, metavar="MIB",
                     help="only spawn and forkserver workers of a dataset holding MIB MiB "
                          "(a tensor, then a NumPy array), stock and install(): time to the "
@@ -259,6 +322,8 @@ def main():
         return datasets(a.dataset)
     if a.iterator:
         return iterators(a.iterator)
+    if a.goals:
+        return goals(a.goals)
     if a.demo:
         return demo()
     if a.rounds:
@@ -326,6 +391,28 @@ def rounds(count, n=4000, strategy="file_system"):
             print("  W=%d install/stock %.1fx  context/stock %.1fx  install/inline %.2fx"
                   % (workers, med["install"] / med["stock"], med["context"] / med["stock"],
                      med["install"] / med["inline"]), flush=True)
+
+
+def goals(count, workers=2, strategy="file_system"):
+    import torch
+    print("torch %s, %s, %d workers, %d alternating rounds of stock, install() and "
+          "num_workers=0 (samples/s; batches dropped as they come)"
+          % (torch.__version__, strategy, workers, count))
+    modes = ("stock", "install", "inline")
+    for name, (cls, batch_size, n) in WORKLOADS.items():
+        rates = {m: [] for m in modes}
+        for _ in range(count):
+            for mode in modes:
+                r = run("workload", mode, strategy, name, workers)
+                rates[mode].append(0 if r.get("error") else r["per_s"])
+        med = {m: statistics.median(v) for m, v in rates.items()}
+        for mode in modes:
+            print("  %-6s (batch %2d, %d samples) %-7s %s  median %7.0f" % (
+                name, batch_size, n, mode, " ".join("%7.0f" % v for v in rates[mode]),
+                med[mode]))
+        print("  %-6s install/stock %.2fx  install/num_workers=0 %.2fx" % (
+            name, med["install"] / max(med["stock"], 1), med["install"] / max(med["inline"], 1)),
+            flush=True)
 
 
 def iterators(count, n=8000, strategy="file_system"):
