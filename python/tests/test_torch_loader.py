@@ -39,6 +39,14 @@ class Noisy(Dataset):
                 "numpy": float(np.random.rand())}
 
 
+class Batched(Noisy):
+    """A dataset that loads a batch at once (__getitems__, which torch's fetcher calls with
+    the batch's indices)."""
+
+    def __getitems__(self, indices):
+        return [dict(self[i], batched=len(indices)) for i in indices]
+
+
 def collect(loader, epochs=1):
     torch.manual_seed(1234)  # the loader's base seed comes from torch's global generator
     return [list(loader) for _ in range(epochs)]
@@ -104,6 +112,7 @@ OPTIONS = {
     "persistent spawn workers": lambda: dict(num_workers=2, batch_size=4,
                                              persistent_workers=True,
                                              multiprocessing_context="spawn"),
+    "__getitems__": lambda: dict(dataset=Batched(), num_workers=2, batch_size=5),
     "worker_init_fn": lambda: dict(num_workers=2, batch_size=3,
                                    worker_init_fn=lambda w: random.seed(100 + w)),
 }
@@ -115,7 +124,10 @@ def test_the_same_batches_as_torchs_iterator(strategy, name):
 
 
 def same_batches(name):
-    stock, ours = stock_and_ours(lambda: DataLoader(Noisy(), **OPTIONS[name]()), epochs=2)
+    def make():
+        options = OPTIONS[name]()
+        return DataLoader(options.pop("dataset", Noisy()), **options)
+    stock, ours = stock_and_ours(make, epochs=2)
     assert len(stock[0]) == len(ours[0]) > 0
     assert same(stock, ours)
     # Both epochs of each differ (new seeds per epoch), and every worker loaded some.
@@ -323,3 +335,4 @@ def test_spawned_workers_share_one_copy_of_the_datasets_arrays(strategy, method)
         assert 20 <= grown < 28, grown
     finally:
         st.uninstall()
+
