@@ -172,6 +172,12 @@ Ring::Reservation Ring::reserve(Deadline deadline) {
       if (wp > (pos & kPosMask) && load_hint(h->tail) != pos) continue;
       // A tail hint a peer moved: the slot words say where the tail is.
       if (resync()) continue;
+      if (wp < (pos & kPosMask) && state_of(w) == kFree) {
+        // Free for a lap long gone (a position stepped over, which nobody passed since):
+        // nothing was written there; the slot is made free for this position.
+        s->word.compare_exchange_strong(w, pack(pos, kFree));
+        continue;
+      }
       if (!s->word.compare_exchange_strong(w, pack(pos, kFree))) continue;
       corrupt(
           wp > (pos & kPosMask) ? "slot word laps ahead of the tail" : "slot word behind the tail",

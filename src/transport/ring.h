@@ -30,7 +30,7 @@
 // Hints a peer moved are put back where the slot words say (resync_hints): no message is
 // lost to them and no push fails. A hint is read as the 50 bits of position a slot word
 // keeps (positions stay below kPosLimit), so no value of a hint aliases a position, and a
-// slot word that disagrees with the others by a lap or more is a peer's, never followed.
+// slot word two laps or more above every other is a peer's, never followed.
 // A ring whose positions run out (kPosLimit) is broken, and says so to every caller. A live
 // peer that claims a slot and never finishes it stalls the positions behind it, as a live
 // peer that holds a lock would; that is not detectable, and not a crash either. Layout:

@@ -150,15 +150,22 @@ Ring::Popped Ring::pop(std::span<std::byte> out, Deadline deadline, std::uint32_
         h->head.compare_exchange_strong(expected, pos - slot_count_);
         continue;
       }
-      if (state_of(w) != kReading) {
-        if (resync()) continue;
-        skip_corrupt("slot word behind the head", pos, w);
+      if (state_of(w) == kFree) {
+        // Free for the previous lap: a position the tail stepped over that no consumer
+        // passed (the head was moved past it). Nothing was written there: the slot is made
+        // free for this position, as a producer does.
+        s->word.compare_exchange_strong(w, pack(pos, kFree));
         continue;
       }
       if (was_closed) return closed_and_empty();
     } else {
       if (load_hint(h->head) != pos) continue;  // the hint moved: look again
       if (resync()) continue;
+      if (wp < (pos & kPosMask) && state_of(w) == kFree) {
+        // Free for a lap long gone: nothing was written there (as one lap behind, below).
+        s->word.compare_exchange_strong(w, pack(pos, kFree));
+        continue;
+      }
       skip_corrupt("slot word from another lap", pos, w);
       continue;
     }

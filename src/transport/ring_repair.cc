@@ -96,12 +96,12 @@ bool Ring::resync_hints() noexcept {
   // written, or the tail when there is none. In a ring nobody wrote over, the head is never
   // past the tail, and the tail never more than a lap past any slot's position.
   //
-  // Each word says where the tail can be: one past its position (claimed) or a lap less
-  // (free), up to a lap more, so the tail is in [floor, floor + n). The words of a ring
-  // nobody wrote over have floors within a lap of one another; a word a peer forged a lap
-  // or more from the rest (or for another slot's index, or past kPosLimit) is not followed:
-  // the tail is the highest floor among the words within a lap of the median floor (most
-  // words are honest), so that one forged word does not move the ring to its lap.
+  // Each word says where the tail T is at least: past a claimed position p, or past p - n
+  // for a free one (p - n was claimed or stepped over); T is the highest of those. A word
+  // for another slot's index or past kPosLimit is a peer's and is not followed, nor is one
+  // two laps or more above every other word (a claim lands at most a lap past the words
+  // there are, so an honest ring has none): so one forged word does not move the ring to
+  // its lap.
   RingHeader* h = header();
   const std::uint64_t n = slot_count_;
   // The hints before the scan, and only those are replaced: a claim or a take that moves a
@@ -110,47 +110,51 @@ bool Ring::resync_hints() noexcept {
   // scan is never ahead of what the scan finds).
   const std::uint64_t tail0 = load_hint(h->tail);
   const std::uint64_t head0 = load_hint(h->head);
-  auto plausible = [&](std::uint64_t i, std::uint64_t w) {
-    return (pos_of(w) & (n - 1)) == i && pos_of(w) < kPosLimit;
-  };
-  auto floor_of = [n](std::uint64_t w) {
-    const std::uint64_t p = pos_of(w);
-    return state_of(w) != kFree ? p + 1 : p >= n ? p - n + 1 : 0;
-  };
-  std::vector<std::uint64_t> floors;
+  std::vector<std::uint64_t> words, positions;
   try {
-    floors.reserve(n);
+    words.resize(n);
+    positions.reserve(n);
   } catch (const std::bad_alloc&) {
     return false;  // no memory: the hints stay; the next call looks again
   }
   for (std::uint64_t i = 0; i < n; ++i) {
-    const std::uint64_t w = head_of(slot(i))->word.load();
-    if (plausible(i, w)) floors.push_back(floor_of(w));
+    words[i] = head_of(slot(i))->word.load();
+    const std::uint64_t p = pos_of(words[i]);
+    if ((p & (n - 1)) == i && p < kPosLimit)
+      positions.push_back(p);
+    else
+      words[i] = ~std::uint64_t{0};  // not counted
   }
-  if (floors.empty()) return false;  // every word is a peer's: nothing says where to go
-  const auto middle = floors.begin() + static_cast<std::ptrdiff_t>(floors.size() / 2);
-  std::nth_element(floors.begin(), middle, floors.end());
-  const std::uint64_t median = *middle;
-  auto agrees = [&](std::uint64_t f) { return f + n > median && f < median + n; };
+  if (positions.empty()) return false;  // every word is a peer's: nothing says where to go
+  std::sort(positions.begin(), positions.end());
+  while (positions.size() >= 2 && positions.back() >= positions[positions.size() - 2] + 2 * n)
+    positions.pop_back();
+  const std::uint64_t highest = positions.back();
+  auto counted = [&](std::uint64_t w) { return w != ~std::uint64_t{0} && pos_of(w) <= highest; };
   std::uint64_t tail = 0;
-  for (const std::uint64_t f : floors)
-    if (agrees(f)) tail = std::max(tail, f);
+  for (const std::uint64_t w : words) {
+    if (!counted(w)) continue;
+    const std::uint64_t p = pos_of(w);
+    if (state_of(w) != kFree)
+      tail = std::max(tail, p + 1);
+    else if (p >= n)
+      tail = std::max(tail, p - n + 1);
+  }
   // The oldest position published or being written among those words, at most a lap
   // behind the tail.
   std::uint64_t head = tail;
-  for (std::uint64_t i = 0; i < n; ++i) {
-    const std::uint64_t w = head_of(slot(i))->word.load();
-    if ((state_of(w) == kReady || state_of(w) == kWriting) && plausible(i, w) &&
-        agrees(floor_of(w)) && pos_of(w) + n >= tail)
+  for (const std::uint64_t w : words)
+    if ((state_of(w) == kReady || state_of(w) == kWriting) && counted(w) &&
+        pos_of(w) + n >= tail)
       head = std::min(head, pos_of(w));
-  }
   // A hint ahead of the words is moved back (consumers and producers then step forward
-  // over what was taken, one CAS a position); one far behind is moved up to them.
+  // over what was taken, one CAS a position); one behind is moved up to them (a head
+  // behind slots freed laps ahead of it, after a peer moved it, would otherwise meet them).
   bool moved = false;
   std::uint64_t seen = tail0;
-  if (seen > tail || seen + n < tail) moved |= h->tail.compare_exchange_strong(seen, tail);
+  if (seen != tail) moved |= h->tail.compare_exchange_strong(seen, tail);
   seen = head0;
-  if (seen > head || seen + n < head) moved |= h->head.compare_exchange_strong(seen, head);
+  if (seen != head) moved |= h->head.compare_exchange_strong(seen, head);
   return moved;
 }
 
