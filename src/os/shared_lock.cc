@@ -106,12 +106,13 @@ Holder look_at_holder(std::uint64_t state) noexcept {
 }
 
 [[noreturn]] void throw_stuck(const char* what, std::uint64_t state) {
-  throw ProtocolError(std::string(what) + " has been held by thread " +
-                      std::to_string(tid_of(state)) + " of process " +
-                      std::to_string(pid_of(state)) + " for more than " +
+  throw ProtocolError(std::string(what) + " has been held by other threads for more than " +
                       std::to_string(kStuckAfter.count()) +
-                      " s, which its holders never do: that process is wedged, or another "
-                      "process wrote over the lock in shared memory");
+                      " s while this thread waited for it (last by thread " +
+                      std::to_string(tid_of(state)) + " of process " +
+                      std::to_string(pid_of(state)) +
+                      "), which its holders never do: a process is wedged, or another process "
+                      "wrote over the lock in shared memory");
 }
 
 }  // namespace
@@ -136,46 +137,52 @@ Locked lock_shared(SharedLock& lock, std::optional<Clock::time_point> deadline, 
     if (seen == 0 && lock.state.compare_exchange_strong(seen, me, std::memory_order_acquire))
       return Locked::kYes;
   }
-  // The same holder, holding without a break, since `since`: reset when the owner changes,
-  // when an unlock was seen (the wake counter moved: a thread that keeps taking the lock
-  // back is not one long hold), and while the holder is stopped (its hold resumes when it
-  // runs again).
+  // How long live, running threads other than this one have held the lock while this one
+  // waited: kStuckAfter of it, for a brief lock, is reported. It adds up across holders and
+  // across unlocks seen (the wake counter moving): a peer can name one live thread after
+  // another, or bump the counter, and an honest brief lock is held for microseconds at a
+  // time. Time while the holder is stopped does not count; a holder is looked at in /proc
+  // once it has held the lock for a slice, then once a slice.
+  std::chrono::nanoseconds held{0};
   std::uint64_t holder = 0;
-  Clock::time_point since{};
-  std::uint32_t unlocks = lock.wake.load(std::memory_order_relaxed);
+  Clock::time_point since{};   // when `holder` was first seen holding
+  Clock::time_point looked{};  // when /proc was last read for `holder`
+  Holder judged = Holder::kAlive;
+  Clock::time_point last = Clock::now();
   for (;;) {
     seen = lock.state.load(std::memory_order_acquire);
-    if (const std::uint32_t w = lock.wake.load(std::memory_order_relaxed); w != unlocks) {
-      unlocks = w;
-      holder = 0;
-    }
+    const auto now = Clock::now();
+    if (judged != Holder::kStopped) held += now - last;
+    last = now;
     if (seen == 0) {
-      holder = 0;
       // Taken as contended: others may sleep, and our unlock must wake them.
       if (lock.state.compare_exchange_strong(seen, me | kLockContended,
                                              std::memory_order_acquire))
         return Locked::kYes;
       continue;
     }
-    const auto now = Clock::now();
     if (owner_of(seen) != holder) {
       holder = owner_of(seen);
       since = now;
+      looked = {};
+      judged = Holder::kAlive;
     }
     // A state that names this thread, which does not hold the lock, was written by a peer.
     constexpr std::uint64_t kIds = (std::uint64_t{1} << (2 * kLockIdBits)) - 1;
-    const Holder h = (holder & kIds) == (me & kIds) ? Holder::kGone : (now - since >= kLockSlice ||
-                                                         pid_of(seen) == 0 || tid_of(seen) == 0)
-                                                        ? look_at_holder(seen)
-                                                        : Holder::kAlive;
-    if (h == Holder::kGone) {
+    if ((holder & kIds) == (me & kIds)) {
+      judged = Holder::kGone;
+    } else if ((now - since >= kLockSlice && now - looked >= kLockSlice) ||
+               ((pid_of(seen) == 0 || tid_of(seen) == 0) && looked == Clock::time_point{})) {
+      judged = look_at_holder(seen);
+      looked = now;
+    }
+    if (judged == Holder::kGone) {
       if (lock.state.compare_exchange_strong(seen, me | kLockContended,
                                              std::memory_order_acquire))
         return Locked::kRecovered;
-      continue;
+      continue;  // the state changed: a new holder is judged afresh, the same one is gone still
     }
-    if (h == Holder::kStopped) since = now;
-    if (h == Holder::kAlive && hold == LockHold::kBrief && now - since >= kStuckAfter)
+    if (judged == Holder::kAlive && hold == LockHold::kBrief && held >= kStuckAfter)
       throw_stuck(what, seen);
     if (deadline && now >= *deadline) return Locked::kTimeout;
     if ((seen & kLockContended) == 0 &&

@@ -22,9 +22,12 @@
 //     the holder left half done;
 //   - stopped (SIGSTOP, a debugger): waited for, until the caller's deadline;
 //   - alive: waited for, until the caller's deadline; and for a lock that its holders keep
-//     for a few system calls only (LockHold::kBrief), one held by the same live thread for
-//     more than kStuckAfter is reported as a ProtocolError: that thread is wedged, or a
-//     peer wrote a live thread's ids over the lock.
+//     for a few system calls only (LockHold::kBrief), a waiter that has seen it held by
+//     live, running threads for more than kStuckAfter in all reports a ProtocolError: a
+//     holder is wedged, or a peer wrote a live thread's ids over the lock. The time adds up
+//     across holders and across unlocks seen (a peer can name one live thread after
+//     another and bump `wake`), so a caller without a deadline waits at most that long
+//     (and while a named holder is stopped).
 // Zero bytes are a free lock, so a lock in a fresh (zero-filled) shared file needs no
 // initialisation.
 #pragma once
@@ -62,7 +65,8 @@ std::uint64_t thread_lock_state(std::uint32_t pid, std::uint32_t tid) noexcept;
 
 // How long a waiter sleeps before it looks at the holder again.
 inline constexpr auto kLockSlice = std::chrono::milliseconds(10);
-// How long a brief lock may be held by one live, running thread before a waiter reports it.
+// How long a waiter of a brief lock waits while live, running threads hold it (in all,
+// whichever they are) before it reports the lock as wedged.
 inline constexpr auto kStuckAfter = std::chrono::seconds(1);
 
 enum class LockHold {
@@ -74,7 +78,8 @@ enum class Locked { kYes, kRecovered, kTimeout };
 // Takes the lock, waiting until `deadline` (nullopt: no time limit; a passed one: one
 // try). kRecovered: its holder was gone, and this thread holds it now. kTimeout: the
 // deadline passed first (not held). `what` names the lock in errors ("the queue's receive
-// lock"). Throws ProtocolError for a brief lock held by one live thread past kStuckAfter.
+// lock"). Throws ProtocolError for a brief lock held by live threads for kStuckAfter in
+// all while this thread waited.
 Locked lock_shared(SharedLock& lock, std::optional<std::chrono::steady_clock::time_point> deadline,
                    LockHold hold, const char* what);
 // Gives the lock back; does nothing when this thread does not hold it (it was taken over,

@@ -134,6 +134,8 @@ void drain(QueueCore::State& st) noexcept {
         drop_datagram(path, std::move(*d));
       }
     } catch (...) {
+      // A broken ring throws at every pop once it is empty: nothing more comes from it.
+      if (st.ring().broken()) break;
     }
   }
   for (;;) {

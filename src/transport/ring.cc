@@ -126,8 +126,18 @@ Ring::Reservation Ring::reserve(Deadline deadline) {
   bool may_resync = true;
   auto resync = [&] { return std::exchange(may_resync, false) && resync_hints(); };
   for (;;) {
-    if (h->closed.load()) return {Status::kClosed, 0};
-    const std::uint64_t pos = h->tail.load();
+    if (const std::uint32_t closed = h->closed.load()) {
+      if (closed & kRingBroken) throw_broken();
+      return {Status::kClosed, 0};
+    }
+    const std::uint64_t pos = load_hint(h->tail);
+    if (pos >= kPosLimit) [[unlikely]] {
+      // A tail a peer moved there goes back where the words say; if they say so too, the
+      // ring has no position left.
+      if (!may_resync) corrupt_hint("tail", pos);
+      if (resync()) continue;
+      break_ring();
+    }
     SlotHead* s = head_of(slot(pos));
     std::uint64_t w = s->word.load();
     const std::uint64_t wp = pos_of(w);
@@ -159,9 +169,15 @@ Ring::Reservation Ring::reserve(Deadline deadline) {
       // Laps ahead (after a tail we read before others moved it on: look again), or
       // behind: no protocol state explains it. The slot is made claimable for this position
       // again (the ring goes on), and the push says so.
-      if (wp > (pos & kPosMask) && h->tail.load() != pos) continue;
+      if (wp > (pos & kPosMask) && load_hint(h->tail) != pos) continue;
       // A tail hint a peer moved: the slot words say where the tail is.
       if (resync()) continue;
+      if (wp < (pos & kPosMask) && state_of(w) == kFree) {
+        // Free for a lap long gone (a position stepped over, which nobody passed since):
+        // nothing was written there; the slot is made free for this position.
+        s->word.compare_exchange_strong(w, pack(pos, kFree));
+        continue;
+      }
       if (!s->word.compare_exchange_strong(w, pack(pos, kFree))) continue;
       corrupt(
           wp > (pos & kPosMask) ? "slot word laps ahead of the tail" : "slot word behind the tail",
@@ -184,7 +200,7 @@ Ring::Reservation Ring::reserve(Deadline deadline) {
     }
     const std::uint32_t seen = h->freed.load();
     h->producers_asleep.fetch_add(1);
-    const bool unchanged = s->word.load() == w && h->tail.load() == pos && !h->closed.load();
+    const bool unchanged = s->word.load() == w && load_hint(h->tail) == pos && !h->closed.load();
     const bool in_time = !unchanged || sleep_on(&h->freed, seen, deadline);
     h->producers_asleep.fetch_sub(1);
     if (!in_time) return {Status::kTimeout, 0};
@@ -255,7 +271,7 @@ Ring::Status Ring::push_parts(std::span<const std::span<const std::byte>> parts,
 
 void Ring::close() noexcept {
   RingHeader* h = header();
-  h->closed.store(1);
+  h->closed.fetch_or(kRingClosed);
   h->published.fetch_add(1);
   h->freed.fetch_add(1);
   futex_wake(&h->published, INT_MAX);
@@ -263,6 +279,8 @@ void Ring::close() noexcept {
 }
 
 bool Ring::closed() const noexcept { return header()->closed.load() != 0; }
+
+bool Ring::broken() const noexcept { return (header()->closed.load() & kRingBroken) != 0; }
 
 std::byte* Ring::user_area() const noexcept { return header()->user; }
 
@@ -300,13 +318,13 @@ void Ring::kick() noexcept {
 
 bool Ring::maybe_nonempty() const noexcept {
   const RingHeader* h = header();
-  return h->tail.load() != h->head.load();
+  return peek_hint(h->tail) != peek_hint(h->head);
 }
 
 bool Ring::has_ready() const noexcept {
   const RingHeader* h = header();
-  std::uint64_t pos = h->head.load();
-  const std::uint64_t tail = h->tail.load();
+  std::uint64_t pos = peek_hint(h->head);
+  const std::uint64_t tail = peek_hint(h->tail);
   for (std::uint32_t n = 0; pos < tail && n < slot_count_; ++pos, ++n) {
     const std::uint64_t w = head_of(slot(pos))->word.load();
     if (pos_of(w) == (pos & kPosMask) && state_of(w) == kReady) return true;

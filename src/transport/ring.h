@@ -28,9 +28,13 @@
 // copy of the header, a message longer than its slot or a word no protocol state explains
 // is a ProtocolError (the slot is freed first where that is possible), never a crash.
 // Hints a peer moved are put back where the slot words say (resync_hints): no message is
-// lost to them and no push fails. A live peer that claims a slot and never finishes it
-// stalls the positions behind it, as a live peer that holds a lock would; that is not
-// detectable, and not a crash either. Layout: transport/ring_layout.h.
+// lost to them and no push fails. A hint is read as the 50 bits of position a slot word
+// keeps (positions stay below kPosLimit), so no value of a hint aliases a position, and a
+// slot word two laps or more above every other is a peer's, never followed.
+// A ring whose positions run out (kPosLimit) is broken, and says so to every caller. A live
+// peer that claims a slot and never finishes it stalls the positions behind it, as a live
+// peer that holds a lock would; that is not detectable, and not a crash either. Layout:
+// transport/ring_layout.h.
 #pragma once
 
 #include <chrono>
@@ -162,6 +166,9 @@ class Ring {
   // sleeper wakes.
   void close() noexcept;
   [[nodiscard]] bool closed() const noexcept;
+  // Whether the ring is broken (it has no position left: every push, and every pop that
+  // finds nothing, throws ProtocolError); a broken ring is closed() too.
+  [[nodiscard]] bool broken() const noexcept;
   // kUserBytes of shared memory in the ring's header, zero in a new ring, for the user's
   // own words (a peer can write them too: validate what is read there).
   [[nodiscard]] std::byte* user_area() const noexcept;
@@ -220,6 +227,9 @@ class Ring {
   bool resync_hints() noexcept;
   // resync_hints after a sleep with nothing published, at most once a second (kIdleScanEvery).
   void idle_scan() noexcept;
+  // Marks the ring broken (ring_layout.h, kRingBroken), wakes every sleeper, and throws
+  // its ProtocolError: for a ring whose slot words say it has no position left.
+  [[noreturn]] void break_ring();
 
   UniqueFd fd_;
   Mapping map_;

@@ -13,7 +13,8 @@
 namespace shmtensor::internal {
 
 inline constexpr std::uint64_t kRingMagic = 0x31474e4952545453ULL;  // "STTRING1"
-inline constexpr std::uint32_t kRingVersion = 2;
+// 3: `closed` has a broken bit (kRingBroken).
+inline constexpr std::uint32_t kRingVersion = 3;
 // Holder records; index kNoHolder marks a claim by a process that found none free (more
 // than 127 live holders): such a claim is never judged abandoned.
 inline constexpr std::uint32_t kHolderRecords = 127;
@@ -46,7 +47,17 @@ inline constexpr std::uint32_t holder_of(std::uint64_t w) {
 inline constexpr std::uint32_t epoch_of(std::uint64_t w) {
   return static_cast<std::uint32_t>(w) & kEpochMask;
 }
+// Positions stay below kPosLimit: 2^50 (what a word keeps) less two laps of the largest
+// ring, so that neither a position nor one a lap on wraps to alias another. An honest ring
+// reaches it after 2^50 - 2^21 messages (3.5 years at 10 M/s); it is then broken.
+inline constexpr std::uint64_t kPosLimit = kPosMask + 1 - 2 * std::uint64_t{Ring::kMaxSlotCount};
 }  // namespace ring_word
+
+// RingHeader::closed: bit 0 set by close(); bit 1 (with bit 0) when the ring is broken (it
+// has no position left to hand out): every later push and every pop that finds nothing
+// throws ProtocolError.
+inline constexpr std::uint32_t kRingClosed = 1;
+inline constexpr std::uint32_t kRingBroken = 2;
 
 struct HolderRecord {
   std::atomic<std::uint64_t> owner;  // slot_owner(pid, start time); 0 = free
@@ -67,7 +78,7 @@ struct RingHeader {
   std::atomic<std::uint32_t> consumers_asleep;
   alignas(64) std::atomic<std::uint32_t> freed;  // futex word of sleeping producers
   std::atomic<std::uint32_t> producers_asleep;
-  alignas(64) std::atomic<std::uint32_t> closed;
+  alignas(64) std::atomic<std::uint32_t> closed;  // kRingClosed | kRingBroken
   std::atomic<std::uint64_t> abandoned;  // claims of dead processes freed (diagnostics)
   alignas(64) HolderRecord holders[kHolderRecords];
   // The user's (Ring::user_area): zero in a new ring.

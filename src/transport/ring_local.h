@@ -43,6 +43,39 @@ inline SlotHead* head_of(std::byte* slot) { return reinterpret_cast<SlotHead*>(s
                       "): another process wrote over the ring's shared memory");
 }
 
+// A hint read as a position: the bits a slot word keeps. Higher bits (which no honest
+// process writes: positions stay below kPosLimit) would make the hint alias the position
+// of its low bits, so they are dropped, and dropped in the hint too, so that a CAS from the
+// position read can move it.
+inline std::uint64_t load_hint(std::atomic<std::uint64_t>& hint) noexcept {
+  std::uint64_t v = hint.load();
+  if (v > ring_word::kPosMask) [[unlikely]] {
+    std::uint64_t seen = v;
+    hint.compare_exchange_strong(seen, v & ring_word::kPosMask);
+    v &= ring_word::kPosMask;
+  }
+  return v;
+}
+// The same for a look that changes nothing.
+inline std::uint64_t peek_hint(const std::atomic<std::uint64_t>& hint) noexcept {
+  return hint.load() & ring_word::kPosMask;
+}
+
+// A hint at or past kPosLimit that the slot words do not explain, as a ProtocolError.
+[[noreturn]] inline void corrupt_hint(const char* which, std::uint64_t hint) {
+  throw ProtocolError(std::string("message ring: the ") + which + " hint (" +
+                      std::to_string(hint) +
+                      ") is past the last position a ring uses: another process wrote over the "
+                      "ring's shared memory");
+}
+
+// The ProtocolError of a broken ring (kRingBroken).
+[[noreturn]] inline void throw_broken() {
+  throw ProtocolError(
+      "message ring: broken: it has no position left (2^50 - 2^21 messages in its life, or "
+      "another process wrote positions near the end over the ring's shared memory)");
+}
+
 // Sleeps on `word` (expected value `seen`) for at most a slice and the deadline. False when
 // the deadline has passed.
 inline bool sleep_on(std::atomic<std::uint32_t>* word, std::uint32_t seen,

@@ -45,10 +45,22 @@ Ring::Popped Ring::pop(std::span<std::byte> out, Deadline deadline, std::uint32_
   bool spun = false;
   bool may_resync = true;  // once a call, as in reserve
   auto resync = [&] { return std::exchange(may_resync, false) && resync_hints(); };
+  // Empty and closed: kClosed, or the ProtocolError of a broken ring.
+  auto closed_and_empty = [&]() -> Popped {
+    if (h->closed.load() & kRingBroken) throw_broken();
+    return {Status::kClosed, 0, 0};
+  };
   for (;;) {
     // `closed` before the slot: a push that claims after this sees it and withdraws.
     const bool was_closed = h->closed.load() != 0;
-    const std::uint64_t pos = h->head.load();
+    const std::uint64_t pos = load_hint(h->head);
+    if (pos >= kPosLimit) [[unlikely]] {
+      // A head a peer moved there goes back where the words say; if they say so too, the
+      // ring has no position left.
+      if (!may_resync) corrupt_hint("head", pos);
+      if (resync()) continue;
+      break_ring();
+    }
     SlotHead* s = head_of(slot(pos));
     std::uint64_t w = s->word.load();
     const std::uint64_t wp = pos_of(w);
@@ -99,7 +111,7 @@ Ring::Popped Ring::pop(std::span<std::byte> out, Deadline deadline, std::uint32_
         case kFree:
           // Free for this position while the tail has passed it: nobody will ever write
           // it (a scribbled word made a producer skip it). Only corruption leads here.
-          if (const std::uint64_t tail = h->tail.load(); tail > pos) {
+          if (const std::uint64_t tail = load_hint(h->tail); tail > pos) {
             // A producer that claimed the slot after we read it moved the tail: look again.
             if (s->word.load() != w) continue;
             if (resync()) continue;
@@ -115,7 +127,7 @@ Ring::Popped Ring::pop(std::span<std::byte> out, Deadline deadline, std::uint32_
           } else if (tail < pos && resync()) {
             continue;  // a head hint a peer moved past the tail
           }
-          if (was_closed) return {Status::kClosed, 0, 0};
+          if (was_closed) return closed_and_empty();
           break;  // empty
       }
     } else if (wp == ((pos + slot_count_) & kPosMask)) {
@@ -138,15 +150,22 @@ Ring::Popped Ring::pop(std::span<std::byte> out, Deadline deadline, std::uint32_
         h->head.compare_exchange_strong(expected, pos - slot_count_);
         continue;
       }
-      if (state_of(w) != kReading) {
-        if (resync()) continue;
-        skip_corrupt("slot word behind the head", pos, w);
+      if (state_of(w) == kFree) {
+        // Free for the previous lap: a position the tail stepped over that no consumer
+        // passed (the head was moved past it). Nothing was written there: the slot is made
+        // free for this position, as a producer does.
+        s->word.compare_exchange_strong(w, pack(pos, kFree));
         continue;
       }
-      if (was_closed) return {Status::kClosed, 0, 0};
+      if (was_closed) return closed_and_empty();
     } else {
-      if (h->head.load() != pos) continue;  // the hint moved: look again
+      if (load_hint(h->head) != pos) continue;  // the hint moved: look again
       if (resync()) continue;
+      if (wp < (pos & kPosMask) && state_of(w) == kFree) {
+        // Free for a lap long gone: nothing was written there (as one lap behind, below).
+        s->word.compare_exchange_strong(w, pack(pos, kFree));
+        continue;
+      }
       skip_corrupt("slot word from another lap", pos, w);
       continue;
     }
@@ -156,7 +175,7 @@ Ring::Popped Ring::pop(std::span<std::byte> out, Deadline deadline, std::uint32_
       // make a producer publishing meanwhile call FUTEX_WAKE for nobody, and move the
       // count's cache line between the two CPUs at every poll.
       const bool unchanged =
-          s->word.load() == w && h->head.load() == pos && (h->closed.load() != 0) == was_closed;
+          s->word.load() == w && load_hint(h->head) == pos && (h->closed.load() != 0) == was_closed;
       if (unchanged) return {Status::kTimeout, 0, 0};
       spins = 0;
       continue;
@@ -179,7 +198,7 @@ Ring::Popped Ring::pop(std::span<std::byte> out, Deadline deadline, std::uint32_
     }
     h->consumers_asleep.fetch_add(1);
     const bool unchanged =
-        s->word.load() == w && h->head.load() == pos && (h->closed.load() != 0) == was_closed;
+        s->word.load() == w && load_hint(h->head) == pos && (h->closed.load() != 0) == was_closed;
     const bool in_time = !unchanged || sleep_on(&h->published, seen, deadline);
     h->consumers_asleep.fetch_sub(1);
     if (unchanged && h->published.load() == seen) idle_scan();

@@ -4,7 +4,10 @@
 #include <algorithm>
 #include <atomic>
 #include <climits>
+#include <cstddef>
 #include <cstdint>
+#include <new>
+#include <vector>
 
 #include "transport/ring.h"
 #include "transport/ring_layout.h"
@@ -92,43 +95,77 @@ bool Ring::resync_hints() noexcept {
   // its previous position claimed), and the head is the oldest position published or being
   // written, or the tail when there is none. In a ring nobody wrote over, the head is never
   // past the tail, and the tail never more than a lap past any slot's position.
+  //
+  // Each word says where the tail T is at least: past a claimed position p, or past p - n
+  // for a free one (p - n was claimed or stepped over); T is the highest of those. A word
+  // for another slot's index or past kPosLimit is a peer's and is not followed, nor is one
+  // two laps or more above every other word (a claim lands at most a lap past the words
+  // there are, so an honest ring has none): so one forged word does not move the ring to
+  // its lap.
   RingHeader* h = header();
   const std::uint64_t n = slot_count_;
   // The hints before the scan, and only those are replaced: a claim or a take that moves a
   // hint while the scan runs makes the CAS fail, so a scan older than the hint never pulls
   // it back (claims and takes only move the words forward: an honest hint read before the
   // scan is never ahead of what the scan finds).
-  const std::uint64_t tail0 = h->tail.load();
-  const std::uint64_t head0 = h->head.load();
-  std::uint64_t tail = 0;
-  std::uint64_t oldest = UINT64_MAX;  // the oldest position published or being written
+  const std::uint64_t tail0 = load_hint(h->tail);
+  const std::uint64_t head0 = load_hint(h->head);
+  std::vector<std::uint64_t> words, positions;
+  try {
+    words.resize(n);
+    positions.reserve(n);
+  } catch (const std::bad_alloc&) {
+    return false;  // no memory: the hints stay; the next call looks again
+  }
   for (std::uint64_t i = 0; i < n; ++i) {
-    const std::uint64_t w = head_of(slot(i))->word.load();
+    words[i] = head_of(slot(i))->word.load();
+    const std::uint64_t p = pos_of(words[i]);
+    if ((p & (n - 1)) == i && p < kPosLimit)
+      positions.push_back(p);
+    else
+      words[i] = ~std::uint64_t{0};  // not counted
+  }
+  if (positions.empty()) return false;  // every word is a peer's: nothing says where to go
+  std::sort(positions.begin(), positions.end());
+  while (positions.size() >= 2 && positions.back() >= positions[positions.size() - 2] + 2 * n)
+    positions.pop_back();
+  const std::uint64_t highest = positions.back();
+  auto counted = [&](std::uint64_t w) { return w != ~std::uint64_t{0} && pos_of(w) <= highest; };
+  std::uint64_t tail = 0;
+  for (const std::uint64_t w : words) {
+    if (!counted(w)) continue;
     const std::uint64_t p = pos_of(w);
     if (state_of(w) != kFree)
       tail = std::max(tail, p + 1);
     else if (p >= n)
       tail = std::max(tail, p - n + 1);
-    if (state_of(w) == kReady || state_of(w) == kWriting) oldest = std::min(oldest, p);
   }
+  // The oldest position published or being written among those words, at most a lap
+  // behind the tail.
   std::uint64_t head = tail;
-  if (oldest == UINT64_MAX || oldest + n >= tail) {
-    head = std::min(head, oldest);
-  } else {  // a word more than a lap behind the tail (a peer's): not the head
-    for (std::uint64_t i = 0; i < n; ++i) {
-      const std::uint64_t w = head_of(slot(i))->word.load();
-      if ((state_of(w) == kReady || state_of(w) == kWriting) && pos_of(w) + n >= tail)
-        head = std::min(head, pos_of(w));
-    }
-  }
+  for (const std::uint64_t w : words)
+    if ((state_of(w) == kReady || state_of(w) == kWriting) && counted(w) &&
+        pos_of(w) + n >= tail)
+      head = std::min(head, pos_of(w));
   // A hint ahead of the words is moved back (consumers and producers then step forward
-  // over what was taken, one CAS a position); one far behind is moved up to them.
+  // over what was taken, one CAS a position); one behind is moved up to them (a head
+  // behind slots freed laps ahead of it, after a peer moved it, would otherwise meet them).
   bool moved = false;
   std::uint64_t seen = tail0;
-  if (seen > tail || seen + n < tail) moved |= h->tail.compare_exchange_strong(seen, tail);
+  if (seen != tail) moved |= h->tail.compare_exchange_strong(seen, tail);
   seen = head0;
-  if (seen > head || seen + n < head) moved |= h->head.compare_exchange_strong(seen, head);
+  if (seen != head) moved |= h->head.compare_exchange_strong(seen, head);
   return moved;
+}
+
+void Ring::break_ring() {
+  RingHeader* h = header();
+  h->closed.fetch_or(kRingClosed | kRingBroken);
+  h->published.fetch_add(1);
+  h->freed.fetch_add(1);
+  futex_wake(&h->published, INT_MAX);
+  futex_wake(&h->freed, INT_MAX);
+  throw_broken();
 }
 
 void Ring::release(std::uint64_t pos) noexcept {
@@ -141,9 +178,8 @@ void Ring::release(std::uint64_t pos) noexcept {
 
 void Ring::rewind_head(std::uint64_t pos) noexcept {
   RingHeader* h = header();
-  std::uint64_t head = h->head.load();
-  while (head > pos && !h->head.compare_exchange_weak(head, pos)) {
-  }
+  for (std::uint64_t head = load_hint(h->head); head > pos; head = load_hint(h->head))
+    if (h->head.compare_exchange_weak(head, pos)) return;
 }
 
 void Ring::unread(std::uint64_t pos) noexcept {
@@ -185,7 +221,7 @@ std::uint64_t Ring::abandoned() const noexcept { return header()->abandoned.load
 bool Ring::test_claim_and_abandon(bool as_consumer) {
   RingHeader* h = header();
   const auto [me, epoch] = holder();
-  const std::uint64_t pos = as_consumer ? h->head.load() : h->tail.load();
+  const std::uint64_t pos = load_hint(as_consumer ? h->head : h->tail);
   SlotHead* s = head_of(slot(pos));
   std::uint64_t w = s->word.load();
   if (pos_of(w) != (pos & kPosMask) || state_of(w) != (as_consumer ? kReady : kFree)) return false;

@@ -1,0 +1,407 @@
+// Positions a peer cannot alias (docs/transport.md, "What a peer that writes the shared
+// memory can do"): a peer that writes a ring's hints, one of its slot words, or a live
+// thread's ids into a receive lock, as the outside probe of the transport did. An item a
+// put or send acknowledged is received, or a call fails with a ProtocolError; a receive
+// without a deadline fails within the documented bound; a forged slot word costs one call.
+// Queue and Pipe, real processes (a forked bystander whose thread a forged lock names).
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "os/mapping.h"
+#include "os/shared_lock.h"
+#include "os/unique_fd.h"
+#include "shmtensor/connection.h"
+#include "shmtensor/error.h"
+#include "shmtensor/internal/connection_access.h"
+#include "shmtensor/internal/queue_core.h"
+#include "shmtensor/queue.h"
+#include "support/expect_error.h"
+#include "support/leak_check.h"
+#include "transport/link_control.h"
+#include "transport/queue_control.h"
+#include "transport/ring.h"
+#include "transport/ring_layout.h"
+
+namespace shmtensor {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+using internal::Mapping;
+using internal::Ring;
+using testing::fork_child;
+using testing::wait_child;
+
+// What slot words keep of a position: 50 bits. A hint moved by this aliases its position.
+constexpr std::uint64_t kAlias = std::uint64_t{1} << 50;
+
+// A ring's whole memfd, mapped as a peer would map it.
+class RingMemory {
+ public:
+  explicit RingMemory(int fd) {
+    struct stat st {};
+    EXPECT_EQ(::fstat(fd, &st), 0);
+    map_ = Mapping::map_shared(fd, static_cast<std::size_t>(st.st_size), "test");
+    const Ring ring = Ring::attach(internal::dup_cloexec(fd));
+    slots_offset_ = ring.slots_offset();
+    slot_bytes_ = ring.slot_bytes();
+    slot_count_ = ring.slot_count();
+  }
+  std::atomic<std::uint64_t>& tail() { return word(Ring::kTailOffset); }
+  std::atomic<std::uint64_t>& head() { return word(Ring::kHeadOffset); }
+  std::atomic<std::uint64_t>& slot_word(std::uint64_t pos) {
+    return word(slots_offset_ + (pos % slot_count_) * slot_bytes_);
+  }
+  std::uint32_t slot_count() const { return slot_count_; }
+  std::byte* user() { return map_.data() + offsetof(internal::RingHeader, user); }
+
+ private:
+  std::atomic<std::uint64_t>& word(std::size_t offset) {
+    return *reinterpret_cast<std::atomic<std::uint64_t>*>(map_.data() + offset);
+  }
+  Mapping map_;
+  std::size_t slots_offset_ = 0;
+  std::uint32_t slot_bytes_ = 0;
+  std::uint32_t slot_count_ = 0;
+};
+
+int queue_ring_fd(Queue<std::string>& q) {
+  return internal::QueueAccess::core(q).shared_fds().ring;
+}
+int queue_control_fd(Queue<std::string>& q) {
+  return internal::QueueAccess::core(q).shared_fds().control;
+}
+// The ring a → b of a pipe (a's outgoing one, b's incoming one).
+int pipe_ring_fd(const Connection& a) { return internal::ConnectionAccess::fds(a).at(2); }
+
+// Items of both paths: small ones travel in a ring slot, big ones (larger than a slot) as a
+// datagram announced by a marker slot.
+std::string item(int i) {
+  return i % 3 == 0 ? "big " + std::to_string(i) + std::string(1100, '.')
+                    : "item " + std::to_string(i);
+}
+// What a receive returned, short enough for a failure message: its first words and size.
+std::string label(const std::optional<std::string>& v) {
+  return v ? v->substr(0, v->find('.')) + " (" + std::to_string(v->size()) + " bytes)" : "nothing";
+}
+
+// The child's exit status, or -1 once `limit` passed (the child is then SIGKILLed).
+int wait_child_within(pid_t pid, std::chrono::seconds limit) {
+  const auto give_up = Clock::now() + limit;
+  for (;;) {
+    int status = 0;
+    const pid_t got = ::waitpid(pid, &status, WNOHANG);
+    if (got == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    if (Clock::now() >= give_up) {
+      ::kill(pid, SIGKILL);
+      (void)wait_child(pid);
+      return -1;
+    }
+    std::this_thread::sleep_for(5ms);
+  }
+}
+
+class HostilePositionsTest : public testing::LeakCheckedTest {};
+
+// The probe's first finding: the head moved by 2^50 made a consumer take the same marker
+// again and again (try_get empty, no exception; get() without a deadline never returned).
+TEST_F(HostilePositionsTest, AQueuesHeadMovedByTwoToTheFiftyLosesNothing) {
+  Queue<std::string> q;
+  RingMemory ring(queue_ring_fd(q));
+  for (int i = 0; i < 12; ++i) q.put(item(i));
+  EXPECT_EQ(label(q.try_get(2s)), label(item(0)));
+  ring.head().fetch_add(kAlias);
+  for (int i = 12; i < 24; ++i) q.put(item(i));
+  // One producer, one consumer: every item, in order, none twice.
+  for (int i = 1; i < 24; ++i) EXPECT_EQ(label(q.try_get(2s)), label(item(i))) << i;
+  EXPECT_EQ(q.try_get(20ms), std::nullopt);
+  // A get() without a deadline, in a child that is killed if it does not return.
+  ring.head().fetch_add(3 * kAlias);
+  q.put(item(24));
+  const pid_t consumer = fork_child([&] {
+    if (q.get() != item(24)) std::_Exit(3);
+  });
+  EXPECT_EQ(wait_child_within(consumer, 10s), 0) << "-1: get() did not return";
+}
+
+TEST_F(HostilePositionsTest, APipesHeadMovedByTwoToTheFiftyLosesNothing) {
+  auto [a, b] = pipe();
+  RingMemory ring(pipe_ring_fd(a));
+  for (int i = 0; i < 12; ++i) a.send(item(i));
+  EXPECT_EQ(label(b.recv<std::string>()), label(item(0)));
+  ring.head().fetch_add(kAlias);
+  for (int i = 12; i < 24; ++i) a.send(item(i));
+  for (int i = 1; i < 24; ++i) EXPECT_EQ(label(b.recv<std::string>()), label(item(i))) << i;
+  EXPECT_FALSE(b.poll());
+  ring.head().fetch_add(kAlias);
+  a.send(item(24));
+  const pid_t receiver = fork_child([&] {
+    if (b.recv<std::string>() != item(24)) std::_Exit(3);
+  });
+  EXPECT_EQ(wait_child_within(receiver, 10s), 0) << "-1: recv() did not return";
+}
+
+// The fourth finding: the tail moved by 2^50 lost items (each with an exception).
+TEST_F(HostilePositionsTest, AQueuesTailMovedByTwoToTheFiftyLosesNothing) {
+  Queue<std::string> q;
+  RingMemory ring(queue_ring_fd(q));
+  for (int i = 0; i < 12; ++i) q.put(item(i));
+  EXPECT_EQ(label(q.try_get(2s)), label(item(0)));
+  ring.tail().fetch_add(kAlias);
+  for (int i = 12; i < 24; ++i) q.put(item(i));
+  ring.tail().fetch_add(5 * kAlias);
+  for (int i = 24; i < 36; ++i) q.put(item(i));
+  for (int i = 1; i < 36; ++i) EXPECT_EQ(label(q.try_get(2s)), label(item(i))) << i;
+  EXPECT_EQ(q.try_get(20ms), std::nullopt);
+}
+
+TEST_F(HostilePositionsTest, APipesTailMovedByTwoToTheFiftyLosesNothing) {
+  auto [a, b] = pipe();
+  RingMemory ring(pipe_ring_fd(a));
+  for (int i = 0; i < 12; ++i) a.send(item(i));
+  ring.tail().fetch_add(kAlias);
+  for (int i = 12; i < 24; ++i) a.send(item(i));
+  for (int i = 0; i < 24; ++i) EXPECT_EQ(label(b.recv<std::string>()), label(item(i))) << i;
+  EXPECT_FALSE(b.poll());
+}
+
+// Hints with any bits above the 50 a slot word keeps: flipped one by one, all together, or
+// moved back by 2^50 (which borrows from them). Puts and gets interleave; nothing is lost,
+// nothing fails, and one producer's items come to one consumer in order.
+TEST_F(HostilePositionsTest, HintsWithAnyHighBitsLoseNothingAndFailNothing) {
+  const std::uint64_t kHigh = ~(kAlias - 1);
+  const std::uint64_t flips[] = {kAlias, std::uint64_t{1} << 63, kHigh,
+                                 kHigh & 0x5555555555555555u};
+  int move = 0;
+  for (const std::uint64_t flip : flips) {
+    for (const bool back : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "high bits 0x" << std::hex << flip << ", back " << back);
+      Queue<std::string> q;
+      RingMemory ring(queue_ring_fd(q));
+      int put = 0, got = 0;
+      for (int round = 0; round < 4; ++round) {
+        for (int k = 0; k < 9; ++k) ASSERT_NO_THROW(q.put(item(put++)));
+        auto& hint = (++move % 2 == 0 ? ring.head() : ring.tail());
+        if (back)
+          hint.fetch_sub(kAlias);
+        else
+          hint.fetch_xor(flip);
+        for (int k = 0; k < 5; ++k) EXPECT_EQ(label(q.try_get(2s)), label(item(got++)));
+      }
+      while (got < put) EXPECT_EQ(label(q.try_get(2s)), label(item(got++)));
+      EXPECT_EQ(q.try_get(20ms), std::nullopt);
+    }
+  }
+}
+
+// The third finding: one slot word forged far ahead of the tail made every second put fail
+// for a whole lap. It costs one put now: the one that meets it, which says so.
+TEST_F(HostilePositionsTest, OneSlotWordForgedFarAheadCostsOnePut) {
+  using namespace internal::ring_word;
+  for (const State state : {kFree, kReady, kWriting}) {
+    SCOPED_TRACE("forged state " + std::to_string(state));
+    Queue<std::string> q;
+    RingMemory ring(queue_ring_fd(q));
+    const std::uint64_t n = ring.slot_count();
+    for (int i = 0; i < 10; ++i) q.put(item(i));
+    for (int i = 0; i < 10; ++i) ASSERT_EQ(label(q.try_get(2s)), label(item(i)));
+    // Positions 0..9 were used; the word of position 15 now names a position 100 laps on.
+    const std::uint64_t forged = pack(15 + 100 * n, state);
+    ring.slot_word(15).store(forged);
+    std::vector<int> failed;
+    int got = 0;
+    for (int i = 10; i < 1210; ++i) {
+      try {
+        q.put(item(i));
+      } catch (const ProtocolError& e) {
+        failed.push_back(i);
+        EXPECT_THAT(e.what(),
+                    ::testing::HasSubstr("slot word laps ahead of the tail (position 15"));
+        continue;
+      }
+      const std::optional<std::string> v = q.try_get(2s);
+      ASSERT_TRUE(v.has_value()) << i;
+      // In order, the failed put's item missing.
+      int want = 10 + got++;
+      if (!failed.empty() && want >= failed.front()) ++want;
+      EXPECT_EQ(label(v), label(item(want)));
+    }
+    EXPECT_EQ(failed, std::vector<int>{15});
+    EXPECT_EQ(got, 1199);
+    EXPECT_EQ(q.try_get(20ms), std::nullopt);
+  }
+}
+
+TEST_F(HostilePositionsTest, OneSlotWordForgedFarAheadCostsOneSend) {
+  using namespace internal::ring_word;
+  auto [a, b] = pipe();
+  RingMemory ring(pipe_ring_fd(a));
+  const std::uint64_t n = ring.slot_count();
+  ring.slot_word(7).store(pack(7 + 1000 * n, kReady));
+  std::vector<int> failed;
+  int got = 0;
+  for (int i = 0; i < 1200; ++i) {
+    try {
+      a.send(item(i));
+    } catch (const ProtocolError& e) {
+      failed.push_back(i);
+      EXPECT_THAT(e.what(), ::testing::HasSubstr("slot word laps ahead of the tail (position 7"));
+      continue;
+    }
+    int want = got++;
+    if (!failed.empty() && want >= failed.front()) ++want;
+    EXPECT_EQ(label(b.recv<std::string>()), label(item(want)));
+  }
+  EXPECT_EQ(failed, std::vector<int>{7});
+  EXPECT_EQ(got, 1199);
+  EXPECT_FALSE(b.poll());
+}
+
+// A peer that writes most slot words near the last position a ring uses (kPosLimit) moves
+// the ring there; once its positions run out, the ring is broken, and every caller is told:
+// a consumer asleep in get() without a deadline in another process, a put, a try_get.
+TEST_F(HostilePositionsTest, AQueueWhosePositionsRunOutIsBrokenForEveryCaller) {
+  using namespace internal::ring_word;
+  Queue<std::string> q;
+  RingMemory ring(queue_ring_fd(q));
+  const std::uint64_t n = ring.slot_count();
+  // Each slot free for its position in the last lap below the limit.
+  for (std::uint64_t i = 0; i < n; ++i) ring.slot_word(i).store(pack(kPosLimit - n + i, kFree));
+  for (std::uint64_t i = 0; i < n; ++i) {
+    q.put(item(static_cast<int>(i)));
+    ASSERT_EQ(label(q.try_get(2s)), label(item(static_cast<int>(i))));
+  }
+  EXPECT_EQ(ring.tail().load(), kPosLimit);
+  const pid_t consumer = fork_child([&] {
+    try {
+      (void)q.get();
+    } catch (const ProtocolError& e) {
+      if (std::string(e.what()).find("broken: it has no position left") != std::string::npos)
+        std::_Exit(0);
+    }
+    std::_Exit(3);
+  });
+  std::this_thread::sleep_for(50ms);  // the child is likely asleep in get() by now
+  EXPECT_ERROR(q.put(item(0)), ProtocolError, "message ring: broken: it has no position left");
+  EXPECT_EQ(wait_child_within(consumer, 10s), 0);
+  EXPECT_ERROR((void)q.try_get(0s), ProtocolError, "message ring: broken: it has no position left");
+  EXPECT_ERROR(q.put(item(1)), ProtocolError, "message ring: broken: it has no position left");
+}
+
+// The second finding: a peer that names a live thread in a receive lock and keeps bumping
+// its wake counter, or swaps the named thread, kept a receive without a deadline waiting
+// past 6 s. docs/transport.md promises an error once others held the lock for 1 s while
+// the caller waited; the bound checked here is a generous 5 s (no timed assertion tighter
+// than the promise on a shared machine).
+class LockForger {
+ public:
+  // Names `pids` (each a live process's main thread) in `lock` in turn, swapping every
+  // `swap_every`, and bumps the wake counter every millisecond, until stop() (or 8 s).
+  LockForger(internal::SharedLock& lock, std::vector<pid_t> pids,
+             std::chrono::milliseconds swap_every)
+      : first_(forge(lock, pids[0])), thread_([this, &lock, pids, swap_every] {
+          const auto start = Clock::now();
+          std::size_t k = 0;
+          auto swapped = start;
+          while (!stop_.load() && Clock::now() - start < 8s) {
+            forge(lock, pids[k % pids.size()]);
+            if (Clock::now() - swapped >= swap_every) {
+              ++k;
+              swapped = Clock::now();
+            }
+            std::this_thread::sleep_for(1ms);
+          }
+        }) {}
+  ~LockForger() { stop(); }
+  void stop() {
+    stop_.store(true);
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  // Names the main thread of `pid` in `lock` and bumps its wake counter.
+  static bool forge(internal::SharedLock& lock, pid_t pid) {
+    const auto who = static_cast<std::uint32_t>(pid);
+    lock.state.store(internal::thread_lock_state(who, who));
+    lock.wake.fetch_add(1);
+    return true;
+  }
+  bool first_;  // the lock is forged before the constructor returns
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+// Two live processes that take no lock: the threads a peer names.
+struct Bystanders {
+  pid_t first = fork_child([] { ::pause(); });
+  pid_t second = fork_child([] { ::pause(); });
+  ~Bystanders() {
+    for (pid_t p : {first, second}) {
+      ::kill(p, SIGKILL);
+      (void)wait_child(p);
+    }
+  }
+};
+
+// A queue's get() without a deadline while a LockForger forges its receive lock: a
+// ProtocolError within the bound, and the item, whose marker was given back, is there once
+// the lock is free.
+void expect_get_reports_the_forged_lock(const std::vector<pid_t>& named,
+                                        std::chrono::milliseconds swap_every) {
+  Queue<std::string> q;
+  Mapping control =
+      Mapping::map_shared(queue_control_fd(q), sizeof(internal::QueueControl), "test");
+  auto* c = reinterpret_cast<internal::QueueControl*>(control.data());
+  q.put(item(0));  // a datagram: its receive takes recv_lock
+  {
+    LockForger forger(c->recv_lock, named, swap_every);
+    const auto start = Clock::now();
+    EXPECT_ERROR((void)q.get(), ProtocolError,
+                 "the queue's receive lock has been held by other threads for more than 1 s");
+    EXPECT_LT(Clock::now() - start, 5s);
+  }
+  c->recv_lock.state.store(0);
+  EXPECT_EQ(label(q.try_get(2s)), label(item(0)));
+}
+
+TEST_F(HostilePositionsTest, AQueuesGetWithoutDeadlineFailsWhileAPeerBumpsTheLocksWakeCounter) {
+  Bystanders live;
+  expect_get_reports_the_forged_lock({live.first}, 1h);
+}
+
+TEST_F(HostilePositionsTest, AQueuesGetWithoutDeadlineFailsWhileAPeerSwapsTheNamedHolder) {
+  Bystanders live;
+  expect_get_reports_the_forged_lock({live.first, live.second}, 100ms);
+}
+
+TEST_F(HostilePositionsTest, APipesRecvWithoutDeadlineFailsWhileAPeerForgesTheLock) {
+  Bystanders live;
+  auto [a, b] = pipe();
+  RingMemory ring(pipe_ring_fd(a));
+  auto* link = reinterpret_cast<internal::LinkControl*>(ring.user());
+  a.send(item(0));
+  {
+    LockForger forger(link->recv_lock, {live.first, live.second}, 100ms);
+    const auto start = Clock::now();
+    EXPECT_ERROR((void)b.recv<std::string>(), ProtocolError,
+                 "the connection's receive lock has been held by other threads for more than 1 s");
+    EXPECT_LT(Clock::now() - start, 5s);
+  }
+  link->recv_lock.state.store(0);
+  EXPECT_EQ(label(b.recv<std::string>()), label(item(0)));
+}
+
+}  // namespace
+}  // namespace shmtensor
