@@ -98,28 +98,47 @@ bool sleep_slice(std::atomic<std::uint32_t>* word, std::uint32_t seen,
   return true;
 }
 
-// Admission, decided before the item is framed (so a refused put moves nothing into shared
-// memory): the queue must be open and, when bounded, have room. Takes the item's place for
-// holder slot `slot` by CAS on `count` (acq_rel pairs with a consumer's release of a
-// place), so at most maxsize items are ever in the socket; an unbounded queue just counts.
-// Throws QueueClosed; false when the deadline passed first.
-bool admit(QueueControl* c, const Deadline& deadline, int slot, ItemPlace* place) {
+namespace {
+
+// Waits until a bounded queue has room (an unbounded one always has), or the deadline
+// passed (false). Throws QueueClosed.
+bool wait_for_room(QueueControl* c, const Deadline& deadline, std::uint32_t* seen) {
   const auto maxsize = static_cast<std::uint32_t>(c->maxsize);
   for (;;) {
     if (c->closed.load(std::memory_order_acquire)) throw QueueClosed("put() on a closed queue");
-    std::uint32_t n = c->count.load(std::memory_order_acquire);
+    const std::uint32_t n = c->count.load(std::memory_order_acquire);
     if (maxsize == 0 || n < maxsize) {
-      if (c->count.compare_exchange_weak(n, n + 1, std::memory_order_acq_rel)) {
-        place->take(c, slot);
-        return true;
-      }
-      continue;
+      *seen = n;
+      return true;
     }
     reclaim_dead_senders(c);
     // Waits are sliced: close() wakes the futex but does not change `count`, so a close()
     // that lands between our check of `closed` and the wait would otherwise wake nobody.
     if (!sleep_slice(&c->count, n, &c->waiters, deadline)) return false;
   }
+}
+
+}  // namespace
+
+// Admission, decided before the item is framed (so a refused put moves nothing into shared
+// memory): the queue must be open and, when bounded, have room. Takes the item's place for
+// holder slot `slot` by CAS on `count` (acq_rel pairs with a consumer's release of a
+// place), so at most maxsize items are ever in the socket; an unbounded queue just counts.
+// Throws QueueClosed; false when the deadline passed first.
+bool admit(QueueControl* c, const Deadline& deadline, int slot, ItemPlace* place) {
+  for (;;) {
+    std::uint32_t n = 0;
+    if (!wait_for_room(c, deadline, &n)) return false;
+    if (c->count.compare_exchange_weak(n, n + 1, std::memory_order_acq_rel)) {
+      place->take(c, slot);
+      return true;
+    }
+  }
+}
+
+bool QueueCore::wait_for_room(std::optional<std::chrono::nanoseconds> timeout) {
+  std::uint32_t n = 0;
+  return internal::wait_for_room(state_->control(), deadline_after(timeout), &n);
 }
 
 }  // namespace shmtensor::internal

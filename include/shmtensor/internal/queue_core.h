@@ -58,6 +58,11 @@ class SHMTENSOR_API QueueCore : public std::enable_shared_from_this<QueueCore> {
   [[nodiscard]] std::size_t put_many(std::span<Encoder> items,
                                      std::optional<std::chrono::nanoseconds> timeout,
                                      bool counted = false);
+  // Waits until a bounded queue has room for one more item, without taking it: true at once
+  // when it has (or is unbounded), false when the timeout passed first. A Broadcast's
+  // writer, the one producer of its readers' queues, waits so before it puts to all of
+  // them. Throws QueueClosed.
+  [[nodiscard]] bool wait_for_room(std::optional<std::chrono::nanoseconds> timeout);
   // nullopt on timeout; throws QueueClosed when closed and drained.
   [[nodiscard]] std::optional<Decoder> get(std::optional<std::chrono::nanoseconds> timeout);
   // Waits for one item as get() does, then takes up to max_items - 1 more that are there
