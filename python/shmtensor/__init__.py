@@ -18,6 +18,7 @@ import numpy as _np
 
 from shmtensor import _C
 from shmtensor._C import (
+    BroadcastTimeout,
     ConfigurationError,
     ConnectionClosed,
     CudaError,
@@ -47,7 +48,7 @@ __all__ = [
     "get_sharing_strategy", "set_sharing_strategy", "get_all_sharing_strategies", "empty_cache",
     "set_busy_poll", "get_busy_poll",
     "Error", "SharedMemoryFullError", "SystemCallError", "OutOfMemoryError", "ProtocolError",
-    "ConfigurationError", "ConnectionClosed", "QueueClosed", "CudaError",
+    "ConfigurationError", "ConnectionClosed", "QueueClosed", "BroadcastTimeout", "CudaError",
 ]
 
 

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "bindings.h"
+#include "shmtensor/broadcast.h"
 #include "shmtensor/connection.h"
 #include "shmtensor/error.h"
 #include "shmtensor/queue.h"
@@ -33,6 +34,7 @@ PyObject* g_protocol = nullptr;
 PyObject* g_configuration = nullptr;
 PyObject* g_connection_closed = nullptr;
 PyObject* g_queue_closed = nullptr;
+PyObject* g_broadcast_timeout = nullptr;
 PyObject* g_cuda = nullptr;
 
 PyObject* new_class(py::module_& m, const char* name, py::tuple bases, const char* doc) {
@@ -102,6 +104,13 @@ void bind_errors(py::module_& m) {
       "A put on a closed queue, or a get on one closed and drained; a ValueError, as "
       "multiprocessing raises for a closed Queue.");
 
+  g_broadcast_timeout = new_class(
+      m, "BroadcastTimeout",
+      py::make_tuple(error, py::reinterpret_borrow<py::object>(PyExc_TimeoutError)),
+      "Broadcast.put timed out waiting for a reader: `reader` (its index), `pid` (0: no "
+      "process attached as it yet) and `behind` (messages it has not taken); the message "
+      "went to no reader. A TimeoutError.");
+
   g_cuda = new_class(
       m, "CudaError", py::make_tuple(error),
       "CUDA cannot be used for this: no driver, a driver call that failed (result is its "
@@ -132,6 +141,12 @@ void bind_errors(py::module_& m) {
       raise(g_connection_closed, e.what());
     } catch (const QueueClosed& e) {
       raise(g_queue_closed, e.what());
+    } catch (const BroadcastTimeout& e) {
+      py::dict attrs;
+      attrs["reader"] = py::int_(e.reader());
+      attrs["pid"] = py::int_(e.pid());
+      attrs["behind"] = py::int_(e.behind());
+      raise(g_broadcast_timeout, e.what(), attrs);
     } catch (const CudaError& e) {
       py::dict attrs;
       attrs["result"] = py::int_(e.result());

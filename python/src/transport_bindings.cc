@@ -23,6 +23,7 @@
 
 #include "bindings.h"
 #include "devices.h"
+#include "shmtensor/broadcast.h"
 #include "shmtensor/connection.h"
 #include "shmtensor/internal/connection_access.h"
 #include "shmtensor/internal/frame.h"
@@ -234,6 +235,50 @@ class PyQueue {
   Queue<Item> q_;
 };
 
+
+// A Broadcast of (pickle, blocks) items (shmtensor.multiprocessing.Broadcast), and one
+// reader's handle. Blocking calls release the GIL.
+class PyBroadcastReader {
+ public:
+  explicit PyBroadcastReader(Broadcast<Item>::Reader r) : r_(std::move(r)) {}
+  // None on timeout.
+  std::optional<py::tuple> get(std::optional<double> timeout) {
+    std::optional<Item> item;
+    {
+      py::gil_scoped_release release;
+      if (timeout) {
+        item = r_.try_get(Duration(to_timeout(timeout)->count() / 1e9));
+      } else {
+        item = r_.get();
+      }
+    }
+    if (!item) return std::nullopt;
+    return item_to_python(std::move(*item));
+  }
+  int index() const { return r_.index(); }
+  Broadcast<Item>::Reader& get_reader() { return r_; }
+
+ private:
+  Broadcast<Item>::Reader r_;
+};
+
+class PyBroadcast {
+ public:
+  explicit PyBroadcast(Broadcast<Item> b) : b_(std::move(b)) {}
+  void put(py::bytes data, const std::vector<Tensor>& blocks, std::optional<double> timeout) {
+    Item item = make_item(std::move(data), blocks);
+    std::optional<Duration> t;
+    if (timeout) t = Duration(to_timeout(timeout)->count() / 1e9);
+    py::gil_scoped_release release;
+    b_.put(item, t);
+  }
+  PyBroadcastReader reader(int i) const { return PyBroadcastReader(b_.reader(i)); }
+  Broadcast<Item>& get() { return b_; }
+
+ private:
+  Broadcast<Item> b_;
+};
+
 }  // namespace
 
 void bind_transport(py::module_& m) {
@@ -370,6 +415,38 @@ void bind_transport(py::module_& m) {
       });
   m.def("_queue_of_frame", [](const std::string& data, const std::vector<int>& fds) {
     return PyQueue(decode_whole<Queue<Item>>(parse(data, fds)));
+  });
+  py::class_<PyBroadcastReader>(m, "_BroadcastReader")
+      .def("get", &PyBroadcastReader::get, py::arg("timeout") = py::none())
+      .def_property_readonly("index", &PyBroadcastReader::index)
+      .def("_frame", [](PyBroadcastReader& r) {
+        Encoder e;
+        e.encode(r.get_reader());
+        return Frame(std::move(e));
+      });
+  py::class_<PyBroadcast>(m, "_Broadcast")
+      .def(py::init([](int readers, std::size_t depth) {
+             return PyBroadcast(Broadcast<Item>(readers, depth));
+           }),
+           py::arg("readers"), py::arg("depth") = 64)
+      .def("put", &PyBroadcast::put, py::arg("data"), py::arg("blocks"),
+           py::arg("timeout") = py::none())
+      .def("reader", &PyBroadcast::reader, py::arg("index"))
+      .def_property_readonly("readers", [](PyBroadcast& b) { return b.get().readers(); })
+      .def_property_readonly("depth", [](PyBroadcast& b) { return b.get().depth(); })
+      .def("behind", [](PyBroadcast& b, int i) { return b.get().behind(i); })
+      .def("reader_pid", [](PyBroadcast& b, int i) { return b.get().reader_pid(i); })
+      .def("close", [](PyBroadcast& b) { b.get().close(); })
+      .def("_frame", [](PyBroadcast& b) {
+        Encoder e;
+        e.encode(b.get());
+        return Frame(std::move(e));
+      });
+  m.def("_broadcast_of_frame", [](const std::string& data, const std::vector<int>& fds) {
+    return PyBroadcast(decode_whole<Broadcast<Item>>(parse(data, fds)));
+  });
+  m.def("_broadcast_reader_of_frame", [](const std::string& data, const std::vector<int>& fds) {
+    return PyBroadcastReader(decode_whole<Broadcast<Item>::Reader>(parse(data, fds)));
   });
 }
 

@@ -68,6 +68,7 @@ else:
     from shmtensor.multiprocessing import spawn  # noqa: E402
 # (`X as X`: re-exported, also to type checkers that want it said, mypy --strict.)
 from shmtensor.multiprocessing.context import get_context as get_context  # noqa: E402
+from shmtensor.multiprocessing.broadcast import Broadcast as Broadcast  # noqa: E402
 from shmtensor.multiprocessing.connection import Pipe as Pipe  # noqa: E402
 from shmtensor.multiprocessing.queues import (JoinableQueue as JoinableQueue,  # noqa: E402
                                               Queue as Queue, SimpleQueue as SimpleQueue)
@@ -81,7 +82,7 @@ from shmtensor.multiprocessing.spawn import (  # noqa: E402
 __all__ = list(multiprocessing.__all__) + [
     "get_sharing_strategy", "set_sharing_strategy", "get_all_sharing_strategies",
     "get_share_threshold", "set_share_threshold", "spawn", "start_processes",
-    "ProcessContext", "ProcessRaisedException", "ProcessExitedException",
+    "ProcessContext", "ProcessRaisedException", "ProcessExitedException", "Broadcast",
 ]
 
 
