@@ -3,6 +3,7 @@
 // true). Those of include/shmtensor/internal/ are what these need; users do not include them.
 #pragma once
 
+#include "shmtensor/broadcast.h"
 #include "shmtensor/busy_poll.h"
 #include "shmtensor/codec.h"
 #include "shmtensor/collate.h"
