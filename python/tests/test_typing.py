@@ -322,11 +322,12 @@ def test_tensor_is_a_buffer():
 ALLOWLIST_C = [
     # pybind11's metaclass (pybind11_builtins.pybind11_type), which no stub can name.
     "shmtensor._C.Tensor", "shmtensor._C._Connection", "shmtensor._C._Frame",
-    "shmtensor._C._Queue", "shmtensor._C.device",
+    "shmtensor._C._Queue", "shmtensor._C.device", "shmtensor._C._Broadcast",
+    "shmtensor._C._BroadcastReader",
     # Classes without a constructor: pybind11's __init__(self, *args, **kwargs) raises
     # TypeError; the stub declares none.
     "shmtensor._C.Tensor.__init__", "shmtensor._C._Connection.__init__",
-    "shmtensor._C._Frame.__init__",
+    "shmtensor._C._Frame.__init__", "shmtensor._C._BroadcastReader.__init__",
 ]
 if sys.version_info < (3, 12):
     # The buffer protocol's Python-level methods (PEP 688), declared for every version as
