@@ -39,6 +39,9 @@ constexpr std::chrono::milliseconds kLookEvery{100};
 constexpr std::chrono::microseconds kReaderPoll{50};
 // The highest pid Linux hands out (PID_MAX_LIMIT).
 constexpr std::uint64_t kPidLimit = 4194304;
+// Longer than an honest drop of a reader's messages takes (at most `depth` parses, each of
+// which waits at most 1 s for a depot's lock).
+constexpr std::chrono::seconds kDroppingLimit{2};
 
 int owner_pid(std::uint64_t owner) noexcept { return static_cast<int>(owner >> 32); }
 
@@ -104,17 +107,25 @@ struct BroadcastCore::State {
     }
     control()->reader[i].store(kReaderLeft, std::memory_order_seq_cst);
   }
-  void attach(int i) {
+  // Attaches this process as reader i (once per process). False when the deadline passed
+  // while another process dropped the slot's messages; a slot that stays "dropping" longer
+  // than any drop takes (kDroppingLimit) was written by a peer.
+  bool attach(int i, const Deadline& deadline) {
     const std::uint64_t me = current_slot_owner();
     std::lock_guard lock(attach_mu);
     if (attached[static_cast<std::size_t>(i)] == me) {
       if (reader_word(i) != me)
         fail("reader " + std::to_string(i) + "'s slot no longer names its process");
-      return;
+      return true;
     }
+    const auto start = std::chrono::steady_clock::now();
     for (;;) {
       std::uint64_t v = reader_word(i);
       if (v == kReaderDropping) {
+        const auto now = std::chrono::steady_clock::now();
+        if (now - start > kDroppingLimit)
+          fail("reader " + std::to_string(i) + "'s slot stayed 'dropping' for 2 s");
+        if (deadline && now >= *deadline) return false;
         // Another process drops the slot's messages: a millisecond's sleep (ended early
         // only by the broken flag).
         futex_wait(&control()->broken, 0, std::chrono::milliseconds(1));
@@ -133,6 +144,7 @@ struct BroadcastCore::State {
     }
     attached[static_cast<std::size_t>(i)] = me;
     queue(i).set_busy_poll(kReaderPoll);
+    return true;
   }
   bool writer_alive() const {
     const std::uint64_t w = control()->writer;
@@ -345,8 +357,8 @@ std::optional<Decoder> BroadcastCore::get(int reader,
   State& st = *state_;
   st.check_broken();
   QueueCore& q = st.queue(reader);
-  st.attach(reader);
   const Deadline deadline = deadline_after(timeout);
+  if (!st.attach(reader, deadline)) return std::nullopt;
   for (;;) {
     auto slice = std::chrono::duration_cast<std::chrono::nanoseconds>(kLookEvery);
     if (deadline) {
@@ -357,7 +369,7 @@ std::optional<Decoder> BroadcastCore::get(int reader,
     std::optional<Decoder> d = q.get(slice);
     st.check_broken();
     if (d) return d;
-    st.attach(reader);  // still ours (validated)
+    (void)st.attach(reader, deadline);  // still ours (validated)
     if (!st.writer_alive() && q.size() == 0)
       throw QueueClosed("Broadcast: its writer (pid " + std::to_string(owner_pid(st.writer)) +
                         ") died and every message it put was taken");

@@ -288,6 +288,20 @@ TEST_P(BroadcastTest, AForgedWriterWordIsSeenByAWaitingReader) {
   EXPECT_ERROR(b.put(1), ProtocolError, "Broadcast is broken");
 }
 
+// A slot forged to "dropping" (what a process writes while it drops a dead reader's
+// messages): a reader attaching there waits until its deadline, and fails after 2 s without.
+TEST_P(BroadcastTest, AReaderSlotLeftDroppingCostsTheDeadlineThenFails) {
+  Broadcast<std::int64_t> b(1);
+  internal::Mapping map = map_control(b);
+  auto* c = reinterpret_cast<internal::BroadcastControl*>(map.data());
+  c->reader[0].store(internal::kReaderDropping, std::memory_order_seq_cst);
+  b.put(1);  // the writer skips a reader being dropped
+  EXPECT_EQ(b.behind(0), 0u);
+  EXPECT_EQ(b.reader(0).try_get(std::chrono::milliseconds(50)), std::nullopt);
+  EXPECT_ERROR(b.reader(0).get(), ProtocolError, "reader 0's slot stayed 'dropping' for 2 s");
+  EXPECT_ERROR(b.put(2), ProtocolError, "Broadcast is broken");
+}
+
 INSTANTIATE_TEST_SUITE_P(Strategies, BroadcastTest, testing::kAllStrategies,
                          testing::strategy_name);
 
