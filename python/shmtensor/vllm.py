@@ -12,6 +12,7 @@ readers are on this machine (n_local_reader == n_reader; no ZeroMQ socket for re
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,7 +83,6 @@ class MessageQueue:
             raise RuntimeError("dequeue() on the writer's MessageQueue")
         if cancel is None:
             return self._reader.get(timeout=timeout)
-        import time
         end = None if timeout is None else time.monotonic() + timeout
         while True:
             if cancel.is_set():

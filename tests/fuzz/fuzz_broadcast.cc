@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -118,12 +119,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       written = true;
     }
   }
-  // Encoded, written over, rebuilt: a valid broadcast or a ProtocolError.
-  shmtensor::internal::MessageFrame parts = b.parts();
+  // Encoded (refused once broken), written over, rebuilt: a valid broadcast or an error.
+  std::optional<shmtensor::internal::MessageFrame> parts;
+  if (!allowed([&] { parts.emplace(b.parts()); })) return 0;
   if (!in.done()) write_word(c, in);
   std::vector<int> fds;
-  for (int fd : parts.fds()) fds.push_back(::dup(fd));
-  const std::string bytes = parts.bytes();
+  for (int fd : parts->fds()) fds.push_back(::dup(fd));
+  const std::string bytes = parts->bytes();
   (void)allowed([&] {
     auto opened = Broadcast<std::int64_t>::from_parts(
         std::span(reinterpret_cast<const std::byte*>(bytes.data()), bytes.size()), fds);
