@@ -322,6 +322,28 @@ void bind_transport(py::module_& m) {
                              : PyQueue(Queue<Item>(maxsize));
            }),
            py::arg("maxsize") = 0, py::arg("joinable") = false)
+      // Named queues (docs/python.md, "Named queues"): NameExistsError, NameNotFoundError.
+      .def_static(
+          "create_named",
+          [](const std::string& name, std::size_t maxsize) {
+            py::gil_scoped_release release;
+            return PyQueue(Queue<Item>::create(name, maxsize));
+          },
+          py::arg("name"), py::arg("maxsize") = 0)
+      .def_static(
+          "open_named",
+          [](const std::string& name) {
+            py::gil_scoped_release release;
+            return PyQueue(Queue<Item>::open(name));
+          },
+          py::arg("name"))
+      .def_static(
+          "unlink_named",
+          [](const std::string& name) {
+            py::gil_scoped_release release;
+            Queue<Item>::unlink(name);
+          },
+          py::arg("name"))
       .def("put", &PyQueue::put, py::arg("data"), py::arg("blocks"), py::arg("timeout"),
            py::arg("counted") = false)
       .def("begin_task", [](PyQueue& q) { q.core().begin_task(); })

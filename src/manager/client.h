@@ -25,6 +25,9 @@
 
 #include <string>
 
+#include "memory/channel_registry.h"
+#include "os/unique_fd.h"
+
 namespace shmtensor::internal::manager {
 
 // Before shm_open(O_CREAT|O_EXCL) of `name` (e.g. "/shmtensor_12_ab..._3").
@@ -42,6 +45,15 @@ void release(const std::string& name, bool unlinked) noexcept;
 // decisions and written its journal (for tests and tools). Connects (starting a daemon)
 // if needed; a daemon that dies meanwhile is replaced and asked again. Throws Error.
 void sync();
+// A new connection to the daemon (started if none runs), its hello answered; the daemon's
+// pid in *daemon_pid. The connection's sends and receives time out after 10 s. Throws
+// Error as register_created, or when the daemon refuses this process (another uid).
+UniqueFd greeted_connection(pid_t* daemon_pid);
+
+// The named-channel registry's functions (channel_client.cc), which the static initializer
+// of client.cc installs (memory/channel_registry.h).
+const ChannelRegistry& channel_registry_client() noexcept;
+
 // The pid of the daemon this process is connected to, 0 when not connected.
 pid_t connected_daemon_pid() noexcept;
 // The number of names this process holds as far as the manager client knows.

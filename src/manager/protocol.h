@@ -36,7 +36,17 @@ enum class MessageType : std::uint16_t {
                          // sequence number of the kForkBegin, b: the child's pid
   kSync = 10,            // a: token. The daemon answers kSyncAck once all earlier
   kSyncAck = 11,         //   messages are processed and its decisions made. a: token
+  // Named channels (memory/channel_registry.h). Each request gets one kChannelReply.
+  kPublishChannel = 12,  // a: kind, b: token (non-zero). payload: name, NUL, bytes. fds
+  kOpenChannel = 13,     // a: kind, b: 1 = only look (not an end). payload: name, NUL
+  kUnlinkChannel = 14,   // b: 0, or only if the channel's token is b. payload: name, NUL
+  kListChannels = 15,    // answered by one kChannelEntry per channel, then a kChannelReply
+  kChannelReply = 16,    // d->c. a: 0 or an errno (EEXIST, ENOENT, EPROTOTYPE), b: kind.
+                         // payload: the channel's bytes (fds attached), or why (text)
+  kChannelEntry = 17,    // d->c. a: kind, b: creator pid. payload: name, NUL, opener pids
+                         // (decimal, space-separated)
 };
+inline constexpr MessageType kLastMessageType = MessageType::kChannelEntry;
 
 struct MessageHeader {
   std::uint32_t magic;
@@ -53,6 +63,8 @@ struct Message {
   std::uint64_t b = 0;
   std::vector<std::string> names;  // register*/release
   std::string text;                // refused
+  std::string channel;             // the channel messages' name
+  std::string data;                // what follows it (bytes, pids), or a reply's payload
 };
 
 // "/shmtensor_" followed by 1..kMaxNameLength-11 characters of [A-Za-z0-9_].

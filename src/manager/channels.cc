@@ -1,0 +1,69 @@
+#include "manager/channels.h"
+
+#include <algorithm>
+#include <cerrno>
+
+namespace shmtensor::internal::manager {
+
+int ChannelTable::publish(const std::string& name, std::uint32_t kind, std::vector<UniqueFd> fds,
+                          std::string bytes, std::uint64_t token, const ProcessId& creator) {
+  if (channels_.contains(name)) return EEXIST;
+  RegisteredChannel& c = channels_[name];
+  c.kind = kind;
+  c.fds = std::move(fds);
+  c.bytes = std::move(bytes);
+  c.token = token;
+  c.creator = creator;
+  return 0;
+}
+
+const RegisteredChannel* ChannelTable::open(const std::string& name, std::uint32_t kind,
+                                            const ProcessId& opener, bool look_only, int* err) {
+  auto it = channels_.find(name);
+  if (it == channels_.end()) {
+    *err = ENOENT;
+    return nullptr;
+  }
+  if (it->second.kind != kind) {
+    *err = EPROTOTYPE;
+    return &it->second;
+  }
+  *err = 0;
+  auto& openers = it->second.openers;
+  if (!look_only && std::find(openers.begin(), openers.end(), opener) == openers.end())
+    openers.push_back(opener);
+  return &it->second;
+}
+
+int ChannelTable::unlink(const std::string& name, std::uint64_t token) {
+  auto it = channels_.find(name);
+  if (it == channels_.end() || (token != 0 && it->second.token != token))
+    return ENOENT;
+  channels_.erase(it);
+  return 0;
+}
+
+std::vector<std::string> ChannelTable::creator_gone(const ProcessId& p) {
+  std::vector<std::string> gone;
+  std::erase_if(channels_, [&](const auto& entry) {
+    if (!(entry.second.creator == p)) return false;
+    gone.push_back(entry.first);
+    return true;
+  });
+  return gone;
+}
+
+std::vector<ProcessId> ChannelTable::creators() const {
+  std::vector<ProcessId> out;
+  for (const auto& [name, c] : channels_)
+    if (std::find(out.begin(), out.end(), c.creator) == out.end()) out.push_back(c.creator);
+  return out;
+}
+
+const std::map<std::string, RegisteredChannel>& ChannelTable::entries() {
+  for (auto& [name, c] : channels_)
+    std::erase_if(c.openers, [](const ProcessId& p) { return !is_alive(p); });
+  return channels_;
+}
+
+}  // namespace shmtensor::internal::manager

@@ -1,0 +1,165 @@
+// Named queues (Queue<T>::create / open, docs/transport.md "Named queues"): opened by
+// processes shmtensor did not start (an exec'd program that only knows the name), under
+// both strategies; a taken or missing name; a SIGKILLed creator; another uid.
+#include <gtest/gtest.h>
+#include <sys/fsuid.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+#include "manager_test_util.h"
+#include "memory/channel_registry.h"
+#include "shmtensor/queue.h"
+#include "shmtensor/tensor.h"
+#include "support/strategy_test.h"
+
+namespace shmtensor::testing {
+namespace {
+
+using manager_test::eventually;
+using manager_test::ManagerTest;
+
+// Each test its own manager group (so its own daemon), as ManagerTest does.
+class NamedQueueTest : public StrategyTest {
+ protected:
+  void SetUp() override {
+    StrategyTest::SetUp();
+    static int counter = 0;
+    group_ = "nq" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
+    ::setenv("SHMTENSOR_MANAGER_GROUP", group_.c_str(), 1);
+    ::setenv("SHMTENSOR_MANAGER_GRACE_MS", "300", 1);
+  }
+  void TearDown() override {
+    StrategyTest::TearDown();
+    const auto loc = internal::manager::manager_location();
+    for (const auto& f : {loc.socket_path, loc.lock_path, loc.log_path, loc.journal_path})
+      ::unlink(f.c_str());
+    ::unsetenv("SHMTENSOR_MANAGER_GROUP");
+    ::unsetenv("SHMTENSOR_MANAGER_GRACE_MS");
+  }
+  std::string group_;
+};
+
+pid_t exec_peer(const std::string& name, const std::string& mode) {
+  return fork_child([&] {
+    ::execl(SHMTENSOR_NAMED_QUEUE_PEER, SHMTENSOR_NAMED_QUEUE_PEER, name.c_str(), mode.c_str(),
+            static_cast<char*>(nullptr));
+    std::fprintf(stderr, "exec %s: %s\n", SHMTENSOR_NAMED_QUEUE_PEER, std::strerror(errno));
+    ::_exit(127);
+  });
+}
+
+bool named(const std::string& name) {
+  for (const auto& c : internal::list_channels())
+    if (c.name == name) return true;
+  return false;
+}
+
+TEST_P(NamedQueueTest, AnExecdProgramOpensByNameAndTensorsGoBothWaysWithoutCopies) {
+  const std::string name = "nq_both_" + std::to_string(::getpid());
+  auto in = Queue<Tensor>::create(name + "_in");
+  auto out = Queue<Tensor>::create(name + "_out", 4);
+  Tensor t = Tensor::empty({5});
+  for (int i = 0; i < 5; ++i) t.data_ptr<float>()[i] = static_cast<float>(i);
+  in.put(t);
+  pid_t peer = exec_peer(name, to_string(GetParam()));
+  Tensor got = out.get();
+  EXPECT_EQ(wait_child(peer), 0);  // exited: its tensor outlives it
+  ASSERT_EQ(got.dtype(), DType::kInt64);
+  ASSERT_EQ(got.numel(), 8);
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(got.data_ptr<std::int64_t>()[i], 3 * i);
+  // The peer wrote the tensor we put, in place: the same memory, no copy.
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(t.data_ptr<float>()[i], static_cast<float>(i + 100));
+  EXPECT_TRUE(in.empty());
+}
+
+TEST_P(NamedQueueTest, ASigkilledCreatorsNamesGoAndItsOpenersKeepTheQueue) {
+  const std::string name = "nq_killed_" + std::to_string(::getpid());
+  Pipe ready;
+  pid_t creator = fork_child([&] {
+    auto q = Queue<Tensor>::create(name);
+    q.put(Tensor::full({3}, 7.0));
+    ready.send_line("ready");
+    ::pause();
+  });
+  ASSERT_EQ(ready.receive_line(), "ready");
+  auto q = Queue<Tensor>::open(name);
+  ASSERT_TRUE(named(name));
+  ::kill(creator, SIGKILL);
+  EXPECT_EQ(wait_child(creator), 128 + SIGKILL);
+  EXPECT_TRUE(eventually([&] { return !named(name); })) << name << " outlived its creator";
+  EXPECT_THROW((void)Queue<Tensor>::open(name), NameNotFound);
+  // What the creator put is still there, and the queue still works for its opener.
+  Tensor t = q.get();
+  EXPECT_EQ(t.data_ptr<float>()[2], 7.0f);
+  q.put(Tensor::full({2}, 4.0));
+  EXPECT_EQ(q.get().data_ptr<float>()[1], 4.0f);
+}
+
+INSTANTIATE_TEST_SUITE_P(Strategies, NamedQueueTest, kAllStrategies, strategy_name);
+
+TEST_F(ManagerTest, NamedQueueTakenMissingAndUnlinkedNames) {
+  const std::string name = "nq_names_" + std::to_string(::getpid());
+  std::optional<Queue<int>> q = Queue<int>::create(name);
+  EXPECT_THROW((void)Queue<int>::create(name), NameExists);
+  EXPECT_THROW((void)Queue<int>::open(name + "_missing"), NameNotFound);
+  EXPECT_THROW((void)Queue<int>::create("../etc"), std::invalid_argument);
+  // A program that only knows a missing name gets NameNotFound too.
+  EXPECT_EQ(wait_child(exec_peer(name + "_missing", "open-missing")), 0);
+  {
+    auto opened = Queue<int>::open(name);
+    q->put(41);
+    EXPECT_EQ(opened.get(), 41);
+    // Unlinked: nobody opens it any more, but the handles keep working.
+    Queue<int>::unlink(name);
+    EXPECT_THROW((void)Queue<int>::open(name), NameNotFound);
+    EXPECT_THROW(Queue<int>::unlink(name), NameNotFound);
+    opened.put(42);
+    EXPECT_EQ(q->get(), 42);
+  }
+  // A name whose creator dropped its last handle is gone.
+  auto again = Queue<int>::create(name);
+  { auto copy = again; }
+  EXPECT_TRUE(named(name));
+  q.reset();  // the old queue, unlinked: its drop removes nothing of the new one's
+  EXPECT_TRUE(named(name));
+  again = Queue<int>(1);
+  EXPECT_FALSE(named(name));
+  EXPECT_THROW((void)Queue<int>::open(name), NameNotFound);
+  // With no channel and no name left, the daemon started on demand exits on its own.
+  EXPECT_TRUE(eventually([&] { return manager_test::daemons_of(group_).empty(); }));
+}
+
+TEST_F(ManagerTest, NamedQueueOfAnotherUidIsRefused) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to act as another uid";
+  const std::string name = "nq_uid_" + std::to_string(::getpid());
+  auto q = Queue<int>::create(name);
+  const auto loc = location();
+  Pipe result;
+  pid_t child = fork_child([&] {
+    // Another uid that points at our manager (by default it would ask its own, which
+    // knows no name of ours). The manager's directory refuses it, and behind the
+    // directory the manager's SO_PEERCRED check (ManagerTest.PeerOfAnotherUidIsRefused).
+    ::setenv("SHMTENSOR_MANAGER_DIR", loc.dir.c_str(), 1);
+    ASSERT_EQ(::setresuid(65534, 65534, 65534), 0) << std::strerror(errno);
+    try {
+      (void)Queue<int>::open(name);
+      result.send_line("opened");
+    } catch (const NameNotFound& e) {
+      result.send_line(std::string("NameNotFound ") + e.what());
+    } catch (const Error& e) {
+      result.send_line(std::string("Error ") + e.what());
+    }
+  });
+  std::string line = result.receive_line();
+  EXPECT_EQ(wait_child(child), 0);
+  EXPECT_EQ(line.substr(0, 6), "Error ") << line;
+  EXPECT_NE(line.find("belongs to uid 0, not 65534; refusing to use it"), std::string::npos)
+      << line;
+  EXPECT_TRUE(named(name));
+}
+
+}  // namespace
+}  // namespace shmtensor::testing
