@@ -2,11 +2,12 @@
 by a process shmtensor did not start (a subprocess.Popen of a script), under both
 strategies; taken and missing names; a SIGKILLed creator; another uid."""
 
-import ctypes
 import os
 import signal
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 
@@ -129,9 +130,20 @@ def test_a_sigkilled_creators_name_goes_and_its_opener_keeps_the_queue(strategy)
     assert q.get(timeout=10).tolist() == [4.0, 4.0]
 
 
-def test_another_uid_is_refused():
+def test_another_uid_is_refused(monkeypatch):
     if os.geteuid() != 0:
         pytest.skip("needs root to act as another uid")
+    top = tempfile.mkdtemp(prefix="shmtensor-nq-", dir="/tmp")
+    os.chmod(top, 0o755)  # the other uid reaches the manager's own 0700 directory
+    manager_dir = os.path.join(top, "manager")
+    monkeypatch.setenv("SHMTENSOR_MANAGER_DIR", manager_dir)
+    try:
+        _refused(manager_dir)
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+
+
+def _refused(manager_dir):
     name = _name("uid")
     q = Queue(name=name)  # noqa: F841 (the name lives while q does)
     r, w = os.pipe()
@@ -140,10 +152,11 @@ def test_another_uid_is_refused():
         code = 1
         try:
             os.close(r)
-            # euid nobody (what SO_PEERCRED reports), fsuid 0 (the 0700 directory can be
-            # entered: this tests the manager's check, not the directory's).
-            os.setresuid(0, 65534, 0)
-            ctypes.CDLL(None, use_errno=True).setfsuid(0)
+            # Another uid that points at our manager (by default it asks its own, which
+            # knows none of our names): the manager's directory refuses it, and behind it the
+            # manager's SO_PEERCRED check (the C++ ManagerTest.PeerOfAnotherUidIsRefused).
+            os.environ["SHMTENSOR_MANAGER_DIR"] = manager_dir
+            os.setresuid(65534, 65534, 65534)
             try:
                 Queue.open(name)
                 msg = "opened"
@@ -161,4 +174,4 @@ def test_another_uid_is_refused():
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     assert msg.startswith("Error "), msg
-    assert "refused this process: peer uid 65534" in msg, msg
+    assert "belongs to uid 0, not 65534; refusing to use it" in msg, msg

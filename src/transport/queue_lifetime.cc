@@ -294,6 +294,8 @@ QueueCore::NamedFacts QueueCore::inspect_named(const std::string& name) {
     if (owner != 0 && slot_owner_alive(owner))
       f.holders.push_back(static_cast<std::int32_t>(owner >> 32));
   }
+  std::sort(f.holders.begin(), f.holders.end());
+  f.holders.erase(std::unique(f.holders.begin(), f.holders.end()), f.holders.end());
   return f;
 }
 

@@ -161,5 +161,46 @@ TEST_F(ManagerTest, NamedQueueOfAnotherUidIsRefused) {
   EXPECT_TRUE(named(name));
 }
 
+TEST_F(ManagerTest, ShmtensorLsListsANamedQueueWithItsDepthAndEnds) {
+  const std::string name = "nq_ls_" + std::to_string(::getpid());
+  auto q = Queue<int>::create(name, 8);
+  q.put(1);
+  q.put(2);
+  Pipe opened;
+  Pipe done;
+  pid_t opener = fork_child([&] {
+    // It holds the queue twice (inherited at fork, and opened): one end.
+    auto mine = Queue<int>::open(name);
+    opened.send_line("opened");
+    (void)done.receive_line();
+  });
+  ASSERT_EQ(opened.receive_line(), "opened");
+  const std::string manager = internal::manager::manager_program_candidates().at(0);
+  const std::string tool = manager.substr(0, manager.rfind('/')) + "/shmtensor";
+  ASSERT_EQ(::access(tool.c_str(), X_OK), 0) << tool;
+  std::FILE* p = ::popen((tool + " ls 2>&1").c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[4096];
+  while (std::size_t n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  EXPECT_EQ(::pclose(p), 0) << out;
+  done.send_line("done");
+  EXPECT_EQ(wait_child(opener), 0);
+  const std::string me = std::to_string(::getpid());
+  const std::string them = std::to_string(opener);
+  EXPECT_NE(out.find("  " + name + "  queue  depth 2/8  creator " + me + "  ends "),
+            std::string::npos)
+      << out;
+  const std::string line = out.substr(out.find("  " + name + "  queue"));
+  const std::string ends = line.substr(line.find("ends "), line.find('\n') - line.find("ends "));
+  EXPECT_TRUE(ends == "ends " + me + " " + them || ends == "ends " + them + " " + me) << ends;
+  auto listed = internal::list_channels();
+  ASSERT_EQ(listed.size(), 1u);
+  EXPECT_EQ(listed[0].name, name);
+  EXPECT_EQ(listed[0].creator, ::getpid());
+  EXPECT_EQ(listed[0].kind, static_cast<std::uint32_t>(internal::ChannelKind::kQueue));
+  EXPECT_TRUE(listed[0].openers.empty());  // the opener is gone
+}
+
 }  // namespace
 }  // namespace shmtensor::testing
