@@ -322,28 +322,6 @@ void bind_transport(py::module_& m) {
                              : PyQueue(Queue<Item>(maxsize));
            }),
            py::arg("maxsize") = 0, py::arg("joinable") = false)
-      // Named queues (docs/python.md, "Named queues"): NameExistsError, NameNotFoundError.
-      .def_static(
-          "create_named",
-          [](const std::string& name, std::size_t maxsize) {
-            py::gil_scoped_release release;
-            return PyQueue(Queue<Item>::create(name, maxsize));
-          },
-          py::arg("name"), py::arg("maxsize") = 0)
-      .def_static(
-          "open_named",
-          [](const std::string& name) {
-            py::gil_scoped_release release;
-            return PyQueue(Queue<Item>::open(name));
-          },
-          py::arg("name"))
-      .def_static(
-          "unlink_named",
-          [](const std::string& name) {
-            py::gil_scoped_release release;
-            Queue<Item>::unlink(name);
-          },
-          py::arg("name"))
       .def("put", &PyQueue::put, py::arg("data"), py::arg("blocks"), py::arg("timeout"),
            py::arg("counted") = false)
       .def("begin_task", [](PyQueue& q) { q.core().begin_task(); })
@@ -390,6 +368,28 @@ void bind_transport(py::module_& m) {
         e.encode(q.get_queue());
         return Frame(std::move(e));
       });
+  // Named queues (docs/python.md, "Named queues"): NameExistsError, NameNotFoundError.
+  m.def(
+      "_queue_create_named",
+      [](const std::string& name, std::size_t maxsize) {
+        py::gil_scoped_release release;
+        return PyQueue(Queue<Item>::create(name, maxsize));
+      },
+      py::arg("name"), py::arg("maxsize") = 0);
+  m.def(
+      "_queue_open_named",
+      [](const std::string& name) {
+        py::gil_scoped_release release;
+        return PyQueue(Queue<Item>::open(name));
+      },
+      py::arg("name"));
+  m.def(
+      "_queue_unlink_named",
+      [](const std::string& name) {
+        py::gil_scoped_release release;
+        Queue<Item>::unlink(name);
+      },
+      py::arg("name"));
   m.def("_queue_of_frame", [](const std::string& data, const std::vector<int>& fds) {
     return PyQueue(decode_whole<Queue<Item>>(parse(data, fds)));
   });

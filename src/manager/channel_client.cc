@@ -51,6 +51,22 @@ void check(const Message& reply) {
   throw Error(reply.data);
 }
 
+// A connection to a daemon that serves named channels. One of an older build (another
+// installation's, started first by one of its programs) closes the connection on a
+// channel request: say so, and what to do, instead.
+UniqueFd channel_connection() {
+  pid_t daemon = 0;
+  std::uint64_t features = 0;
+  UniqueFd conn = greeted_connection(&daemon, &features);
+  if ((features & kFeatureChannels) == 0)
+    throw Error("the shmtensor-manager serving this user (pid " + std::to_string(daemon) +
+                ", group " + manager_location().group +
+                ") is of an older shmtensor without named channels. It exits once no "
+                "process of that shmtensor uses it; or set SHMTENSOR_MANAGER_GROUP to a group "
+                "of this program's own");
+  return conn;
+}
+
 Message request(MessageType type, const std::string& name, std::uint64_t a, std::uint64_t b) {
   Message m{type, a, b, {}, {}, name, {}};
   return m;
@@ -58,8 +74,7 @@ Message request(MessageType type, const std::string& name, std::uint64_t a, std:
 
 void publish(const std::string& name, ChannelKind kind, std::span<const int> fds,
              std::string_view bytes, std::uint64_t token) {
-  pid_t daemon = 0;
-  UniqueFd conn = greeted_connection(&daemon);
+  UniqueFd conn = channel_connection();
   Message m =
       request(MessageType::kPublishChannel, name, static_cast<std::uint32_t>(kind), token);
   m.data = bytes;
@@ -68,8 +83,7 @@ void publish(const std::string& name, ChannelKind kind, std::span<const int> fds
 }
 
 OpenedChannel open(const std::string& name, ChannelKind kind, bool look_only) {
-  pid_t daemon = 0;
-  UniqueFd conn = greeted_connection(&daemon);
+  UniqueFd conn = channel_connection();
   send_request(conn.get(), request(MessageType::kOpenChannel, name,
                                    static_cast<std::uint32_t>(kind), look_only ? 1 : 0));
   OpenedChannel out;
@@ -80,8 +94,7 @@ OpenedChannel open(const std::string& name, ChannelKind kind, bool look_only) {
 }
 
 void unlink(const std::string& name, std::uint64_t token) {
-  pid_t daemon = 0;
-  UniqueFd conn = greeted_connection(&daemon);
+  UniqueFd conn = channel_connection();
   send_request(conn.get(), request(MessageType::kUnlinkChannel, name, 0, token));
   check(read_reply(conn.get(), nullptr));
 }
@@ -89,8 +102,7 @@ void unlink(const std::string& name, std::uint64_t token) {
 std::vector<ChannelListing> list() {
   // No daemon, no channel: a listing does not start one.
   if (!file_exists(manager_location().socket_path)) return {};
-  pid_t daemon = 0;
-  UniqueFd conn = greeted_connection(&daemon);
+  UniqueFd conn = channel_connection();
   send_request(conn.get(), Message{MessageType::kListChannels, 0, 0, {}, {}, {}, {}});
   std::vector<ChannelListing> out;
   for (;;) {

@@ -266,7 +266,7 @@ bool reregister(Client& c) {
 
 }  // namespace
 
-UniqueFd greeted_connection(pid_t* daemon_pid) {
+UniqueFd greeted_connection(pid_t* daemon_pid, std::uint64_t* features) {
   const ManagerLocation loc = manager_location();
   ensure_private_dir(loc.dir);
   const auto deadline = Clock::now() + kConnectDeadline;
@@ -305,6 +305,7 @@ UniqueFd greeted_connection(pid_t* daemon_pid) {
           throw ProtocolError("shmtensor-manager answered a hello with message type " +
                               std::to_string(static_cast<int>(m.type)));
         *daemon_pid = static_cast<pid_t>(m.a);
+        if (features != nullptr) *features = m.b;
         return fd;
       }
     }

@@ -47,8 +47,9 @@ void release(const std::string& name, bool unlinked) noexcept;
 void sync();
 // A new connection to the daemon (started if none runs), its hello answered; the daemon's
 // pid in *daemon_pid. The connection's sends and receives time out after 10 s. Throws
-// Error as register_created, or when the daemon refuses this process (another uid).
-UniqueFd greeted_connection(pid_t* daemon_pid);
+// Error as register_created, or when the daemon refuses this process (another uid). The
+// features its hello-ack names (protocol.h, kFeature*) in *features when not null.
+UniqueFd greeted_connection(pid_t* daemon_pid, std::uint64_t* features = nullptr);
 
 // The named-channel registry's functions (channel_client.cc), which the static initializer
 // of client.cc installs (memory/channel_registry.h).

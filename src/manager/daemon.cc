@@ -206,9 +206,9 @@ struct Daemon::Impl {
     if (c.greeted) tracker.connection_closed(c.peer);
   }
 
-  void reply(Connection& c, MessageType type, std::uint64_t a) {
+  void reply(Connection& c, MessageType type, std::uint64_t a, std::uint64_t b = 0) {
     MessageHeader h{};
-    encode_header(type, a, 0, &h);
+    encode_header(type, a, b, &h);
     if (send_packet(c.fd.get(), &h, sizeof h, true) != 0) close_connection(c);
   }
 
@@ -357,7 +357,8 @@ struct Daemon::Impl {
         // Durable before the answer: whatever it registers next, a successor knows its group.
         clients[c.peer.pid] = {c.peer, c.group};
         env.journal.process(c.peer, c.group);
-        reply(c, MessageType::kHelloAck, static_cast<std::uint64_t>(own_pid()));
+        reply(c, MessageType::kHelloAck, static_cast<std::uint64_t>(own_pid()),
+              kDaemonFeatures);
         break;
       case MessageType::kRegisterCreated:
       case MessageType::kRegisterOpened:

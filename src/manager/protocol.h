@@ -25,7 +25,7 @@ inline constexpr std::string_view kNamePrefix = "/shmtensor_";
 enum class MessageType : std::uint16_t {
   kHello = 1,            // client -> daemon, first message. a: the client's start time
                          // (/proc/<pid>/stat field 22), b: its process group
-  kHelloAck = 2,         // daemon -> client. a: daemon pid
+  kHelloAck = 2,         // daemon -> client. a: daemon pid, b: its features (below)
   kRefused = 3,          // daemon -> client, then close. payload: the reason (text)
   kRegisterCreated = 4,  // names this process is about to create (sent before shm_open)
   kRegisterOpened = 5,   // names this process mapped (it adopted a message's count)
@@ -47,6 +47,10 @@ enum class MessageType : std::uint16_t {
                          // (decimal, space-separated)
 };
 inline constexpr MessageType kLastMessageType = MessageType::kChannelEntry;
+
+// What a daemon says it serves in its hello-ack (b); an older daemon says 0.
+inline constexpr std::uint64_t kFeatureChannels = 1;  // named channels (types 12..17)
+inline constexpr std::uint64_t kDaemonFeatures = kFeatureChannels;
 
 struct MessageHeader {
   std::uint32_t magic;

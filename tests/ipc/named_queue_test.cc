@@ -8,9 +8,14 @@
 #include <cerrno>
 #include <cstring>
 #include <string>
+#include <thread>
 
 #include "manager_test_util.h"
+#include "manager/protocol.h"
 #include "memory/channel_registry.h"
+#include "os/event_fd.h"
+#include "os/poll.h"
+#include "os/unix_socket.h"
 #include "shmtensor/queue.h"
 #include "shmtensor/tensor.h"
 #include "support/strategy_test.h"
@@ -20,6 +25,7 @@ namespace {
 
 using manager_test::eventually;
 using manager_test::ManagerTest;
+namespace mgr = internal::manager;
 
 // Each test its own manager group (so its own daemon), as ManagerTest does.
 class NamedQueueTest : public StrategyTest {
@@ -200,6 +206,67 @@ TEST_F(ManagerTest, ShmtensorLsListsANamedQueueWithItsDepthAndEnds) {
   EXPECT_EQ(listed[0].creator, ::getpid());
   EXPECT_EQ(listed[0].kind, static_cast<std::uint32_t>(internal::ChannelKind::kQueue));
   EXPECT_TRUE(listed[0].openers.empty());  // the opener is gone
+}
+
+TEST_F(ManagerTest, ANamedQueueWhoseFdsAreNotAQueuesIsAProtocolError) {
+  // A process of the same user may publish anything under a name: an opener validates it
+  // as it validates a queue received in a message, and keeps no fd of it.
+  internal::UniqueFd e = internal::make_event_fd("test", "");
+  const int one[] = {e.get()};
+  (void)internal::publish_channel("nq_one_fd", internal::ChannelKind::kQueue, one, {});
+  EXPECT_THROW((void)Queue<int>::open("nq_one_fd"), ProtocolError);
+  const int five[] = {e.get(), e.get(), e.get(), e.get(), e.get()};
+  (void)internal::publish_channel("nq_five_eventfds", internal::ChannelKind::kQueue, five, {});
+  EXPECT_THROW((void)Queue<int>::open("nq_five_eventfds"), ProtocolError);
+  (void)internal::publish_channel("nq_other_kind", internal::ChannelKind::kBroadcast, one, "x");
+  try {
+    (void)Queue<int>::open("nq_other_kind");
+    ADD_FAILURE() << "opened a broadcast as a queue";
+  } catch (const Error& err) {
+    EXPECT_EQ(std::string(err.what()), "the channel \"nq_other_kind\" is of kind 2, not 1");
+  }
+  for (const char* n : {"nq_one_fd", "nq_five_eventfds", "nq_other_kind"})
+    internal::unlink_channel(n);
+  EXPECT_TRUE(internal::list_channels().empty());
+}
+
+TEST_F(ManagerTest, ADaemonWithoutNamedChannelsIsAnErrorThatSaysSo) {
+  // An older daemon serving the group (another installation's): its hello-ack names no
+  // features, and it would drop a connection that sends a channel request.
+  const auto loc = location();
+  internal::ensure_private_dir(loc.dir);
+  internal::UniqueFd listener = internal::seqpacket_listen(loc.socket_path, 4);
+  std::thread old_daemon([&] {
+    const int fds[] = {listener.get()};
+    (void)internal::wait_readable(fds, std::chrono::seconds(20));
+    internal::UniqueFd conn = internal::accept_connection(listener.get());
+    ASSERT_TRUE(conn.valid());
+    const int conn_fds[] = {conn.get()};
+    char buf[64];
+    (void)internal::wait_readable(conn_fds, std::chrono::seconds(20));
+    ASSERT_EQ(internal::recv_packet(conn.get(), buf, sizeof buf, false).size,
+              static_cast<long>(sizeof(mgr::MessageHeader)));
+    mgr::MessageHeader ack{};
+    mgr::encode_header(mgr::MessageType::kHelloAck, 4321, 0, &ack);
+    ASSERT_EQ(internal::send_packet(conn.get(), &ack, sizeof ack, false), 0);
+    // Nothing more comes: the client gives up on its own (end of stream here).
+    (void)internal::wait_readable(conn_fds, std::chrono::seconds(20));
+    EXPECT_EQ(internal::recv_packet(conn.get(), buf, sizeof buf, false).size, 0);
+  });
+  try {
+    (void)Queue<int>::create("nq_old_daemon");
+    ADD_FAILURE() << "created a named queue with a daemon that has no named channels";
+  } catch (const NameExists&) {
+    ADD_FAILURE() << "NameExists";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("the shmtensor-manager serving this user (pid 4321, "
+                                         "group " + group_ +
+                                         ") is of an older shmtensor without named channels"),
+              std::string::npos)
+        << e.what();
+  }
+  old_daemon.join();
+  ::unlink(loc.socket_path.c_str());
 }
 
 }  // namespace

@@ -135,7 +135,7 @@ class Queue:
         queue, exits or dies, or Queue.unlink(name) is called."""
         self._maxsize = max(int(maxsize), 0)
         self._q: _Queue | None = (_C._Queue(self._maxsize) if name is None
-                                  else _C._Queue.create_named(name, self._maxsize))
+                                  else _C._queue_create_named(name, self._maxsize))
 
     @classmethod
     def open(cls: type[_Q], name: str) -> _Q:
@@ -143,7 +143,7 @@ class Queue:
         started this one. FileNotFoundError (shmtensor.NameNotFoundError) when there is
         none."""
         q = cls.__new__(cls)
-        q._q = _C._Queue.open_named(name)
+        q._q = _C._queue_open_named(name)
         q._maxsize = q._q.maxsize
         return q
 
@@ -151,7 +151,7 @@ class Queue:
     def unlink(name: str) -> None:
         """Removes the name; handles of the queue keep working. FileNotFoundError when there
         is none."""
-        _C._Queue.unlink_named(name)
+        _C._queue_unlink_named(name)
 
     def _check(self) -> _Queue:
         if self._q is None:
