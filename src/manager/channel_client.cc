@@ -4,6 +4,7 @@
 // and needs no fork handling. The daemon keeps the channels (channels.h).
 #include <cerrno>
 #include <cstdlib>
+#include <mutex>
 #include <span>
 
 #include "manager/client.h"
@@ -51,19 +52,19 @@ void check(const Message& reply) {
   throw Error(reply.data);
 }
 
-// A connection to a daemon that serves named channels. One of an older build (another
+// A connection to a daemon that serves `feature`. One of an older build (another
 // installation's, started first by one of its programs) closes the connection on a
-// channel request: say so, and what to do, instead.
-UniqueFd channel_connection() {
+// request it does not know: say so, and what to do, instead.
+UniqueFd channel_connection(std::uint64_t feature = kFeatureChannels) {
   pid_t daemon = 0;
   std::uint64_t features = 0;
   UniqueFd conn = greeted_connection(&daemon, &features);
-  if ((features & kFeatureChannels) == 0)
+  if ((features & feature) == 0)
     throw Error("the shmtensor-manager serving this user (pid " + std::to_string(daemon) +
-                ", group " + manager_location().group +
-                ") is of an older shmtensor without named channels. It exits once no "
-                "process of that shmtensor uses it; or set SHMTENSOR_MANAGER_GROUP to a group "
-                "of this program's own");
+                ", group " + manager_location().group + ") is of an older shmtensor without " +
+                (feature == kFeatureChannels ? "named channels" : "kept fds") +
+                ". It exits once no process of that shmtensor uses it; or set "
+                "SHMTENSOR_MANAGER_GROUP to a group of this program's own");
   return conn;
 }
 
@@ -128,10 +129,100 @@ std::vector<ChannelListing> list() {
   }
 }
 
-constexpr ChannelRegistry kRegistry{publish, open, unlink, list};
+// ---- kept fds and tickets --------------------------------------------------------------
+// One connection per process, kept for its life (a keep is one send, no answer: it must go
+// on a connection the daemon has accepted, and stay ordered before later requests). The
+// manager client's fork handlers (client.cc) hold its lock across fork, and the child
+// closes its copy of the parent's connection.
+
+struct Keeper {
+  std::mutex mu;
+  UniqueFd fd;
+};
+
+Keeper& keeper() {
+  static Keeper* k = [] {
+    install_client_fork_handlers();  // they hold and reset this one's lock too
+    return new Keeper;               // leaked: used until exit
+  }();
+  return *k;
+}
+
+// Sends `m` (with `fd` attached unless -1) on the keeper connection, connecting first; a
+// connection that failed (the daemon exited or died) is replaced once.
+void keeper_send(Keeper& k, const Message& m, int fd) {
+  std::string msg = encode(m);
+  const std::span<const std::byte> part = std::as_bytes(std::span(msg));
+  const int raw[] = {fd};
+  const std::span<const int> fds = fd >= 0 ? std::span<const int>(raw) : std::span<const int>();
+  for (int attempt = 0;; ++attempt) {
+    if (!k.fd) k.fd = channel_connection(kFeatureKeeper);
+    try {
+      send_message(k.fd.get(), std::span(&part, 1), fds);
+      return;
+    } catch (const SystemError&) {
+      k.fd.reset();
+      if (attempt == 1) throw;
+    }
+  }
+}
+
+void keep(std::string_view token, int fd) {
+  Keeper& k = keeper();
+  std::lock_guard lock(k.mu);
+  keeper_send(k, Message{MessageType::kKeepFd, 0, 0, {}, {}, {}, std::string(token)}, fd);
+}
+
+KeptKind take(std::string_view token, UniqueFd* fd) {
+  Keeper& k = keeper();
+  std::lock_guard lock(k.mu);
+  keeper_send(k, Message{MessageType::kTakeFd, 0, 0, {}, {}, {}, std::string(token)}, -1);
+  std::byte buf[kMaxMessageSize];
+  Received r;
+  try {
+    r = receive_message(k.fd.get(), buf);
+  } catch (...) {
+    k.fd.reset();  // whatever it was, the next request starts on a fresh connection
+    throw;
+  }
+  if (r.eof) {
+    k.fd.reset();
+    throw Error("shmtensor-manager closed the connection before it answered");
+  }
+  Message m = decode(buf, r.size);
+  if (m.type != MessageType::kKeptFd || r.fds.size() != (m.a == 0 ? 1u : 0u)) {
+    k.fd.reset();
+    throw ProtocolError("shmtensor-manager answered a take with message type " +
+                        std::to_string(static_cast<int>(m.type)) + " and " +
+                        std::to_string(r.fds.size()) + " fds");
+  }
+  if (m.a == 0) {
+    *fd = std::move(r.fds[0]);
+    return KeptKind::kFd;
+  }
+  return m.a == 1 ? KeptKind::kTicket : KeptKind::kUnknown;
+}
+
+int keeper_connection() noexcept {
+  Keeper& k = keeper();
+  std::lock_guard lock(k.mu);
+  return k.fd ? k.fd.get() : -1;
+}
+
+constexpr ChannelRegistry kRegistry{publish, open, unlink, list, keep, take, keeper_connection};
 
 }  // namespace
 
 const ChannelRegistry& channel_registry_client() noexcept { return kRegistry; }
+
+void keeper_prepare_fork() noexcept { keeper().mu.lock(); }
+
+void keeper_parent_after_fork() noexcept { keeper().mu.unlock(); }
+
+void keeper_child_after_fork() noexcept {
+  Keeper& k = keeper();
+  k.fd.reset();  // our copy only: the parent's connection stays the parent's
+  k.mu.unlock();
+}
 
 }  // namespace shmtensor::internal::manager

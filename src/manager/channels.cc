@@ -66,4 +66,42 @@ const std::map<std::string, RegisteredChannel>& ChannelTable::entries() {
   return channels_;
 }
 
+void KeptFds::keep(const std::string& token, UniqueFd fd, const ProcessId& sender) {
+  kept_[token] = Entry{std::move(fd), sender, std::nullopt};
+}
+
+KeptFds::Taken KeptFds::take(const std::string& token, UniqueFd* fd) {
+  auto it = kept_.find(token);
+  if (it == kept_.end()) return Taken::kUnknown;
+  const bool ticket = !it->second.fd.valid();
+  *fd = std::move(it->second.fd);
+  kept_.erase(it);
+  return ticket ? Taken::kTicket : Taken::kFd;
+}
+
+std::vector<ProcessId> KeptFds::senders() const {
+  std::vector<ProcessId> out;
+  for (const auto& [token, e] : kept_)
+    if (!e.expires && std::find(out.begin(), out.end(), e.sender) == out.end())
+      out.push_back(e.sender);
+  return out;
+}
+
+void KeptFds::sender_gone(const ProcessId& p, Clock::time_point now) {
+  for (auto& [token, e] : kept_)
+    if (e.sender == p && !e.expires) e.expires = now + grace_;
+}
+
+std::optional<KeptFds::Clock::time_point> KeptFds::expire(Clock::time_point now) {
+  std::optional<Clock::time_point> next;
+  std::erase_if(kept_, [&](const auto& entry) {
+    const auto& when = entry.second.expires;
+    if (!when) return false;
+    if (*when <= now) return true;
+    if (!next || *when < *next) next = *when;
+    return false;
+  });
+  return next;
+}
+
 }  // namespace shmtensor::internal::manager

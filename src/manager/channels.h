@@ -4,8 +4,10 @@
 // channels"). Single-threaded: the daemon's loop owns it.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -44,6 +46,38 @@ class ChannelTable {
 
  private:
   std::map<std::string, RegisteredChannel> channels_;
+};
+
+// fds and tickets of plain pickles in flight (Python's multiprocessing.Queue, Pool): a token
+// -> one fd (or none: a ticket), held until one process takes it, so that a receiver gets
+// it after its sender exited. A token whose sender is gone is dropped `grace` after the
+// daemon saw it gone (docs/manager.md, "Kept fds and tickets").
+class KeptFds {
+ public:
+  using Clock = std::chrono::steady_clock;
+  explicit KeptFds(std::chrono::milliseconds grace) : grace_(grace) {}
+  // Keeps `fd` (invalid: a ticket) under `token`, replacing what it held.
+  void keep(const std::string& token, UniqueFd fd, const ProcessId& sender);
+  enum class Taken { kFd, kTicket, kUnknown };
+  // Takes what `token` holds (once): the fd into *fd.
+  Taken take(const std::string& token, UniqueFd* fd);
+  bool holds(const std::string& token) const { return kept_.contains(token); }
+  // Every sender of a token, each once (the daemon watches them).
+  std::vector<ProcessId> senders() const;
+  // A sender has died: its tokens expire `grace` from now.
+  void sender_gone(const ProcessId& p, Clock::time_point now);
+  // Drops the expired tokens; returns when the next one expires (nullopt: none will).
+  std::optional<Clock::time_point> expire(Clock::time_point now);
+  bool empty() const noexcept { return kept_.empty(); }
+
+ private:
+  struct Entry {
+    UniqueFd fd;
+    ProcessId sender;
+    std::optional<Clock::time_point> expires;
+  };
+  std::chrono::milliseconds grace_;
+  std::map<std::string, Entry> kept_;
 };
 
 }  // namespace shmtensor::internal::manager

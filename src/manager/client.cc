@@ -374,6 +374,7 @@ std::string one_name(MessageType type, const std::string& name, std::uint64_t a 
 
 void prepare_fork() noexcept {
   const int saved = errno;
+  keeper_prepare_fork();  // first: a keeper request never takes the client's lock
   Client& c = client();
   c.mu.lock();  // held across fork: the child must not inherit it locked by another thread
   c.fork_announced = false;
@@ -396,6 +397,7 @@ void prepare_fork() noexcept {
 void parent_after_fork() noexcept {
   const int saved = errno;
   client().mu.unlock();
+  keeper_parent_after_fork();
   errno = saved;
 }
 
@@ -420,6 +422,7 @@ void child_after_fork() noexcept {
   c.daemon_pid = 0;
   c.fork_announced = false;
   c.mu.unlock();
+  keeper_child_after_fork();
   errno = saved;
 }
 
@@ -496,6 +499,8 @@ void sync() {
   }
   if (c.held.empty()) disconnect(c);
 }
+
+void install_client_fork_handlers() noexcept { (void)client(); }
 
 pid_t connected_daemon_pid() noexcept {
   Client& c = client();

@@ -54,6 +54,13 @@ UniqueFd greeted_connection(pid_t* daemon_pid, std::uint64_t* features = nullptr
 // The named-channel registry's functions (channel_client.cc), which the static initializer
 // of client.cc installs (memory/channel_registry.h).
 const ChannelRegistry& channel_registry_client() noexcept;
+// Installs the manager client's fork handlers (once), which run the three below.
+void install_client_fork_handlers() noexcept;
+// The kept-fd connection's fork handlers (channel_client.cc), run by the manager client's:
+// its lock is held across fork, and the child closes its copy of the parent's connection.
+void keeper_prepare_fork() noexcept;
+void keeper_parent_after_fork() noexcept;
+void keeper_child_after_fork() noexcept;
 
 // The pid of the daemon this process is connected to, 0 when not connected.
 pid_t connected_daemon_pid() noexcept;

@@ -78,6 +78,15 @@ class SystemEnvironment : public Tracker::Environment {
   void forgotten(const std::string& name) override { journal.gone(name); }
 };
 
+// How long a kept fd or ticket outlives its sender (SHMTENSOR_KEEPER_GRACE_S, seconds;
+// default 300): time for a receiver to take it.
+std::chrono::milliseconds keeper_grace() {
+  const char* s = std::getenv("SHMTENSOR_KEEPER_GRACE_S");
+  double seconds = s != nullptr ? std::strtod(s, nullptr) : 300.0;
+  if (!(seconds >= 0) || seconds > 1e7) seconds = 300.0;
+  return std::chrono::milliseconds(static_cast<long long>(seconds * 1000));
+}
+
 // The journal is rewritten from the tracker's state when its appends pass this size.
 constexpr std::size_t kJournalCompactBytes = 1 << 20;
 
@@ -107,6 +116,7 @@ struct Daemon::Impl {
   SystemEnvironment env;
   Tracker tracker;
   ChannelTable channels;
+  KeptFds kept{keeper_grace()};
   UniqueFd lock;
   UniqueFd listener;
   UniqueFd signals;
@@ -276,6 +286,39 @@ struct Daemon::Impl {
   void dispatch_channel(Connection& c, const Message& m, std::vector<UniqueFd>& fds) {
     const auto kind = static_cast<std::uint32_t>(m.a);
     switch (m.type) {
+      case MessageType::kKeepFd:
+        if (fds.size() > 1)
+          throw ProtocolError("a kept fd came with " + std::to_string(fds.size()) + " fds");
+        kept.keep(m.data, fds.empty() ? UniqueFd() : std::move(fds[0]), c.peer);
+        return;
+      case MessageType::kTakeFd: {
+        // Its keep may still be queued on the sender's connection (the pickle that names
+        // the token left the sender after the keep did): read every connection first.
+        if (!kept.holds(m.data) && !draining) {
+          draining = true;
+          for (auto& other : conns)
+            if (other.get() != &c) service(*other);
+          draining = false;
+        }
+        UniqueFd fd;
+        const KeptFds::Taken t = kept.take(m.data, &fd);
+        MessageHeader h{};
+        encode_header(MessageType::kKeptFd,
+                      t == KeptFds::Taken::kFd       ? 0
+                      : t == KeptFds::Taken::kTicket ? 1
+                                                     : ENOENT,
+                      0, &h);
+        const std::span<const std::byte> part = std::as_bytes(std::span(&h, 1));
+        const int raw[] = {fd.get()};
+        try {
+          if (!send_message(c.fd.get(), std::span(&part, 1),
+                            fd.valid() ? std::span<const int>(raw) : std::span<const int>(), true))
+            close_connection(c);
+        } catch (const Error&) {
+          close_connection(c);
+        }
+        return;
+      }
       case MessageType::kPublishChannel: {
         if (fds.empty() || fds.size() > kMaxChannelFds)
           throw ProtocolError("a channel published with " + std::to_string(fds.size()) + " fds");
@@ -328,7 +371,8 @@ struct Daemon::Impl {
     if (!c.greeted && m.type != MessageType::kHello)
       throw ProtocolError("first message is not a hello");
     if (m.type == MessageType::kPublishChannel || m.type == MessageType::kOpenChannel ||
-        m.type == MessageType::kUnlinkChannel || m.type == MessageType::kListChannels) {
+        m.type == MessageType::kUnlinkChannel || m.type == MessageType::kListChannels ||
+        m.type == MessageType::kKeepFd || m.type == MessageType::kTakeFd) {
       dispatch_channel(c, m, fds);
       return;
     }
@@ -425,6 +469,7 @@ struct Daemon::Impl {
     for (auto& c : conns)
       if (!c->closed && c->peer.pid == p.pid) service(*c);
     tracker.died(p);
+    kept.sender_gone(p, Clock::now());
     for (const auto& name : channels.creator_gone(p))
       log("channel %s removed: its creator, pid %d, is gone", name.c_str(), static_cast<int>(p.pid));
   }
@@ -432,8 +477,9 @@ struct Daemon::Impl {
   // Keeps one pidfd (or a polling entry) per watched process.
   void update_watches() {
     std::vector<ProcessId> want = tracker.watched();
-    for (const auto& p : channels.creators())
-      if (std::find(want.begin(), want.end(), p) == want.end()) want.push_back(p);
+    for (const auto& list : {channels.creators(), kept.senders()})
+      for (const auto& p : list)
+        if (std::find(want.begin(), want.end(), p) == want.end()) want.push_back(p);
     std::vector<ProcessId> dead;
     std::map<pid_t, std::pair<ProcessId, UniqueFd>> next;
     std::map<pid_t, ProcessId> next_polled;
@@ -469,7 +515,8 @@ struct Daemon::Impl {
       if (tracker.needs_settle()) continue;  // deaths found while updating the watches
 
       int timeout = -1;
-      if (conns.empty() && tracker.idle() && channels.empty()) {
+      const std::optional<Clock::time_point> expiry = kept.expire(Clock::now());
+      if (conns.empty() && tracker.idle() && channels.empty() && kept.empty()) {
         if (!idle_since) idle_since = Clock::now();
         auto left = options.grace_ms - std::chrono::duration_cast<std::chrono::milliseconds>(
                                            Clock::now() - *idle_since)
@@ -481,6 +528,12 @@ struct Daemon::Impl {
       }
       if (!polled.empty() || !groups.empty())
         timeout = timeout < 0 ? kPollIntervalMs : std::min(timeout, kPollIntervalMs);
+      if (expiry) {
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                              *expiry - Clock::now()).count() + 1;
+        const int until = static_cast<int>(std::clamp<long long>(left, 0, 1 << 30));
+        timeout = timeout < 0 ? until : std::min(timeout, until);
+      }
 
       std::vector<int> fds{signals.get(), listener.get()};
       for (auto& c : conns) fds.push_back(c->fd.get());

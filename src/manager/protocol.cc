@@ -134,6 +134,11 @@ Message decode(const void* data, std::size_t size) {
     if (m.type == MessageType::kPublishChannel && m.b == 0) bad("a publish without a token");
   } else if (m.type == MessageType::kChannelReply) {
     m.data.assign(p, end);
+  } else if (m.type == MessageType::kKeepFd || m.type == MessageType::kTakeFd) {
+    if (static_cast<std::size_t>(end - p) != kKeptTokenBytes)
+      bad("a token of " + std::to_string(end - p) + " bytes, not " +
+          std::to_string(kKeptTokenBytes));
+    m.data.assign(p, end);
   } else if (p != end) {
     bad("unexpected payload of " + std::to_string(end - p) + " bytes");
   }

@@ -45,12 +45,17 @@ enum class MessageType : std::uint16_t {
                          // payload: the channel's bytes (fds attached), or why (text)
   kChannelEntry = 17,    // d->c. a: kind, b: creator pid. payload: name, NUL, opener pids
                          // (decimal, space-separated)
+  // fds and tickets of plain pickles in flight (memory/channel_registry.h, keep_fd).
+  kKeepFd = 18,          // payload: token (16 bytes); 0 fds (a ticket) or 1. No answer
+  kTakeFd = 19,          // payload: token. Answered by one kKeptFd
+  kKeptFd = 20,          // d->c. a: 0 (the fd attached), 1 (a ticket) or ENOENT
 };
-inline constexpr MessageType kLastMessageType = MessageType::kChannelEntry;
+inline constexpr MessageType kLastMessageType = MessageType::kKeptFd;
 
 // What a daemon says it serves in its hello-ack (b); an older daemon says 0.
 inline constexpr std::uint64_t kFeatureChannels = 1;  // named channels (types 12..17)
-inline constexpr std::uint64_t kDaemonFeatures = kFeatureChannels;
+inline constexpr std::uint64_t kFeatureKeeper = 2;    // kept fds and tickets (18..20)
+inline constexpr std::uint64_t kDaemonFeatures = kFeatureChannels | kFeatureKeeper;
 
 struct MessageHeader {
   std::uint32_t magic;
@@ -68,7 +73,8 @@ struct Message {
   std::vector<std::string> names;  // register*/release
   std::string text;                // refused
   std::string channel;             // the channel messages' name
-  std::string data;                // what follows it (bytes, pids), or a reply's payload
+  std::string data;                // what follows it (bytes, pids), a reply's payload, or a
+                                   // kept fd's token
 };
 
 // "/shmtensor_" followed by 1..kMaxNameLength-11 characters of [A-Za-z0-9_].

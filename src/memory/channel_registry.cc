@@ -5,6 +5,7 @@
 
 #include "os/proc.h"
 #include "shmtensor/error.h"
+#include "shmtensor/internal/fd_keeper.h"
 
 namespace shmtensor::internal {
 
@@ -70,5 +71,51 @@ void unlink_channel(const std::string& name, std::uint64_t token) {
 }
 
 std::vector<ChannelListing> list_channels() { return registry().list(); }
+
+namespace {
+
+void check_token(std::string_view token) {
+  if (token.size() != kKeptTokenBytes)
+    throw std::invalid_argument("a kept fd's token is " + std::to_string(kKeptTokenBytes) +
+                                " bytes, not " + std::to_string(token.size()));
+}
+
+}  // namespace
+
+void keep_fd(std::string_view token, int fd) {
+  check_token(token);
+  registry().keep(token, fd);
+}
+
+KeptKind take_kept_fd(std::string_view token, UniqueFd* fd) {
+  check_token(token);
+  return registry().take(token, fd);
+}
+
+int keeper_connection_fd() noexcept {
+  const ChannelRegistry* r = g_registry.load(std::memory_order_acquire);
+  return r == nullptr ? -1 : r->keeper_connection();
+}
+
+}  // namespace shmtensor::internal
+
+namespace shmtensor::internal {
+
+void keep_fd_for_pickle(const std::string& token, int fd) { keep_fd(token, fd); }
+
+KeptFdKind take_fd_of_pickle(const std::string& token, int* fd) {
+  UniqueFd taken;
+  switch (take_kept_fd(token, &taken)) {
+    case KeptKind::kFd:
+      *fd = taken.release();
+      return KeptFdKind::kFd;
+    case KeptKind::kTicket:
+      return KeptFdKind::kTicket;
+    default:
+      return KeptFdKind::kUnknown;
+  }
+}
+
+int fd_keeper_connection() noexcept { return keeper_connection_fd(); }
 
 }  // namespace shmtensor::internal

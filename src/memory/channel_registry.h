@@ -30,6 +30,8 @@ inline constexpr std::size_t kMaxChannelName = 128;
 // Upper bounds of what one channel may carry (they fit one manager message).
 inline constexpr std::size_t kMaxChannelFds = 16;
 inline constexpr std::size_t kMaxChannelBytes = 4096;
+// Bytes of a kept fd's token (keep_fd).
+inline constexpr std::size_t kKeptTokenBytes = 16;
 
 enum class ChannelKind : std::uint32_t {
   kQueue = 1,      // QueueCore: its five fds (queue_lifetime.cc), no bytes
@@ -50,12 +52,18 @@ struct ChannelListing {
   std::vector<pid_t> openers;  // live processes the manager handed its fds to
 };
 
+// What a token of keep_fd held when it was taken.
+enum class KeptKind { kFd, kTicket, kUnknown };
+
 struct ChannelRegistry {
   void (*publish)(const std::string& name, ChannelKind kind, std::span<const int> fds,
                   std::string_view bytes, std::uint64_t token);
   OpenedChannel (*open)(const std::string& name, ChannelKind kind, bool look_only);
   void (*unlink)(const std::string& name, std::uint64_t token);
   std::vector<ChannelListing> (*list)();
+  void (*keep)(std::string_view token, int fd);
+  KeptKind (*take)(std::string_view token, UniqueFd* fd);
+  int (*keeper_connection)() noexcept;
 };
 
 // Installs `registry` (static storage; replaces an earlier one).
@@ -79,5 +87,17 @@ OpenedChannel open_channel(const std::string& name, ChannelKind kind, bool look_
 void unlink_channel(const std::string& name, std::uint64_t token = 0);
 // Every channel of this user's manager (group). Throws Error.
 std::vector<ChannelListing> list_channels();
+
+// fds and tickets of plain pickles in flight (include/shmtensor/internal/fd_keeper.h is
+// their exported face, for the Python package): the manager holds `fd` (-1: a ticket) under
+// a 16-byte token until one process takes it, so that a receiver gets it after its sender
+// exited. On this process's own connection to the manager, kept while the process lives
+// (a forked child makes its own): a keep is one send and no answer, ordered before any
+// take that another process makes after receiving the token. Throws Error when the
+// manager cannot be reached, std::invalid_argument for a token that is not 16 bytes.
+void keep_fd(std::string_view token, int fd);
+KeptKind take_kept_fd(std::string_view token, UniqueFd* fd);
+// That connection's fd, -1 while there is none (for leak checks).
+int keeper_connection_fd() noexcept;
 
 }  // namespace shmtensor::internal

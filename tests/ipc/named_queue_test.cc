@@ -16,6 +16,7 @@
 #include "os/event_fd.h"
 #include "os/poll.h"
 #include "os/unix_socket.h"
+#include "shmtensor/internal/fd_keeper.h"
 #include "shmtensor/queue.h"
 #include "shmtensor/tensor.h"
 #include "support/strategy_test.h"
@@ -267,6 +268,44 @@ TEST_F(ManagerTest, ADaemonWithoutNamedChannelsIsAnErrorThatSaysSo) {
   }
   old_daemon.join();
   ::unlink(loc.socket_path.c_str());
+}
+
+}  // namespace
+}  // namespace shmtensor::testing
+
+namespace shmtensor::testing {
+namespace {
+
+using manager_test::ManagerTest;
+
+std::string token_of(char c) { return std::string(internal::kKeptTokenBytes, c); }
+
+// The fds and tickets of plain pickles in flight (include/shmtensor/internal/fd_keeper.h):
+// kept by the manager after their sender exited, taken once.
+TEST_F(ManagerTest, KeptFdsOutliveTheirSenderAndAreTakenOnce) {
+  Pipe sent;
+  pid_t sender = fork_child([&] {
+    internal::UniqueFd e = internal::make_event_fd("test", "");
+    std::uint64_t one = 7;
+    ASSERT_EQ(::write(e.get(), &one, sizeof one), 8);
+    internal::keep_fd_for_pickle(token_of('a'), e.get());
+    internal::keep_fd_for_pickle(token_of('t'), -1);
+    sent.send_line("sent");
+  });
+  ASSERT_EQ(sent.receive_line(), "sent");
+  EXPECT_EQ(wait_child(sender), 0);  // gone before anything is taken
+  int fd = -1;
+  ASSERT_EQ(internal::take_fd_of_pickle(token_of('a'), &fd), internal::KeptFdKind::kFd);
+  internal::UniqueFd taken(fd);
+  std::uint64_t value = 0;
+  EXPECT_EQ(::read(taken.get(), &value, sizeof value), 8);
+  EXPECT_EQ(value, 7u);  // the sender's eventfd itself
+  EXPECT_EQ(internal::take_fd_of_pickle(token_of('a'), &fd), internal::KeptFdKind::kUnknown);
+  EXPECT_EQ(internal::take_fd_of_pickle(token_of('t'), &fd), internal::KeptFdKind::kTicket);
+  EXPECT_EQ(internal::take_fd_of_pickle(token_of('t'), &fd), internal::KeptFdKind::kUnknown);
+  EXPECT_EQ(internal::take_fd_of_pickle(token_of('n'), &fd), internal::KeptFdKind::kUnknown);
+  EXPECT_THROW(internal::keep_fd_for_pickle("short", -1), std::invalid_argument);
+  EXPECT_GE(internal::fd_keeper_connection(), 0);
 }
 
 }  // namespace

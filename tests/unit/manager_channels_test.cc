@@ -49,5 +49,29 @@ TEST(ManagerChannelsTest, NamesKindsTokensAndCreators) {
   EXPECT_TRUE(t.empty());
 }
 
+TEST(ManagerChannelsTest, KeptFdsAreTakenOnceAndExpireAfterTheirSenderIsGone) {
+  using namespace std::chrono_literals;
+  KeptFds k(100ms);
+  const ProcessId a{100, 1}, b{200, 2};
+  k.keep("tokenA", std::move(one_fd()[0]), a);
+  k.keep("ticket", UniqueFd(), a);
+  k.keep("tokenB", std::move(one_fd()[0]), b);
+  EXPECT_EQ(k.senders(), (std::vector<ProcessId>{a, b}));
+  UniqueFd fd;
+  EXPECT_EQ(k.take("tokenA", &fd), KeptFds::Taken::kFd);
+  EXPECT_TRUE(fd.valid());
+  EXPECT_EQ(k.take("tokenA", &fd), KeptFds::Taken::kUnknown);
+  const auto t0 = KeptFds::Clock::time_point{} + 1h;
+  EXPECT_EQ(k.expire(t0), std::nullopt);  // nobody is gone: nothing expires
+  k.sender_gone(a, t0);
+  EXPECT_EQ(k.senders(), std::vector<ProcessId>{b});
+  EXPECT_EQ(k.expire(t0 + 99ms), t0 + 100ms);
+  EXPECT_TRUE(k.holds("ticket"));
+  EXPECT_EQ(k.expire(t0 + 100ms), std::nullopt);
+  EXPECT_FALSE(k.holds("ticket"));
+  EXPECT_EQ(k.take("tokenB", &fd), KeptFds::Taken::kFd);
+  EXPECT_TRUE(k.empty());
+}
+
 }  // namespace
 }  // namespace shmtensor::internal::manager

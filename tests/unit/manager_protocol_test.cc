@@ -156,7 +156,9 @@ TEST(ManagerProtocolTest, MalformedChannelMessagesAreRejected) {
   std::string bad_type = header_bytes(MessageType::kHello);
   reinterpret_cast<MessageHeader*>(bad_type.data())->type =
       static_cast<std::uint16_t>(kLastMessageType) + 1;
-  expect_rejected(bad_type, "unknown type 18");
+  expect_rejected(bad_type, "unknown type " + std::to_string(static_cast<int>(kLastMessageType) + 1));
+  expect_rejected(header_bytes(MessageType::kKeepFd) + "short", "a token of 5 bytes, not 16");
+  expect_rejected(header_bytes(MessageType::kKeptFd) + "x", "unexpected payload");
 }
 
 }  // namespace
