@@ -95,6 +95,9 @@ OpenedChannel open(const std::string& name, ChannelKind kind, bool look_only) {
 }
 
 void unlink(const std::string& name, std::uint64_t token) {
+  // A publication's own unlink (its creator's last drop, maybe at exit): with no daemon
+  // there is no channel, and none is started for it.
+  if (token != 0 && !file_exists(manager_location().socket_path)) return;
   UniqueFd conn = channel_connection();
   send_request(conn.get(), request(MessageType::kUnlinkChannel, name, 0, token));
   check(read_reply(conn.get(), nullptr));
