@@ -35,6 +35,8 @@ PyObject* g_configuration = nullptr;
 PyObject* g_connection_closed = nullptr;
 PyObject* g_queue_closed = nullptr;
 PyObject* g_broadcast_timeout = nullptr;
+PyObject* g_name_exists = nullptr;
+PyObject* g_name_not_found = nullptr;
 PyObject* g_cuda = nullptr;
 
 PyObject* new_class(py::module_& m, const char* name, py::tuple bases, const char* doc) {
@@ -110,6 +112,16 @@ void bind_errors(py::module_& m) {
       "Broadcast.put timed out waiting for a reader: `reader` (its index), `pid` (0: no "
       "process attached as it yet) and `behind` (messages it has not taken); the message "
       "went to no reader. A TimeoutError.");
+  g_name_exists = new_class(
+      m, "NameExistsError",
+      py::make_tuple(error, py::reinterpret_borrow<py::object>(PyExc_FileExistsError)),
+      "A named Queue of this name exists already for this user (C++ shmtensor::NameExists); "
+      "a FileExistsError.");
+  g_name_not_found = new_class(
+      m, "NameNotFoundError",
+      py::make_tuple(error, py::reinterpret_borrow<py::object>(PyExc_FileNotFoundError)),
+      "No named Queue of this name exists for this user (C++ shmtensor::NameNotFound); a "
+      "FileNotFoundError.");
 
   g_cuda = new_class(
       m, "CudaError", py::make_tuple(error),
@@ -147,6 +159,10 @@ void bind_errors(py::module_& m) {
       attrs["pid"] = py::int_(e.pid());
       attrs["behind"] = py::int_(e.behind());
       raise(g_broadcast_timeout, e.what(), attrs);
+    } catch (const NameExists& e) {
+      raise(g_name_exists, e.what());
+    } catch (const NameNotFound& e) {
+      raise(g_name_not_found, e.what());
     } catch (const CudaError& e) {
       py::dict attrs;
       attrs["result"] = py::int_(e.result());
