@@ -105,6 +105,22 @@ class Broadcast {
   explicit Broadcast(int readers, std::size_t depth = 64)
       : core_(internal::BroadcastCore::create(readers, depth)) {}
 
+  // A broadcast any process of this user can open by name (open(name).reader(i)), through
+  // the user's shmtensor-manager (started on demand), as Queue<T>::create(name) does; the
+  // name lives until this process drops its last handle, exits or dies, or unlink()
+  // removes it. Throws NameExists, std::invalid_argument (a bad name, readers or depth),
+  // Error when the manager cannot be reached.
+  static Broadcast create(const std::string& name, int readers, std::size_t depth = 64) {
+    return Broadcast(internal::BroadcastCore::create_named(name, readers, depth));
+  }
+  // The broadcast published under `name`: hands out readers, cannot put. Throws
+  // NameNotFound; ProtocolError when what is published there is not a broadcast.
+  static Broadcast open(const std::string& name) {
+    return Broadcast(internal::BroadcastCore::open_named(name));
+  }
+  // Removes the name (handles keep working). Throws NameNotFound.
+  static void unlink(const std::string& name) { internal::BroadcastCore::unlink_named(name); }
+
   // Every reader's copy, or none: see the header comment. Throws BroadcastTimeout;
   // QueueClosed after close(); std::logic_error outside the writer's process; what
   // Queue::put throws for a value that cannot be framed.

@@ -474,10 +474,11 @@ void bind_transport(py::module_& m) {
         return Frame(std::move(e));
       });
   py::class_<PyBroadcast>(m, "_Broadcast")
-      .def(py::init([](int readers, std::size_t depth) {
+      .def(py::init([](int readers, std::size_t depth, std::optional<std::string> name) {
+             if (name) return PyBroadcast(Broadcast<Item>::create(*name, readers, depth));
              return PyBroadcast(Broadcast<Item>(readers, depth));
            }),
-           py::arg("readers"), py::arg("depth") = 64)
+           py::arg("readers"), py::arg("depth") = 64, py::arg("name") = py::none())
       .def("put", &PyBroadcast::put, py::arg("data"), py::arg("blocks"),
            py::arg("timeout") = py::none())
       .def("reader", &PyBroadcast::reader, py::arg("index"))
@@ -491,6 +492,10 @@ void bind_transport(py::module_& m) {
         e.encode(b.get());
         return Frame(std::move(e));
       });
+  m.def("_broadcast_open", [](const std::string& name) {
+    return PyBroadcast(Broadcast<Item>::open(name));
+  });
+  m.def("_broadcast_unlink", [](const std::string& name) { Broadcast<Item>::unlink(name); });
   m.def("_broadcast_of_frame", [](const std::string& data, const std::vector<int>& fds) {
     return PyBroadcast(decode_whole<Broadcast<Item>>(parse(data, fds)));
   });

@@ -5,6 +5,7 @@ timeout, a SIGKILLed reader's place freed and its messages' blocks given back, a
 writer, the vLLM method names."""
 import os
 import signal
+import time
 
 import numpy as np
 import pytest
@@ -212,3 +213,37 @@ def test_vllm_message_queue_names(method):
     for p in procs:
         p.join(30)
         assert p.exitcode == 0
+
+
+def open_by_name(name, out):
+    b = smp.Broadcast.open(name)
+    a = b.reader(1).get(timeout=30)
+    a[1] = 6  # seen by the writer: one block
+    out.put(a.tolist())
+
+
+@pytest.fixture
+def own_manager_group(monkeypatch):
+    """A manager group of this test's own (its daemon exits by itself)."""
+    monkeypatch.setenv("SHMTENSOR_MANAGER_GROUP", "pybc%d-%d" % (os.getpid(), time.monotonic_ns()))
+    monkeypatch.setenv("SHMTENSOR_MANAGER_GRACE_MS", "300")
+
+
+def test_a_process_that_knows_only_the_name_opens_a_reader(strategy, own_manager_group):
+    name = f"bcast_test_{os.getpid()}_{strategy}"
+    b = smp.Broadcast(readers=2, name=name)
+    with pytest.raises(shmtensor.NameExistsError):
+        smp.Broadcast(readers=1, name=name)
+    out = smp.Queue()
+    p = smp.get_context("spawn").Process(target=open_by_name, args=(name, out))
+    p.start()
+    a = snp.full(3, 5, dtype=np.int32)
+    b.put(a)
+    assert b.reader(0).get(timeout=30).tolist() == [5, 5, 5]
+    assert out.get(timeout=60) == [5, 6, 5]
+    p.join(30)
+    assert p.exitcode == 0
+    assert a.tolist() == [5, 6, 5]
+    smp.Broadcast.unlink(name)
+    with pytest.raises(shmtensor.NameNotFoundError):
+        smp.Broadcast.open(name)

@@ -13,6 +13,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "manager_test_util.h"
 #include "memory/arena.h"
 #include "os/mapping.h"
 #include "shmtensor/broadcast.h"
@@ -303,6 +304,41 @@ TEST_P(BroadcastTest, AReaderSlotLeftDroppingCostsTheDeadlineThenFails) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Strategies, BroadcastTest, testing::kAllStrategies,
+                         testing::strategy_name);
+
+// Named broadcasts, through a manager daemon of each test's own (its group).
+class NamedBroadcastTest : public testing::manager_test::OwnManagerGroupTest {
+ protected:
+  NamedBroadcastTest() : OwnManagerGroupTest("nb") {}
+};
+
+TEST_P(NamedBroadcastTest, AProcessThatKnowsOnlyTheNameOpensAReader) {
+  const std::string name = "nb_" + std::to_string(::getpid()) + "_" + to_string(GetParam());
+  Pipe created;
+  // Forked before the broadcast exists: it holds nothing of it but the name.
+  pid_t child = fork_child([&] {
+    ASSERT_EQ(created.receive(), 'x');
+    auto b = Broadcast<Tensor>::open(name);
+    EXPECT_EQ(b.readers(), 2);
+    EXPECT_ERROR(b.put(Tensor::zeros({1})), std::logic_error, "only the process");
+    auto r = b.reader(1);
+    Tensor t = r.get();
+    EXPECT_EQ(first(t), 5);
+    t.data_ptr<std::int32_t>()[1] = 6;  // seen by the writer: one block
+  });
+  auto b = Broadcast<Tensor>::create(name, 2);
+  EXPECT_ERROR(Broadcast<Tensor>::create(name, 1), NameExists, name);
+  created.send();
+  Tensor t = Tensor::full({3}, 5, DType::kInt32);
+  b.put(t);
+  EXPECT_EQ(first(b.reader(0).get()), 5);
+  EXPECT_EQ(wait_child(child), 0);
+  EXPECT_EQ(t.data_ptr<std::int32_t>()[1], 6);
+  Broadcast<Tensor>::unlink(name);
+  EXPECT_ERROR(Broadcast<Tensor>::open(name), NameNotFound, name);
+}
+
+INSTANTIATE_TEST_SUITE_P(Strategies, NamedBroadcastTest, testing::kAllStrategies,
                          testing::strategy_name);
 
 }  // namespace

@@ -16,6 +16,7 @@
 #include <functional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "manager/client.h"
@@ -24,6 +25,7 @@
 #include "os/private_dir.h"
 #include "os/proc_scan.h"
 #include "shmtensor/internal/storage_access.h"
+#include "support/strategy_test.h"
 #include "shmtensor/sharing_strategy.h"
 #include "shmtensor/storage.h"
 #include "support/leak_check.h"
@@ -135,6 +137,32 @@ class ManagerTest : public LeakCheckedTest {
     return internal::manager::manager_location();
   }
   std::string group_;
+};
+
+// A test under each sharing strategy with a manager group of its own (so its own daemon),
+// "<prefix><pid>-<n>"; TearDown removes the group's files. Named channels' tests use it.
+class OwnManagerGroupTest : public StrategyTest {
+ protected:
+  explicit OwnManagerGroupTest(std::string prefix) : prefix_(std::move(prefix)) {}
+  void SetUp() override {
+    StrategyTest::SetUp();
+    static int counter = 0;
+    group_ = prefix_ + std::to_string(::getpid()) + "-" + std::to_string(counter++);
+    ::setenv("SHMTENSOR_MANAGER_GROUP", group_.c_str(), 1);
+    ::setenv("SHMTENSOR_MANAGER_GRACE_MS", "300", 1);
+  }
+  void TearDown() override {
+    StrategyTest::TearDown();
+    const auto loc = internal::manager::manager_location();
+    for (const auto& f : {loc.socket_path, loc.lock_path, loc.log_path, loc.journal_path})
+      ::unlink(f.c_str());
+    ::unsetenv("SHMTENSOR_MANAGER_GROUP");
+    ::unsetenv("SHMTENSOR_MANAGER_GRACE_MS");
+  }
+  std::string group_;
+
+ private:
+  std::string prefix_;
 };
 
 }  // namespace shmtensor::testing::manager_test

@@ -29,24 +29,9 @@ using manager_test::ManagerTest;
 namespace mgr = internal::manager;
 
 // Each test its own manager group (so its own daemon), as ManagerTest does.
-class NamedQueueTest : public StrategyTest {
+class NamedQueueTest : public manager_test::OwnManagerGroupTest {
  protected:
-  void SetUp() override {
-    StrategyTest::SetUp();
-    static int counter = 0;
-    group_ = "nq" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
-    ::setenv("SHMTENSOR_MANAGER_GROUP", group_.c_str(), 1);
-    ::setenv("SHMTENSOR_MANAGER_GRACE_MS", "300", 1);
-  }
-  void TearDown() override {
-    StrategyTest::TearDown();
-    const auto loc = internal::manager::manager_location();
-    for (const auto& f : {loc.socket_path, loc.lock_path, loc.log_path, loc.journal_path})
-      ::unlink(f.c_str());
-    ::unsetenv("SHMTENSOR_MANAGER_GROUP");
-    ::unsetenv("SHMTENSOR_MANAGER_GRACE_MS");
-  }
-  std::string group_;
+  NamedQueueTest() : OwnManagerGroupTest("nq") {}
 };
 
 pid_t exec_peer(const std::string& name, const std::string& mode) {

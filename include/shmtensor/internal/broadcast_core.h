@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "shmtensor/codec.h"
@@ -29,6 +30,16 @@ class SHMTENSOR_API BroadcastCore {
   static std::shared_ptr<BroadcastCore> from_parts(int control_fd,
                                                    std::vector<std::shared_ptr<QueueCore>> queues,
                                                    int reader);
+  // create(), published under `name` through the user's shmtensor-manager (channel kind
+  // kBroadcast: the bytes and fds of the encoded broadcast) until this handle's process drops
+  // its last handle or unlink_named removes it. Throws NameExists, std::invalid_argument for
+  // an invalid name, Error when the manager cannot be reached.
+  static std::shared_ptr<BroadcastCore> create_named(const std::string& name, int readers,
+                                                     std::size_t depth);
+  // The whole broadcast published under `name` (readers are taken from it). Throws
+  // NameNotFound, ProtocolError for a publication that is not a broadcast.
+  static std::shared_ptr<BroadcastCore> open_named(const std::string& name);
+  static void unlink_named(const std::string& name);
   // An encoded broadcast (encode): takes its fds. Throws ProtocolError.
   static std::shared_ptr<BroadcastCore> decode(Decoder& d);
   // reader -1: the whole broadcast (every reader's queue; put() only in the writer);

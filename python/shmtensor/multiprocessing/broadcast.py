@@ -61,11 +61,23 @@ class Broadcast:
     messages a reader may be behind before put() waits."""
 
     def __init__(self, readers: int, name: str | None = None, *, depth: int = 64) -> None:
-        if name is not None:
-            raise NotImplementedError(
-                "Broadcast(name=...): named channels are published by the manager daemon "
-                "(docs/transport.md, 'Broadcast'); pass the Broadcast or its readers instead")
-        self._b = _C._Broadcast(int(readers), int(depth))
+        """name: published through the user's shmtensor-manager, so that any process of
+        the user opens it (Broadcast.open(name).reader(i)) until this process drops it,
+        exits or dies, or Broadcast.unlink(name); shmtensor.NameExistsError when taken."""
+        self._b = _C._Broadcast(int(readers), int(depth), name)
+
+    @classmethod
+    def open(cls, name: str) -> Broadcast:
+        """The broadcast published under `name`: hands out readers, cannot put.
+        shmtensor.NameNotFoundError when there is none."""
+        b = cls.__new__(cls)
+        b._b = _C._broadcast_open(name)
+        return b
+
+    @staticmethod
+    def unlink(name: str) -> None:
+        """Removes the name (handles keep working)."""
+        _C._broadcast_unlink(name)
 
     @classmethod
     def _from_parts(cls, data: bytes, fds: Sequence[int]) -> Broadcast:
