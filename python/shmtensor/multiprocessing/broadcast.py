@@ -12,7 +12,8 @@ messages behind and, at its timeout, raises shmtensor.BroadcastTimeout (a Timeou
 naming that reader (.reader, .pid, .behind); the message then went to no reader. A reader
 that died is found when its queue is full: its unread messages are dropped, and it is
 skipped until a process attaches as it again (its first get()). After the writer closed or
-died, readers take what was put, then get raises shmtensor.QueueClosed.
+died, readers take what was put, then get raises shmtensor.QueueClosed. A broadcast made
+with name= is opened by any process of the user: Broadcast.open(name).reader(i).
 """
 from __future__ import annotations
 
