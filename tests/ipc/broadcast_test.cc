@@ -334,6 +334,14 @@ TEST_P(NamedBroadcastTest, AProcessThatKnowsOnlyTheNameOpensAReader) {
   EXPECT_EQ(first(b.reader(0).get()), 5);
   EXPECT_EQ(wait_child(child), 0);
   EXPECT_EQ(t.data_ptr<std::int32_t>()[1], 6);
+  // `shmtensor ls`: reader 0 is this process; reader 1's process left with its handle.
+  b.put(Tensor::full({3}, 7, DType::kInt32));
+  const std::string me = std::to_string(::getpid());
+  const std::string out = testing::manager_test::run_tool("ls");
+  EXPECT_NE(out.find("  " + name + "  broadcast  readers 0 (pid " + me +
+                     ", 1 behind) 1 (none, 0 behind)  creator " + me + "\n"),
+            std::string::npos)
+      << out;
   Broadcast<Tensor>::unlink(name);
   EXPECT_ERROR(Broadcast<Tensor>::open(name), NameNotFound, name);
 }

@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -138,6 +139,24 @@ class ManagerTest : public LeakCheckedTest {
   }
   std::string group_;
 };
+
+// The output of `shmtensor <args>` (the tool next to the manager program), asserting that
+// it exits with 0.
+inline std::string run_tool(const std::string& args) {
+  const std::string manager = internal::manager::manager_program_candidates().at(0);
+  const std::string tool = manager.substr(0, manager.rfind('/')) + "/shmtensor";
+  EXPECT_EQ(::access(tool.c_str(), X_OK), 0) << tool;
+  std::FILE* p = ::popen((tool + " " + args + " 2>&1").c_str(), "r");
+  if (p == nullptr) {
+    ADD_FAILURE() << "popen " << tool;
+    return "";
+  }
+  std::string out;
+  char buf[4096];
+  while (std::size_t n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  EXPECT_EQ(::pclose(p), 0) << out;
+  return out;
+}
 
 // A test under each sharing strategy with a manager group of its own (so its own daemon),
 // "<prefix><pid>-<n>"; TearDown removes the group's files. Named channels' tests use it.

@@ -167,15 +167,7 @@ TEST_F(ManagerTest, ShmtensorLsListsANamedQueueWithItsDepthAndEnds) {
     (void)done.receive_line();
   });
   ASSERT_EQ(opened.receive_line(), "opened");
-  const std::string manager = internal::manager::manager_program_candidates().at(0);
-  const std::string tool = manager.substr(0, manager.rfind('/')) + "/shmtensor";
-  ASSERT_EQ(::access(tool.c_str(), X_OK), 0) << tool;
-  std::FILE* p = ::popen((tool + " ls 2>&1").c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  std::string out;
-  char buf[4096];
-  while (std::size_t n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
-  EXPECT_EQ(::pclose(p), 0) << out;
+  const std::string out = manager_test::run_tool("ls");
   done.send_line("done");
   EXPECT_EQ(wait_child(opener), 0);
   const std::string me = std::to_string(::getpid());

@@ -1,18 +1,48 @@
 // `shmtensor ls`: this user's named (file_system) shmtensor segments, with size, creator
 // and whether it lives, refcount, and the processes that map them; then the named channels
-// of the manager group (SHMTENSOR_MANAGER_GROUP): kind, depth, creator and ends.
+// of the manager group (SHMTENSOR_MANAGER_GROUP): kind, depth (a broadcast: each reader's
+// process and how far behind), creator and ends.
 #include <iostream>
+#include <span>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include "command.h"
 #include "manager/report.h"
 #include "manager/segments.h"
 #include "memory/channel_registry.h"
 #include "shmtensor/error.h"
+#include "shmtensor/internal/broadcast_core.h"
+#include "shmtensor/internal/frame.h"
 #include "shmtensor/internal/queue_core.h"
 
 namespace shmtensor::tool {
 namespace {
+
+// A named broadcast's readers: index, the pid attached as it (none) and how many messages
+// it is behind. Looks without counting this process as one of its ends.
+std::string format_broadcast(const std::string& name) {
+  internal::OpenedChannel ch = internal::open_channel(name, internal::ChannelKind::kBroadcast, true);
+  std::vector<int> fds;
+  for (auto& fd : ch.fds) fds.push_back(fd.release());
+  Decoder d = internal::parse_message_frame(
+      std::span(reinterpret_cast<const std::byte*>(ch.bytes.data()), ch.bytes.size()), fds);
+  auto b = internal::BroadcastCore::decode(d);
+  d.finish();
+  std::ostringstream out;
+  out << "  readers";
+  for (int i = 0; i < b->readers(); ++i) {
+    out << " " << i << " (";
+    if (const int pid = b->reader_pid(i)) {
+      out << "pid " << pid;
+    } else {
+      out << "none";
+    }
+    out << ", " << b->behind(i) << " behind)";
+  }
+  return out.str();
+}
 
 // One line per channel: name, kind, depth/bound, creator, ends (the live processes that
 // hold it). Empty when there is none.
@@ -30,6 +60,13 @@ std::string format_channels() {
         out << "  creator " << c.creator << "  ends";
         for (auto pid : f.holders) out << " " << pid;
       } catch (const Error& e) {  // gone meanwhile, or not a queue's fds
+        out << "  (" << e.what() << ")";
+      }
+    } else if (c.kind == static_cast<std::uint32_t>(internal::ChannelKind::kBroadcast)) {
+      out << "  broadcast";
+      try {
+        out << format_broadcast(c.name) << "  creator " << c.creator;
+      } catch (const Error& e) {  // gone meanwhile, or not a broadcast's parts
         out << "  (" << e.what() << ")";
       }
     } else {
