@@ -69,6 +69,8 @@ struct LoaderSession::State {
   void read(std::size_t w, bool only_ready = false);
   void handle(std::size_t w, Decoder& d);
   [[noreturn]] void died(std::size_t w);
+  // In a catch block: the reply being read was not one; the exception says why.
+  [[noreturn]] void malformed(std::size_t w);
   std::string loading(std::size_t w) const;
 };
 
@@ -216,20 +218,27 @@ void LoaderSession::State::read(std::size_t w, bool only_ready) {
       died(w);  // it closed its socket by exiting
     } catch (const SystemError&) {
       died(w);  // ECONNRESET: it exited without reading every task we sent
+    } catch (const ProtocolError&) {
+      malformed(w);  // a ring slot that is not a message: it writes our shared memory
     }
     try {
       handle(w, *d);
     } catch (const DataLoaderError&) {
       throw;
     } catch (...) {
-      // A malformed reply: nothing more from this worker can be trusted.
-      broken = true;
-      group.kill(w);
-      throw DataLoaderError(
-          "DataLoader worker " + std::to_string(w) + " (pid " + std::to_string(group.pid(w)) +
-          ") sent a reply that could not be decoded: " + describe_current_exception());
+      malformed(w);
     }
   }
+}
+
+void LoaderSession::State::malformed(std::size_t w) {
+  // Nothing more from this worker can be trusted.
+  broken = true;
+  group.kill(w);
+  throw DataLoaderError("DataLoader worker " + std::to_string(w) + " (pid " +
+                        std::to_string(group.pid(w)) +
+                        ") sent a reply that could not be decoded: " +
+                        describe_current_exception());
 }
 
 void LoaderSession::State::handle(std::size_t w, Decoder& d) {
