@@ -21,7 +21,7 @@ class AdaptiveSpin {
   using Clock = std::chrono::steady_clock;
   // Longest and shortest spin. Every kProbe-th wait spins the longest, so that a pair whose
   // spins shrank finds out when spinning would pay again.
-  static constexpr std::chrono::nanoseconds kMost = std::chrono::microseconds(100);
+  static constexpr std::chrono::nanoseconds kMost = std::chrono::microseconds(50);
   static constexpr std::chrono::nanoseconds kLeast = std::chrono::microseconds(2);
   static constexpr std::uint32_t kProbe = 64;
 
@@ -39,12 +39,12 @@ class AdaptiveSpin {
       until = std::min(until, *deadline);
     }
     const std::optional<std::size_t> found = ConnectionAccess::spin_for_message(ends, until);
-    // A message caught keeps the spin at least four times as long as it took; a miss
-    // halves it.
+    // A message caught makes the next spin four times as long as this one took (a long
+    // wait caught once does not keep later spins long); a miss halves it.
     if (found)
-      budget_ = std::clamp(std::max(budget_, std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                                4 * (Clock::now() - start))),
-                           std::chrono::nanoseconds(kLeast), std::chrono::nanoseconds(kMost));
+      budget_ = std::clamp(
+          std::chrono::duration_cast<std::chrono::nanoseconds>(4 * (Clock::now() - start)),
+          std::chrono::nanoseconds(kLeast), std::chrono::nanoseconds(kMost));
     else
       budget_ = std::max(std::chrono::nanoseconds(kLeast), budget_ / 2);
     return found;
