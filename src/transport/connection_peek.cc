@@ -18,8 +18,12 @@ bool ConnectionAccess::has_message(const Connection& c) noexcept {
 std::optional<std::size_t> ConnectionAccess::spin_for_message(
     std::span<Connection* const> ends, std::chrono::steady_clock::time_point until) noexcept {
   for (std::uint32_t i = 0;; ++i) {
-    for (std::size_t k = 0; k < ends.size(); ++k)
-      if (ends[k] != nullptr && ends[k]->core_ && has_message(*ends[k])) return k;
+    for (std::size_t k = 0; k < ends.size(); ++k) {
+      // A socket-only end is never found: its datagrams are seen by poll() and receives.
+      const Connection* e = ends[k];
+      if (e != nullptr && e->core_ && e->core_->ringed() && e->core_->in.ring().has_ready())
+        return k;
+    }
     if (i % 32 == 31 && std::chrono::steady_clock::now() >= until) return std::nullopt;
     ring_detail::pause_cpu();
   }

@@ -50,9 +50,9 @@ struct SHMTENSOR_API ConnectionAccess {
   // sees a datagram) and false for a closed one. A peer that hung up is not a message: a
   // caller that must see the end of the stream receives (or polls) too.
   [[nodiscard]] static bool has_message(const Connection& c) noexcept;
-  // Spins (loads and pauses, no syscall, no store to shared memory) until one of `ends`
-  // (null entries skipped) has_message, or `until` passes: the index of the first found, or
-  // nullopt.
+  // Spins (loads and pauses, no syscall, no store to shared memory) until the ring of one of
+  // `ends` holds a published message, or `until` passes: the index of the first found, or
+  // nullopt. Null, closed and socket-only ends are never found (poll() sees a datagram).
   [[nodiscard]] static std::optional<std::size_t> spin_for_message(
       std::span<Connection* const> ends, std::chrono::steady_clock::time_point until) noexcept;
   [[nodiscard]] static Connection wrap(std::unique_ptr<ConnectionCore> core) noexcept;
