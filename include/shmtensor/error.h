@@ -112,4 +112,18 @@ class SHMTENSOR_API ConfigurationError : public Error {
   explicit ConfigurationError(const std::string& what) : Error(what) {}
 };
 
+// A named channel (Queue<T>::create) of this name exists already for this user (Python:
+// also a FileExistsError).
+class SHMTENSOR_API NameExists : public Error {
+ public:
+  explicit NameExists(const std::string& what) : Error(what) {}
+};
+
+// No named channel of this name exists for this user (Queue<T>::open; Python: also a
+// FileNotFoundError).
+class SHMTENSOR_API NameNotFound : public Error {
+ public:
+  explicit NameNotFound(const std::string& what) : Error(what) {}
+};
+
 }  // namespace shmtensor

@@ -57,6 +57,25 @@ class Queue {
   // maxsize above 2^31 - 1, SystemError when its sockets or control block cannot be made.
   explicit Queue(std::size_t maxsize = 0) : core_(internal::QueueCore::create(maxsize)) {}
 
+  // Named queues, for processes this library did not start (a shell, torchrun, Ray): a
+  // queue created under `name` (1 to 128 of A-Z a-z 0-9 _ . -, not starting with '.') can
+  // be opened by name by any process of the same user, through that user's
+  // shmtensor-manager (started on demand). The name lives until this process drops its
+  // last handle of the queue, exits or dies, or unlink() removes it; a process that opened
+  // the queue keeps using it then. Throws NameExists when the name is taken,
+  // std::invalid_argument for an invalid name, Error when the manager cannot be reached or
+  // refuses this process. docs/transport.md, "Named queues".
+  static Queue create(const std::string& name, std::size_t maxsize = 0) {
+    return Queue(internal::QueueCore::create_named(name, maxsize));
+  }
+  // Throws NameNotFound when no queue has that name; ProtocolError when what the manager
+  // hands over is not a queue.
+  static Queue open(const std::string& name) {
+    return Queue(internal::QueueCore::open_named(name));
+  }
+  // Removes the name (handles keep working). Throws NameNotFound when there is none.
+  static void unlink(const std::string& name) { internal::QueueCore::unlink_named(name); }
+
   // Blocks while the queue is full. Throws QueueClosed if closed (nothing is moved into
   // shared memory then); otherwise as Connection::send.
   void put(const T& value) { (void)core_->put(encode(value), std::nullopt); }  // never false

@@ -22,6 +22,8 @@ from shmtensor._C import (
     ConnectionClosed,
     CudaError,
     Error,
+    NameExistsError,
+    NameNotFoundError,
     OutOfMemoryError,
     ProtocolError,
     QueueClosed,
@@ -47,7 +49,8 @@ __all__ = [
     "get_sharing_strategy", "set_sharing_strategy", "get_all_sharing_strategies", "empty_cache",
     "set_busy_poll", "get_busy_poll",
     "Error", "SharedMemoryFullError", "SystemCallError", "OutOfMemoryError", "ProtocolError",
-    "ConfigurationError", "ConnectionClosed", "QueueClosed", "CudaError",
+    "ConfigurationError", "ConnectionClosed", "QueueClosed", "CudaError", "NameExistsError",
+    "NameNotFoundError",
 ]
 
 

@@ -65,6 +65,8 @@ from shmtensor import _loader
 # this torch at first import and cached (a pip install; shmtensor/_bridge.py), else None and
 # the reason, which install() says once.
 _bridge, _no_bridge_reason = _bridge_loader.load()
+if _bridge is not None:  # a tensor message from another process decodes here, installed or not
+    _red.tensor_message_decoder = _bridge.decode_tensor_message
 _said_no_bridge = False
 
 if TYPE_CHECKING:
@@ -238,6 +240,15 @@ def _reduce_tensor(tensor):
     if message is not None:
         return _rebuild_tensor_native, (message.add(block), dtype, offset, size, stride)
     return _rebuild_tensor, (_red._ref(block), dtype, offset, size, stride)
+
+
+def _encode_tensor_message(obj):
+    """A tensor message of obj (reductions.dumps), while tensors go through _reduce_tensor:
+    the encoder takes only tensors whose storage is in an arena already, which that reducer
+    would send the same way."""
+    if ForkingPickler._extra_reducers.get(torch.Tensor) is not _reduce_tensor:
+        return None
+    return _bridge.encode_tensor_message(obj)
 
 
 def _share_memory_(self):
@@ -429,6 +440,7 @@ def install(*, busy_poll: float | None = None) -> None:
         ForkingPickler.register(_Untyped, _reduce_storage)
         if _bridge is not None:
             ForkingPickler.register(torch.Tensor, _reduce_tensor)
+            _red.tensor_message_encoder = _encode_tensor_message
         for name, value in _TORCH_MP.items():
             setattr(_tmp, name, value)
         _mpspawn.get_preparation_data = _get_preparation_data
@@ -448,6 +460,8 @@ def uninstall() -> None:
         if _saved is None:
             return
         saved, _saved = _saved, None
+        if _red.tensor_message_encoder is _encode_tensor_message:
+            _red.tensor_message_encoder = None
         for name, own in saved["own"].items():
             if own is _MISSING:
                 delattr(_Untyped, name)

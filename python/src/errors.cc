@@ -33,6 +33,8 @@ PyObject* g_protocol = nullptr;
 PyObject* g_configuration = nullptr;
 PyObject* g_connection_closed = nullptr;
 PyObject* g_queue_closed = nullptr;
+PyObject* g_name_exists = nullptr;
+PyObject* g_name_not_found = nullptr;
 PyObject* g_cuda = nullptr;
 
 PyObject* new_class(py::module_& m, const char* name, py::tuple bases, const char* doc) {
@@ -102,6 +104,17 @@ void bind_errors(py::module_& m) {
       "A put on a closed queue, or a get on one closed and drained; a ValueError, as "
       "multiprocessing raises for a closed Queue.");
 
+  g_name_exists = new_class(
+      m, "NameExistsError",
+      py::make_tuple(error, py::reinterpret_borrow<py::object>(PyExc_FileExistsError)),
+      "A named Queue of this name exists already for this user (C++ shmtensor::NameExists); "
+      "a FileExistsError.");
+  g_name_not_found = new_class(
+      m, "NameNotFoundError",
+      py::make_tuple(error, py::reinterpret_borrow<py::object>(PyExc_FileNotFoundError)),
+      "No named Queue of this name exists for this user (C++ shmtensor::NameNotFound); a "
+      "FileNotFoundError.");
+
   g_cuda = new_class(
       m, "CudaError", py::make_tuple(error),
       "CUDA cannot be used for this: no driver, a driver call that failed (result is its "
@@ -132,6 +145,10 @@ void bind_errors(py::module_& m) {
       raise(g_connection_closed, e.what());
     } catch (const QueueClosed& e) {
       raise(g_queue_closed, e.what());
+    } catch (const NameExists& e) {
+      raise(g_name_exists, e.what());
+    } catch (const NameNotFound& e) {
+      raise(g_name_not_found, e.what());
     } catch (const CudaError& e) {
       py::dict attrs;
       attrs["result"] = py::int_(e.result());

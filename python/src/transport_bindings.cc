@@ -25,6 +25,7 @@
 #include "devices.h"
 #include "shmtensor/connection.h"
 #include "shmtensor/internal/connection_access.h"
+#include "shmtensor/internal/fd_keeper.h"
 #include "shmtensor/internal/frame.h"
 #include "shmtensor/queue.h"
 #include "shmtensor/storage.h"
@@ -368,6 +369,54 @@ void bind_transport(py::module_& m) {
         e.encode(q.get_queue());
         return Frame(std::move(e));
       });
+  // fds and tickets of plain pickles in flight, kept by shmtensor-manager (keeper.py).
+  m.def(
+      "_keep_fd",
+      [](py::bytes token, int fd) {
+        std::string t = token;
+        py::gil_scoped_release release;
+        internal::keep_fd_for_pickle(t, fd);
+      },
+      py::arg("token"), py::arg("fd"));
+  m.def(
+      "_take_kept_fd",
+      [](py::bytes token) {
+        std::string t = token;
+        int fd = -1;
+        internal::KeptFdKind kind;
+        {
+          py::gil_scoped_release release;
+          kind = internal::take_fd_of_pickle(t, &fd);
+        }
+        const char* what = kind == internal::KeptFdKind::kFd       ? "fd"
+                           : kind == internal::KeptFdKind::kTicket ? "ticket"
+                                                                   : "unknown";
+        return py::make_tuple(what, fd);
+      },
+      py::arg("token"));
+  m.def("_fd_keeper_connection", [] { return internal::fd_keeper_connection(); });
+  // Named queues (docs/python.md, "Named queues"): NameExistsError, NameNotFoundError.
+  m.def(
+      "_queue_create_named",
+      [](const std::string& name, std::size_t maxsize) {
+        py::gil_scoped_release release;
+        return PyQueue(Queue<Item>::create(name, maxsize));
+      },
+      py::arg("name"), py::arg("maxsize") = 0);
+  m.def(
+      "_queue_open_named",
+      [](const std::string& name) {
+        py::gil_scoped_release release;
+        return PyQueue(Queue<Item>::open(name));
+      },
+      py::arg("name"));
+  m.def(
+      "_queue_unlink_named",
+      [](const std::string& name) {
+        py::gil_scoped_release release;
+        Queue<Item>::unlink(name);
+      },
+      py::arg("name"));
   m.def("_queue_of_frame", [](const std::string& data, const std::vector<int>& fds) {
     return PyQueue(decode_whole<Queue<Item>>(parse(data, fds)));
   });

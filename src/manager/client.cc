@@ -264,7 +264,9 @@ bool reregister(Client& c) {
   return true;
 }
 
-void connect_locked(Client& c) {
+}  // namespace
+
+UniqueFd greeted_connection(pid_t* daemon_pid, std::uint64_t* features) {
   const ManagerLocation loc = manager_location();
   ensure_private_dir(loc.dir);
   const auto deadline = Clock::now() + kConnectDeadline;
@@ -302,13 +304,9 @@ void connect_locked(Client& c) {
         if (m.type != MessageType::kHelloAck)
           throw ProtocolError("shmtensor-manager answered a hello with message type " +
                               std::to_string(static_cast<int>(m.type)));
-        c.fd = std::move(fd);
-        c.daemon_pid = static_cast<pid_t>(m.a);
-        if (reregister(c)) {
-          start_watch(c);
-          return;
-        }
-        disconnect(c);
+        *daemon_pid = static_cast<pid_t>(m.a);
+        if (features != nullptr) *features = m.b;
+        return fd;
       }
     }
     // End of stream before the answer: that daemon is exiting (it closed its listener with
@@ -316,6 +314,25 @@ void connect_locked(Client& c) {
     if (Clock::now() > deadline)
       throw Error("could not connect to shmtensor-manager at " + loc.socket_path +
                   ": it keeps closing connections");
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+namespace {
+
+void connect_locked(Client& c) {
+  const auto deadline = Clock::now() + kConnectDeadline;
+  for (;;) {
+    pid_t daemon = 0;
+    c.fd = greeted_connection(&daemon);
+    c.daemon_pid = daemon;
+    if (reregister(c)) {
+      start_watch(c);
+      return;
+    }
+    disconnect(c);
+    if (Clock::now() > deadline)
+      throw Error("shmtensor-manager keeps closing the connection");
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
 }
@@ -349,7 +366,7 @@ void send_locked(Client& c, const std::string& msg, bool reconnect) {
 }
 
 std::string one_name(MessageType type, const std::string& name, std::uint64_t a = 0) {
-  return encode(Message{type, a, 0, {name}, {}});
+  return encode(Message{type, a, 0, {name}, {}, {}, {}});
 }
 
 // ---- fork ------------------------------------------------------------------------------
@@ -357,6 +374,7 @@ std::string one_name(MessageType type, const std::string& name, std::uint64_t a 
 
 void prepare_fork() noexcept {
   const int saved = errno;
+  keeper_prepare_fork();  // first: a keeper request never takes the client's lock
   Client& c = client();
   c.mu.lock();  // held across fork: the child must not inherit it locked by another thread
   c.fork_announced = false;
@@ -379,6 +397,7 @@ void prepare_fork() noexcept {
 void parent_after_fork() noexcept {
   const int saved = errno;
   client().mu.unlock();
+  keeper_parent_after_fork();
   errno = saved;
 }
 
@@ -403,6 +422,7 @@ void child_after_fork() noexcept {
   c.daemon_pid = 0;
   c.fork_announced = false;
   c.mu.unlock();
+  keeper_child_after_fork();
   errno = saved;
 }
 
@@ -480,6 +500,8 @@ void sync() {
   if (c.held.empty()) disconnect(c);
 }
 
+void install_client_fork_handlers() noexcept { (void)client(); }
+
 pid_t connected_daemon_pid() noexcept {
   Client& c = client();
   std::lock_guard lock(c.mu);
@@ -508,6 +530,9 @@ namespace {
 // a name nobody watches.
 const SegmentObserver kObserver{register_created, register_opened, release};
 [[maybe_unused]] const bool kObserverInstalled = (set_segment_observer(&kObserver), true);
+// The named-channel registry's client (channel_client.cc), installed with it.
+[[maybe_unused]] const bool kChannelRegistryInstalled =
+    (set_channel_registry(&channel_registry_client()), true);
 
 }  // namespace
 

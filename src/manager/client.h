@@ -25,6 +25,9 @@
 
 #include <string>
 
+#include "memory/channel_registry.h"
+#include "os/unique_fd.h"
+
 namespace shmtensor::internal::manager {
 
 // Before shm_open(O_CREAT|O_EXCL) of `name` (e.g. "/shmtensor_12_ab..._3").
@@ -42,6 +45,23 @@ void release(const std::string& name, bool unlinked) noexcept;
 // decisions and written its journal (for tests and tools). Connects (starting a daemon)
 // if needed; a daemon that dies meanwhile is replaced and asked again. Throws Error.
 void sync();
+// A new connection to the daemon (started if none runs), its hello answered; the daemon's
+// pid in *daemon_pid. The connection's sends and receives time out after 10 s. Throws
+// Error as register_created, or when the daemon refuses this process (another uid). The
+// features its hello-ack names (protocol.h, kFeature*) in *features when not null.
+UniqueFd greeted_connection(pid_t* daemon_pid, std::uint64_t* features = nullptr);
+
+// The named-channel registry's functions (channel_client.cc), which the static initializer
+// of client.cc installs (memory/channel_registry.h).
+const ChannelRegistry& channel_registry_client() noexcept;
+// Installs the manager client's fork handlers (once), which run the three below.
+void install_client_fork_handlers() noexcept;
+// The kept-fd connection's fork handlers (channel_client.cc), run by the manager client's:
+// its lock is held across fork, and the child closes its copy of the parent's connection.
+void keeper_prepare_fork() noexcept;
+void keeper_parent_after_fork() noexcept;
+void keeper_child_after_fork() noexcept;
+
 // The pid of the daemon this process is connected to, 0 when not connected.
 pid_t connected_daemon_pid() noexcept;
 // The number of names this process holds as far as the manager client knows.

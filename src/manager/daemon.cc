@@ -10,6 +10,8 @@
 #include <thread>
 #include <vector>
 
+#include "manager/channels.h"
+#include "memory/channel_registry.h"
 #include "manager/journal.h"
 #include "manager/protocol.h"
 #include "manager/segments.h"
@@ -19,6 +21,7 @@
 #include "os/private_dir.h"
 #include "os/proc_scan.h"
 #include "os/shm.h"
+#include "os/socket.h"
 #include "os/unix_socket.h"
 #include "shmtensor/error.h"
 
@@ -75,6 +78,15 @@ class SystemEnvironment : public Tracker::Environment {
   void forgotten(const std::string& name) override { journal.gone(name); }
 };
 
+// How long a kept fd or ticket outlives its sender (SHMTENSOR_KEEPER_GRACE_S, seconds;
+// default 300): time for a receiver to take it.
+std::chrono::milliseconds keeper_grace() {
+  const char* s = std::getenv("SHMTENSOR_KEEPER_GRACE_S");
+  double seconds = s != nullptr ? std::strtod(s, nullptr) : 300.0;
+  if (!(seconds >= 0) || seconds > 1e7) seconds = 300.0;
+  return std::chrono::milliseconds(static_cast<long long>(seconds * 1000));
+}
+
 // The journal is rewritten from the tracker's state when its appends pass this size.
 constexpr std::size_t kJournalCompactBytes = 1 << 20;
 
@@ -103,6 +115,8 @@ struct Daemon::Impl {
   DaemonOptions options;
   SystemEnvironment env;
   Tracker tracker;
+  ChannelTable channels;
+  KeptFds kept{keeper_grace()};
   UniqueFd lock;
   UniqueFd listener;
   UniqueFd signals;
@@ -202,14 +216,14 @@ struct Daemon::Impl {
     if (c.greeted) tracker.connection_closed(c.peer);
   }
 
-  void reply(Connection& c, MessageType type, std::uint64_t a) {
+  void reply(Connection& c, MessageType type, std::uint64_t a, std::uint64_t b = 0) {
     MessageHeader h{};
-    encode_header(type, a, 0, &h);
+    encode_header(type, a, b, &h);
     if (send_packet(c.fd.get(), &h, sizeof h, true) != 0) close_connection(c);
   }
 
   void refuse(UniqueFd fd, const std::string& why) {
-    std::string msg = encode(Message{MessageType::kRefused, 0, 0, {}, why});
+    std::string msg = encode(Message{MessageType::kRefused, 0, 0, {}, why, {}, {}});
     send_packet(fd.get(), msg.data(), msg.size(), true);
     log("refused a connection: %s", why.c_str());
   }
@@ -241,13 +255,130 @@ struct Daemon::Impl {
     }
   }
 
-  void dispatch(Connection& c, const Message& m) {
+  void channel_reply(Connection& c, int err, std::uint32_t kind, const std::string& data,
+                     std::span<const int> fds = {}) {
+    std::string msg = encode(Message{MessageType::kChannelReply, static_cast<std::uint64_t>(err),
+                                     kind, {}, {}, {}, data});
+    const std::span<const std::byte> part = std::as_bytes(std::span(msg));
+    try {
+      if (!send_message(c.fd.get(), std::span(&part, 1), fds, true)) close_connection(c);
+    } catch (const Error&) {
+      close_connection(c);
+    }
+  }
+
+  void list_channels(Connection& c) {
+    for (const auto& [name, ch] : channels.entries()) {
+      std::string pids;
+      for (const auto& p : ch.openers) pids += (pids.empty() ? "" : " ") + std::to_string(p.pid);
+      std::string msg = encode(Message{MessageType::kChannelEntry, ch.kind,
+                                       static_cast<std::uint64_t>(ch.creator.pid), {}, {}, name,
+                                       pids});
+      if (send_packet(c.fd.get(), msg.data(), msg.size(), true) != 0) {
+        close_connection(c);
+        return;
+      }
+    }
+    channel_reply(c, 0, 0, {});
+  }
+
+  // Named channels (memory/channel_registry.h): the requests of a greeted connection.
+  void dispatch_channel(Connection& c, const Message& m, std::vector<UniqueFd>& fds) {
+    const auto kind = static_cast<std::uint32_t>(m.a);
+    switch (m.type) {
+      case MessageType::kKeepFd:
+        if (fds.size() > 1)
+          throw ProtocolError("a kept fd came with " + std::to_string(fds.size()) + " fds");
+        kept.keep(m.data, fds.empty() ? UniqueFd() : std::move(fds[0]), c.peer);
+        return;
+      case MessageType::kTakeFd: {
+        // Its keep may still be queued on the sender's connection (the pickle that names
+        // the token left the sender after the keep did): read every connection first.
+        if (!kept.holds(m.data) && !draining) {
+          draining = true;
+          for (auto& other : conns)
+            if (other.get() != &c) service(*other);
+          draining = false;
+        }
+        UniqueFd fd;
+        const KeptFds::Taken t = kept.take(m.data, &fd);
+        MessageHeader h{};
+        encode_header(MessageType::kKeptFd,
+                      t == KeptFds::Taken::kFd       ? 0
+                      : t == KeptFds::Taken::kTicket ? 1
+                                                     : ENOENT,
+                      0, &h);
+        const std::span<const std::byte> part = std::as_bytes(std::span(&h, 1));
+        const int raw[] = {fd.get()};
+        try {
+          if (!send_message(c.fd.get(), std::span(&part, 1),
+                            fd.valid() ? std::span<const int>(raw) : std::span<const int>(), true))
+            close_connection(c);
+        } catch (const Error&) {
+          close_connection(c);
+        }
+        return;
+      }
+      case MessageType::kPublishChannel: {
+        if (fds.empty() || fds.size() > kMaxChannelFds)
+          throw ProtocolError("a channel published with " + std::to_string(fds.size()) + " fds");
+        if (channels.publish(m.channel, kind, std::move(fds), m.data, m.b, c.peer) != 0) {
+          int err = 0;
+          const RegisteredChannel* old = channels.open(m.channel, kind, c.peer, true, &err);
+          channel_reply(c, EEXIST, kind,
+                        "a channel named \"" + m.channel + "\" exists (created by pid " +
+                            std::to_string(old->creator.pid) + ")");
+          return;
+        }
+        log("channel %s (kind %u) published by pid %d", m.channel.c_str(), kind,
+            static_cast<int>(c.peer.pid));
+        channel_reply(c, 0, kind, {});
+        return;
+      }
+      case MessageType::kOpenChannel: {
+        int err = 0;
+        const RegisteredChannel* ch = channels.open(m.channel, kind, c.peer, m.b == 1, &err);
+        if (err == ENOENT) {
+          channel_reply(c, err, kind, "no channel named \"" + m.channel + "\"");
+        } else if (err != 0) {
+          channel_reply(c, err, ch->kind,
+                        "the channel \"" + m.channel + "\" is of kind " +
+                            std::to_string(ch->kind) + ", not " + std::to_string(kind));
+        } else {
+          std::vector<int> raw;
+          for (const auto& fd : ch->fds) raw.push_back(fd.get());
+          channel_reply(c, 0, kind, ch->bytes, raw);
+        }
+        return;
+      }
+      case MessageType::kUnlinkChannel: {
+        int err = channels.unlink(m.channel, m.b);
+        if (err == 0) log("channel %s unlinked by pid %d", m.channel.c_str(), static_cast<int>(c.peer.pid));
+        channel_reply(c, err, 0, err == 0 ? "" : "no channel named \"" + m.channel + "\"");
+        return;
+      }
+      default:
+        list_channels(c);
+        return;
+    }
+  }
+
+  void dispatch(Connection& c, const Message& m, std::vector<UniqueFd>& fds) {
     if (debug)
       log("pid %d: type %d a=%llu b=%llu %s", static_cast<int>(c.peer.pid),
           static_cast<int>(m.type), static_cast<unsigned long long>(m.a),
           static_cast<unsigned long long>(m.b), m.names.empty() ? "" : m.names[0].c_str());
     if (!c.greeted && m.type != MessageType::kHello)
       throw ProtocolError("first message is not a hello");
+    if (m.type == MessageType::kPublishChannel || m.type == MessageType::kOpenChannel ||
+        m.type == MessageType::kUnlinkChannel || m.type == MessageType::kListChannels ||
+        m.type == MessageType::kKeepFd || m.type == MessageType::kTakeFd) {
+      dispatch_channel(c, m, fds);
+      return;
+    }
+    if (!fds.empty())
+      throw ProtocolError("message type " + std::to_string(static_cast<int>(m.type)) +
+                          " carried fds");
     switch (m.type) {
       case MessageType::kHello:
         if (c.greeted) throw ProtocolError("second hello");
@@ -270,7 +401,8 @@ struct Daemon::Impl {
         // Durable before the answer: whatever it registers next, a successor knows its group.
         clients[c.peer.pid] = {c.peer, c.group};
         env.journal.process(c.peer, c.group);
-        reply(c, MessageType::kHelloAck, static_cast<std::uint64_t>(own_pid()));
+        reply(c, MessageType::kHelloAck, static_cast<std::uint64_t>(own_pid()),
+              kDaemonFeatures);
         break;
       case MessageType::kRegisterCreated:
       case MessageType::kRegisterOpened:
@@ -305,19 +437,23 @@ struct Daemon::Impl {
 
   // Reads every message queued on `c` now.
   void service(Connection& c) {
-    static thread_local char buf[kMaxMessageSize + 1];
+    static thread_local std::byte buf[kMaxMessageSize];
     while (!c.closed) {
-      RecvResult r = recv_packet(c.fd.get(), buf, sizeof buf, true);
-      if (r.size < 0 && (r.error == EAGAIN || r.error == EWOULDBLOCK)) return;
-      if (r.size <= 0) {  // end of stream (the process exited or disconnected), or an error
-        close_connection(c);
-        return;
-      }
+      // Fds a message carries (only a publish may) are owned at once and closed with `r`
+      // unless the registry takes them.
+      Received r;
       try {
-        if (r.truncated) throw ProtocolError("message over " + std::to_string(kMaxMessageSize));
-        dispatch(c, decode(buf, static_cast<std::size_t>(r.size)));
+        r = receive_message(c.fd.get(), buf, true);
+        if (r.would_block) return;
+        if (r.eof) {  // the process exited or disconnected
+          close_connection(c);
+          return;
+        }
+        dispatch(c, decode(buf, r.size), r.fds);
       } catch (const ProtocolError& e) {
         log("dropping the connection of pid %d: %s", static_cast<int>(c.peer.pid), e.what());
+        close_connection(c);
+      } catch (const Error& e) {  // the socket itself failed
         close_connection(c);
       }
     }
@@ -333,11 +469,17 @@ struct Daemon::Impl {
     for (auto& c : conns)
       if (!c->closed && c->peer.pid == p.pid) service(*c);
     tracker.died(p);
+    kept.sender_gone(p, Clock::now());
+    for (const auto& name : channels.creator_gone(p))
+      log("channel %s removed: its creator, pid %d, is gone", name.c_str(), static_cast<int>(p.pid));
   }
 
   // Keeps one pidfd (or a polling entry) per watched process.
   void update_watches() {
     std::vector<ProcessId> want = tracker.watched();
+    for (const auto& list : {channels.creators(), kept.senders()})
+      for (const auto& p : list)
+        if (std::find(want.begin(), want.end(), p) == want.end()) want.push_back(p);
     std::vector<ProcessId> dead;
     std::map<pid_t, std::pair<ProcessId, UniqueFd>> next;
     std::map<pid_t, ProcessId> next_polled;
@@ -373,7 +515,8 @@ struct Daemon::Impl {
       if (tracker.needs_settle()) continue;  // deaths found while updating the watches
 
       int timeout = -1;
-      if (conns.empty() && tracker.idle()) {
+      const std::optional<Clock::time_point> expiry = kept.expire(Clock::now());
+      if (conns.empty() && tracker.idle() && channels.empty() && kept.empty()) {
         if (!idle_since) idle_since = Clock::now();
         auto left = options.grace_ms - std::chrono::duration_cast<std::chrono::milliseconds>(
                                            Clock::now() - *idle_since)
@@ -385,6 +528,12 @@ struct Daemon::Impl {
       }
       if (!polled.empty() || !groups.empty())
         timeout = timeout < 0 ? kPollIntervalMs : std::min(timeout, kPollIntervalMs);
+      if (expiry) {
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                              *expiry - Clock::now()).count() + 1;
+        const int until = static_cast<int>(std::clamp<long long>(left, 0, 1 << 30));
+        timeout = timeout < 0 ? until : std::min(timeout, until);
+      }
 
       std::vector<int> fds{signals.get(), listener.get()};
       for (auto& c : conns) fds.push_back(c->fd.get());

@@ -15,8 +15,10 @@
 //  - feeds every message into a Tracker and watches the processes it names with pidfds
 //    (polling /proc every 250 ms where the kernel has none, and for process groups);
 //    writes its journal once per turn of its loop, and before it answers a sync;
-//  - when it has no connection and the tracker nothing left to watch for grace_ms, or on
-//    SIGTERM, SIGINT or SIGHUP: removes its socket and returns.
+//  - keeps the named channels (channels.h), watching each creator, and hands dups of their
+//    fds to openers of its uid;
+//  - when it has no connection, no channel and the tracker nothing left to watch for
+//    grace_ms, or on SIGTERM, SIGINT or SIGHUP: removes its socket and returns.
 #pragma once
 
 #include <memory>

@@ -74,7 +74,10 @@ ManagerLocation manager_location(const std::string& dir, const std::string& grou
         "\".\" and \"..\"");
   char dev[32];
   std::snprintf(dev, sizeof dev, "%llx", static_cast<unsigned long long>(dev_shm_device()));
-  std::string base = dir + "/" + group + "-" + dev;
+  // "+2": daemons that serve named channels and kept fds (protocol.h, kDaemonFeatures) live
+  // beside an older installation's of the same group, whose clients would be refused the
+  // requests they do not know ('+' is no group's character).
+  std::string base = dir + "/" + group + "+2-" + dev;
   ManagerLocation loc{dir, group, base + ".sock", base + ".lock", base + ".log", base + ".journal"};
   if (loc.socket_path.size() > max_unix_socket_path())
     throw ConfigurationError(

@@ -10,7 +10,9 @@
 //   SHMTENSOR_MANAGER_GRACE_MS  how long an idle daemon waits for new clients (2000)
 //
 // One daemon serves one (user, group, /dev/shm): the socket's name includes the device of
-// /dev/shm, so a process in a mount namespace with its own /dev/shm gets its own daemon.
+// /dev/shm, so a process in a mount namespace with its own /dev/shm gets its own daemon,
+// and "+2", so that an older installation's daemon of the same group (one without named
+// channels and kept fds) serves its own clients beside this one.
 #pragma once
 
 #include <string>
@@ -21,10 +23,10 @@ namespace shmtensor::internal::manager {
 struct ManagerLocation {
   std::string dir;
   std::string group;
-  std::string socket_path;   // <dir>/<group>-<dev>.sock
-  std::string lock_path;     // <dir>/<group>-<dev>.lock
-  std::string log_path;      // <dir>/<group>-<dev>.log
-  std::string journal_path;  // <dir>/<group>-<dev>.journal (journal.h)
+  std::string socket_path;   // <dir>/<group>+2-<dev>.sock
+  std::string lock_path;     // <dir>/<group>+2-<dev>.lock
+  std::string log_path;      // <dir>/<group>+2-<dev>.log
+  std::string journal_path;  // <dir>/<group>+2-<dev>.journal (journal.h)
 };
 
 // From the environment (see above). Throws ConfigurationError for an invalid group name or

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "memory/channel_registry.h"
 #include "shmtensor/error.h"
 
 namespace shmtensor::internal::manager {
@@ -13,6 +14,11 @@ namespace {
 bool carries_names(MessageType t) {
   return t == MessageType::kRegisterCreated || t == MessageType::kRegisterOpened ||
          t == MessageType::kRegisterHeld || t == MessageType::kRelease;
+}
+
+bool names_channel(MessageType t) {
+  return t == MessageType::kPublishChannel || t == MessageType::kOpenChannel ||
+         t == MessageType::kUnlinkChannel || t == MessageType::kChannelEntry;
 }
 
 [[noreturn]] void bad(const std::string& what) {
@@ -50,6 +56,11 @@ std::string encode(const Message& m) {
     out.push_back('\0');
   }
   out += m.text;
+  if (names_channel(m.type)) {
+    out += m.channel;
+    out.push_back('\0');
+  }
+  out += m.data;
   if (out.size() > kMaxMessageSize) throw std::length_error("shmtensor-manager message too long");
   return out;
 }
@@ -83,7 +94,7 @@ Message decode(const void* data, std::size_t size) {
     bad("protocol version " + std::to_string(h.version) + ", this manager speaks " +
         std::to_string(kProtocolVersion));
   if (h.type < static_cast<std::uint16_t>(MessageType::kHello) ||
-      h.type > static_cast<std::uint16_t>(MessageType::kSyncAck))
+      h.type > static_cast<std::uint16_t>(kLastMessageType))
     bad("unknown type " + std::to_string(h.type));
   Message m;
   m.type = static_cast<MessageType>(h.type);
@@ -108,6 +119,26 @@ Message decode(const void* data, std::size_t size) {
     }
   } else if (m.type == MessageType::kRefused) {
     m.text.assign(p, end);
+  } else if (names_channel(m.type)) {
+    const void* nul = std::memchr(p, '\0', static_cast<std::size_t>(end - p));
+    if (nul == nullptr) bad("a channel name is not NUL-terminated");
+    m.channel.assign(p, static_cast<const char*>(nul));
+    if (!is_valid_channel_name(m.channel))
+      bad("invalid channel name \"" + m.channel.substr(0, 64) + "\"");
+    m.data.assign(static_cast<const char*>(nul) + 1, end);
+    if ((m.type == MessageType::kOpenChannel || m.type == MessageType::kUnlinkChannel) &&
+        !m.data.empty())
+      bad("unexpected bytes after a channel name");
+    if (m.type == MessageType::kOpenChannel && m.b > 1)
+      bad("an open's flag is " + std::to_string(m.b));
+    if (m.type == MessageType::kPublishChannel && m.b == 0) bad("a publish without a token");
+  } else if (m.type == MessageType::kChannelReply) {
+    m.data.assign(p, end);
+  } else if (m.type == MessageType::kKeepFd || m.type == MessageType::kTakeFd) {
+    if (static_cast<std::size_t>(end - p) != kKeptTokenBytes)
+      bad("a token of " + std::to_string(end - p) + " bytes, not " +
+          std::to_string(kKeptTokenBytes));
+    m.data.assign(p, end);
   } else if (p != end) {
     bad("unexpected payload of " + std::to_string(end - p) + " bytes");
   }

@@ -25,7 +25,7 @@ inline constexpr std::string_view kNamePrefix = "/shmtensor_";
 enum class MessageType : std::uint16_t {
   kHello = 1,            // client -> daemon, first message. a: the client's start time
                          // (/proc/<pid>/stat field 22), b: its process group
-  kHelloAck = 2,         // daemon -> client. a: daemon pid
+  kHelloAck = 2,         // daemon -> client. a: daemon pid, b: its features (below)
   kRefused = 3,          // daemon -> client, then close. payload: the reason (text)
   kRegisterCreated = 4,  // names this process is about to create (sent before shm_open)
   kRegisterOpened = 5,   // names this process mapped (it adopted a message's count)
@@ -36,7 +36,26 @@ enum class MessageType : std::uint16_t {
                          // sequence number of the kForkBegin, b: the child's pid
   kSync = 10,            // a: token. The daemon answers kSyncAck once all earlier
   kSyncAck = 11,         //   messages are processed and its decisions made. a: token
+  // Named channels (memory/channel_registry.h). Each request gets one kChannelReply.
+  kPublishChannel = 12,  // a: kind, b: token (non-zero). payload: name, NUL, bytes. fds
+  kOpenChannel = 13,     // a: kind, b: 1 = only look (not an end). payload: name, NUL
+  kUnlinkChannel = 14,   // b: 0, or only if the channel's token is b. payload: name, NUL
+  kListChannels = 15,    // answered by one kChannelEntry per channel, then a kChannelReply
+  kChannelReply = 16,    // d->c. a: 0 or an errno (EEXIST, ENOENT, EPROTOTYPE), b: kind.
+                         // payload: the channel's bytes (fds attached), or why (text)
+  kChannelEntry = 17,    // d->c. a: kind, b: creator pid. payload: name, NUL, opener pids
+                         // (decimal, space-separated)
+  // fds and tickets of plain pickles in flight (memory/channel_registry.h, keep_fd).
+  kKeepFd = 18,          // payload: token (16 bytes); 0 fds (a ticket) or 1. No answer
+  kTakeFd = 19,          // payload: token. Answered by one kKeptFd
+  kKeptFd = 20,          // d->c. a: 0 (the fd attached), 1 (a ticket) or ENOENT
 };
+inline constexpr MessageType kLastMessageType = MessageType::kKeptFd;
+
+// What a daemon says it serves in its hello-ack (b); an older daemon says 0.
+inline constexpr std::uint64_t kFeatureChannels = 1;  // named channels (types 12..17)
+inline constexpr std::uint64_t kFeatureKeeper = 2;    // kept fds and tickets (18..20)
+inline constexpr std::uint64_t kDaemonFeatures = kFeatureChannels | kFeatureKeeper;
 
 struct MessageHeader {
   std::uint32_t magic;
@@ -53,6 +72,9 @@ struct Message {
   std::uint64_t b = 0;
   std::vector<std::string> names;  // register*/release
   std::string text;                // refused
+  std::string channel;             // the channel messages' name
+  std::string data;                // what follows it (bytes, pids), a reply's payload, or a
+                                   // kept fd's token
 };
 
 // "/shmtensor_" followed by 1..kMaxNameLength-11 characters of [A-Za-z0-9_].

@@ -10,6 +10,7 @@
 // holding process, keyed by pid + start time like arena slots, plus a count of encoded
 // copies of the queue that are inside messages not yet received (docs/transport.md).
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <mutex>
@@ -17,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "memory/channel_registry.h"
 #include "os/event_fd.h"
 #include "os/fork_handlers.h"
 #include "os/mapping.h"
@@ -164,6 +166,14 @@ QueueCore::QueueCore(std::unique_ptr<State> state) : state_(std::move(state)) {
 
 QueueCore::~QueueCore() {
   unregister_live(state_.get());
+  // First the name, so that nobody opens a queue about to be drained. A name another
+  // process holds now (unlinked, then created again) is not ours to remove.
+  if (!state_->name.empty() && state_->name_owner == own_pid()) {
+    try {
+      unlink_channel(state_->name, state_->name_token);
+    } catch (...) {
+    }
+  }
   auto* c = state_->control();
   if (state_->slot >= 0) {
     std::uint64_t expected = c->holders[state_->slot].load(std::memory_order_relaxed);
@@ -217,14 +227,87 @@ std::shared_ptr<QueueCore> QueueCore::create(std::size_t maxsize, bool joinable)
   return std::make_shared<QueueCore>(std::move(st));
 }
 
+namespace {
+
+// The five fds of an encoded queue, in encode()'s order.
+constexpr std::size_t kQueueFds = 5;
+
+// A handle from a queue's five fds (a message's, or the manager's for a named queue),
+// validated. in_flight_copy: the fds came in a message that encode() counted.
+std::shared_ptr<QueueCore> attach(std::array<UniqueFd, kQueueFds> fds, bool in_flight_copy);
+
+}  // namespace
+
 std::shared_ptr<QueueCore> QueueCore::decode(Decoder& d) {
   // Each fd is owned at once, so a message missing the later ones leaks none.
-  auto st = std::make_unique<State>();
-  st->send_fd.reset(d.take_fd());
-  st->recv_fd.reset(d.take_fd());
-  st->control_fd.reset(d.take_fd());
-  UniqueFd ring_fd(d.take_fd());
-  UniqueFd ready_fd(d.take_fd());
+  std::array<UniqueFd, kQueueFds> fds;
+  for (auto& fd : fds) fd.reset(d.take_fd());
+  return attach(std::move(fds), true);
+}
+
+std::shared_ptr<QueueCore> QueueCore::create_named(const std::string& name, std::size_t maxsize,
+                                                   bool joinable) {
+  std::shared_ptr<QueueCore> q = create(maxsize, joinable);
+  State& st = *q->state_;
+  const int fds[kQueueFds] = {st.send_fd.get(), st.recv_fd.get(), st.control_fd.get(),
+                              st.ring().fd(), st.endpoint.ready_fd()};
+  st.name_token = publish_channel(name, ChannelKind::kQueue, fds, {});
+  st.name = name;
+  st.name_owner = own_pid();
+  return q;
+}
+
+std::shared_ptr<QueueCore> QueueCore::open_named(const std::string& name) {
+  OpenedChannel ch = open_channel(name, ChannelKind::kQueue);
+  if (ch.fds.size() != kQueueFds || !ch.bytes.empty())
+    throw ProtocolError("the named queue \"" + name + "\" came with " +
+                        std::to_string(ch.fds.size()) + " fds and " +
+                        std::to_string(ch.bytes.size()) + " bytes, not a queue's 5 and 0");
+  std::array<UniqueFd, kQueueFds> fds;
+  for (std::size_t i = 0; i < kQueueFds; ++i) fds[i] = std::move(ch.fds[i]);
+  // The manager's copy was never counted in flight: the creator holds the queue while the
+  // name lives.
+  return attach(std::move(fds), false);
+}
+
+void QueueCore::unlink_named(const std::string& name) { unlink_channel(name); }
+
+QueueCore::NamedFacts QueueCore::inspect_named(const std::string& name) {
+  OpenedChannel ch = open_channel(name, ChannelKind::kQueue, true);
+  if (ch.fds.size() != kQueueFds)
+    throw ProtocolError("the named queue \"" + name + "\" came with " +
+                        std::to_string(ch.fds.size()) + " fds, not a queue's 5");
+  const int control_fd = ch.fds[2].get();
+  FdFacts facts = inspect_fd(control_fd);
+  if (!facts.sealed_against_resize || facts.size != sizeof(QueueControl))
+    throw ProtocolError("the named queue's control block has the wrong size or is not sealed");
+  Mapping map = Mapping::map_shared(control_fd, sizeof(QueueControl), "queue control");
+  auto* c = reinterpret_cast<QueueControl*>(map.data());
+  if (std::atomic_ref<std::uint64_t>(c->magic).load(std::memory_order_acquire) !=
+      kQueueMagic)
+    throw ProtocolError("the named queue's control block is invalid");
+  NamedFacts f;
+  f.size = c->count.load(std::memory_order_relaxed);
+  f.maxsize = c->maxsize;
+  for (const auto& h : c->holders) {
+    const std::uint64_t owner = h.load(std::memory_order_relaxed);
+    if (owner != 0 && slot_owner_alive(owner))
+      f.holders.push_back(static_cast<std::int32_t>(owner >> 32));
+  }
+  std::sort(f.holders.begin(), f.holders.end());
+  f.holders.erase(std::unique(f.holders.begin(), f.holders.end()), f.holders.end());
+  return f;
+}
+
+namespace {
+
+std::shared_ptr<QueueCore> attach(std::array<UniqueFd, kQueueFds> fds, bool in_flight_copy) {
+  auto st = std::make_unique<QueueCore::State>();
+  st->send_fd = std::move(fds[0]);
+  st->recv_fd = std::move(fds[1]);
+  st->control_fd = std::move(fds[2]);
+  UniqueFd ring_fd = std::move(fds[3]);
+  UniqueFd ready_fd = std::move(fds[4]);
   // A peer could send another kind of fd, or a blocking one (os/event_fd.h).
   require_event_fd(ready_fd.get(), "queue readiness");
   FdFacts facts = inspect_fd(st->control_fd.get());
@@ -244,11 +327,13 @@ std::shared_ptr<QueueCore> QueueCore::decode(Decoder& d) {
   // Our slot first, then the message's in-flight count back (see ~QueueCore). Never below
   // 0: a raw peer may send a queue nobody counted.
   st->slot = claim_holder(c, current_slot_owner());
-  std::uint32_t n = c->in_flight.load(std::memory_order_seq_cst);
+  std::uint32_t n = in_flight_copy ? c->in_flight.load(std::memory_order_seq_cst) : 0;
   while (n > 0 && !c->in_flight.compare_exchange_weak(n, n - 1, std::memory_order_seq_cst)) {
   }
   return std::make_shared<QueueCore>(std::move(st));
 }
+
+}  // namespace
 
 void QueueCore::encode(Encoder& e) const {
   e.write_fd(state_->send_fd.get());

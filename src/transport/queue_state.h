@@ -36,6 +36,11 @@ struct QueueCore::State {
   Endpoint endpoint;
   // Whether this handle counted itself a reader of the readiness fd (for good).
   std::atomic<bool> readiness_counted{false};
+  // The name this process published the queue under (create_named), removed when this
+  // state goes in that process (not in a forked child's copy).
+  std::string name;
+  std::uint64_t name_token = 0;  // publish_channel's
+  pid_t name_owner = 0;
   int slot = -1;       // our holder slot (-1: none, overflow was set)
   int fork_slot = -1;  // claimed in prepare_fork for the child about to be forked
   // An error get_many() met after it had taken items: thrown by the next get or get_many.

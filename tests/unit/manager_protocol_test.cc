@@ -6,6 +6,7 @@
 #include <string>
 
 #include "manager/protocol.h"
+#include "memory/channel_registry.h"
 #include "shmtensor/error.h"
 
 namespace shmtensor::internal::manager {
@@ -108,6 +109,56 @@ TEST(ManagerProtocolTest, OnlyShmtensorNamesOfSafeCharactersAreAccepted) {
     expect_rejected(header_bytes(MessageType::kRegisterOpened) + name + std::string(1, '\0'),
                     "invalid segment name");
   }
+}
+
+}  // namespace
+}  // namespace shmtensor::internal::manager
+
+namespace shmtensor::internal::manager {
+namespace {
+
+TEST(ManagerProtocolTest, ChannelMessagesRoundTrip) {
+  Message m{MessageType::kPublishChannel, 1, 0xabcdef, {}, {}, "train.batches-0", {"\0x\1", 3}};
+  std::string bytes = encode(m);
+  Message back = decode(bytes.data(), bytes.size());
+  EXPECT_EQ(back.type, MessageType::kPublishChannel);
+  EXPECT_EQ(back.a, 1u);
+  EXPECT_EQ(back.b, 0xabcdefu);
+  EXPECT_EQ(back.channel, "train.batches-0");
+  EXPECT_EQ(back.data, std::string("\0x\1", 3));
+  Message entry{MessageType::kChannelEntry, 2, 4242, {}, {}, "q", "10 11"};
+  bytes = encode(entry);
+  back = decode(bytes.data(), bytes.size());
+  EXPECT_EQ(back.channel, "q");
+  EXPECT_EQ(back.data, "10 11");
+  EXPECT_EQ(back.b, 4242u);
+  Message reply{MessageType::kChannelReply, 2, 1, {}, {}, {}, "no channel named \"q\""};
+  bytes = encode(reply);
+  back = decode(bytes.data(), bytes.size());
+  EXPECT_EQ(back.a, 2u);
+  EXPECT_EQ(back.data, "no channel named \"q\"");
+}
+
+TEST(ManagerProtocolTest, MalformedChannelMessagesAreRejected) {
+  const std::string open = header_bytes(MessageType::kOpenChannel, 1, 0);
+  expect_rejected(open + "q", "channel name is not NUL-terminated");
+  expect_rejected(open + std::string("\0", 1), "invalid channel name \"\"");
+  expect_rejected(open + std::string("../x\0", 5), "invalid channel name \"../x\"");
+  expect_rejected(open + std::string(".q\0", 3), "invalid channel name \".q\"");
+  expect_rejected(open + std::string(kMaxChannelName + 1, 'a') + std::string("\0", 1),
+                  "invalid channel name");
+  expect_rejected(open + std::string("q\0x", 3), "unexpected bytes after a channel name");
+  expect_rejected(header_bytes(MessageType::kOpenChannel, 1, 2) + std::string("q\0", 2),
+                  "an open's flag is 2");
+  expect_rejected(header_bytes(MessageType::kPublishChannel, 1, 0) + std::string("q\0", 2),
+                  "a publish without a token");
+  expect_rejected(header_bytes(MessageType::kListChannels) + "x", "unexpected payload");
+  std::string bad_type = header_bytes(MessageType::kHello);
+  reinterpret_cast<MessageHeader*>(bad_type.data())->type =
+      static_cast<std::uint16_t>(kLastMessageType) + 1;
+  expect_rejected(bad_type, "unknown type " + std::to_string(static_cast<int>(kLastMessageType) + 1));
+  expect_rejected(header_bytes(MessageType::kKeepFd) + "short", "a token of 5 bytes, not 16");
+  expect_rejected(header_bytes(MessageType::kKeptFd) + "x", "unexpected payload");
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <memory>
 #include <exception>
 #include <optional>
+#include <string>
 #include <span>
 #include <vector>
 
@@ -35,6 +36,24 @@ class SHMTENSOR_API QueueCore : public std::enable_shared_from_this<QueueCore> {
   // From an encoded queue: takes its five fds (two sockets, the control block, the ring,
   // the readiness eventfd) and validates them. Throws ProtocolError.
   static std::shared_ptr<QueueCore> decode(Decoder& d);
+  // Named queues (docs/transport.md, "Named queues"): create() registered under `name` with
+  // this user's shmtensor-manager, which hands the queue's fds to open_named() in any
+  // process of the user. The name lives until this process drops its last handle of the
+  // queue, exits or dies, or unlink_named() removes it; processes that opened the queue
+  // keep it. Throw NameExists / NameNotFound, std::invalid_argument for an invalid name,
+  // ProtocolError for fds that are not a queue's, Error when the manager cannot be reached.
+  static std::shared_ptr<QueueCore> create_named(const std::string& name, std::size_t maxsize,
+                                                 bool joinable = false);
+  static std::shared_ptr<QueueCore> open_named(const std::string& name);
+  static void unlink_named(const std::string& name);
+  // What `shmtensor ls` shows of a named queue, read without holding it: its depth, its
+  // bound (0: none), and the live processes that hold it (its ends). Throws as open_named.
+  struct NamedFacts {
+    std::size_t size = 0;
+    std::size_t maxsize = 0;
+    std::vector<std::int32_t> holders;
+  };
+  static NamedFacts inspect_named(const std::string& name);
   ~QueueCore();
   QueueCore(const QueueCore&) = delete;
   QueueCore& operator=(const QueueCore&) = delete;

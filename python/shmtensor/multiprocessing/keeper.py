@@ -1,17 +1,23 @@
-"""File descriptors inside plain pickles (the sending and receiving side of _fd_keeper.py).
+"""File descriptors inside plain pickles, kept by shmtensor-manager while they are in flight.
+
+A plain pickle (multiprocessing.Queue, Pool) cannot carry an fd. multiprocessing's own
+resource_sharer keeps the fd in the sending process, so the receiver fails if the sender
+exited first (torch's file_descriptor strategy has that failure). shmtensor-manager, the
+per-user daemon of the library (docs/manager.md, "Kept fds and tickets"), holds each fd
+given to it under a random token until one receiver takes it.
 
 FdRef(fd) pickles as:
   * while a child is being started (Process args with spawn/forkserver): multiprocessing's
     own DupFd, which hands the fd to the child at start; this process's duplicate is closed
     as soon as the child is launched (Popen._launch is wrapped for that);
-  * otherwise: a token registered with the per-user fd keeper, which holds the fd until the
-    receiver takes it, so the sender may exit right after sending.
+  * otherwise: a token whose fd the manager keeps until the receiver takes it, so the
+    sender may exit right after sending.
 A file_system pickle carries no fd; it registers a ticket (register_ticket) that its load
 claims (claim_ticket) before it adopts any count.
 One FdRef per fd while pickles refer to it: the pickler's memo sends it once per pickle.
 
-Failures are shmtensor's exceptions: a keeper that cannot be reached or asked is
-shmtensor.SystemCallError (an OSError), a pickle the keeper holds nothing for (single-use)
+Failures are shmtensor's exceptions: a manager that cannot be reached or asked is
+shmtensor.SystemCallError (an OSError), a pickle the manager holds nothing for (single-use)
 shmtensor.Error (a RuntimeError).
 """
 from __future__ import annotations
@@ -21,23 +27,15 @@ import multiprocessing.popen_forkserver as _popen_forkserver
 import multiprocessing.popen_spawn_posix as _popen_spawn_posix
 import multiprocessing.reduction as _mpreduction
 import os
-import socket
-import subprocess
-import sys
-import threading
-import time
 import weakref
 from typing import TYPE_CHECKING
 
 from shmtensor import _C
-from shmtensor.multiprocessing import _fd_keeper
 
 if TYPE_CHECKING:
     from typing import Any
 
-_SCRIPT = _fd_keeper.__file__
 _refs = weakref.WeakValueDictionary()
-_start_lock = threading.Lock()
 
 
 class FdRef:
@@ -139,121 +137,36 @@ def _from_dupfd(dupfd):
     return FdRef(dupfd.detach())
 
 
-def _new_connection():
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
-    try:
-        s.settimeout(10.0)
-        s.connect(_fd_keeper.address())
-        # The hello's answer says the keeper accepted this connection: from then on it reads
-        # every request sent on it, so registers need no answer (_fd_keeper.py).
-        s.sendall(b"H")
-        if s.recv(16) != b"K":
-            raise ConnectionResetError("the fd keeper did not answer the hello")
-    except BaseException:
-        s.close()
-        raise
-    return s
-
-
-# This process's connection to the keeper, kept for its life; a forked child makes its own
-# (requests of two processes on one connection would mix their answers).
-_connection = None
-_connection_lock = threading.Lock()
-
-
-def _drop_inherited_connection():
-    global _connection, _connection_lock
-    _connection_lock = threading.Lock()  # another thread may have held it at fork
-    if _connection is not None:
-        _connection.close()  # the child's copy only: the parent's connection stays open
-        _connection = None
-
-
-os.register_at_fork(after_in_child=_drop_inherited_connection)
-
-
 def _connection_fd():
-    """The fd of this process's keeper connection, or None (the tests' leak check allows it,
-    as it does multiprocessing's own long-lived fds)."""
-    return _connection.fileno() if _connection is not None else None
+    """The fd of this process's connection to the manager for kept fds, or None (the tests'
+    leak check allows it, as it does multiprocessing's own long-lived fds)."""
+    fd = _C._fd_keeper_connection()
+    return fd if fd >= 0 else None
 
 
-_started = []  # keepers this process started: reaped once they exit
-
-
-def _start_keeper():
-    with _start_lock:
-        _started[:] = [p for p in _started if p.poll() is None]
-        _started.append(subprocess.Popen(
-            [sys.executable, "-I", "-S", _SCRIPT],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            close_fds=True, start_new_session=True))
+TOKEN_BYTES = 16
 
 
 def _system_call_error(message, cause):
-    """shmtensor.SystemCallError(message) with errno and strerror of the OSError `cause` (None
-    when it had none), and syscall "connect" when cause came from connecting to the keeper,
-    cause's own syscall when it is a SystemCallError, else "" (a send or receive on the
-    keeper's socket, or the keeper closing it)."""
+    """shmtensor.SystemCallError(message) with errno, strerror and syscall of `cause` when it
+    is a SystemCallError, else None, None and ""."""
     e = _C.SystemCallError(message)
-    e.errno = cause.errno if cause is not None else None
+    e.errno = getattr(cause, "errno", None)
     e.strerror = os.strerror(e.errno) if e.errno is not None else None
-    connecting = isinstance(cause, (ConnectionRefusedError, FileNotFoundError))
-    e.syscall = "connect" if connecting else getattr(cause, "syscall", "")
+    e.syscall = getattr(cause, "syscall", "")
     return e
 
 
-_REQUEST_TIMEOUT = 10.0
-
-
-def _request(send, expect_answer):
-    """Sends a request on this process's keeper connection (connecting, and starting a keeper,
-    if needed) and returns its answer (msg, fds), or None if it expects none. A connection
-    that failed (the keeper exited or was killed) is replaced once per attempt."""
-    global _connection
-    deadline = time.monotonic() + _REQUEST_TIMEOUT
-    started = False
-    delay = 0.001
-    last = None  # the last OSError, for the error raised at the deadline
-    while True:
-        with _connection_lock:
-            try:
-                if _connection is None:
-                    _connection = _new_connection()
-                send(_connection)
-                if not expect_answer:
-                    return None
-                msg, fds, _, _ = socket.recv_fds(_connection, 16, 1)
-                if msg:
-                    return msg, fds
-                raise ConnectionResetError("the fd keeper closed the connection")
-            except (ConnectionRefusedError, FileNotFoundError) as e:
-                last = e
-                if not started:
-                    _start_keeper()
-                    started = True
-            except OSError as e:
-                last = e  # a keeper that was exiting or died: connect again (a new one starts)
-            if _connection is not None:
-                _connection.close()
-                _connection = None
-        if time.monotonic() > deadline:
-            raise _system_call_error(
-                "shmtensor: cannot reach the fd keeper (%s) for shared memory in a pickle "
-                "within %g s; the last attempt failed with: %s" % (_SCRIPT, _REQUEST_TIMEOUT, last),
-                last)
-        time.sleep(delay)
-        delay = min(delay * 2, 0.05)
-        if delay >= 0.05:
-            started = False
-
-
 def _register(fd, token=None):
-    """Registers fd (or, with fd None, a ticket) with the keeper under token (a new random
-    one if None); starts the keeper if none runs. Returns the token. One send, no answer."""
+    """Gives fd (or, with fd None, a ticket) to the manager under token (a new random one if
+    None); starts the manager if none runs. Returns the token. One send, no answer."""
     if token is None:
-        token = os.urandom(_fd_keeper.TOKEN_BYTES)
-    _request(lambda s: socket.send_fds(s, [b"R" + token], [] if fd is None else [fd]), False)
+        token = os.urandom(TOKEN_BYTES)
+    try:
+        _C._keep_fd(token, -1 if fd is None else fd)
+    except _C.Error as e:
+        raise _system_call_error("shmtensor: cannot reach shmtensor-manager, which keeps the "
+                                 "shared memory in a pickle: %s" % e, e) from None
     return token
 
 
@@ -266,10 +179,10 @@ def claim_ticket(token: bytes) -> None:
     """Claims a ticket registered by register_ticket; shmtensor.Error (a RuntimeError) if it
     was claimed already (or never registered, or its sender died longer than the grace period
     ago)."""
-    msg, fds = _ask(token)
-    for fd in fds:
+    kind, fd = _ask(token)
+    if fd >= 0:
         os.close(fd)
-    if msg != b"C":
+    if kind != "ticket":
         raise _C.Error("shmtensor: the fd keeper holds no ticket for this pickle: a "
                        "pickle of shared memory is single-use (it was loaded already, "
                        "here or in another process), or it outlived the keeper's grace "
@@ -277,19 +190,21 @@ def claim_ticket(token: bytes) -> None:
 
 
 def _ask(token):
+    """What the manager held under token, taken: (kind, fd) with kind "fd", "ticket" or
+    "unknown" (fd -1 unless "fd")."""
     try:
-        return _request(lambda s: s.sendall(b"T" + token), True)
-    except OSError as e:
-        raise _system_call_error("shmtensor: cannot ask the fd keeper for this pickle's shared "
-                                 "memory (%s)" % e, e) from None
+        return _C._take_kept_fd(token)
+    except _C.Error as e:
+        raise _system_call_error("shmtensor: cannot ask shmtensor-manager for this pickle's "
+                                 "shared memory (%s)" % e, e) from None
 
 
 def _from_keeper(token):
-    msg, fds = _ask(token)
-    if msg != b"F" or len(fds) != 1:
-        for fd in fds:
+    kind, fd = _ask(token)
+    if kind != "fd":
+        if fd >= 0:
             os.close(fd)
         raise _C.Error("shmtensor: the fd keeper does not hold this pickle's shared memory: "
                        "a pickle of shared memory is single-use (it was loaded already), "
                        "or it outlived the keeper's grace period")
-    return FdRef(fds[0])
+    return FdRef(fd)

@@ -128,9 +128,30 @@ os.register_at_fork(after_in_child=_forget_feeders_after_fork)
 class Queue:
     _feeder: _Feeder | None = None  # a _Feeder once an unbounded put found the transport full
 
-    def __init__(self, maxsize: int = 0, *, ctx: object = None) -> None:
+    def __init__(self, maxsize: int = 0, *, ctx: object = None, name: str | None = None) -> None:
+        """name: a named queue, which any process of this user opens with Queue.open(name)
+        (docs/python.md, "Named queues"); FileExistsError (shmtensor.NameExistsError) when
+        the name is taken. The name goes when this process drops its last handle of the
+        queue, exits or dies, or Queue.unlink(name) is called."""
         self._maxsize = max(int(maxsize), 0)
-        self._q: _Queue | None = _C._Queue(self._maxsize)
+        self._q: _Queue | None = (_C._Queue(self._maxsize) if name is None
+                                  else _C._queue_create_named(name, self._maxsize))
+
+    @classmethod
+    def open(cls: type[_Q], name: str) -> _Q:
+        """The queue created under `name` by any process of this user, which need not have
+        started this one. FileNotFoundError (shmtensor.NameNotFoundError) when there is
+        none."""
+        q = cls.__new__(cls)
+        q._q = _C._queue_open_named(name)
+        q._maxsize = q._q.maxsize
+        return q
+
+    @staticmethod
+    def unlink(name: str) -> None:
+        """Removes the name; handles of the queue keep working. FileNotFoundError when there
+        is none."""
+        _C._queue_unlink_named(name)
 
     def _check(self) -> _Queue:
         if self._q is None:

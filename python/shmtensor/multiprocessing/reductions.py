@@ -40,7 +40,7 @@ import numpy as np
 from shmtensor import _C
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
     from typing import Any
 
     from shmtensor._C import Tensor
@@ -189,8 +189,23 @@ class _Sender:
 _KEEP_PICKLER_UP_TO = 1 << 20
 
 
+# A message that is a structure of plain values and tensors already in arenas (a DataLoader
+# worker's (index, batch)) goes as a tensor message: encoded and decoded by one call of
+# shmtensor.torch's C++ bridge instead of a pickle (docs/torch.md, "Tensor messages").
+# shmtensor.torch sets these while its reducers are installed: encode(obj) -> (bytes,
+# blocks) or None (then obj is pickled), and decode(data, blocks).
+_TENSOR_MESSAGE = b"STM1"  # a pickle starts with PROTO (0x80)
+tensor_message_encoder: Callable[[object], tuple[bytes, list[Tensor]] | None] | None = None
+tensor_message_decoder: Callable[[bytes, Sequence[Tensor]], Any] | None = None
+
+
 def dumps(obj: object) -> tuple[bytes, list[Tensor]]:
     """Pickles obj for a native message: (bytes, [Block])."""
+    encode = tensor_message_encoder
+    if encode is not None:
+        message = encode(obj)
+        if message is not None:
+            return message
     sender = _local.__dict__.get("sender")
     if sender is None:
         sender = _local.sender = _Sender()
@@ -208,6 +223,8 @@ def dumps(obj: object) -> tuple[bytes, list[Tensor]]:
 
 def loads(data: bytes, blocks: Sequence[Tensor]) -> Any:
     """The inverse of dumps, in the receiving process."""
+    if data[:4] == _TENSOR_MESSAGE:
+        return _decode_tensor_message(data, blocks)
     oob = []
     end = len(data)
     if end >= _TRAILER.size:
@@ -227,6 +244,18 @@ def loads(data: bytes, blocks: Sequence[Tensor]) -> Any:
         return pickle.loads(memoryview(data)[:end], buffers=buffers)
     finally:
         stack.pop()
+
+
+def _decode_tensor_message(data: bytes, blocks: Sequence[Tensor]) -> Any:
+    decode = tensor_message_decoder
+    if decode is None:
+        import shmtensor.torch  # noqa: F401, PLC0415  (sets the decoder where it can)
+        decode = tensor_message_decoder
+        if decode is None:
+            raise pickle.UnpicklingError(
+                "a shmtensor tensor message needs shmtensor.torch's C++ bridge, which is not "
+                "loaded here: " + str(shmtensor.torch.bridge_unavailable_reason()))
+    return decode(data, blocks)
 
 
 def _sending_message():

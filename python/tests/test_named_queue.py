@@ -1,0 +1,177 @@
+"""Named queues (docs/python.md, "Named queues"): Queue(name=...) opened with Queue.open(name)
+by a process shmtensor did not start (a subprocess.Popen of a script), under both
+strategies; taken and missing names; a SIGKILLed creator; another uid."""
+
+import os
+import signal
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+import shmtensor
+import shmtensor.numpy as snp
+from shmtensor.multiprocessing import Queue
+
+# The opener: knows nothing but the name. Adds 100 in place to the array it gets (the
+# sender sees it), puts an array of its own, exits before that one is received.
+PEER = textwrap.dedent("""
+    import sys
+    import shmtensor, shmtensor.numpy as snp
+    from shmtensor.multiprocessing import Queue
+    name, strategy = sys.argv[1], sys.argv[2]
+    shmtensor.set_sharing_strategy(strategy)
+    inq, outq = Queue.open(name + "_in"), Queue.open(name + "_out")
+    a = inq.get(timeout=30)
+    a += 100
+    mine = snp.empty(8, dtype="int64")
+    mine[:] = [3 * i for i in range(8)]
+    outq.put(mine)
+""")
+
+
+@pytest.fixture(autouse=True)
+def own_manager_group(monkeypatch):
+    """A manager group of this test's own, as the C++ tests' (its daemon exits by itself)."""
+    monkeypatch.setenv("SHMTENSOR_MANAGER_GROUP", "pynq%d-%d" % (os.getpid(), time.monotonic_ns()))
+    monkeypatch.setenv("SHMTENSOR_MANAGER_GRACE_MS", "300")
+
+
+@pytest.fixture(params=["file_descriptor", "file_system"])
+def strategy(request):
+    old = shmtensor.get_sharing_strategy()
+    shmtensor.set_sharing_strategy(request.param)
+    yield request.param
+    shmtensor.set_sharing_strategy(old)
+
+
+def _name(tag):
+    return "pynq_%s_%d" % (tag, os.getpid())
+
+
+def test_a_popen_script_opens_by_name_and_arrays_go_both_ways(strategy):
+    name = _name("both")
+    inq, outq = Queue(name=name + "_in"), Queue(4, name=name + "_out")
+    a = snp.empty(5, dtype="float32")
+    a[:] = np.arange(5)
+    inq.put(a)
+    peer = subprocess.Popen([sys.executable, "-c", PEER, name, strategy], env=os.environ.copy())
+    got = outq.get(timeout=60)
+    assert peer.wait(timeout=60) == 0
+    # Its array outlived it; ours was written in place by it: one memory, no copy.
+    assert got.dtype == np.int64 and got.tolist() == [3 * i for i in range(8)]
+    assert snp.is_shared(got)
+    assert a.tolist() == [100.0, 101.0, 102.0, 103.0, 104.0]
+    assert outq._maxsize == 4 and Queue.open(name + "_out")._maxsize == 4
+
+
+def test_taken_missing_and_unlinked_names():
+    name = _name("names")
+    q = Queue(name=name)
+    with pytest.raises(FileExistsError) as e:
+        Queue(name=name)
+    assert isinstance(e.value, shmtensor.NameExistsError)
+    assert "exists (created by pid %d)" % os.getpid() in str(e.value)
+    with pytest.raises(FileNotFoundError) as e:
+        Queue.open(name + "_missing")
+    assert isinstance(e.value, shmtensor.NameNotFoundError)
+    with pytest.raises(ValueError):
+        Queue(name="no/slash")
+    opened = Queue.open(name)
+    q.put({"k": 1})
+    assert opened.get(timeout=10) == {"k": 1}
+    Queue.unlink(name)
+    with pytest.raises(FileNotFoundError):
+        Queue.open(name)
+    opened.put([2])
+    assert q.get(timeout=10) == [2]
+    del q, opened
+    # The name was unlinked already; now it can be taken again, and goes with its creator's
+    # last handle.
+    q = Queue(name=name)
+    del q
+    with pytest.raises(FileNotFoundError):
+        Queue.open(name)
+
+
+def test_a_sigkilled_creators_name_goes_and_its_opener_keeps_the_queue(strategy):
+    name = _name("killed")
+    creator = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+        import sys, signal, shmtensor, shmtensor.numpy as snp
+        from shmtensor.multiprocessing import Queue
+        shmtensor.set_sharing_strategy(sys.argv[2])
+        q = Queue(name=sys.argv[1])
+        q.put(snp.full(3, 7.0))
+        print("ready", flush=True)
+        signal.pause()
+    """), name, strategy], stdout=subprocess.PIPE, env=os.environ.copy())
+    try:
+        assert creator.stdout.readline() == b"ready\n"
+        q = Queue.open(name)
+    finally:
+        creator.kill()
+        assert creator.wait(timeout=60) == -signal.SIGKILL
+        creator.stdout.close()
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            Queue.open(name)
+        except FileNotFoundError:
+            break
+        assert time.monotonic() < deadline, "the name outlived its SIGKILLed creator"
+        time.sleep(0.02)
+    assert q.get(timeout=10).tolist() == [7.0, 7.0, 7.0]
+    q.put(snp.full(2, 4.0))
+    assert q.get(timeout=10).tolist() == [4.0, 4.0]
+
+
+def test_another_uid_is_refused(monkeypatch):
+    if os.geteuid() != 0:
+        pytest.skip("needs root to act as another uid")
+    top = tempfile.mkdtemp(prefix="shmtensor-nq-", dir="/tmp")
+    os.chmod(top, 0o755)  # the other uid reaches the manager's own 0700 directory
+    manager_dir = os.path.join(top, "manager")
+    monkeypatch.setenv("SHMTENSOR_MANAGER_DIR", manager_dir)
+    try:
+        _refused(manager_dir)
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+
+
+def _refused(manager_dir):
+    name = _name("uid")
+    q = Queue(name=name)  # noqa: F841 (the name lives while q does)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.close(r)
+            # Another uid that points at our manager (by default it asks its own, which
+            # knows none of our names): the manager's directory refuses it, and behind it the
+            # manager's SO_PEERCRED check (the C++ ManagerTest.PeerOfAnotherUidIsRefused).
+            os.environ["SHMTENSOR_MANAGER_DIR"] = manager_dir
+            os.setresuid(65534, 65534, 65534)
+            try:
+                Queue.open(name)
+                msg = "opened"
+            except FileNotFoundError as e:
+                msg = "FileNotFoundError %s" % e
+            except shmtensor.Error as e:
+                msg = "%s %s" % (type(e).__name__, e)
+            os.write(w, msg.encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        msg = f.read().decode()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert msg.startswith("Error "), msg
+    assert "belongs to uid 0, not 65534; refusing to use it" in msg, msg
