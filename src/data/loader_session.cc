@@ -1,14 +1,19 @@
 // The main process's side of a DataLoader's workers: tasks out, batches in, in order.
 //
 // One thread drives everything from next(): it tops up tasks (at most prefetch_factor per
-// worker not yet handed out), then waits in one poll() on every worker's socket and pidfd,
-// so a result and a death are both seen at once, with no polling interval. Task ids grow
+// worker not yet handed out), then spins briefly on the workers' rings (spin_wait.h) and,
+// if no batch came, waits in one poll() on every worker's socket and pidfd, so a result and
+// a death are both seen at once, with no polling interval. While batches come within the
+// spin, a batch costs no syscall: its reply is taken from the ring only when one is there
+// (has_message), and the pidfds are looked at without waiting once per clock tick. Task ids grow
 // across epochs; a reply for an id before the current epoch's first is decoded and dropped
 // (persistent workers finish the tasks of an abandoned epoch).
 #include <algorithm>
 #include <map>
 
 #include "data/loader_errors.h"
+#include "data/spin_wait.h"
+#include "os/clock.h"
 #include "shmtensor/internal/connection_access.h"
 #include "shmtensor/internal/current_exception.h"
 #include "shmtensor/internal/worker_group.h"
@@ -50,15 +55,22 @@ struct LoaderSession::State {
   std::map<std::uint64_t, Task> tasks;  // this epoch's, not yet handed out
   std::size_t cursor = 0;               // round robin
   bool broken = false;
+  std::vector<Connection*> ends;  // each worker's connection, for the spin
+  AdaptiveSpin spin;
+  std::int64_t deaths_seen_at = -1;  // the clock tick (coarse_monotonic_ns) of the last look
 
   void start();
   void stop() noexcept;
   void fill();
   std::optional<std::uint64_t> take_ready();
   void wait(std::optional<Clock::time_point> deadline);
-  void read(std::size_t w);
+  void sleep(std::optional<Clock::time_point> deadline);
+  void look();
+  void read(std::size_t w, bool only_ready = false);
   void handle(std::size_t w, Decoder& d);
   [[noreturn]] void died(std::size_t w);
+  // In a catch block: the reply being read was not one; the exception says why.
+  [[noreturn]] void malformed(std::size_t w);
   std::string loading(std::size_t w) const;
 };
 
@@ -67,6 +79,7 @@ void LoaderSession::State::start() {
     group.start(static_cast<std::size_t>(i));
     workers.emplace_back();
   }
+  for (std::size_t i = 0; i < group.size(); ++i) ends.push_back(&group.connection(i));
 }
 
 void LoaderSession::State::stop() noexcept {
@@ -163,6 +176,14 @@ std::optional<std::uint64_t> LoaderSession::State::take_ready() {
 }
 
 void LoaderSession::State::wait(std::optional<Clock::time_point> deadline) {
+  if (spin.spin(ends, deadline)) {
+    for (std::size_t w = 0; w < workers.size(); ++w) read(w, true);
+    return;
+  }
+  sleep(deadline);
+}
+
+void LoaderSession::State::sleep(std::optional<Clock::time_point> deadline) {
   const std::vector<bool> may_have_ended = group.wait(deadline);
   for (std::size_t w = 0; w < workers.size(); ++w) {
     read(w);
@@ -171,31 +192,53 @@ void LoaderSession::State::wait(std::optional<Clock::time_point> deadline) {
   }
 }
 
-void LoaderSession::State::read(std::size_t w) {
+// What next() does first: takes the replies that are there and, once per clock tick (a
+// few milliseconds), looks at every worker's pidfd without waiting, so that a death is
+// reported even while later batches are already here.
+void LoaderSession::State::look() {
+  const std::int64_t tick = coarse_monotonic_ns();
+  if (tick != deaths_seen_at) {
+    deaths_seen_at = tick;
+    sleep(Clock::now());
+    return;
+  }
+  for (std::size_t w = 0; w < workers.size(); ++w) read(w, true);
+}
+
+void LoaderSession::State::read(std::size_t w, bool only_ready) {
   for (;;) {
+    // only_ready: no syscall to find the ring empty (try_recv looks at the socket then).
+    if (only_ready && !ConnectionAccess::has_message(group.connection(w))) return;
     std::optional<Decoder> d;
     try {
-      // Non-blocking recvmsg, no poll(): one syscall per reply, and one to see there is none.
+      // A zero timeout: a ring message costs no syscall; finding none looks at the socket.
       d = internal::ConnectionAccess::try_recv(group.connection(w), std::chrono::nanoseconds(0));
       if (!d) return;
     } catch (const ConnectionClosed&) {
       died(w);  // it closed its socket by exiting
     } catch (const SystemError&) {
       died(w);  // ECONNRESET: it exited without reading every task we sent
+    } catch (const ProtocolError&) {
+      malformed(w);  // a ring slot that is not a message: it writes our shared memory
     }
     try {
       handle(w, *d);
     } catch (const DataLoaderError&) {
       throw;
     } catch (...) {
-      // A malformed reply: nothing more from this worker can be trusted.
-      broken = true;
-      group.kill(w);
-      throw DataLoaderError(
-          "DataLoader worker " + std::to_string(w) + " (pid " + std::to_string(group.pid(w)) +
-          ") sent a reply that could not be decoded: " + describe_current_exception());
+      malformed(w);
     }
   }
+}
+
+void LoaderSession::State::malformed(std::size_t w) {
+  // Nothing more from this worker can be trusted.
+  broken = true;
+  group.kill(w);
+  throw DataLoaderError("DataLoader worker " + std::to_string(w) + " (pid " +
+                        std::to_string(group.pid(w)) +
+                        ") sent a reply that could not be decoded: " +
+                        describe_current_exception());
 }
 
 void LoaderSession::State::handle(std::size_t w, Decoder& d) {
@@ -292,8 +335,7 @@ std::optional<std::uint64_t> LoaderSession::next() {
     const Duration limit = std::min(*s.options.timeout, Duration(3.0e7));
     deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(limit);
   }
-  // A death is reported at once, even when later batches are already here.
-  s.wait(Clock::now());
+  s.look();
   s.fill();
   for (;;) {
     if (auto id = s.take_ready()) {

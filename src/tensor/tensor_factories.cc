@@ -116,7 +116,24 @@ Dims stacked_sizes(const std::vector<Tensor>& tensors, std::int64_t& dim) {
   return sizes;
 }
 
+// Contiguous host tensors of out's dtype stacked along dim 0 into a contiguous out: each is
+// one run of bytes (the common case of a collated batch: a view and a copy_ per sample would
+// cost more than the bytes). memmove: out may overlap an input, as copy_ allows.
+bool copy_runs(const std::vector<Tensor>& tensors, Tensor& out, std::int64_t dim) {
+  if (dim != 0 || out.is_cuda() || !out.is_contiguous()) return false;
+  for (const Tensor& t : tensors)
+    if (t.dtype() != out.dtype() || t.is_cuda() || !t.is_contiguous()) return false;
+  auto* to = static_cast<std::byte*>(out.raw_data());
+  for (const Tensor& t : tensors) {
+    const std::size_t n = t.nbytes();
+    if (n != 0) std::memmove(to, t.raw_data(), n);
+    to += n;
+  }
+  return true;
+}
+
 void copy_slices(const std::vector<Tensor>& tensors, Tensor& out, std::int64_t dim) {
+  if (copy_runs(tensors, out, dim)) return;
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     out.select(dim, static_cast<std::int64_t>(i)).copy_(tensors[i]);
   }

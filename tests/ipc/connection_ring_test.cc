@@ -586,6 +586,44 @@ TEST_P(ConnectionRingTest, SlotsAHostilePeerWritesAreProtocolErrors) {
   EXPECT_FALSE(b.poll());
 }
 
+// has_message and spin_for_message look at the rings only: what they say of ringed,
+// socket-only and closed ends, across a fork.
+TEST_P(ConnectionRingTest, HasMessageAndSpinForMessageSeePublishedMessagesOnly) {
+  using internal::ConnectionAccess;
+  using Clock = std::chrono::steady_clock;
+  auto [a, b] = pipe();
+  auto [c, d] = pipe();
+  EXPECT_FALSE(ConnectionAccess::has_message(b));
+  Connection* ends[2] = {&b, &d};
+  EXPECT_EQ(ConnectionAccess::spin_for_message(ends, Clock::now() + std::chrono::milliseconds(1)),
+            std::nullopt);
+  const pid_t pid = fork_child([&c = c] { c.send(std::int64_t{7}); });
+  ASSERT_EQ(testing::wait_child(pid), 0);
+  EXPECT_FALSE(ConnectionAccess::has_message(b));
+  EXPECT_TRUE(ConnectionAccess::has_message(d));
+  EXPECT_EQ(ConnectionAccess::spin_for_message(ends, Clock::now() + std::chrono::seconds(10)),
+            std::optional<std::size_t>(1));
+  EXPECT_EQ(d.recv<std::int64_t>(), 7);
+  EXPECT_FALSE(ConnectionAccess::has_message(d));
+  a.send(std::int64_t{8});
+  EXPECT_EQ(ConnectionAccess::spin_for_message(ends, Clock::now() + std::chrono::seconds(10)),
+            std::optional<std::size_t>(0));
+  EXPECT_EQ(b.recv<std::int64_t>(), 8);
+  // A hang-up is no message; a closed end has none.
+  c.close();
+  EXPECT_FALSE(ConnectionAccess::has_message(d));
+  d.close();
+  EXPECT_FALSE(ConnectionAccess::has_message(d));
+  // A socket-only end "has" one for has_message (only a receive can tell), and is never
+  // found by the spin (poll() sees its datagrams).
+  auto [s, t] = ConnectionAccess::socket_pair();
+  EXPECT_TRUE(ConnectionAccess::has_message(t));
+  Connection* sockets[1] = {&t};
+  EXPECT_EQ(
+      ConnectionAccess::spin_for_message(sockets, Clock::now() + std::chrono::milliseconds(1)),
+      std::nullopt);
+}
+
 INSTANTIATE_TEST_SUITE_P(Strategies, ConnectionRingTest, testing::kAllStrategies,
                          testing::strategy_name);
 

@@ -1,8 +1,9 @@
-// DataLoader failures: exceptions in a worker, a worker that dies (SIGKILL, SIGBUS, exit),
-// a stuck worker past the timeout, leaving an epoch early, invalid options. Each test
-// checks the exact exception type and the words of its message, and that no fd, mapping
-// or /dev/shm name is left behind. Nothing here depends on timing except the timeout test,
-// whose dataset blocks far longer than the timeout.
+// DataLoader failures: exceptions in a worker, a worker that dies (SIGKILL, SIGBUS, exit;
+// killed while the main process sleeps on its ring), a stuck or stopped (SIGSTOP) worker
+// past the timeout, a worker writing garbage into its reply ring, leaving an epoch early,
+// invalid options. Each test checks the exact exception type and the words of its message,
+// and that no fd, mapping or /dev/shm name is left behind. Nothing here depends on timing
+// except the timeout tests, whose workers block far longer than the timeout.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>
@@ -14,10 +15,14 @@
 #include <cstdlib>
 #include <optional>
 #include <thread>
+#include <typeinfo>
 
+#include "os/unique_fd.h"
 #include "shmtensor/internal/connection_access.h"
 #include "shmtensor/shmtensor.h"
 #include "support/leak_check.h"
+#include "transport/announced.h"
+#include "transport/ring.h"
 
 namespace shmtensor {
 namespace {
@@ -316,6 +321,147 @@ TEST_F(DataLoaderErrorsTest, ClosingTheMainProcessEndIsEndOfFileForEveryWorker) 
     }  // stops the workers: kStop (ignored), EOF; SIGTERM (ignored); SIGKILL
     for (int i = 0; i < 3; ++i) EXPECT_EQ(flag(i), 2) << "worker " << i << " never saw EOF";
   }
+}
+
+// Sample i is i; from index `hold` on, the worker sets flag[0] to 1 and blocks.
+struct Holding {
+  std::int64_t n = 8;
+  std::int64_t hold = 2;
+  Tensor flag;
+  std::int64_t size() const { return n; }
+  std::int64_t get(std::int64_t i) const {
+    if (i >= hold) {
+      std::atomic_ref<std::int64_t>(*flag.data_ptr<std::int64_t>()).store(1);
+      std::this_thread::sleep_for(std::chrono::seconds(60));
+    }
+    return i;
+  }
+};
+
+// Waits (up to 20 s) until flag[0] is 1.
+bool wait_for_flag(const Tensor& flag) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (std::atomic_ref<std::int64_t>(*flag.data_ptr<std::int64_t>()).load() != 1) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+
+TEST_F(DataLoaderErrorsTest, AWorkerKilledWhileTheMainProcessSleepsOnItsRingIsReported) {
+  // The main process waits for batch 2, which the worker never makes: it spins on the ring,
+  // then sleeps; the worker is killed once it blocked, and a while later (so that the main
+  // process is most likely asleep by then; it is reported in either case).
+  Tensor flag = Tensor::zeros({1}, DType::kInt64);
+  flag.share_memory_();
+  DataLoader loader(Holding{.flag = flag}, {.num_workers = 1});
+  auto it = loader.begin();
+  ++it;
+  EXPECT_EQ((*it).item<std::int64_t>(), 1);
+  const int pid = loader.worker_pids().at(0);
+  std::atomic<bool> killed{false};
+  std::thread killer([&] {
+    if (!wait_for_flag(flag)) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    killed = ::kill(pid, SIGKILL) == 0;
+  });
+  try {
+    ++it;
+    ADD_FAILURE() << "no exception";
+  } catch (const DataLoaderWorkerDied& e) {
+    EXPECT_EQ(e.worker_id(), 0);
+    EXPECT_EQ(e.pid(), pid);
+    EXPECT_EQ(e.exit_code(), -SIGKILL);
+    // Tasks 2 and 3 (prefetch_factor 2) were the worker's.
+    EXPECT_NE(std::string(e.what()).find("was killed by signal SIGKILL while loading 2 batches"),
+              std::string::npos)
+        << e.what();
+  }
+  killer.join();
+  EXPECT_TRUE(killed.load());
+  EXPECT_TRUE(loader.worker_pids().empty());
+  EXPECT_EQ(::kill(pid, 0), -1);
+}
+
+TEST_F(DataLoaderErrorsTest, AStoppedWorkerPastTheTimeoutIsATimeoutErrorAndIsReaped) {
+  DataLoader loader(Troubled{.n = 100},
+                    {.num_workers = 1, .timeout = std::chrono::milliseconds(300)});
+  auto it = loader.begin();
+  EXPECT_EQ((*it).item<std::int64_t>(), 0);
+  const int pid = loader.worker_pids().at(0);
+  ASSERT_EQ(::kill(pid, SIGSTOP), 0);
+  // The batches it made before it stopped come out in order; then one it cannot make.
+  std::int64_t next = 1;
+  try {
+    for (; next < 100; ++next) {
+      ++it;
+      ASSERT_EQ((*it).item<std::int64_t>(), next);
+    }
+    FAIL() << "no exception";
+  } catch (const DataLoaderTimeout& e) {
+    EXPECT_EQ(std::string(e.what()), "DataLoader timed out after 0.3 seconds waiting for batch " +
+                                         std::to_string(next) + " from worker 0 (pid " +
+                                         std::to_string(pid) + ")");
+  }
+  EXPECT_LE(next, 3);  // at most prefetch_factor batches were asked of it past batch 0
+  // Stopped, it ignores SIGTERM; SIGKILL ends it, and it was reaped.
+  EXPECT_TRUE(loader.worker_pids().empty());
+  EXPECT_EQ(::kill(pid, 0), -1);
+}
+
+// A worker that answers its first task by writing a ring slot that is not a frame, then a
+// message.
+void junk_worker(int, internal::WorkerLink link) {
+  Connection& c = *link.connection;
+  (void)internal::ConnectionAccess::recv(c, std::nullopt);
+  const std::vector<int> fds = internal::ConnectionAccess::fds(c);
+  internal::Ring ring = internal::Ring::attach(internal::dup_cloexec(fds[2]));  // replies
+  const std::byte junk[12] = {std::byte{0xde}, std::byte{0xad}};
+  (void)ring.push(junk, internal::kRingMessageTag, std::nullopt);
+  // A raw push signals nobody who sleeps in poll(); a message sent after it does, and the
+  // slot before it is taken first.
+  Encoder e;
+  e.encode(std::uint64_t{1});
+  internal::ConnectionAccess::send(c, std::move(e));
+  for (;;) {
+    try {
+      (void)internal::ConnectionAccess::recv(c, std::nullopt);
+    } catch (const ConnectionClosed&) {
+      return;
+    }
+  }
+}
+
+TEST_F(DataLoaderErrorsTest, AWorkerThatWritesGarbageIntoItsRingBreaksTheSession) {
+  internal::SessionOptions options;
+  options.num_workers = 1;
+  int decoded = 0;
+  internal::LoaderSession session(
+      options,
+      [](int id, internal::WorkerLink link) {
+        return internal::make_launch<true>(id, &junk_worker, link);
+      },
+      [&](std::uint64_t, Decoder&, bool) { ++decoded; });
+  session.begin_epoch([k = 0](std::vector<std::int64_t>& indices) mutable {
+    indices = {k};
+    return k++ < 4;
+  });
+  const int pid = session.pids().at(0);
+  try {
+    (void)session.next();
+    FAIL() << "no exception";
+  } catch (const DataLoaderError& e) {
+    EXPECT_EQ(typeid(e), typeid(DataLoaderError));
+    const std::string what = e.what();
+    EXPECT_NE(what.find("DataLoader worker 0 (pid " + std::to_string(pid) +
+                        ") sent a reply that could not be decoded"),
+              std::string::npos)
+        << what;
+    EXPECT_NE(what.find("shorter than a frame header"), std::string::npos) << what;
+  }
+  EXPECT_EQ(decoded, 0);
+  EXPECT_TRUE(session.broken());
+  EXPECT_THROW((void)session.next(), DataLoaderError);
 }
 
 auto capturing_collate(int k) {

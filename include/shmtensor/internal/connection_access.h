@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -44,6 +45,16 @@ struct SHMTENSOR_API ConnectionAccess {
   // SystemError when no fd can be made.
   [[nodiscard]] static int begin_wait(Connection& c);
   static void end_wait(Connection& c) noexcept;
+  // Whether a message waits on this end, without a syscall (src/transport/connection_peek.cc):
+  // a published slot in its incoming ring. Always true for a socket-only end (only a receive
+  // sees a datagram) and false for a closed one. A peer that hung up is not a message: a
+  // caller that must see the end of the stream receives (or polls) too.
+  [[nodiscard]] static bool has_message(const Connection& c) noexcept;
+  // Spins (loads and pauses, no syscall, no store to shared memory) until the ring of one of
+  // `ends` holds a published message, or `until` passes: the index of the first found, or
+  // nullopt. Null, closed and socket-only ends are never found (poll() sees a datagram).
+  [[nodiscard]] static std::optional<std::size_t> spin_for_message(
+      std::span<Connection* const> ends, std::chrono::steady_clock::time_point until) noexcept;
   [[nodiscard]] static Connection wrap(std::unique_ptr<ConnectionCore> core) noexcept;
   // Segment fds this end put in messages, and left out of them (the segment was deposited
   // with the peer: fds once per segment), since it was made here (fd_counts.h).
