@@ -25,6 +25,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "shmtensor/torch.h"
@@ -416,6 +417,7 @@ constexpr int kMaxDepth = 64;
 constexpr std::size_t kMaxDims = 64;
 constexpr std::size_t kMaxTensors = 256;   // more: pickled (a linear search dedups blocks)
 constexpr std::size_t kMaxObjects = 4096;  // containers and tensors, checked for repeats
+constexpr std::size_t kMaxBytesWithoutTensor = 64 * 1024;
 
 class TensorMessageEncoder {
  public:
@@ -423,13 +425,12 @@ class TensorMessageEncoder {
   // of a type other than the exact types above and torch.Tensor, an int beyond int64, a str
   // that is not UTF-8, a container or tensor that occurs twice (a pickle keeps that
   // identity), a tensor that plain_cpu_tensor refuses or whose storage is not in an arena
-  // yet, more than kMaxDepth levels, kMaxTensors tensors or kMaxObjects objects, or no
-  // tensor at all. No Python code of the caller's runs.
+  // yet, more than kMaxDepth levels, kMaxTensors tensors or kMaxObjects objects, no tensor
+  // in the first kMaxBytesWithoutTensor bytes, or no tensor at all. (A str or bytes object
+  // met twice is written twice; the pickle would name its first copy.)
   py::object encode(const py::handle& obj) {
     out_.append(kTensorMessageMagic, sizeof kTensorMessageMagic);
-    if (!value(obj.ptr(), 0) || impls_.empty()) return py::none();
-    std::sort(seen_.begin(), seen_.end());
-    if (std::adjacent_find(seen_.begin(), seen_.end()) != seen_.end()) return py::none();
+    if (!value(obj.ptr(), 0) || storages_.empty()) return py::none();
     return py::make_tuple(py::bytes(out_.data(), static_cast<Py_ssize_t>(out_.size())),
                           blocks_);
   }
@@ -442,10 +443,15 @@ class TensorMessageEncoder {
     out_.append(bytes, sizeof(T));
   }
 
+  // False at the first repeat (the pickle keeps that identity) or past kMaxObjects.
   bool remember(PyObject* o) {
-    if (seen_.size() >= kMaxObjects) return false;
-    seen_.push_back(o);
-    return true;
+    return seen_.size() < kMaxObjects && seen_.insert(o).second;
+  }
+
+  // A message without a tensor in its first kMaxBytesWithoutTensor is pickled: no second
+  // walk of a large plain value.
+  bool still_worth_it() const {
+    return !storages_.empty() || out_.size() <= kMaxBytesWithoutTensor;
   }
 
   bool count(char tag, Py_ssize_t n) {
@@ -495,13 +501,14 @@ class TensorMessageEncoder {
         view_error(t.storage_offset(), sizes, strides,
                    static_cast<std::uint64_t>(t.element_size()), impl->nbytes()) != nullptr)
       return false;
-    std::size_t index = std::find(impls_.begin(), impls_.end(), impl) - impls_.begin();
-    if (index == impls_.size()) {
-      if (impls_.size() >= kMaxTensors) return false;
+    std::size_t index = 0;
+    while (index < storages_.size() && storages_[index].unsafeGetStorageImpl() != impl) ++index;
+    if (index == storages_.size()) {
+      if (storages_.size() >= kMaxTensors) return false;
       std::optional<Storage> ours = shared_storage_of(*impl);
       if (!ours) return false;  // not in an arena: the pickle's reducer decides
       blocks_.append(block_of(*ours));
-      impls_.push_back(impl);
+      storages_.push_back(t.storage());  // held: its address names it until the end
     }
     out_ += 'x';
     put(static_cast<std::uint32_t>(index));
@@ -520,7 +527,7 @@ class TensorMessageEncoder {
   }
 
   bool value(PyObject* o, int depth) {
-    if (depth > kMaxDepth) return false;
+    if (depth > kMaxDepth || !still_worth_it()) return false;
     PyTypeObject* type = Py_TYPE(o);
     if (o == Py_None) {
       out_ += 'N';
@@ -560,8 +567,8 @@ class TensorMessageEncoder {
   }
 
   std::string out_;
-  std::vector<PyObject*> seen_;
-  std::vector<c10::StorageImpl*> impls_;
+  std::unordered_set<PyObject*> seen_;
+  std::vector<c10::Storage> storages_;  // of the blocks, in their order
   py::list blocks_;
 };
 
@@ -569,17 +576,15 @@ py::object encode_tensor_message(const py::handle& obj) { return TensorMessageEn
 
 class TensorMessageDecoder {
  public:
-  TensorMessageDecoder(const char* data, std::size_t size, const py::handle& blocks)
-      : p_(data), end_(data + size), blocks_(blocks) {}
+  TensorMessageDecoder(const char* data, std::size_t size, py::tuple blocks)
+      : p_(data), end_(data + size), blocks_(std::move(blocks)) {}
 
   py::object decode() {
     if (static_cast<std::size_t>(end_ - p_) < sizeof kTensorMessageMagic ||
         std::memcmp(p_, kTensorMessageMagic, sizeof kTensorMessageMagic) != 0)
       fail("does not start with its magic");
     p_ += sizeof kTensorMessageMagic;
-    if (!PyList_CheckExact(blocks_.ptr()) && !PyTuple_CheckExact(blocks_.ptr()))
-      throw py::type_error("decode_tensor_message: blocks must be a list or a tuple");
-    storages_.resize(static_cast<std::size_t>(PySequence_Fast_GET_SIZE(blocks_.ptr())));
+    storages_.resize(static_cast<std::size_t>(PyTuple_GET_SIZE(blocks_.ptr())));
     py::object out = value(0);
     if (p_ != end_) fail("has bytes after its value");
     return out;
@@ -641,7 +646,7 @@ class TensorMessageDecoder {
       fail("has a tensor with a bad strides flag");
     }
     std::optional<Storage>& storage = storages_[index];
-    if (!storage) storage = storage_of_block(PySequence_Fast_GET_ITEM(blocks_.ptr(), index));
+    if (!storage) storage = storage_of_block(PyTuple_GET_ITEM(blocks_.ptr(), index));
     return tensor_on(*storage, scalar_type, offset, sizes, strides);
   }
 
@@ -703,16 +708,20 @@ class TensorMessageDecoder {
 
   const char* p_;
   const char* end_;
-  py::handle blocks_;
+  py::tuple blocks_;  // a copy: Python code may run while the message is decoded
   std::vector<std::optional<Storage>> storages_;
 };
 
 py::object decode_tensor_message(const py::buffer& data, const py::handle& blocks) {
   py::buffer_info info = data.request();
-  if (info.ndim != 1 || info.itemsize != 1)
-    throw py::type_error("decode_tensor_message: data must be bytes-like");
+  if (info.ndim != 1 || info.itemsize != 1 || (info.size > 1 && info.strides[0] != 1))
+    throw py::type_error("decode_tensor_message: data must be contiguous bytes");
+  if (!PyList_CheckExact(blocks.ptr()) && !PyTuple_CheckExact(blocks.ptr()))
+    throw py::type_error("decode_tensor_message: blocks must be a list or a tuple");
+  auto copy = py::reinterpret_steal<py::tuple>(PySequence_Tuple(blocks.ptr()));
+  if (!copy) throw py::error_already_set();
   return TensorMessageDecoder(static_cast<const char*>(info.ptr),
-                              static_cast<std::size_t>(info.size), blocks)
+                              static_cast<std::size_t>(info.size), std::move(copy))
       .decode();
 }
 }  // namespace

@@ -111,6 +111,24 @@ def test_what_is_not_a_tensor_message_stays_a_pickle(installed):
     assert private.is_shared()  # moved by the reducer when it was sent
 
 
+def test_a_large_plain_value_before_any_tensor_is_pickled_without_a_second_walk(installed):
+    t = shared([1.0])
+    ints = list(range(20000))  # 180,000 bytes as a tensor message
+    assert _torch.encode_tensor_message((ints, t)) is None
+    data, blocks = _torch.encode_tensor_message((t, ints))  # the tensor came first
+    got = _torch.decode_tensor_message(data, blocks)
+    assert got[1] == ints and got[0].data_ptr() == t.data_ptr()
+
+
+def test_decode_takes_contiguous_bytes_and_a_list_or_tuple_of_blocks(installed):
+    data, blocks = _torch.encode_tensor_message([shared([1.0])])
+    with pytest.raises(TypeError, match="contiguous bytes"):
+        _torch.decode_tensor_message(memoryview(data + data)[::2], blocks)
+    with pytest.raises(TypeError, match="a list or a tuple"):
+        _torch.decode_tensor_message(data, iter(blocks))
+    assert _torch.decode_tensor_message(data, tuple(blocks))[0].tolist() == [1.0]
+
+
 def test_uninstalled_sends_pickles_and_still_decodes_tensor_messages(strategy):
     st.install()
     a = shared([5.0, 6.0])
