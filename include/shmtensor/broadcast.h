@@ -18,7 +18,8 @@
 //
 // A slow reader: put() waits while any attached (or not yet attached) reader is `depth`
 // messages behind, and at its timeout throws BroadcastTimeout naming that reader (index,
-// pid, messages behind); the message then went to no reader, so the put can be retried.
+// pid, messages behind); the message then went to no reader, so the put can be retried,
+// unless its what() names the readers that got it (a queue that had room stayed full).
 // A reader that died (pid and start time, as the Queue's holders): the writer finds it when
 // that reader's queue is full, drops its unread messages (their blocks are given back), and
 // from then on skips the reader until a process attaches as it again (that process gets

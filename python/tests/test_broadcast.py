@@ -247,3 +247,15 @@ def test_a_process_that_knows_only_the_name_opens_a_reader(strategy, own_manager
     smp.Broadcast.unlink(name)
     with pytest.raises(shmtensor.NameNotFoundError):
         smp.Broadcast.open(name)
+
+
+def test_a_named_broadcast_takes_as_many_readers_as_one_message_carries_fds(own_manager_group):
+    name = f"bcast_wide_{os.getpid()}"
+    b = smp.Broadcast(readers=8, name=name)  # 41 fds (16 was the registry's limit)
+    opened = smp.Broadcast.open(name)
+    b.put("hello")
+    assert [opened.reader(i).get(timeout=30) for i in (0, 7)] == ["hello", "hello"]
+    with pytest.raises(ValueError, match=r"64 readers need 321 fds, and a named channel "
+                                         r"carries at most 253 \(at most 50 readers by name"):
+        smp.Broadcast(readers=64, name=name + "_64")
+    del opened, b

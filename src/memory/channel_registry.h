@@ -22,20 +22,21 @@
 #include <string_view>
 #include <vector>
 
+#include "os/socket.h"
 #include "os/unique_fd.h"
 
 namespace shmtensor::internal {
 
 inline constexpr std::size_t kMaxChannelName = 128;
 // Upper bounds of what one channel may carry (they fit one manager message).
-inline constexpr std::size_t kMaxChannelFds = 16;
+inline constexpr std::size_t kMaxChannelFds = kMaxFdsPerMessage;  // one SCM_RIGHTS message
 inline constexpr std::size_t kMaxChannelBytes = 4096;
 // Bytes of a kept fd's token (keep_fd).
 inline constexpr std::size_t kKeptTokenBytes = 16;
 
 enum class ChannelKind : std::uint32_t {
   kQueue = 1,      // QueueCore: its five fds (queue_lifetime.cc), no bytes
-  kBroadcast = 2,  // reserved for Broadcast
+  kBroadcast = 2,  // BroadcastCore: its encoded bytes and fds (broadcast_lifetime.cc)
 };
 
 // What open_channel hands back: dups of the publisher's fds (close-on-exec), its bytes.

@@ -129,6 +129,14 @@ std::shared_ptr<BroadcastCore> BroadcastCore::create_named(const std::string& na
                                                            std::size_t depth) {
   if (!is_valid_channel_name(name))
     throw std::invalid_argument("Broadcast: invalid name \"" + name + "\"");
+  // The control block's fd and each reader's queue's (QueueCore's five) in one message.
+  constexpr int kMaxNamedReaders = static_cast<int>((kMaxChannelFds - 1) / 5);
+  if (readers > kMaxNamedReaders)
+    throw std::invalid_argument(
+        "Broadcast \"" + name + "\": " + std::to_string(readers) + " readers need " +
+        std::to_string(1 + 5 * readers) + " fds, and a named channel carries at most " +
+        std::to_string(kMaxChannelFds) + " (at most " + std::to_string(kMaxNamedReaders) +
+        " readers by name; an unnamed Broadcast takes up to 64)");
   std::shared_ptr<BroadcastCore> b = create(readers, depth);
   Encoder e;
   b->encode(e, -1);

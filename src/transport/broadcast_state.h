@@ -34,9 +34,13 @@ inline constexpr std::chrono::milliseconds kBroadcastLookEvery{100};
 inline constexpr std::chrono::microseconds kBroadcastReaderPoll{50};
 // The highest pid Linux hands out (PID_MAX_LIMIT).
 inline constexpr std::uint64_t kBroadcastPidLimit = 4194304;
-// Longer than an honest drop of a reader's messages takes (at most `depth` parses, each of
-// which waits at most 1 s for a depot's lock).
+// How long an attach waits for another process's drop of a slot's messages before it
+// calls the slot forged. An honest drop is `depth` parses, each of them quick unless a
+// depot's lock is held (up to 1 s each): a drop slower than this, or a dropper killed
+// mid-drop, also ends here, and breaks the broadcast (docs/transport.md, "Broadcast").
 inline constexpr std::chrono::seconds kBroadcastDroppingLimit{2};
+// Errors in a row after which a drop stops: the queue is broken, not one message.
+inline constexpr int kDropErrorsInARow = 8;
 
 inline int owner_pid(std::uint64_t owner) noexcept { return static_cast<int>(owner >> 32); }
 
@@ -94,12 +98,17 @@ struct BroadcastCore::State {
                                                       std::memory_order_seq_cst))
       return;
     QueueCore& q = queue(i);
-    for (;;) {
+    // A message that cannot be parsed is consumed, so errors in a row mean the queue itself
+    // is broken (a broken ring, a forged lock): the drop stops there.
+    int errors_in_a_row = 0;
+    while (errors_in_a_row < kDropErrorsInARow) {
       try {
         if (!q.get(std::chrono::nanoseconds(0))) break;
+        errors_in_a_row = 0;
       } catch (const QueueClosed&) {
         break;
       } catch (const Error&) {
+        ++errors_in_a_row;
       }
     }
     control()->reader[i].store(kReaderLeft, std::memory_order_seq_cst);
