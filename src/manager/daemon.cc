@@ -96,6 +96,7 @@ struct Connection {
   pid_t group = 0;  // from the hello
   bool greeted = false;
   bool closed = false;
+  bool in_service = false;  // its messages are being read (service() is on the stack)
 };
 
 bool socket_answers(const std::string& path) {
@@ -125,7 +126,6 @@ struct Daemon::Impl {
   std::map<pid_t, ProcessId> polled;                       // watched, without one
   std::vector<pid_t> groups;                               // watched process groups (polled)
   std::map<pid_t, JournaledHolder> clients;                // that said hello (for the journal)
-  bool draining = false;
   // SHMTENSOR_MANAGER_DEBUG=1: log every message.
   const bool debug = std::getenv("SHMTENSOR_MANAGER_DEBUG") != nullptr;
   bool unclean_predecessor = false;
@@ -294,12 +294,7 @@ struct Daemon::Impl {
       case MessageType::kTakeFd: {
         // Its keep may still be queued on the sender's connection (the pickle that names
         // the token left the sender after the keep did): read every connection first.
-        if (!kept.holds(m.data) && !draining) {
-          draining = true;
-          for (auto& other : conns)
-            if (other.get() != &c) service(*other);
-          draining = false;
-        }
+        if (!kept.holds(m.data)) drain_others();
         UniqueFd fd;
         const KeptFds::Taken t = kept.take(m.data, &fd);
         MessageHeader h{};
@@ -385,12 +380,7 @@ struct Daemon::Impl {
         // A forked child announces itself (kForkChild) on its parent's connection before
         // it can connect on its own: read everything already queued elsewhere first, so
         // that the announcement is applied before anything the child says itself.
-        if (!draining) {
-          draining = true;
-          for (auto& other : conns)
-            if (other.get() != &c) service(*other);
-          draining = false;
-        }
+        drain_others();
         c.greeted = true;
         // The start time it claims (same uid: trusted) identifies it even if it is gone and
         // its pid reused by now; an old client that sends none is identified from /proc.
@@ -436,8 +426,21 @@ struct Daemon::Impl {
   }
 
   // Reads every message queued on `c` now.
+  // Reads what every connection not being read already has queued. A take or hello met
+  // while doing so drains again (each connection is read by one service() at a time), so
+  // a keep queued on any connection is applied before a take that needs it is answered.
+  void drain_others() {
+    for (std::size_t i = 0; i < conns.size(); ++i)
+      if (!conns[i]->in_service) service(*conns[i]);
+  }
+
   void service(Connection& c) {
     static thread_local std::byte buf[kMaxMessageSize];
+    c.in_service = true;
+    struct Done {
+      Connection& c;
+      ~Done() { c.in_service = false; }
+    } done{c};
     while (!c.closed) {
       // Fds a message carries (only a publish may) are owned at once and closed with `r`
       // unless the registry takes them.
