@@ -475,6 +475,8 @@ void bind_transport(py::module_& m) {
       });
   py::class_<PyBroadcast>(m, "_Broadcast")
       .def(py::init([](int readers, std::size_t depth, std::optional<std::string> name) {
+             // A named one may start the manager daemon (up to seconds): without the GIL.
+             py::gil_scoped_release release;
              if (name) return PyBroadcast(Broadcast<Item>::create(*name, readers, depth));
              return PyBroadcast(Broadcast<Item>(readers, depth));
            }),
@@ -493,9 +495,13 @@ void bind_transport(py::module_& m) {
         return Frame(std::move(e));
       });
   m.def("_broadcast_open", [](const std::string& name) {
+    py::gil_scoped_release release;
     return PyBroadcast(Broadcast<Item>::open(name));
   });
-  m.def("_broadcast_unlink", [](const std::string& name) { Broadcast<Item>::unlink(name); });
+  m.def("_broadcast_unlink", [](const std::string& name) {
+    py::gil_scoped_release release;
+    Broadcast<Item>::unlink(name);
+  });
   m.def("_broadcast_of_frame", [](const std::string& data, const std::vector<int>& fds) {
     return PyBroadcast(decode_whole<Broadcast<Item>>(parse(data, fds)));
   });
