@@ -17,6 +17,7 @@
 #include "manager/segments.h"
 #include "manager/tracker.h"
 #include "os/daemonize.h"
+#include "os/limits.h"
 #include "os/poll.h"
 #include "os/private_dir.h"
 #include "os/proc_scan.h"
@@ -140,6 +141,8 @@ struct Daemon::Impl {
   // Returns 0 when this process now serves, else run()'s result.
   int start() {
     const ManagerLocation& loc = options.location;
+    // It holds the fds of every named channel and kept pickle of the user's processes.
+    raise_open_files_limit();
     ensure_private_dir(loc.dir);
     if (options.log_to_file) redirect_stderr_to_log(loc.log_path, 1 << 20);
     const auto deadline = Clock::now() + kLockWait;

@@ -91,4 +91,15 @@ SystemLimits read_system_limits() {
   return l;
 }
 
+std::uint64_t raise_open_files_limit() noexcept {
+  rlimit rl{};
+  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0) return 0;
+  if (rl.rlim_cur != rl.rlim_max) {
+    rlimit raised = rl;
+    raised.rlim_cur = rl.rlim_max;
+    if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) rl = raised;
+  }
+  return rlim_value(rl.rlim_cur);
+}
+
 }  // namespace shmtensor::internal

@@ -27,4 +27,10 @@ struct SystemLimits {
 
 SystemLimits read_system_limits();
 
+// Raises this process's soft RLIMIT_NOFILE to its hard limit (what a process may do without
+// privileges) and returns the soft limit in force afterwards; UINT64_MAX = unlimited. A
+// failure leaves the limit as it was. For the manager daemon, which holds the fds of every
+// named channel and kept pickle of its user.
+std::uint64_t raise_open_files_limit() noexcept;
+
 }  // namespace shmtensor::internal

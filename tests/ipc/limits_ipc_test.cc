@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "memory/arena.h"
+#include "os/limits.h"
 #include "os/shm.h"
 #include "shmtensor/error.h"
 #include "shmtensor/sharing_strategy.h"
@@ -217,6 +218,24 @@ TEST_F(LimitsTest, OutOfFdsIsASystemErrorWithAdvice) {
 
 // A size no address space can map: ftruncate of the memfd succeeds (it is sparse), mmap
 // fails. The error carries ENOMEM and the advice, and the memfd is closed again.
+// The manager daemon raises its own soft open-file limit to the hard one at start: it holds
+// the fds of every named channel and kept pickle of the user.
+TEST_F(LimitsTest, RaiseOpenFilesLimitTakesTheSoftLimitToTheHardOne) {
+  run_or_skip([&] {
+    rlimit rl{};
+    ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &rl), 0);
+    if (rl.rlim_max != RLIM_INFINITY && rl.rlim_max <= 64) skip("the hard open-file limit is 64");
+    rl.rlim_cur = 64;
+    ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &rl), 0) << std::strerror(errno);
+    const std::uint64_t now = internal::raise_open_files_limit();
+    rlimit after{};
+    ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &after), 0);
+    EXPECT_EQ(after.rlim_cur, rl.rlim_max);
+    EXPECT_EQ(now, rl.rlim_max == RLIM_INFINITY ? UINT64_MAX
+                                                 : static_cast<std::uint64_t>(rl.rlim_max));
+  });
+}
+
 TEST_F(LimitsTest, UnmappableSizeIsASystemError) {
   const std::size_t huge = std::size_t{1} << 48;  // 256 TiB > the x86-64/arm64 user space
   try {
