@@ -22,6 +22,7 @@
 
 #include "os/mapping.h"
 #include "shmtensor/broadcast.h"
+#include "fuzz_input.h"
 #include "shmtensor/error.h"
 #include "transport/broadcast_control.h"
 
@@ -30,22 +31,7 @@ namespace {
 using shmtensor::Broadcast;
 using shmtensor::internal::BroadcastControl;
 
-class Input {
- public:
-  Input(const std::uint8_t* data, std::size_t size) : data_(data), size_(size) {}
-  bool done() const { return at_ >= size_; }
-  std::uint8_t byte() { return at_ < size_ ? data_[at_++] : 0; }
-  std::uint64_t u64() {
-    std::uint64_t v = 0;
-    for (int i = 0; i < 8; ++i) v = v << 8 | byte();
-    return v;
-  }
-
- private:
-  const std::uint8_t* data_;
-  std::size_t size_;
-  std::size_t at_ = 0;
-};
+using shmtensor::fuzz::Input;
 
 // One of the control block's words, written with `v` (or a value near one a process
 // writes: none, left, dropping, this process's slot_owner, one of another pid).

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "os/shared_lock.h"
+#include "fuzz_input.h"
 #include "shmtensor/error.h"
 #include "transport/ring.h"
 #include "transport/ring_layout.h"
@@ -49,23 +50,7 @@ constexpr std::size_t kSlotsEnd = kHintBytes + kSlots * Ring::kSlotHeaderBytes;
 constexpr std::size_t kStateBytes = kSlotsEnd + sizeof(SharedLock);
 constexpr std::uint64_t kAlias = std::uint64_t{1} << 50;
 
-// The input, read a byte at a time; zeros once it ends.
-class Input {
- public:
-  Input(const std::uint8_t* data, std::size_t size) : data_(data), size_(size) {}
-  bool done() const { return at_ >= size_; }
-  std::uint8_t byte() { return at_ < size_ ? data_[at_++] : 0; }
-  std::uint64_t u64() {
-    std::uint64_t v = 0;
-    for (int i = 0; i < 8; ++i) v = v << 8 | byte();
-    return v;
-  }
-
- private:
-  const std::uint8_t* data_;
-  std::size_t size_;
-  std::size_t at_ = 0;
-};
+using shmtensor::fuzz::Input;
 
 struct Memory {
   std::byte* base = nullptr;
