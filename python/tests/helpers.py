@@ -1,7 +1,8 @@
-"""Helpers for the Python tests: running code in a forked child with a verdict, and the torch
-tests' `strategy` fixture."""
+"""Helpers for the Python tests: running code in a forked child with a verdict, the fixture
+`strategy` (shmtensor's, or torch's for the torch tests) and a manager group of a test's own."""
 import os
 import sys
+import time
 import traceback
 
 import pytest
@@ -49,3 +50,21 @@ def torch_strategy(request):
     tmp.set_sharing_strategy(request.param)
     yield request.param
     tmp.set_sharing_strategy(old)
+
+
+@pytest.fixture(name="strategy", params=["file_descriptor", "file_system"])
+def shm_strategy(request):
+    """The fixture `strategy` of the shmtensor.multiprocessing tests (imported by them): each
+    test runs under both of shmtensor's sharing strategies, the setting restored afterwards."""
+    import shmtensor  # noqa: PLC0415
+    old = shmtensor.get_sharing_strategy()
+    shmtensor.set_sharing_strategy(request.param)
+    yield request.param
+    shmtensor.set_sharing_strategy(old)
+
+
+@pytest.fixture
+def own_manager_group(monkeypatch):
+    """A manager group of this test's own, as the C++ tests' (its daemon exits by itself)."""
+    monkeypatch.setenv("SHMTENSOR_MANAGER_GROUP", "py%d-%d" % (os.getpid(), time.monotonic_ns()))
+    monkeypatch.setenv("SHMTENSOR_MANAGER_GRACE_MS", "300")

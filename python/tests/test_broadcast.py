@@ -5,7 +5,6 @@ timeout, a SIGKILLed reader's place freed and its messages' blocks given back, a
 writer, the vLLM method names."""
 import os
 import signal
-import time
 
 import numpy as np
 import pytest
@@ -14,17 +13,9 @@ import shmtensor
 import shmtensor.multiprocessing as smp
 import shmtensor.numpy as snp
 from shmtensor.vllm import MessageQueue
+from helpers import own_manager_group, shm_strategy  # noqa: F401 (fixtures)
 
 METHODS = ["fork", "spawn", "forkserver"]
-STRATEGIES = ["file_descriptor", "file_system"]
-
-
-@pytest.fixture(params=STRATEGIES)
-def strategy(request):
-    saved = smp.get_sharing_strategy()
-    smp.set_sharing_strategy(request.param)
-    yield request.param
-    smp.set_sharing_strategy(saved)
 
 
 def read_in_order(strategy, reader, n, results):
@@ -220,13 +211,6 @@ def open_by_name(name, out):
     a = b.reader(1).get(timeout=30)
     a[1] = 6  # seen by the writer: one block
     out.put(a.tolist())
-
-
-@pytest.fixture
-def own_manager_group(monkeypatch):
-    """A manager group of this test's own (its daemon exits by itself)."""
-    monkeypatch.setenv("SHMTENSOR_MANAGER_GROUP", "pybc%d-%d" % (os.getpid(), time.monotonic_ns()))
-    monkeypatch.setenv("SHMTENSOR_MANAGER_GRACE_MS", "300")
 
 
 def test_a_process_that_knows_only_the_name_opens_a_reader(strategy, own_manager_group):

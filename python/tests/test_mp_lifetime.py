@@ -15,16 +15,8 @@ import shmtensor.multiprocessing as smp
 import shmtensor.numpy as snp
 from multiprocessing.reduction import ForkingPickler
 from shmtensor.multiprocessing import reductions
+from helpers import shm_strategy  # noqa: F401 (fixture `strategy`)
 
-STRATEGIES = ["file_descriptor", "file_system"]
-
-
-@pytest.fixture(params=STRATEGIES)
-def strategy(request):
-    old = smp.get_sharing_strategy()
-    smp.set_sharing_strategy(request.param)
-    yield request.param
-    smp.set_sharing_strategy(old)
 
 
 def put_and_exit(q, strategy):

@@ -17,6 +17,7 @@ import pytest
 import shmtensor
 import shmtensor.numpy as snp
 from shmtensor.multiprocessing import Queue
+from helpers import own_manager_group, shm_strategy  # noqa: F401 (fixtures)
 
 # The opener: knows nothing but the name. Adds 100 in place to the array it gets (the
 # sender sees it), puts an array of its own, exits before that one is received.
@@ -35,19 +36,7 @@ PEER = textwrap.dedent("""
 """)
 
 
-@pytest.fixture(autouse=True)
-def own_manager_group(monkeypatch):
-    """A manager group of this test's own, as the C++ tests' (its daemon exits by itself)."""
-    monkeypatch.setenv("SHMTENSOR_MANAGER_GROUP", "pynq%d-%d" % (os.getpid(), time.monotonic_ns()))
-    monkeypatch.setenv("SHMTENSOR_MANAGER_GRACE_MS", "300")
-
-
-@pytest.fixture(params=["file_descriptor", "file_system"])
-def strategy(request):
-    old = shmtensor.get_sharing_strategy()
-    shmtensor.set_sharing_strategy(request.param)
-    yield request.param
-    shmtensor.set_sharing_strategy(old)
+pytestmark = pytest.mark.usefixtures("own_manager_group")
 
 
 def _name(tag):
