@@ -8,9 +8,9 @@ import traceback
 import pytest
 
 
-def run_in_child(fn):
+def start_in_child(fn):
     """Forks; the child runs fn() and exits 0, or prints the traceback and exits 1 if it
-    raised (an assert included). Returns the child's exit status (128 + signal if killed)."""
+    raised (an assert included). Returns the child's pid (wait_child takes it)."""
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
@@ -25,8 +25,18 @@ def run_in_child(fn):
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(code)
+    return pid
+
+
+def wait_child(pid):
+    """The exit status of start_in_child's child (128 + signal if killed)."""
     _, status = os.waitpid(pid, 0)
     return os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
+
+
+def run_in_child(fn):
+    """start_in_child(fn), waited for: the child's exit status."""
+    return wait_child(start_in_child(fn))
 
 
 def forget_inherited_forkserver():

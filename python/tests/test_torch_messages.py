@@ -3,9 +3,7 @@ message that is a structure of plain values and tensors already in arenas is enc
 decoded by one call of the C++ bridge instead of a pickle. Exact values and types both ways,
 what stays a pickle, hostile bytes, and real processes (fork, spawn) through the native
 Queue. Skipped, with the reason, where shmtensor._torch is not built."""
-import os
 import struct
-import traceback
 
 import pytest
 
@@ -19,7 +17,7 @@ except ImportError as e:
 import shmtensor.multiprocessing as smp
 import shmtensor.torch as st
 from shmtensor.multiprocessing import reductions
-from helpers import torch_strategy  # noqa: F401 (fixture `strategy`)
+from helpers import start_in_child, torch_strategy, wait_child  # noqa: F401 (fixture `strategy`)
 
 
 @pytest.fixture(name="installed")
@@ -196,15 +194,7 @@ def test_a_forked_worker_sends_batches_as_tensor_messages_both_ways(installed):
         got = back.get(timeout=60)  # the parent's writes, seen here
         assert got.tolist() == [[[-1.0] * 3] * 2, [[1.0] * 3] * 2]
 
-    pid = os.fork()
-    if pid == 0:
-        code = 0
-        try:
-            worker()
-        except BaseException:
-            traceback.print_exc()
-            code = 1
-        os._exit(code)
+    pid = start_in_child(worker)
     batches = [q.get(timeout=60) for _ in range(3)]
     assert [i for i, _ in batches] == [0, 1, 2]
     for i, (batch, meta) in batches:
@@ -212,8 +202,7 @@ def test_a_forked_worker_sends_batches_as_tensor_messages_both_ways(installed):
         assert batch[0].eq(float(i)).all() and batch[1].eq(1.0).all()
     batches[0][1][0][0].fill_(-1.0)
     back.put(batches[0][1][0])
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
+    assert wait_child(pid) == 0
     q.close()
     back.close()
 
