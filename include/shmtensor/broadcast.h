@@ -18,13 +18,21 @@
 //
 // A slow reader: put() waits while any attached (or not yet attached) reader is `depth`
 // messages behind, and at its timeout throws BroadcastTimeout naming that reader (index,
-// pid, messages behind); the message then went to no reader, so the put can be retried,
-// unless its what() names the readers that got it (a queue that had room stayed full).
-// A reader that died (pid and start time, as the Queue's holders): the writer finds it when
-// that reader's queue is full, drops its unread messages (their blocks are given back), and
-// from then on skips the reader until a process attaches as it again (that process gets
-// the messages put from then on). A reader handle dropped in a live process leaves the same
-// way. A writer that died or closed: readers take what was put, then get QueueClosed.
+// pid, messages behind); the message then went to no reader, so the put can be retried.
+// (Once every queue has room a copy goes to each; a queue that had room and still takes
+// no copy, which only a forged count or a full socket buffer makes, is given 100 ms past
+// the deadline once another reader got the message; then BroadcastTimeout names the
+// readers that got it, delivered(), and those that did not.)
+// A reader that died (pid and start time, as the Queue's holders): the writer's put()
+// looks at whether an attached reader lives when its queue is full, and otherwise on a put
+// 100 ms or more after its last look at it (1 ms while its queue is more than half full);
+// it drops a dead reader's
+// unread messages (their blocks are given back), and from then on skips the reader until
+// a process attaches as it again (that process gets the messages put from then on). A
+// reader handle dropped in a live process leaves the same way. A process that dies while
+// it drops a slot's messages leaves the slot naming it: the writer or an attaching reader
+// takes the drop over. A writer that died or closed: readers take what was put, then get
+// QueueClosed.
 //
 // Lifetime and threads: handles are cheap copies; put() from one thread at a time.
 #pragma once
@@ -35,6 +43,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "shmtensor/codec.h"
@@ -51,16 +60,21 @@ namespace shmtensor {
 // put() timed out waiting for a reader `behind` messages behind.
 class SHMTENSOR_API BroadcastTimeout : public Error {
  public:
-  BroadcastTimeout(const std::string& what, int reader, int pid, std::size_t behind)
-      : Error(what), reader_(reader), pid_(pid), behind_(behind) {}
+  BroadcastTimeout(const std::string& what, int reader, int pid, std::size_t behind,
+                   std::vector<int> delivered = {})
+      : Error(what), reader_(reader), pid_(pid), behind_(behind), delivered_(std::move(delivered)) {}
   [[nodiscard]] int reader() const noexcept { return reader_; }
   [[nodiscard]] int pid() const noexcept { return pid_; }  // 0: no process attached yet
   [[nodiscard]] std::size_t behind() const noexcept { return behind_; }
+  // The readers that got the message, in order: empty unless a queue that had room took no
+  // copy by the deadline (see Broadcast::put).
+  [[nodiscard]] const std::vector<int>& delivered() const noexcept { return delivered_; }
 
  private:
   int reader_;
   int pid_;
   std::size_t behind_;
+  std::vector<int> delivered_;
 };
 
 // Reader i of a Broadcast<T> (Broadcast<T>::Reader): see Broadcast.

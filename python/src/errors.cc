@@ -110,8 +110,9 @@ void bind_errors(py::module_& m) {
       m, "BroadcastTimeout",
       py::make_tuple(error, py::reinterpret_borrow<py::object>(PyExc_TimeoutError)),
       "Broadcast.put timed out waiting for a reader: `reader` (its index), `pid` (0: no "
-      "process attached as it yet) and `behind` (messages it has not taken); the message "
-      "went to no reader. A TimeoutError.");
+      "process attached as it yet), `behind` (messages it has not taken) and `delivered` (the "
+      "readers that got the message: empty unless a queue that had room took no copy). A "
+      "TimeoutError.");
   g_name_exists = new_class(
       m, "NameExistsError",
       py::make_tuple(error, py::reinterpret_borrow<py::object>(PyExc_FileExistsError)),
@@ -158,6 +159,9 @@ void bind_errors(py::module_& m) {
       attrs["reader"] = py::int_(e.reader());
       attrs["pid"] = py::int_(e.pid());
       attrs["behind"] = py::int_(e.behind());
+      py::list delivered;
+      for (int r : e.delivered()) delivered.append(py::int_(r));
+      attrs["delivered"] = delivered;
       raise(g_broadcast_timeout, e.what(), attrs);
     } catch (const NameExists& e) {
       raise(g_name_exists, e.what());

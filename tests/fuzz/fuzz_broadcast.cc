@@ -1,7 +1,8 @@
 // libFuzzer harness for a Broadcast's control block (src/transport/broadcast_control.h) as a
 // hostile peer writes it. Each input makes a Broadcast<int64_t> of two readers, both read by
 // this process, and runs a sequence of puts and gets that never wait, with writes of any
-// value over the control block's words (readers, depth, writer, broken, each reader slot)
+// value over the control block's words (readers, depth, writer, broken, each reader slot,
+// "dropping" words naming this process, a dead one or none among them)
 // between them; then the broadcast is encoded, its control block's words written again, and
 // rebuilt from its parts. Every call must return or throw one of the errors the API names
 // (ProtocolError, BroadcastTimeout, QueueClosed, std::logic_error for a reader slot naming
@@ -34,16 +35,19 @@ using shmtensor::internal::BroadcastControl;
 using shmtensor::fuzz::Input;
 
 // One of the control block's words, written with `v` (or a value near one a process
-// writes: none, left, dropping, this process's slot_owner, one of another pid).
+// writes: none, left, this process's slot_owner or one of another pid or start time, each
+// of those as a dropper's, reader_dropping).
 void write_word(BroadcastControl* c, Input& in) {
   const std::uint8_t which = in.byte() % 8;
   std::uint64_t v = in.u64();
-  switch (in.byte() % 4) {
+  const std::uint8_t form = in.byte();
+  switch (form % 4) {
     case 0: v %= 3; break;
     case 1: v = c->writer + (v % 3); break;
     case 2: v = (v & 0xffffffff00000000ULL) | (c->writer & 0xffffffffu); break;
     default: break;
   }
+  if (form & 4) v = shmtensor::internal::reader_dropping(v);
   switch (which) {
     case 0: c->readers = static_cast<std::uint32_t>(v); break;
     case 1: c->depth = static_cast<std::uint32_t>(v); break;

@@ -6,11 +6,13 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdint>
 #include <optional>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "manager_test_util.h"
@@ -23,7 +25,11 @@
 #include "support/leak_check.h"
 #include "support/pipe.h"
 #include "support/strategy_test.h"
+#include "os/proc.h"
+#include "os/shared_lock.h"
+#include "shmtensor/internal/queue_core.h"
 #include "transport/broadcast_control.h"
+#include "transport/queue_control.h"
 
 namespace shmtensor {
 namespace {
@@ -42,12 +48,58 @@ std::size_t held_arena_segments() {
 }
 
 // The broadcast's control block, mapped as a peer would map it.
-internal::Mapping map_control(Broadcast<std::int64_t>& b) {
+template <class T>
+internal::Mapping map_control(Broadcast<T>& b) {
   return internal::Mapping::map_shared(internal::BroadcastAccess::core(b).control_fd(),
                                        sizeof(internal::BroadcastControl), "test");
 }
 
 std::int32_t first(const Tensor& t) { return t.data_ptr<std::int32_t>()[0]; }
+
+// A child attached as reader `r` that takes message 0 (a tensor whose first value is 0),
+// says so through `attached`, then waits to be killed.
+pid_t start_victim(Broadcast<Tensor>& b, int r, Pipe& attached) {
+  return fork_child([&b, r, &attached] {
+    auto reader = b.reader(r);
+    EXPECT_EQ(first(reader.get()), 0);
+    attached.send();
+    ::pause();
+  });
+}
+
+void put_k(Broadcast<Tensor>& b, int k) { b.put(Tensor::full({1000}, k, DType::kInt32)); }
+
+// Puts messages 0 to 2 to a fresh Broadcast<Tensor> of 2 readers: reader 1's process takes
+// message 0 and is SIGKILLed (messages 1 and 2 unread, their blocks held); reader 0's
+// takes messages 0 to `healthy_to` - 1. Returns reader 0's pid; *victim_word: reader 1's
+// slot while its process lived.
+pid_t kill_reader_1_two_behind(Broadcast<Tensor>& b, int healthy_to, std::uint64_t* victim_word);
+
+// A child attached as reader `r` that takes messages `from` to `to` - 1, in order.
+pid_t start_reader(Broadcast<Tensor>& b, int r, int from, int to) {
+  return fork_child([&b, r, from, to] {
+    auto reader = b.reader(r);
+    for (int k = from; k < to; ++k) EXPECT_EQ(first(reader.get()), k);
+  });
+}
+
+pid_t kill_reader_1_two_behind(Broadcast<Tensor>& b, int healthy_to, std::uint64_t* victim_word) {
+  internal::Mapping map = map_control(b);
+  auto* c = reinterpret_cast<internal::BroadcastControl*>(map.data());
+  Pipe attached;
+  const pid_t victim = start_victim(b, 1, attached);
+  const pid_t healthy = start_reader(b, 0, 0, healthy_to);
+  put_k(b, 0);
+  EXPECT_EQ(attached.receive(), 'x');
+  put_k(b, 1);
+  put_k(b, 2);
+  *victim_word = c->reader[1].load();
+  EXPECT_EQ(b.reader_pid(1), victim);
+  ::kill(victim, SIGKILL);
+  EXPECT_EQ(wait_child(victim), 128 + SIGKILL);
+  EXPECT_EQ(b.behind(1), 2u);
+  return healthy;
+}
 
 TEST_P(BroadcastTest, EveryReaderGetsEveryMessageInOrder) {
   constexpr int kReaders = 3;
@@ -148,16 +200,8 @@ TEST_P(BroadcastTest, ASigkilledReadersPlaceIsFreedAndItsHoldsGivenBack) {
               {
                 Broadcast<Tensor> b(2, 4);
                 Pipe attached;
-                pid_t victim = fork_child([&] {
-                  auto r = b.reader(1);
-                  EXPECT_EQ(first(r.get()), 0);
-                  attached.send();
-                  ::pause();
-                });
-                pid_t healthy = fork_child([&] {
-                  auto r = b.reader(0);
-                  for (int k = 0; k < 10; ++k) EXPECT_EQ(first(r.get()), k);
-                });
+                pid_t victim = start_victim(b, 1, attached);
+                pid_t healthy = start_reader(b, 0, 0, 10);
                 b.put(Tensor::full({1000}, 0, DType::kInt32));
                 ASSERT_EQ(attached.receive(), 'x');
                 for (int k = 1; k <= 4; ++k) b.put(Tensor::full({1000}, k, DType::kInt32));
@@ -289,18 +333,149 @@ TEST_P(BroadcastTest, AForgedWriterWordIsSeenByAWaitingReader) {
   EXPECT_ERROR(b.put(1), ProtocolError, "Broadcast is broken");
 }
 
-// A slot forged to "dropping" (what a process writes while it drops a dead reader's
-// messages): a reader attaching there waits until its deadline, and fails after 2 s without.
-TEST_P(BroadcastTest, AReaderSlotLeftDroppingCostsTheDeadlineThenFails) {
+// A "dropping" slot naming no process (pid 0) is no value an honest process writes.
+TEST_P(BroadcastTest, ADroppingSlotNamingNoProcessBreaksIt) {
   Broadcast<std::int64_t> b(1);
   internal::Mapping map = map_control(b);
   auto* c = reinterpret_cast<internal::BroadcastControl*>(map.data());
   c->reader[0].store(internal::kReaderDropping, std::memory_order_seq_cst);
-  b.put(1);  // the writer skips a reader being dropped
+  EXPECT_ERROR(b.put(1), ProtocolError, "reader 0's slot holds 9223372036854775808");
+  EXPECT_ERROR(b.reader(0).get(), ProtocolError, "Broadcast is broken");
+}
+
+// A process SIGKILLed while it dropped a dead reader's messages leaves the slot naming it
+// as the dropper (here a child writes the word as drop_messages does, then is killed). The
+// writer's next put, or a process attaching as that reader, whichever meets it first, takes
+// the drop over: the messages' blocks come back, the puts go on, and a new reader gets
+// every message put after it attached.
+TEST_P(BroadcastTest, ADroppersDeathMidDropIsTakenOverByWhoeverMeetsItFirst) {
+  for (const bool writer_first : {true, false}) {
+    SCOPED_TRACE(writer_first ? "the writer meets it first" : "a reader meets it first");
+    EXPECT_EQ(run_in_child([writer_first] {
+                ASSERT_EQ(held_arena_segments(), 0u);
+                Broadcast<Tensor> b(2, 8);
+                internal::Mapping map = map_control(b);
+                auto* c = reinterpret_cast<internal::BroadcastControl*>(map.data());
+                auto put = [&b](int k) { put_k(b, k); };
+                std::uint64_t victim_word = 0;
+                const pid_t healthy = kill_reader_1_two_behind(b, 8, &victim_word);
+                pid_t dropper = fork_child([&] {
+                  std::uint64_t expected = victim_word;
+                  if (!c->reader[1].compare_exchange_strong(
+                          expected, internal::reader_dropping(internal::current_slot_owner())))
+                    std::_Exit(3);
+                  ::raise(SIGKILL);
+                });
+                EXPECT_EQ(wait_child(dropper), 128 + SIGKILL);
+                EXPECT_EQ(b.reader_pid(1), 0);
+                EXPECT_EQ(b.behind(1), 2u);  // messages 1 and 2, their blocks held
+                if (writer_first) {
+                  put(3);  // takes the drop over, then skips reader 1
+                  EXPECT_EQ(b.behind(1), 0u);
+                  EXPECT_EQ(c->reader[1].load(), internal::kReaderLeft);
+                }
+                Pipe reattached;
+                pid_t newcomer = fork_child([&] {
+                  auto r = b.reader(1);
+                  EXPECT_EQ(r.try_get(std::chrono::seconds(0)), std::nullopt);  // attaches
+                  reattached.send();
+                  // Message 3 was put before it attached when the writer met the slot first.
+                  for (int k = writer_first ? 4 : 3; k < 8; ++k) EXPECT_EQ(first(r.get()), k);
+                  EXPECT_EQ(r.try_get(std::chrono::milliseconds(10)), std::nullopt);
+                });
+                ASSERT_EQ(reattached.receive(), 'x');
+                EXPECT_EQ(b.behind(1), 0u);
+                if (!writer_first) put(3);
+                for (int k = 4; k < 8; ++k) put(k);
+                EXPECT_EQ(wait_child(newcomer), 0);
+                EXPECT_EQ(wait_child(healthy), 0);
+                // Every message was taken or dropped: no block is held.
+                EXPECT_EQ(held_arena_segments(), 0u);
+              }),
+              0);
+  }
+}
+
+// A live process dropping a slot's messages (here a child that wrote the word and stopped):
+// the writer skips the reader, a reader attaching there waits until its deadline, and
+// nothing breaks; once the dropper marks the slot left, a process attaches.
+TEST_P(BroadcastTest, ALiveDropperIsWaitedForAndNothingBreaks) {
+  Broadcast<std::int64_t> b(1);
+  internal::Mapping map = map_control(b);
+  auto* c = reinterpret_cast<internal::BroadcastControl*>(map.data());
+  const pid_t dropper = fork_child([c] {
+    c->reader[0].store(internal::reader_dropping(internal::current_slot_owner()));
+    ::raise(SIGSTOP);
+    c->reader[0].store(internal::kReaderLeft);
+  });
+  int status = 0;
+  ASSERT_EQ(::waitpid(dropper, &status, WUNTRACED), dropper);
+  ASSERT_TRUE(WIFSTOPPED(status));
+  b.put(1);  // skips reader 0
   EXPECT_EQ(b.behind(0), 0u);
   EXPECT_EQ(b.reader(0).try_get(std::chrono::milliseconds(50)), std::nullopt);
-  EXPECT_ERROR(b.reader(0).get(), ProtocolError, "reader 0's slot stayed 'dropping' for 2 s");
-  EXPECT_ERROR(b.put(2), ProtocolError, "Broadcast is broken");
+  b.put(2);
+  EXPECT_EQ(b.behind(0), 0u);
+  ::kill(dropper, SIGCONT);
+  EXPECT_EQ(wait_child(dropper), 0);
+  EXPECT_EQ(b.reader(0).try_get(std::chrono::seconds(0)), std::nullopt);  // attaches
+  b.put(3);
+  EXPECT_EQ(b.reader(0).get(), 3);
+}
+
+// A reader SIGKILLed with unread messages in a queue far from full: a put 100 ms or more
+// after the writer last looked at that reader finds it dead and drops its messages, whose
+// blocks come back.
+TEST_P(BroadcastTest, ADeadReadersMessagesAreDroppedBeforeItsQueueFills) {
+  EXPECT_EQ(run_in_child([] {
+              ASSERT_EQ(held_arena_segments(), 0u);
+              Broadcast<Tensor> b(2, 8);
+              std::uint64_t victim_word = 0;
+              const pid_t healthy = kill_reader_1_two_behind(b, 4, &victim_word);
+              ::usleep(150'000);  // more than kBroadcastLivenessEvery since the last look
+              put_k(b, 3);
+              EXPECT_EQ(b.behind(1), 0u);
+              EXPECT_EQ(b.reader_pid(1), 0);
+              EXPECT_EQ(wait_child(healthy), 0);
+              EXPECT_EQ(held_arena_segments(), 0u);  // reader 1's 2 messages were dropped
+            }),
+            0);
+}
+
+// A queue that had room in the first step and still takes no copy (a peer names a stopped
+// process in its send lock, which a large message's put takes): the other readers get the
+// message, and the error names exactly who did and who did not.
+TEST_P(BroadcastTest, AQueueThatTakesNoCopyIsNamedWithTheReadersThatGotIt) {
+  Broadcast<std::string> b(3);
+  const std::string big(8000, 'b');
+  const pid_t stopped = fork_child([] { ::raise(SIGSTOP); });
+  int status = 0;
+  ASSERT_EQ(::waitpid(stopped, &status, WUNTRACED), stopped);
+  ASSERT_TRUE(WIFSTOPPED(status));
+  internal::QueueCore& q1 = internal::BroadcastAccess::core(b).queue(1);
+  internal::Mapping qmap = internal::Mapping::map_shared(
+      q1.shared_fds().control, sizeof(internal::QueueControl), "test");
+  auto* qc = reinterpret_cast<internal::QueueControl*>(qmap.data());
+  const auto who = static_cast<std::uint32_t>(stopped);
+  qc->send_lock.state.store(internal::thread_lock_state(who, who));
+  try {
+    b.put(big + "1", std::chrono::milliseconds(50));
+    ADD_FAILURE() << "put() did not time out";
+  } catch (const BroadcastTimeout& e) {
+    EXPECT_EQ(e.reader(), 1);
+    EXPECT_EQ(e.pid(), 0);
+    EXPECT_EQ(e.delivered(), (std::vector<int>{0, 2}));
+    EXPECT_THAT(std::string(e.what()),
+                ::testing::HasSubstr("the message went to readers 0 and 2, not to reader 1"));
+  }
+  ::kill(stopped, SIGKILL);
+  EXPECT_EQ(wait_child(stopped), 128 + SIGKILL);  // its lock is taken over by the next put
+  b.put(big + "2", std::chrono::seconds(5));
+  for (int r = 0; r < 3; ++r) {
+    auto reader = b.reader(r);
+    if (r != 1) EXPECT_EQ(reader.get(), big + "1");
+    EXPECT_EQ(reader.get(), big + "2");
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Strategies, BroadcastTest, testing::kAllStrategies,

@@ -71,8 +71,10 @@ class SHMTENSOR_API BroadcastCore {
   [[nodiscard]] int reader_pid(int reader) const noexcept;
   // No more put()s; readers take what is there, then get QueueClosed.
   void close() noexcept;
-  // The control block's memfd, for tests that write it as a peer would.
+  // The control block's memfd and reader `reader`'s queue (std::out_of_range when this
+  // handle has none), for tests that write them as a peer would.
   [[nodiscard]] int control_fd() const noexcept;
+  [[nodiscard]] QueueCore& queue(int reader) const;
 
   struct State;
   explicit BroadcastCore(std::unique_ptr<State> state);

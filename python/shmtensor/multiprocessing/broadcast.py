@@ -9,9 +9,11 @@
 Objects are pickled as the Queue pickles them: tensors and NumPy arrays travel as one shared
 block that every reader maps (no copy per reader). put() waits while a reader is `depth`
 messages behind and, at its timeout, raises shmtensor.BroadcastTimeout (a TimeoutError)
-naming that reader (.reader, .pid, .behind); the message then went to no reader. A reader
-that died is found when its queue is full: its unread messages are dropped, and it is
-skipped until a process attaches as it again (its first get()). After the writer closed or
+naming that reader (.reader, .pid, .behind); the message then went to no reader (unless
+.delivered lists the readers that got it: docs/transport.md, "Broadcast"). A reader that
+died is found by the writer's puts within 100 ms (at once when its queue is full): its
+unread messages are dropped, and it is skipped until a process attaches as it again (its
+first get()). After the writer closed or
 died, readers take what was put, then get raises shmtensor.QueueClosed. A broadcast made
 with name= is opened by any process of the user: Broadcast.open(name).reader(i).
 """
