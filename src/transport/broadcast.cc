@@ -211,14 +211,15 @@ std::int64_t ns_of(Clock::time_point t) {
 // when none came in the window (or none is predicted), and the caller waits as before.
 std::optional<Decoder> wait_predicted(BroadcastCore::State::Cadence& c, QueueCore& q,
                                       const Deadline& deadline) {
-  const std::int64_t last = c.last.load(std::memory_order_relaxed);
-  const std::chrono::nanoseconds gap(c.gap.load(std::memory_order_relaxed));
-  if (last == 0 || gap < kBroadcastPredictMin || gap > kBroadcastPredictMax) return std::nullopt;
-  const Clock::time_point due = Clock::time_point(std::chrono::nanoseconds(last)) + gap;
+  const std::int64_t due_ns = c.due();
+  if (due_ns == 0) return std::nullopt;
+  const Clock::time_point due = Clock::time_point(std::chrono::nanoseconds(due_ns));
   Clock::time_point until = due + kBroadcastSpinAfter;
   if (deadline) until = std::min(until, *deadline);
   Clock::time_point now = Clock::now();
   if (now < due - kBroadcastSpinAhead) {
+    // Not past one look's slice: the writer's death is looked for as often as ever.
+    if (due - kBroadcastSpinAhead - now > kBroadcastLookEvery) return std::nullopt;
     if (std::optional<Decoder> d = q.get(due - kBroadcastSpinAhead - now)) return d;
     now = Clock::now();
   }
@@ -231,9 +232,7 @@ std::optional<Decoder> wait_predicted(BroadcastCore::State::Cadence& c, QueueCor
 }
 
 std::optional<Decoder> arrived(BroadcastCore::State::Cadence& c, std::optional<Decoder> d) {
-  const std::int64_t now = ns_of(Clock::now());
-  const std::int64_t last = c.last.exchange(now, std::memory_order_relaxed);
-  c.gap.store(last == 0 ? 0 : now - last, std::memory_order_relaxed);
+  c.arrived(ns_of(Clock::now()));
   return d;
 }
 

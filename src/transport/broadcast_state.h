@@ -52,16 +52,17 @@ inline constexpr std::chrono::milliseconds kBroadcastLivenessBusy{1};
 // buffer makes last).
 inline constexpr std::chrono::milliseconds kBroadcastDeliverGrace{100};
 
-// A reader's wait for a message it can predict (BroadcastCore::get): when messages came
-// kBroadcastPredictMin to kBroadcastPredictMax apart, the reader sleeps until
-// kBroadcastSpinAhead before the next one is due (the last gap after the last arrival),
-// then polls its queue without sleeping until kBroadcastSpinAfter past that time, then
-// sleeps as any get. The window pays for a wake-up the writer need not make (a futex wake
-// across vCPUs, and the reader's wake-up, 20 to 60 µs on a VM) with at most its own length
-// of CPU per message: 4 % of a core at one message every 5 ms.
+// A reader's wait for a message it can predict (BroadcastCore::get): when messages come
+// kBroadcastPredictMin to kBroadcastPredictMax apart (closer, the busy poll serves), the
+// reader sleeps until kBroadcastSpinAhead before the next one is due, then polls its queue
+// without sleeping until kBroadcastSpinAfter past that time, then sleeps as any get. The
+// window pays for a wake-up the writer need not make (a futex wake across vCPUs, and the
+// reader's wake-up, 20 to 60 µs on a VM) with at most its own length of CPU per message:
+// 4 % of a core at one message every 5 ms. When it is due: the writer's schedule as the
+// reader sees it (State::Cadence): the mean gap, from the last arrival that was not late.
 inline constexpr std::chrono::microseconds kBroadcastSpinAhead{100};
 inline constexpr std::chrono::microseconds kBroadcastSpinAfter{100};
-inline constexpr std::chrono::microseconds kBroadcastPredictMin{1000};
+inline constexpr std::chrono::microseconds kBroadcastPredictMin{400};
 inline constexpr std::chrono::milliseconds kBroadcastPredictMax{100};
 
 inline int owner_pid(std::uint64_t owner) noexcept { return static_cast<int>(owner >> 32); }
@@ -134,11 +135,48 @@ struct BroadcastCore::State {
     if (w != writer) fail("its writer word changed");
     return slot_owner_alive(w);
   }
-  // Per reader, in this process: when its last message came and the gap before that one
-  // (steady_clock nanoseconds; 0: none yet), for its predicted wait.
+  // Per reader, in this process: the writer's schedule as this reader sees it. A message
+  // that came later than its window was most likely on time and found the reader asleep
+  // (its wake-up delayed it): the schedule keeps its time, unless three in a row did.
+  // A gap outside half to twice the mean is a pause or a burst: the mean starts over at
+  // the second such gap in a row. Steady-clock nanoseconds; 0: nothing yet.
   struct Cadence {
-    std::atomic<std::int64_t> last{0};
-    std::atomic<std::int64_t> gap{0};
+    std::mutex mu;
+    std::int64_t last = 0;    // the last arrival
+    std::int64_t anchor = 0;  // when the last message was (taken to be) sent
+    std::int64_t period = 0;  // the mean gap
+    int odd = 0, late = 0;    // gaps out of range, and late arrivals, in a row
+    // The next message's due time; 0 when none is predicted.
+    std::int64_t due() {
+      std::lock_guard lock(mu);
+      const std::chrono::nanoseconds p(period);
+      if (anchor == 0 || p < kBroadcastPredictMin || p > kBroadcastPredictMax) return 0;
+      return anchor + period;
+    }
+    void arrived(std::int64_t t) {
+      std::lock_guard lock(mu);
+      const std::int64_t gap = t - last;
+      last = t;
+      if (anchor == 0 || period == 0 || gap > 2 * period || 2 * gap < period) {
+        if (anchor == 0 || period == 0 || ++odd >= 2) {
+          period = anchor == 0 ? 0 : gap;
+          odd = 0;
+        }
+        anchor = t;
+        late = 0;
+        return;
+      }
+      odd = 0;
+      period += (gap - period) / 8;
+      const std::int64_t predicted = anchor + period;
+      const auto after = std::chrono::nanoseconds(kBroadcastSpinAfter).count();
+      if (t <= predicted + after || ++late >= 3) {
+        anchor = t;
+        late = 0;
+      } else {
+        anchor = predicted;
+      }
+    }
   };
   std::unique_ptr<Cadence[]> cadence;
   // The writer's: when put() last looked at whether reader i lives.

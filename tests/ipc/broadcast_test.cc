@@ -150,6 +150,30 @@ TEST_P(BroadcastTest, OneBlockForAllReadersAndWritesSeenBothWays) {
   for (pid_t c : children) EXPECT_EQ(wait_child(c), 0);
 }
 
+// Messages at a steady cadence: the reader waits for each where it is due (sleep, then a
+// poll), gets every one in order, a try_get whose deadline ends before the next is due
+// returns nothing, and the end of the broadcast still reaches it.
+TEST_P(BroadcastTest, AReaderAtASteadyCadenceGetsEveryMessageAndKeepsItsDeadlines) {
+  Broadcast<std::int64_t> b(1);
+  Pipe done;
+  pid_t reader = fork_child([&] {
+    auto r = b.reader(0);
+    for (std::int64_t k = 0; k < 30; ++k) ASSERT_EQ(r.get(), k);
+    EXPECT_EQ(r.try_get(std::chrono::microseconds(300)), std::nullopt);
+    done.send();
+    EXPECT_EQ(r.get(), 30);
+    EXPECT_ERROR(r.get(), QueueClosed, "closed");
+  });
+  for (std::int64_t k = 0; k < 30; ++k) {
+    b.put(k);
+    ::usleep(2000);
+  }
+  ASSERT_EQ(done.receive(), 'x');
+  b.put(30);
+  b.close();
+  EXPECT_EQ(wait_child(reader), 0);
+}
+
 TEST_P(BroadcastTest, ASlowReaderIsNamedByPutsTimeoutAndTheMessageWentToNone) {
   Broadcast<std::int64_t> b(2, 2);
   Pipe attached, finish, fast_done;
