@@ -5,6 +5,7 @@ timeout, a SIGKILLed reader's place freed and its messages' blocks given back, a
 writer, the vLLM method names."""
 import os
 import signal
+import time
 
 import numpy as np
 import pytest
@@ -106,6 +107,7 @@ def test_a_slow_reader_is_named_by_puts_timeout(strategy):
         b.put("never", timeout=0.2)
     assert isinstance(info.value, TimeoutError)
     assert (info.value.reader, info.value.pid, info.value.behind) == (1, pid, 2)
+    assert info.value.delivered == []
     assert f"reader 1 (pid {pid}) is 2 messages behind" in str(info.value)
     finish.put(1)
     b.put(3, timeout=30)
@@ -141,6 +143,29 @@ def test_a_sigkilled_readers_place_is_freed_and_its_blocks_given_back(strategy):
     b.put(np.full(100000, 9), timeout=30)  # finds reader 1 dead: its 3 messages dropped
     assert (b.behind(1), b.reader_pid(1)) == (0, 0)
     assert mine.get(timeout=5)[0] == 9
+    # the leak fixture then finds no block, fd or /dev/shm name of the dropped messages
+
+
+def test_a_dead_readers_messages_are_dropped_before_its_queue_fills(strategy):
+    ctx = smp.get_context("fork")
+    b = smp.Broadcast(readers=2, depth=8)
+    attached = smp.Queue()
+    victim = ctx.Process(target=attach_and_hang, args=(b.reader(1), attached))
+    victim.start()
+    mine = b.reader(0)
+    b.put(np.zeros(100000))
+    pid = attached.get(timeout=30)
+    for k in range(2):
+        b.put(np.full(100000, k))
+    assert [mine.get(timeout=5)[0] for _ in range(3)] == [0, 0, 1]
+    os.kill(pid, signal.SIGKILL)
+    victim.join(30)
+    assert victim.exitcode == -signal.SIGKILL
+    assert (b.behind(1), b.reader_pid(1)) == (2, pid)
+    time.sleep(0.15)  # more than the 100 ms between the writer's looks at a reader
+    b.put(np.full(100000, 7))  # finds reader 1 dead, 2 of 8 behind: its messages dropped
+    assert (b.behind(1), b.reader_pid(1)) == (0, 0)
+    assert mine.get(timeout=5)[0] == 7
     # the leak fixture then finds no block, fd or /dev/shm name of the dropped messages
 
 

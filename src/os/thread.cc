@@ -65,10 +65,15 @@ void join_thread(ThreadHandle thread) noexcept {
 }
 
 bool may_run_on_several_cpus() noexcept {
+  const int n = allowed_cpus();
+  return n == 0 || n > 1;
+}
+
+int allowed_cpus() noexcept {
   cpu_set_t set;
   CPU_ZERO(&set);
-  if (::sched_getaffinity(0, sizeof set, &set) != 0) return true;
-  return CPU_COUNT(&set) > 1;
+  if (::sched_getaffinity(0, sizeof set, &set) != 0) return 0;
+  return CPU_COUNT(&set);
 }
 
 }  // namespace shmtensor::internal

@@ -29,5 +29,8 @@ void join_thread(ThreadHandle thread) noexcept;
 // False when the calling thread's affinity mask (sched_getaffinity) allows one CPU only;
 // true otherwise, and when the mask cannot be read. Never throws.
 bool may_run_on_several_cpus() noexcept;
+// How many CPUs the calling thread's affinity mask allows; 0 when it cannot be read.
+// Never throws.
+int allowed_cpus() noexcept;
 
 }  // namespace shmtensor::internal

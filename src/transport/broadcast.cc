@@ -98,6 +98,8 @@ bool BroadcastCore::State::attach(int i, const Deadline& deadline) {
   }
   attached[static_cast<std::size_t>(i)] = me;
   queue(i).set_busy_poll(kBroadcastReaderPoll);
+  const int cpus = allowed_cpus();
+  predict.store(cpus == 0 || cpus > readers, std::memory_order_relaxed);
   return true;
 }
 
@@ -246,7 +248,7 @@ std::optional<Decoder> BroadcastCore::get(int reader,
   const Deadline deadline = deadline_after(timeout);
   if (!st.attach(reader, deadline)) return std::nullopt;
   State::Cadence& cadence = st.cadence[static_cast<std::size_t>(reader)];
-  if (!timeout || timeout->count() > 0) {
+  if (st.predict.load(std::memory_order_relaxed) && (!timeout || timeout->count() > 0)) {
     std::optional<Decoder> d = wait_predicted(cadence, q, deadline);
     st.check_broken();
     if (d) return arrived(cadence, std::move(d));

@@ -15,6 +15,7 @@
 #include "os/futex.h"
 #include "os/mapping.h"
 #include "os/proc.h"
+#include "os/thread.h"
 #include "os/unique_fd.h"
 #include "shmtensor/error.h"
 #include "shmtensor/internal/broadcast_core.h"
@@ -60,6 +61,9 @@ inline constexpr std::chrono::milliseconds kBroadcastDeliverGrace{100};
 // reader's wake-up, 20 to 60 µs on a VM) with at most its own length of CPU per message:
 // 4 % of a core at one message every 5 ms. When it is due: the writer's schedule as the
 // reader sees it (State::Cadence): the mean gap, from the last arrival that was not late.
+// Only where the readers and the writer each have a CPU (the reader's affinity mask allows
+// more CPUs than there are readers): spinning readers that outnumber the free CPUs take
+// the writer's CPU when it is about to put, and every reader's message comes later.
 inline constexpr std::chrono::microseconds kBroadcastSpinAhead{100};
 inline constexpr std::chrono::microseconds kBroadcastSpinAfter{100};
 inline constexpr std::chrono::microseconds kBroadcastPredictMin{400};
@@ -179,6 +183,8 @@ struct BroadcastCore::State {
     }
   };
   std::unique_ptr<Cadence[]> cadence;
+  // Whether this process's readers wait for predicted messages (set as it attaches).
+  std::atomic<bool> predict{false};
   // The writer's: when put() last looked at whether reader i lives.
   std::vector<std::chrono::steady_clock::time_point> looked_at;
   // put()'s first step for reader i: waits until its queue has room (true) or finds it
