@@ -123,23 +123,34 @@ def attach_and_hang(reader, attached):
     signal.pause()
 
 
-def test_a_sigkilled_readers_place_is_freed_and_its_blocks_given_back(strategy):
-    ctx = smp.get_context("fork")
-    b = smp.Broadcast(readers=2, depth=3)
+def broadcast_with_victim(depth):
+    """A Broadcast of 2 readers whose reader 1 is a forked process that took message 0 (an
+    array of zeros) and hangs, and whose reader 0 is this process: (b, victim, its pid,
+    reader 0)."""
+    b = smp.Broadcast(readers=2, depth=depth)
     attached = smp.Queue()
-    victim = ctx.Process(target=attach_and_hang, args=(b.reader(1), attached))
+    victim = smp.get_context("fork").Process(target=attach_and_hang,
+                                             args=(b.reader(1), attached))
     victim.start()
     mine = b.reader(0)
     b.put(np.zeros(100000))
-    pid = attached.get(timeout=30)
+    return b, victim, attached.get(timeout=30), mine
+
+
+def kill_victim(victim, pid):
+    os.kill(pid, signal.SIGKILL)
+    victim.join(30)
+    assert victim.exitcode == -signal.SIGKILL
+
+
+def test_a_sigkilled_readers_place_is_freed_and_its_blocks_given_back(strategy):
+    b, victim, pid, mine = broadcast_with_victim(depth=3)
     assert mine.get(timeout=5).shape == (100000,)
     for k in range(3):
         b.put(np.full(100000, k))
         assert mine.get(timeout=5)[0] == k
     assert (b.behind(1), b.reader_pid(1)) == (3, pid)
-    os.kill(pid, signal.SIGKILL)
-    victim.join(30)
-    assert victim.exitcode == -signal.SIGKILL
+    kill_victim(victim, pid)
     b.put(np.full(100000, 9), timeout=30)  # finds reader 1 dead: its 3 messages dropped
     assert (b.behind(1), b.reader_pid(1)) == (0, 0)
     assert mine.get(timeout=5)[0] == 9
@@ -147,20 +158,11 @@ def test_a_sigkilled_readers_place_is_freed_and_its_blocks_given_back(strategy):
 
 
 def test_a_dead_readers_messages_are_dropped_before_its_queue_fills(strategy):
-    ctx = smp.get_context("fork")
-    b = smp.Broadcast(readers=2, depth=8)
-    attached = smp.Queue()
-    victim = ctx.Process(target=attach_and_hang, args=(b.reader(1), attached))
-    victim.start()
-    mine = b.reader(0)
-    b.put(np.zeros(100000))
-    pid = attached.get(timeout=30)
+    b, victim, pid, mine = broadcast_with_victim(depth=8)
     for k in range(2):
         b.put(np.full(100000, k))
     assert [mine.get(timeout=5)[0] for _ in range(3)] == [0, 0, 1]
-    os.kill(pid, signal.SIGKILL)
-    victim.join(30)
-    assert victim.exitcode == -signal.SIGKILL
+    kill_victim(victim, pid)
     assert (b.behind(1), b.reader_pid(1)) == (2, pid)
     time.sleep(0.15)  # more than the 100 ms between the writer's looks at a reader
     b.put(np.full(100000, 7))  # finds reader 1 dead, 2 of 8 behind: its messages dropped
