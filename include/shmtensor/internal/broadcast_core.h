@@ -56,7 +56,8 @@ class SHMTENSOR_API BroadcastCore {
   // One encoded copy of the message per reader (messages.size() == readers()), each moved
   // to its reader's queue, or dropped for a reader that left. Waits while a reader's queue
   // holds depth() messages; throws BroadcastTimeout (naming the first such reader) when the
-  // timeout passed first, with the message put to none. Throws std::logic_error outside
+  // timeout passed first, with the message put to none; or, when a queue that had room took
+  // no copy (broadcast.h), after the other readers got it, naming them (delivered()). Throws std::logic_error outside
   // the writer's process, QueueClosed after close(), ProtocolError when broken.
   void put(std::vector<Encoder>& messages, std::optional<std::chrono::nanoseconds> timeout);
   // Reader `reader`'s next message; nullopt on timeout. Attaches this process as that reader
