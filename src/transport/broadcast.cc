@@ -82,8 +82,8 @@ bool BroadcastCore::State::attach(int i, const Deadline& deadline) {
       if (deadline && now >= *deadline) return false;
       if (!deadline && now - start > kBroadcastDroppingLimit)
         throw ProtocolError("Broadcast: reader " + std::to_string(i) +
-                            "'s messages have been being dropped by pid " +
-                            std::to_string(owner_pid(reader_dropper(v))) + " for " +
+                            "'s messages are still being dropped by pid " +
+                            std::to_string(owner_pid(reader_dropper(v))) + " after " +
                             std::to_string(kBroadcastDroppingLimit.count()) +
                             " s (a wedged process, or a peer wrote its id there)");
       futex_wait(&control()->broken, 0, std::chrono::milliseconds(1));

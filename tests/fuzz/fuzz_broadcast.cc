@@ -2,9 +2,9 @@
 // hostile peer writes it. Each input makes a Broadcast<int64_t> of two readers, both read by
 // this process, and runs a sequence of puts and gets that never wait, with writes of any
 // value over the control block's words (readers, depth, writer, broken, each reader slot,
-// "dropping" words naming this process, a dead one or none among them)
-// between them; then the broadcast is encoded, its control block's words written again, and
-// rebuilt from its parts. Every call must return or throw one of the errors the API names
+// "dropping" words naming this process, a dead one or none among them) between them; then
+// the broadcast is encoded, its control block's words written again, and rebuilt from its
+// parts. Every call must return or throw one of the errors the API names
 // (ProtocolError, BroadcastTimeout, QueueClosed, std::logic_error for a reader slot naming
 // another live process): never crash, overrun or wait. While no word was written, every
 // reader gets every value put, in order (docs/transport.md, "What a peer that writes the
