@@ -194,9 +194,11 @@ void BroadcastCore::put(std::vector<Encoder>& messages,
   const int first = missed.front();
   const std::uint64_t v = st.reader_word(first);
   const bool attached = v > kReaderLeft && !is_reader_dropping(v);
-  throw BroadcastTimeout("Broadcast::put timed out: " + reader_list(missed) +
-                             "'s queue had room and still took no copy by the deadline (a "
-                             "forged count, or its socket buffer full); the message went to " +
+  throw BroadcastTimeout("Broadcast::put timed out: the queue" +
+                             std::string(missed.size() == 1 ? " of " : "s of ") +
+                             reader_list(missed) + (missed.size() == 1 ? " had" : " each had") +
+                             " room and still took no copy by the deadline (a forged count "
+                             "or lock, or a full socket buffer); the message went to " +
                              reader_list(got) + ", not to " + reader_list(missed),
                          first, attached ? owner_pid(v) : 0, st.queue(first).size(), got);
 }
