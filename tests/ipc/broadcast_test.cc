@@ -342,6 +342,12 @@ TEST_P(NamedBroadcastTest, AProcessThatKnowsOnlyTheNameOpensAReader) {
                      ", 1 behind) 1 (none, 0 behind)  creator " + me + "\n"),
             std::string::npos)
       << out;
+  const std::string json = testing::manager_test::run_tool("ls --json");
+  EXPECT_NE(json.find("{\"name\": \"" + name + "\", \"kind\": \"broadcast\", \"creator_pid\": " +
+                      me + ", \"readers\": [{\"index\": 0, \"pid\": " + me +
+                      ", \"behind\": 1}, {\"index\": 1, \"pid\": null, \"behind\": 0}]}"),
+            std::string::npos)
+      << json;
   Broadcast<Tensor>::unlink(name);
   EXPECT_ERROR(Broadcast<Tensor>::open(name), NameNotFound, name);
 }
