@@ -352,6 +352,27 @@ TEST_P(NamedBroadcastTest, AProcessThatKnowsOnlyTheNameOpensAReader) {
   EXPECT_ERROR(Broadcast<Tensor>::open(name), NameNotFound, name);
 }
 
+// A reader's handle in flight in a message holds its queue (an in-flight count) until a
+// process receives it. Opening the broadcast by name, and `shmtensor ls`, decode the
+// publication, which carries no counts: they must not take that count. Here both happen
+// while the handle is in flight, then the writer drops its last handle: the receiver still
+// gets the message put before.
+TEST_P(NamedBroadcastTest, OpeningByNameTakesNoCountOfAReaderInFlight) {
+  const std::string name = "nb_flight_" + std::to_string(::getpid()) + "_" + to_string(GetParam());
+  auto [out, in] = pipe();
+  {
+    auto b = Broadcast<std::int64_t>::create(name, 1);
+    b.put(77);
+    out.send(b.reader(0));
+    { auto opened = Broadcast<std::int64_t>::open(name); }
+    EXPECT_NE(testing::manager_test::run_tool("ls").find("  " + name + "  broadcast"),
+              std::string::npos);
+  }  // the writer's last handle: the broadcast is closed, its name gone
+  auto r = in.recv<Broadcast<std::int64_t>::Reader>();
+  EXPECT_EQ(r.get(), 77);
+  EXPECT_ERROR(r.get(), QueueClosed, "closed");
+}
+
 INSTANTIATE_TEST_SUITE_P(Strategies, NamedBroadcastTest, testing::kAllStrategies,
                          testing::strategy_name);
 

@@ -27,7 +27,7 @@ std::vector<internal::manager::ChannelReport::Reader> broadcast_readers(const st
   for (auto& fd : ch.fds) fds.push_back(fd.release());
   Decoder d = internal::parse_message_frame(
       std::span(reinterpret_cast<const std::byte*>(ch.bytes.data()), ch.bytes.size()), fds);
-  auto b = internal::BroadcastCore::decode(d);
+  auto b = internal::BroadcastCore::decode(d, false);
   d.finish();
   std::vector<internal::manager::ChannelReport::Reader> readers;
   for (int i = 0; i < b->readers(); ++i) readers.push_back({b->reader_pid(i), b->behind(i)});
