@@ -141,8 +141,9 @@ std::optional<Ring::Popped> wait_ringed(ConnectionCore& c, const Deadline& deadl
 // (busy_poll.h, poll_then_wait: spins on the ring's publish count for up to the budget,
 // looking whenever it moves), then waiting until the deadline: nullopt when it passed
 // first. Throws ConnectionClosed once the peer is gone and everything it sent was taken.
-std::optional<Ring::Popped> pop_ringed(ConnectionCore& c, const Deadline& deadline,
-                                       std::span<std::byte> out) {
+// Inlined into both receives, as poll_then_wait is: only a wait makes a call.
+[[gnu::always_inline]] inline std::optional<Ring::Popped> pop_ringed(
+    ConnectionCore& c, const Deadline& deadline, std::span<std::byte> out) {
   LookAtRing look{c, out};
   return poll_then_wait(
       deadline, std::nullopt, look,
