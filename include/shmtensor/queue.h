@@ -213,6 +213,18 @@ class JoinableQueue : public Queue<T> {
  public:
   explicit JoinableQueue(std::size_t maxsize = 0)
       : Queue<T>(internal::QueueCore::create(maxsize, true)) {}
+  // A named JoinableQueue, as Queue<T>::create and Queue<T>::open: its task count is one
+  // for every process that opens it. open() throws std::invalid_argument when the queue
+  // of that name is not joinable (Queue<T>::open opens either kind).
+  static JoinableQueue create(const std::string& name, std::size_t maxsize = 0) {
+    return JoinableQueue(internal::QueueCore::create_named(name, maxsize, true));
+  }
+  static JoinableQueue open(const std::string& name) {
+    auto core = internal::QueueCore::open_named(name);
+    if (!core->joinable())
+      throw std::invalid_argument("the named queue \"" + name + "\" is not a JoinableQueue");
+    return JoinableQueue(std::move(core));
+  }
   // Throws std::logic_error when called more times than there were items put.
   void task_done() { this->core_->task_done(); }
   // Blocks until every task is done (at once when none is unfinished).

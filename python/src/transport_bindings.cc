@@ -443,18 +443,20 @@ void bind_transport(py::module_& m) {
   // Named queues (docs/python.md, "Named queues"): NameExistsError, NameNotFoundError.
   m.def(
       "_queue_create_named",
-      [](const std::string& name, std::size_t maxsize) {
+      [](const std::string& name, std::size_t maxsize, bool joinable) {
         py::gil_scoped_release release;
-        return PyQueue(Queue<Item>::create(name, maxsize));
+        return joinable ? PyQueue(JoinableQueue<Item>::create(name, maxsize))
+                        : PyQueue(Queue<Item>::create(name, maxsize));
       },
-      py::arg("name"), py::arg("maxsize") = 0);
+      py::arg("name"), py::arg("maxsize") = 0, py::arg("joinable") = false);
   m.def(
       "_queue_open_named",
-      [](const std::string& name) {
+      [](const std::string& name, bool joinable) {
         py::gil_scoped_release release;
-        return PyQueue(Queue<Item>::open(name));
+        return joinable ? PyQueue(JoinableQueue<Item>::open(name))
+                        : PyQueue(Queue<Item>::open(name));
       },
-      py::arg("name"));
+      py::arg("name"), py::arg("joinable") = false);
   m.def(
       "_queue_unlink_named",
       [](const std::string& name) {

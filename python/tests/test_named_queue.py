@@ -16,7 +16,7 @@ import pytest
 
 import shmtensor
 import shmtensor.numpy as snp
-from shmtensor.multiprocessing import Queue
+from shmtensor.multiprocessing import JoinableQueue, Queue
 from helpers import own_manager_group, shm_strategy  # noqa: F401 (fixtures)
 
 # The opener: knows nothing but the name. Adds 100 in place to the array it gets (the
@@ -86,6 +86,43 @@ def test_taken_missing_and_unlinked_names():
     del q
     with pytest.raises(FileNotFoundError):
         Queue.open(name)
+
+
+def test_a_named_joinable_queue_counts_the_tasks_of_a_popen_peer(strategy):
+    name = _name("joinable")
+    q = JoinableQueue(name=name)
+    not_joinable = Queue(name=_name("not_joinable"))
+    with pytest.raises(ValueError, match='"%s" is not a JoinableQueue' % _name("not_joinable")):
+        JoinableQueue.open(_name("not_joinable"))
+    del not_joinable
+    for i in range(3):
+        q.put(snp.full(4, float(i)))
+    # A peer that knows only the name takes the three items, marks two done and exits.
+    peer = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+        import sys, shmtensor
+        from shmtensor.multiprocessing import JoinableQueue
+        shmtensor.set_sharing_strategy(sys.argv[2])
+        q = JoinableQueue.open(sys.argv[1])
+        got = [q.get(timeout=30).tolist() for _ in range(3)]
+        assert got == [[float(i)] * 4 for i in range(3)], got
+        q.task_done()
+        q.task_done()
+    """), name, strategy], env=os.environ.copy())
+    assert peer.wait(timeout=60) == 0
+    # One task is still open: join() waits for it, and returns once this process does it.
+    assert q._native().join(0.05) is False
+    q.task_done()
+    assert q._native().join(10) is True
+    q.join()
+    with pytest.raises(ValueError):
+        q.task_done()
+    # A plain Queue.open of the same name counts items as the queue does.
+    plain = Queue.open(name)
+    plain.put([5])
+    assert q._native().join(0.05) is False
+    assert q.get(timeout=10) == [5]
+    q.task_done()
+    q.join()
 
 
 def test_a_sigkilled_creators_name_goes_and_its_opener_keeps_the_queue(strategy):

@@ -235,6 +235,73 @@ std::string segments_json(const std::vector<SegmentInfo>& segments) {
   return out + (segments.empty() ? "]\n" : "\n]\n");
 }
 
+std::string format_channels(const std::vector<ChannelReport>& channels) {
+  std::ostringstream out;
+  if (!channels.empty()) out << "channels:\n";
+  for (const auto& c : channels) {
+    out << "  " << c.name << "  " << c.kind;
+    if (!c.error.empty()) {
+      out << "  (" << c.error << ")\n";
+      continue;
+    }
+    if (c.kind == "queue") {
+      out << "  depth " << c.depth;
+      if (c.maxsize != 0) out << "/" << c.maxsize;
+      out << "  creator " << c.creator << "  ends";
+      for (auto pid : c.ends) out << " " << pid;
+    } else if (c.kind == "broadcast") {
+      out << "  readers";
+      for (std::size_t i = 0; i < c.readers.size(); ++i) {
+        out << " " << i << " (";
+        if (c.readers[i].pid != 0) {
+          out << "pid " << c.readers[i].pid;
+        } else {
+          out << "none";
+        }
+        out << ", " << c.readers[i].behind << " behind)";
+      }
+      out << "  creator " << c.creator;
+    } else {
+      out << "  creator " << c.creator << "  opened by";
+      for (auto pid : c.ends) out << " " << pid;
+    }
+    out << "\n";
+  }
+  return out.str();
+}
+
+std::string listing_json(const std::vector<SegmentInfo>& segments,
+                         const std::vector<ChannelReport>& channels) {
+  std::string out = segments_json(segments);
+  while (!out.empty() && out.back() == '\n') out.pop_back();
+  out = "{\"segments\": " + out + ",\n\"channels\": [";
+  for (std::size_t i = 0; i < channels.size(); ++i) {
+    const auto& c = channels[i];
+    out += i ? ",\n " : "\n ";
+    out += "{\"name\": " + json_string(c.name) + ", \"kind\": " + json_string(c.kind) +
+           ", \"creator_pid\": " + std::to_string(c.creator);
+    if (!c.error.empty()) {
+      out += ", \"error\": " + json_string(c.error);
+    } else if (c.kind == "queue") {
+      out += ", \"depth\": " + std::to_string(c.depth) + ", \"maxsize\": " +
+             std::to_string(c.maxsize) + ", \"ends\": [" + join_pids(c.ends, ", ") + "]";
+    } else if (c.kind == "broadcast") {
+      out += ", \"readers\": [";
+      for (std::size_t r = 0; r < c.readers.size(); ++r) {
+        if (r) out += ", ";
+        out += "{\"index\": " + std::to_string(r) + ", \"pid\": " +
+               (c.readers[r].pid != 0 ? std::to_string(c.readers[r].pid) : "null") +
+               ", \"behind\": " + std::to_string(c.readers[r].behind) + "}";
+      }
+      out += "]";
+    } else {
+      out += ", \"ends\": [" + join_pids(c.ends, ", ") + "]";
+    }
+    out += "}";
+  }
+  return out + (channels.empty() ? "]}\n" : "\n]}\n");
+}
+
 std::string format_sweep(const SweepReport& r, bool dry_run) {
   std::ostringstream os;
   std::uint64_t bytes = 0;

@@ -96,7 +96,7 @@ void BroadcastCore::encode(Encoder& e, int reader) const {
   for (int i = 0; i < state_->readers; ++i) state_->queue(i).encode(e);
 }
 
-std::shared_ptr<BroadcastCore> BroadcastCore::decode(Decoder& d) {
+std::shared_ptr<BroadcastCore> BroadcastCore::decode(Decoder& d, bool counted) {
   UniqueFd control(d.take_fd());
   const auto which = d.read_pod<std::uint32_t>();
   if (which != kBroadcastAllReaders && which >= static_cast<std::uint32_t>(kBroadcastMaxReaders))
@@ -116,9 +116,9 @@ std::shared_ptr<BroadcastCore> BroadcastCore::decode(Decoder& d) {
     throw ProtocolError("received broadcast control block is invalid");
   std::vector<std::shared_ptr<QueueCore>> queues(readers);
   if (which == kBroadcastAllReaders) {
-    for (auto& q : queues) q = QueueCore::decode(d);
+    for (auto& q : queues) q = QueueCore::decode(d, counted);
   } else {
-    queues[which] = QueueCore::decode(d);
+    queues[which] = QueueCore::decode(d, counted);
   }
   return from_parts(control.release(), std::move(queues),
                     which == kBroadcastAllReaders ? -1 : static_cast<int>(which));
@@ -126,7 +126,8 @@ std::shared_ptr<BroadcastCore> BroadcastCore::decode(Decoder& d) {
 
 // The publication is the encoded broadcast's bytes and fds, without the in-flight counts
 // an encode adds (the frame gives them back when it goes): the creator holds the queues
-// while the name lives, and each open decodes a copy (never taking a count below 0).
+// while the name lives, and each open decodes a copy as uncounted (a count taken there
+// would be that of a copy of the broadcast in flight in a message).
 std::shared_ptr<BroadcastCore> BroadcastCore::create_named(const std::string& name, int readers,
                                                            std::size_t depth) {
   if (!is_valid_channel_name(name))
@@ -157,7 +158,7 @@ std::shared_ptr<BroadcastCore> BroadcastCore::open_named(const std::string& name
   for (UniqueFd& fd : ch.fds) fds.push_back(fd.release());
   Decoder d = parse_message_frame(
       std::span(reinterpret_cast<const std::byte*>(ch.bytes.data()), ch.bytes.size()), fds);
-  std::shared_ptr<BroadcastCore> b = decode(d);
+  std::shared_ptr<BroadcastCore> b = decode(d, false);
   d.finish();
   if (b->carried_reader() >= 0)
     throw ProtocolError("the named broadcast \"" + name + "\" is published as one reader");

@@ -1,7 +1,8 @@
 // The transport's side of include/shmtensor/busy_poll.h: the budget of this thread's next
-// poll, and what the poll found.
+// poll, what the poll found, and the busy-poll loop every receive runs (poll_then_wait).
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <optional>
 
@@ -37,5 +38,38 @@ std::optional<std::chrono::steady_clock::time_point> spin_before_sleep_until(
 // SHMTENSOR_BUSY_POLL_US's value in nanoseconds: nullopt when unset, empty or invalid (not
 // a whole number of microseconds from 0 to 1,000,000).
 std::optional<std::chrono::nanoseconds> parse_busy_poll_us(const char* text) noexcept;
+
+// The busy-poll loop of every receive: a Queue's ring, a Connection's ring, a socket's
+// datagrams. With a budget to poll (busy_poll_budget(set)), it looks (`look()`, which does
+// not wait) until something arrives, spinning between looks (`spin(until)`: true once
+// something may have changed, false when `until` came first), for up to the budget and
+// never past the deadline; then, or at once without a budget, it waits as usual (`wait()`,
+// until the deadline). look() and wait() return one type, true when something arrived (an
+// item, or the end of the channel). The time from the start to that, or nothing arriving,
+// adapts the thread's next budget (busy_poll_observe). A receive whose deadline has passed
+// (a zero timeout: get_nowait, a drain) neither polls nor teaches the adaptation anything;
+// the clock is read only when polling or given a deadline. Always inlined: a receive whose
+// message is already there pays no call for the loop.
+template <class Look, class Spin, class Wait>
+[[gnu::always_inline]] inline auto poll_then_wait(
+    const std::optional<std::chrono::steady_clock::time_point>& deadline,
+    std::optional<std::chrono::nanoseconds> set, Look&& look, Spin&& spin, Wait&& wait) {
+  using Clock = std::chrono::steady_clock;
+  if (deadline && Clock::now() >= *deadline) return wait();
+  const auto budget = busy_poll_budget(set);
+  if (budget.count() <= 0) return wait();
+  const auto start = Clock::now();
+  auto until = start + std::chrono::duration_cast<Clock::duration>(budget);
+  if (deadline) until = std::min(until, *deadline);
+  // The clock before each spin: a watched word that keeps moving with nothing for us (a
+  // kick, another process storing to it) must not keep us polling past the budget.
+  auto got = look();
+  while (!got && Clock::now() < until && spin(until)) got = look();
+  if (!got) got = wait();
+  busy_poll_observe(got ? std::optional<std::chrono::nanoseconds>(Clock::now() - start)
+                        : std::nullopt,
+                    set);
+  return got;
+}
 
 }  // namespace shmtensor::internal

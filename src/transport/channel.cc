@@ -78,20 +78,13 @@ Datagram datagram_of(Received&& r, std::shared_ptr<std::byte[]> buffer) {
   return d;
 }
 
-// Opt-in busy polling (include/shmtensor/busy_poll.h): non-blocking receives until one
-// takes a datagram, `budget` is spent or the deadline passes. nullopt: nothing came.
-std::optional<Datagram> poll_for_datagram(int sock, Clock::time_point start,
-                                          std::chrono::nanoseconds budget,
-                                          const Deadline& deadline) {
-  auto until = start + std::chrono::duration_cast<Clock::duration>(budget);
-  if (deadline) until = std::min(until, *deadline);
-  do {
-    auto buffer = receive_buffer();
-    Received r = receive_message(sock, std::span(buffer.get(), kMaxDatagram),
-                                 /*nonblocking=*/true);
-    if (!r.would_block) return datagram_of(std::move(r), std::move(buffer));
-  } while (Clock::now() < until);
-  return std::nullopt;
+// One non-blocking receive: the socket's next datagram, or none (kTimeout) when it has
+// none now.
+Datagram take_datagram_now(int sock) {
+  auto buffer = receive_buffer();
+  Received r = receive_message(sock, std::span(buffer.get(), kMaxDatagram), /*nonblocking=*/true);
+  if (r.would_block) return {};
+  return datagram_of(std::move(r), std::move(buffer));
 }
 
 // Waits in the kernel (poll, or a blocking recvmsg) until `deadline` for one datagram.
@@ -118,20 +111,11 @@ Datagram wait_for_datagram(int sock, const Deadline& deadline) {
 }  // namespace
 
 Datagram receive_datagram(int sock, Deadline deadline) {
-  // A receive whose deadline has passed (a zero timeout: get_nowait, a drain) neither polls
-  // nor teaches the adaptation anything.
-  if (deadline && Clock::now() >= *deadline) return wait_for_datagram(sock, deadline);
-  const auto budget = busy_poll_budget();
-  if (budget.count() <= 0) return wait_for_datagram(sock, deadline);
-  // Polling: the time from here to the datagram adapts the thread's next budget.
-  const auto start = Clock::now();
-  std::optional<Datagram> d = poll_for_datagram(sock, start, budget, deadline);
-  if (!d) d = wait_for_datagram(sock, deadline);
-  if (d->status == RecvStatus::kTimeout)
-    busy_poll_observe(std::nullopt);
-  else
-    busy_poll_observe(Clock::now() - start);
-  return std::move(*d);
+  // Opt-in busy polling (busy_poll.h, poll_then_wait): non-blocking receives, one after the
+  // other (no word to spin on in between), for up to the budget; then a wait in the kernel.
+  return poll_then_wait(
+      deadline, std::nullopt, [&] { return take_datagram_now(sock); },
+      [](Clock::time_point) { return true; }, [&] { return wait_for_datagram(sock, deadline); });
 }
 
 Decoder parse_datagram(Datagram&& datagram) {

@@ -42,6 +42,8 @@ struct Datagram {
   std::shared_ptr<std::byte[]> buffer;  // kOk: the datagram's `size` bytes
   std::size_t size = 0;
   std::vector<UniqueFd> fds;  // owned, close-on-exec
+  // Whether a datagram (or the end of the stream) came before the deadline.
+  explicit operator bool() const noexcept { return status != RecvStatus::kTimeout; }
 };
 // The receive stage: waits until `deadline` for one datagram. Several receivers may wait on
 // one socket: a datagram goes to one of them; the others keep waiting. Throws ProtocolError

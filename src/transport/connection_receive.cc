@@ -7,6 +7,7 @@
 #include <cstring>
 #include <optional>
 #include <span>
+#include <utility>
 
 #include "os/proc.h"
 #include "shmtensor/connection.h"
@@ -14,6 +15,7 @@
 #include "transport/busy_poll.h"
 #include "transport/connection_core.h"
 #include "transport/hangup_watch.h"
+#include "transport/receive_loop.h"
 #include "wire/wire.h"
 
 namespace shmtensor::internal {
@@ -58,43 +60,39 @@ bool sleeps_untimed(ConnectionCore& c) noexcept {
   return (seen & 1) != 0 && !c.hangup_fired.load(std::memory_order_seq_cst);
 }
 
-// Takes the next slot off our ring into `out` (a slot's bytes of room), waiting until the
-// deadline: nullopt when it passed first. Throws ConnectionClosed once the peer is gone and
-// everything it sent was taken.
-std::optional<Ring::Popped> pop_ringed(ConnectionCore& c, const Deadline& deadline,
-                                       std::span<std::byte> out) {
-  Ring& ring = c.in.ring();
-  // Opt-in busy polling (busy_poll.h): spins on the ring's publish count for up to the
-  // budget, popping whenever it moves. The clock is read only when polling or given a
-  // deadline.
-  const bool now_only = deadline && Clock::now() >= *deadline;
-  const auto budget = now_only ? std::chrono::nanoseconds(0) : busy_poll_budget();
-  Clock::time_point start{}, poll_until{};
-  if (budget.count() > 0) {
-    start = Clock::now();
-    poll_until = start + std::chrono::duration_cast<Clock::duration>(budget);
-    if (deadline) poll_until = std::min(poll_until, *deadline);
-  }
-  const Deadline no_wait = Ring::kNoWait;
-  bool woke = false;
-  for (bool first = true;; first = false) {
-    const std::uint32_t seen = ring.publish_count();
-    // A first look that finds the hints equal (nothing published or being written: a
-    // request's answer not sent yet) skips the pop; every later look pops, which also
-    // says when the ring was closed.
+// One look at our ring that does not wait, and the ring's publish count read before it
+// (what a spin or a sleep after it waits to see move). The first look of a receive skips
+// the pop when it finds the hints equal (nothing published or being written: a request's
+// answer not sent yet); every later one pops, which also says when the ring was closed.
+struct LookAtRing {
+  ConnectionCore& c;
+  std::span<std::byte> out;
+  std::uint32_t seen = 0;
+  bool looked = false;
+
+  std::optional<Ring::Popped> operator()() {
+    Ring& ring = c.in.ring();
+    seen = ring.publish_count();
     Ring::Popped p;
-    if (!first || ring.maybe_nonempty()) p = ring.pop(out, no_wait, kRingMarkerTag);
-    if (p.status == Ring::Status::kOk) {
-      if (budget.count() > 0) busy_poll_observe(Clock::now() - start);
-      c.in.rearm();
-      return p;
-    }
+    if (std::exchange(looked, true) || ring.maybe_nonempty())
+      p = ring.pop(out, Ring::kNoWait, kRingMarkerTag);
     if (p.status == Ring::Status::kClosed) throw_ring_closed();
-    // The clock before each spin: a publish count that keeps moving with nothing for us (a
-    // kick, another process storing to it) must not keep us polling past the budget.
-    if (budget.count() > 0 && !woke && Clock::now() < poll_until &&
-        ring.spin_for_publish(seen, poll_until))
-      continue;
+    if (p.status != Ring::Status::kOk) return std::nullopt;
+    c.in.rearm();
+    return p;
+  }
+};
+
+// The wait of a receive once a look found nothing: sleeps, in slices that look at the
+// socket (did the peer hang up?), or with no time limit while the socket's hang-up is
+// watched, and looks again after each wake-up.
+std::optional<Ring::Popped> wait_ringed(ConnectionCore& c, const Deadline& deadline,
+                                        LookAtRing& look) {
+  Ring& ring = c.in.ring();
+  bool woke = false;
+  for (bool again = false;; again = true) {
+    if (again)
+      if (std::optional<Ring::Popped> p = look()) return p;
     // Nothing there. The socket says whether the peer is gone; it is looked at when we were
     // woken for nothing (a kick from close(), a slice that ran out) or an end was closed.
     // So is a receive that is about to give up (as recv on a hung-up socket says EOF).
@@ -104,7 +102,7 @@ std::optional<Ring::Popped> pop_ringed(ConnectionCore& c, const Deadline& deadli
       c.seen_in_epoch.store(epoch, std::memory_order_relaxed);
       if (hung_up(c)) {
         // What it sent before it went comes first.
-        const Ring::Popped last = ring.pop(out, no_wait, kRingMarkerTag);
+        const Ring::Popped last = ring.pop(look.out, Ring::kNoWait, kRingMarkerTag);
         if (last.status == Ring::Status::kOk) return last;
         throw ConnectionClosed("recv(): the peer closed the connection");
       }
@@ -114,10 +112,9 @@ std::optional<Ring::Popped> pop_ringed(ConnectionCore& c, const Deadline& deadli
       // for a little even so: poll() said "ready" for it, and a receive with a zero timeout
       // after poll() must not miss it. A claim whose writer died is skipped by pop.
       if (ring.maybe_nonempty() && Clock::now() < *deadline + kBeingWrittenGrace) {
-        ring.wait_for_publish(seen, Clock::now() + std::chrono::milliseconds(1));
+        ring.wait_for_publish(look.seen, Clock::now() + std::chrono::milliseconds(1));
         continue;
       }
-      if (budget.count() > 0) busy_poll_observe(std::nullopt);
       c.in.rearm();  // a readiness fd that said "ready" for nothing says so no more
       return std::nullopt;
     }
@@ -125,33 +122,55 @@ std::optional<Ring::Popped> pop_ringed(ConnectionCore& c, const Deadline& deadli
       // Before the first sleep, a short spin (busy_poll.h, spin_before_sleep): a peer that
       // answers within microseconds is not made to wake us.
       if (const auto until = spin_before_sleep_until(deadline);
-          until && ring.spin_for_publish(seen, *until)) {
-        woke = true;  // looked at once more below, then sleeps if it was not a message
+          until && ring.spin_for_publish(look.seen, *until)) {
+        woke = true;  // looked at once more, then sleeps if it was not a message
         continue;
       }
     }
     if (!deadline && sleeps_untimed(c))
-      ring.wait_for_publish_untimed(seen);  // a hang-up kicks it (hangup_fired)
+      ring.wait_for_publish_untimed(look.seen);  // a hang-up kicks it (hangup_fired)
     else
-      ring.wait_for_publish(seen, deadline
-                                      ? std::min(*deadline, Clock::now() + kConnectionWaitSlice)
-                                      : Clock::now() + kConnectionWaitSlice);
+      ring.wait_for_publish(look.seen,
+                            deadline ? std::min(*deadline, Clock::now() + kConnectionWaitSlice)
+                                     : Clock::now() + kConnectionWaitSlice);
     woke = true;
   }
+}
+
+// Takes the next slot off our ring into `out` (a slot's bytes of room), busy polling first
+// (busy_poll.h, poll_then_wait: spins on the ring's publish count for up to the budget,
+// looking whenever it moves), then waiting until the deadline: nullopt when it passed
+// first. Throws ConnectionClosed once the peer is gone and everything it sent was taken.
+// Inlined into both receives, as poll_then_wait is: only a wait makes a call.
+[[gnu::always_inline]] inline std::optional<Ring::Popped> pop_ringed(
+    ConnectionCore& c, const Deadline& deadline, std::span<std::byte> out) {
+  LookAtRing look{c, out};
+  return poll_then_wait(
+      deadline, std::nullopt, look,
+      [&](Clock::time_point until) { return c.in.ring().spin_for_publish(look.seen, until); },
+      [&] {
+        // Without a poll before it, the wait starts with a look (a message already there
+        // costs no call), after one straight from the poll's last look.
+        std::optional<Ring::Popped> p;
+        if (!look.looked) p = look();
+        return p ? p : wait_ringed(c, deadline, look);
+      });
 }
 
 }  // namespace
 
 std::optional<Decoder> recv_ringed(ConnectionCore& c, const Deadline& deadline) {
-  for (;;) {
-    auto buffer = receive_buffer();
-    const std::optional<Ring::Popped> p =
-        pop_ringed(c, deadline, std::span(buffer.get(), c.in.ring().max_message()));
-    if (!p) return std::nullopt;
-    std::byte* data = buffer.get();
-    if (std::optional<Decoder> d = c.in.receive(std::move(buffer), data, *p, deadline)) return d;
-    if (!pop_again_after_give_back(deadline)) return std::nullopt;
-  }
+  std::shared_ptr<std::byte[]> buffer;
+  return receive_retrying(
+      deadline,
+      [&] {
+        buffer = receive_buffer();
+        return pop_ringed(c, deadline, std::span(buffer.get(), c.in.ring().max_message()));
+      },
+      [&](const std::optional<Ring::Popped>& p) {
+        std::byte* data = buffer.get();
+        return c.in.receive(std::move(buffer), data, *p, deadline);
+      });
 }
 
 void decode_tensor(Decoder d, Tensor& out) {
@@ -163,24 +182,21 @@ void decode_tensor(Decoder d, Tensor& out) {
 // the stack, with no Decoder; any other goes the general way.
 bool recv_tensor_ringed(ConnectionCore& c, const Deadline& deadline, Tensor& out) {
   alignas(8) std::byte slot[kConnectionRingSlotBytes - Ring::kSlotHeaderBytes];
-  const std::optional<Ring::Popped> p = pop_ringed(c, deadline, slot);
-  if (!p) return false;
-  if (p->tag == kRingMessageTag) {
-    const SegmentFetcher depot = c.in.depot().fetcher();
-    if (parse_tensor_frame(std::span(slot, p->size), &depot, out)) return true;
-  }
-  auto buffer = receive_buffer();
-  std::memcpy(buffer.get(), slot, p->size);
-  std::byte* data = buffer.get();
-  std::optional<Decoder> d = c.in.receive(std::move(buffer), data, *p, deadline);
-  if (!d) {
-    if (!pop_again_after_give_back(deadline)) return false;
-    std::optional<Decoder> again = recv_ringed(c, deadline);
-    if (!again) return false;
-    d = std::move(again);
-  }
-  decode_tensor(std::move(*d), out);
-  return true;
+  return receive_retrying(
+      deadline, [&] { return pop_ringed(c, deadline, slot); },
+      [&](const std::optional<Ring::Popped>& p) {
+        if (p->tag == kRingMessageTag) {
+          const SegmentFetcher depot = c.in.depot().fetcher();
+          if (parse_tensor_frame(std::span(slot, p->size), &depot, out)) return true;
+        }
+        auto buffer = receive_buffer();
+        std::memcpy(buffer.get(), slot, p->size);
+        std::byte* data = buffer.get();
+        std::optional<Decoder> d = c.in.receive(std::move(buffer), data, *p, deadline);
+        if (!d) return false;
+        decode_tensor(std::move(*d), out);
+        return true;
+      });
 }
 
 std::optional<Decoder> recv_socket(int fd, const Deadline& deadline) {

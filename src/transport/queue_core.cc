@@ -24,6 +24,7 @@
 #include "transport/announced.h"
 #include "transport/busy_poll.h"
 #include "transport/queue_state.h"
+#include "transport/receive_loop.h"
 #include "wire/wire.h"
 
 namespace shmtensor::internal {
@@ -48,35 +49,22 @@ TakenItem take_item(Ring& ring, const Deadline& deadline, std::shared_ptr<std::b
 
 namespace {
 
-// Opt-in busy polling (busy_poll.h): looks at the ring without sleeping for up to the
-// thread's budget, then waits as usual; the time to the item adapts the next budget.
-// `set`: the handle's own budget (nullopt: the process's).
+// Opt-in busy polling (busy_poll.h, poll_then_wait): looks at the ring without sleeping
+// for up to the thread's budget, popping whenever its publish count moves, then waits as
+// usual. `set`: the handle's own budget (nullopt: the process's).
 TakenItem take_item_polling(Ring& ring, const Deadline& deadline,
                             std::optional<std::chrono::nanoseconds> set) {
-  using Clock = std::chrono::steady_clock;
-  if (deadline && Clock::now() >= *deadline) return take_item(ring, deadline);
-  const auto budget = busy_poll_budget(set);
-  if (budget.count() <= 0) return take_item(ring, deadline);
-  const auto start = Clock::now();
-  auto until = start + std::chrono::duration_cast<Clock::duration>(budget);
-  if (deadline) until = std::min(until, *deadline);
-  // Pops when the ring's publish count moves, spinning on it in between.
-  TakenItem t;
-  for (;;) {
-    const std::uint32_t seen = ring.publish_count();
-    t = take_item(ring, Ring::kNoWait);
-    // The clock before each spin: a publish count that keeps moving with nothing for us
-    // must not keep us polling past the budget or the deadline.
-    if (t.status != Ring::Status::kTimeout || Clock::now() >= until ||
-        !ring.spin_for_publish(seen, until))
-      break;
-  }
-  if (t.status == Ring::Status::kTimeout) t = take_item(ring, deadline);
-  busy_poll_observe(t.status == Ring::Status::kTimeout
-                        ? std::nullopt
-                        : std::optional<std::chrono::nanoseconds>(Clock::now() - start),
-                    set);
-  return t;
+  std::uint32_t seen = 0;
+  return poll_then_wait(
+      deadline, set,
+      [&] {
+        seen = ring.publish_count();
+        return take_item(ring, Ring::kNoWait);
+      },
+      [&](std::chrono::steady_clock::time_point until) {
+        return ring.spin_for_publish(seen, until);
+      },
+      [&] { return take_item(ring, deadline); });
 }
 
 }  // namespace
@@ -227,17 +215,31 @@ std::optional<std::chrono::nanoseconds> QueueCore::busy_poll() const noexcept {
   return state_->busy_poll();
 }
 
+namespace {
+
+// The next item off the ring (take_item_polling, with the handle's budget); false when the
+// deadline passed first. Throws QueueClosed for a closed queue that is empty. `rearm`: the
+// readiness fd is rearmed after the pop (get_many rearms once, at its end).
+TakenItem next_item(QueueCore::State& st, const Deadline& deadline, bool rearm) {
+  TakenItem t = take_item_polling(st.ring(), deadline, st.busy_poll());
+  if (rearm) st.endpoint.rearm();
+  if (t.status == Ring::Status::kClosed) throw QueueClosed("get() on a closed and empty queue");
+  return t;
+}
+
+// The first item of a get (receive_loop.h): popped, received, popped again after a marker
+// given back.
+std::optional<Decoder> get_one(QueueCore::State& st, const Deadline& deadline, bool rearm) {
+  return receive_retrying(
+      deadline, [&] { return next_item(st, deadline, rearm); },
+      [&](TakenItem&& t) { return receive_taken(st, std::move(t), deadline); });
+}
+
+}  // namespace
+
 std::optional<Decoder> QueueCore::get(std::optional<std::chrono::nanoseconds> timeout) {
   rethrow_deferred();
-  const Deadline deadline = deadline_after(timeout);
-  for (;;) {
-    TakenItem t = take_item_polling(state_->ring(), deadline, state_->busy_poll());
-    state_->endpoint.rearm();
-    if (t.status == Ring::Status::kTimeout) return std::nullopt;
-    if (t.status == Ring::Status::kClosed) throw QueueClosed("get() on a closed and empty queue");
-    if (std::optional<Decoder> d = receive_taken(*state_, std::move(t), deadline)) return d;
-    if (!pop_again_after_give_back(deadline)) return std::nullopt;
-  }
+  return get_one(*state_, deadline_after(timeout), /*rearm=*/true);
 }
 
 std::vector<Decoder> QueueCore::get_many(std::size_t max_items,
@@ -251,18 +253,9 @@ std::vector<Decoder> QueueCore::get_many(std::size_t max_items,
   } rearm{state_->endpoint};
   // Before anything is taken: nothing below may fail between taking an item and keeping it.
   out.reserve(std::min<std::size_t>(max_items, 1024));
-  const Deadline deadline = deadline_after(timeout);
-  for (;;) {
-    TakenItem first = take_item_polling(state_->ring(), deadline, state_->busy_poll());
-    if (first.status == Ring::Status::kTimeout) return out;
-    if (first.status == Ring::Status::kClosed)
-      throw QueueClosed("get() on a closed and empty queue");
-    if (std::optional<Decoder> got = receive_taken(*state_, std::move(first), deadline)) {
-      out.push_back(std::move(*got));
-      break;
-    }
-    if (!pop_again_after_give_back(deadline)) return out;
-  }
+  std::optional<Decoder> first = get_one(*state_, deadline_after(timeout), /*rearm=*/false);
+  if (!first) return out;
+  out.push_back(std::move(*first));
   // The rest only if they are there already, copied from their slots into buffers of 64
   // slots each (one allocation per 64 items, not a 64 KiB receive buffer per item; none
   // when the ring looks empty).

@@ -238,11 +238,11 @@ std::shared_ptr<QueueCore> attach(std::array<UniqueFd, kQueueFds> fds, bool in_f
 
 }  // namespace
 
-std::shared_ptr<QueueCore> QueueCore::decode(Decoder& d) {
+std::shared_ptr<QueueCore> QueueCore::decode(Decoder& d, bool counted) {
   // Each fd is owned at once, so a message missing the later ones leaks none.
   std::array<UniqueFd, kQueueFds> fds;
   for (auto& fd : fds) fd.reset(d.take_fd());
-  return attach(std::move(fds), true);
+  return attach(std::move(fds), counted);
 }
 
 std::shared_ptr<QueueCore> QueueCore::create_named(const std::string& name, std::size_t maxsize,

@@ -149,6 +149,8 @@ struct TakenItem {
   std::size_t size = 0;
   std::uint32_t tag = 0;
   std::uint64_t pos = 0;  // a marker's, whose slot stays claimed until released
+  // Whether the pop got something: an item, or the end of a closed queue.
+  explicit operator bool() const noexcept { return status != Ring::Status::kTimeout; }
 };
 
 // Into `at`, max_message() bytes of `buffer`; by default this thread's receive buffer.

@@ -69,6 +69,15 @@ inline std::uint64_t peek_hint(const std::atomic<std::uint64_t>& hint) noexcept 
                       "ring's shared memory");
 }
 
+// A tail hint more than a lap past the oldest position not taken (`pos`), which the slot
+// words do not explain either, as a ProtocolError.
+[[noreturn]] inline void far_tail_hint(std::uint64_t tail, std::uint64_t pos) {
+  throw ProtocolError("message ring: the tail hint (" + std::to_string(tail) +
+                      ") is more than a lap past the oldest position not taken (" +
+                      std::to_string(pos) +
+                      "): another process wrote over the ring's shared memory");
+}
+
 // The ProtocolError of a broken ring (kRingBroken).
 [[noreturn]] inline void throw_broken() {
   throw ProtocolError(

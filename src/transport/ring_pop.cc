@@ -117,7 +117,7 @@ Ring::Popped Ring::pop(std::span<std::byte> out, Deadline deadline, std::uint32_
             if (resync()) continue;
             // An honest tail is at most a lap past the oldest position not taken: one further
             // was moved by a peer, and stepping to it hole by hole could take 2^50 steps.
-            if (tail - pos > slot_count_) corrupt_hint("tail", tail);
+            if (tail - pos > slot_count_) far_tail_hint(tail, pos);
             // A hole: no producer will write the position (a peer moved the tail hint past
             // it). It is stepped over; nothing was lost there.
             std::uint64_t seen = w;

@@ -543,8 +543,35 @@ TEST_P(NamedBroadcastTest, AProcessThatKnowsOnlyTheNameOpensAReader) {
                      ", 1 behind) 1 (none, 0 behind)  creator " + me + "\n"),
             std::string::npos)
       << out;
+  const std::string json = testing::manager_test::run_tool("ls --json");
+  EXPECT_NE(json.find("{\"name\": \"" + name + "\", \"kind\": \"broadcast\", \"creator_pid\": " +
+                      me + ", \"readers\": [{\"index\": 0, \"pid\": " + me +
+                      ", \"behind\": 1}, {\"index\": 1, \"pid\": null, \"behind\": 0}]}"),
+            std::string::npos)
+      << json;
   Broadcast<Tensor>::unlink(name);
   EXPECT_ERROR(Broadcast<Tensor>::open(name), NameNotFound, name);
+}
+
+// A reader's handle in flight in a message holds its queue (an in-flight count) until a
+// process receives it. Opening the broadcast by name, and `shmtensor ls`, decode the
+// publication, which carries no counts: they must not take that count. Here both happen
+// while the handle is in flight, then the writer drops its last handle: the receiver still
+// gets the message put before.
+TEST_P(NamedBroadcastTest, OpeningByNameTakesNoCountOfAReaderInFlight) {
+  const std::string name = "nb_flight_" + std::to_string(::getpid()) + "_" + to_string(GetParam());
+  auto [out, in] = pipe();
+  {
+    auto b = Broadcast<std::int64_t>::create(name, 1);
+    b.put(77);
+    out.send(b.reader(0));
+    { auto opened = Broadcast<std::int64_t>::open(name); }
+    EXPECT_NE(testing::manager_test::run_tool("ls").find("  " + name + "  broadcast"),
+              std::string::npos);
+  }  // the writer's last handle: the broadcast is closed, its name gone
+  auto r = in.recv<Broadcast<std::int64_t>::Reader>();
+  EXPECT_EQ(r.get(), 77);
+  EXPECT_ERROR(r.get(), QueueClosed, "closed");
 }
 
 INSTANTIATE_TEST_SUITE_P(Strategies, NamedBroadcastTest, testing::kAllStrategies,

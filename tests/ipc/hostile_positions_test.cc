@@ -269,6 +269,47 @@ TEST_F(HostilePositionsTest, OneSlotWordForgedFarAheadCostsOneSend) {
   EXPECT_FALSE(b.poll());
 }
 
+// A peer that keeps writing the tail hint far past every slot word, between and during a
+// consumer's calls: each pop may resync the hints once, so a hint written again after that
+// is met with the positions up to it all holes. Stepping over them one by one would take
+// 2^49 steps; the pop that meets a tail more than a lap past its position says so instead.
+// Every call returns by its deadline, and once the peer stops nothing is lost.
+TEST_F(HostilePositionsTest, ATailHintRewrittenFarAheadDuringPopsFailsThePopNotTheDeadline) {
+  Queue<std::string> q;
+  RingMemory ring(queue_ring_fd(q));
+  for (int i = 0; i < 5; ++i) q.put(item(i));
+  for (int i = 0; i < 5; ++i) ASSERT_EQ(label(q.try_get(2s)), label(item(i)));
+  const pid_t consumer = fork_child([&] {
+    std::atomic<bool> stop{false};
+    std::thread peer([&] {
+      const std::uint64_t far = ring.head().load() + (std::uint64_t{1} << 49);
+      while (!stop.load(std::memory_order_relaxed)) ring.tail().store(far);
+    });
+    int failed = 0, empty = 0;
+    for (int call = 0; call < 400; ++call) {
+      try {
+        if (q.try_get(1ms)) std::_Exit(3);  // nothing was put
+        ++empty;
+      } catch (const ProtocolError& e) {
+        if (std::string(e.what()).find("is more than a lap past the oldest position not taken") ==
+            std::string::npos)
+          std::_Exit(4);
+        ++failed;
+      }
+    }
+    stop = true;
+    peer.join();
+    // Honest puts after the peer stopped: each one got, in order.
+    for (int i = 5; i < 20; ++i) q.put(item(i));
+    for (int i = 5; i < 20; ++i)
+      if (q.try_get(2s) != item(i)) std::_Exit(5);
+    std::fprintf(stderr, "%d pops failed, %d found the queue empty\n", failed, empty);
+    std::_Exit(failed > 0 ? 0 : 6);
+  });
+  EXPECT_EQ(wait_child_within(consumer, 60s), 0)
+      << "-1: a pop walked toward the tail; 6: no pop met the rewritten tail";
+}
+
 // A peer that writes most slot words near the last position a ring uses (kPosLimit) moves
 // the ring there; once its positions run out, the ring is broken, and every caller is told:
 // a consumer asleep in get() without a deadline in another process, a put, a try_get.

@@ -19,6 +19,7 @@
 #include "shmtensor/internal/fd_keeper.h"
 #include "shmtensor/queue.h"
 #include "shmtensor/tensor.h"
+#include "support/expect_error.h"
 #include "support/strategy_test.h"
 
 namespace shmtensor::testing {
@@ -168,6 +169,7 @@ TEST_F(ManagerTest, ShmtensorLsListsANamedQueueWithItsDepthAndEnds) {
   });
   ASSERT_EQ(opened.receive_line(), "opened");
   const std::string out = manager_test::run_tool("ls");
+  const std::string json = manager_test::run_tool("ls --json");
   done.send_line("done");
   EXPECT_EQ(wait_child(opener), 0);
   const std::string me = std::to_string(::getpid());
@@ -178,12 +180,51 @@ TEST_F(ManagerTest, ShmtensorLsListsANamedQueueWithItsDepthAndEnds) {
   const std::string line = out.substr(out.find("  " + name + "  queue"));
   const std::string ends = line.substr(line.find("ends "), line.find('\n') - line.find("ends "));
   EXPECT_TRUE(ends == "ends " + me + " " + them || ends == "ends " + them + " " + me) << ends;
+  // --json: one object with the segments and the channels.
+  EXPECT_EQ(json.substr(0, 14), "{\"segments\": [") << json;
+  const std::string entry = "{\"name\": \"" + name + "\", \"kind\": \"queue\", \"creator_pid\": " +
+                            me + ", \"depth\": 2, \"maxsize\": 8, \"ends\": [";
+  const std::string head = "\"channels\": [\n " + entry;
+  const auto at = json.find(head);
+  ASSERT_NE(at, std::string::npos) << json;
+  const auto from = at + head.size();
+  const std::string json_ends = json.substr(from, json.find(']', from) - from);
+  EXPECT_TRUE(json_ends == me + ", " + them || json_ends == them + ", " + me) << json_ends;
+  EXPECT_EQ(json.substr(json.size() - 5), "}\n]}\n") << json;
   auto listed = internal::list_channels();
   ASSERT_EQ(listed.size(), 1u);
   EXPECT_EQ(listed[0].name, name);
   EXPECT_EQ(listed[0].creator, ::getpid());
   EXPECT_EQ(listed[0].kind, static_cast<std::uint32_t>(internal::ChannelKind::kQueue));
   EXPECT_TRUE(listed[0].openers.empty());  // the opener is gone
+}
+
+TEST_F(ManagerTest, ANamedJoinableQueueCountsTheTasksOfAProcessThatOpenedIt) {
+  const std::string name = "nq_join_" + std::to_string(::getpid());
+  auto q = JoinableQueue<int>::create(name, 4);
+  auto plain = Queue<int>::create(name + "_plain");
+  EXPECT_ERROR(JoinableQueue<int>::open(name + "_plain"), std::invalid_argument,
+               "\"" + name + "_plain\" is not a JoinableQueue");
+  q.put(1);
+  q.put(2);
+  pid_t child = fork_child([&] {
+    // Opens anew (not the handle inherited at fork): takes both, marks one done.
+    auto mine = JoinableQueue<int>::open(name);
+    if (mine.get() != 1 || mine.get() != 2) ::_exit(2);
+    mine.task_done();
+  });
+  EXPECT_EQ(wait_child(child), 0);
+  EXPECT_FALSE(q.try_join(std::chrono::milliseconds(20)));
+  q.task_done();
+  EXPECT_TRUE(q.try_join(std::chrono::seconds(10)));
+  EXPECT_THROW(q.task_done(), std::logic_error);
+  // Queue<T>::open takes either kind; its puts are tasks of the joinable queue.
+  auto as_plain = Queue<int>::open(name);
+  as_plain.put(3);
+  EXPECT_FALSE(q.try_join(std::chrono::milliseconds(20)));
+  EXPECT_EQ(q.get(), 3);
+  q.task_done();
+  q.join();
 }
 
 TEST_F(ManagerTest, ANamedQueueWhoseFdsAreNotAQueuesIsAProtocolError) {

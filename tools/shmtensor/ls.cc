@@ -4,7 +4,6 @@
 // process and how far behind), creator and ends.
 #include <iostream>
 #include <span>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -20,75 +19,64 @@
 namespace shmtensor::tool {
 namespace {
 
-// A named broadcast's readers: index, the pid attached as it (none) and how many messages
-// it is behind. Looks without counting this process as one of its ends.
-std::string format_broadcast(const std::string& name) {
+// A named broadcast's readers: the pid attached as each (0: none) and how many messages it
+// is behind. Looks without counting this process as one of its ends.
+std::vector<internal::manager::ChannelReport::Reader> broadcast_readers(const std::string& name) {
   internal::OpenedChannel ch = internal::open_channel(name, internal::ChannelKind::kBroadcast, true);
   std::vector<int> fds;
   for (auto& fd : ch.fds) fds.push_back(fd.release());
   Decoder d = internal::parse_message_frame(
       std::span(reinterpret_cast<const std::byte*>(ch.bytes.data()), ch.bytes.size()), fds);
-  auto b = internal::BroadcastCore::decode(d);
+  auto b = internal::BroadcastCore::decode(d, false);
   d.finish();
-  std::ostringstream out;
-  out << "  readers";
-  for (int i = 0; i < b->readers(); ++i) {
-    out << " " << i << " (";
-    if (const int pid = b->reader_pid(i)) {
-      out << "pid " << pid;
-    } else {
-      out << "none";
-    }
-    out << ", " << b->behind(i) << " behind)";
-  }
-  return out.str();
+  std::vector<internal::manager::ChannelReport::Reader> readers;
+  for (int i = 0; i < b->readers(); ++i) readers.push_back({b->reader_pid(i), b->behind(i)});
+  return readers;
 }
 
-// One line per channel: name, kind, depth/bound, creator, ends (the live processes that
-// hold it). Empty when there is none.
-std::string format_channels() {
-  std::ostringstream out;
+// The manager group's named channels, each looked at.
+std::vector<internal::manager::ChannelReport> gather_channels() {
+  std::vector<internal::manager::ChannelReport> out;
   for (const auto& c : internal::list_channels()) {
-    if (out.tellp() == 0) out << "channels:\n";
-    out << "  " << c.name;
-    if (c.kind == static_cast<std::uint32_t>(internal::ChannelKind::kQueue)) {
-      out << "  queue";
-      try {
+    internal::manager::ChannelReport r;
+    r.name = c.name;
+    r.creator = c.creator;
+    try {
+      if (c.kind == static_cast<std::uint32_t>(internal::ChannelKind::kQueue)) {
+        r.kind = "queue";
         auto f = internal::QueueCore::inspect_named(c.name);
-        out << "  depth " << f.size;
-        if (f.maxsize != 0) out << "/" << f.maxsize;
-        out << "  creator " << c.creator << "  ends";
-        for (auto pid : f.holders) out << " " << pid;
-      } catch (const Error& e) {  // gone meanwhile, or not a queue's fds
-        out << "  (" << e.what() << ")";
+        r.depth = f.size;
+        r.maxsize = f.maxsize;
+        r.ends.assign(f.holders.begin(), f.holders.end());
+      } else if (c.kind == static_cast<std::uint32_t>(internal::ChannelKind::kBroadcast)) {
+        r.kind = "broadcast";
+        r.readers = broadcast_readers(c.name);
+      } else {
+        r.kind = "kind " + std::to_string(c.kind);
+        r.ends = c.openers;
       }
-    } else if (c.kind == static_cast<std::uint32_t>(internal::ChannelKind::kBroadcast)) {
-      out << "  broadcast";
-      try {
-        out << format_broadcast(c.name) << "  creator " << c.creator;
-      } catch (const Error& e) {  // gone meanwhile, or not a broadcast's parts
-        out << "  (" << e.what() << ")";
-      }
-    } else {
-      out << "  kind " << c.kind << "  creator " << c.creator << "  opened by";
-      for (auto pid : c.openers) out << " " << pid;
+    } catch (const Error& e) {  // gone meanwhile, or not that kind's fds
+      r.error = e.what();
     }
-    out << "\n";
+    out.push_back(std::move(r));
   }
-  return out.str();
+  return out;
 }
 
 const bool registered = register_command([](CLI::App& app) {
   auto json = std::make_shared<bool>(false);
   auto* cmd = app.add_subcommand("ls", "List named shmtensor segments and channels");
-  cmd->add_flag("--json", *json, "Print the segments as JSON (channels are not included)");
+  cmd->add_flag("--json", *json,
+                "Print one JSON object: {\"segments\": [...], \"channels\": [...]}");
   cmd->callback([json] {
     auto segments = internal::manager::list_segments();
+    auto channels = gather_channels();
     if (*json) {
-      std::cout << internal::manager::segments_json(segments);
+      std::cout << internal::manager::listing_json(segments, channels);
       return;
     }
-    std::cout << internal::manager::format_segments(segments) << format_channels();
+    std::cout << internal::manager::format_segments(segments)
+              << internal::manager::format_channels(channels);
   });
 });
 

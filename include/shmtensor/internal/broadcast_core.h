@@ -40,8 +40,9 @@ class SHMTENSOR_API BroadcastCore {
   // NameNotFound, ProtocolError for a publication that is not a broadcast.
   static std::shared_ptr<BroadcastCore> open_named(const std::string& name);
   static void unlink_named(const std::string& name);
-  // An encoded broadcast (encode): takes its fds. Throws ProtocolError.
-  static std::shared_ptr<BroadcastCore> decode(Decoder& d);
+  // An encoded broadcast (encode): takes its fds. Throws ProtocolError. counted: as
+  // QueueCore::decode's (false for the named publication, which carries no counts).
+  static std::shared_ptr<BroadcastCore> decode(Decoder& d, bool counted = true);
   // reader -1: the whole broadcast (every reader's queue; put() only in the writer);
   // otherwise reader `reader`'s handle (its queue alone).
   void encode(Encoder& e, int reader) const;

@@ -34,8 +34,11 @@ class SHMTENSOR_API QueueCore : public std::enable_shared_from_this<QueueCore> {
   // which counts unfinished tasks (task_done, join).
   static std::shared_ptr<QueueCore> create(std::size_t maxsize, bool joinable = false);
   // From an encoded queue: takes its five fds (two sockets, the control block, the ring,
-  // the readiness eventfd) and validates them. Throws ProtocolError.
-  static std::shared_ptr<QueueCore> decode(Decoder& d);
+  // the readiness eventfd) and validates them. Throws ProtocolError. counted: the copy was
+  // counted in flight by encode() (a message's), and its count is taken back; false for a
+  // copy nobody counted (a named channel's publication), which must not take the count of
+  // another copy still in flight.
+  static std::shared_ptr<QueueCore> decode(Decoder& d, bool counted = true);
   // Named queues (docs/transport.md, "Named queues"): create() registered under `name` with
   // this user's shmtensor-manager, which hands the queue's fds to open_named() in any
   // process of the user. The name lives until this process drops its last handle of the

@@ -127,6 +127,7 @@ os.register_at_fork(after_in_child=_forget_feeders_after_fork)
 
 class Queue:
     _feeder: _Feeder | None = None  # a _Feeder once an unbounded put found the transport full
+    _joinable = False  # whether this class's queues count tasks (JoinableQueue)
 
     def __init__(self, maxsize: int = 0, *, ctx: object = None, name: str | None = None) -> None:
         """name: a named queue, which any process of this user opens with Queue.open(name)
@@ -134,16 +135,18 @@ class Queue:
         the name is taken. The name goes when this process drops its last handle of the
         queue, exits or dies, or Queue.unlink(name) is called."""
         self._maxsize = max(int(maxsize), 0)
-        self._q: _Queue | None = (_C._Queue(self._maxsize) if name is None
-                                  else _C._queue_create_named(name, self._maxsize))
+        self._q: _Queue | None = (
+            _C._Queue(self._maxsize, joinable=self._joinable) if name is None
+            else _C._queue_create_named(name, self._maxsize, joinable=self._joinable))
 
     @classmethod
     def open(cls: type[_Q], name: str) -> _Q:
         """The queue created under `name` by any process of this user, which need not have
         started this one. FileNotFoundError (shmtensor.NameNotFoundError) when there is
-        none."""
+        none; JoinableQueue.open: ValueError when that queue is not a JoinableQueue (a
+        Queue opens either kind)."""
         q = cls.__new__(cls)
-        q._q = _C._queue_open_named(name)
+        q._q = _C._queue_open_named(name, joinable=cls._joinable)
         q._maxsize = q._q.maxsize
         return q
 
@@ -341,11 +344,10 @@ class JoinableQueue(Queue):
     """A Queue that counts unfinished tasks, as multiprocessing.JoinableQueue: each item
     put is one, counted in the queue's shared control block before it can be got;
     task_done() marks one done, join() waits until none is left. Both work on a closed
-    handle, as multiprocessing's."""
+    handle, as multiprocessing's. name: as Queue's; JoinableQueue.open(name) opens it,
+    and task_done() and join() count the tasks of every process that holds it."""
 
-    def __init__(self, maxsize: int = 0, *, ctx: object = None) -> None:
-        self._maxsize = max(int(maxsize), 0)
-        self._q = _C._Queue(self._maxsize, joinable=True)
+    _joinable = True
 
     def task_done(self) -> None:
         """Raises ValueError when called more times than there were items put."""
