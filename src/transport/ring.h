@@ -225,6 +225,10 @@ class Ring {
   // Moves a hint that is further from the slot words than any honest ring puts it back to
   // where the words say; true when it moved one.
   bool resync_hints() noexcept;
+  // Moves the published message in the slot of `pos` (whose word is `word`, READY) to
+  // position `to` of the same slot, and wakes a consumer; false, with `word` reloaded, when
+  // the word changed.
+  bool renumber(std::uint64_t pos, std::uint64_t& word, std::uint64_t to) noexcept;
   // resync_hints after a sleep with nothing published, at most once a second (kIdleScanEvery).
   void idle_scan() noexcept;
   // Marks the ring broken (ring_layout.h, kRingBroken), wakes every sleeper, and throws
