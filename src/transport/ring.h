@@ -226,9 +226,11 @@ class Ring {
   // where the words say; true when it moved one.
   bool resync_hints() noexcept;
   // Moves the published message in the slot of `pos` (whose word is `word`, READY) to
-  // position `to` of the same slot, and wakes a consumer; false, with `word` reloaded, when
-  // the word changed.
-  bool renumber(std::uint64_t pos, std::uint64_t& word, std::uint64_t to) noexcept;
+  // position `to` of the same slot, and wakes a consumer; false when the word changed.
+  // Out of line, and `word` by value: the pop and the claim that call it keep their words
+  // in registers.
+  [[gnu::noinline, gnu::cold]] bool renumber(std::uint64_t pos, std::uint64_t word,
+                                             std::uint64_t to) noexcept;
   // resync_hints after a sleep with nothing published, at most once a second (kIdleScanEvery).
   void idle_scan() noexcept;
   // Marks the ring broken (ring_layout.h, kRingBroken), wakes every sleeper, and throws

@@ -169,12 +169,6 @@ Ring::Popped Ring::pop(std::span<std::byte> out, Deadline deadline, std::uint32_
         s->word.compare_exchange_strong(w, pack(pos, kFree));
         continue;
       }
-      if (wp < (pos & kPosMask) && state_of(w) == kReady) {
-        // A message two laps or more behind (see reserve): renumbered to this position, and
-        // taken on the next look.
-        (void)renumber(pos, w, pos);
-        continue;
-      }
       skip_corrupt("slot word from another lap", pos, w);
       continue;
     }

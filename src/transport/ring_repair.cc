@@ -154,8 +154,7 @@ bool Ring::resync_hints() noexcept {
     if (p + n < tail) {
       if (state_of(w) == kWriting) continue;  // its commit publishes it; a later scan moves it
       const std::uint64_t lap_behind = tail - n + ((i - (tail - n)) & (n - 1));
-      std::uint64_t seen = w;
-      if (!renumber(i, seen, lap_behind)) continue;  // taken meanwhile
+      if (!renumber(i, w, lap_behind)) continue;  // taken meanwhile
       renumbered = true;
       p = lap_behind;
     }
@@ -172,7 +171,7 @@ bool Ring::resync_hints() noexcept {
   return moved || renumbered;
 }
 
-bool Ring::renumber(std::uint64_t pos, std::uint64_t& word, std::uint64_t to) noexcept {
+bool Ring::renumber(std::uint64_t pos, std::uint64_t word, std::uint64_t to) noexcept {
   // The same holder and epoch: only the position changes. A sleeping consumer is woken, as
   // for a publish.
   if (!head_of(slot(pos))->word.compare_exchange_strong(
