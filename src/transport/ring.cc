@@ -178,6 +178,16 @@ Ring::Reservation Ring::reserve(Deadline deadline) {
         s->word.compare_exchange_strong(w, pack(pos, kFree));
         continue;
       }
+      if (wp < (pos & kPosMask) && state_of(w) == kReady) {
+        // A message two laps or more behind the tail (claimed behind the head after a peer
+        // moved the tail back, then passed by claims after it moved the tail forward): it
+        // is kept, renumbered to this position, which the tail then passes.
+        if (renumber(pos, w, pos)) {
+          std::uint64_t expected = pos;
+          h->tail.compare_exchange_strong(expected, pos + 1);
+        }
+        continue;
+      }
       if (!s->word.compare_exchange_strong(w, pack(pos, kFree))) continue;
       corrupt(
           wp > (pos & kPosMask) ? "slot word laps ahead of the tail" : "slot word behind the tail",

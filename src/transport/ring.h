@@ -28,7 +28,8 @@
 // copy of the header, a message longer than its slot or a word no protocol state explains
 // is a ProtocolError (the slot is freed first where that is possible), never a crash.
 // Hints a peer moved are put back where the slot words say (resync_hints): no message is
-// lost to them and no push fails. A hint is read as the 50 bits of position a slot word
+// lost to them and no push fails; a message a moved tail passed by more than a lap is
+// renumbered forward (resync_hints, or the claim that meets it), never freed. A hint is read as the 50 bits of position a slot word
 // keeps (positions stay below kPosLimit), so no value of a hint aliases a position, and a
 // slot word two laps or more above every other is a peer's, never followed.
 // A ring whose positions run out (kPosLimit) is broken, and says so to every caller. A live
@@ -225,6 +226,12 @@ class Ring {
   // Moves a hint that is further from the slot words than any honest ring puts it back to
   // where the words say; true when it moved one.
   bool resync_hints() noexcept;
+  // Moves the published message in the slot of `pos` (whose word is `word`, READY) to
+  // position `to` of the same slot, and wakes a consumer; false when the word changed.
+  // Out of line, and `word` by value: the claim (reserve) that calls it keeps its word in a
+  // register.
+  [[gnu::noinline, gnu::cold]] bool renumber(std::uint64_t pos, std::uint64_t word,
+                                             std::uint64_t to) noexcept;
   // resync_hints after a sleep with nothing published, at most once a second (kIdleScanEvery).
   void idle_scan() noexcept;
   // Marks the ring broken (ring_layout.h, kRingBroken), wakes every sleeper, and throws

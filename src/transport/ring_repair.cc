@@ -141,12 +141,25 @@ bool Ring::resync_hints() noexcept {
       tail = std::max(tail, p - n + 1);
   }
   // The oldest position published or being written among those words, at most a lap
-  // behind the tail.
+  // behind the tail. A message published more than a lap behind it (claimed behind the head
+  // after a peer moved the tail back, then passed by claims after a peer moved it forward)
+  // is renumbered to its slot's position in the lap behind the tail, where the head finds
+  // it: a message is never left where the next claim of its slot would free it.
   std::uint64_t head = tail;
-  for (const std::uint64_t w : words)
-    if ((state_of(w) == kReady || state_of(w) == kWriting) && counted(w) &&
-        pos_of(w) + n >= tail)
-      head = std::min(head, pos_of(w));
+  bool renumbered = false;
+  for (std::uint64_t i = 0; i < n; ++i) {
+    const std::uint64_t w = words[i];
+    if ((state_of(w) != kReady && state_of(w) != kWriting) || !counted(w)) continue;
+    std::uint64_t p = pos_of(w);
+    if (p + n < tail) {
+      if (state_of(w) == kWriting) continue;  // its commit publishes it; a later scan moves it
+      const std::uint64_t lap_behind = tail - n + ((i - (tail - n)) & (n - 1));
+      if (!renumber(i, w, lap_behind)) continue;  // taken meanwhile
+      renumbered = true;
+      p = lap_behind;
+    }
+    head = std::min(head, p);
+  }
   // A hint ahead of the words is moved back (consumers and producers then step forward
   // over what was taken, one CAS a position); one behind is moved up to them (a head
   // behind slots freed laps ahead of it, after a peer moved it, would otherwise meet them).
@@ -155,7 +168,18 @@ bool Ring::resync_hints() noexcept {
   if (seen != tail) moved |= h->tail.compare_exchange_strong(seen, tail);
   seen = head0;
   if (seen != head) moved |= h->head.compare_exchange_strong(seen, head);
-  return moved;
+  return moved || renumbered;
+}
+
+bool Ring::renumber(std::uint64_t pos, std::uint64_t word, std::uint64_t to) noexcept {
+  // The same holder and epoch: only the position changes. A sleeping consumer is woken, as
+  // for a publish.
+  if (!head_of(slot(pos))->word.compare_exchange_strong(
+          word, pack(to, kReady, holder_of(word), epoch_of(word))))
+    return false;
+  header()->published.fetch_add(1);
+  wake_consumers(1);
+  return true;
 }
 
 void Ring::break_ring() {

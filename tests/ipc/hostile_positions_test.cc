@@ -177,6 +177,86 @@ TEST_F(HostilePositionsTest, APipesTailMovedByTwoToTheFiftyLosesNothing) {
   EXPECT_FALSE(b.poll());
 }
 
+// The fifth finding (fuzz_ring, repeated hint writes): the tail moved back onto a position
+// the head had passed (a hole a forward move left), where a put claimed, then moved forward
+// so that puts passed that message by more than a lap. The put that met its slot freed it
+// ("slot word behind the tail", a ProtocolError) and the acknowledged message was lost.
+// A message that far behind is renumbered forward now, and delivered. The ring alone, with
+// eight slots: every step and position is the one the fuzzer found.
+TEST_F(HostilePositionsTest, ATailMovedBackThenForwardPastAMessageLosesNothing) {
+  constexpr std::uint64_t n = 8;
+  Ring r = Ring::create(n, 64);
+  RingMemory ring(r.fd());
+  std::vector<std::byte> out(r.max_message());
+  auto push = [&](std::uint8_t id) {
+    const std::byte msg[1] = {std::byte{id}};
+    return r.push(msg, 7, Clock::now());
+  };
+  std::vector<int> got;
+  std::vector<std::uint64_t> where;
+  auto pop = [&] {
+    const Ring::Popped p = r.pop(out, Clock::now());
+    if (p.status != Ring::Status::kOk) return false;
+    EXPECT_EQ(p.size, 1u);
+    got.push_back(static_cast<int>(out[0]));
+    where.push_back(p.pos);
+    return true;
+  };
+  using S = Ring::Status;
+  ring.tail().store(n - 1);  // forward: positions 0..6 are holes
+  ASSERT_EQ(push(1), S::kOk);
+  ASSERT_EQ(push(2), S::kOk);
+  EXPECT_EQ(ring.tail().load(), n + 1);
+  ring.tail().store(4);  // back, onto a hole the head passed
+  ASSERT_TRUE(pop());
+  ASSERT_EQ(push(3), S::kOk);  // claimed at 4, behind the head
+  ASSERT_TRUE(pop());
+  ASSERT_EQ(push(4), S::kOk);  // at 5
+  ring.tail().store(2 * n);  // forward again, more than a lap past messages 3 and 4
+  for (std::uint8_t id = 5; id <= 8; ++id) ASSERT_EQ(push(id), S::kOk) << int{id};
+  // Position 2n + 4 is message 3's slot: it is kept (moved to the lap behind the tail, where
+  // the head finds it), so the ring is full there until it is taken.
+  EXPECT_EQ(push(9), S::kTimeout);
+  while (got.size() < 20 && pop()) {
+  }
+  for (std::uint8_t id = 9; id <= 12; ++id) ASSERT_EQ(push(id), S::kOk) << int{id};
+  while (got.size() < 20 && pop()) {
+  }
+  // Every message once: 3 and 4 renumbered to the lap behind the tail, before 5..8.
+  EXPECT_EQ(got, (std::vector<int>{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}));
+  EXPECT_EQ(where, (std::vector<std::uint64_t>{7, 8, 12, 13, 16, 17, 18, 19, 20, 21, 22, 23}));
+  EXPECT_EQ(r.pop(out, Clock::now()).status, S::kTimeout);
+}
+
+// The same through a queue (4,096 slots). Without the renumbering, items 3 and 4 were
+// never got: the head went to item 5, past them.
+TEST_F(HostilePositionsTest, AQueuesTailMovedBackThenForwardPastAnItemLosesNothing) {
+  Queue<std::string> q;
+  RingMemory ring(queue_ring_fd(q));
+  const std::uint64_t n = ring.slot_count();
+  auto small = [](int i) { return "item " + std::to_string(i); };
+  std::vector<std::string> got;
+  auto get = [&] { got.push_back(q.try_get(2s).value_or("none")); };
+  ring.tail().store(n - 1);
+  q.put(small(1));
+  q.put(small(2));
+  ring.tail().store(4);
+  get();
+  q.put(small(3));  // behind the head
+  get();
+  q.put(small(4));
+  ring.tail().store(2 * n);
+  q.put(small(5));
+  q.put(small(6));
+  for (int i = 0; i < 4; ++i) get();
+  EXPECT_EQ(q.try_get(20ms), std::nullopt);
+  for (int i = 7; i < 12; ++i) q.put(small(i));
+  for (int i = 7; i < 12; ++i) get();
+  std::vector<std::string> want;
+  for (int i = 1; i < 12; ++i) want.push_back(small(i));
+  EXPECT_EQ(got, want);
+}
+
 // Hints with any bits above the 50 a slot word keeps: flipped one by one, all together, or
 // moved back by 2^50 (which borrows from them). Puts and gets interleave; nothing is lost,
 // nothing fails, and one producer's items come to one consumer in order.
