@@ -10,6 +10,9 @@ namespace shmtensor::python {
 void bind_tensor(pybind11::module_& m);
 // The native transport: Connection/Queue for shmtensor.multiprocessing (transport_bindings.cc).
 void bind_transport(pybind11::module_& m);
+// One __next__ of shmtensor's DataLoader iterator in C++, for shmtensor/_loader.py
+// (loader_iter.cc).
+void bind_loader_iter(pybind11::module_& m);
 
 // Parts of bind_tensor, in their own files.
 // The exception classes (Error, SharedMemoryFullError, SystemCallError, ...) and the
