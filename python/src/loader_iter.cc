@@ -470,7 +470,7 @@ PyObject* loader_next(PyObject*, PyObject* it) {
 
 PyMethodDef loader_next_def = {
     "_loader_next", loader_next, METH_O,
-    "_loader_next(iterator, /)\n--\n\nOne __next__ of shmtensor's DataLoader iterator in the "
+    "_loader_next(arg0: object) -> object\n\nOne __next__ of shmtensor's DataLoader iterator in the "
     "common case (shmtensor/_loader.py), or the handover object given to _loader_setup when "
     "torch's _next_data must take this step."};
 
