@@ -12,17 +12,18 @@ would unpickle its own.
 
 Per batch, in the plain case (a map-style dataset, no timeout, no pin_memory, in_order, every
 queue shmtensor's native one, no profiler enabled), one C++ call (shmtensor._C._loader_next,
-python/src/loader_iter.cc) takes the next batch in order from the data queue, keeps torch's
-bookkeeping in torch's attributes (_rcvd_idx, _send_idx, _task_info, _tasks_outstanding,
-_workers_num_tasks, _num_yielded), sends the next index to the next worker as torch's
-_try_put_index does, and re-raises a worker's ExceptionWrapper as torch does. Any other step
-runs torch's _next_data: a batch that came out of order (kept as torch keeps it), the end of
-the epoch, a worker no longer active, a closed queue. A failed get of the data queue (torch's
-MP_STATUS_CHECK_INTERVAL passing, an error, a SIGCHLD handler's exception) goes to torch's
-_try_get_data (_get_failed), which checks the workers and raises torch's errors. Outside the
-plain case, __next__ is torch's _next_data without the record_function scope torch opens
-for every batch (~6 us; on torch 1.13 it allocates a tensor) unless a profiler is enabled.
-The batches themselves come as tensor messages, not pickles, while install() is active
+python/src/loader_iter.cc) is torch's _next_data: it takes the next batch from the data
+queue and decodes its tensor message in C++, keeps torch's bookkeeping in torch's attributes
+(_rcvd_idx, _send_idx, _task_info, _tasks_outstanding, _workers_num_tasks, _num_yielded),
+keeps a batch that came out of order in _task_info as torch does and returns it at its turn,
+sends the next index to the next worker as torch's _try_put_index does, and re-raises a
+worker's ExceptionWrapper as torch does. Any other step runs torch's _next_data: the end of
+the epoch, a worker no longer active, a closed queue. A failed get of the data queue
+(torch's MP_STATUS_CHECK_INTERVAL passing, an error, a SIGCHLD handler's exception) goes to
+torch's _try_get_data (_get_failed), which checks the workers and raises torch's errors.
+Outside the plain case, __next__ is torch's _next_data without the record_function scope
+torch opens for every batch (~6 us; on torch 1.13 it allocates a tensor) unless a profiler
+is enabled. The batches themselves come as tensor messages, not pickles, while install() is active
 (shmtensor.multiprocessing.reductions; docs/torch.md).
 """
 from __future__ import annotations
@@ -52,6 +53,14 @@ _HANDOVER = object()
 _C._loader_setup(_HANDOVER, ExceptionWrapper, queue.Empty, float(MP_STATUS_CHECK_INTERVAL),
                  _reductions)
 _loader_next = _C._loader_next
+
+
+def use_bridge(bridge) -> None:
+    """Lets _C._loader_next decode a batch's tensor message in one C++ call, with
+    shmtensor._torch's decoder (`bridge`), while that decoder is the one in use."""
+    capi = getattr(bridge, "_decode_capi", None)
+    if capi is not None:
+        _C._loader_set_decoder(bridge.decode_tensor_message, capi)
 
 
 def _native(q, unbounded: bool) -> bool:

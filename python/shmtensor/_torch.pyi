@@ -7,6 +7,7 @@ import torch
 from shmtensor._C import Tensor
 
 torch_version: str
+_decode_capi: object  # a PyCapsule: decode_tensor_message for shmtensor._C's DataLoader iterator
 
 def storage_from_block(block: Tensor) -> torch.UntypedStorage: ...
 def block_of_storage(storage: torch.UntypedStorage) -> Tensor | None: ...
