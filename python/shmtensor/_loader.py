@@ -60,7 +60,7 @@ def use_bridge(bridge) -> None:
     shmtensor._torch's decoder (`bridge`), while that decoder is the one in use."""
     capi = getattr(bridge, "_decode_capi", None)
     if capi is not None:
-        _C._loader_set_decoder(bridge.decode_tensor_message, capi)
+        _C._loader_set_decoder(bridge.decode_tensor_message, capi())
 
 
 def _native(q, unbounded: bool) -> bool:

@@ -7,7 +7,6 @@ import torch
 from shmtensor._C import Tensor
 
 torch_version: str
-_decode_capi: object  # a PyCapsule: decode_tensor_message for shmtensor._C's DataLoader iterator
 
 def storage_from_block(block: Tensor) -> torch.UntypedStorage: ...
 def block_of_storage(storage: torch.UntypedStorage) -> Tensor | None: ...
@@ -37,4 +36,5 @@ def tensor_from_block(
 # (exact types, no object twice) holding at least one plain CPU tensor whose storage is in an
 # arena; None for anything else (the caller pickles it).
 def encode_tensor_message(obj: object) -> tuple[bytes, list[Tensor]] | None: ...
+def _decode_capi() -> object: ...  # a PyCapsule, for shmtensor._C's DataLoader iterator
 def decode_tensor_message(data: bytes, blocks: list[Tensor] | tuple[Tensor, ...]) -> object: ...

@@ -797,9 +797,15 @@ PYBIND11_MODULE(_torch, m) {
   m.def("decode_tensor_message", &sp::decode_tensor_message, py::arg("data"), py::arg("blocks"),
         "The value of encode_tensor_message's (bytes, blocks), its tensors on the blocks' "
         "storages. ValueError for bytes that are not such a message or do not fit the blocks.");
-  // The signature is loader_iter.cc's DecodeOfStorages.
-  m.attr("_decode_capi") = py::capsule(
-      reinterpret_cast<void*>(&sp::decode_tensor_message_of_storages), "shmtensor._torch.decode");
+  // The capsule's function has loader_iter.cc's DecodeOfStorages signature.
+  m.def(
+      "_decode_capi",
+      [] {
+        return py::capsule(reinterpret_cast<void*>(&sp::decode_tensor_message_of_storages),
+                           "shmtensor._torch.decode");
+      },
+      "decode_tensor_message for shmtensor._C's DataLoader iterator: a capsule of the C++ "
+      "function that decodes a message whose blocks are given as their storages.");
   m.def("tensor_from_block", &sp::tensor_from_block, py::arg("block"), py::arg("dtype"),
         py::arg("offset"), py::arg("sizes"), py::arg("strides"),
         "The torch.Tensor of tensor_parts' other values (strides None: contiguous) over `block`'s storage (shared with every "
