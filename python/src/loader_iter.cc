@@ -135,6 +135,12 @@ class Ref {
   PyObject* o_ = nullptr;
 };
 
+// Py_NewRef (Python 3.10 and later; the package supports 3.9).
+PyObject* new_ref(PyObject* o) {
+  Py_INCREF(o);
+  return o;
+}
+
 PyObject* handover() {
   Py_INCREF(setup.handover);
   return setup.handover;
@@ -151,7 +157,7 @@ struct Iter {
 // The iterator's attribute `name` (a new reference; nullptr with an error set).
 PyObject* attr(const Iter& it, PyObject* name) {
   PyObject* v = PyDict_GetItemWithError(it.dict, name);
-  if (v != nullptr) return Py_NewRef(v);
+  if (v != nullptr) return new_ref(v);
   if (PyErr_Occurred()) return nullptr;
   return PyObject_GetAttr(it.self, name);
 }
@@ -159,7 +165,8 @@ PyObject* attr(const Iter& it, PyObject* name) {
 // The iterator's attribute `name` if it has one in its dict (a new reference), else nullptr
 // (an error set only if the lookup failed).
 PyObject* optional_attr(const Iter& it, PyObject* name) {
-  return Py_XNewRef(PyDict_GetItemWithError(it.dict, name));
+  PyObject* v = PyDict_GetItemWithError(it.dict, name);
+  return v != nullptr ? new_ref(v) : nullptr;
 }
 
 // An attribute that is an exact int fitting in int64; false (no error set) when it is not.
@@ -336,6 +343,9 @@ int try_put_index(const Iter& it, bool num_tasks) {
 
 // The error now set, as an exception instance (its traceback attached); the error is cleared.
 PyObject* take_error() {
+#if PY_VERSION_HEX >= 0x030C0000
+  return PyErr_GetRaisedException();
+#else
   PyObject *type = nullptr, *value = nullptr, *tb = nullptr;
   PyErr_Fetch(&type, &value, &tb);
   PyErr_NormalizeException(&type, &value, &tb);
@@ -343,6 +353,7 @@ PyObject* take_error() {
   Py_XDECREF(type);
   Py_XDECREF(tb);
   return value;
+#endif
 }
 
 // What the data queue's get(timeout=MP_STATUS_CHECK_INTERVAL) returns, decoded as the
@@ -470,7 +481,7 @@ PyObject* loader_next(PyObject*, PyObject* self) {
     if (info == nullptr) return PyErr_Occurred() ? nullptr : handover();
     if (!PyTuple_CheckExact(info)) return handover();
     if (PyTuple_GET_SIZE(info) == 2) {  // came out of order before: (worker, data)
-      Ref task(Py_NewRef(info));
+      Ref task(new_ref(info));
       if (PyDict_DelItem(task_info.get(), rcvd_key.get()) != 0) return nullptr;
       return process_data(it, rcvd, task.get(), PyTuple_GET_ITEM(task.get(), 1));
     }
