@@ -90,17 +90,27 @@ def blog(mode, strategy, n, workers, method="fork"):
     kept, error = [], None
     usage = resource.getrusage(resource.RUSAGE_SELF)
     start = time.perf_counter()
+    steady = usage  # from the STEADY_FROM-th batch on: without the workers' start
     try:
         for batch in DataLoader(Blog(n), num_workers=workers, **kw):
             kept.append(batch)
+            if len(kept) == STEADY_FROM:
+                steady = resource.getrusage(resource.RUSAGE_SELF)
     except Exception as e:  # torch's own failure, reported as it is
         error = "%s: %s" % (type(e).__name__, str(e).splitlines()[0][:160])
     elapsed = time.perf_counter() - start
     end = resource.getrusage(resource.RUSAGE_SELF)
-    cpu = end.ru_utime - usage.ru_utime + end.ru_stime - usage.ru_stime
+
+    def cpu_us(since, batches):
+        cpu = end.ru_utime - since.ru_utime + end.ru_stime - since.ru_stime
+        return cpu / max(batches, 1) * 1e6
     return {"samples": len(kept), "per_s": len(kept) / elapsed, "fds": fds(),
             "mappings": shared_mappings(), "error": error,
-            "consumer_us": cpu / max(len(kept), 1) * 1e6}
+            "consumer_us": cpu_us(usage, len(kept)),
+            "consumer_steady_us": cpu_us(steady, len(kept) - STEADY_FROM)}
+
+
+STEADY_FROM = 200
 
 
 def queue(mode, strategy, what, n):
@@ -424,16 +434,20 @@ def iterators(count, n=8000, strategy="file_system"):
     for workers in (1, 2):
         rates = {m: [] for m, _ in modes}
         cpu = {m: [] for m, _ in modes}
+        steady = {m: [] for m, _ in modes}
         for _ in range(count):
             for mode, _ in modes:
                 r = run("blog", mode, strategy, n, workers)
                 rates[mode].append(0 if r.get("error") else r["per_s"])
                 cpu[mode].append(0 if r.get("error") else r["consumer_us"])
+                steady[mode].append(0 if r.get("error") else r["consumer_steady_us"])
         for mode, label in modes:
             print("  W=%d %-17s samples/s %s  median %6.0f   consumer us/batch %s  median %5.1f"
+                  "   from batch %d on: median %5.1f"
                   % (workers, label, " ".join("%6.0f" % v for v in rates[mode]),
                      statistics.median(rates[mode]),
-                     " ".join("%5.1f" % v for v in cpu[mode]), statistics.median(cpu[mode])),
+                     " ".join("%5.1f" % v for v in cpu[mode]), statistics.median(cpu[mode]),
+                     STEADY_FROM, statistics.median(steady[mode])),
                   flush=True)
 
 

@@ -2,25 +2,43 @@
 shmtensor.torch.install() is active, or when its multiprocessing_context is a
 shmtensor.torch.context() (docs/torch.md, "shmtensor's DataLoader iterator").
 
-It is torch's _MultiProcessingDataLoaderIter with the main process's path per batch made
-cheaper, and everything else torch's own: the workers run torch's _worker_loop (seeding of
-random, torch and NumPy, get_worker_info, worker_init_fn, the fetcher, IterableDataset's end,
+It is torch's _MultiProcessingDataLoaderIter with the main process's path per batch in C++,
+and everything else torch's own: the workers run torch's _worker_loop (seeding of random,
+torch and NumPy, get_worker_info, worker_init_fn, the fetcher, IterableDataset's end,
 ExceptionWrapper with the worker id), and starting, resuming (persistent_workers), pinning,
 timeouts, dead workers and shutdown are torch's code. Spawn and forkserver workers get the
 dataset's NumPy arrays as one shared copy for all of them (one_copy_per_array), where each
-would unpickle its own. What differs, per batch: no record_function scope around __next__
-unless a profiler is enabled (torch opens one for every batch: ~6 us here, and on torch 1.13
-it allocates a tensor). The batches themselves come as tensor messages, not pickles, while
-install() is active (shmtensor.multiprocessing.reductions; docs/torch.md).
+would unpickle its own.
+
+Per batch, in the plain case (a map-style dataset, no timeout, no pin_memory, in_order, every
+queue shmtensor's native one, no profiler enabled), one C++ call (shmtensor._C._loader_next,
+python/src/loader_iter.cc) is torch's _next_data: it takes the next batch from the data
+queue and decodes its tensor message in C++, keeps torch's bookkeeping in torch's attributes
+(_rcvd_idx, _send_idx, _task_info, _tasks_outstanding, _workers_num_tasks, _num_yielded),
+keeps a batch that came out of order in _task_info as torch does and returns it at its turn,
+sends the next index to the next worker as torch's _try_put_index does, and re-raises a
+worker's ExceptionWrapper as torch does. Any other step runs torch's _next_data: the end of
+the epoch, a worker no longer active, a closed queue. A failed get of the data queue
+(torch's MP_STATUS_CHECK_INTERVAL passing, an error, a SIGCHLD handler's exception) goes to
+torch's _try_get_data (_get_failed), which checks the workers and raises torch's errors.
+Outside the plain case, __next__ is torch's _next_data without the record_function scope
+torch opens for every batch (~6 us; on torch 1.13 it allocates a tensor) unless a profiler
+is enabled. The batches themselves come as tensor messages, not pickles, while install() is active
+(shmtensor.multiprocessing.reductions; docs/torch.md).
 """
 from __future__ import annotations
 
 import os
+import queue
 import warnings
 
 import torch
 from torch.utils.data import dataloader as _dl
+from torch.utils.data._utils import MP_STATUS_CHECK_INTERVAL
+from torch._utils import ExceptionWrapper
 
+from shmtensor import _C
+from shmtensor.multiprocessing import queues as _queues
 from shmtensor.multiprocessing import reductions as _reductions
 
 _MPIter = _dl._MultiProcessingDataLoaderIter
@@ -28,7 +46,37 @@ _Map = _dl._DatasetKind.Map
 _profiler_enabled = torch._C._autograd._profiler_enabled
 
 # What this iterator reads and writes of torch's: present in torch 1.13 through 2.13.
-_NEEDED = ("_next_data", "_reset")
+_NEEDED = ("_next_data", "_reset", "_try_get_data", "_try_put_index")
+
+# What _C._loader_next returns when torch's _next_data takes the step.
+_HANDOVER = object()
+_C._loader_setup(_HANDOVER, ExceptionWrapper, queue.Empty, float(MP_STATUS_CHECK_INTERVAL),
+                 _reductions)
+_loader_next = _C._loader_next
+
+
+def use_bridge(bridge) -> None:
+    """Lets _C._loader_next decode a batch's tensor message in one C++ call, with
+    shmtensor._torch's decoder (`bridge`), while that decoder is the one in use."""
+    capi = getattr(bridge, "_decode_capi", None)
+    if capi is not None:
+        _C._loader_set_decoder(bridge.decode_tensor_message, capi())
+
+
+def _native(q, unbounded: bool) -> bool:
+    """Whether q is a shmtensor Queue (its native queue open), unbounded if asked."""
+    return (type(q) is _queues.Queue and q._q is not None
+            and (not unbounded or q._maxsize == 0))
+
+
+class _RaisingQueue:
+    """A data queue whose get raises the error a native get gave (for _get_failed)."""
+
+    def __init__(self, error: BaseException):
+        self.error = error
+
+    def get(self, timeout=None):
+        raise self.error
 
 
 def unavailable_reason() -> str | None:
@@ -53,20 +101,40 @@ class ShmtensorDataLoaderIter(_MPIter):
             super().__init__(loader)
 
     _warn_length = False  # set by _reset (which torch's __init__ calls)
+    _plain = False  # whether __next__ may take the C++ path: set by _reset
 
     def _reset(self, loader, first_iter=False):
         self._warn_length = (self._dataset_kind != _Map
                              and loader._IterableDataset_len_called is not None)
+        self._plain = (self._dataset_kind == _Map and not self._pin_memory
+                       and not self._timeout > 0 and getattr(self, "_in_order", True)
+                       and _native(self._data_queue, False)
+                       and all(_native(q, True) for q in self._index_queues))
         super()._reset(loader, first_iter)
 
     def __next__(self):
-        if self._warn_length or _profiler_enabled():
+        if self._plain and self._sampler_iter is not None and not _profiler_enabled():
+            data = _loader_next(self)
+            if data is not _HANDOVER:
+                return data
+        elif self._warn_length or _profiler_enabled():
             return super().__next__()  # torch's: the profiler's scope, IterableDataset's warning
-        if self._sampler_iter is None:
+        elif self._sampler_iter is None:
             self._reset()  # as torch: a TypeError (an iterator used after it was exhausted)
         data = self._next_data()
         self._num_yielded += 1
         return data
+
+    def _get_failed(self, error: BaseException):
+        """torch's _try_get_data on a get of the data queue that raised `error` (queue.Empty
+        when MP_STATUS_CHECK_INTERVAL passed): its check of the workers, its RuntimeError for
+        a dead one, else `error` re-raised, or (False, None) for queue.Empty."""
+        data_queue = self._data_queue
+        self._data_queue = _RaisingQueue(error)
+        try:
+            return self._try_get_data()
+        finally:
+            self._data_queue = data_queue
 
 
 _said = set()

@@ -67,6 +67,7 @@ from shmtensor import _loader
 _bridge, _no_bridge_reason = _bridge_loader.load()
 if _bridge is not None:  # a tensor message from another process decodes here, installed or not
     _red.tensor_message_decoder = _bridge.decode_tensor_message
+    _loader.use_bridge(_bridge)
 _said_no_bridge = False
 
 if TYPE_CHECKING:

@@ -577,14 +577,19 @@ py::object encode_tensor_message(const py::handle& obj) { return TensorMessageEn
 class TensorMessageDecoder {
  public:
   TensorMessageDecoder(const char* data, std::size_t size, py::tuple blocks)
-      : p_(data), end_(data + size), blocks_(std::move(blocks)) {}
+      : p_(data), end_(data + size), blocks_(std::move(blocks)) {
+    storages_.resize(static_cast<std::size_t>(PyTuple_GET_SIZE(blocks_.ptr())));
+  }
+  // The blocks' storages themselves (a queue's item, taken in C++).
+  TensorMessageDecoder(const char* data, std::size_t size, const Storage* storages,
+                       std::size_t count)
+      : p_(data), end_(data + size), storages_(storages, storages + count) {}
 
   py::object decode() {
     if (static_cast<std::size_t>(end_ - p_) < sizeof kTensorMessageMagic ||
         std::memcmp(p_, kTensorMessageMagic, sizeof kTensorMessageMagic) != 0)
       fail("does not start with its magic");
     p_ += sizeof kTensorMessageMagic;
-    storages_.resize(static_cast<std::size_t>(PyTuple_GET_SIZE(blocks_.ptr())));
     py::object out = value(0);
     if (p_ != end_) fail("has bytes after its value");
     return out;
@@ -724,6 +729,23 @@ py::object decode_tensor_message(const py::buffer& data, const py::handle& block
                               static_cast<std::size_t>(info.size), std::move(copy))
       .decode();
 }
+
+// decode_tensor_message of a message whose blocks are given as their storages, for
+// shmtensor._C's DataLoader iterator (loader_iter.cc, through the capsule _decode_capi): a new
+// reference, or nullptr with the Python error set.
+PyObject* decode_tensor_message_of_storages(const char* data, std::size_t size,
+                                            const Storage* storages, std::size_t count) {
+  try {
+    return TensorMessageDecoder(data, size, storages, count).decode().release().ptr();
+  } catch (py::error_already_set& e) {
+    e.restore();
+  } catch (const py::builtin_exception& e) {
+    e.set_error();
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+  }
+  return nullptr;
+}
 }  // namespace
 
 }  // namespace shmtensor::python
@@ -775,6 +797,15 @@ PYBIND11_MODULE(_torch, m) {
   m.def("decode_tensor_message", &sp::decode_tensor_message, py::arg("data"), py::arg("blocks"),
         "The value of encode_tensor_message's (bytes, blocks), its tensors on the blocks' "
         "storages. ValueError for bytes that are not such a message or do not fit the blocks.");
+  // The capsule's function has loader_iter.cc's DecodeOfStorages signature.
+  m.def(
+      "_decode_capi",
+      [] {
+        return py::capsule(reinterpret_cast<void*>(&sp::decode_tensor_message_of_storages),
+                           "shmtensor._torch.decode");
+      },
+      "decode_tensor_message for shmtensor._C's DataLoader iterator: a capsule of the C++ "
+      "function that decodes a message whose blocks are given as their storages.");
   m.def("tensor_from_block", &sp::tensor_from_block, py::arg("block"), py::arg("dtype"),
         py::arg("offset"), py::arg("sizes"), py::arg("strides"),
         "The torch.Tensor of tensor_parts' other values (strides None: contiguous) over `block`'s storage (shared with every "

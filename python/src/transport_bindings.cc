@@ -282,6 +282,31 @@ class PyBroadcast {
 
 }  // namespace
 
+bool native_queue_get(py::handle queue, double timeout, std::string& data,
+                      std::vector<Storage>& storages) {
+  PyQueue& q = py::cast<PyQueue&>(queue);
+  std::optional<Item> item;
+  {
+    py::gil_scoped_release release;
+    item = q.get_queue().try_get(*to_timeout(timeout));
+  }
+  if (!item) return false;
+  data = std::move(item->first);
+  storages = std::move(item->second);
+  return true;
+}
+
+bool native_queue_try_put(py::handle queue, std::string data) {
+  PyQueue& q = py::cast<PyQueue&>(queue);
+  Item item{std::move(data), {}};
+  py::gil_scoped_release release;
+  return q.get_queue().try_put(item, std::chrono::nanoseconds(0));
+}
+
+py::tuple native_item_to_python(std::string data, std::vector<Storage> storages) {
+  return item_to_python(Item{std::move(data), std::move(storages)});
+}
+
 void bind_transport(py::module_& m) {
   m.def(
       "_block_address",

@@ -3,6 +3,10 @@ same batches, errors and ends as torch's own iterator on the same loader, with r
 processes, both strategies, and the leak check after every test."""
 import os
 import random
+import re
+import signal
+import threading
+import time
 import warnings
 
 import pytest
@@ -16,7 +20,7 @@ from torch.utils.data import dataloader as torch_dataloader  # noqa: E402
 
 import shmtensor.torch as st  # noqa: E402
 from helpers import run_in_child, torch_strategy  # noqa: E402,F401 (fixture `strategy`)
-from shmtensor import _loader  # noqa: E402
+from shmtensor import _C, _loader  # noqa: E402
 
 TORCH_2 = int(torch.__version__.split(".")[0]) >= 2
 
@@ -65,21 +69,30 @@ def same(a, b):
     return type(a) is type(b) and a == b
 
 
-def stock_and_ours(make_loader, epochs=1):
+def stock_and_ours(make_loader, epochs=1, plain=True):
     """The batches of the loader that make_loader() returns, under torch's iterator
-    (nothing installed) and under shmtensor's (install()), checking which iterator ran.
+    (nothing installed) and under shmtensor's (install()), checking which iterator ran and
+    whether it took its C++ path (plain: every batch came by _C._loader_next; else none).
     Called in a forked child (run_in_child): stock torch's file_system strategy keeps a
     connection to its torch_shm_manager for the rest of the process."""
     assert not st.is_installed()
     # Another loader for the check: a persistent_workers loader keeps its first iterator.
     assert type(iter(make_loader())) is torch_dataloader._MultiProcessingDataLoaderIter
+    before = _C._loader_batches()
     stock = collect(make_loader(), epochs)
+    assert _C._loader_batches() == before  # torch's iterator never calls it
     st.install()
     try:
         assert type(iter(make_loader())) is _loader.ShmtensorDataLoaderIter
+        before = _C._loader_batches()
         ours = collect(make_loader(), epochs)
+        taken = _C._loader_batches() - before
     finally:
         st.uninstall()
+    if plain:
+        assert taken == sum(len(epoch) for epoch in ours) > 0
+    else:
+        assert taken == 0
     return stock, ours
 
 
@@ -147,7 +160,7 @@ def test_not_in_order_gives_the_same_batches_in_some_order(strategy):
 def same_batches_not_in_order():
     def make():
         return DataLoader(Noisy(), num_workers=2, batch_size=3, in_order=False)
-    stock, ours = stock_and_ours(make)
+    stock, ours = stock_and_ours(make, plain=False)  # torch's _next_data for every step
     # Which worker loads a batch depends on timing here (torch gives a task to a worker with
     # room), and so do its random values: the batches' samples are what must agree.
     expected = [list(range(k, min(k + 3, 37))) for k in range(0, 37, 3)]
@@ -187,7 +200,9 @@ def iterable_as_torch():
     stock = run()
     st.install()
     try:
+        before = _C._loader_batches()
         ours = run()
+        assert _C._loader_batches() == before  # an IterableDataset: torch's steps
     finally:
         st.uninstall()
     assert stock == ours
@@ -229,6 +244,7 @@ def test_an_early_break_and_a_new_epoch_stop_the_workers(strategy):
     st.install()
     try:
         loader = DataLoader(Noisy(400), num_workers=2, batch_size=4, prefetch_factor=4)
+        before = _C._loader_batches()
         for epoch in range(3):
             it = iter(loader)
             pids = [w.pid for w in it._workers]
@@ -240,6 +256,7 @@ def test_an_early_break_and_a_new_epoch_stop_the_workers(strategy):
             assert [w.is_alive() for w in it._workers] == [False, False]
             assert all(not os.path.exists("/proc/%d" % pid) for pid in pids)
             del it
+        assert _C._loader_batches() - before == 11 + 12 + 13
     finally:
         st.uninstall()
 
@@ -250,7 +267,6 @@ class Slow(Dataset):
 
     def __getitem__(self, i):
         if i == 2:
-            import time
             time.sleep(2)
         return i
 
@@ -261,9 +277,11 @@ def test_a_timeout_is_torchs_error():
         loader = DataLoader(Slow(), num_workers=1, timeout=0.5)
         it = iter(loader)
         assert type(it) is _loader.ShmtensorDataLoaderIter
+        before = _C._loader_batches()
         assert [next(it).tolist(), next(it).tolist()] == [[0], [1]]
         with pytest.raises(RuntimeError, match=r"^DataLoader timed out after 0.5 seconds$"):
             next(it)
+        assert _C._loader_batches() == before  # a timeout: torch's steps
         it._shutdown_workers()
     finally:
         st.uninstall()
@@ -336,3 +354,111 @@ def test_spawned_workers_share_one_copy_of_the_datasets_arrays(strategy, method)
     finally:
         st.uninstall()
 
+
+
+# ---- The C++ path per batch (shmtensor._C._loader_next) ------------------------------------
+
+def test_one_worker_takes_every_batch_by_the_cpp_path(strategy):
+    assert run_in_child(one_worker_every_batch_in_cpp) == 0
+
+
+def one_worker_every_batch_in_cpp():
+    """One worker: every batch comes in order, so each __next__ but the epoch's end is one
+    C++ call; the batches of a seeded RandomSampler are torch's, in torch's order."""
+    def make():
+        return DataLoader(Noisy(), num_workers=1, batch_size=3,
+                          sampler=RandomSampler(range(37), generator=_seeded(11)))
+    stock, ours = stock_and_ours(make, epochs=2)
+    assert same(stock, ours)
+    st.install()
+    try:
+        before = _C._loader_batches()
+        assert len(list(make())) == 13
+        assert _C._loader_batches() - before == 13
+    finally:
+        st.uninstall()
+
+
+def outcomes(loader):
+    """Each next() of one epoch: ("batch", values) or (exception type, message)."""
+    out = []
+    it = iter(loader)
+    while True:
+        try:
+            out.append(("batch", next(it).tolist()))
+        except StopIteration:
+            return out
+        except Exception as e:  # noqa: BLE001 (what torch raises is the point)
+            out.append((type(e).__name__, str(e)))
+
+
+def test_a_workers_exception_in_the_cpp_path_is_torchs(strategy):
+    assert run_in_child(exception_as_torch) == 0
+
+
+def exception_as_torch():
+    def make():
+        return DataLoader(Fails(), num_workers=1, batch_size=2)
+    stock = outcomes(make())
+    st.install()
+    try:
+        before = _C._loader_batches()
+        ours = outcomes(make())
+        assert _C._loader_batches() - before == 3  # batches 0, 1 and 3; batch 2 raised there
+    finally:
+        st.uninstall()
+    assert ours == stock
+    assert [kind for kind, _ in ours] == ["batch", "batch", "KeyError", "batch"]
+    assert ours[2][1].startswith('Caught KeyError in DataLoader worker process 0.\n'
+                                 'Original Traceback (most recent call last):\n')
+    assert ours[2][1].endswith("KeyError: 'no sample 5'\n")
+
+
+class Stalls(Dataset):
+    """Sample 0 at once, the others after a minute: the worker is killed meanwhile."""
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        if i > 0:
+            time.sleep(60)
+        return i
+
+
+def test_a_killed_worker_is_torchs_error(strategy):
+    assert run_in_child(killed_worker_as_torch) == 0
+
+
+def killed_worker_error():
+    """Whether the C++ path may take the iterator's steps, and the error of next() while
+    the only worker is SIGKILLed, pids made N."""
+    it = iter(DataLoader(Stalls(), num_workers=1))
+    plain = getattr(it, "_plain", None)
+    assert next(it).tolist() == [0]
+    # Killed once next() waits for the data queue (a SIGCHLD at another point reaches the
+    # interpreter outside torch's get, with torch's iterator too).
+    killer = threading.Timer(1.0, os.kill, (it._workers[0].pid, signal.SIGKILL))
+    killer.start()
+    try:
+        with pytest.raises(RuntimeError) as e:
+            next(it)
+    finally:
+        killer.join()
+        it._shutdown_workers()
+    def n(error):
+        return type(error).__name__, re.sub(r"\d+", "N", str(error))
+    return plain, n(e.value), n(e.value.__cause__)
+
+
+def killed_worker_as_torch():
+    stock = killed_worker_error()
+    st.install()
+    try:
+        ours = killed_worker_error()
+    finally:
+        st.uninstall()
+    assert stock[0] is None and ours[0] is True
+    assert ours[1:] == stock[1:]
+    assert ours[1:] == (("RuntimeError", "DataLoader worker (pid(s) N) exited unexpectedly"),
+                    ("RuntimeError", "DataLoader worker (pid N) is killed by signal: Killed. "))

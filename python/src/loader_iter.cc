@@ -1,0 +1,622 @@
+// One __next__ of shmtensor's DataLoader iterator (shmtensor/_loader.py) in the plain case,
+// in one call: torch's _MultiProcessingDataLoaderIter._next_data for a map-style dataset in
+// order, through shmtensor's native Queues. It reads and writes the attributes torch's
+// _next_data, _process_data and _try_put_index keep (_rcvd_idx, _send_idx, _task_info,
+// _tasks_outstanding, _workers_num_tasks on torch 2.x, _num_yielded) where torch keeps them,
+// so they stay what torch's other code reads. A batch that arrives out of order is kept in
+// _task_info as torch keeps it, and returned from there at its turn. Whatever else is not the
+// plain case returns the handover object, having changed nothing since the last batch kept,
+// and the caller runs torch's _next_data for the step: the end of the epoch, a worker no
+// longer active, a closed queue. A failed get of the data queue (its wait reaching torch's
+// MP_STATUS_CHECK_INTERVAL, an error, a signal handler's exception) goes to the iterator's
+// _get_failed, which runs torch's _try_get_data on it (the dead-worker check and its
+// RuntimeError).
+//
+// The data queue's item is taken in C++ (native_queue_get) and a tensor message decoded from
+// its storages by shmtensor._torch's decoder (its _decode_capi), without Python objects for
+// the blocks; the next index goes to its worker as a pickle made here (native_queue_try_put).
+// Raw CPython calls, not pybind11's, keep the path short; attribute names are interned once.
+#include <Python.h>
+#include <pybind11/pybind11.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include "bindings.h"
+
+namespace py = pybind11;
+
+namespace shmtensor::python {
+namespace {
+
+// References kept for the life of the process (never released: the module is never unloaded,
+// and releasing at exit would run Python code after the interpreter is gone).
+struct Names {
+  PyObject* rcvd_idx;
+  PyObject* send_idx;
+  PyObject* task_info;
+  PyObject* workers_status;
+  PyObject* shutdown;
+  PyObject* tasks_outstanding;
+  PyObject* data_queue;
+  PyObject* native;  // a shmtensor Queue's native queue, None once closed
+  PyObject* deferred;
+  PyObject* dict;
+  PyObject* prefetch_factor;
+  PyObject* num_workers;
+  PyObject* sampler_iter;
+  PyObject* worker_cycle;
+  PyObject* index_queues;
+  PyObject* workers_num_tasks;
+  PyObject* num_yielded;
+  PyObject* get;
+  PyObject* put;
+  PyObject* feeder;
+  PyObject* put_here;
+  PyObject* put_unbounded;
+  PyObject* try_put_index;
+  PyObject* reraise;
+  PyObject* get_failed;
+  PyObject* tensor_message_decoder;
+  PyObject* loads;
+};
+
+using DecodeOfStorages = PyObject* (*)(const char*, std::size_t, const Storage*, std::size_t);
+
+struct Setup {
+  PyObject* handover = nullptr;           // what loader_next returns to hand a step over
+  PyObject* exception_wrapper = nullptr;  // torch's ExceptionWrapper
+  PyObject* empty = nullptr;              // queue.Empty
+  PyObject* reductions = nullptr;         // shmtensor.multiprocessing.reductions
+  PyObject* no_blocks = nullptr;          // () : an index message carries no block
+  double interval = 0;                    // torch's MP_STATUS_CHECK_INTERVAL, seconds
+  bool ready = false;
+  // shmtensor._torch's decode_tensor_message, and the same in C++ (its _decode_capi): used
+  // while it is reductions.tensor_message_decoder.
+  PyObject* decoder = nullptr;
+  DecodeOfStorages decode_of_storages = nullptr;
+  PyObject* rethrow = nullptr;  // _loader_rethrow: a C++ exception made the Python error
+};
+
+Names names;
+Setup setup;
+std::uint64_t batches_taken = 0;
+std::exception_ptr pending;  // for _loader_rethrow
+
+// The exception being handled as the Python error (pybind11's translators, through a call of
+// _loader_rethrow); returns -1 for `return` chains.
+int set_error_from_current() {
+  pending = std::current_exception();
+  PyObject* r = PyObject_CallNoArgs(setup.rethrow);
+  Py_XDECREF(r);
+  return -1;
+}
+
+// The first bytes of a tensor message (torch_module.cc writes them; reductions.loads tells
+// it from a pickle so).
+constexpr char kTensorMessageMagic[4] = {'S', 'T', 'M', '1'};
+// One native wait: a signal's Python handler runs between two (the wait sleeps in C++).
+constexpr double kSliceSeconds = 0.1;
+
+PyObject* intern(const char* s) {
+  PyObject* o = PyUnicode_InternFromString(s);
+  if (o == nullptr) throw py::error_already_set();
+  return o;
+}
+
+// A new reference held for the scope.
+class Ref {
+ public:
+  Ref() = default;
+  explicit Ref(PyObject* o) : o_(o) {}
+  Ref(const Ref&) = delete;
+  Ref& operator=(const Ref&) = delete;
+  Ref& operator=(PyObject* o) {
+    Py_XDECREF(o_);
+    o_ = o;
+    return *this;
+  }
+  ~Ref() { Py_XDECREF(o_); }
+  PyObject* get() const { return o_; }
+  PyObject* release() {
+    PyObject* o = o_;
+    o_ = nullptr;
+    return o;
+  }
+  explicit operator bool() const { return o_ != nullptr; }
+
+ private:
+  PyObject* o_ = nullptr;
+};
+
+// Py_NewRef (Python 3.10 and later; the package supports 3.9).
+PyObject* new_ref(PyObject* o) {
+  Py_INCREF(o);
+  return o;
+}
+
+PyObject* handover() {
+  Py_INCREF(setup.handover);
+  return setup.handover;
+}
+
+// The iterator, and its instance dict: torch's attributes are plain instance attributes,
+// read and written there (what getattr and setattr would find and do, without their lookups
+// in the class).
+struct Iter {
+  PyObject* self;
+  PyObject* dict;
+};
+
+// The iterator's attribute `name` (a new reference; nullptr with an error set).
+PyObject* attr(const Iter& it, PyObject* name) {
+  PyObject* v = PyDict_GetItemWithError(it.dict, name);
+  if (v != nullptr) return new_ref(v);
+  if (PyErr_Occurred()) return nullptr;
+  return PyObject_GetAttr(it.self, name);
+}
+
+// The iterator's attribute `name` if it has one in its dict (a new reference), else nullptr
+// (an error set only if the lookup failed).
+PyObject* optional_attr(const Iter& it, PyObject* name) {
+  PyObject* v = PyDict_GetItemWithError(it.dict, name);
+  return v != nullptr ? new_ref(v) : nullptr;
+}
+
+// An attribute that is an exact int fitting in int64; false (no error set) when it is not.
+bool int_attr(const Iter& it, PyObject* name, std::int64_t& out, bool& error) {
+  Ref v(attr(it, name));
+  if (!v) {
+    error = true;
+    return false;
+  }
+  if (!PyLong_CheckExact(v.get())) return false;
+  int overflow = 0;
+  out = PyLong_AsLongLongAndOverflow(v.get(), &overflow);
+  return overflow == 0;
+}
+
+int set_int(const Iter& it, PyObject* name, std::int64_t v) {
+  Ref n(PyLong_FromLongLong(v));
+  if (!n) return -1;
+  return PyDict_SetItem(it.dict, name, n.get());
+}
+
+// list[i] += delta for a list of exact ints (torch 2.x's _workers_num_tasks).
+int add_to_item(PyObject* list, Py_ssize_t i, long delta) {
+  Ref old(PySequence_GetItem(list, i));
+  if (!old) return -1;
+  Ref d(PyLong_FromLong(delta));
+  if (!d) return -1;
+  Ref sum(PyNumber_Add(old.get(), d.get()));
+  if (!sum) return -1;
+  return PySequence_SetItem(list, i, sum.get());
+}
+
+// ---- The index message: (send_idx, index) as the pickle a shmtensor Queue carries ---------
+
+void pickle_int(std::string& out, std::int64_t v) {
+  if (v >= 0 && v < 256) {
+    out += 'K';  // BININT1
+    out += static_cast<char>(v);
+  } else if (v >= INT32_MIN && v <= INT32_MAX) {
+    out += 'J';  // BININT, little-endian
+    const auto u = static_cast<std::uint32_t>(static_cast<std::int32_t>(v));
+    for (int i = 0; i < 4; ++i) out += static_cast<char>((u >> (8 * i)) & 0xff);
+  } else {
+    out += '\x8a';  // LONG1: 8 bytes of two's complement, little-endian
+    out += '\x08';
+    const auto u = static_cast<std::uint64_t>(v);
+    for (int i = 0; i < 8; ++i) out += static_cast<char>((u >> (8 * i)) & 0xff);
+  }
+}
+
+bool exact_int(PyObject* o, std::int64_t& v) {
+  if (!PyLong_CheckExact(o)) return false;
+  int overflow = 0;
+  v = PyLong_AsLongLongAndOverflow(o, &overflow);
+  return overflow == 0 && !(v == -1 && PyErr_Occurred());
+}
+
+// The pickle (protocol 2) of (task, index) where index is an int or a list of ints (what
+// torch's samplers and BatchSampler yield); false for any other index.
+bool pickle_task(std::string& out, std::int64_t task, PyObject* index) {
+  out.assign("\x80\x02", 2);  // PROTO 2
+  pickle_int(out, task);
+  std::int64_t v = 0;
+  if (exact_int(index, v)) {
+    pickle_int(out, v);
+  } else if (PyList_CheckExact(index)) {
+    out += ']';  // EMPTY_LIST
+    const Py_ssize_t n = PyList_GET_SIZE(index);
+    if (n > 0) {
+      out += '(';  // MARK
+      for (Py_ssize_t i = 0; i < n; ++i) {
+        if (!exact_int(PyList_GET_ITEM(index, i), v)) return false;
+        pickle_int(out, v);
+      }
+      out += 'e';  // APPENDS
+    }
+  } else {
+    return false;
+  }
+  out += '\x86';  // TUPLE2
+  out += '.';     // STOP
+  return true;
+}
+
+// index_queue.put((task, index)) as a shmtensor Queue's put does it (torch's index queues are
+// unbounded): straight to the native queue when it has room and nothing of this handle's is
+// waiting in its feeder thread; otherwise the handle's own code.
+int put_task(PyObject* index_queue, std::int64_t task, PyObject* index) {
+  std::string pickle;
+  Ref native(PyObject_GetAttr(index_queue, names.native));
+  if (!native) return -1;
+  Ref feeder(PyObject_GetAttr(index_queue, names.feeder));
+  if (!feeder) return -1;
+  if (native.get() == Py_None || feeder.get() != Py_None || !pickle_task(pickle, task, index)) {
+    if (PyErr_Occurred()) return -1;
+    Ref t(PyLong_FromLongLong(task));
+    if (!t) return -1;
+    Ref message(PyTuple_Pack(2, t.get(), index));
+    if (!message) return -1;
+    Ref r(PyObject_CallMethodOneArg(index_queue, names.put, message.get()));
+    return r ? 0 : -1;
+  }
+  if (PyObject_SetAttr(index_queue, names.put_here, Py_True) != 0) return -1;
+  try {
+    if (native_queue_try_put(native.get(), pickle)) return 0;
+  } catch (...) {
+    return set_error_from_current();
+  }
+  Ref data(PyBytes_FromStringAndSize(pickle.data(), static_cast<Py_ssize_t>(pickle.size())));
+  if (!data) return -1;
+  PyObject* args2[] = {index_queue, native.get(), data.get(), setup.no_blocks};
+  Ref r(PyObject_VectorcallMethod(names.put_unbounded, args2,
+                                  4 | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr));
+  return r ? 0 : -1;
+}
+
+// torch's _try_put_index for the plain case (in order, every worker's status read as torch
+// reads it). -1 with an error set.
+int try_put_index(const Iter& it, bool num_tasks) {
+  bool error = false;
+  std::int64_t outstanding = 0, prefetch = 0, workers = 0, send = 0;
+  if (!int_attr(it, names.tasks_outstanding, outstanding, error) ||
+      !int_attr(it, names.prefetch_factor, prefetch, error) ||
+      !int_attr(it, names.num_workers, workers, error) ||
+      !int_attr(it, names.send_idx, send, error) || outstanding >= prefetch * workers) {
+    if (error) return -1;
+    Ref r(PyObject_CallMethodNoArgs(it.self, names.try_put_index));  // torch's, and its assertion
+    return r ? 0 : -1;
+  }
+  Ref sampler(attr(it, names.sampler_iter));
+  if (!sampler) return -1;
+  Ref index(PyIter_Next(sampler.get()));
+  if (!index) return PyErr_Occurred() ? -1 : 0;  // the sampler's end: nothing to send
+  Ref cycle(attr(it, names.worker_cycle));
+  if (!cycle) return -1;
+  Ref status(attr(it, names.workers_status));
+  if (!status) return -1;
+  Ref worker;
+  bool found = false;
+  for (std::int64_t i = 0; i < workers && !found; ++i) {
+    worker = PyIter_Next(cycle.get());
+    if (!worker) return PyErr_Occurred() ? -1 : 0;
+    Ref active(PyObject_GetItem(status.get(), worker.get()));
+    if (!active) return -1;
+    const int truth = PyObject_IsTrue(active.get());
+    if (truth < 0) return -1;
+    found = truth == 1;
+  }
+  if (!found) return 0;
+  Ref queues(attr(it, names.index_queues));
+  if (!queues) return -1;
+  Ref queue(PyObject_GetItem(queues.get(), worker.get()));
+  if (!queue) return -1;
+  if (put_task(queue.get(), send, index.get()) != 0) return -1;
+  Ref info(PyTuple_Pack(1, worker.get()));
+  if (!info) return -1;
+  Ref task(PyLong_FromLongLong(send));
+  if (!task) return -1;
+  Ref task_info(attr(it, names.task_info));
+  if (!task_info) return -1;
+  if (PyObject_SetItem(task_info.get(), task.get(), info.get()) != 0) return -1;
+  if (num_tasks) {
+    Ref counts(attr(it, names.workers_num_tasks));
+    if (!counts) return -1;
+    const Py_ssize_t w = PyLong_AsSsize_t(worker.get());
+    if (w == -1 && PyErr_Occurred()) return -1;
+    if (add_to_item(counts.get(), w, 1) != 0) return -1;
+  }
+  if (set_int(it, names.tasks_outstanding, outstanding + 1) != 0) return -1;
+  return set_int(it, names.send_idx, send + 1);
+}
+
+// ---- The data queue ------------------------------------------------------------------------
+
+// The error now set, as an exception instance (its traceback attached); the error is cleared.
+PyObject* take_error() {
+#if PY_VERSION_HEX >= 0x030C0000
+  return PyErr_GetRaisedException();
+#else
+  PyObject *type = nullptr, *value = nullptr, *tb = nullptr;
+  PyErr_Fetch(&type, &value, &tb);
+  PyErr_NormalizeException(&type, &value, &tb);
+  if (tb != nullptr && value != nullptr) PyException_SetTraceback(value, tb);
+  Py_XDECREF(type);
+  Py_XDECREF(tb);
+  return value;
+#endif
+}
+
+// What the data queue's get(timeout=MP_STATUS_CHECK_INTERVAL) returns, decoded as the
+// shmtensor Queue's get decodes it; nullptr with an error set when the get failed (queue.Empty
+// once the interval passed).
+PyObject* get_once(PyObject* native) {
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration<double>(setup.interval);
+  std::string data;
+  std::vector<Storage> storages;
+  while (true) {
+    const double left =
+        std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count();
+    if (left <= 0) {
+      PyErr_SetNone(setup.empty);
+      return nullptr;
+    }
+    try {
+      if (native_queue_get(native, std::min(left, kSliceSeconds), data, storages)) break;
+    } catch (...) {
+      set_error_from_current();
+      return nullptr;
+    }
+    if (PyErr_CheckSignals() != 0) return nullptr;
+  }
+  const bool message =
+      data.size() >= 4 && std::memcmp(data.data(), kTensorMessageMagic, 4) == 0;
+  Ref decoder;
+  if (message) {
+    decoder = PyObject_GetAttr(setup.reductions, names.tensor_message_decoder);
+    if (!decoder) return nullptr;
+    if (decoder.get() == setup.decoder && setup.decode_of_storages != nullptr)
+      return setup.decode_of_storages(data.data(), data.size(), storages.data(), storages.size());
+  }
+  py::tuple item;
+  try {
+    item = native_item_to_python(std::move(data), std::move(storages));
+  } catch (...) {
+    set_error_from_current();
+    return nullptr;
+  }
+  PyObject* bytes = PyTuple_GET_ITEM(item.ptr(), 0);
+  PyObject* blocks = PyTuple_GET_ITEM(item.ptr(), 1);
+  if (message && decoder.get() != Py_None)
+    return PyObject_CallFunctionObjArgs(decoder.get(), bytes, blocks, nullptr);
+  Ref loads(PyObject_GetAttr(setup.reductions, names.loads));
+  if (!loads) return nullptr;
+  return PyObject_CallFunctionObjArgs(loads.get(), bytes, blocks, nullptr);
+}
+
+// torch's _get_data for the plain case (no timeout, no pin_memory thread): the data queue's
+// get, a failed one handed to _get_failed (torch's _try_get_data), repeated until it gives.
+PyObject* get_data(const Iter& it, PyObject* native) {
+  while (true) {
+    PyObject* got = get_once(native);
+    if (got != nullptr) return got;
+    if (!PyErr_ExceptionMatches(PyExc_Exception)) return nullptr;  // torch lets these through
+    Ref error(take_error());
+    Ref r(PyObject_CallMethodOneArg(it.self, names.get_failed, error.get()));
+    if (!r) return nullptr;
+  }
+}
+
+// ---- One __next__ --------------------------------------------------------------------------
+
+// The end of a step with a batch for task `task` (its _task_info entry taken out): torch's
+// _process_data (torch 2.x: the worker's count of tasks, from `info`), then __next__'s count.
+PyObject* process_data(const Iter& it, std::int64_t rcvd, PyObject* info, PyObject* data) {
+  if (set_int(it, names.rcvd_idx, rcvd + 1) != 0) return nullptr;
+  Ref counts(optional_attr(it, names.workers_num_tasks));  // torch 2.x's
+  const bool num_tasks = static_cast<bool>(counts);
+  if (!num_tasks) {
+    if (PyErr_Occurred()) return nullptr;
+  } else {
+    if (!PyTuple_Check(info) || PyTuple_GET_SIZE(info) < 1) {
+      PyErr_SetString(PyExc_TypeError, "DataLoader iterator: a _task_info entry is not a tuple");
+      return nullptr;
+    }
+    const Py_ssize_t w = PyLong_AsSsize_t(PyTuple_GET_ITEM(info, 0));
+    if (w == -1 && PyErr_Occurred()) return nullptr;
+    if (add_to_item(counts.get(), w, -1) != 0) return nullptr;
+  }
+  if (try_put_index(it, num_tasks) != 0) return nullptr;
+  const int wrapped = PyObject_IsInstance(data, setup.exception_wrapper);
+  if (wrapped < 0) return nullptr;
+  if (wrapped == 1) {
+    Ref r(PyObject_CallMethodNoArgs(data, names.reraise));
+    if (!r) return nullptr;
+  }
+  bool error = false;
+  std::int64_t yielded = 0;
+  if (!int_attr(it, names.num_yielded, yielded, error)) {
+    if (error) return nullptr;
+    PyErr_SetString(PyExc_TypeError, "DataLoader iterator: _num_yielded is not an int");
+    return nullptr;
+  }
+  if (set_int(it, names.num_yielded, yielded + 1) != 0) return nullptr;
+  ++batches_taken;
+  Py_INCREF(data);
+  return data;
+}
+
+// torch's _next_data for a map-style dataset, in order, while every step is the plain one.
+PyObject* loader_next(PyObject*, PyObject* self) {
+  if (!setup.ready) {
+    PyErr_SetString(PyExc_RuntimeError, "shmtensor: _loader_setup was not called");
+    return nullptr;
+  }
+  Ref dict(PyObject_GenericGetDict(self, nullptr));
+  if (!dict) return nullptr;
+  if (!PyDict_CheckExact(dict.get())) return handover();
+  const Iter it{self, dict.get()};
+  Ref task_info(attr(it, names.task_info));
+  if (!task_info) return nullptr;
+  if (!PyDict_CheckExact(task_info.get())) return handover();
+  while (true) {
+    bool error = false;
+    std::int64_t rcvd = 0, send = 0, outstanding = 0;
+    if (!int_attr(it, names.rcvd_idx, rcvd, error) ||
+        !int_attr(it, names.send_idx, send, error) || rcvd >= send)
+      return error ? nullptr : handover();  // the end of the epoch: torch's
+    Ref rcvd_key(PyLong_FromLongLong(rcvd));
+    if (!rcvd_key) return nullptr;
+    PyObject* info = PyDict_GetItemWithError(task_info.get(), rcvd_key.get());  // borrowed
+    if (info == nullptr) return PyErr_Occurred() ? nullptr : handover();
+    if (!PyTuple_CheckExact(info)) return handover();
+    if (PyTuple_GET_SIZE(info) == 2) {  // came out of order before: (worker, data)
+      Ref task(new_ref(info));
+      if (PyDict_DelItem(task_info.get(), rcvd_key.get()) != 0) return nullptr;
+      return process_data(it, rcvd, task.get(), PyTuple_GET_ITEM(task.get(), 1));
+    }
+    if (PyTuple_GET_SIZE(info) != 1) return handover();
+    {
+      Ref status(attr(it, names.workers_status));
+      if (!status) return nullptr;
+      Ref active(PyObject_GetItem(status.get(), PyTuple_GET_ITEM(info, 0)));
+      if (!active) return nullptr;
+      if (active.get() != Py_True) return handover();  // torch skips the task
+    }
+    {
+      Ref shutdown(attr(it, names.shutdown));
+      if (!shutdown) return nullptr;
+      if (shutdown.get() != Py_False) return handover();
+    }
+    if (!int_attr(it, names.tasks_outstanding, outstanding, error) || outstanding <= 0)
+      return error ? nullptr : handover();
+    Ref queue(attr(it, names.data_queue));
+    if (!queue) return nullptr;
+    Ref native(PyObject_GetAttr(queue.get(), names.native));
+    if (!native) return nullptr;
+    if (native.get() == Py_None) return handover();  // closed: torch's code raises
+    {
+      Ref queue_dict(PyObject_GetAttr(queue.get(), names.dict));
+      if (!queue_dict) return nullptr;
+      if (!PyDict_Check(queue_dict.get())) return handover();
+      PyObject* deferred = PyDict_GetItemWithError(queue_dict.get(), names.deferred);
+      if (deferred == nullptr && PyErr_Occurred()) return nullptr;
+      if (deferred != nullptr) return handover();  // errors a get_many kept for get()
+    }
+
+    Ref got(get_data(it, native.get()));
+    if (!got) return nullptr;
+    // torch counts the task received before it looks at the result.
+    if (!int_attr(it, names.tasks_outstanding, outstanding, error)) {
+      if (error) return nullptr;
+      PyErr_SetString(PyExc_TypeError, "DataLoader iterator: _tasks_outstanding is not an int");
+      return nullptr;
+    }
+    if (set_int(it, names.tasks_outstanding, outstanding - 1) != 0) return nullptr;
+    if (!PyTuple_CheckExact(got.get()) || PyTuple_GET_SIZE(got.get()) != 2) {
+      PyErr_SetString(PyExc_ValueError, "DataLoader worker result is not (index, data)");
+      return nullptr;
+    }
+    PyObject* idx = PyTuple_GET_ITEM(got.get(), 0);
+    PyObject* data = PyTuple_GET_ITEM(got.get(), 1);
+    const int same = PyObject_RichCompareBool(idx, rcvd_key.get(), Py_EQ);
+    if (same < 0) return nullptr;
+    if (same == 0) {
+      // Out of order: kept beside its worker id, as torch keeps it, until its turn.
+      Ref kept(PyObject_GetItem(task_info.get(), idx));
+      if (!kept) return nullptr;
+      Ref one(PyTuple_Pack(1, data));
+      if (!one) return nullptr;
+      Ref both(PySequence_Concat(kept.get(), one.get()));
+      if (!both) return nullptr;
+      if (PyObject_SetItem(task_info.get(), idx, both.get()) != 0) return nullptr;
+      continue;
+    }
+    Ref task(PyObject_CallMethodOneArg(task_info.get(), names.get, idx));  // (worker,)
+    if (!task) return nullptr;
+    if (PyDict_DelItem(task_info.get(), idx) != 0) return nullptr;
+    return process_data(it, rcvd, task.get(), data);
+  }
+}
+
+PyMethodDef loader_next_def = {
+    "_loader_next", loader_next, METH_O,
+    "_loader_next(arg0: object) -> object\n\nOne __next__ of shmtensor's DataLoader iterator in the "
+    "common case (shmtensor/_loader.py), or the handover object given to _loader_setup when "
+    "torch's _next_data must take this step."};
+
+}  // namespace
+
+void bind_loader_iter(py::module_& m) {
+  names = Names{intern("_rcvd_idx"),          intern("_send_idx"),
+                intern("_task_info"),         intern("_workers_status"),
+                intern("_shutdown"),          intern("_tasks_outstanding"),
+                intern("_data_queue"),        intern("_q"),
+                intern("_deferred"),          intern("__dict__"),
+                intern("_prefetch_factor"),
+                intern("_num_workers"),       intern("_sampler_iter"),
+                intern("_worker_queue_idx_cycle"), intern("_index_queues"),
+                intern("_workers_num_tasks"), intern("_num_yielded"),
+                intern("get"),                intern("put"),
+                intern("_feeder"),            intern("_put_here"),
+                intern("_put_unbounded"),     intern("_try_put_index"),
+                intern("reraise"),            intern("_get_failed"),
+                intern("tensor_message_decoder"), intern("loads")};
+  PyObject* f = PyCFunction_NewEx(&loader_next_def, nullptr, m.ptr());
+  if (f == nullptr) throw py::error_already_set();
+  m.add_object("_loader_next", py::reinterpret_steal<py::object>(f));
+  m.def(
+      "_loader_setup",
+      [](py::object handover, py::object exception_wrapper, py::object empty, double interval,
+         py::object reductions) {
+        const auto keep = [](py::object o) { return o.release().ptr(); };
+        setup.handover = keep(std::move(handover));
+        setup.exception_wrapper = keep(std::move(exception_wrapper));
+        setup.empty = keep(std::move(empty));
+        setup.reductions = keep(std::move(reductions));
+        setup.no_blocks = keep(py::tuple());
+        setup.interval = interval;
+        setup.ready = true;
+      },
+      py::arg("handover"), py::arg("exception_wrapper"), py::arg("empty"), py::arg("interval"),
+      py::arg("reductions"),
+      "Gives _loader_next torch's ExceptionWrapper, queue.Empty, torch's "
+      "MP_STATUS_CHECK_INTERVAL and shmtensor's reductions module, and its handover object.");
+  py::cpp_function rethrow(
+      [] {
+        std::exception_ptr p = pending;
+        pending = nullptr;
+        if (p) std::rethrow_exception(p);
+      },
+      py::name("_loader_rethrow"));
+  setup.rethrow = rethrow.release().ptr();
+  m.def(
+      "_loader_set_decoder",
+      [](py::object decoder, py::capsule capi) {
+        auto* f = reinterpret_cast<DecodeOfStorages>(
+            PyCapsule_GetPointer(capi.ptr(), "shmtensor._torch.decode"));
+        if (f == nullptr) throw py::error_already_set();
+        Py_XDECREF(setup.decoder);
+        setup.decoder = decoder.release().ptr();
+        setup.decode_of_storages = f;
+      },
+      py::arg("decoder"), py::arg("capi"),
+      "Gives _loader_next shmtensor._torch's decode_tensor_message and its _decode_capi: a "
+      "tensor message is decoded in one C++ call while that function is "
+      "reductions.tensor_message_decoder.");
+  m.def(
+      "_loader_batches", [] { return batches_taken; },
+      "How many batches _loader_next has returned in this process (for the tests).");
+}
+
+}  // namespace shmtensor::python
