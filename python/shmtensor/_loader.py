@@ -130,11 +130,16 @@ class ShmtensorDataLoaderIter(_MPIter):
         when MP_STATUS_CHECK_INTERVAL passed): its check of the workers, its RuntimeError for
         a dead one, else `error` re-raised, or (False, None) for queue.Empty."""
         data_queue = self._data_queue
-        self._data_queue = _RaisingQueue(error)
+        raising = self._data_queue = _RaisingQueue(error)
         try:
             return self._try_get_data()
         finally:
             self._data_queue = data_queue
+            # The error's traceback holds this call's frames (and so this iterator) and the
+            # stand-in that holds the error: that cycle would keep an iterator dropped
+            # mid-epoch, and its workers, until the garbage collector runs.
+            raising.error = None
+            del error
 
 
 _said = set()

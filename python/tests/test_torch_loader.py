@@ -462,3 +462,34 @@ def killed_worker_as_torch():
     assert ours[1:] == stock[1:]
     assert ours[1:] == (("RuntimeError", "DataLoader worker (pid(s) N) exited unexpectedly"),
                     ("RuntimeError", "DataLoader worker (pid N) is killed by signal: Killed. "))
+
+
+class _FailedGet:
+    """Just what _get_failed uses of the iterator: a data queue and torch's _try_get_data."""
+    _get_failed = _loader.ShmtensorDataLoaderIter._get_failed
+
+    def __init__(self):
+        self._data_queue = "the native queue"
+
+    def _try_get_data(self):
+        return self._data_queue.get(timeout=5.0)
+
+
+def test_a_failed_get_leaves_no_cycle_that_keeps_the_iterator():
+    # An iterator dropped after a failed get (the 5 s status check, a worker's death) goes
+    # at once, with its workers, not at the garbage collector's next run.
+    import gc
+    import weakref
+    it = _FailedGet()
+    ref = weakref.ref(it)
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        with pytest.raises(OSError, match="^the get's error$"):
+            it._get_failed(OSError("the get's error"))
+        assert it._data_queue == "the native queue"
+        del it
+        assert ref() is None
+    finally:
+        if enabled:
+            gc.enable()

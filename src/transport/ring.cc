@@ -181,7 +181,10 @@ Ring::Reservation Ring::reserve(Deadline deadline) {
       if (wp < (pos & kPosMask) && state_of(w) == kReady) {
         // A message two laps or more behind the tail (claimed behind the head after a peer
         // moved the tail back, then passed by claims after it moved the tail forward): it
-        // is kept, renumbered to this position, which the tail then passes.
+        // is kept, renumbered to this position, which the tail then passes. Only while the
+        // tail hint is still this position (a tail read before another producer's resync
+        // moved it back would renumber the message two laps above every other word).
+        if (load_hint(h->tail) != pos) continue;
         if (renumber(pos, w, pos)) {
           std::uint64_t expected = pos;
           h->tail.compare_exchange_strong(expected, pos + 1);
