@@ -12,8 +12,8 @@ import pytest
 
 pytest.importorskip("torch", reason="python3-torch is not installed")
 
-from helpers import run_in_child  # noqa: E402
-from test_torch import blog_child, strategy  # noqa: E402,F401  (strategy: the fixture)
+from helpers import run_in_child, torch_strategy  # noqa: E402,F401 (fixture `strategy`)
+from test_torch import blog_child  # noqa: E402
 
 
 @pytest.mark.parametrize("num_workers", [1, 2])
