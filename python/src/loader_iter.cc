@@ -516,17 +516,17 @@ PyObject* loader_next(PyObject*, PyObject* self) {
 
     Ref got(get_data(it, native.get()));
     if (!got) return nullptr;
-    // torch counts the task received before it looks at the result.
+    // torch unpacks the result (idx, data), then counts the task received.
+    if (!PyTuple_CheckExact(got.get()) || PyTuple_GET_SIZE(got.get()) != 2) {
+      PyErr_SetString(PyExc_ValueError, "DataLoader worker result is not (index, data)");
+      return nullptr;
+    }
     if (!int_attr(it, names.tasks_outstanding, outstanding, error)) {
       if (error) return nullptr;
       PyErr_SetString(PyExc_TypeError, "DataLoader iterator: _tasks_outstanding is not an int");
       return nullptr;
     }
     if (set_int(it, names.tasks_outstanding, outstanding - 1) != 0) return nullptr;
-    if (!PyTuple_CheckExact(got.get()) || PyTuple_GET_SIZE(got.get()) != 2) {
-      PyErr_SetString(PyExc_ValueError, "DataLoader worker result is not (index, data)");
-      return nullptr;
-    }
     PyObject* idx = PyTuple_GET_ITEM(got.get(), 0);
     PyObject* data = PyTuple_GET_ITEM(got.get(), 1);
     const int same = PyObject_RichCompareBool(idx, rcvd_key.get(), Py_EQ);
