@@ -188,17 +188,15 @@ class PyQueue {
     return core().put(std::move(e), to_timeout(timeout), true);
   }
   std::optional<py::tuple> get(std::optional<double> timeout) {
-    std::optional<Item> item;
-    {
-      py::gil_scoped_release release;
-      if (!timeout) {
-        item = q_.get();
-      } else {
-        item = q_.try_get(*to_timeout(timeout));
-      }
-    }
+    std::optional<Item> item = take(timeout);
     if (!item) return std::nullopt;
     return item_to_python(std::move(*item));
+  }
+  // The next item, waiting without the GIL (None: until one comes); nullopt at the timeout.
+  std::optional<Item> take(std::optional<double> timeout) {
+    py::gil_scoped_release release;
+    if (!timeout) return q_.get();
+    return q_.try_get(*to_timeout(timeout));
   }
   // Batches (Queue.put_many / get_many): `items` are (data, blocks) pairs. Returns how many
   // were put (timeout None: all, waiting for room as needed).
@@ -284,12 +282,7 @@ class PyBroadcast {
 
 bool native_queue_get(py::handle queue, double timeout, std::string& data,
                       std::vector<Storage>& storages) {
-  PyQueue& q = py::cast<PyQueue&>(queue);
-  std::optional<Item> item;
-  {
-    py::gil_scoped_release release;
-    item = q.get_queue().try_get(*to_timeout(timeout));
-  }
+  std::optional<Item> item = py::cast<PyQueue&>(queue).take(timeout);
   if (!item) return false;
   data = std::move(item->first);
   storages = std::move(item->second);
