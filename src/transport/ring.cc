@@ -183,7 +183,8 @@ Ring::Reservation Ring::reserve(Deadline deadline) {
         // moved the tail back, then passed by claims after it moved the tail forward): it
         // is kept, renumbered to this position, which the tail then passes. Only while the
         // tail hint is still this position (a tail read before another producer's resync
-        // moved it back would renumber the message two laps above every other word).
+        // moved it back would renumber the message two laps above every other word, and the
+        // ring would jump to that lap).
         if (load_hint(h->tail) != pos) continue;
         if (renumber(pos, w, pos)) {
           std::uint64_t expected = pos;

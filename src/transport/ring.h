@@ -32,8 +32,8 @@
 // renumbered forward (resync_hints, or the claim that meets it), never freed (transport.md,
 // "A hostile peer", says what that does not cover). A hint is read as the 50 bits of
 // position a slot word keeps (positions stay below kPosLimit), so no value of a hint
-// aliases a position, and a slot word two laps or more above every other is a peer's,
-// never followed.
+// aliases a position. The highest slot word leads, however far above the others: a peer
+// that moves hints leaves honest words laps apart, which a forged word cannot be told from.
 // A ring whose positions run out (kPosLimit) is broken, and says so to every caller. A live
 // peer that claims a slot and never finishes it stalls the positions behind it, as a live
 // peer that holds a lock would; that is not detectable, and not a crash either. Layout:

@@ -98,10 +98,11 @@ bool Ring::resync_hints() noexcept {
   //
   // Each word says where the tail T is at least: past a claimed position p, or past p - n
   // for a free one (p - n was claimed or stepped over); T is the highest of those. A word
-  // for another slot's index or past kPosLimit is a peer's and is not followed, nor is one
-  // two laps or more above every other word (a claim lands at most a lap past the words
-  // there are, so an honest ring has none): so one forged word does not move the ring to
-  // its lap.
+  // for another slot's index or past kPosLimit is a peer's and is not followed. Any other
+  // word is, however far above the rest: tail hints a peer moved ahead again and again leave
+  // one slot claimed lap after lap while the skipped slots keep their first lap's words, so
+  // an honest word can be laps above every other (docs/transport.md, "The highest word
+  // leads").
   RingHeader* h = header();
   const std::uint64_t n = slot_count_;
   // The hints before the scan, and only those are replaced: a claim or a take that moves a
@@ -110,27 +111,23 @@ bool Ring::resync_hints() noexcept {
   // scan is never ahead of what the scan finds).
   const std::uint64_t tail0 = load_hint(h->tail);
   const std::uint64_t head0 = load_hint(h->head);
-  std::vector<std::uint64_t> words, positions;
+  std::vector<std::uint64_t> words;
   try {
     words.resize(n);
-    positions.reserve(n);
   } catch (const std::bad_alloc&) {
     return false;  // no memory: the hints stay; the next call looks again
   }
+  bool any = false;
   for (std::uint64_t i = 0; i < n; ++i) {
     words[i] = head_of(slot(i))->word.load();
     const std::uint64_t p = pos_of(words[i]);
     if ((p & (n - 1)) == i && p < kPosLimit)
-      positions.push_back(p);
+      any = true;
     else
       words[i] = ~std::uint64_t{0};  // not counted
   }
-  if (positions.empty()) return false;  // every word is a peer's: nothing says where to go
-  std::sort(positions.begin(), positions.end());
-  while (positions.size() >= 2 && positions.back() >= positions[positions.size() - 2] + 2 * n)
-    positions.pop_back();
-  const std::uint64_t highest = positions.back();
-  auto counted = [&](std::uint64_t w) { return w != ~std::uint64_t{0} && pos_of(w) <= highest; };
+  if (!any) return false;  // every word is a peer's: nothing says where to go
+  auto counted = [](std::uint64_t w) { return w != ~std::uint64_t{0}; };
   std::uint64_t tail = 0;
   for (const std::uint64_t w : words) {
     if (!counted(w)) continue;

@@ -228,6 +228,43 @@ TEST_F(HostilePositionsTest, ATailMovedBackThenForwardPastAMessageLosesNothing) 
   EXPECT_EQ(r.pop(out, Clock::now()).status, S::kTimeout);
 }
 
+// A tail moved ahead again and again, a little each time (onto the next lap of the slot just
+// used), and a head moved far ahead once: one slot is claimed lap after lap while the others
+// keep their first lap's words, so the only published message's word is laps above every
+// other. It leads (found by fuzz_ring: a rule that dropped a word two laps above every other
+// dropped this one, and the pop that met it freed the message as corrupt).
+TEST_F(HostilePositionsTest, ATailMovedALittleAheadAgainAndAgainLosesNothing) {
+  constexpr std::uint64_t n = 8;
+  Ring r = Ring::create(n, 64);
+  RingMemory ring(r.fd());
+  std::vector<std::byte> out(r.max_message());
+  auto push = [&](std::uint8_t id) {
+    const std::byte msg[1] = {std::byte{id}};
+    return r.push(msg, 7, Clock::now());
+  };
+  auto pop = [&]() -> int {
+    const Ring::Popped p = r.pop(out, Clock::now());
+    return p.status == Ring::Status::kOk ? static_cast<int>(out[0]) : -1;
+  };
+  using S = Ring::Status;
+  ASSERT_EQ(push(1), S::kOk);  // at 0
+  ring.tail().store(n);        // onto slot 0's next lap, which message 1 still holds
+  EXPECT_EQ(push(2), S::kTimeout);
+  EXPECT_EQ(pop(), 1);
+  ASSERT_EQ(push(3), S::kOk);  // at n
+  EXPECT_EQ(pop(), 3);
+  ring.tail().store(2 * n);
+  ASSERT_EQ(push(4), S::kOk);  // at 2n
+  ring.head().store(ring.head().load() + (std::uint64_t{1} << 40));
+  EXPECT_EQ(pop(), 4);
+  ring.tail().store(3 * n);
+  ASSERT_EQ(push(5), S::kOk);  // at 3n: slots 1..7 still hold words of positions 1..7
+  EXPECT_EQ(pop(), 5);
+  EXPECT_EQ(pop(), -1);
+  ASSERT_EQ(push(6), S::kOk);
+  EXPECT_EQ(pop(), 6);
+}
+
 // The same through a queue (4,096 slots). Without the renumbering, items 3 and 4 were
 // never got: the head went to item 5, past them.
 TEST_F(HostilePositionsTest, AQueuesTailMovedBackThenForwardPastAnItemLosesNothing) {
@@ -287,8 +324,11 @@ TEST_F(HostilePositionsTest, HintsWithAnyHighBitsLoseNothingAndFailNothing) {
 }
 
 // The third finding: one slot word forged far ahead of the tail made every second put fail
-// for a whole lap. It costs one put now: the one that meets it, which says so.
-TEST_F(HostilePositionsTest, OneSlotWordForgedFarAheadCostsOnePut) {
+// for a whole lap. The ring now moves to the forged word's lap (a hint-only peer leaves
+// honest words that far apart, which must be followed: docs/transport.md): no put fails,
+// nothing is lost, and a word forged as published is one message that is not one, which
+// the get that meets it reports.
+TEST_F(HostilePositionsTest, OneSlotWordForgedFarAheadCostsNoPutAndLosesNothing) {
   using namespace internal::ring_word;
   for (const State state : {kFree, kReady, kWriting}) {
     SCOPED_TRACE("forged state " + std::to_string(state));
@@ -298,54 +338,50 @@ TEST_F(HostilePositionsTest, OneSlotWordForgedFarAheadCostsOnePut) {
     for (int i = 0; i < 10; ++i) q.put(item(i));
     for (int i = 0; i < 10; ++i) ASSERT_EQ(label(q.try_get(2s)), label(item(i)));
     // Positions 0..9 were used; the word of position 15 now names a position 100 laps on.
-    const std::uint64_t forged = pack(15 + 100 * n, state);
-    ring.slot_word(15).store(forged);
-    std::vector<int> failed;
-    int got = 0;
+    ring.slot_word(15).store(pack(15 + 100 * n, state));
+    int got = 0, failed_gets = 0;
     for (int i = 10; i < 1210; ++i) {
-      try {
-        q.put(item(i));
-      } catch (const ProtocolError& e) {
-        failed.push_back(i);
-        EXPECT_THAT(e.what(),
-                    ::testing::HasSubstr("slot word laps ahead of the tail (position 15"));
-        continue;
+      q.put(item(i));
+      for (;;) {
+        try {
+          const std::optional<std::string> v = q.try_get(2s);
+          ASSERT_TRUE(v.has_value()) << i;
+          EXPECT_EQ(label(v), label(item(10 + got++)));  // in order, none missing
+          break;
+        } catch (const ProtocolError& e) {
+          ++failed_gets;
+          EXPECT_THAT(e.what(), ::testing::HasSubstr("has tag 0, neither a message nor a marker"));
+        }
       }
-      const std::optional<std::string> v = q.try_get(2s);
-      ASSERT_TRUE(v.has_value()) << i;
-      // In order, the failed put's item missing.
-      int want = 10 + got++;
-      if (!failed.empty() && want >= failed.front()) ++want;
-      EXPECT_EQ(label(v), label(item(want)));
     }
-    EXPECT_EQ(failed, std::vector<int>{15});
-    EXPECT_EQ(got, 1199);
+    EXPECT_EQ(failed_gets, state == kReady ? 1 : 0);
+    EXPECT_EQ(got, 1200);
     EXPECT_EQ(q.try_get(20ms), std::nullopt);
   }
 }
 
-TEST_F(HostilePositionsTest, OneSlotWordForgedFarAheadCostsOneSend) {
+TEST_F(HostilePositionsTest, OneSlotWordForgedFarAheadCostsNoSendAndLosesNothing) {
   using namespace internal::ring_word;
   auto [a, b] = pipe();
   RingMemory ring(pipe_ring_fd(a));
   const std::uint64_t n = ring.slot_count();
   ring.slot_word(7).store(pack(7 + 1000 * n, kReady));
-  std::vector<int> failed;
-  int got = 0;
+  int got = 0, failed_recvs = 0;
   for (int i = 0; i < 1200; ++i) {
-    try {
-      a.send(item(i));
-    } catch (const ProtocolError& e) {
-      failed.push_back(i);
-      EXPECT_THAT(e.what(), ::testing::HasSubstr("slot word laps ahead of the tail (position 7"));
-      continue;
+    a.send(item(i));
+    for (;;) {
+      try {
+        const std::string v = b.recv<std::string>();
+        EXPECT_EQ(label(v), label(item(got++)));  // in order, none missing
+        break;
+      } catch (const ProtocolError& e) {
+        ++failed_recvs;
+        EXPECT_THAT(e.what(), ::testing::HasSubstr("has tag 0, neither a message nor a marker"));
+      }
     }
-    int want = got++;
-    if (!failed.empty() && want >= failed.front()) ++want;
-    EXPECT_EQ(label(b.recv<std::string>()), label(item(want)));
   }
-  EXPECT_EQ(failed, std::vector<int>{7});
-  EXPECT_EQ(got, 1199);
+  EXPECT_EQ(failed_recvs, 1);
+  EXPECT_EQ(got, 1200);
   EXPECT_FALSE(b.poll());
 }
 
