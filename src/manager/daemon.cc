@@ -1,6 +1,7 @@
 #include "manager/daemon.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -17,6 +18,7 @@
 #include "manager/segments.h"
 #include "manager/tracker.h"
 #include "os/daemonize.h"
+#include "os/event_fd.h"
 #include "os/limits.h"
 #include "os/poll.h"
 #include "os/private_dir.h"
@@ -36,6 +38,9 @@ using Clock = std::chrono::steady_clock;
 constexpr int kPollIntervalMs = 250;
 // How long a starting daemon waits for an exiting one to release the lock.
 constexpr auto kLockWait = std::chrono::seconds(10);
+// How long the listener is not watched when a pending connection can be neither accepted
+// nor refused (no fd left, not even the spare's).
+constexpr auto kAcceptPause = std::chrono::milliseconds(100);
 
 void log(const char* fmt, auto... args) {
   char when[32];
@@ -122,6 +127,10 @@ struct Daemon::Impl {
   UniqueFd lock;
   UniqueFd listener;
   UniqueFd signals;
+  // An fd held in reserve: at the open-file limit it is closed so that a pending connection
+  // can be accepted and refused (the client hears why, and the listener stops being readable).
+  UniqueFd spare = try_make_event_fd();
+  std::optional<Clock::time_point> accept_paused_until;
   std::vector<std::unique_ptr<Connection>> conns;
   std::map<pid_t, std::pair<ProcessId, UniqueFd>> pidfds;  // watched, with a pidfd
   std::map<pid_t, ProcessId> polled;                       // watched, without one
@@ -231,10 +240,40 @@ struct Daemon::Impl {
     log("refused a connection: %s", why.c_str());
   }
 
+  // At the open-file limit, a pending connection that cannot be accepted keeps the listener
+  // readable: it is taken with the spare fd's slot and refused. True when one was; when even
+  // that failed (not for want of a pending connection), the listener is not watched for
+  // kAcceptPause, so that the loop does not spin.
+  bool refuse_for_want_of_fds() {
+    spare.reset();
+    int err = 0;
+    UniqueFd fd = accept_connection(listener.get(), &err);
+    if (fd) {
+      const std::uint64_t limit = read_system_limits().nofile_soft;
+      refuse(std::move(fd),
+             "the shmtensor manager is at its open-file limit (" +
+                 (limit == UINT64_MAX ? std::string("unlimited") : std::to_string(limit)) +
+                 " fds: it holds the fds of named channels and of messages in flight); close "
+                 "channels, or raise `ulimit -n` in the process that starts the manager");
+    }
+    spare = try_make_event_fd();
+    if (fd) return true;
+    // accept4 takes an fd before it looks for a connection: EMFILE did not say one is pending.
+    if (err == EAGAIN || err == ECONNABORTED) return false;
+    accept_paused_until = Clock::now() + kAcceptPause;
+    log("no fd to accept a connection with (errno %d): not accepting for %lld ms", err,
+        static_cast<long long>(kAcceptPause.count()));
+    return false;
+  }
+
   void accept_all() {
     for (;;) {
-      UniqueFd fd = accept_connection(listener.get());
-      if (!fd) return;
+      int err = 0;
+      UniqueFd fd = accept_connection(listener.get(), &err);
+      if (!fd) {
+        if ((err == EMFILE || err == ENFILE) && refuse_for_want_of_fds()) continue;
+        return;
+      }
       PeerCredentials cred;
       try {
         cred = peer_credentials(fd.get());
@@ -541,7 +580,17 @@ struct Daemon::Impl {
         timeout = timeout < 0 ? until : std::min(timeout, until);
       }
 
-      std::vector<int> fds{signals.get(), listener.get()};
+      if (accept_paused_until) {
+        if (Clock::now() >= *accept_paused_until) {
+          accept_paused_until.reset();
+        } else {
+          const auto left = std::chrono::ceil<std::chrono::milliseconds>(*accept_paused_until -
+                                                                          Clock::now());
+          const int until = static_cast<int>(left.count());
+          timeout = timeout < 0 ? until : std::min(timeout, until);
+        }
+      }
+      std::vector<int> fds{signals.get(), accept_paused_until ? -1 : listener.get()};
       for (auto& c : conns) fds.push_back(c->fd.get());
       std::vector<ProcessId> pid_order;
       for (auto& [pid, w] : pidfds) {

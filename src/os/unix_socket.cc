@@ -55,9 +55,10 @@ UniqueFd seqpacket_connect(const std::string& path, int* err) {
   return fd;
 }
 
-UniqueFd accept_connection(int listen_fd) {
+UniqueFd accept_connection(int listen_fd, int* err) {
   int fd = retry_eintr(
       [&] { return ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK); });
+  if (fd < 0 && err) *err = errno;
   return UniqueFd(fd);  // -1 (invalid) on EAGAIN, ECONNABORTED, EMFILE...
 }
 
@@ -83,7 +84,9 @@ RecvResult recv_packet(int fd, void* buf, std::size_t capacity, bool dont_wait) 
   iovec iov{buf, capacity};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
-  ssize_t n = retry_eintr([&] { return ::recvmsg(fd, &msg, dont_wait ? MSG_DONTWAIT : 0); });
+  auto receive = [&] { return ::recvmsg(fd, &msg, dont_wait ? MSG_DONTWAIT : 0); };
+  ssize_t n = retry_eintr(receive);
+  if (n < 0 && errno == ECONNRESET) n = retry_eintr(receive);
   if (n < 0) {
     r.error = errno;
     r.size = -1;

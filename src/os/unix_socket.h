@@ -25,9 +25,10 @@ UniqueFd seqpacket_listen(const std::string& path, int backlog);
 // in *err (ENOENT or ECONNREFUSED mean that nobody listens there).
 UniqueFd seqpacket_connect(const std::string& path, int* err);
 
-// accept4 (close-on-exec, non-blocking). Invalid fd when no connection is pending or the
-// pending one was reset before we took it.
-UniqueFd accept_connection(int listen_fd);
+// accept4 (close-on-exec, non-blocking). Invalid fd when no connection is pending, the
+// pending one was reset before we took it, or this process (EMFILE) or the system (ENFILE)
+// has no fd to give it; then *err, when given, is errno.
+UniqueFd accept_connection(int listen_fd, int* err = nullptr);
 
 struct PeerCredentials {
   pid_t pid = 0;  // 0 when the peer is in a pid namespace this process cannot see
@@ -46,7 +47,9 @@ struct RecvResult {
   int error = 0;           // errno (EAGAIN when nothing is pending on a non-blocking read)
   bool truncated = false;  // the message was longer than the buffer (and is lost)
 };
-// Receives one message. Retries EINTR.
+// Receives one message. Retries EINTR, and ECONNRESET once: a peer that closed with our
+// messages unread makes the next receive report it before what that peer sent (a refusal),
+// which is still queued.
 RecvResult recv_packet(int fd, void* buf, std::size_t capacity, bool dont_wait) noexcept;
 
 // SO_SNDTIMEO / SO_RCVTIMEO: a blocking send or recv gives up with EAGAIN after `ms`.

@@ -1,8 +1,11 @@
 // The manager daemon with real processes: it starts on first file_system use in a session
 // of its own, removes the names of SIGKILLed processes while others live on, is replaced
 // when killed (and the new one sweeps), is not displaced by a second daemon, drops only
-// the connection that sends garbage, and refuses other uids.
+// the connection that sends garbage, refuses other uids, and at its open-file limit refuses
+// a new connection saying why.
+#include <gmock/gmock.h>
 #include <sys/fsuid.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -48,10 +51,12 @@ int raw_connect(const std::string& path) {
   return fd;
 }
 
-// recv on a raw connection: the bytes, "" at EOF, "TIMEOUT" if nothing came.
+// recv on a raw connection: the bytes, "" at EOF, "TIMEOUT" if nothing came. A reset (the
+// daemon closed with our hello unread) is reported once, before what it sent: read on.
 std::string raw_recv(int fd) {
   char buf[2048];
   ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+  if (n < 0 && errno == ECONNRESET) n = ::recv(fd, buf, sizeof buf, 0);
   if (n < 0) return errno == EAGAIN ? "TIMEOUT" : "ERROR";
   return std::string(buf, static_cast<std::size_t>(n));
 }
@@ -337,6 +342,76 @@ TEST_F(ManagerTest, GarbageDropsOnlyThatConnection) {
   ::kill(child, SIGKILL);
   wait_child(child);
   EXPECT_TRUE(eventually([&] { return !name_exists(theirs[0]); }, std::chrono::seconds(3)));
+}
+
+// At its open-file limit the daemon refuses a new connection and says why, instead of
+// leaving it pending (the client waited for its deadline, and the daemon's loop spun on a
+// listener it could not accept from); connections that close make room again.
+TEST_F(ManagerTest, AtItsOpenFileLimitTheDaemonRefusesSayingWhyAndRecovers) {
+  const auto loc = location();
+  Pipe started;
+  // The daemon this client starts inherits its hard limit of 64 fds.
+  const pid_t starter = fork_child([&] {
+    const rlimit lim{64, 64};
+    if (::setrlimit(RLIMIT_NOFILE, &lim) != 0) std::_Exit(2);
+    Storage s = Storage::allocate_shared(4096);
+    mgr::sync();
+    started.send_line(std::to_string(mgr::connected_daemon_pid()));
+    for (;;) ::pause();
+  });
+  const pid_t daemon = std::stoi(started.receive_line());
+  // A hello on a new connection: the daemon's reply.
+  auto greet = [&](int* kept) -> mgr::Message {
+    int fd = raw_connect(loc.socket_path);
+    EXPECT_GE(fd, 0) << std::strerror(errno);
+    mgr::MessageHeader h{};
+    mgr::encode_header(mgr::MessageType::kHello, 1, 0, &h);
+    EXPECT_EQ(::send(fd, &h, sizeof h, MSG_NOSIGNAL), static_cast<ssize_t>(sizeof h));
+    const std::string reply = raw_recv(fd);
+    *kept = fd;
+    if (reply.size() < sizeof(mgr::MessageHeader)) {
+      ADD_FAILURE() << "no reply: " << reply;
+      return {};
+    }
+    return mgr::decode(reply.data(), reply.size());
+  };
+  std::vector<int> open;
+  std::string refusal;
+  for (int i = 0; i < 200 && refusal.empty() && !HasFailure(); ++i) {
+    int fd = -1;
+    const mgr::Message m = greet(&fd);
+    if (m.type == mgr::MessageType::kHelloAck) {
+      open.push_back(fd);
+      continue;
+    }
+    EXPECT_EQ(m.type, mgr::MessageType::kRefused);
+    refusal = m.text;
+    char byte;  // closed after the refusal: the end, or a reset (our hello was not read)
+    const ssize_t n = ::recv(fd, &byte, 1, 0);
+    EXPECT_TRUE(n == 0 || (n < 0 && errno == ECONNRESET)) << n << " " << std::strerror(errno);
+    ::close(fd);
+  }
+  EXPECT_THAT(refusal, ::testing::HasSubstr("manager is at its open-file limit (64 fds"));
+  EXPECT_GT(open.size(), 20u);  // it served until its fds ran out
+  EXPECT_LT(open.size(), 64u);
+  // Room again once some connections close.
+  for (int i = 0; i < 4; ++i) {
+    ::close(open.back());
+    open.pop_back();
+  }
+  bool served = false;
+  for (int attempt = 0; attempt < 50 && !served && !HasFailure(); ++attempt) {
+    int fd = -1;
+    const mgr::Message m = greet(&fd);
+    served = m.type == mgr::MessageType::kHelloAck;
+    ::close(fd);
+    if (!served) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_TRUE(served);
+  EXPECT_TRUE(process_lives(daemon));
+  for (int fd : open) ::close(fd);
+  ::kill(starter, SIGKILL);
+  wait_child(starter);
 }
 
 TEST_F(ManagerTest, PeerOfAnotherUidIsRefused) {
