@@ -409,11 +409,10 @@ TEST_F(DataLoaderErrorsTest, AStoppedWorkerPastTheTimeoutIsATimeoutErrorAndIsRea
   EXPECT_EQ(::kill(pid, 0), -1);
 }
 
-// A worker that answers its first task by writing a ring slot that is not a frame, then a
-// message.
+// A worker whose first reply (a worker speaks first: its task board) is a ring slot that
+// is not a frame, then a message.
 void junk_worker(int, internal::WorkerLink link) {
   Connection& c = *link.connection;
-  (void)internal::ConnectionAccess::recv(c, std::nullopt);
   const std::vector<int> fds = internal::ConnectionAccess::fds(c);
   internal::Ring ring = internal::Ring::attach(internal::dup_cloexec(fds[2]));  // replies
   const std::byte junk[12] = {std::byte{0xde}, std::byte{0xad}};
