@@ -3,6 +3,7 @@
 // Every test runs real worker processes and checks that nothing leaks.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <map>
@@ -242,6 +243,61 @@ TEST_F(DataLoaderTest, CustomSamplersGiveTheirOrder) {
                           {.sampler = std::vector<std::int64_t>{10}, .num_workers = 1});
   EXPECT_ERROR(out_of_range.begin(), std::out_of_range,
                "sampler index 10 is out of range for a dataset of size 10");
+}
+
+TEST_F(DataLoaderTest, BatchesLongerThanATaskBoardEntryComeInOrderWithTheOthers) {
+  // A task board entry holds the batch size's indices (at least 16, at most 512); a longer
+  // batch's task travels as a message, between tasks on the board.
+  Batches mixed{{4}, {}, {}, {0, 1}, {}, {9}};
+  for (std::int64_t i = 0; i < 40; ++i) mixed[1].push_back(i % 50);
+  for (std::int64_t i = 0; i < 17; ++i) mixed[2].push_back(49 - i);
+  for (std::int64_t i = 0; i < 16; ++i) mixed[4].push_back(i * 3);
+  for (StartMethod method : {StartMethod::kFork, StartMethod::kExec}) {
+    for (bool in_order : {true, false}) {
+      DataLoader loader(Numbers{50}, {.batch_sampler = mixed,
+                                      .num_workers = 2,
+                                      .in_order = in_order,
+                                      .start_method = method});
+      Batches got = epoch(loader);
+      if (!in_order) std::sort(got.begin(), got.end());
+      Batches want = mixed;
+      if (!in_order) std::sort(want.begin(), want.end());
+      EXPECT_EQ(got, want) << "in_order " << in_order;
+    }
+  }
+  // Batches of 600: every task in a message, the last batch (100) too.
+  DataLoader large(Numbers{1300}, {.batch_size = 600, .num_workers = 1, .persistent_workers = true});
+  for (int e = 0; e < 2; ++e) {
+    const Batches got = epoch(large);
+    ASSERT_EQ(got.size(), 3u);
+    std::vector<std::int64_t> all;
+    for (const auto& b : got) all.insert(all.end(), b.begin(), b.end());
+    EXPECT_EQ(all, values(Tensor::arange(1300)));
+    EXPECT_EQ(got[2].size(), 100u);
+  }
+}
+
+TEST_F(DataLoaderTest, ASlowConsumerGetsEveryBatchFromAWorkerThatSleepsBetweenTasks) {
+  // The consumer takes 2 ms per batch, longer than a worker spins (50 us at most), so the
+  // worker sleeps for most tasks and the main process wakes it with a message. A lost
+  // wake-up would leave a batch unmade: the timeout turns that into a DataLoaderTimeout.
+  for (int prefetch : {1, 2, 5}) {
+    DataLoader loader(Numbers{30}, {.batch_size = 3,
+                                    .num_workers = 2,
+                                    .prefetch_factor = prefetch,
+                                    .persistent_workers = true,
+                                    .timeout = std::chrono::seconds(20)});
+    for (int e = 0; e < 2; ++e) {
+      Batches got;
+      for (auto& batch : loader) {
+        got.push_back(values(batch));
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      }
+      Batches want;
+      for (std::int64_t b = 0; b < 10; ++b) want.push_back({3 * b, 3 * b + 1, 3 * b + 2});
+      EXPECT_EQ(got, want) << "prefetch " << prefetch << ", epoch " << e;
+    }
+  }
 }
 
 // Sample i: (i, worker id, worker seed, num_workers) as seen by get() in the worker.
