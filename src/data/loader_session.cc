@@ -47,8 +47,15 @@ struct LoaderSession::State {
     // board's slots.
     std::uint64_t posted = 0;
     std::uint64_t answered = 0;
-    std::optional<TaskBoardWriter> board;  // its first reply; no task before it
-    bool unpublished = false;              // posted since the last publish
+    std::optional<TaskBoardWriter> board;  // its first reply
+    // Tasks given to it before its board came: written there when it comes.
+    struct Deferred {
+      std::uint64_t id;
+      bool reset;
+      std::vector<std::int64_t> indices;
+    };
+    std::vector<Deferred> deferred;
+    bool unpublished = false;  // written since the last publish
   };
 
   State(SessionOptions o, const Launch& launch, Decode d)
@@ -76,6 +83,8 @@ struct LoaderSession::State {
   void fill();
   bool has_room(std::size_t w) const noexcept;
   void post(std::size_t w, std::uint64_t id, const std::vector<std::int64_t>& indices);
+  void write(std::size_t w, std::uint64_t id, bool reset, std::span<const std::int64_t> indices);
+  void publish(std::size_t w);
   void send_to(std::size_t w, Encoder&& e);
   std::optional<std::uint64_t> take_ready();
   void wait(std::optional<Clock::time_point> deadline);
@@ -146,39 +155,55 @@ void LoaderSession::State::fill() {
     post(*pick, id, indices);
     cursor = (*pick + 1) % n;
   }
-  for (std::size_t w = 0; w < n; ++w) {
-    if (!std::exchange(workers[w].unpublished, false)) continue;
-    if (workers[w].board->publish()) {
-      Encoder e;
-      e.encode(WorkerOp::kWake);
-      send_to(w, std::move(e));
-    }
+  for (std::size_t w = 0; w < n; ++w) publish(w);
+}
+
+// A worker whose board has not come yet has room as if it had (its tasks wait in
+// `deferred`), so that which worker gets which task does not depend on when boards come.
+bool LoaderSession::State::has_room(std::size_t w) const noexcept {
+  const Worker& worker = workers[w];
+  return worker.posted - worker.answered < static_cast<std::uint64_t>(options.prefetch_factor);
+}
+
+// Makes worker w's tasks written since the last publish visible, and wakes it if it sleeps.
+void LoaderSession::State::publish(std::size_t w) {
+  if (!std::exchange(workers[w].unpublished, false)) return;
+  if (workers[w].board->publish()) {
+    Encoder e;
+    e.encode(WorkerOp::kWake);
+    send_to(w, std::move(e));
   }
 }
 
-bool LoaderSession::State::has_room(std::size_t w) const noexcept {
-  const Worker& worker = workers[w];
-  return worker.board && worker.posted - worker.answered < worker.board->slots();
-}
-
-// Writes task `id` on worker w's board (published at the end of fill()); a task whose
-// indices do not fit an entry goes in a message first.
+// Gives task `id` to worker w: on its board (published at the end of fill()), or, before
+// the board came, into `deferred`.
 void LoaderSession::State::post(std::size_t w, std::uint64_t id,
                                 const std::vector<std::int64_t>& indices) {
   Worker& worker = workers[w];
   const bool reset = options.iterable && std::exchange(worker.fresh_epoch, false);
   const std::span<const std::int64_t> mine =
       options.iterable ? std::span<const std::int64_t>() : std::span<const std::int64_t>(indices);
-  if (!worker.board->post(id, reset, mine)) {
+  ++worker.posted;
+  if (!worker.board) {
+    worker.deferred.push_back({id, reset, {mine.begin(), mine.end()}});
+    return;
+  }
+  write(w, id, reset, mine);
+}
+
+// Writes a task's entry; one whose indices do not fit goes in a message first.
+void LoaderSession::State::write(std::size_t w, std::uint64_t id, bool reset,
+                                 std::span<const std::int64_t> indices) {
+  Worker& worker = workers[w];
+  if (!worker.board->post(id, reset, indices)) {
     Encoder e;
     e.encode(WorkerOp::kTasks);
     e.encode(std::uint32_t{1});
     e.encode(id);
     e.encode(reset);
-    e.encode(indices);
+    e.encode(std::vector<std::int64_t>(indices.begin(), indices.end()));
     send_to(w, std::move(e));
   }
-  ++worker.posted;
   worker.unpublished = true;
 }
 
@@ -289,9 +314,13 @@ void LoaderSession::State::handle(std::size_t w, Decoder& d) {
     if (kind == EntryKind::kDone) break;
     if (kind == EntryKind::kBoard) {
       if (workers[w].board) throw ProtocolError("a second task board");
-      workers[w].board.emplace(d.decode<Tensor>(), task_board_shape(options.prefetch_factor,
-                                                                    options.batch_size,
-                                                                    options.iterable));
+      Worker& worker = workers[w];
+      worker.board.emplace(d.decode<Tensor>(), task_board_shape(options.prefetch_factor,
+                                                                options.batch_size,
+                                                                options.iterable));
+      for (const Worker::Deferred& t : worker.deferred) write(w, t.id, t.reset, t.indices);
+      worker.deferred.clear();
+      publish(w);
       continue;
     }
     // Every task is answered once (an init error answers none): its entry was read.

@@ -424,6 +424,43 @@ TEST_F(DataLoaderTest, PersistentWorkersServeEveryEpoch) {
   EXPECT_EQ(loader.epochs(), 6);
 }
 
+TEST_F(DataLoaderTest, AnEpochLeftEarlyLeavesPersistentWorkersTasksThatTheNextEpochWaitsFor) {
+  // Each worker's board holds prefetch_factor tasks; an epoch left after one batch leaves
+  // the others on it, unanswered. The next epoch's tasks go on the board only as the
+  // workers answer those (their batches are dropped), and iterable workers start over.
+  for (int prefetch : {1, 3}) {
+    DataLoader map_style(Numbers{12}, {.batch_size = 2,
+                                       .num_workers = 2,
+                                       .prefetch_factor = prefetch,
+                                       .persistent_workers = true,
+                                       .timeout = std::chrono::seconds(20)});
+    DataLoader iterable(Shards{}, {.batch_size = 2,
+                                   .num_workers = 2,
+                                   .prefetch_factor = prefetch,
+                                   .persistent_workers = true,
+                                   .timeout = std::chrono::seconds(20)});
+    const std::vector<int> pids = [&] {
+      (void)epoch(map_style);
+      return map_style.worker_pids();
+    }();
+    for (int round = 0; round < 3; ++round) {
+      for (auto& batch : map_style) {
+        EXPECT_EQ(values(batch), (std::vector<std::int64_t>{0, 1}));
+        break;
+      }
+      for (auto& batch : iterable) {
+        EXPECT_EQ(values(batch), (std::vector<std::int64_t>{0, 2}));
+        break;
+      }
+    }
+    EXPECT_EQ(epoch(map_style), (Batches{{0, 1}, {2, 3}, {4, 5}, {6, 7}, {8, 9}, {10, 11}}))
+        << "prefetch " << prefetch;
+    EXPECT_EQ(epoch(iterable), (Batches{{0, 2}, {1, 3}, {4, 6}, {5, 7}, {8}, {9}}))
+        << "prefetch " << prefetch;
+    EXPECT_EQ(map_style.worker_pids(), pids);
+  }
+}
+
 // In a worker process: the id worker_init_fn was called with there (-1: it was not).
 std::int64_t g_initialized_as = -1;
 void remember_worker(int id) {
