@@ -5,7 +5,8 @@
 //
 // Each worker makes its board (a block of its own arena) and sends it to the main process
 // in its first reply (EntryKind::kBoard); the main process maps it as it maps the worker's
-// batches, and gives that worker no task before it has it. A task is an entry of
+// batches (tasks it gives that worker before then wait in the main process). A task is an
+// entry of
 // a ring of `slots` entries: its id, flags and up to `index_words` sample indices. The main
 // process writes entries, then publishes them (`published`, a count); the worker takes them
 // in order. A task whose indices do not fit an entry travels as a kTasks message, sent
