@@ -7,7 +7,9 @@
 #include <new>
 #include <string>
 
+#include "memory/storage_impl.h"
 #include "shmtensor/error.h"
+#include "shmtensor/internal/storage_access.h"
 
 namespace shmtensor::internal {
 
@@ -66,9 +68,12 @@ bool TaskBoardWriter::publish() noexcept {
 TaskBoardReader::TaskBoardReader(TaskBoardShape shape) {
   const std::size_t bytes = TaskBoardMemory::bytes(shape);
   board_.shape = shape;
-  board_.memory = Tensor::empty_shared(
-      {static_cast<std::int64_t>((bytes + sizeof(std::int64_t) - 1) / sizeof(std::int64_t))},
-      DType::kInt64);
+  // A memfd whatever the process's strategy: no /dev/shm space (file_system fallocates a
+  // whole arena segment there) and no name for the manager to track.
+  const auto words = static_cast<std::int64_t>((bytes + sizeof(std::int64_t) - 1) / sizeof(std::int64_t));
+  Storage storage = StorageAccess::make(allocate_shared_storage(
+      static_cast<std::size_t>(words) * sizeof(std::int64_t), SharingStrategy::kFileDescriptor));
+  board_.memory = Tensor::from_storage(std::move(storage), 0, {words}, {1}, DType::kInt64);
   void* at = board_.memory.raw_data();
   std::memset(at, 0, bytes);
   board_.header = new (at) TaskBoardHeader{kTaskBoardMagic, kTaskBoardVersion, shape.slots,

@@ -3,7 +3,8 @@
 // side a message (docs/shm_layout.md, "A DataLoader worker's task board", is the prose
 // twin of this layout).
 //
-// Each worker makes its board (a block of its own arena) and sends it to the main process
+// Each worker makes its board (a block of its own arena, file_descriptor whatever the
+// process's strategy: no /dev/shm space, no name) and sends it to the main process
 // in its first reply (EntryKind::kBoard); the main process maps it as it maps the worker's
 // batches (tasks it gives that worker before then wait in the main process). A task is an
 // entry of
@@ -107,7 +108,8 @@ class TaskBoardWriter {
 // The worker's side of its board.
 class TaskBoardReader {
  public:
-  // A board of that shape in this process's arena. Throws what Tensor::empty_shared throws.
+  // A board of that shape in this process's arena, in a memfd whatever the sharing
+  // strategy. Throws what the arena's allocation throws.
   explicit TaskBoardReader(TaskBoardShape shape);
   const Tensor& memory() const noexcept { return board_.memory; }
   // Whether an entry is published that this worker has not taken.
