@@ -32,6 +32,10 @@ struct WorkerPort::State {
   std::deque<Task> in_messages;  // tasks that came as kTasks messages (their entries say so)
   bool stop = false;
   AdaptiveSpin spin;
+  // Whether has_message() tells this end's messages without a syscall (a ringed end; a
+  // socket-only one always says yes): looked at once, before anything can have come
+  // (the main process writes tasks only once it has our board).
+  bool peekable = !ConnectionAccess::has_message(connection);
 
   void parse(Decoder& d) {
     switch (d.decode<WorkerOp>()) {
@@ -85,10 +89,8 @@ struct WorkerPort::State {
       parse(*d);
     }
   }
-  // Whether the board has a task for us or a message waits (no syscall).
-  bool something() const noexcept {
-    return board.ready() || ConnectionAccess::has_message(connection);
-  }
+  // Whether a message may wait, without a syscall.
+  bool message() const noexcept { return peekable && ConnectionAccess::has_message(connection); }
 };
 
 WorkerPort::WorkerPort(Connection& connection, const WorkerConfig& config)
@@ -116,7 +118,7 @@ const WorkerConfig& WorkerPort::config() const noexcept { return state_->config;
 bool WorkerPort::next_task(Task& task) {
   State& s = *state_;
   for (;;) {
-    if (ConnectionAccess::has_message(s.connection)) s.drain();
+    if (s.message()) s.drain();
     if (s.stop) return false;
     if (s.board.ready()) {
       const TaskBoardReader::Taken t = s.board.take(task.indices);
@@ -139,7 +141,7 @@ bool WorkerPort::next_task(Task& task) {
     // The main process publishes the next task as it takes a batch: spun for, it costs
     // neither side a syscall. Then the sleep, which the main process interrupts with kWake
     // (or a kStop, or the end of the stream).
-    if (s.spin.spin_until([&s] { return s.something(); })) continue;
+    if (s.spin.spin_until([&s] { return s.board.ready() || s.message(); })) continue;
     if (s.board.about_to_sleep()) continue;
     s.receive();
     s.board.woke();
