@@ -235,6 +235,8 @@ class DataLoader {
     c.base_seed = base_seed_;
     c.batch_size = options_.batch_size;
     c.drop_last = options_.drop_last;
+    c.prefetch_factor = options_.prefetch_factor;
+    c.iterable = kIterable;
     if (options_.start_method == StartMethod::kExec) {
       if constexpr (std::is_pointer_v<Collate>)
         c.collate_fn = internal::function_ref(reinterpret_cast<const void*>(options_.collate_fn));
@@ -246,7 +248,8 @@ class DataLoader {
 
   std::unique_ptr<internal::LoaderSession> make_session() {
     internal::SessionOptions s{options_.num_workers, options_.prefetch_factor, options_.in_order,
-                               options_.timeout, options_.start_method, kIterable};
+                               options_.timeout, options_.start_method, kIterable,
+                               options_.batch_size};
     auto launch = [this](int id, internal::WorkerLink link) -> internal::LaunchSpec {
       internal::WorkerConfig config = worker_config(id);
       if (options_.start_method == StartMethod::kExec) {

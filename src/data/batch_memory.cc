@@ -10,7 +10,7 @@
 
 namespace shmtensor::internal {
 
-Tensor empty_batch(std::vector<std::int64_t> sizes, DType dtype) {
+Tensor empty_batch(Dims sizes, DType dtype) {
   if (!get_worker_info()) return Tensor::empty(std::move(sizes), dtype);
   return Tensor::empty_shared(std::move(sizes), dtype);
 }

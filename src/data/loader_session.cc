@@ -1,7 +1,9 @@
 // The main process's side of a DataLoader's workers: tasks out, batches in, in order.
 //
 // One thread drives everything from next(): it tops up tasks (at most prefetch_factor per
-// worker not yet handed out), then spins briefly on the workers' rings (spin_wait.h) and,
+// worker not yet handed out) by writing them on each worker's task board (task_board.h: no
+// message, and a wake-up message only for a worker that sleeps), then spins briefly on the
+// workers' rings (spin_wait.h) and,
 // if no batch came, waits in one poll() on every worker's socket and pidfd, so a result and
 // a death are both seen at once, with no polling interval. While batches come within the
 // spin, a batch costs no syscall: its reply is taken from the ring only when one is there
@@ -10,9 +12,11 @@
 // (persistent workers finish the tasks of an abandoned epoch).
 #include <algorithm>
 #include <map>
+#include <span>
 
 #include "data/loader_errors.h"
 #include "data/spin_wait.h"
+#include "data/task_board.h"
 #include "os/clock.h"
 #include "shmtensor/internal/connection_access.h"
 #include "shmtensor/internal/current_exception.h"
@@ -38,6 +42,20 @@ struct LoaderSession::State {
     std::size_t load = 0;     // tasks of this epoch given to it and not handed out yet
     bool active = true;       // iterable: has more this epoch
     bool fresh_epoch = true;  // iterable: its next task starts the iteration over
+    // Tasks written on its board, and answered (a batch, an error or an end came back),
+    // over the session: posted - answered entries may still be unread, so at most the
+    // board's slots.
+    std::uint64_t posted = 0;
+    std::uint64_t answered = 0;
+    std::optional<TaskBoardWriter> board;  // its first reply
+    // Tasks given to it before its board came: written there when it comes.
+    struct Deferred {
+      std::uint64_t id;
+      bool reset;
+      std::vector<std::int64_t> indices;
+    };
+    std::vector<Deferred> deferred;
+    bool unpublished = false;  // written since the last publish
   };
 
   State(SessionOptions o, const Launch& launch, Decode d)
@@ -57,11 +75,17 @@ struct LoaderSession::State {
   bool broken = false;
   std::vector<Connection*> ends;  // each worker's connection, for the spin
   AdaptiveSpin spin;
+  std::vector<std::int64_t> scratch;  // fill()'s indices of a batch
   std::int64_t deaths_seen_at = -1;  // the clock tick (coarse_monotonic_ns) of the last look
 
   void start();
   void stop() noexcept;
   void fill();
+  bool has_room(std::size_t w) const noexcept;
+  void post(std::size_t w, std::uint64_t id, const std::vector<std::int64_t>& indices);
+  void write(std::size_t w, std::uint64_t id, bool reset, std::span<const std::int64_t> indices);
+  void publish(std::size_t w);
+  void send_to(std::size_t w, Encoder&& e);
   std::optional<std::uint64_t> take_ready();
   void wait(std::optional<Clock::time_point> deadline);
   void sleep(std::optional<Clock::time_point> deadline);
@@ -103,15 +127,15 @@ void LoaderSession::State::fill() {
       std::none_of(workers.begin(), workers.end(),
                    [&](const Worker& w) { return w.active && w.load <= low; }))
     return;
-  std::vector<std::vector<std::pair<std::uint64_t, std::vector<std::int64_t>>>> out(workers.size());
-  std::vector<std::int64_t> indices;
+  std::vector<std::int64_t>& indices = scratch;
   const std::size_t n = workers.size();
   while (!source_done) {
     std::optional<std::size_t> pick;
     for (std::size_t k = 0; k < n; ++k) {
       std::size_t w = (cursor + k) % n;
       if (!workers[w].active) continue;
-      if (workers[w].load < static_cast<std::size_t>(options.prefetch_factor)) pick = w;
+      if (workers[w].load < static_cast<std::size_t>(options.prefetch_factor) && has_room(w))
+        pick = w;
       // in_order keeps a strict rotation: a busy worker is waited for, not skipped.
       if (pick || options.in_order) break;
     }
@@ -128,26 +152,68 @@ void LoaderSession::State::fill() {
     const std::uint64_t id = next_id++;
     tasks.emplace(id, Task{static_cast<int>(*pick), Status::kPending, {}});
     ++workers[*pick].load;
-    out[*pick].emplace_back(id, options.iterable ? std::vector<std::int64_t>{} : indices);
+    post(*pick, id, indices);
     cursor = (*pick + 1) % n;
   }
-  for (std::size_t w = 0; w < n; ++w) {
-    if (out[w].empty()) continue;
+  for (std::size_t w = 0; w < n; ++w) publish(w);
+}
+
+// A worker whose board has not come yet has room as if it had (its tasks wait in
+// `deferred`), so that which worker gets which task does not depend on when boards come.
+bool LoaderSession::State::has_room(std::size_t w) const noexcept {
+  const Worker& worker = workers[w];
+  return worker.posted - worker.answered < static_cast<std::uint64_t>(options.prefetch_factor);
+}
+
+// Makes worker w's tasks written since the last publish visible, and wakes it if it sleeps.
+void LoaderSession::State::publish(std::size_t w) {
+  if (!std::exchange(workers[w].unpublished, false)) return;
+  if (workers[w].board->publish()) {
+    Encoder e;
+    e.encode(WorkerOp::kWake);
+    send_to(w, std::move(e));
+  }
+}
+
+// Gives task `id` to worker w: on its board (published at the end of fill()), or, before
+// the board came, into `deferred`.
+void LoaderSession::State::post(std::size_t w, std::uint64_t id,
+                                const std::vector<std::int64_t>& indices) {
+  Worker& worker = workers[w];
+  const bool reset = options.iterable && std::exchange(worker.fresh_epoch, false);
+  const std::span<const std::int64_t> mine =
+      options.iterable ? std::span<const std::int64_t>() : std::span<const std::int64_t>(indices);
+  ++worker.posted;
+  if (!worker.board) {
+    worker.deferred.push_back({id, reset, {mine.begin(), mine.end()}});
+    return;
+  }
+  write(w, id, reset, mine);
+}
+
+// Writes a task's entry; one whose indices do not fit goes in a message first.
+void LoaderSession::State::write(std::size_t w, std::uint64_t id, bool reset,
+                                 std::span<const std::int64_t> indices) {
+  Worker& worker = workers[w];
+  if (!worker.board->post(id, reset, indices)) {
     Encoder e;
     e.encode(WorkerOp::kTasks);
-    e.encode(static_cast<std::uint32_t>(out[w].size()));
-    for (auto& [id, idx] : out[w]) {
-      e.encode(id);
-      e.encode(options.iterable && std::exchange(workers[w].fresh_epoch, false));
-      e.encode(idx);
-    }
-    try {
-      internal::ConnectionAccess::send(group.connection(w), std::move(e));
-    } catch (const ConnectionClosed&) {
-      died(w);  // EPIPE: it is gone
-    } catch (const SystemError&) {
-      died(w);
-    }
+    e.encode(std::uint32_t{1});
+    e.encode(id);
+    e.encode(reset);
+    e.encode(std::vector<std::int64_t>(indices.begin(), indices.end()));
+    send_to(w, std::move(e));
+  }
+  worker.unpublished = true;
+}
+
+void LoaderSession::State::send_to(std::size_t w, Encoder&& e) {
+  try {
+    internal::ConnectionAccess::send(group.connection(w), std::move(e));
+  } catch (const ConnectionClosed&) {
+    died(w);  // EPIPE: it is gone
+  } catch (const SystemError&) {
+    died(w);
   }
 }
 
@@ -246,6 +312,20 @@ void LoaderSession::State::handle(std::size_t w, Decoder& d) {
     const auto id = d.decode<std::uint64_t>();
     const auto kind = d.decode<EntryKind>();
     if (kind == EntryKind::kDone) break;
+    if (kind == EntryKind::kBoard) {
+      if (workers[w].board) throw ProtocolError("a second task board");
+      Worker& worker = workers[w];
+      worker.board.emplace(d.decode<Tensor>(), task_board_shape(options.prefetch_factor,
+                                                                options.batch_size,
+                                                                options.iterable));
+      for (const Worker::Deferred& t : worker.deferred) write(w, t.id, t.reset, t.indices);
+      worker.deferred.clear();
+      publish(w);
+      continue;
+    }
+    // Every task is answered once (an init error answers none): its entry was read.
+    if (kind != EntryKind::kInitError && workers[w].answered < workers[w].posted)
+      ++workers[w].answered;
     auto it = id >= epoch_first ? tasks.find(id) : tasks.end();
     const bool current = it != tasks.end() && it->second.worker == static_cast<int>(w) &&
                          it->second.status == Status::kPending;

@@ -30,27 +30,58 @@ class AdaptiveSpin {
   // needs that CPU: busy_poll.h).
   std::optional<std::size_t> spin(std::span<Connection* const> ends,
                                   std::optional<Clock::time_point> deadline) noexcept {
-    if (spin_before_sleep().count() <= 0) return std::nullopt;
+    Clock::time_point start, until;
+    if (!begin(deadline, start, until)) return std::nullopt;
+    const std::optional<std::size_t> found = ConnectionAccess::spin_for_message(ends, until);
+    learn(found.has_value(), start);
+    return found;
+  }
+
+  // Spins until `ready()` (loads only, no syscall) holds or the spin's budget is spent.
+  // Not inlined: a profile shows the spin apart from its caller's work.
+  template <class Ready>
+  [[gnu::noinline]] bool spin_until(Ready&& ready) noexcept {
+    Clock::time_point start, until;
+    if (!begin(std::nullopt, start, until)) return false;
+    for (std::uint32_t i = 0;; ++i) {
+      if (ready()) {
+        learn(true, start);
+        return true;
+      }
+      if (i % 32 == 31 && Clock::now() >= until) break;
+#if defined(__x86_64__) || defined(__i386__)
+      __builtin_ia32_pause();
+#endif
+    }
+    learn(false, start);
+    return false;
+  }
+
+ private:
+  // When this spin starts and ends; false: no spin at all.
+  bool begin(std::optional<Clock::time_point> deadline, Clock::time_point& start,
+             Clock::time_point& until) noexcept {
+    if (spin_before_sleep().count() <= 0) return false;
     const auto budget = ++waits_ % kProbe == 0 ? kMost : budget_;
-    const auto start = Clock::now();
-    auto until = start + std::chrono::duration_cast<Clock::duration>(budget);
+    start = Clock::now();
+    until = start + std::chrono::duration_cast<Clock::duration>(budget);
     if (deadline) {
-      if (start >= *deadline) return std::nullopt;
+      if (start >= *deadline) return false;
       until = std::min(until, *deadline);
     }
-    const std::optional<std::size_t> found = ConnectionAccess::spin_for_message(ends, until);
-    // A message caught makes the next spin four times as long as this one took (a long
-    // wait caught once does not keep later spins long); a miss halves it.
+    return true;
+  }
+  // A message caught makes the next spin four times as long as this one took (a long wait
+  // caught once does not keep later spins long); a miss halves it.
+  void learn(bool found, Clock::time_point start) noexcept {
     if (found)
       budget_ = std::clamp(
           std::chrono::duration_cast<std::chrono::nanoseconds>(4 * (Clock::now() - start)),
           std::chrono::nanoseconds(kLeast), std::chrono::nanoseconds(kMost));
     else
       budget_ = std::max(std::chrono::nanoseconds(kLeast), budget_ / 2);
-    return found;
   }
 
- private:
   std::chrono::nanoseconds budget_ = kMost;
   std::uint32_t waits_ = 0;
 };

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
+#include <memory>
 #include <optional>
 #include <thread>
 #include <typeinfo>
@@ -409,20 +410,9 @@ TEST_F(DataLoaderErrorsTest, AStoppedWorkerPastTheTimeoutIsATimeoutErrorAndIsRea
   EXPECT_EQ(::kill(pid, 0), -1);
 }
 
-// A worker that answers its first task by writing a ring slot that is not a frame, then a
-// message.
-void junk_worker(int, internal::WorkerLink link) {
-  Connection& c = *link.connection;
-  (void)internal::ConnectionAccess::recv(c, std::nullopt);
-  const std::vector<int> fds = internal::ConnectionAccess::fds(c);
-  internal::Ring ring = internal::Ring::attach(internal::dup_cloexec(fds[2]));  // replies
-  const std::byte junk[12] = {std::byte{0xde}, std::byte{0xad}};
-  (void)ring.push(junk, internal::kRingMessageTag, std::nullopt);
-  // A raw push signals nobody who sleeps in poll(); a message sent after it does, and the
-  // slot before it is taken first.
-  Encoder e;
-  e.encode(std::uint64_t{1});
-  internal::ConnectionAccess::send(c, std::move(e));
+// Sends `message`, then reads what comes until the main process closes its end.
+void send_then_wait_for_end(Connection& c, Encoder&& message) {
+  internal::ConnectionAccess::send(c, std::move(message));
   for (;;) {
     try {
       (void)internal::ConnectionAccess::recv(c, std::nullopt);
@@ -432,36 +422,90 @@ void junk_worker(int, internal::WorkerLink link) {
   }
 }
 
-TEST_F(DataLoaderErrorsTest, AWorkerThatWritesGarbageIntoItsRingBreaksTheSession) {
+// A one-worker session whose worker runs `worker`, in its first epoch of 4 tasks.
+std::unique_ptr<internal::LoaderSession> session_of(void (*worker)(int, internal::WorkerLink),
+                                                    internal::LoaderSession::Decode decode) {
   internal::SessionOptions options;
   options.num_workers = 1;
-  int decoded = 0;
-  internal::LoaderSession session(
+  auto session = std::make_unique<internal::LoaderSession>(
       options,
-      [](int id, internal::WorkerLink link) {
-        return internal::make_launch<true>(id, &junk_worker, link);
+      [worker](int id, internal::WorkerLink link) {
+        return internal::make_launch<true>(id, worker, link);
       },
-      [&](std::uint64_t, Decoder&, bool) { ++decoded; });
-  session.begin_epoch([k = 0](std::vector<std::int64_t>& indices) mutable {
+      std::move(decode));
+  session->begin_epoch([k = 0](std::vector<std::int64_t>& indices) mutable {
     indices = {k};
     return k++ < 4;
   });
-  const int pid = session.pids().at(0);
+  return session;
+}
+
+// What the DataLoaderError (that type exactly) that session.next() throws says.
+std::string next_error(internal::LoaderSession& session) {
   try {
     (void)session.next();
-    FAIL() << "no exception";
   } catch (const DataLoaderError& e) {
     EXPECT_EQ(typeid(e), typeid(DataLoaderError));
-    const std::string what = e.what();
-    EXPECT_NE(what.find("DataLoader worker 0 (pid " + std::to_string(pid) +
-                        ") sent a reply that could not be decoded"),
-              std::string::npos)
-        << what;
-    EXPECT_NE(what.find("shorter than a frame header"), std::string::npos) << what;
+    return e.what();
   }
+  ADD_FAILURE() << "no exception";
+  return {};
+}
+
+// A worker whose first reply (a worker speaks first: its task board) is a ring slot that
+// is not a frame, then a message.
+void junk_worker(int, internal::WorkerLink link) {
+  Connection& c = *link.connection;
+  const std::vector<int> fds = internal::ConnectionAccess::fds(c);
+  internal::Ring ring = internal::Ring::attach(internal::dup_cloexec(fds[2]));  // replies
+  const std::byte junk[12] = {std::byte{0xde}, std::byte{0xad}};
+  (void)ring.push(junk, internal::kRingMessageTag, std::nullopt);
+  // A raw push signals nobody who sleeps in poll(); a message sent after it does, and the
+  // slot before it is taken first.
+  Encoder e;
+  e.encode(std::uint64_t{1});
+  send_then_wait_for_end(c, std::move(e));
+}
+
+TEST_F(DataLoaderErrorsTest, AWorkerThatWritesGarbageIntoItsRingBreaksTheSession) {
+  int decoded = 0;
+  const auto owned = session_of(&junk_worker, [&](std::uint64_t, Decoder&, bool) { ++decoded; });
+  internal::LoaderSession& session = *owned;
+  const int pid = session.pids().at(0);
+  const std::string what = next_error(session);
+  EXPECT_NE(what.find("DataLoader worker 0 (pid " + std::to_string(pid) +
+                      ") sent a reply that could not be decoded"),
+            std::string::npos)
+      << what;
+  EXPECT_NE(what.find("shorter than a frame header"), std::string::npos) << what;
   EXPECT_EQ(decoded, 0);
   EXPECT_TRUE(session.broken());
   EXPECT_THROW((void)session.next(), DataLoaderError);
+}
+
+// A worker whose first reply is a task board far smaller than the loader's shape.
+void small_board_worker(int, internal::WorkerLink link) {
+  Connection& c = *link.connection;
+  Encoder e;
+  e.encode(std::uint64_t{0});
+  e.encode(internal::EntryKind::kBoard);
+  e.encode(Tensor::zeros({2}, DType::kInt64).share_memory_());
+  e.encode(std::uint64_t{0});
+  e.encode(internal::EntryKind::kDone);
+  send_then_wait_for_end(c, std::move(e));
+}
+
+TEST_F(DataLoaderErrorsTest, AWorkerWhoseTaskBoardIsTooSmallBreaksTheSession) {
+  // The main process writes tasks on the board the worker sent: one smaller than the
+  // shape it expects (2 slots of 16 indices: 64 + 2 × 144 bytes) is refused, not written.
+  const auto owned = session_of(&small_board_worker, [](std::uint64_t, Decoder&, bool) {});
+  internal::LoaderSession& session = *owned;
+  const int pid = session.pids().at(0);
+  EXPECT_EQ(next_error(session),
+            "DataLoader worker 0 (pid " + std::to_string(pid) +
+                ") sent a reply that could not be decoded: shmtensor::ProtocolError: the task "
+                "board is not a 1-d int64 host tensor of 352 bytes or more");
+  EXPECT_TRUE(session.broken());
 }
 
 auto capturing_collate(int k) {

@@ -3,6 +3,7 @@
 // Every test runs real worker processes and checks that nothing leaks.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <map>
@@ -244,6 +245,61 @@ TEST_F(DataLoaderTest, CustomSamplersGiveTheirOrder) {
                "sampler index 10 is out of range for a dataset of size 10");
 }
 
+TEST_F(DataLoaderTest, BatchesLongerThanATaskBoardEntryComeInOrderWithTheOthers) {
+  // A task board entry holds the batch size's indices (at least 16, at most 512); a longer
+  // batch's task travels as a message, between tasks on the board.
+  Batches mixed{{4}, {}, {}, {0, 1}, {}, {9}};
+  for (std::int64_t i = 0; i < 40; ++i) mixed[1].push_back(i % 50);
+  for (std::int64_t i = 0; i < 17; ++i) mixed[2].push_back(49 - i);
+  for (std::int64_t i = 0; i < 16; ++i) mixed[4].push_back(i * 3);
+  for (StartMethod method : {StartMethod::kFork, StartMethod::kExec}) {
+    for (bool in_order : {true, false}) {
+      DataLoader loader(Numbers{50}, {.batch_sampler = mixed,
+                                      .num_workers = 2,
+                                      .in_order = in_order,
+                                      .start_method = method});
+      Batches got = epoch(loader);
+      if (!in_order) std::sort(got.begin(), got.end());
+      Batches want = mixed;
+      if (!in_order) std::sort(want.begin(), want.end());
+      EXPECT_EQ(got, want) << "in_order " << in_order;
+    }
+  }
+  // Batches of 600: every task in a message, the last batch (100) too.
+  DataLoader large(Numbers{1300}, {.batch_size = 600, .num_workers = 1, .persistent_workers = true});
+  for (int e = 0; e < 2; ++e) {
+    const Batches got = epoch(large);
+    ASSERT_EQ(got.size(), 3u);
+    std::vector<std::int64_t> all;
+    for (const auto& b : got) all.insert(all.end(), b.begin(), b.end());
+    EXPECT_EQ(all, values(Tensor::arange(1300)));
+    EXPECT_EQ(got[2].size(), 100u);
+  }
+}
+
+TEST_F(DataLoaderTest, ASlowConsumerGetsEveryBatchFromAWorkerThatSleepsBetweenTasks) {
+  // The consumer takes 2 ms per batch, longer than a worker spins (50 us at most), so the
+  // worker sleeps for most tasks and the main process wakes it with a message. A lost
+  // wake-up would leave a batch unmade: the timeout turns that into a DataLoaderTimeout.
+  for (int prefetch : {1, 2, 5}) {
+    DataLoader loader(Numbers{30}, {.batch_size = 3,
+                                    .num_workers = 2,
+                                    .prefetch_factor = prefetch,
+                                    .persistent_workers = true,
+                                    .timeout = std::chrono::seconds(20)});
+    for (int e = 0; e < 2; ++e) {
+      Batches got;
+      for (auto& batch : loader) {
+        got.push_back(values(batch));
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      }
+      Batches want;
+      for (std::int64_t b = 0; b < 10; ++b) want.push_back({3 * b, 3 * b + 1, 3 * b + 2});
+      EXPECT_EQ(got, want) << "prefetch " << prefetch << ", epoch " << e;
+    }
+  }
+}
+
 // Sample i: (i, worker id, worker seed, num_workers) as seen by get() in the worker.
 struct WhoLoads {
   std::int64_t size() const { return 12; }
@@ -366,6 +422,43 @@ TEST_F(DataLoaderTest, PersistentWorkersServeEveryEpoch) {
   EXPECT_EQ(epoch(loader), expected);
   EXPECT_EQ(loader.worker_pids(), pids);
   EXPECT_EQ(loader.epochs(), 6);
+}
+
+TEST_F(DataLoaderTest, AnEpochLeftEarlyLeavesPersistentWorkersTasksThatTheNextEpochWaitsFor) {
+  // Each worker's board holds prefetch_factor tasks; an epoch left after one batch leaves
+  // the others on it, unanswered. The next epoch's tasks go on the board only as the
+  // workers answer those (their batches are dropped), and iterable workers start over.
+  for (int prefetch : {1, 3}) {
+    DataLoader map_style(Numbers{12}, {.batch_size = 2,
+                                       .num_workers = 2,
+                                       .prefetch_factor = prefetch,
+                                       .persistent_workers = true,
+                                       .timeout = std::chrono::seconds(20)});
+    DataLoader iterable(Shards{}, {.batch_size = 2,
+                                   .num_workers = 2,
+                                   .prefetch_factor = prefetch,
+                                   .persistent_workers = true,
+                                   .timeout = std::chrono::seconds(20)});
+    const std::vector<int> pids = [&] {
+      (void)epoch(map_style);
+      return map_style.worker_pids();
+    }();
+    for (int round = 0; round < 3; ++round) {
+      for (auto& batch : map_style) {
+        EXPECT_EQ(values(batch), (std::vector<std::int64_t>{0, 1}));
+        break;
+      }
+      for (auto& batch : iterable) {
+        EXPECT_EQ(values(batch), (std::vector<std::int64_t>{0, 2}));
+        break;
+      }
+    }
+    EXPECT_EQ(epoch(map_style), (Batches{{0, 1}, {2, 3}, {4, 5}, {6, 7}, {8, 9}, {10, 11}}))
+        << "prefetch " << prefetch;
+    EXPECT_EQ(epoch(iterable), (Batches{{0, 2}, {1, 3}, {4, 6}, {5, 7}, {8}, {9}}))
+        << "prefetch " << prefetch;
+    EXPECT_EQ(map_style.worker_pids(), pids);
+  }
 }
 
 // In a worker process: the id worker_init_fn was called with there (-1: it was not).

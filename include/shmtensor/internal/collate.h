@@ -1,6 +1,7 @@
 // DefaultCollate's machinery (collate.h): how each sample type is collated. Internal.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -11,14 +12,15 @@
 #include <utility>
 #include <vector>
 
+#include "shmtensor/dims.h"
 #include "shmtensor/dtype.h"
 #include "shmtensor/export.h"
 #include "shmtensor/tensor.h"
 
 namespace shmtensor::internal {
 
-// shmtensor::empty_batch (collate.h has the contract).
-SHMTENSOR_API Tensor empty_batch(std::vector<std::int64_t> sizes, DType dtype);
+// shmtensor::empty_batch (collate.h has the contract); sizes as Dims (no heap for a few).
+SHMTENSOR_API Tensor empty_batch(Dims sizes, DType dtype);
 
 template <class T, class = void>
 struct HasFields : std::false_type {};
@@ -72,10 +74,11 @@ struct CollateImpl<Tensor> {
   using type = Tensor;
   static Tensor collate(std::vector<Tensor>&& samples) {
     if (samples.empty()) throw_collate_mismatch("cannot collate an empty batch");
-    std::vector<std::int64_t> sizes{static_cast<std::int64_t>(samples.size())};
     const Tensor& first = samples.front();
     if (!first.defined()) throw_collate_mismatch("cannot collate an undefined tensor");
-    sizes.insert(sizes.end(), first.sizes().begin(), first.sizes().end());
+    // [samples, *first.sizes()]
+    Dims sizes(first.sizes().size() + 1, static_cast<std::int64_t>(samples.size()));
+    std::copy(first.sizes().begin(), first.sizes().end(), sizes.begin() + 1);
     for (const Tensor& s : samples)
       if (s.defined() && s.dtype() != first.dtype())
         throw_collate_mismatch("cannot stack tensors of dtypes " + std::string(to_string(first.dtype())) +

@@ -59,6 +59,7 @@ struct SessionOptions {
   Timeout timeout;  // unset or 0: no limit
   StartMethod start_method = StartMethod::kFork;
   bool iterable = false;
+  std::int64_t batch_size = 1;  // sizes the task boards' entries (longer batches: messages)
 };
 
 // The main process's side of a set of workers (src/data/loader_session.cc): starts them,

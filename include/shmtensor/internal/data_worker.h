@@ -1,10 +1,15 @@
 // The worker side of a DataLoader (data_loader.h): what a worker process runs. Internal.
 //
-// Protocol (one duplex Connection per worker; docs/data_loader.md):
-//   main -> worker  u8 kTasks, u32 n, then n × (u64 id, u8 reset, vector<i64> indices)
-//                   | u8 kStop. EOF (the main process closed its end) also means stop.
+// Protocol (one duplex Connection per worker and its task board, src/data/task_board.h;
+// docs/data_loader.md):
+//   main -> worker  tasks are entries of the worker's task board; messages are u8 kWake (a
+//                   task was published while the worker slept) | u8 kTasks, u32 n, then
+//                   n × (u64 id, u8 reset, vector<i64> indices) (a task whose indices do
+//                   not fit its board entry, sent before the entry is published) | u8 kStop.
+//                   EOF (the main process closed its end) also means stop.
 //   worker -> main  entries, each u64 id + u8 kind:
-//                     kBatch <batch> | kError/kInitError <i64 index, str stage, str text>
+//                     kBoard <Tensor> (its task board, the first entry, id 0)
+//                     | kBatch <batch> | kError/kInitError <i64 index, str stage, str text>
 //                     | kEnd (an iterable worker has nothing more this epoch)
 //                   closed by u64 0 + u8 kDone (a worker sends one entry per message; the
 //                   main process accepts several).
@@ -76,13 +81,23 @@ struct WorkerConfig {
   std::uint64_t base_seed = 0;
   std::int64_t batch_size = 1;  // iterable datasets: the worker batches
   bool drop_last = false;
+  int prefetch_factor = 2;  // with batch_size and iterable, the task board's shape
+  bool iterable = false;
   FunctionRef collate_fn;  // kExec: a function-pointer collate_fn
   FunctionRef init_fn;     // kExec: worker_init_fn
-  SHMTENSOR_FIELDS(id, num_workers, base_seed, batch_size, drop_last, collate_fn, init_fn)
+  SHMTENSOR_FIELDS(id, num_workers, base_seed, batch_size, drop_last, prefetch_factor, iterable,
+                   collate_fn, init_fn)
 };
 
-enum class WorkerOp : std::uint8_t { kTasks = 0, kStop = 1 };
-enum class EntryKind : std::uint8_t { kBatch = 0, kError = 1, kEnd = 2, kInitError = 3, kDone = 255 };
+enum class WorkerOp : std::uint8_t { kTasks = 0, kStop = 1, kWake = 2 };
+enum class EntryKind : std::uint8_t {
+  kBatch = 0,
+  kError = 1,
+  kEnd = 2,
+  kInitError = 3,
+  kBoard = 4,
+  kDone = 255
+};
 
 // What went wrong in a worker, as data: the index being loaded (-1 if none), the stage
 // ("get", "collate_fn", "iteration", "worker_init_fn", "sending the batch") and
@@ -103,16 +118,18 @@ class SHMTENSOR_API WorkerPort {
     bool reset = false;  // iterable: start the dataset's iteration over (a new epoch)
     std::vector<std::int64_t> indices;
   };
-  // Installs the WorkerInfo of this process.
+  // Installs the WorkerInfo of this process, makes its task board and sends it to the main
+  // process (the first reply). Throws what the allocation or the send throws.
   WorkerPort(Connection& connection, const WorkerConfig& config);
   ~WorkerPort();
   WorkerPort(const WorkerPort&) = delete;
   WorkerPort& operator=(const WorkerPort&) = delete;
 
   const WorkerConfig& config() const noexcept;
-  // The next task, waiting for one if none is queued; nullopt when told to stop or when
-  // the main process is gone.
-  std::optional<Task> next_task();
+  // The next task into `task` (its vector reused), waiting for one if none is published;
+  // false when told to stop or when the main process is gone. Throws ProtocolError for a
+  // board entry or a message that is not the protocol's.
+  bool next_task(Task& task);
   void send(Encoder&& message);
 
   struct State;
@@ -177,15 +194,16 @@ void run_worker(Dataset& dataset, Collate& collate, const std::function<void(int
       reply(0, EntryKind::kInitError, current_failure(-1, "worker_init_fn"));
       // Exiting now could make the main process read ECONNRESET instead of this report
       // (tasks it sent would be unread): wait until it stops us.
-      while (port.next_task()) {
+      WorkerPort::Task ignored;
+      while (port.next_task(ignored)) {
       }
       return;
     }
   }
   IterationState<Dataset> iteration;
-  for (;;) {
-    std::optional<WorkerPort::Task> task = port.next_task();
-    if (!task) return;
+  WorkerPort::Task next;
+  const WorkerPort::Task* task = &next;
+  while (port.next_task(next)) {
     std::vector<Sample> samples;
     if constexpr (kMapStyle<Dataset>) {
       samples.reserve(task->indices.size());
