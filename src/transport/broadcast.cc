@@ -14,6 +14,7 @@
 
 #include "shmtensor/broadcast.h"
 #include "transport/broadcast_state.h"
+#include "transport/endpoint.h"
 #include "transport/ring_local.h"
 
 namespace shmtensor::internal {
@@ -176,6 +177,9 @@ void BroadcastCore::put(std::vector<Encoder>& messages,
   for (int i = 0; i < st.readers; ++i)
     deliver[static_cast<std::size_t>(i)] = st.wait_for_reader(i, deadline, now) ? 1 : 0;
   std::vector<int> got, missed;
+  // Published to every reader first, then each reader asleep woken: a reader polling gets
+  // its copy without waiting for the others' wakes (a put that must wait wakes them first).
+  DeferredWakes wakes(static_cast<std::size_t>(st.readers));
   for (int i = 0; i < st.readers; ++i) {
     if (!deliver[static_cast<std::size_t>(i)]) continue;
     std::optional<std::chrono::nanoseconds> left;
@@ -185,11 +189,12 @@ void BroadcastCore::put(std::vector<Encoder>& messages,
       if (!got.empty()) left = std::max(*left, std::chrono::nanoseconds(kBroadcastDeliverGrace));
       left = std::max(*left, std::chrono::nanoseconds(0));
     }
-    if (st.queue(i).put(std::move(messages[static_cast<std::size_t>(i)]), left))
+    if (st.queue(i).put(std::move(messages[static_cast<std::size_t>(i)]), left, false, &wakes))
       got.push_back(i);
     else
       missed.push_back(i);
   }
+  wakes.pay();
   if (missed.empty()) return;
   const int first = missed.front();
   const std::uint64_t v = st.reader_word(first);

@@ -53,6 +53,13 @@ inline constexpr std::chrono::milliseconds kBroadcastLivenessBusy{1};
 // buffer makes last).
 inline constexpr std::chrono::milliseconds kBroadcastDeliverGrace{100};
 
+// The writer deposits dedicated segments (tensors over 256 KiB) in each reader's queue's
+// depot, up to this many and this many bytes per queue (QueueCore::allow_dedicated_deposits):
+// a tensor sent again (or its segment reused by the arena for the next one) then travels
+// without its fd; the depot keeps those segments' memory while the broadcast lives.
+inline constexpr int kBroadcastDedicatedDeposits = 16;
+inline constexpr std::size_t kBroadcastDedicatedBytes = std::size_t{64} << 20;
+
 // A reader's wait for a message it can predict (BroadcastCore::get): when messages come
 // kBroadcastPredictMin to kBroadcastPredictMax apart (closer, the busy poll serves), the
 // reader sleeps until kBroadcastSpinAhead before the next one is due, then polls its queue
