@@ -545,6 +545,40 @@ TEST_P(BroadcastTest, ALargeTensorsFdGoesOncePerReader) {
   EXPECT_EQ(internal::QueueAccess::core(q).fd_counts().omitted, 0u);
 }
 
+// A process that never mapped a large tensor's segment gets a message that names it
+// without its fd: it maps the segment from its queue's depot (its first copy of the
+// segment went to a reader process before it).
+TEST_P(BroadcastTest, AReaderThatNeverMappedALargeTensorFetchesItFromTheDepot) {
+  constexpr std::int64_t kElements = 1 << 18;  // 1 MiB of int32
+  const bool fds = GetParam() == SharingStrategy::kFileDescriptor;
+  Broadcast<Tensor> b(2);
+  Pipe go;
+  // Forked before the tensor exists: nothing of its segment is mapped here.
+  const pid_t late = fork_child([&b, &go, kElements] {
+    ASSERT_EQ(go.receive(), 'x');
+    Tensor t = b.reader(1).get();
+    ASSERT_EQ(t.numel(), kElements);
+    EXPECT_EQ(first(t), 9);
+    EXPECT_EQ(t.data_ptr<std::int32_t>()[kElements - 1], 9);
+  });
+  Tensor x = Tensor::full({kElements}, 9, DType::kInt32);
+  // Reader 1's first copy (the one with the fd) goes to a process that takes it and exits.
+  const pid_t early = fork_child([&b] { EXPECT_EQ(first(b.reader(1).get()), 9); });
+  b.put(x);
+  EXPECT_EQ(wait_child(early), 0);
+  go.send();
+  // The late reader attaches (its first get) before the next put, which it then gets.
+  for (int k = 0; k < 10000 && b.reader_pid(1) != late; ++k) ::usleep(1000);
+  ASSERT_EQ(b.reader_pid(1), late);
+  b.put(x);
+  EXPECT_EQ(wait_child(late), 0);
+  const internal::FdCounts c = internal::BroadcastAccess::core(b).queue(1).fd_counts();
+  EXPECT_EQ(c.sent, fds ? 1u : 0u);
+  EXPECT_EQ(c.omitted, fds ? 1u : 0u);
+  auto r0 = b.reader(0);
+  for (int k = 0; k < 2; ++k) EXPECT_EQ(first(r0.get()), 9);
+}
+
 // The writer deposits at most kBroadcastDedicatedDeposits dedicated segments per reader's
 // queue: the next one carries its fd in every message.
 TEST_P(BroadcastTest, DedicatedSegmentsPastTheAllowanceCarryTheirFds) {
