@@ -47,6 +47,7 @@ std::shared_ptr<BroadcastCore> BroadcastCore::create(int readers, std::size_t de
                                                 kBroadcastDedicatedBytes);
   }
   st->attached.assign(static_cast<std::size_t>(readers), 0);
+  st->attached_in.assign(static_cast<std::size_t>(readers), 0);
   st->cadence = std::make_unique<State::Cadence[]>(static_cast<std::size_t>(readers));
   return std::make_shared<BroadcastCore>(std::move(st));
 }
@@ -83,6 +84,7 @@ std::shared_ptr<BroadcastCore> BroadcastCore::from_parts(
   st->carried = reader;
   st->queues = std::move(queues);
   st->attached.assign(readers, 0);
+  st->attached_in.assign(readers, 0);
   st->cadence = std::make_unique<State::Cadence[]>(readers);
   return std::make_shared<BroadcastCore>(std::move(st));
 }

@@ -97,6 +97,18 @@ struct BroadcastCore::State {
   // child's copy names its parent, so it attaches anew.
   std::mutex attach_mu;
   std::vector<std::uint64_t> attached;
+  // Per reader: the fork generation (os/proc.h) `attached` was set in: a get in that same
+  // process knows its slot_owner without asking the kernel for its pid.
+  std::vector<std::uint32_t> attached_in;
+  // The fork generation in which this process was found to be the writer (0: not yet).
+  std::atomic<std::uint32_t> writer_in{0};
+  bool is_writer() {
+    const std::uint32_t generation = fork_generation();
+    if (writer_in.load(std::memory_order_relaxed) == generation) return true;
+    if (carried >= 0 || writer != current_slot_owner()) return false;
+    writer_in.store(generation, std::memory_order_relaxed);
+    return true;
+  }
   BroadcastControl* control() const {
     return reinterpret_cast<BroadcastControl*>(control_map.data());
   }

@@ -545,6 +545,25 @@ TEST_P(BroadcastTest, ALargeTensorsFdGoesOncePerReader) {
   EXPECT_EQ(internal::QueueAccess::core(q).fd_counts().omitted, 0u);
 }
 
+// The writer's own puts (and a reader's own gets) in one process ask the kernel for their
+// pid once; a forked child of the writer, whose copy of the handle has put before, is
+// still not the writer, and attaches as a reader of its own.
+TEST_P(BroadcastTest, AForkedChildOfTheWriterCannotPutAfterTheWriterDid) {
+  Broadcast<std::int64_t> b(2);
+  b.put(1);
+  auto r0 = b.reader(0);
+  EXPECT_EQ(r0.get(), 1);
+  const pid_t child = fork_child([&b] {
+    EXPECT_ERROR(b.put(2), std::logic_error, "only the process that made the broadcast puts");
+    EXPECT_ERROR(b.reader(0).try_get(), std::logic_error, "is attached in another process");
+    EXPECT_EQ(b.reader(1).get(), 1);
+  });
+  EXPECT_EQ(wait_child(child), 0);
+  b.put(3);
+  EXPECT_EQ(r0.get(), 3);
+  EXPECT_EQ(b.reader(1).try_get(), std::nullopt);  // put while the child was reader 1: dropped
+}
+
 // A process that never mapped a large tensor's segment gets a message that names it
 // without its fd: it maps the segment from its queue's depot (its first copy of the
 // segment went to a reader process before it).
