@@ -113,7 +113,9 @@ bool depot_omit(DepotTable* t, int deposit_sock, const Segment& seg,
 bool depot_names(DepotTable* t, std::uint64_t uid) noexcept { return find_entry(t, uid) >= 0; }
 
 bool depot_has(DepotTable* t, const Segment& seg) noexcept {
-  if (!(depositable(seg) || is_dedicated_host(seg)) || t->usable.load(std::memory_order_relaxed) == 0) return false;
+  if (!(depositable(seg) || is_dedicated_host(seg)) ||
+      t->usable.load(std::memory_order_relaxed) == 0)
+    return false;
   const int entry = find_entry(t, seg.uid());
   return entry >= 0 && t->entries[entry].state.load(std::memory_order_acquire) == kDeposited;
 }
@@ -170,7 +172,8 @@ FetchedSegment depot_fetch(DepotTable* t, int peek_sock, std::uint64_t uid, bool
   if (device) return {nullptr, std::move(found[0]), std::move(found[1])};
   seg = Segment::attach_fd(std::move(found[0]), uid);
   if (!depositable(*seg) && !is_dedicated_host(*seg))
-    throw ProtocolError("a depot holds a segment that is neither an arena's nor a dedicated host one");
+    throw ProtocolError(
+        "a depot holds a segment that is neither an arena's nor a dedicated host one");
   return {std::move(seg), {}, {}};
 }
 
