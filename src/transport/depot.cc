@@ -113,9 +113,7 @@ bool depot_omit(DepotTable* t, int deposit_sock, const Segment& seg,
 bool depot_names(DepotTable* t, std::uint64_t uid) noexcept { return find_entry(t, uid) >= 0; }
 
 bool depot_has(DepotTable* t, const Segment& seg) noexcept {
-  if (!(depositable(seg) || is_dedicated_host(seg)) ||
-      t->usable.load(std::memory_order_relaxed) == 0)
-    return false;
+  if (!depositable(seg) || t->usable.load(std::memory_order_relaxed) == 0) return false;
   const int entry = find_entry(t, seg.uid());
   return entry >= 0 && t->entries[entry].state.load(std::memory_order_acquire) == kDeposited;
 }

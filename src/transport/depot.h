@@ -47,7 +47,8 @@ bool depot_omit(DepotTable* t, int deposit_sock, const Segment& seg,
 // Whether `uid` has an entry (deposited or being deposited).
 bool depot_names(DepotTable* t, std::uint64_t uid) noexcept;
 // Whether `seg` is deposited (its fd is in the depot): depot_omit's answer for a segment
-// deposited before, without its side effect (a first sender deposits).
+// deposited before, without its side effect (a first sender deposits); arena segments only
+// (a Connection's one-tensor send asks it, and deposits no dedicated segment).
 bool depot_has(DepotTable* t, const Segment& seg) noexcept;
 // A receiver's fetch of a segment named without its fds: only one deposited here. Mapped
 // in this process already: that one; else from `peek_sock`'s receive queue, a host segment
