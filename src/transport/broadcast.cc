@@ -14,6 +14,7 @@
 
 #include "shmtensor/broadcast.h"
 #include "transport/broadcast_state.h"
+#include "transport/endpoint.h"
 #include "transport/ring_local.h"
 
 namespace shmtensor::internal {
@@ -64,9 +65,18 @@ bool BroadcastCore::State::drop_messages(int i, std::uint64_t from) {
 }
 
 bool BroadcastCore::State::attach(int i, const Deadline& deadline) {
-  const std::uint64_t me = current_slot_owner();
+  const auto at = static_cast<std::size_t>(i);
   std::lock_guard lock(attach_mu);
-  if (attached[static_cast<std::size_t>(i)] == me) {
+  const std::uint32_t generation = fork_generation();
+  // Attached in this very process (a forked child's copy names its parent: it attaches anew).
+  if (attached[at] != 0 && attached_in[at] == generation) {
+    if (reader_word(i) != attached[at])
+      fail("reader " + std::to_string(i) + "'s slot no longer names its process");
+    return true;
+  }
+  const std::uint64_t me = current_slot_owner();
+  if (attached[at] == me) {
+    attached_in[at] = generation;
     if (reader_word(i) != me)
       fail("reader " + std::to_string(i) + "'s slot no longer names its process");
     return true;
@@ -96,7 +106,8 @@ bool BroadcastCore::State::attach(int i, const Deadline& deadline) {
                              std::to_string(owner_pid(v)) + ")");
     if (control()->reader[i].compare_exchange_strong(v, me, std::memory_order_seq_cst)) break;
   }
-  attached[static_cast<std::size_t>(i)] = me;
+  attached[at] = me;
+  attached_in[at] = generation;
   queue(i).set_busy_poll(kBroadcastReaderPoll);
   const int cpus = allowed_cpus();
   predict.store(cpus == 0 || cpus > readers, std::memory_order_relaxed);
@@ -163,7 +174,7 @@ void BroadcastCore::put(std::vector<Encoder>& messages,
                         std::optional<std::chrono::nanoseconds> timeout) {
   State& st = *state_;
   st.check_broken();
-  if (st.carried >= 0 || st.writer != current_slot_owner())
+  if (!st.is_writer())
     throw std::logic_error("Broadcast::put: only the process that made the broadcast puts");
   if (messages.size() != static_cast<std::size_t>(st.readers))
     throw std::invalid_argument("Broadcast::put: one encoded copy per reader");
@@ -176,6 +187,9 @@ void BroadcastCore::put(std::vector<Encoder>& messages,
   for (int i = 0; i < st.readers; ++i)
     deliver[static_cast<std::size_t>(i)] = st.wait_for_reader(i, deadline, now) ? 1 : 0;
   std::vector<int> got, missed;
+  // Published to every reader first, then each reader asleep woken: a reader polling gets
+  // its copy without waiting for the others' wakes (a put that must wait wakes them first).
+  DeferredWakes wakes(static_cast<std::size_t>(st.readers));
   for (int i = 0; i < st.readers; ++i) {
     if (!deliver[static_cast<std::size_t>(i)]) continue;
     std::optional<std::chrono::nanoseconds> left;
@@ -185,11 +199,12 @@ void BroadcastCore::put(std::vector<Encoder>& messages,
       if (!got.empty()) left = std::max(*left, std::chrono::nanoseconds(kBroadcastDeliverGrace));
       left = std::max(*left, std::chrono::nanoseconds(0));
     }
-    if (st.queue(i).put(std::move(messages[static_cast<std::size_t>(i)]), left))
+    if (st.queue(i).put(std::move(messages[static_cast<std::size_t>(i)]), left, false, &wakes))
       got.push_back(i);
     else
       missed.push_back(i);
   }
+  wakes.pay();
   if (missed.empty()) return;
   const int first = missed.front();
   const std::uint64_t v = st.reader_word(first);

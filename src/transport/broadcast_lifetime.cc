@@ -41,8 +41,13 @@ std::shared_ptr<BroadcastCore> BroadcastCore::create(int readers, std::size_t de
   st->readers = readers;
   st->depth = depth;
   st->writer = c->writer;
-  for (int i = 0; i < readers; ++i) st->queues.push_back(QueueCore::create(depth));
+  for (int i = 0; i < readers; ++i) {
+    st->queues.push_back(QueueCore::create(depth));
+    st->queues.back()->allow_dedicated_deposits(kBroadcastDedicatedDeposits,
+                                                kBroadcastDedicatedBytes);
+  }
   st->attached.assign(static_cast<std::size_t>(readers), 0);
+  st->attached_in.assign(static_cast<std::size_t>(readers), 0);
   st->cadence = std::make_unique<State::Cadence[]>(static_cast<std::size_t>(readers));
   return std::make_shared<BroadcastCore>(std::move(st));
 }
@@ -79,6 +84,7 @@ std::shared_ptr<BroadcastCore> BroadcastCore::from_parts(
   st->carried = reader;
   st->queues = std::move(queues);
   st->attached.assign(readers, 0);
+  st->attached_in.assign(readers, 0);
   st->cadence = std::make_unique<State::Cadence[]>(readers);
   return std::make_shared<BroadcastCore>(std::move(st));
 }

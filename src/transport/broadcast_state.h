@@ -53,6 +53,13 @@ inline constexpr std::chrono::milliseconds kBroadcastLivenessBusy{1};
 // buffer makes last).
 inline constexpr std::chrono::milliseconds kBroadcastDeliverGrace{100};
 
+// The writer deposits dedicated segments (tensors over 256 KiB) in each reader's queue's
+// depot, up to this many and this many bytes per queue (QueueCore::allow_dedicated_deposits):
+// a tensor sent again (or its segment reused by the arena for the next one) then travels
+// without its fd; the depot keeps those segments' memory while the broadcast lives.
+inline constexpr int kBroadcastDedicatedDeposits = 16;
+inline constexpr std::size_t kBroadcastDedicatedBytes = std::size_t{64} << 20;
+
 // A reader's wait for a message it can predict (BroadcastCore::get): when messages come
 // kBroadcastPredictMin to kBroadcastPredictMax apart (closer, the busy poll serves), the
 // reader sleeps until kBroadcastSpinAhead before the next one is due, then polls its queue
@@ -90,6 +97,18 @@ struct BroadcastCore::State {
   // child's copy names its parent, so it attaches anew.
   std::mutex attach_mu;
   std::vector<std::uint64_t> attached;
+  // Per reader: the fork generation (os/proc.h) `attached` was set in: a get in that same
+  // process knows its slot_owner without asking the kernel for its pid.
+  std::vector<std::uint32_t> attached_in;
+  // The fork generation in which this process was found to be the writer (0: not yet).
+  std::atomic<std::uint32_t> writer_in{0};
+  bool is_writer() {
+    const std::uint32_t generation = fork_generation();
+    if (writer_in.load(std::memory_order_relaxed) == generation) return true;
+    if (carried >= 0 || writer != current_slot_owner()) return false;
+    writer_in.store(generation, std::memory_order_relaxed);
+    return true;
+  }
   BroadcastControl* control() const {
     return reinterpret_cast<BroadcastControl*>(control_map.data());
   }

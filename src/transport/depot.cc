@@ -64,10 +64,30 @@ bool depositable(const Segment& seg) noexcept {
           (seg.kind() == SegmentKind::kDeviceArena && seg.is_device()));
 }
 
-bool depot_omit(DepotTable* t, int deposit_sock, const Segment& seg) {
-  if (!depositable(seg) || t->usable.load(std::memory_order_relaxed) == 0) return false;
+bool is_dedicated_host(const Segment& seg) noexcept {
+  return seg.strategy() == SharingStrategy::kFileDescriptor &&
+         seg.kind() == SegmentKind::kDedicated && !seg.is_device();
+}
+
+bool depot_omit(DepotTable* t, int deposit_sock, const Segment& seg,
+                DedicatedDeposits* dedicated) {
+  if (t->usable.load(std::memory_order_relaxed) == 0) return false;
+  int entry = -1;
   bool claimed = false;
-  const int entry = find_entry(t, seg.uid(), &claimed);
+  if (depositable(seg)) {
+    entry = find_entry(t, seg.uid(), &claimed);
+  } else if (is_dedicated_host(seg) && dedicated != nullptr) {
+    // Claimed only within the allowance: the depot keeps the segment's memory while the
+    // channel lives, whatever its arena does with it.
+    entry = find_entry(t, seg.uid());
+    if (entry < 0 && dedicated->segments > 0 && dedicated->bytes >= seg.mapped_size()) {
+      entry = find_entry(t, seg.uid(), &claimed);
+      if (claimed) {
+        --dedicated->segments;
+        dedicated->bytes -= seg.mapped_size();
+      }
+    }
+  }
   if (entry < 0) return false;
   if (!claimed) {
     // A deposit that failed may be tried again by one sender (this CAS decides who).
@@ -149,14 +169,18 @@ FetchedSegment depot_fetch(DepotTable* t, int peek_sock, std::uint64_t uid, bool
   if (seg) return {std::move(seg), {}, {}};
   if (device) return {nullptr, std::move(found[0]), std::move(found[1])};
   seg = Segment::attach_fd(std::move(found[0]), uid);
-  if (!depositable(*seg)) throw ProtocolError("a depot holds a segment that is not an arena's");
+  if (!depositable(*seg) && !is_dedicated_host(*seg))
+    throw ProtocolError(
+        "a depot holds a segment that is neither an arena's nor a dedicated host one");
   return {std::move(seg), {}, {}};
 }
 
 bool DepotSide::omit_fd(void* context, const Segment& seg) {
   auto& side = *static_cast<DepotSide*>(context);
   const bool omit =
-      side.send_table_ != nullptr && depot_omit(side.send_table_, side.deposit_sock_, seg);
+      side.send_table_ != nullptr &&
+      depot_omit(side.send_table_, side.deposit_sock_, seg,
+                 side.dedicated_allowed_ ? &side.dedicated_ : nullptr);
   (omit ? side.fds_omitted_ : side.fds_sent_).fetch_add(seg.is_device() ? 2 : 1,
                                                         std::memory_order_relaxed);
   return omit;
@@ -181,7 +205,8 @@ void DepotSide::pin_received(Decoder& d) noexcept {
   if (recv_table_ == nullptr) return;
   for (const Storage& s : CodecAccess::state(d).storages) {
     const auto& seg = StorageAccess::impl(s)->segment();
-    if (depositable(*seg) && depot_names(recv_table_, seg->uid())) pins_.pin(seg);
+    if ((depositable(*seg) || is_dedicated_host(*seg)) && depot_names(recv_table_, seg->uid()))
+      pins_.pin(seg);
   }
 }
 

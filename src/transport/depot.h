@@ -25,19 +25,30 @@ namespace shmtensor::internal {
 class Segment;
 
 void init_depot(DepotTable* t);
-// Only arena segments, host (file_descriptor) or device, are deposited: they hold many
-// blocks and live as long as their arena. A dedicated segment (one large tensor, often
-// device memory) would stay alive with the channel.
+// Arena segments, host (file_descriptor) or device, are deposited by every sender: they
+// hold many blocks and live as long as their arena. A dedicated host segment (one large
+// tensor) would stay alive with the channel: only a sender given an allowance for them
+// deposits one (DedicatedDeposits: a Broadcast's writer). A receiver fetches either kind.
 bool depositable(const Segment& seg) noexcept;
+bool is_dedicated_host(const Segment& seg) noexcept;
+// How many dedicated host segments, and bytes of them, one sender may still deposit in one
+// depot. Used from one thread at a time (a Broadcast's put).
+struct DedicatedDeposits {
+  int segments = 0;
+  std::size_t bytes = 0;
+};
 // A sender's FdElision::omit: true once `seg` is deposited. The first sender of a segment
 // claims its entry and deposits it on `deposit_sock`; the message that made it do so still
 // carries the fd (so does every message while a deposit fails: a full socket buffer, too
-// many fds in flight).
-bool depot_omit(DepotTable* t, int deposit_sock, const Segment& seg);
+// many fds in flight). A dedicated host segment is claimed only within `dedicated` (null:
+// none), which a claim spends.
+bool depot_omit(DepotTable* t, int deposit_sock, const Segment& seg,
+                DedicatedDeposits* dedicated = nullptr);
 // Whether `uid` has an entry (deposited or being deposited).
 bool depot_names(DepotTable* t, std::uint64_t uid) noexcept;
 // Whether `seg` is deposited (its fd is in the depot): depot_omit's answer for a segment
-// deposited before, without its side effect (a first sender deposits).
+// deposited before, without its side effect (a first sender deposits); arena segments only
+// (a Connection's one-tensor send asks it, and deposits no dedicated segment).
 bool depot_has(DepotTable* t, const Segment& seg) noexcept;
 // A receiver's fetch of a segment named without its fds: only one deposited here. Mapped
 // in this process already: that one; else from `peek_sock`'s receive queue, a host segment
@@ -92,6 +103,12 @@ class DepotSide {
   // After a received message with fds was parsed: pins the deposited segments it named, so
   // that later messages naming them need no look into the depot.
   void pin_received(Decoder& d) noexcept;
+  // Lets this side deposit dedicated host segments too, up to `allowance` (a Broadcast's
+  // writer, for its readers' queues: docs/transport.md, "Broadcast"). Before any send.
+  void allow_dedicated(DedicatedDeposits allowance) noexcept {
+    dedicated_ = allowance;
+    dedicated_allowed_ = true;
+  }
   // Whether `seg` is deposited for the peer (depot_has), without depositing it.
   [[nodiscard]] bool deposited(const Segment& seg) const noexcept {
     return send_table_ != nullptr && depot_has(send_table_, seg);
@@ -114,6 +131,8 @@ class DepotSide {
   DepotTable* recv_table_ = nullptr;
   int peek_sock_ = -1;
   DepotPins pins_;
+  DedicatedDeposits dedicated_;
+  bool dedicated_allowed_ = false;
   std::atomic<std::uint64_t> fds_sent_{0};     // segment fds in messages (two per device one)
   std::atomic<std::uint64_t> fds_omitted_{0};  // left out of them (deposited)
 };

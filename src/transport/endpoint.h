@@ -12,10 +12,12 @@
 #pragma once
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <span>
+#include <stdexcept>
 
 #include "os/shared_lock.h"
 #include "os/unique_fd.h"
@@ -151,6 +153,57 @@ class Endpoint {
   DepotSide depot_;
   // wait_for_signallers' memory of a count left by senders that died (announced.h).
   std::atomic<std::uint32_t> stuck_signalling_{0};
+};
+
+// What a sender owes one endpoint's receivers for the items it published there and has not
+// signalled yet: a wake of the consumers asleep on the ring for those in slots, and the
+// readiness fd (a consumer may wait in poll() on it rather than in the ring).
+struct OwedWake {
+  Endpoint* endpoint = nullptr;
+  int unwoken = 0;           // items published in ring slots since the last pay()
+  bool unsignalled = false;  // items published since the last pay()
+  Endpoint::Signalling signalling;
+  // Before each publish: counted from before the first one not signalled yet.
+  void before_publish() noexcept { signalling.begin(*endpoint); }
+  void pay() noexcept {
+    if (endpoint == nullptr) return;
+    endpoint->ring().wake_consumers(unwoken);
+    unwoken = 0;
+    if (unsignalled) endpoint->notify();
+    unsignalled = false;
+    signalling.end();
+  }
+};
+
+// Wakes owed to the receivers of several endpoints (QueueCore::put_many's `defer`): a
+// sender that publishes to each of them first and wakes them all after (a Broadcast's
+// put), so that a receiver polling gets its item without waiting for the others' wakes.
+// A put that must wait (for room, a slot, a lock) pays every wake owed first: no receiver
+// is left asleep while its sender waits. The destructor pays what is left.
+class DeferredWakes {
+ public:
+  explicit DeferredWakes(std::size_t endpoints)
+      : owed_(new OwedWake[endpoints]), capacity_(endpoints) {}
+  ~DeferredWakes() { pay(); }
+  DeferredWakes(const DeferredWakes&) = delete;
+  DeferredWakes& operator=(const DeferredWakes&) = delete;
+  // The wake owed to `e`'s receivers, kept until pay(). Throws std::length_error past the
+  // number of endpoints given at construction.
+  OwedWake& owe(Endpoint& e) {
+    for (std::size_t i = 0; i < used_; ++i)
+      if (owed_[i].endpoint == &e) return owed_[i];
+    if (used_ == capacity_) throw std::length_error("DeferredWakes: more endpoints than made for");
+    owed_[used_].endpoint = &e;
+    return owed_[used_++];
+  }
+  void pay() noexcept {
+    for (std::size_t i = 0; i < used_; ++i) owed_[i].pay();
+  }
+
+ private:
+  std::unique_ptr<OwedWake[]> owed_;
+  std::size_t capacity_;
+  std::size_t used_ = 0;
 };
 
 }  // namespace shmtensor::internal

@@ -70,33 +70,26 @@ TakenItem take_item_polling(Ring& ring, const Deadline& deadline,
 }  // namespace
 
 std::size_t QueueCore::put_many(std::span<Encoder> items,
-                                std::optional<std::chrono::nanoseconds> timeout, bool counted) {
+                                std::optional<std::chrono::nanoseconds> timeout, bool counted,
+                                DeferredWakes* defer) {
   const Deadline deadline = deadline_after(timeout);
   QueueControl* c = state_->control();
   Endpoint& endpoint = state_->endpoint;
-  // Consumers asleep are woken once for the items published so far, at the end and
-  // before any wait (for room, for the ring, for send_lock): a consumer is never left
-  // asleep while this producer waits for it.
+  // Consumers asleep are woken once for the items published so far, at the end (or, with
+  // `defer`, when its owner pays) and before any wait (for room, for the ring, for
+  // send_lock): a consumer is never left asleep while this producer waits for it.
   std::size_t put = 0;
-  // Items put and not signalled yet: consumers asleep on the ring, and the readiness fd
-  // (a consumer may wait in poll() on it rather than in the ring).
-  struct Batch {
-    Endpoint& endpoint;
-    std::size_t& put;
-    int unwoken = 0;
-    std::size_t notified = 0;
-    Endpoint::Signalling signalling;
-    // Before each publish: counted from before the first one not signalled yet.
-    void before_publish() noexcept { signalling.begin(endpoint); }
-    void wake() noexcept {
-      endpoint.ring().wake_consumers(unwoken);
-      unwoken = 0;
-      if (put > notified) endpoint.notify();
-      notified = put;
-      signalling.end();
-    }
-    ~Batch() { wake(); }  // also when an error ends the batch
-  } batch{endpoint, put, 0, 0, {}};
+  OwedWake own;
+  own.endpoint = &endpoint;
+  OwedWake& owed = defer != nullptr ? defer->owe(endpoint) : own;
+  struct PayAtEnd {
+    OwedWake& own;
+    ~PayAtEnd() { own.pay(); }  // also when an error ends the batch
+  } pay_at_end{own};
+  auto wake = [&]() noexcept {
+    if (defer != nullptr) defer->pay();
+    else own.pay();
+  };
   // A deadline already past: a first try that does not wait (and reads no clock).
   const Deadline now = std::chrono::steady_clock::time_point{};
   // A JoinableQueue's item is an unfinished task from before it is published until it
@@ -121,27 +114,27 @@ std::size_t QueueCore::put_many(std::span<Encoder> items,
     task.count(counted);
     ItemPlace place;
     if (!admit(c, now, state_->slot, &place)) {
-      batch.wake();
+      wake();
       if (!admit(c, deadline, state_->slot, &place)) break;
     }
     try {
       OutgoingFrame frame = endpoint.frame(std::move(e));
-      batch.before_publish();
+      owed.before_publish();
       if (endpoint.fits_slot(frame)) {
         const auto parts = frame.parts();
         Ring::Status status = endpoint.push(parts, now);
         if (status == Ring::Status::kTimeout) {
-          batch.wake();
-          batch.before_publish();
+          wake();
+          owed.before_publish();
           status = endpoint.push(parts, deadline);
         }
         if (status == Ring::Status::kTimeout) break;
         if (status == Ring::Status::kClosed) throw QueueClosed("put() on a closed queue");
         frame.sent = true;  // the receiver now owns the in-flight counts
-        ++batch.unwoken;
+        ++owed.unwoken;
       } else {
-        batch.wake();
-        batch.before_publish();
+        wake();
+        owed.before_publish();
         const AnnouncedSend sent = endpoint.send_datagram(frame, deadline);
         if (sent == AnnouncedSend::kTimeout) break;
         if (sent == AnnouncedSend::kClosed) throw QueueClosed("put() on a closed queue");
@@ -151,6 +144,7 @@ std::size_t QueueCore::put_many(std::span<Encoder> items,
       throw;
     }
     place.sent();
+    owed.unsignalled = true;
     task.counted = false;  // the item's, until its consumer's task_done()
     ++put;
   }
@@ -334,6 +328,10 @@ int QueueCore::readiness_fd() noexcept {
   // Counted once per handle, for good: nobody knows when its caller polls.
   if (!state_->readiness_counted.exchange(true, std::memory_order_acq_rel)) state_->endpoint.want();
   return state_->endpoint.ready_fd();
+}
+
+void QueueCore::allow_dedicated_deposits(int segments, std::size_t bytes) noexcept {
+  state_->endpoint.depot().allow_dedicated({segments, bytes});
 }
 
 QueueCore::FdCounts QueueCore::fd_counts() const noexcept {

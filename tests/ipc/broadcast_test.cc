@@ -13,6 +13,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "manager_test_util.h"
@@ -29,6 +30,7 @@
 #include "os/shared_lock.h"
 #include "shmtensor/internal/queue_core.h"
 #include "transport/broadcast_control.h"
+#include "transport/broadcast_state.h"
 #include "transport/queue_control.h"
 
 namespace shmtensor {
@@ -502,6 +504,125 @@ TEST_P(BroadcastTest, AQueueThatTakesNoCopyIsNamedWithTheReadersThatGotIt) {
     if (r != 1) EXPECT_EQ(reader.get(), big + "1");
     EXPECT_EQ(reader.get(), big + "2");
   }
+}
+
+// A tensor over 256 KiB has a dedicated segment; the writer deposits it in each reader's
+// queue's depot (file_descriptor), so its fd goes with the first message only, and every
+// reader still gets every message's exact values. A Queue's puts deposit none.
+TEST_P(BroadcastTest, ALargeTensorsFdGoesOncePerReader) {
+  constexpr int kReaders = 2;
+  constexpr int kMessages = 20;
+  constexpr std::int64_t kElements = 1 << 18;  // 1 MiB of int32
+  const bool fds = GetParam() == SharingStrategy::kFileDescriptor;
+  Broadcast<std::tuple<std::int32_t, Tensor>> b(kReaders, kMessages);
+  std::vector<pid_t> children;
+  for (int r = 0; r < kReaders; ++r) {
+    children.push_back(fork_child([&b, r, kElements] {
+      auto reader = b.reader(r);
+      for (int k = 0; k < kMessages; ++k) {
+        auto [n, t] = reader.get();
+        ASSERT_EQ(n, k);
+        ASSERT_EQ(t.numel(), kElements);
+        ASSERT_EQ(first(t), 5);
+        ASSERT_EQ(t.data_ptr<std::int32_t>()[kElements - 1], 5);
+      }
+    }));
+  }
+  Tensor t = Tensor::full({kElements}, 5, DType::kInt32);
+  for (int k = 0; k < kMessages; ++k) b.put({k, t});
+  for (pid_t c : children) EXPECT_EQ(wait_child(c), 0);
+  for (int r = 0; r < kReaders; ++r) {
+    const internal::FdCounts c = internal::BroadcastAccess::core(b).queue(r).fd_counts();
+    EXPECT_EQ(c.sent, fds ? 1u : 0u);
+    EXPECT_EQ(c.omitted, fds ? kMessages - 1u : 0u);
+  }
+  Queue<Tensor> q;
+  q.put(t);
+  q.put(t);
+  EXPECT_EQ(first(q.get()), 5);
+  EXPECT_EQ(first(q.get()), 5);
+  EXPECT_EQ(internal::QueueAccess::core(q).fd_counts().sent, fds ? 2u : 0u);
+  EXPECT_EQ(internal::QueueAccess::core(q).fd_counts().omitted, 0u);
+}
+
+// The writer's own puts (and a reader's own gets) in one process ask the kernel for their
+// pid once; a forked child of the writer, whose copy of the handle has put before, is
+// still not the writer, and attaches as a reader of its own.
+TEST_P(BroadcastTest, AForkedChildOfTheWriterCannotPutAfterTheWriterDid) {
+  Broadcast<std::int64_t> b(2);
+  b.put(1);
+  auto r0 = b.reader(0);
+  EXPECT_EQ(r0.get(), 1);
+  const pid_t child = fork_child([&b] {
+    EXPECT_ERROR(b.put(2), std::logic_error, "only the process that made the broadcast puts");
+    EXPECT_ERROR(b.reader(0).try_get(), std::logic_error, "is attached in another process");
+    EXPECT_EQ(b.reader(1).get(), 1);
+  });
+  EXPECT_EQ(wait_child(child), 0);
+  b.put(3);
+  EXPECT_EQ(r0.get(), 3);
+  EXPECT_EQ(b.reader(1).try_get(), std::nullopt);  // put while the child was reader 1: dropped
+}
+
+// A process that never mapped a large tensor's segment gets a message that names it
+// without its fd: it maps the segment from its queue's depot (its first copy of the
+// segment went to a reader process before it).
+TEST_P(BroadcastTest, AReaderThatNeverMappedALargeTensorFetchesItFromTheDepot) {
+  constexpr std::int64_t kElements = 1 << 18;  // 1 MiB of int32
+  const bool fds = GetParam() == SharingStrategy::kFileDescriptor;
+  Broadcast<Tensor> b(2);
+  Pipe go;
+  // Forked before the tensor exists: nothing of its segment is mapped here.
+  const pid_t late = fork_child([&b, &go, kElements] {
+    ASSERT_EQ(go.receive(), 'x');
+    Tensor t = b.reader(1).get();
+    ASSERT_EQ(t.numel(), kElements);
+    EXPECT_EQ(first(t), 9);
+    EXPECT_EQ(t.data_ptr<std::int32_t>()[kElements - 1], 9);
+  });
+  Tensor x = Tensor::full({kElements}, 9, DType::kInt32);
+  // Reader 1's first copy (the one with the fd) goes to a process that takes it and exits.
+  const pid_t early = fork_child([&b] { EXPECT_EQ(first(b.reader(1).get()), 9); });
+  b.put(x);
+  EXPECT_EQ(wait_child(early), 0);
+  go.send();
+  // The late reader attaches (its first get) before the next put, which it then gets.
+  for (int k = 0; k < 10000 && b.reader_pid(1) != late; ++k) ::usleep(1000);
+  ASSERT_EQ(b.reader_pid(1), late);
+  b.put(x);
+  EXPECT_EQ(wait_child(late), 0);
+  const internal::FdCounts c = internal::BroadcastAccess::core(b).queue(1).fd_counts();
+  EXPECT_EQ(c.sent, fds ? 1u : 0u);
+  EXPECT_EQ(c.omitted, fds ? 1u : 0u);
+  auto r0 = b.reader(0);
+  for (int k = 0; k < 2; ++k) EXPECT_EQ(first(r0.get()), 9);
+}
+
+// The writer deposits at most kBroadcastDedicatedDeposits dedicated segments per reader's
+// queue: the next one carries its fd in every message.
+TEST_P(BroadcastTest, DedicatedSegmentsPastTheAllowanceCarryTheirFds) {
+  constexpr int kSegments = internal::kBroadcastDedicatedDeposits + 1;
+  const bool fds = GetParam() == SharingStrategy::kFileDescriptor;
+  Broadcast<Tensor> b(1, 2 * kSegments);
+  std::vector<Tensor> tensors;  // all alive: one dedicated segment each
+  for (int k = 0; k < kSegments; ++k) tensors.push_back(Tensor::full({1 << 17}, k, DType::kInt32));
+  const pid_t reader = fork_child([&b] {
+    auto r = b.reader(0);
+    for (int round = 0; round < 2; ++round)
+      for (int k = 0; k < kSegments; ++k) {
+        Tensor t = r.get();
+        ASSERT_EQ(first(t), k);
+        ASSERT_EQ(t.data_ptr<std::int32_t>()[(1 << 17) - 1], k);
+      }
+  });
+  for (int round = 0; round < 2; ++round)
+    for (const Tensor& t : tensors) b.put(t);
+  EXPECT_EQ(wait_child(reader), 0);
+  const internal::FdCounts c = internal::BroadcastAccess::core(b).queue(0).fd_counts();
+  // Round 1: every message carries its fd (the first of each deposited segment too);
+  // round 2: the 16 deposited ones go without, the 17th with.
+  EXPECT_EQ(c.sent, fds ? kSegments + 1u : 0u);
+  EXPECT_EQ(c.omitted, fds ? kSegments - 1u : 0u);
 }
 
 INSTANTIATE_TEST_SUITE_P(Strategies, BroadcastTest, testing::kAllStrategies,

@@ -23,6 +23,10 @@ namespace shmtensor::internal {
 // transport's, src/transport/announced.h). 4,096 slots (2 MiB): an unbounded queue holds
 // that many items before put() waits for a get.
 inline constexpr std::uint32_t kQueueRingSlots = 4096;
+
+// Wakes owed to the consumers of several queues (src/transport/endpoint.h): a put given one
+// leaves its wake to the owner, who pays them all at once.
+class DeferredWakes;
 inline constexpr std::uint32_t kQueueRingSlotBytes = 512;
 
 // When the last handle anywhere is gone (no live process holds the queue, none is in
@@ -68,9 +72,11 @@ class SHMTENSOR_API QueueCore : public std::enable_shared_from_this<QueueCore> {
   // counted (a JoinableQueue's): the item's task was counted already (begin_task); a put
   // that does not put it (refused, timed out, an error) finishes that task. put_many
   // takes counted for one item only (std::invalid_argument otherwise).
+  // defer: the consumers asleep are woken when `defer` pays (by its owner, or before this
+  // or another put given it waits), not when the put returns.
   [[nodiscard]] bool put(Encoder&& e, std::optional<std::chrono::nanoseconds> timeout,
-                         bool counted = false) {
-    return put_many(std::span(&e, 1), timeout, counted) == 1;
+                         bool counted = false, DeferredWakes* defer = nullptr) {
+    return put_many(std::span(&e, 1), timeout, counted, defer) == 1;
   }
   // put() of each item in order (each moved from), with consumers asleep woken once for
   // the batch rather than once per item. Returns how many were put: all, or fewer when
@@ -79,7 +85,7 @@ class SHMTENSOR_API QueueCore : public std::enable_shared_from_this<QueueCore> {
   // the error are in the queue.
   [[nodiscard]] std::size_t put_many(std::span<Encoder> items,
                                      std::optional<std::chrono::nanoseconds> timeout,
-                                     bool counted = false);
+                                     bool counted = false, DeferredWakes* defer = nullptr);
   // Waits until a bounded queue has room for one more item, without taking it: true at once
   // when it has (or is unbounded), false when the timeout passed first. A Broadcast's
   // writer, the one producer of its readers' queues, waits so before it puts to all of
@@ -111,6 +117,11 @@ class SHMTENSOR_API QueueCore : public std::enable_shared_from_this<QueueCore> {
   void abandon_task() noexcept;
   void task_done();
   [[nodiscard]] bool join(std::optional<std::chrono::nanoseconds> timeout);
+  // Lets this handle's puts deposit dedicated host segments (one large tensor each) in the
+  // queue's depot too, up to `segments` of them and `bytes` in all: their fds then go once,
+  // and the depot keeps their memory while the queue lives (src/transport/depot.h). A
+  // Broadcast's writer does so for its readers' queues. Before any put.
+  void allow_dedicated_deposits(int segments, std::size_t bytes) noexcept;
   // See Queue::readiness_fd.
   [[nodiscard]] int readiness_fd() noexcept;
   [[nodiscard]] std::size_t size() const noexcept;
