@@ -675,10 +675,10 @@ TEST_P(NamedBroadcastTest, AProcessThatKnowsOnlyTheNameOpensAReader) {
 }
 
 // A reader's handle in flight in a message holds its queue (an in-flight count) until a
-// process receives it. Opening the broadcast by name, and `shmtensor ls`, decode the
-// publication, which carries no counts: they must not take that count. Here both happen
-// while the handle is in flight, then the writer drops its last handle: the receiver still
-// gets the message put before.
+// process receives it. Opening the broadcast by name (here in another process), and
+// `shmtensor ls`, decode the publication, which carries no counts: they must not take that
+// count. Here both happen while the handle is in flight, then the writer drops its last
+// handle: a process that receives the handle after that still gets the message put before.
 TEST_P(NamedBroadcastTest, OpeningByNameTakesNoCountOfAReaderInFlight) {
   const std::string name = "nb_flight_" + std::to_string(::getpid()) + "_" + to_string(GetParam());
   auto [out, in] = pipe();
@@ -686,13 +686,25 @@ TEST_P(NamedBroadcastTest, OpeningByNameTakesNoCountOfAReaderInFlight) {
     auto b = Broadcast<std::int64_t>::create(name, 1);
     b.put(77);
     out.send(b.reader(0));
-    { auto opened = Broadcast<std::int64_t>::open(name); }
+    const pid_t opener = fork_child([&] {
+      auto opened = Broadcast<std::int64_t>::open(name);
+      std::_Exit(opened.readers() == 1 ? 0 : 1);
+    });
+    EXPECT_EQ(wait_child(opener), 0);
     EXPECT_NE(testing::manager_test::run_tool("ls").find("  " + name + "  broadcast"),
               std::string::npos);
   }  // the writer's last handle: the broadcast is closed, its name gone
-  auto r = in.recv<Broadcast<std::int64_t>::Reader>();
-  EXPECT_EQ(r.get(), 77);
-  EXPECT_ERROR(r.get(), QueueClosed, "closed");
+  const pid_t receiver = fork_child([&] {
+    auto r = in.recv<Broadcast<std::int64_t>::Reader>();
+    if (r.get() != 77) std::_Exit(1);
+    try {
+      (void)r.get();
+    } catch (const QueueClosed&) {
+      std::_Exit(0);
+    }
+    std::_Exit(2);
+  });
+  EXPECT_EQ(wait_child(receiver), 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Strategies, NamedBroadcastTest, testing::kAllStrategies,
