@@ -549,8 +549,12 @@ PyObject* loader_next(PyObject*, PyObject* self) {
   }
 }
 
+// The docstring opens with CPython's text signature, which inspect.signature() reads (`$module`:
+// the module the function is bound to, which it leaves out), then the signature in pybind11's
+// form, as the module's other functions have it.
 PyMethodDef loader_next_def = {
     "_loader_next", loader_next, METH_O,
+    "_loader_next($module, iterator, /)\n--\n\n"
     "_loader_next(arg0: object) -> object\n\nOne __next__ of shmtensor's DataLoader iterator in the "
     "common case (shmtensor/_loader.py), or the handover object given to _loader_setup when "
     "torch's _next_data must take this step."};
@@ -572,7 +576,10 @@ void bind_loader_iter(py::module_& m) {
                 intern("_put_unbounded"),     intern("_try_put_index"),
                 intern("reraise"),            intern("_get_failed"),
                 intern("tensor_message_decoder"), intern("loads")};
-  PyObject* f = PyCFunction_NewEx(&loader_next_def, nullptr, m.ptr());
+  // Bound to the module, with the module's name as __module__, as CPython binds a module's
+  // own functions: a function with no __self__ shows its self as a parameter to signature().
+  py::object module_name = m.attr("__name__");
+  PyObject* f = PyCFunction_NewEx(&loader_next_def, m.ptr(), module_name.ptr());
   if (f == nullptr) throw py::error_already_set();
   m.add_object("_loader_next", py::reinterpret_steal<py::object>(f));
   m.def(

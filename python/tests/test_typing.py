@@ -315,6 +315,17 @@ def test_tensor_is_a_buffer():
         assert (m.format, m.shape, m.readonly) == ("h", (2, 3), False)
 
 
+def test_loader_next_signature_is_the_stubs():
+    # _loader_next is a CPython function, not pybind11's: what inspect (and so stubtest) reads
+    # of it is the stub's signature on every version, the module not a parameter (CPython 3.13
+    # gives a METH_O function without a text signature one of its own, `(self, object, /)` for
+    # an unbound one).
+    import inspect
+    f = shmtensor._C._loader_next
+    assert str(inspect.signature(f)) == "(iterator, /)"
+    assert (f.__module__, f.__self__) == ("shmtensor._C", shmtensor._C)
+
+
 # ---- stubtest ---------------------------------------------------------------------------------
 
 # Differences stubtest reports that are the module's nature, not drift (an unused entry is
