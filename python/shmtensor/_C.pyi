@@ -19,7 +19,10 @@ from typing_extensions import TypeAlias
 if sys.version_info >= (3, 13):
     from types import CapsuleType as _Capsule
 else:
-    _Capsule: TypeAlias = object  # a PyCapsule (types.CapsuleType from Python 3.13)
+    # A PyCapsule (types.CapsuleType from Python 3.13). Any, not object: NumPy 2's stubs want
+    # typing_extensions.CapsuleType from __dlpack__ (np.from_dlpack), which older type
+    # checkers (Debian 12's mypy 1.0) do not know.
+    _Capsule: TypeAlias = Any
 
 # A shape or a list of dimensions: an int or a sequence of ints, as NumPy takes.
 _ShapeLike: TypeAlias = SupportsIndex | Sequence[SupportsIndex]
