@@ -406,6 +406,7 @@ void bind_transport(py::module_& m) {
                                return b->count();
                              })
       .def("fileno", &PyQueue::fileno)
+      .def("_ready_now", [](PyQueue& q) { return q.core().ready_now(); })
       // multiprocessing's errors: ValueError for one task_done() too many.
       .def("task_done",
            [](PyQueue& q) {

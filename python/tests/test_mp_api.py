@@ -1,6 +1,7 @@
 """The multiprocessing API of shmtensor.multiprocessing: re-exports, contexts, the native
 Queue / SimpleQueue / Pipe methods and their errors."""
 import multiprocessing
+import os
 import multiprocessing.context
 import queue
 import threading
@@ -244,6 +245,26 @@ def test_simple_queue_fileno_is_readable_while_items_are_there(method):
     assert multiprocessing.connection.wait([r], timeout=0) == []
     p.join()
     assert p.exitcode == 0
+
+
+def test_a_late_signal_on_an_empty_queues_fd_is_no_item_for_poll():
+    # A sender descheduled between its publish and its signal for over ~1 ms leaves the
+    # readiness fd readable after the consumer took the item (torch 2.6's test_fs_pool hung
+    # so: Pool's result handler got True from poll() and waited in get() on an empty
+    # queue). The late signal is made by hand: poll() answers what is there, and clears it.
+    q = smp.SimpleQueue()
+    r = q._reader
+    q.put(1)
+    assert q.get() == 1
+    os.write(r.fileno(), (1).to_bytes(8, "little"))
+    assert multiprocessing.connection.wait([r], timeout=0) == [r]  # the stale signal
+    assert r.poll() is False
+    assert r.poll(0.05) is False
+    assert multiprocessing.connection.wait([r], timeout=0) == []  # cleared
+    q.put(2)
+    assert r.poll(5.0) is True
+    assert q.get() == 2
+    q.close()
 
 
 def _put_two(q):

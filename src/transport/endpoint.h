@@ -138,6 +138,15 @@ class Endpoint {
   // and a sender's publish before its look at the count: it signals, or we see its message.
   void want() noexcept;
   void unwant() noexcept;
+  // Whether the ring holds a message or the queue is closed, now. When not, a readiness fd
+  // left readable by a sender that signalled after rearm() stopped waiting for it (over
+  // ~1 ms late: a sender descheduled between its publish and its signal) is cleared, so
+  // that a poll() that believed it does not hand a get() an empty queue.
+  bool ready_now() noexcept {
+    if (readable_now()) return true;
+    rearm();
+    return readable_now();
+  }
 
  private:
   [[nodiscard]] bool readable_now() const noexcept;

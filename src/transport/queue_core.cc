@@ -330,6 +330,8 @@ int QueueCore::readiness_fd() noexcept {
   return state_->endpoint.ready_fd();
 }
 
+bool QueueCore::ready_now() noexcept { return state_->endpoint.ready_now(); }
+
 void QueueCore::allow_dedicated_deposits(int segments, std::size_t bytes) noexcept {
   state_->endpoint.depot().allow_dedicated({segments, bytes});
 }

@@ -124,6 +124,9 @@ class SHMTENSOR_API QueueCore : public std::enable_shared_from_this<QueueCore> {
   void allow_dedicated_deposits(int segments, std::size_t bytes) noexcept;
   // See Queue::readiness_fd.
   [[nodiscard]] int readiness_fd() noexcept;
+  // After the readiness fd said "ready": whether an item (or the close) is there now; if
+  // not, a stale signal on the fd is cleared (Endpoint::ready_now).
+  [[nodiscard]] bool ready_now() noexcept;
   [[nodiscard]] std::size_t size() const noexcept;
   [[nodiscard]] std::size_t maxsize() const noexcept;
   void encode(Encoder& e) const;

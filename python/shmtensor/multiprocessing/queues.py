@@ -25,6 +25,7 @@ import os
 import queue as _queue
 import sys
 import threading
+import time
 import traceback
 import weakref
 from typing import TYPE_CHECKING
@@ -292,7 +293,20 @@ class Queue:
         return self._native().qsize()
 
     def _poll(self, timeout: float | None) -> bool:
-        return bool(multiprocessing.connection.wait([self._check()], timeout))
+        # The readiness fd may be readable with nothing there (a sender that signalled
+        # over ~1 ms after its item was taken); _ready_now() says what is there and clears
+        # such a signal, so that poll() is exact when it answers, as a pipe's is
+        # (multiprocessing.Pool's result handler calls get() after a True poll()).
+        q = self._check()
+        deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
+        while True:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not multiprocessing.connection.wait([q], left):
+                return False
+            if q._ready_now():
+                return True
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
 
     def empty(self) -> bool:
         q = self._q
