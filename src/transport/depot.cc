@@ -78,14 +78,17 @@ bool depot_omit(DepotTable* t, int deposit_sock, const Segment& seg,
     entry = find_entry(t, seg.uid(), &claimed);
   } else if (is_dedicated_host(seg) && dedicated != nullptr) {
     // Claimed only within the allowance: the depot keeps the segment's memory while the
-    // channel lives, whatever its arena does with it.
+    // channel lives, whatever its arena does with it. An entry this sender did not claim
+    // (a peer wrote it) is not used: the segment's messages carry its fd.
     entry = find_entry(t, seg.uid());
-    if (entry < 0 && dedicated->segments > 0 && dedicated->bytes >= seg.mapped_size()) {
+    if (entry >= 0 && dedicated->claimed[entry] != seg.uid()) return false;
+    if (entry < 0) {
+      if (dedicated->segments <= 0 || dedicated->bytes < seg.mapped_size()) return false;
       entry = find_entry(t, seg.uid(), &claimed);
-      if (claimed) {
-        --dedicated->segments;
-        dedicated->bytes -= seg.mapped_size();
-      }
+      if (!claimed) return false;  // the table is full, or a peer wrote the uid meanwhile
+      --dedicated->segments;
+      dedicated->bytes -= seg.mapped_size();
+      dedicated->claimed[entry] = seg.uid();
     }
   }
   if (entry < 0) return false;

@@ -32,16 +32,20 @@ void init_depot(DepotTable* t);
 bool depositable(const Segment& seg) noexcept;
 bool is_dedicated_host(const Segment& seg) noexcept;
 // How many dedicated host segments, and bytes of them, one sender may still deposit in one
-// depot. Used from one thread at a time (a Broadcast's put).
+// depot, and the entries it claimed for those it did: only those entries are trusted for a
+// dedicated segment (one a peer wrote, naming a segment past the allowance as deposited or
+// as a failed deposit to try again, would keep its memory with the channel). Used from one
+// thread at a time (a Broadcast's put).
 struct DedicatedDeposits {
   int segments = 0;
   std::size_t bytes = 0;
+  std::uint64_t claimed[kDepotSegments] = {};  // by entry: the uid this sender claimed it for
 };
 // A sender's FdElision::omit: true once `seg` is deposited. The first sender of a segment
 // claims its entry and deposits it on `deposit_sock`; the message that made it do so still
 // carries the fd (so does every message while a deposit fails: a full socket buffer, too
 // many fds in flight). A dedicated host segment is claimed only within `dedicated` (null:
-// none), which a claim spends.
+// none), which a claim spends, and deposited or left out only through an entry it claimed.
 bool depot_omit(DepotTable* t, int deposit_sock, const Segment& seg,
                 DedicatedDeposits* dedicated = nullptr);
 // Whether `uid` has an entry (deposited or being deposited).

@@ -18,6 +18,8 @@
 
 #include "manager_test_util.h"
 #include "memory/arena.h"
+#include "memory/segment.h"
+#include "memory/storage_impl.h"
 #include "os/mapping.h"
 #include "shmtensor/broadcast.h"
 #include "shmtensor/connection.h"
@@ -29,6 +31,7 @@
 #include "os/proc.h"
 #include "os/shared_lock.h"
 #include "shmtensor/internal/queue_core.h"
+#include "shmtensor/internal/storage_access.h"
 #include "transport/broadcast_control.h"
 #include "transport/broadcast_state.h"
 #include "transport/queue_control.h"
@@ -623,6 +626,42 @@ TEST_P(BroadcastTest, DedicatedSegmentsPastTheAllowanceCarryTheirFds) {
   // round 2: the 16 deposited ones go without, the 17th with.
   EXPECT_EQ(c.sent, fds ? kSegments + 1u : 0u);
   EXPECT_EQ(c.omitted, fds ? kSegments - 1u : 0u);
+}
+
+// A peer that writes the depot table cannot make the writer deposit a dedicated segment
+// past its allowance: an entry the writer did not claim itself (here one forged as a failed
+// deposit of a 65 MiB tensor's segment, which the writer would "try again") is not trusted,
+// and that tensor's messages keep carrying its fd; the depot holds no copy of it.
+TEST_P(BroadcastTest, ADedicatedSegmentPastTheAllowanceIsNotDepositedForAForgedEntry) {
+  constexpr std::int64_t kElements = (std::int64_t{65} << 20) / 4;  // over the 64 MiB allowance
+  const bool fds = GetParam() == SharingStrategy::kFileDescriptor;
+  Broadcast<Tensor> b(1, 4);
+  auto r = b.reader(0);
+  const Tensor t = Tensor::full({kElements}, 7, DType::kInt32);
+  b.put(t);  // moves the storage into shared memory: its segment's uid is known from here
+  EXPECT_EQ(first(r.get()), 7);
+  internal::QueueCore& q = internal::BroadcastAccess::core(b).queue(0);
+  internal::Mapping qmap = internal::Mapping::map_shared(
+      q.shared_fds().control, sizeof(internal::QueueControl), "test");
+  auto* qc = reinterpret_cast<internal::QueueControl*>(qmap.data());
+  const std::uint64_t uid = internal::StorageAccess::impl(t.storage())->segment()->uid();
+  int forged = -1;
+  for (int i = 0; i < internal::kDepotSegments && forged < 0; ++i)
+    if (qc->depot.entries[i].uid.load() == 0) forged = i;
+  ASSERT_GE(forged, 0);
+  constexpr std::uint64_t kFailed = 2;  // depot.cc: a deposit to be tried again
+  qc->depot.entries[forged].state.store(kFailed);
+  qc->depot.entries[forged].uid.store(uid);
+  for (int k = 0; k < 2; ++k) {
+    b.put(t);
+    Tensor got = r.get();
+    EXPECT_EQ(first(got), 7);
+    EXPECT_EQ(got.data_ptr<std::int32_t>()[kElements - 1], 7);
+  }
+  EXPECT_EQ(qc->depot.entries[forged].state.load(), kFailed);  // nothing deposited for it
+  const internal::FdCounts c = q.fd_counts();
+  EXPECT_EQ(c.sent, fds ? 3u : 0u);
+  EXPECT_EQ(c.omitted, 0u);
 }
 
 INSTANTIATE_TEST_SUITE_P(Strategies, BroadcastTest, testing::kAllStrategies,
