@@ -85,7 +85,8 @@ struct LoaderSession::State {
   void post(std::size_t w, std::uint64_t id, const std::vector<std::int64_t>& indices);
   void write(std::size_t w, std::uint64_t id, bool reset, std::span<const std::int64_t> indices);
   void publish(std::size_t w);
-  void send_to(std::size_t w, Encoder&& e);
+  // wait = false: nothing is sent when the connection is full (try_send).
+  void send_to(std::size_t w, Encoder&& e, bool wait = true);
   std::optional<std::uint64_t> take_ready();
   void wait(std::optional<Clock::time_point> deadline);
   void sleep(std::optional<Clock::time_point> deadline);
@@ -171,7 +172,10 @@ void LoaderSession::State::publish(std::size_t w) {
   if (workers[w].board->publish()) {
     Encoder e;
     e.encode(WorkerOp::kWake);
-    send_to(w, std::move(e));
+    // Without waiting: a connection too full to take it holds messages the worker has not
+    // read, for which it wakes anyway; and a worker that says it sleeps but never reads
+    // its connection cannot block the main process here.
+    send_to(w, std::move(e), false);
   }
 }
 
@@ -207,9 +211,12 @@ void LoaderSession::State::write(std::size_t w, std::uint64_t id, bool reset,
   worker.unpublished = true;
 }
 
-void LoaderSession::State::send_to(std::size_t w, Encoder&& e) {
+void LoaderSession::State::send_to(std::size_t w, Encoder&& e, bool wait) {
   try {
-    internal::ConnectionAccess::send(group.connection(w), std::move(e));
+    if (wait)
+      internal::ConnectionAccess::send(group.connection(w), std::move(e));
+    else
+      (void)internal::ConnectionAccess::try_send(group.connection(w), std::move(e));
   } catch (const ConnectionClosed&) {
     died(w);  // EPIPE: it is gone
   } catch (const SystemError&) {

@@ -23,7 +23,8 @@
 //
 // The main process checks the board's size against the shape it expects (ProtocolError),
 // writes only within it, and reads nothing from it but `asleep` (a worker that lies about
-// it only delays itself); the worker checks every entry it takes (ProtocolError).
+// it only delays itself: a kWake is sent without waiting); the worker checks every entry it
+// takes (ProtocolError).
 #pragma once
 
 #include <atomic>
