@@ -18,6 +18,7 @@
 #include <thread>
 #include <typeinfo>
 
+#include "data/task_board.h"
 #include "os/unique_fd.h"
 #include "shmtensor/internal/connection_access.h"
 #include "shmtensor/shmtensor.h"
@@ -506,6 +507,78 @@ TEST_F(DataLoaderErrorsTest, AWorkerWhoseTaskBoardIsTooSmallBreaksTheSession) {
                 ") sent a reply that could not be decoded: shmtensor::ProtocolError: the task "
                 "board is not a 1-d int64 host tensor of 352 bytes or more");
   EXPECT_TRUE(session.broken());
+}
+
+// A worker whose board always says it sleeps and which never reads its connection, but
+// answers every task off its board (its answer: the task's id). Ends when its parent does.
+void sleepless_board_worker(int, internal::WorkerLink link) {
+  Connection& c = *link.connection;
+  const internal::TaskBoardShape shape = internal::task_board_shape(2, 1, false);
+  Tensor board = Tensor::zeros({static_cast<std::int64_t>(
+                                   internal::TaskBoardMemory::bytes(shape) / 8)},
+                               DType::kInt64)
+                     .share_memory_();
+  auto* base = reinterpret_cast<std::byte*>(board.data_ptr<std::int64_t>());
+  auto* h = reinterpret_cast<internal::TaskBoardHeader*>(base);
+  h->magic = internal::kTaskBoardMagic;
+  h->version = internal::kTaskBoardVersion;
+  h->slots = shape.slots;
+  h->index_words = shape.index_words;
+  h->asleep.store(1);
+  Encoder first;
+  first.encode(std::uint64_t{0});
+  first.encode(internal::EntryKind::kBoard);
+  first.encode(board);
+  first.encode(std::uint64_t{0});
+  first.encode(internal::EntryKind::kDone);
+  internal::ConnectionAccess::send(c, std::move(first));
+  const std::size_t entry_bytes = sizeof(internal::TaskEntry) + shape.index_words * 8;
+  const pid_t parent = ::getppid();
+  for (std::uint64_t taken = 0; ::getppid() == parent;) {
+    h->asleep.store(1);
+    if (h->published.load() == taken) {
+      std::this_thread::yield();
+      continue;
+    }
+    const auto* entry = reinterpret_cast<const internal::TaskEntry*>(
+        base + sizeof(internal::TaskBoardHeader) + (taken++ % shape.slots) * entry_bytes);
+    Encoder e;
+    e.encode(entry->id);
+    e.encode(internal::EntryKind::kBatch);
+    e.encode(static_cast<std::int64_t>(entry->id));
+    e.encode(std::uint64_t{0});
+    e.encode(internal::EntryKind::kDone);
+    internal::ConnectionAccess::send(c, std::move(e));
+  }
+}
+
+TEST_F(DataLoaderErrorsTest, AWorkerThatSaysItSleepsButNeverReadsDoesNotBlockTheMainProcess) {
+  // Every publish finds `asleep` set and sends a kWake the worker never reads: more than
+  // its connection holds. The main process blocked in that send before it went by try_send.
+  constexpr int kTasks = 20000;
+  const pid_t main_process = testing::fork_child([] {
+    int got = 0;
+    {
+      internal::SessionOptions options;
+      options.num_workers = 1;
+      internal::LoaderSession session(
+          options,
+          [](int id, internal::WorkerLink link) {
+            return internal::make_launch<true>(id, &sleepless_board_worker, link);
+          },
+          [](std::uint64_t id, Decoder& d, bool) {
+            if (d.decode<std::int64_t>() != static_cast<std::int64_t>(id)) std::_Exit(3);
+          });
+      session.begin_epoch([k = 0](std::vector<std::int64_t>& indices) mutable {
+        indices = {k};
+        return k++ < kTasks;
+      });
+      while (session.next()) ++got;
+    }
+    std::_Exit(got == kTasks ? 0 : 2);
+  });
+  EXPECT_EQ(testing::wait_child_within(main_process, std::chrono::seconds(60)), 0)
+      << "-1: the main process blocked sending a wake";
 }
 
 auto capturing_collate(int k) {

@@ -43,6 +43,7 @@ using internal::Mapping;
 using internal::Ring;
 using testing::fork_child;
 using testing::wait_child;
+using testing::wait_child_within;
 
 // What slot words keep of a position: 50 bits. A hint moved by this aliases its position.
 constexpr std::uint64_t kAlias = std::uint64_t{1} << 50;
@@ -97,21 +98,6 @@ std::string label(const std::optional<std::string>& v) {
   return v ? v->substr(0, v->find('.')) + " (" + std::to_string(v->size()) + " bytes)" : "nothing";
 }
 
-// The child's exit status, or -1 once `limit` passed (the child is then SIGKILLed).
-int wait_child_within(pid_t pid, std::chrono::seconds limit) {
-  const auto give_up = Clock::now() + limit;
-  for (;;) {
-    int status = 0;
-    const pid_t got = ::waitpid(pid, &status, WNOHANG);
-    if (got == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    if (Clock::now() >= give_up) {
-      ::kill(pid, SIGKILL);
-      (void)wait_child(pid);
-      return -1;
-    }
-    std::this_thread::sleep_for(5ms);
-  }
-}
 
 class HostilePositionsTest : public testing::LeakCheckedTest {};
 

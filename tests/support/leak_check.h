@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <sys/types.h>
 
+#include <chrono>
 #include <functional>
 #include <set>
 #include <string>
@@ -28,6 +29,9 @@ std::set<std::string> shm_names_of(pid_t pid);
 pid_t fork_child(const std::function<void()>& fn);
 // waitpid; returns the exit status (or 128 + signal).
 int wait_child(pid_t pid);
+// The child's exit status (or 128 + signal), or -1 once `limit` passed (the child is then
+// SIGKILLed and reaped): for a test of a call that must not block.
+int wait_child_within(pid_t pid, std::chrono::seconds limit);
 // fork_child + wait_child.
 int run_in_child(const std::function<void()>& fn);
 // Fails the test if a child of this process is left unreaped (a zombie) or running: for
