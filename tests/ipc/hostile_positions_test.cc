@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <utility>
 #include <string>
 #include <thread>
 #include <vector>
@@ -163,6 +164,26 @@ TEST_F(HostilePositionsTest, APipesTailMovedByTwoToTheFiftyLosesNothing) {
   EXPECT_FALSE(b.poll());
 }
 
+// A ring of eight 64-byte slots whose messages are one byte, their id (tag 7), and the
+// mapping of its shared words.
+struct EightSlots {
+  static constexpr std::uint64_t n = 8;
+  Ring r = Ring::create(n, 64);
+  RingMemory ring{r.fd()};
+  std::vector<std::byte> out = std::vector<std::byte>(r.max_message());
+  Ring::Status push(std::uint8_t id) {
+    const std::byte msg[1] = {std::byte{id}};
+    return r.push(msg, 7, Clock::now());
+  }
+  // The id and position of the message taken, nullopt when there is none.
+  std::optional<std::pair<int, std::uint64_t>> pop() {
+    const Ring::Popped p = r.pop(out, Clock::now());
+    if (p.status != Ring::Status::kOk) return std::nullopt;
+    EXPECT_EQ(p.size, 1u);
+    return std::pair{static_cast<int>(out[0]), p.pos};
+  }
+};
+
 // The fifth finding (fuzz_ring, repeated hint writes): the tail moved back onto a position
 // the head had passed (a hole a forward move left), where a put claimed, then moved forward
 // so that puts passed that message by more than a lap. The put that met its slot freed it
@@ -170,22 +191,17 @@ TEST_F(HostilePositionsTest, APipesTailMovedByTwoToTheFiftyLosesNothing) {
 // A message that far behind is renumbered forward now, and delivered. The ring alone, with
 // eight slots: every step and position is the one the fuzzer found.
 TEST_F(HostilePositionsTest, ATailMovedBackThenForwardPastAMessageLosesNothing) {
-  constexpr std::uint64_t n = 8;
-  Ring r = Ring::create(n, 64);
-  RingMemory ring(r.fd());
-  std::vector<std::byte> out(r.max_message());
-  auto push = [&](std::uint8_t id) {
-    const std::byte msg[1] = {std::byte{id}};
-    return r.push(msg, 7, Clock::now());
-  };
+  EightSlots e;
+  constexpr std::uint64_t n = EightSlots::n;
+  RingMemory& ring = e.ring;
+  auto push = [&](std::uint8_t id) { return e.push(id); };
   std::vector<int> got;
   std::vector<std::uint64_t> where;
   auto pop = [&] {
-    const Ring::Popped p = r.pop(out, Clock::now());
-    if (p.status != Ring::Status::kOk) return false;
-    EXPECT_EQ(p.size, 1u);
-    got.push_back(static_cast<int>(out[0]));
-    where.push_back(p.pos);
+    const auto p = e.pop();
+    if (!p) return false;
+    got.push_back(p->first);
+    where.push_back(p->second);
     return true;
   };
   using S = Ring::Status;
@@ -211,7 +227,7 @@ TEST_F(HostilePositionsTest, ATailMovedBackThenForwardPastAMessageLosesNothing) 
   // Every message once: 3 and 4 renumbered to the lap behind the tail, before 5..8.
   EXPECT_EQ(got, (std::vector<int>{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}));
   EXPECT_EQ(where, (std::vector<std::uint64_t>{7, 8, 12, 13, 16, 17, 18, 19, 20, 21, 22, 23}));
-  EXPECT_EQ(r.pop(out, Clock::now()).status, S::kTimeout);
+  EXPECT_EQ(e.r.pop(e.out, Clock::now()).status, S::kTimeout);
 }
 
 // A tail moved ahead again and again, a little each time (onto the next lap of the slot just
@@ -220,17 +236,13 @@ TEST_F(HostilePositionsTest, ATailMovedBackThenForwardPastAMessageLosesNothing) 
 // other. It leads (found by fuzz_ring: a rule that dropped a word two laps above every other
 // dropped this one, and the pop that met it freed the message as corrupt).
 TEST_F(HostilePositionsTest, ATailMovedALittleAheadAgainAndAgainLosesNothing) {
-  constexpr std::uint64_t n = 8;
-  Ring r = Ring::create(n, 64);
-  RingMemory ring(r.fd());
-  std::vector<std::byte> out(r.max_message());
-  auto push = [&](std::uint8_t id) {
-    const std::byte msg[1] = {std::byte{id}};
-    return r.push(msg, 7, Clock::now());
-  };
+  EightSlots e;
+  constexpr std::uint64_t n = EightSlots::n;
+  RingMemory& ring = e.ring;
+  auto push = [&](std::uint8_t id) { return e.push(id); };
   auto pop = [&]() -> int {
-    const Ring::Popped p = r.pop(out, Clock::now());
-    return p.status == Ring::Status::kOk ? static_cast<int>(out[0]) : -1;
+    const auto p = e.pop();
+    return p ? p->first : -1;
   };
   using S = Ring::Status;
   ASSERT_EQ(push(1), S::kOk);  // at 0
