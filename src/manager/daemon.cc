@@ -249,7 +249,8 @@ struct Daemon::Impl {
     int err = 0;
     UniqueFd fd = accept_connection(listener.get(), &err);
     if (fd) {
-      const std::uint64_t limit = read_system_limits().nofile_soft;
+      // Not read_system_limits(): it opens files, and this process has no fd to spare.
+      const std::uint64_t limit = open_files_soft_limit();
       refuse(std::move(fd),
              "the shmtensor manager is at its open-file limit (" +
                  (limit == UINT64_MAX ? std::string("unlimited") : std::to_string(limit)) +

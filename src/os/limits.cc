@@ -102,4 +102,9 @@ std::uint64_t raise_open_files_limit() noexcept {
   return rlim_value(rl.rlim_cur);
 }
 
+std::uint64_t open_files_soft_limit() noexcept {
+  rlimit rl{};
+  return ::getrlimit(RLIMIT_NOFILE, &rl) == 0 ? rlim_value(rl.rlim_cur) : 0;
+}
+
 }  // namespace shmtensor::internal

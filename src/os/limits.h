@@ -27,6 +27,10 @@ struct SystemLimits {
 
 SystemLimits read_system_limits();
 
+// The soft RLIMIT_NOFILE alone (UINT64_MAX: unlimited): one system call and no file, for a
+// process that may be at that limit (read_system_limits opens files and pidfds).
+std::uint64_t open_files_soft_limit() noexcept;
+
 // Raises this process's soft RLIMIT_NOFILE to its hard limit (what a process may do without
 // privileges) and returns the soft limit in force afterwards; UINT64_MAX = unlimited. A
 // failure leaves the limit as it was. For the manager daemon, which holds the fds of every
