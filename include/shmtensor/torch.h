@@ -43,8 +43,8 @@ SHMTENSOR_API c10::ScalarType to_torch(DType dtype);
 SHMTENSOR_API DType dtype_from_torch(c10::ScalarType dtype);
 
 // ---- tensors --------------------------------------------------------------------------------
-// An at::Tensor over the same bytes, sizes, strides, storage offset and dtype (CPU, strided;
-// requires_grad false). Its storage spans the whole shmtensor Storage, is not resizable, and
+// An at::Tensor over the same bytes, sizes, strides, storage offset, dtype and device (CPU,
+// or CUDA with the index the shmtensor Device has; strided; requires_grad false). Its storage spans the whole shmtensor Storage, is not resizable, and
 // is shared with every other to_torch of a tensor on that Storage while one of them lives
 // (one c10::StorageImpl per shmtensor Storage, so torch sees them alias).
 // A storage in private memory is first moved into shared memory (Storage::share_memory_):
@@ -59,7 +59,8 @@ SHMTENSOR_API at::Tensor to_torch(const Tensor& tensor);
 //  - otherwise a contiguous copy into a new shared tensor (Tensor::empty_shared), as
 //    share_memory_() would give, without changing `tensor` (so also for a tensor with the
 //    conjugate or negative bit set, whose bytes are not its values).
-// Only CPU, strided tensors of a dtype shmtensor has; else std::invalid_argument. An
+// A CUDA tensor converts only zero-copy (its storage ours); the copy is for CPU tensors.
+// Only CPU and CUDA strided tensors of a dtype shmtensor has; else std::invalid_argument. An
 // undefined at::Tensor gives an undefined Tensor. requires_grad is ignored (like detach()).
 SHMTENSOR_API Tensor from_torch(const at::Tensor& tensor);
 
@@ -72,21 +73,27 @@ SHMTENSOR_API c10::Storage to_torch(const Storage& storage);
 // torch's own allocator or shared memory, or of another device).
 SHMTENSOR_API std::optional<Storage> shared_storage_of(const c10::StorageImpl& storage);
 
-// Moves an existing CPU torch storage into shmtensor shared memory in place, as torch's
-// share_memory_() does into its own: the bytes are copied into Storage::allocate_shared
-// (current sharing strategy) and the StorageImpl's DataPtr is swapped, so every tensor and
-// view on it sees the shared bytes; the storage becomes non-resizable (as torch's shared
-// storages are). Returns the Storage it now lives in; a storage already ours is left as it
-// is and its Storage returned; a 0-byte storage is left alone (std::nullopt).
+// Moves an existing CPU or CUDA torch storage into shmtensor shared memory in place, as
+// torch's share_memory_() does into its own: the bytes are copied into
+// Storage::allocate_shared (current sharing strategy), or for a CUDA storage into a block of
+// this process's device arena on its device (Storage::allocate(nbytes, device): one
+// device-to-device copy, then a synchronize of that device, so that torch's caching
+// allocator gets the old bytes back only once they were read), and the StorageImpl's DataPtr
+// is swapped, so every tensor and view on it sees the shared bytes; the storage becomes
+// non-resizable (as torch's shared storages are). Returns the Storage it now lives in; a
+// storage already ours is left as it is and its Storage returned; a 0-byte storage is left
+// alone (std::nullopt). Work on a non-blocking stream (torch's side streams) that writes a
+// CUDA storage must be complete before (as torch asks before sharing).
 // A storage in torch's own shared memory is moved too: the caller decides whether it should
-// be. std::invalid_argument for a storage not on the CPU. Throws as allocate_shared, with
-// the storage unchanged.
+// be. std::invalid_argument for a storage neither CPU nor CUDA. Throws as allocate_shared
+// (CudaError for the device), with the storage unchanged.
 SHMTENSOR_API std::optional<Storage> share_memory_(c10::StorageImpl& storage);
-// The same, with the shared bytes from `allocate(nbytes)` (called without any lock held;
-// it must return a shared Storage of exactly nbytes, else std::invalid_argument). What it
+// The same, with the shared bytes from `allocate(nbytes, device)` (called without any lock
+// held; it must return a shared Storage of exactly nbytes on that device, else
+// std::invalid_argument). What it
 // throws passes through, the storage unchanged: the Python bridge allocates through
 // shmtensor._C so that failures arrive as shmtensor's Python exceptions.
 SHMTENSOR_API std::optional<Storage> share_memory_(
-    c10::StorageImpl& storage, const std::function<Storage(std::size_t)>& allocate);
+    c10::StorageImpl& storage, const std::function<Storage(std::size_t, Device)>& allocate);
 
 }  // namespace shmtensor

@@ -1,4 +1,4 @@
-"""shmtensor.torch: PyTorch's CPU tensor sharing on shmtensor arenas (docs/torch.md).
+"""shmtensor.torch: PyTorch's tensor sharing on shmtensor arenas (docs/torch.md, docs/cuda.md).
 
     import shmtensor.torch
     shmtensor.torch.install()   # here, and in every process started from here on
@@ -10,11 +10,13 @@ What install() changes, and uninstall() restores exactly:
   * the ForkingPickler reducer of torch.UntypedStorage (which torch's reduce_tensor reaches
     for parameters and subclasses): a CPU storage travels as a shmtensor block, moved into
     an arena in place first when it is not in one (every view follows, as with torch's own
-    share_memory_); CUDA, meta and empty storages go to torch's own reducer;
-  * with the bridge, the reducer of torch.Tensor itself: a plain CPU tensor travels as its
-    block and metadata, one C++ call each way; what the bridge does not take (requires_grad,
-    named, conjugate/zero bits, quantized, nested, wrappers, other devices and layouts)
-    goes to torch's reduce_tensor;
+    share_memory_); with the bridge a CUDA storage moves into the device arena the same way
+    (docs/cuda.md); meta and empty storages go to torch's own reducer;
+  * with the bridge, the reducer of torch.Tensor itself: a plain CPU or CUDA tensor travels
+    as its block and metadata, one C++ call each way (a CUDA tensor by fd); what the bridge
+    does not take (requires_grad but for a CUDA leaf, named, conjugate/zero bits,
+    quantized, nested, wrappers, other devices and layouts) goes to torch's reduce_tensor
+    (a CUDA one with a RuntimeWarning once);
   * a storage already in torch's own shared memory stays there, with torch's reducer;
   * UntypedStorage.share_memory_, .is_shared and ._new_shared (what a DataLoader worker's
     default_collate allocates each batch with), shadowed by Python attributes;
@@ -43,6 +45,7 @@ import multiprocessing.spawn as _mpspawn
 import os
 import sys
 import threading
+import warnings
 import weakref
 from multiprocessing.reduction import ForkingPickler
 from typing import TYPE_CHECKING
@@ -158,12 +161,20 @@ def _block_of(storage):
 
 def _in_arena(storage):
     """The block of storage, moved into an arena first if the bridge can; None if it stays
-    with torch (not CPU, empty, in torch's own shared memory already, or no bridge).
+    with torch (neither CPU nor CUDA, empty, a CPU storage in torch's own shared memory
+    already, or no bridge). A CUDA storage moves into this process's device arena (one
+    device-to-device copy: docs/cuda.md, "torch's CUDA tensors").
     NotImplementedError for a CPU storage with a size and no data (a zero tensor's, a
     wrapper subclass's), as torch 1.13's reducer says (torch 2.13's crashes with SIGSEGV in
     _share_fd_cpu_)."""
-    if storage.device.type != "cpu" or storage.nbytes() == 0:
+    kind = storage.device.type
+    if kind not in ("cpu", "cuda") or storage.nbytes() == 0:
         return None
+    if kind == "cuda":
+        if _bridge is None:
+            return None
+        block = _bridge.block_of_storage(storage)
+        return block if block is not None else _bridge.share_storage_(storage)
     block = _block_of(storage)
     if block is None and _bridge is not None:
         if _bridge.has_no_data(storage):
@@ -202,6 +213,12 @@ def _rebuild_tensor(block, dtype, offset, size, stride):
     return _bridge.tensor_from_block(block, dtype, offset, size, stride)
 
 
+def _rebuild_tensor_grad(native, ref, dtype, offset, size, stride):
+    """A CUDA leaf tensor that required grad in its sender: requires grad here too."""
+    block = _red._native_block(ref) if native else ref
+    return _bridge.tensor_from_block(block, dtype, offset, size, stride).requires_grad_(True)
+
+
 def _rebuild_tensor_native(index, dtype, offset, size, stride):
     """A tensor on block `index` of the message being unpickled."""
     return _bridge.tensor_from_block(_red._native_block(index), dtype, offset, size, stride)
@@ -226,21 +243,45 @@ def _reduce_tensor(tensor):
     """An exact torch.Tensor (with the bridge): one C++ call for its block and metadata, in
     place of torch's reduce_tensor, TypedStorage and storage reducer; anything the bridge
     does not take (tensor_parts) goes to torch's reduce_tensor."""
-    parts = _bridge.tensor_parts(tensor, False)
+    grad = tensor.requires_grad and tensor.is_cuda and tensor.is_leaf
+    parts = _bridge.tensor_parts(tensor.detach() if grad else tensor, False)
     if parts is not None and parts[0] is None:  # not in an arena yet
-        if _saved_is_shared(_untyped_of(tensor)):
+        if not tensor.is_cuda and _saved_is_shared(_untyped_of(tensor)):
             parts = None  # in torch's shared memory: it stays there (_saved_is_shared)
         else:  # moved into an arena, with torch's strategy
             _sync_strategy()
-            parts = _bridge.tensor_parts(tensor, True)
+            parts = _bridge.tensor_parts(tensor.detach() if grad else tensor, True)
     if parts is None:
+        if tensor.is_cuda:
+            _say_cuda_to_torch(tensor)
         saved = _saved  # None once uninstalled (a pickler may still hold this reducer)
         return (saved["tensor_reducer"] if saved else _treductions.reduce_tensor)(tensor)
     block, dtype, offset, size, stride = parts
     message = _red._sending_message()
+    if grad:  # a CUDA leaf that requires grad: its detached view travels, the flag beside
+        ref = message.add(block) if message is not None else _red._ref(block)
+        native = message is not None
+        return _rebuild_tensor_grad, (native, ref, dtype, offset, size, stride)
     if message is not None:
         return _rebuild_tensor_native, (message.add(block), dtype, offset, size, stride)
     return _rebuild_tensor, (_red._ref(block), dtype, offset, size, stride)
+
+
+_cuda_to_torch_said = [False]
+
+
+def _say_cuda_to_torch(tensor):
+    """Once per process: a CUDA tensor that shmtensor's path does not take goes to torch's
+    own CUDA IPC (cudaIpcGetMemHandle), with torch's lifetimes."""
+    if _cuda_to_torch_said[0]:
+        return
+    _cuda_to_torch_said[0] = True
+    warnings.warn(
+        "shmtensor.torch: a CUDA tensor that shmtensor does not send by fd (a subclass, a "
+        "non-strided layout, a conjugate, negative or zero bit, named dimensions, quantized, "
+        "a non-leaf that requires grad, or a dtype shmtensor lacks) goes to torch's own CUDA "
+        "IPC, whose producer must outlive its consumers; said once per process",
+        RuntimeWarning, stacklevel=3)
 
 
 def _encode_tensor_message(obj):
@@ -253,7 +294,8 @@ def _encode_tensor_message(obj):
 
 
 def _share_memory_(self):
-    if _in_arena(self) is None:
+    # A CUDA storage's share_memory_() is a no-op, as torch's: it moves when it is sent.
+    if self.device.type != "cpu" or _in_arena(self) is None:
         return _saved["share_memory_"](self)
     return self
 
@@ -369,7 +411,6 @@ def _say_no_bridge() -> None:
     global _said_no_bridge
     if _bridge is None and not _said_no_bridge:
         _said_no_bridge = True
-        import warnings  # noqa: PLC0415
         warnings.warn("shmtensor.torch works without its C++ bridge, slower and without "
                       f"moving existing storages in place: {_no_bridge_reason}",
                       RuntimeWarning, stacklevel=3)

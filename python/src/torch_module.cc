@@ -78,10 +78,13 @@ c10::StorageImpl& storage_impl_of(const py::handle& obj, const char* op) {
   return *compat::storage_impl_of(obj.ptr());
 }
 
-// A new shared Storage of nbytes made by _C._empty (so that a failure is shmtensor's own
-// Python exception). Needs the GIL.
-Storage allocate_through_c(std::size_t nbytes) {
-  return storage_of_block(c_module().attr("_empty")(py::make_tuple(nbytes), "uint8", true));
+// A new shared Storage of nbytes on `device` (a block of the device's arena for a CUDA one)
+// made by _C._empty (so that a failure is shmtensor's own Python exception). Needs the GIL.
+Storage allocate_through_c(std::size_t nbytes, Device device = Device::cpu()) {
+  py::object empty = c_module().attr("_empty");
+  if (device.is_cuda())
+    return storage_of_block(empty(py::make_tuple(nbytes), "uint8", true, device.to_string()));
+  return storage_of_block(empty(py::make_tuple(nbytes), "uint8", true));
 }
 
 // The torch.UntypedStorage over a shared Storage (the one torch storage of it here).
@@ -117,9 +120,9 @@ py::object block_of_storage(const py::handle& storage) {
 // caller's reference keeps impl alive meanwhile.
 std::optional<Storage> share_impl(c10::StorageImpl& impl) {
   py::gil_scoped_release release;
-  return share_memory_(impl, [](std::size_t nbytes) {
+  return share_memory_(impl, [](std::size_t nbytes, Device device) {
     py::gil_scoped_acquire acquire;
-    return allocate_through_c(nbytes);
+    return allocate_through_c(nbytes, device);
   });
 }
 
@@ -214,14 +217,16 @@ const char* view_error(std::int64_t offset, c10::IntArrayRef sizes, c10::IntArra
   return nullptr;
 }
 
-// The exact CPU torch.Tensor that obj is, when it has nothing that torch's own code must
-// handle (a subclass, another device or layout, nested, requires_grad, names, lazy
-// conjugate/negative/zero bits, quantized, a functional, functorch or Python-dispatch
-// wrapper, no storage); else nullptr. Borrowed: valid while obj lives.
-const at::Tensor* plain_cpu_tensor(const py::handle& obj) {
+// The exact CPU (or, with `cuda`, CPU or CUDA) torch.Tensor that obj is, when it has nothing
+// that torch's own code must handle (a subclass, another device or layout, nested,
+// requires_grad, names, lazy conjugate/negative/zero bits, quantized, a functional, functorch
+// or Python-dispatch wrapper, no storage); else nullptr. Borrowed: valid while obj lives.
+const at::Tensor* plain_cpu_tensor(const py::handle& obj, bool cuda = false) {
   if (Py_TYPE(obj.ptr()) != reinterpret_cast<PyTypeObject*>(THPVariableClass)) return nullptr;
   const at::Tensor& t = THPVariable_Unpack(obj.ptr());
-  if (!t.defined() || t.device().type() != c10::kCPU || t.layout() != c10::kStrided ||
+  const c10::DeviceType type = t.defined() ? t.device().type() : c10::kCPU;
+  if (!t.defined() || !(type == c10::kCPU || (cuda && type == c10::kCUDA)) ||
+      t.layout() != c10::kStrided ||
       t.is_nested() || t.requires_grad() || compat::has_names(t) || t.is_conj() || t.is_neg() ||
       t._is_zerotensor() || t.is_quantized() || !t.has_storage())
     return nullptr;
@@ -234,7 +239,7 @@ const at::Tensor* plain_cpu_tensor(const py::handle& obj) {
 }
 
 // (block, dtype, offset, sizes, strides) of an exact torch.Tensor whose values are the bytes
-// of a CPU storage (strides None when they are the contiguous ones for the sizes); None for
+// of a CPU or CUDA storage (strides None when they are the contiguous ones for the sizes); None for
 // anything torch's own reducer must take: a subclass, another device or layout, nested,
 // requires_grad, names, lazy conjugate/negative/zero bits, quantized, a functional,
 // functorch or Python-dispatch wrapper, no storage or an empty one. (A storage with a size
@@ -242,7 +247,7 @@ const at::Tensor* plain_cpu_tensor(const py::handle& obj) {
 // in place if `move` (every view follows), else (None, ...) so that the caller can set the
 // strategy first.
 py::object tensor_parts(const py::handle& obj, bool move) {
-  const at::Tensor* plain = plain_cpu_tensor(obj);
+  const at::Tensor* plain = plain_cpu_tensor(obj, /*cuda=*/true);
   if (plain == nullptr) return py::none();
   const at::Tensor& t = *plain;
   // Our own reference to the storage and copy of the view: the GIL is released while the
@@ -316,11 +321,13 @@ py::object tensor_on(const Storage& storage, c10::ScalarType scalar_type, std::i
                                      static_cast<std::uint64_t>(c10::elementSize(scalar_type)),
                                      storage.nbytes()))
     bad_tensor(error);
-  // The TensorImpl made directly, as at::empty makes one (CPU, the autograd keys its
+  // The TensorImpl made directly, as at::empty makes one (CPU or CUDA, the autograd keys its
   // constructor adds), with the view set on it: what at::empty({0}) and set_() end with,
   // without two dispatcher calls and an empty storage between them.
   auto impl = c10::make_intrusive<c10::TensorImpl>(
-      to_torch(storage), c10::DispatchKeySet(c10::DispatchKey::CPU),
+      to_torch(storage),
+      c10::DispatchKeySet(storage.device().is_cuda() ? c10::DispatchKey::CUDA
+                                                     : c10::DispatchKey::CPU),
       c10::scalarTypeToTypeMeta(scalar_type));
   impl->set_sizes_and_strides(sizes, strides, offset);
   PyObject* wrapped = THPVariable_Wrap(at::Tensor(std::move(impl)));
@@ -785,9 +792,9 @@ PYBIND11_MODULE(_torch, m) {
         "torch's collate_tensor_fn does in a DataLoader worker; None for a batch that is not a "
         "non-empty list or tuple of plain CPU tensors of one dtype and shape with elements.");
   m.def("tensor_parts", &sp::tensor_parts, py::arg("tensor"), py::arg("move"),
-        "(block, dtype, offset, sizes, strides; strides None when contiguous) of an exact CPU torch.Tensor that shmtensor.torch "
-        "sends itself; None for one torch's reduce_tensor must take (a subclass, not CPU or "
-        "strided, requires_grad, named, conjugate/negative bit, quantized, an empty storage). A "
+        "(block, dtype, offset, sizes, strides; strides None when contiguous) of an exact CPU or CUDA torch.Tensor that "
+        "shmtensor.torch sends itself; None for one torch's reduce_tensor must take (a "
+        "subclass, another device, not strided, requires_grad, named, conjugate/negative bit, quantized, an empty storage). A "
         "storage not yet in shared memory is moved in place if `move`, else block is None.");
   m.def("encode_tensor_message", &sp::encode_tensor_message, py::arg("obj"),
         "(bytes, [block]) of a message that is a structure of None, bool, int (int64), float, "

@@ -7,9 +7,7 @@ anything here touches CUDA; spawned and forkserver children inherit it.
 """
 import os
 
-os.environ["SHMTENSOR_CUDA_DRIVER"] = "fake"
-os.environ["SHMTENSOR_FAKE_CUDA_DEVICES"] = "2"
-os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+from cuda_env import D1, FAKE_ONLY, I1, REAL_DRIVER  # noqa: F401 (first: sets the driver)
 
 import multiprocessing  # noqa: E402
 import pickle  # noqa: E402
@@ -68,6 +66,7 @@ def test_torch_device_is_read_by_its_attributes():
         shmtensor.device(TorchLikeDevice())
 
 
+@FAKE_ONLY
 def test_cuda_module_sees_the_fake_devices():
     assert shmtensor.cuda.is_available()
     assert shmtensor.cuda.device_count() == 2
@@ -81,6 +80,7 @@ def test_cuda_module_sees_the_fake_devices():
 
 
 @pytest.mark.parametrize("device", ["cuda:1", 1, shmtensor.device("cuda", 1)])
+@FAKE_ONLY
 def test_factories_on_a_device(device):
     e = shmtensor.empty((2, 3), "int32", device=device)
     z = shmtensor.zeros((2, 3), "bfloat16", device=device)
@@ -98,6 +98,7 @@ def test_factories_on_a_device(device):
     assert repr(cpu) == "tensor([0., 0., 0.], dtype=float32)"
 
 
+@FAKE_ONLY
 def test_copies_between_devices_keep_values_and_views():
     a = np.arange(24, dtype=np.float64).reshape(4, 6)
     t = shmtensor.from_numpy(a)
@@ -138,6 +139,7 @@ def test_no_host_view_of_device_memory():
         np.asarray(t)  # NumPy reports __array_interface__'s error
 
 
+@FAKE_ONLY
 def test_a_device_this_process_does_not_see():
     with pytest.raises(ValueError, match="cuda:5: this process sees 2 CUDA device"):
         shmtensor.zeros(3, device="cuda:5")
@@ -182,8 +184,8 @@ def echo_and_write(inq, outq):
 
 def sample_tensors():
     a = shmtensor.from_numpy(np.arange(12, dtype=np.float32).reshape(3, 4)).cuda(0)
-    b = shmtensor.from_numpy(np.arange(6, dtype=np.int64)).cuda(1)
-    return [a, a.transpose(0, 1).narrow(0, 1, 2), b, shmtensor.empty((0, 5), device="cuda:1")]
+    b = shmtensor.from_numpy(np.arange(6, dtype=np.int64)).cuda(I1)
+    return [a, a.transpose(0, 1).narrow(0, 1, 2), b, shmtensor.empty((0, 5), device=D1)]
 
 
 def expected_sights(items):
@@ -213,7 +215,7 @@ def test_queue_round_trip_writes_seen_and_identity_kept(method, kind):
     assert host(a).tolist() == [[7.0] * 4] * 3  # the child's writes, in our memory
     assert host(b).tolist() == [7] * 6
     assert [t.data_ptr() for t in back[:3]] == [t.data_ptr() for t in items[:3]]  # identity
-    assert [str(t.device) for t in back] == ["cuda:0", "cuda:0", "cuda:1", "cuda:1"]
+    assert [str(t.device) for t in back] == ["cuda:0", "cuda:0", D1, D1]
     assert back[3].shape == (0, 5)
     if kind == "plain":
         inq.close(), outq.close(), inq.join_thread(), outq.join_thread()
@@ -230,7 +232,7 @@ def pipe_writer(conn):
 def test_pipe_to_a_child_and_back(method):
     ctx = smp.get_context(method)
     ours, theirs = ctx.Pipe()
-    t = shmtensor.zeros((2, 2), "int32", device="cuda:1")
+    t = shmtensor.zeros((2, 2), "int32", device=D1)
     p = ctx.Process(target=pipe_writer, args=(theirs,))
     p.start()
     theirs.close()
@@ -238,7 +240,7 @@ def test_pipe_to_a_child_and_back(method):
     back = ours.recv()
     p.join(60)
     assert p.exitcode == 0
-    assert host(t).tolist() == [[41, 41], [41, 41]]
+    assert host(t).tolist() == [[40 + I1] * 2] * 2  # the child writes 40 + its device index
     assert back.data_ptr() == t.data_ptr() and back.device == t.device
     ours.close()
 
@@ -252,7 +254,7 @@ def arg_writer(t, rank_tensor):
 def test_process_argument(method):
     ctx = smp.get_context(method)
     t = shmtensor.zeros((3,), "float64", device="cuda:0")
-    flag = shmtensor.zeros((1,), "int8", device="cuda:1")
+    flag = shmtensor.zeros((1,), "int8", device=D1)
     p = ctx.Process(target=arg_writer, args=(t, flag))
     p.start()
     p.join(60)
@@ -291,7 +293,7 @@ def spawn_rank(rank, t):
 
 
 def test_spawn_ranks_write_one_tensor():
-    t = shmtensor.zeros((2, 3), "int16", device="cuda:1")
+    t = shmtensor.zeros((2, 3), "int16", device=D1)
     smp.spawn(spawn_rank, args=(t,), nprocs=2)
     assert host(t).tolist() == [[1, 1, 1], [2, 2, 2]]
 
@@ -309,7 +311,7 @@ def test_a_forked_child_gets_cuda_error_naming_the_start_method():
     t = shmtensor.ones((4,), device="cuda:0")  # CUDA used here before the fork
 
     def child():
-        for use in (t.cpu, lambda: shmtensor.zeros(2, device="cuda:1")):
+        for use in (t.cpu, lambda: shmtensor.zeros(2, device=D1)):
             with pytest.raises(shmtensor.CudaError,
                                match=r"forked after CUDA.*'spawn' or 'forkserver'"):
                 use()

@@ -4,11 +4,7 @@ import of NumPy arrays, torch tensors, shmtensor tensors and raw capsules), on t
 on the fake driver, CUDA; a foreign producer's capsules are made by hand
 (dlpack_capsules.py) to count its deleter's calls.
 """
-import os
-
-os.environ["SHMTENSOR_CUDA_DRIVER"] = "fake"
-os.environ["SHMTENSOR_FAKE_CUDA_DEVICES"] = "2"
-os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+from cuda_env import D1, FAKE_ONLY, I1, REAL_DRIVER  # noqa: F401 (first: sets the driver)
 
 import gc  # noqa: E402
 import weakref  # noqa: E402
@@ -126,6 +122,7 @@ def test_what_a_tensor_cannot_hold_is_a_buffer_error():
         shmtensor.from_dlpack(np.arange(3, dtype=np.uint16))
 
 
+@FAKE_ONLY
 def test_copy_and_device_arguments():
     a = np.arange(6.0)
     c = shmtensor.from_dlpack(a, copy=True)
@@ -213,6 +210,7 @@ def test_versioned_capsule_flags_and_versions():
     gc.collect()
 
 
+@FAKE_ONLY
 def test_a_refused_capsule_is_left_to_its_producer():
     source = shmtensor.from_numpy(np.arange(4, dtype=np.float32))
     cases = [
@@ -340,8 +338,8 @@ def test_torch_consumes_our_tensors_with_the_version_it_asks_for():
 
 
 def test_cuda_tensor_exports_its_device_and_honours_the_stream():
-    t = shmtensor.from_numpy(np.arange(6, dtype=np.float32)).cuda(1)
-    assert t.__dlpack_device__() == (2, 1)
+    t = shmtensor.from_numpy(np.arange(6, dtype=np.float32)).cuda(I1)
+    assert t.__dlpack_device__() == (2, I1)
     for stream in (None, 1, 2, -1, 0x7F0000001000):
         back = shmtensor.from_dlpack(t.__dlpack__(stream=stream, max_version=(1, 0)))
         assert back.data_ptr() == t.data_ptr() and back.device == t.device  # our own storage
@@ -353,18 +351,18 @@ def test_cuda_tensor_exports_its_device_and_honours_the_stream():
         t.__dlpack__(stream="1")
     cpu = shmtensor.from_dlpack(t.__dlpack__(stream=1, dl_device=(1, 0)))
     assert not cpu.is_cuda and np.asarray(cpu).tolist() == [0, 1, 2, 3, 4, 5]
-    with pytest.raises(BufferError, match="cuda:1 tensor cannot be exported to cpu"):
+    with pytest.raises(BufferError, match=f"{D1} tensor cannot be exported to cpu"):
         t.__dlpack__(stream=1, dl_device=(1, 0), copy=False)
     other = shmtensor.from_dlpack(t.__dlpack__(stream=1, dl_device=(2, 0)))
     assert other.device == shmtensor.device("cuda:0") and host(other).tolist() == host(t).tolist()
 
 
 def test_foreign_cuda_memory_is_wrapped_written_both_ways_and_moved_on_share():
-    source = shmtensor.from_numpy(np.arange(12, dtype=np.float32).reshape(3, 4)).cuda(1)
-    p = Producer(source.data_ptr() + 4, (3, 2), (4, 1), KFLOAT, 32, device=(2, 1),
+    source = shmtensor.from_numpy(np.arange(12, dtype=np.float32).reshape(3, 4)).cuda(I1)
+    p = Producer(source.data_ptr() + 4, (3, 2), (4, 1), KFLOAT, 32, device=(2, I1),
                  versioned=True, keep=source)
     t = shmtensor.from_dlpack(p.capsule())
-    assert t.device == shmtensor.device("cuda:1") and t.is_cuda and not t.is_shared()
+    assert t.device == shmtensor.device(D1) and t.is_cuda and not t.is_shared()
     assert t.data_ptr() == source.data_ptr() + 4
     assert host(t).tolist() == [[1, 2], [5, 6], [9, 10]]
     t.select(0, 0).fill_(-1)  # our write, in the producer's device memory
@@ -372,7 +370,7 @@ def test_foreign_cuda_memory_is_wrapped_written_both_ways_and_moved_on_share():
     source.select(0, 2).fill_(7)  # the producer's, in ours
     assert host(t)[2].tolist() == [7, 7]
     seen = sent_to_a_child([t])  # sharing moves it into the device arena, once
-    assert seen == [("cuda:1", (3, 2), True, [[-1, -1], [5, 6], [7, 7]])]
+    assert seen == [(D1, (3, 2), True, [[-1, -1], [5, 6], [7, 7]])]
     assert t.is_shared() and p.calls == 1
     source.fill_(0)
     assert host(t).tolist() == [[-1, -1], [5, 6], [7, 7]]

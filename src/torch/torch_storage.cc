@@ -7,9 +7,11 @@
 #include <string>
 #include <unordered_map>
 #include <utility>
+#include <vector>
 
 #include "shmtensor/internal/fork_handlers.h"
 #include "shmtensor/internal/storage_access.h"
+#include "shmtensor/device.h"
 #include "shmtensor/torch.h"
 #include "shmtensor/internal/torch_compat.h"
 
@@ -79,12 +81,18 @@ void delete_storage_context(void* context) {
   delete storage;  // may release the block: outside the lock
 }
 
+c10::Device torch_device(Device device) {
+  if (device.is_cuda())
+    return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(device.index()));
+  return c10::Device(c10::kCPU);
+}
+
 // Our DataPtr over the whole of `storage` (shared, so its bytes never move), holding a
 // copy of the handle.
 c10::DataPtr make_data_ptr(const Storage& storage) {
   auto context = std::make_unique<Storage>(storage);
   void* data = context->data();
-  c10::DataPtr ptr(data, context.get(), &delete_storage_context, c10::Device(c10::kCPU));
+  c10::DataPtr ptr(data, context.get(), &delete_storage_context, torch_device(storage.device()));
   context.release();  // owned by ptr now
   return ptr;
 }
@@ -97,9 +105,6 @@ const Storage* context_of(const c10::StorageImpl& impl) {
 
 c10::Storage to_torch(const Storage& storage) {
   if (!storage.defined()) throw std::invalid_argument("to_torch: an undefined Storage");
-  if (storage.device().is_cuda())
-    throw std::invalid_argument("to_torch: a " + storage.device().to_string() +
-                                " storage; the bridge converts CPU storages only");
   Storage shared = storage;
   shared.share_memory_();  // a no-op when shared already
   const void* key = key_of(shared);
@@ -142,24 +147,50 @@ std::optional<Storage> shared_storage_of(const c10::StorageImpl& storage) {
 }
 
 std::optional<Storage> share_memory_(c10::StorageImpl& storage) {
-  return share_memory_(storage, [](std::size_t nbytes) { return Storage::allocate_shared(nbytes); });
+  return share_memory_(storage, [](std::size_t nbytes, Device device) {
+    return device.is_cuda() ? Storage::allocate(nbytes, device) : Storage::allocate_shared(nbytes);
+  });
 }
 
+namespace {
+
+// The bytes of `from` (the old storage's, torch's own allocation) into `to` (a block of this
+// process's device arena on the same device): one device-to-device copy on the device's
+// legacy default stream, after the work queued there and on the blocking streams (torch's
+// default stream is the legacy one), then a synchronize, so that the old bytes, given back
+// to torch's caching allocator when the DataPtr is swapped, are read before anything reuses
+// them.
+void copy_device_bytes(const Storage& to, const void* from, std::size_t nbytes) {
+  // Read only (from_blob takes a mutable pointer: the copy's source is never written).
+  Storage source = Storage::from_blob(const_cast<void*>(from), nbytes, to.device(), [] {});
+  const std::vector<std::int64_t> sizes{static_cast<std::int64_t>(nbytes)};
+  const std::vector<std::int64_t> strides{1};
+  Tensor dst = Tensor::from_storage(to, 0, sizes, strides, DType::kUInt8);
+  dst.copy_(Tensor::from_storage(std::move(source), 0, sizes, strides, DType::kUInt8));
+  cuda::synchronize(to.device());
+}
+
+}  // namespace
+
 std::optional<Storage> share_memory_(c10::StorageImpl& storage,
-                                     const std::function<Storage(std::size_t)>& allocate) {
+                                     const std::function<Storage(std::size_t, Device)>& allocate) {
   if (auto ours = shared_storage_of(storage)) return ours;
-  if (storage.device_type() != c10::kCPU)
+  const bool on_cuda = storage.device_type() == c10::kCUDA;
+  if (storage.device_type() != c10::kCPU && !on_cuda)
     throw std::invalid_argument("share_memory_: a storage on " + storage.device().str() +
-                                "; shmtensor shares CPU memory only");
+                                "; shmtensor shares CPU and CUDA memory only");
+  const Device device = on_cuda ? Device::cuda(storage.device().index()) : Device::cpu();
   if (storage.sym_nbytes().is_symbolic())
     throw std::invalid_argument("share_memory_: a storage of symbolic size");
   const std::size_t nbytes = storage.nbytes();
   if (nbytes == 0) return std::nullopt;
 
-  Storage target = allocate(nbytes);
-  if (!target.defined() || !target.is_shared() || target.nbytes() != nbytes)
-    throw std::invalid_argument("share_memory_: allocate(" + std::to_string(nbytes) +
-                                ") must return a shared Storage of that many bytes");
+  Storage target = allocate(nbytes, device);
+  if (!target.defined() || !target.is_shared() || target.nbytes() != nbytes ||
+      target.device() != device)
+    throw std::invalid_argument("share_memory_: allocate(" + std::to_string(nbytes) + ", " +
+                                device.to_string() +
+                                ") must return a shared Storage of that many bytes there");
   // Dropped after the locks are released: the old bytes (their deleter may be anything),
   // our reference to the StorageImpl.
   c10::DataPtr replaced;
@@ -175,7 +206,10 @@ std::optional<Storage> share_memory_(c10::StorageImpl& storage,
       throw std::invalid_argument(
           "share_memory_: a storage of " + std::to_string(nbytes) +
           " bytes with no data (a zero tensor's, or a functional wrapper's)");
-    std::memcpy(target.data(), old.data(), nbytes);
+    if (on_cuda)
+      copy_device_bytes(target, old.data(), nbytes);
+    else
+      std::memcpy(target.data(), old.data(), nbytes);
     c10::DataPtr ptr = make_data_ptr(target);
     {
       std::lock_guard cache_lock(g_cache_mu);

@@ -52,11 +52,10 @@ DType dtype_from_torch(c10::ScalarType dtype) {
 
 at::Tensor to_torch(const Tensor& tensor) {
   if (!tensor.defined()) throw std::invalid_argument("to_torch: an undefined Tensor");
-  if (tensor.is_cuda())
-    throw std::invalid_argument("to_torch: a " + tensor.device().to_string() +
-                                " tensor; the bridge converts CPU tensors only (call .cpu() first)");
   c10::Storage storage = to_torch(tensor.storage());
-  at::Tensor out = at::empty({0}, at::TensorOptions().dtype(to_torch(tensor.dtype())));
+  // An empty tensor on the storage's device (no allocation), then set_ onto the storage.
+  at::Tensor out = at::empty(
+      {0}, at::TensorOptions().dtype(to_torch(tensor.dtype())).device(storage.device()));
   // Within the storage by Tensor's invariant, so set_ never resizes (it cannot: the storage
   // is not resizable).
   out.set_(std::move(storage), tensor.storage_offset(), tensor.sizes(), tensor.strides());
@@ -65,9 +64,10 @@ at::Tensor to_torch(const Tensor& tensor) {
 
 Tensor from_torch(const at::Tensor& tensor) {
   if (!tensor.defined()) return Tensor();
-  if (tensor.device().type() != c10::kCPU)
+  const bool on_cuda = tensor.device().type() == c10::kCUDA;
+  if (tensor.device().type() != c10::kCPU && !on_cuda)
     throw std::invalid_argument("from_torch: a " + tensor.device().str() +
-                                " tensor; shmtensor holds CPU tensors only (call .cpu() first)");
+                                " tensor; shmtensor holds CPU and CUDA tensors only");
   if (tensor.layout() != c10::kStrided)
     throw std::invalid_argument(std::string("from_torch: a tensor of layout ") +
                                 c10::toString(tensor.layout()) +
@@ -79,6 +79,11 @@ Tensor from_torch(const at::Tensor& tensor) {
       return Tensor::from_storage(std::move(*storage), tensor.storage_offset(),
                                   tensor.sizes().vec(), tensor.strides().vec(), dtype);
   }
+  if (on_cuda)
+    throw std::invalid_argument(
+        "from_torch: a " + tensor.device().str() +
+        " tensor whose storage is torch's own: move it into a device arena first "
+        "(shmtensor::share_memory_ of its storage), then it converts without a copy");
   Tensor out = Tensor::empty_shared(tensor.sizes().vec(), dtype);
   if (out.numel() > 0) {
     // Not recorded by autograd: the copy is plain data, as detach() would give.

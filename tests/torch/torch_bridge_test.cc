@@ -4,11 +4,13 @@
 #include <gtest/gtest.h>
 
 #include <complex>
+#include <cstdlib>
 #include <cstdint>
 #include <stdexcept>
 #include <thread>
 #include <vector>
 
+#include "shmtensor/device.h"
 #include "shmtensor/error.h"
 #include "shmtensor/torch.h"
 #include "support/expect_error.h"
@@ -156,7 +158,7 @@ TEST_F(TorchBridgeTest, WhatShmtensorCannotHoldIsAnInvalidArgument) {
       EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
     }
   };
-  expect_invalid(at::empty({2}, at::TensorOptions().device(at::kMeta)), "CPU tensors only");
+  expect_invalid(at::empty({2}, at::TensorOptions().device(at::kMeta)), "CPU and CUDA tensors only");
   expect_invalid(at::eye(3).to_sparse(), "strided");
   expect_invalid(at::empty({2}, at::kComplexHalf), "ComplexHalf");
   EXPECT_ERROR((void)to_torch(Tensor()), std::invalid_argument, "to_torch: an undefined Tensor");
@@ -259,6 +261,48 @@ TEST_F(TorchBridgeTest, ShareMemoryMovesATorchStorageInPlaceAndViewsFollow) {
   EXPECT_TRUE(at::equal(base.view({10, 10}).select(0, 3), at::full({10}, -1.0f)));
 }
 
+// A CUDA storage of torch's moves into this process's device arena in place: one copy, the
+// old bytes given back to their owner, the DataPtr ours from then on (no second copy), and
+// to_torch of that Storage is the same StorageImpl. On the fake driver (whose device
+// addresses are host addresses, so a host buffer stands for torch's device memory): CPU
+// builds of torch make no CUDA memory of their own, but hold a CUDA DataPtr they are given.
+TEST_F(TorchBridgeTest, ACudaStorageMovesIntoTheDeviceArenaOnceAndStaysThere) {
+  ::setenv("SHMTENSOR_CUDA_DRIVER", "fake", 1);  // chosen at the first CUDA use, below
+  if (!cuda::is_available()) GTEST_SKIP() << cuda::unavailable_reason();
+  std::vector<std::int32_t> torch_bytes = {1, 2, 3, 4, 5, 6, 7, 8};
+  bool given_back = false;
+  auto impl = c10::make_intrusive<c10::StorageImpl>(
+      c10::StorageImpl::use_byte_size_t(), 32,
+      c10::DataPtr(torch_bytes.data(), &given_back,
+                   [](void* flag) { *static_cast<bool*>(flag) = true; },
+                   c10::Device(c10::kCUDA, 0)),
+      /*allocator=*/nullptr, /*resizable=*/false);  // (resizable needs an allocator)
+  std::optional<Storage> moved = share_memory_(*impl);
+  ASSERT_TRUE(moved.has_value());
+  EXPECT_TRUE(given_back);
+  EXPECT_EQ(moved->device(), Device::cuda(0));
+  EXPECT_TRUE(moved->is_shared());
+  EXPECT_EQ(moved->nbytes(), 32u);
+  EXPECT_EQ(impl->data(), moved->data());
+  EXPECT_EQ(impl->device(), c10::Device(c10::kCUDA, 0));
+  Tensor host = Tensor::from_storage(*moved, 0, {8}, {1}, DType::kInt32).cpu();
+  EXPECT_EQ(std::vector<std::int32_t>(host.data_ptr<std::int32_t>(),
+                                      host.data_ptr<std::int32_t>() + 8),
+            std::vector<std::int32_t>({1, 2, 3, 4, 5, 6, 7, 8}));
+  torch_bytes.assign(8, 0);  // the old bytes are no longer the storage's
+  EXPECT_TRUE(share_memory_(*impl)->is_same(*moved));
+  EXPECT_EQ(to_torch(*moved).unsafeGetStorageImpl(), impl.get());
+  EXPECT_TRUE(shared_storage_of(*impl)->is_same(*moved));
+  // An allocator that answers with another device's memory is refused, the storage unchanged.
+  auto other = c10::make_intrusive<c10::StorageImpl>(
+      c10::StorageImpl::use_byte_size_t(), 32,
+      c10::DataPtr(torch_bytes.data(), c10::Device(c10::kCUDA, 0)), nullptr, false);
+  EXPECT_ERROR(share_memory_(*other, [](std::size_t n, Device) { return Storage::allocate_shared(n); }),
+               std::invalid_argument,
+               "allocate(32, cuda:0) must return a shared Storage of that many bytes there");
+  EXPECT_EQ(other->data(), torch_bytes.data());
+}
+
 TEST_F(TorchBridgeTest, ShareMemoryLeavesEmptyAndUnsuitableStoragesAlone) {
   at::Tensor empty = at::empty({0});
   EXPECT_FALSE(share_memory_(*empty.storage().unsafeGetStorageImpl()).has_value());
@@ -271,15 +315,16 @@ TEST_F(TorchBridgeTest, ShareMemoryLeavesEmptyAndUnsuitableStoragesAlone) {
   at::Tensor t = at::arange(8, at::kLong);
   c10::StorageImpl& impl = *t.storage().unsafeGetStorageImpl();
   const void* before = storage_data(t);
-  EXPECT_ERROR(share_memory_(impl, [](std::size_t) { return Storage::allocate_shared(7); }),
-               std::invalid_argument,
-               "allocate(64) must return a shared Storage of that many bytes");
-  EXPECT_ERROR(share_memory_(impl, [](std::size_t n) { return Storage::allocate(n); }),
-               std::invalid_argument,
-               "allocate(64) must return a shared Storage of that many bytes");
   EXPECT_ERROR(
-      share_memory_(impl,
-                    [](std::size_t n) -> Storage { throw SharedMemoryFullError("full", n, 0); }),
+      share_memory_(impl, [](std::size_t, Device) { return Storage::allocate_shared(7); }),
+      std::invalid_argument, "allocate(64, cpu) must return a shared Storage of that many bytes");
+  EXPECT_ERROR(share_memory_(impl, [](std::size_t n, Device) { return Storage::allocate(n); }),
+               std::invalid_argument,
+               "allocate(64, cpu) must return a shared Storage of that many bytes there");
+  EXPECT_ERROR(share_memory_(impl,
+                             [](std::size_t n, Device) -> Storage {
+                               throw SharedMemoryFullError("full", n, 0);
+                             }),
       SharedMemoryFullError, "full");
   EXPECT_EQ(storage_data(t), before);
   EXPECT_TRUE(impl.resizable());
