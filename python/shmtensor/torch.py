@@ -174,7 +174,12 @@ def _in_arena(storage):
         if _bridge is None:
             return None
         block = _bridge.block_of_storage(storage)
-        return block if block is not None else _bridge.share_storage_(storage)
+        if block is not None:
+            return block
+        try:
+            return _bridge.share_storage_(storage)
+        except _C.CudaError:  # no device arena here (no POSIX-fd export, ...): torch's path
+            return None
     block = _block_of(storage)
     if block is None and _bridge is not None:
         if _bridge.has_no_data(storage):
@@ -250,7 +255,10 @@ def _reduce_tensor(tensor):
             parts = None  # in torch's shared memory: it stays there (_saved_is_shared)
         else:  # moved into an arena, with torch's strategy
             _sync_strategy()
-            parts = _bridge.tensor_parts(tensor.detach() if grad else tensor, True)
+            try:
+                parts = _bridge.tensor_parts(tensor.detach() if grad else tensor, True)
+            except _C.CudaError:  # no device arena here (unchanged): torch's CUDA IPC
+                parts = None
     if parts is None:
         if tensor.is_cuda:
             _say_cuda_to_torch(tensor)
