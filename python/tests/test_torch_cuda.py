@@ -14,18 +14,20 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-if os.environ.get("SHMTENSOR_CUDA_TEST_REAL") != "1":
-    pytest.skip("needs a GPU (SHMTENSOR_CUDA_TEST_REAL=1, tools/gpu/python_check)",
-                allow_module_level=True)
-if not torch.cuda.is_available():
-    pytest.skip("this torch has no CUDA device", allow_module_level=True)
-
 import shmtensor  # noqa: E402
 import shmtensor.torch as st  # noqa: E402
 import torch.multiprocessing as tmp  # noqa: E402
 
-if not st.has_bridge():
-    pytest.skip(f"no torch bridge: {st.bridge_unavailable_reason()}", allow_module_level=True)
+# Collected and skipped (not a module-level skip, which pytest reports as no tests run).
+if os.environ.get("SHMTENSOR_CUDA_TEST_REAL") != "1":
+    _WHY_NOT = "needs a GPU (SHMTENSOR_CUDA_TEST_REAL=1, tools/gpu/python_check)"
+elif not torch.cuda.is_available():
+    _WHY_NOT = "this torch has no CUDA device"
+elif not st.has_bridge():
+    _WHY_NOT = f"no torch bridge: {st.bridge_unavailable_reason()}"
+else:
+    _WHY_NOT = None
+pytestmark = pytest.mark.skipif(_WHY_NOT is not None, reason=_WHY_NOT or "")
 
 MiB = 1 << 20
 
@@ -34,7 +36,8 @@ MiB = 1 << 20
 def cuda_ready():
     """torch's CUDA initialised before the leak check records this process's fds (the
     driver opens fds of its own at first use and keeps them)."""
-    torch.zeros(1, device="cuda").cpu()
+    if _WHY_NOT is None:
+        torch.zeros(1, device="cuda").cpu()
     yield
 
 
