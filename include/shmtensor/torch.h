@@ -82,7 +82,10 @@ SHMTENSOR_API std::optional<Storage> shared_storage_of(const c10::StorageImpl& s
 // is swapped, so every tensor and view on it sees the shared bytes; the storage becomes
 // non-resizable (as torch's shared storages are). Returns the Storage it now lives in; a
 // storage already ours is left as it is and its Storage returned; a 0-byte storage is left
-// alone (std::nullopt). Work on a non-blocking stream (torch's side streams) that writes a
+// alone (std::nullopt), and so is a CUDA storage whose DataPtr is not its allocator's own
+// (one torch's CUDA IPC shares or received: other processes map those bytes). The copy runs
+// without the bridge's lock (a second share_memory_ of the same storage waits for the
+// first). Work on a non-blocking stream (torch's side streams) that writes a
 // CUDA storage must be complete before (as torch asks before sharing).
 // A storage in torch's own shared memory is moved too: the caller decides whether it should
 // be. std::invalid_argument for a storage neither CPU nor CUDA. Throws as allocate_shared

@@ -16,7 +16,8 @@ What install() changes, and uninstall() restores exactly:
     as its block and metadata, one C++ call each way (a CUDA tensor by fd); what the bridge
     does not take (requires_grad but for a CUDA leaf, named, conjugate/zero bits,
     quantized, nested, wrappers, other devices and layouts) goes to torch's reduce_tensor
-    (a CUDA one with a RuntimeWarning once);
+    (a CUDA one with a RuntimeWarning once); with the bridge, a CUDA Parameter's data
+    travels the same way (torch's reducer of Parameter for any other);
   * a storage already in torch's own shared memory stays there, with torch's reducer;
   * UntypedStorage.share_memory_, .is_shared and ._new_shared (what a DataLoader worker's
     default_collate allocates each batch with), shadowed by Python attributes;
@@ -275,6 +276,26 @@ def _reduce_tensor(tensor):
     return _rebuild_tensor, (_red._ref(block), dtype, offset, size, stride)
 
 
+_Parameter = torch.nn.Parameter
+
+
+def _reduce_parameter(param):
+    """A CUDA Parameter (torch registers its reduce_tensor for Parameter itself, which would
+    send it through torch's CUDA IPC): its data as _reduce_tensor sends a tensor, by fd, and
+    a Parameter with its requires_grad on arrival. Anything else: the reducer install()
+    found (torch's)."""
+    if type(param) is _Parameter and param.is_cuda:
+        rebuild, args = _reduce_tensor(param.detach())
+        return _rebuild_parameter, (rebuild, args, param.requires_grad)
+    saved = _saved
+    reducer = saved["parameter"] if saved else _MISSING
+    return (_treductions.reduce_tensor if reducer is _MISSING else reducer)(param)
+
+
+def _rebuild_parameter(rebuild, args, requires_grad):
+    return _Parameter(rebuild(*args), requires_grad=requires_grad)
+
+
 _cuda_to_torch_said = [False]
 
 
@@ -287,8 +308,9 @@ def _say_cuda_to_torch(tensor):
     warnings.warn(
         "shmtensor.torch: a CUDA tensor that shmtensor does not send by fd (a subclass, a "
         "non-strided layout, a conjugate, negative or zero bit, named dimensions, quantized, "
-        "a non-leaf that requires grad, or a dtype shmtensor lacks) goes to torch's own CUDA "
-        "IPC, whose producer must outlive its consumers; said once per process",
+        "a non-leaf that requires grad, a storage torch's CUDA IPC shares already, or no "
+        "device arena here) goes to torch's own CUDA IPC, whose producer must outlive its "
+        "consumers; said once per process",
         RuntimeWarning, stacklevel=3)
 
 
@@ -477,6 +499,7 @@ def install(*, busy_poll: float | None = None) -> None:
                  "tensor": ForkingPickler._extra_reducers.get(torch.Tensor, _MISSING),
                  "tensor_reducer": ForkingPickler._extra_reducers.get(
                      torch.Tensor, _treductions.reduce_tensor),
+                 "parameter": ForkingPickler._extra_reducers.get(_Parameter, _MISSING),
                  "own": {name: _Untyped.__dict__.get(name, _MISSING) for name in _SHADOWED},
                  "torch_mp": {name: _tmp.__dict__.get(name, _MISSING)
                               for name in _TORCH_MP},
@@ -490,6 +513,7 @@ def install(*, busy_poll: float | None = None) -> None:
         ForkingPickler.register(_Untyped, _reduce_storage)
         if _bridge is not None:
             ForkingPickler.register(torch.Tensor, _reduce_tensor)
+            ForkingPickler.register(_Parameter, _reduce_parameter)
             _red.tensor_message_encoder = _encode_tensor_message
         for name, value in _TORCH_MP.items():
             setattr(_tmp, name, value)
@@ -517,7 +541,8 @@ def uninstall() -> None:
                 delattr(_Untyped, name)
             else:
                 setattr(_Untyped, name, own)
-        for cls, reducer in ((_Untyped, saved["reducer"]), (torch.Tensor, saved["tensor"])):
+        for cls, reducer in ((_Untyped, saved["reducer"]), (torch.Tensor, saved["tensor"]),
+                             (_Parameter, saved["parameter"])):
             if reducer is _MISSING:
                 ForkingPickler._extra_reducers.pop(cls, None)
             else:

@@ -76,7 +76,9 @@ def test_install_and_uninstall_restore_torch_exactly():
     assert ForkingPickler._extra_reducers[U] is st._reduce_storage
     expected = st._reduce_tensor if st.has_bridge() else tensor_reducer
     assert ForkingPickler._extra_reducers[torch.Tensor] is expected
-    assert ForkingPickler._extra_reducers[torch.nn.Parameter] is tensor_reducer
+    # A CUDA Parameter travels by fd with the bridge: Parameter gets a reducer of ours too.
+    assert ForkingPickler._extra_reducers[torch.nn.Parameter] is (
+        st._reduce_parameter if st.has_bridge() else tensor_reducer)
     assert U.__dict__["is_shared"] is st._is_shared
     assert {n: getattr(tmp, n) for n in torch_mp} == st._TORCH_MP
     assert multiprocessing.spawn.get_preparation_data is st._get_preparation_data
@@ -85,6 +87,7 @@ def test_install_and_uninstall_restore_torch_exactly():
     assert not st.is_installed()
     assert ForkingPickler._extra_reducers[U] is reducer
     assert ForkingPickler._extra_reducers[torch.Tensor] is tensor_reducer
+    assert ForkingPickler._extra_reducers[torch.nn.Parameter] is tensor_reducer
     assert {n: U.__dict__.get(n) for n in before} == before
     assert {n: tmp.__dict__.get(n) for n in torch_mp} == torch_mp
     assert multiprocessing.spawn.get_preparation_data is preparation

@@ -48,8 +48,13 @@ def installed():
     st.uninstall()
 
 
-def _ctx():
-    return tmp.get_context("spawn")
+def _child(target):
+    """A spawn child running target(inq, outq), started: (process, inq, outq)."""
+    ctx = tmp.get_context("spawn")
+    inq, outq = ctx.Queue(), ctx.Queue()
+    p = ctx.Process(target=target, args=(inq, outq))
+    p.start()
+    return p, inq, outq
 
 
 def _ours(t):
@@ -70,7 +75,8 @@ def _echo_and_write(inq, outq):
     outq.put(("done", None))
 
 
-def _produce_and_exit(outq, kill_me):
+def _produce_and_exit(inq, outq):
+    kill_me = inq.get(timeout=60)
     t = torch.arange(4096, device="cuda", dtype=torch.float32) * 2
     outq.put(t)
     torch.cuda.synchronize()
@@ -86,6 +92,12 @@ def _hold_and_wait(inq, outq):
     time.sleep(60)  # SIGKILLed by the test
 
 
+def _receive_parameter(inq, outq):
+    w = inq.get(timeout=60)
+    outq.put((type(w) is torch.nn.Parameter, w.requires_grad, _ours(w),
+              w.detach().cpu().tolist()))
+
+
 def _receive_grad(inq, outq):
     t = inq.get(timeout=60)
     outq.put((t.requires_grad, t.is_leaf, _ours(t), t.detach().cpu().tolist()))
@@ -95,10 +107,7 @@ def _receive_grad(inq, outq):
 
 
 def test_a_cuda_tensor_travels_by_fd_writes_are_seen_both_ways_and_it_comes_back_as_itself():
-    ctx = _ctx()
-    inq, outq = ctx.Queue(), ctx.Queue()
-    p = ctx.Process(target=_echo_and_write, args=(inq, outq))
-    p.start()
+    p, inq, outq = _child(_echo_and_write)
     t = torch.arange(1024, device="cuda", dtype=torch.float32)
     inq.put(t)
     device, dtype, shape, ours_there, head = outq.get(timeout=60)
@@ -119,10 +128,8 @@ def test_a_cuda_tensor_travels_by_fd_writes_are_seen_both_ways_and_it_comes_back
 
 @pytest.mark.parametrize("how", ["exits", "sigkilled"])
 def test_the_consumer_keeps_the_tensor_of_a_producer_that_is_gone(how):
-    ctx = _ctx()
-    outq = ctx.Queue()
-    p = ctx.Process(target=_produce_and_exit, args=(outq, how == "sigkilled"))
-    p.start()
+    p, inq, outq = _child(_produce_and_exit)
+    inq.put(how == "sigkilled")
     t = outq.get(timeout=60)
     status, pid = outq.get(timeout=60)
     assert status == "sent"
@@ -141,10 +148,7 @@ def test_a_sigkilled_consumers_blocks_come_back_and_device_memory_returns_to_its
     torch.cuda.synchronize()
     baseline = torch.cuda.mem_get_info()[0]
     for _ in range(3):
-        ctx = _ctx()
-        inq, outq = ctx.Queue(), ctx.Queue()
-        p = ctx.Process(target=_hold_and_wait, args=(inq, outq))
-        p.start()
+        p, inq, outq = _child(_hold_and_wait)
         t = torch.full((16 * MiB,), 3.0, device="cuda")  # 64 MiB
         inq.put(t)
         assert outq.get(timeout=60) == ("holding", 3.0)
@@ -164,15 +168,35 @@ def test_a_sigkilled_consumers_blocks_come_back_and_device_memory_returns_to_its
 
 
 def test_a_leaf_that_requires_grad_travels_by_fd_and_requires_grad_there():
-    ctx = _ctx()
-    inq, outq = ctx.Queue(), ctx.Queue()
-    p = ctx.Process(target=_receive_grad, args=(inq, outq))
-    p.start()
+    p, inq, outq = _child(_receive_grad)
     w = torch.ones(8, device="cuda", requires_grad=True)
     inq.put(w)
     assert outq.get(timeout=60) == (True, True, True, [1.0] * 8)
     p.join(60)
     assert p.exitcode == 0
+
+
+def test_a_cuda_parameter_travels_by_fd_and_is_a_parameter_there():
+    p, inq, outq = _child(_receive_parameter)
+    w = torch.nn.Parameter(torch.full((8,), 2.0, device="cuda"))
+    inq.put(w)
+    assert outq.get(timeout=60) == (True, True, True, [2.0] * 8)
+    assert _ours(w)
+    p.join(60)
+    assert p.exitcode == 0
+
+
+def test_a_storage_torchs_ipc_shares_already_stays_with_torch():
+    p, inq, outq = _child(_receive_grad)
+    t = torch.ones(8, device="cuda")
+    st.uninstall()
+    ForkingPickler.dumps(t)  # torch's own CUDA IPC shares it (its sent-data DataPtr now)
+    st.install()
+    st._cuda_to_torch_said[0] = True  # (the warning is the test below's)
+    inq.put(t)
+    assert outq.get(timeout=60)[2:] == (False, [1.0] * 8)  # torch's path, not moved
+    assert not _ours(t)
+    p.join(60)
 
 
 def test_what_shmtensor_does_not_take_goes_to_torch_saying_so_once():

@@ -1,11 +1,14 @@
 // Torch storages over shmtensor Storages: our DataPtr, the cache that gives one
 // c10::StorageImpl per shmtensor Storage, and moving a torch storage into shared memory.
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -37,7 +40,15 @@ struct CacheEntry {
   c10::weak_intrusive_ptr<c10::StorageImpl> impl{c10::intrusive_ptr<c10::StorageImpl>()};
 };
 std::mutex g_cache_mu;
-std::mutex g_share_mu;  // makes check-copy-swap of share_memory_ one step
+std::mutex g_share_mu;  // share_memory_ checks and swaps under it (its copy runs without: moving())
+
+// The storages whose bytes a share_memory_ is copying, without g_share_mu (under it when read
+// or changed): another share_memory_ of the same storage waits until it is done. Cleared in
+// a forked child, which has none of the copying threads.
+std::unordered_set<const c10::StorageImpl*>& moving() {
+  static auto* set = new std::unordered_set<const c10::StorageImpl*>();  // never destroyed
+  return *set;
+}
 
 std::unordered_map<const void*, CacheEntry>& cache() {
   // Never destroyed: DataPtrs may be deleted by static destructors after this TU's.
@@ -56,12 +67,27 @@ void unlock_after_fork() noexcept {
   g_cache_mu.unlock();
   g_share_mu.unlock();
 }
+void child_after_fork() noexcept {
+  moving().clear();  // the threads that were copying are not in this process
+  unlock_after_fork();
+}
 constexpr internal::ForkHandlers kForkHandlers{
-    lock_for_fork, [](bool /*fork_failed*/) noexcept { unlock_after_fork(); }, unlock_after_fork};
+    lock_for_fork, [](bool /*fork_failed*/) noexcept { unlock_after_fork(); }, child_after_fork};
 [[maybe_unused]] const bool kForkHandlersInstalled = [] {
   internal::install_fork_handlers(internal::ForkStage::kTorchCache, &kForkHandlers);
   return true;
 }();
+
+// Whether the storage's bytes are its allocator's own, as allocated (torch's caching
+// allocator's, or a pluggable allocator's): not a DataPtr torch's CUDA IPC put in place (one
+// it sent, whose consumers map these bytes, or one it received). Only those move into an
+// arena: processes that mapped a storage through torch's IPC must keep seeing its writes.
+bool bytes_of_its_allocator(const c10::StorageImpl& storage) {
+  const c10::Allocator* allocator = storage.allocator();
+  if (allocator == nullptr) return false;
+  const c10::DeleterFnPtr deleter = allocator->raw_deleter();
+  return deleter != nullptr && storage.data_ptr().get_deleter() == deleter;
+}
 
 const void* key_of(const Storage& storage) {
   return internal::StorageAccess::impl(storage).get();
@@ -184,6 +210,7 @@ std::optional<Storage> share_memory_(c10::StorageImpl& storage,
     throw std::invalid_argument("share_memory_: a storage of symbolic size");
   const std::size_t nbytes = storage.nbytes();
   if (nbytes == 0) return std::nullopt;
+  if (on_cuda && !bytes_of_its_allocator(storage)) return std::nullopt;
 
   Storage target = allocate(nbytes, device);
   if (!target.defined() || !target.is_shared() || target.nbytes() != nbytes ||
@@ -195,32 +222,55 @@ std::optional<Storage> share_memory_(c10::StorageImpl& storage,
   // our reference to the StorageImpl.
   c10::DataPtr replaced;
   auto self = c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(&storage);
-  {
-    std::lock_guard share_lock(g_share_mu);
-    // Another thread may have moved it meanwhile; then `target` goes back unused.
+  std::unique_lock share_lock(g_share_mu);
+  // Another thread may be moving it (then wait for it), or have moved it meanwhile (then
+  // `target` goes back unused).
+  for (;;) {
     if (auto ours = shared_storage_of_locked(storage)) return ours;
-    if (storage.nbytes() != nbytes)
-      throw std::invalid_argument("share_memory_: the storage was resized while being shared");
-    const c10::StorageImpl& old = storage;
-    if (old.data() == nullptr)  // read under the lock: another thread may swap it
-      throw std::invalid_argument(
-          "share_memory_: a storage of " + std::to_string(nbytes) +
-          " bytes with no data (a zero tensor's, or a functional wrapper's)");
-    if (on_cuda)
-      copy_device_bytes(target, old.data(), nbytes);
-    else
-      std::memcpy(target.data(), old.data(), nbytes);
-    c10::DataPtr ptr = make_data_ptr(target);
-    {
-      std::lock_guard cache_lock(g_cache_mu);
-      CacheEntry& entry = cache()[key_of(target)];
-      entry.context = static_cast<const Storage*>(ptr.get_context());
-      entry.impl = c10::weak_intrusive_ptr<c10::StorageImpl>(self);
-    }
-    replaced = storage.set_data_ptr(std::move(ptr));
-    // As torch's own shared storages: a resize would move the bytes out of shared memory.
-    storage.set_resizable(false);
+    if (!moving().contains(&storage)) break;
+    share_lock.unlock();
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+    share_lock.lock();
   }
+  if (storage.nbytes() != nbytes)
+    throw std::invalid_argument("share_memory_: the storage was resized while being shared");
+  const c10::StorageImpl& old = storage;
+  const void* from = old.data();  // read under the lock: another thread may swap it
+  if (from == nullptr)
+    throw std::invalid_argument(
+        "share_memory_: a storage of " + std::to_string(nbytes) +
+        " bytes with no data (a zero tensor's, or a functional wrapper's)");
+  if (on_cuda && !bytes_of_its_allocator(storage)) return std::nullopt;  // sent meanwhile
+  {
+    // The copy (for a CUDA storage, a device copy and a synchronize) without the lock, which
+    // every thread that asks shared_storage_of takes; the storage is marked as moving, so
+    // that no other share_memory_ swaps its DataPtr meanwhile (`from` stays valid).
+    moving().insert(&storage);
+    share_lock.unlock();
+    struct Unmark {
+      std::unique_lock<std::mutex>& lock;
+      const c10::StorageImpl* impl;
+      ~Unmark() {
+        lock.lock();
+        moving().erase(impl);
+      }
+    } unmark{share_lock, &storage};
+    if (on_cuda)
+      copy_device_bytes(target, from, nbytes);
+    else
+      std::memcpy(target.data(), from, nbytes);
+  }
+  c10::DataPtr ptr = make_data_ptr(target);
+  {
+    std::lock_guard cache_lock(g_cache_mu);
+    CacheEntry& entry = cache()[key_of(target)];
+    entry.context = static_cast<const Storage*>(ptr.get_context());
+    entry.impl = c10::weak_intrusive_ptr<c10::StorageImpl>(self);
+  }
+  replaced = storage.set_data_ptr(std::move(ptr));
+  // As torch's own shared storages: a resize would move the bytes out of shared memory.
+  storage.set_resizable(false);
+  share_lock.unlock();
   return target;
 }
 

@@ -5,6 +5,7 @@
 
 #include <complex>
 #include <cstdlib>
+#include <cstring>
 #include <cstdint>
 #include <stdexcept>
 #include <thread>
@@ -262,45 +263,61 @@ TEST_F(TorchBridgeTest, ShareMemoryMovesATorchStorageInPlaceAndViewsFollow) {
 }
 
 // A CUDA storage of torch's moves into this process's device arena in place: one copy, the
-// old bytes given back to their owner, the DataPtr ours from then on (no second copy), and
-// to_torch of that Storage is the same StorageImpl. On the fake driver (whose device
-// addresses are host addresses, so a host buffer stands for torch's device memory): CPU
-// builds of torch make no CUDA memory of their own, but hold a CUDA DataPtr they are given.
+// DataPtr ours from then on (no second copy), and to_torch of that Storage is the same
+// StorageImpl. One whose bytes are not its allocator's own (a DataPtr torch's CUDA IPC put
+// in place: sent or received) stays as it is. On the fake driver, whose device addresses are
+// host addresses: the CPU allocator's memory, labelled cuda:0, stands for torch's caching
+// allocator's (CPU builds of torch make no CUDA memory, but hold a CUDA DataPtr they are
+// given).
+c10::intrusive_ptr<c10::StorageImpl> fake_torch_cuda_storage(const std::vector<std::int32_t>& values) {
+  c10::Allocator* allocator = c10::GetAllocator(c10::kCPU);
+  const std::size_t nbytes = values.size() * sizeof(std::int32_t);
+  c10::DataPtr bytes = allocator->allocate(nbytes);
+  std::memcpy(bytes.get(), values.data(), nbytes);
+  bytes.unsafe_set_device(c10::Device(c10::kCUDA, 0));
+  return c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(),
+                                               static_cast<std::int64_t>(nbytes),
+                                               std::move(bytes), allocator, /*resizable=*/false);
+}
+
 TEST_F(TorchBridgeTest, ACudaStorageMovesIntoTheDeviceArenaOnceAndStaysThere) {
   ::setenv("SHMTENSOR_CUDA_DRIVER", "fake", 1);  // chosen at the first CUDA use, below
   if (!cuda::is_available()) GTEST_SKIP() << cuda::unavailable_reason();
-  std::vector<std::int32_t> torch_bytes = {1, 2, 3, 4, 5, 6, 7, 8};
-  bool given_back = false;
-  auto impl = c10::make_intrusive<c10::StorageImpl>(
-      c10::StorageImpl::use_byte_size_t(), 32,
-      c10::DataPtr(torch_bytes.data(), &given_back,
-                   [](void* flag) { *static_cast<bool*>(flag) = true; },
-                   c10::Device(c10::kCUDA, 0)),
-      /*allocator=*/nullptr, /*resizable=*/false);  // (resizable needs an allocator)
+  auto impl = fake_torch_cuda_storage({1, 2, 3, 4, 5, 6, 7, 8});
+  const void* before = impl->data();
   std::optional<Storage> moved = share_memory_(*impl);
   ASSERT_TRUE(moved.has_value());
-  EXPECT_TRUE(given_back);
   EXPECT_EQ(moved->device(), Device::cuda(0));
   EXPECT_TRUE(moved->is_shared());
   EXPECT_EQ(moved->nbytes(), 32u);
+  EXPECT_NE(impl->data(), before);
   EXPECT_EQ(impl->data(), moved->data());
   EXPECT_EQ(impl->device(), c10::Device(c10::kCUDA, 0));
   Tensor host = Tensor::from_storage(*moved, 0, {8}, {1}, DType::kInt32).cpu();
   EXPECT_EQ(std::vector<std::int32_t>(host.data_ptr<std::int32_t>(),
                                       host.data_ptr<std::int32_t>() + 8),
             std::vector<std::int32_t>({1, 2, 3, 4, 5, 6, 7, 8}));
-  torch_bytes.assign(8, 0);  // the old bytes are no longer the storage's
   EXPECT_TRUE(share_memory_(*impl)->is_same(*moved));
   EXPECT_EQ(to_torch(*moved).unsafeGetStorageImpl(), impl.get());
   EXPECT_TRUE(shared_storage_of(*impl)->is_same(*moved));
+
   // An allocator that answers with another device's memory is refused, the storage unchanged.
-  auto other = c10::make_intrusive<c10::StorageImpl>(
-      c10::StorageImpl::use_byte_size_t(), 32,
-      c10::DataPtr(torch_bytes.data(), c10::Device(c10::kCUDA, 0)), nullptr, false);
-  EXPECT_ERROR(share_memory_(*other, [](std::size_t n, Device) { return Storage::allocate_shared(n); }),
-               std::invalid_argument,
-               "allocate(32, cuda:0) must return a shared Storage of that many bytes there");
-  EXPECT_EQ(other->data(), torch_bytes.data());
+  auto other = fake_torch_cuda_storage({9, 9});
+  const void* others = other->data();
+  EXPECT_ERROR(
+      share_memory_(*other, [](std::size_t n, Device) { return Storage::allocate_shared(n); }),
+      std::invalid_argument,
+      "allocate(8, cuda:0) must return a shared Storage of that many bytes there");
+  EXPECT_EQ(other->data(), others);
+
+  // Bytes torch's IPC put in place (a DataPtr that is not its allocator's): left alone.
+  std::vector<std::int32_t> mapped = {7, 7};
+  auto received = c10::make_intrusive<c10::StorageImpl>(
+      c10::StorageImpl::use_byte_size_t(), 8,
+      c10::DataPtr(mapped.data(), c10::Device(c10::kCUDA, 0)), c10::GetAllocator(c10::kCPU), false);
+  EXPECT_FALSE(share_memory_(*received).has_value());
+  EXPECT_EQ(received->data(), mapped.data());
+  EXPECT_FALSE(shared_storage_of(*received).has_value());
 }
 
 TEST_F(TorchBridgeTest, ShareMemoryLeavesEmptyAndUnsuitableStoragesAlone) {
