@@ -17,8 +17,10 @@ RPATH names it), so that a stale entry can never be loaded: anything else builds
 
 SHMTENSOR_TORCH_BRIDGE: `auto` (default: the package's own _torch, else the cache, else
 compile), `off` (no bridge), `compile` (ignore the package's own _torch; the cache, else
-compile). CXX names the compiler (default c++). load() never raises: without a bridge it
-returns the reason, and shmtensor.torch works without it (docs/python.md).
+compile). A compile that failed is not tried again with the same inputs (the cache entry
+keeps the reason in `failed`; remove it to try again). CXX names the compiler (default c++).
+load() never raises: without a bridge it returns the reason, and shmtensor.torch works
+without it (docs/python.md).
 """
 from __future__ import annotations
 
@@ -178,12 +180,23 @@ def load() -> tuple[ModuleType | None, str | None]:
         with open(os.path.join(where, ".lock"), "w") as lock:
             # Processes importing at once: one compiles, the others wait and load its result.
             fcntl.flock(lock, fcntl.LOCK_EX)
+            failed = os.path.join(where, "failed")
             if not os.path.exists(out):
+                if os.path.exists(failed):  # the same inputs failed before: not again
+                    with open(failed) as f:
+                        return None, (f.read() + f"\n(kept from an earlier try with the same "
+                                      f"torch, compiler and sources: remove {failed} to "
+                                      "compile again)")
                 print(f"shmtensor: compiling the torch bridge for torch {torch.__version__} "
                       f"(once per torch; cached in {where})", file=sys.stderr, flush=True)
                 tmp = f"{out}.{os.getpid()}.tmp"
                 why = _compile(torch, src, lib, cxx, tmp, os.path.join(where, "build.log"))
                 if why is not None:
+                    # Every process that imports shmtensor.torch (each DataLoader worker)
+                    # would otherwise spend the same compile again.
+                    with open(failed + ".tmp", "w") as f:
+                        f.write(why)
+                    os.replace(failed + ".tmp", failed)
                     return None, why
                 os.replace(tmp, out)
     except OSError as e:

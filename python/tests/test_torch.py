@@ -720,6 +720,27 @@ def test_without_the_bridge_install_works_and_says_why_once(tmp_path, env, why):
         assert not list((tmp_path / "cache" / "torch-bridge").glob("*/*.so"))
 
 
+def test_a_failed_compile_is_not_tried_again_by_the_next_process(tmp_path):
+    calls = tmp_path / "compiles"
+    cxx = tmp_path / "failing-c++"
+    cxx.write_text('#!/bin/sh\ncase " $* " in *" -c "*) echo x >> %s; exit 1;; esac\n'
+                   'echo "failing-c++ 1.0"\n' % calls)
+    cxx.chmod(0o755)
+    env = {"SHMTENSOR_TORCH_BRIDGE": "compile", "CXX": str(cxx)}
+    first = run_bridge_check(tmp_path, **env)
+    assert "compiling it failed" in first["reason"], first["reason"]
+    assert calls.read_text().count("x") == 3  # one per source, once
+    second = run_bridge_check(tmp_path, **env)
+    assert second["has_bridge"] is False
+    assert second["reason"].startswith(first["reason"])
+    assert "kept from an earlier try" in second["reason"]
+    assert calls.read_text().count("x") == 3  # not compiled again
+    for failed in (tmp_path / "cache" / "torch-bridge").glob("*/failed"):
+        failed.unlink()
+    run_bridge_check(tmp_path, **env)
+    assert calls.read_text().count("x") == 6  # compiled again once the record is gone
+
+
 @needs_bridge
 def test_the_packages_own_bridge_loads_without_a_warning(tmp_path):
     out = run_bridge_check(tmp_path)
