@@ -55,14 +55,6 @@ _C._loader_setup(_HANDOVER, ExceptionWrapper, queue.Empty, float(MP_STATUS_CHECK
 _loader_next = _C._loader_next
 
 
-def use_bridge(bridge) -> None:
-    """Lets _C._loader_next decode a batch's tensor message in one C++ call, with
-    shmtensor._torch's decoder (`bridge`), while that decoder is the one in use."""
-    capi = getattr(bridge, "_decode_capi", None)
-    if capi is not None:
-        _C._loader_set_decoder(bridge.decode_tensor_message, capi())
-
-
 def _native(q, unbounded: bool) -> bool:
     """Whether q is a shmtensor Queue (its native queue open), unbounded if asked."""
     return (type(q) is _queues.Queue and q._q is not None

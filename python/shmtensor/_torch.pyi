@@ -32,9 +32,3 @@ def tensor_from_block(
     strides: tuple[int, ...] | None,
 ) -> torch.Tensor: ...
 
-# (bytes, [block]) of a structure of None, bool, int, float, str, bytes, list, tuple and dict
-# (exact types, no object twice) holding at least one plain CPU tensor whose storage is in an
-# arena; None for anything else (the caller pickles it).
-def encode_tensor_message(obj: object) -> tuple[bytes, list[Tensor]] | None: ...
-def _decode_capi() -> object: ...  # a PyCapsule, for shmtensor._C's DataLoader iterator
-def decode_tensor_message(data: bytes, blocks: list[Tensor] | tuple[Tensor, ...]) -> object: ...

@@ -69,9 +69,8 @@ from shmtensor import _loader
 # this torch at first import and cached (a pip install; shmtensor/_bridge.py), else None and
 # the reason, which install() says once.
 _bridge, _no_bridge_reason = _bridge_loader.load()
-if _bridge is not None:  # a tensor message from another process decodes here, installed or not
-    _red.tensor_message_decoder = _bridge.decode_tensor_message
-    _loader.use_bridge(_bridge)
+# (Loading the bridge lets _C's tensor messages carry torch tensors: one from another process
+# decodes here, installed or not.)
 _said_no_bridge = False
 
 if TYPE_CHECKING:
@@ -314,15 +313,6 @@ def _say_cuda_to_torch(tensor):
         RuntimeWarning, stacklevel=3)
 
 
-def _encode_tensor_message(obj):
-    """A tensor message of obj (reductions.dumps), while tensors go through _reduce_tensor:
-    the encoder takes only tensors whose storage is in an arena already, which that reducer
-    would send the same way."""
-    if ForkingPickler._extra_reducers.get(torch.Tensor) is not _reduce_tensor:
-        return None
-    return _bridge.encode_tensor_message(obj)
-
-
 def _share_memory_(self):
     # A CUDA storage's share_memory_() is a no-op, as torch's: it moves when it is sent.
     if self.device.type != "cpu" or _in_arena(self) is None:
@@ -514,7 +504,7 @@ def install(*, busy_poll: float | None = None) -> None:
         if _bridge is not None:
             ForkingPickler.register(torch.Tensor, _reduce_tensor)
             ForkingPickler.register(_Parameter, _reduce_parameter)
-            _red.tensor_message_encoder = _encode_tensor_message
+            _red.torch_reducer = (torch.Tensor, _reduce_tensor)
         for name, value in _TORCH_MP.items():
             setattr(_tmp, name, value)
         _mpspawn.get_preparation_data = _get_preparation_data
@@ -534,8 +524,7 @@ def uninstall() -> None:
         if _saved is None:
             return
         saved, _saved = _saved, None
-        if _red.tensor_message_encoder is _encode_tensor_message:
-            _red.tensor_message_encoder = None
+        _red.torch_reducer = None
         for name, own in saved["own"].items():
             if own is _MISSING:
                 delattr(_Untyped, name)

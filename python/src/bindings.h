@@ -3,10 +3,13 @@
 
 #include <pybind11/pybind11.h>
 
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "shmtensor/storage.h"
+#include "shmtensor/tensor.h"
 
 namespace shmtensor::python {
 
@@ -30,6 +33,31 @@ bool native_queue_get(pybind11::handle queue, double timeout, std::string& data,
 bool native_queue_try_put(pybind11::handle queue, std::string data);
 // (bytes, [block]) of an item, as _Queue.get returns it.
 pybind11::tuple native_item_to_python(std::string data, std::vector<Storage> storages);
+
+// Tensor messages: a structure of plain values, NumPy arrays and torch tensors in shared
+// blocks, encoded and decoded in one call each instead of a pickle (messages.cc).
+void bind_messages(pybind11::module_& m);
+// The value of a tensor message whose blocks are given as their storages (loader_iter.cc):
+// a new reference, or nullptr with the Python error set.
+PyObject* decode_message_of_storages(const char* data, std::size_t size,
+                                     const Storage* storages, std::size_t count);
+// Whether `data` is a tensor message (starts with its magic), and whether this process can
+// decode it now (one holding torch tensors needs shmtensor._torch loaded).
+bool is_message(const char* data, std::size_t size);
+bool message_decodable_here(const char* data, std::size_t size);
+
+// A block as Python names a shared storage: a 1-d uint8 Tensor over the whole of it
+// (tensor_bindings.cc).
+Tensor whole_block(const Storage& storage);
+// The storage whose bytes an ndarray views, found through its chain of .base objects
+// (ndarrays, memoryviews) ending at a Tensor, and the byte offset of the array's first
+// element in it; nullopt when the chain ends elsewhere or the array reaches outside the
+// storage (an array built by hand over a Tensor's address, say). (tensor_bindings.cc)
+struct ArrayStorage {
+  Storage storage;
+  std::uintptr_t offset = 0;
+};
+std::optional<ArrayStorage> array_storage(pybind11::handle array);
 
 // Parts of bind_tensor, in their own files.
 // The exception classes (Error, SharedMemoryFullError, SystemCallError, ...) and the

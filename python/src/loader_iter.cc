@@ -13,8 +13,7 @@
 // RuntimeError).
 //
 // The data queue's item is taken in C++ (native_queue_get) and a tensor message decoded from
-// its storages by shmtensor._torch's decoder (its _decode_capi), without Python objects for
-// the blocks; the next index goes to its worker as a pickle made here (native_queue_try_put).
+// its storages (messages.cc), without Python objects for the blocks; the next index goes to its worker as a pickle made here (native_queue_try_put).
 // Raw CPython calls, not pybind11's, keep the path short; attribute names are interned once.
 #include <Python.h>
 #include <pybind11/pybind11.h>
@@ -63,11 +62,8 @@ struct Names {
   PyObject* try_put_index;
   PyObject* reraise;
   PyObject* get_failed;
-  PyObject* tensor_message_decoder;
   PyObject* loads;
 };
-
-using DecodeOfStorages = PyObject* (*)(const char*, std::size_t, const Storage*, std::size_t);
 
 struct Setup {
   PyObject* handover = nullptr;           // what loader_next returns to hand a step over
@@ -77,10 +73,6 @@ struct Setup {
   PyObject* no_blocks = nullptr;          // () : an index message carries no block
   double interval = 0;                    // torch's MP_STATUS_CHECK_INTERVAL, seconds
   bool ready = false;
-  // shmtensor._torch's decode_tensor_message, and the same in C++ (its _decode_capi): used
-  // while it is reductions.tensor_message_decoder.
-  PyObject* decoder = nullptr;
-  DecodeOfStorages decode_of_storages = nullptr;
   PyObject* rethrow = nullptr;  // _loader_rethrow: a C++ exception made the Python error
 };
 
@@ -98,9 +90,6 @@ int set_error_from_current() {
   return -1;
 }
 
-// The first bytes of a tensor message (torch_module.cc writes them; reductions.loads tells
-// it from a pickle so).
-constexpr char kTensorMessageMagic[4] = {'S', 'T', 'M', '1'};
 // One native wait: a signal's Python handler runs between two (the wait sleeps in C++).
 constexpr double kSliceSeconds = 0.1;
 
@@ -379,15 +368,8 @@ PyObject* get_once(PyObject* native) {
     }
     if (PyErr_CheckSignals() != 0) return nullptr;
   }
-  const bool message =
-      data.size() >= 4 && std::memcmp(data.data(), kTensorMessageMagic, 4) == 0;
-  Ref decoder;
-  if (message) {
-    decoder = PyObject_GetAttr(setup.reductions, names.tensor_message_decoder);
-    if (!decoder) return nullptr;
-    if (decoder.get() == setup.decoder && setup.decode_of_storages != nullptr)
-      return setup.decode_of_storages(data.data(), data.size(), storages.data(), storages.size());
-  }
+  if (message_decodable_here(data.data(), data.size()))
+    return decode_message_of_storages(data.data(), data.size(), storages.data(), storages.size());
   py::tuple item;
   try {
     item = native_item_to_python(std::move(data), std::move(storages));
@@ -397,8 +379,6 @@ PyObject* get_once(PyObject* native) {
   }
   PyObject* bytes = PyTuple_GET_ITEM(item.ptr(), 0);
   PyObject* blocks = PyTuple_GET_ITEM(item.ptr(), 1);
-  if (message && decoder.get() != Py_None)
-    return PyObject_CallFunctionObjArgs(decoder.get(), bytes, blocks, nullptr);
   Ref loads(PyObject_GetAttr(setup.reductions, names.loads));
   if (!loads) return nullptr;
   return PyObject_CallFunctionObjArgs(loads.get(), bytes, blocks, nullptr);
@@ -575,7 +555,7 @@ void bind_loader_iter(py::module_& m) {
                 intern("_feeder"),            intern("_put_here"),
                 intern("_put_unbounded"),     intern("_try_put_index"),
                 intern("reraise"),            intern("_get_failed"),
-                intern("tensor_message_decoder"), intern("loads")};
+                intern("loads")};
   // Bound to the module, with the module's name as __module__, as CPython binds a module's
   // own functions: a function with no __self__ shows its self as a parameter to signature().
   py::object module_name = m.attr("__name__");
@@ -607,20 +587,6 @@ void bind_loader_iter(py::module_& m) {
       },
       py::name("_loader_rethrow"));
   setup.rethrow = rethrow.release().ptr();
-  m.def(
-      "_loader_set_decoder",
-      [](py::object decoder, py::capsule capi) {
-        auto* f = reinterpret_cast<DecodeOfStorages>(
-            PyCapsule_GetPointer(capi.ptr(), "shmtensor._torch.decode"));
-        if (f == nullptr) throw py::error_already_set();
-        Py_XDECREF(setup.decoder);
-        setup.decoder = decoder.release().ptr();
-        setup.decode_of_storages = f;
-      },
-      py::arg("decoder"), py::arg("capi"),
-      "Gives _loader_next shmtensor._torch's decode_tensor_message and its _decode_capi: a "
-      "tensor message is decoded in one C++ call while that function is "
-      "reductions.tensor_message_decoder.");
   m.def(
       "_loader_batches", [] { return batches_taken; },
       "How many batches _loader_next has returned in this process (for the tests).");

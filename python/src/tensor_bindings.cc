@@ -9,6 +9,7 @@
 #include <complex>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -78,52 +79,11 @@ py::tuple to_tuple(std::span<const std::int64_t> v, std::int64_t scale = 1) {
   return t;
 }
 
-// A 1-d uint8 tensor over the whole of a storage: how Python names a storage ("block").
-Tensor whole_block(const Storage& storage) {
-  return Tensor::from_storage(storage, 0, {static_cast<std::int64_t>(storage.nbytes())}, {1},
-                              DType::kUInt8);
-}
-
-// The block (storage) whose bytes an ndarray views, found through its chain of .base
-// objects (ndarrays, memoryviews) ending at a Tensor, and the offset of the array's first
-// element in it. None when the chain ends elsewhere or the array reaches outside the
-// storage (an array built by hand over a Tensor's address, say).
+// (block, offset) of an ndarray in a block (array_storage), else None: shmtensor._C._block_of.
 py::object block_of(const py::handle& obj) {
-  if (!py::isinstance<py::array>(obj)) return py::none();
-  auto a = py::reinterpret_borrow<py::array>(obj);
-  py::handle base = obj;
-  for (int depth = 0; !py::isinstance<Tensor>(base); ++depth) {
-    if (depth > 10000) return py::none();
-    if (py::isinstance<py::array>(base)) {
-      base = py::reinterpret_borrow<py::array>(base).base();
-    } else if (PyMemoryView_Check(base.ptr())) {
-      base = PyMemoryView_GET_BUFFER(base.ptr())->obj;
-    } else {
-      return py::none();
-    }
-    if (!base || base.is_none()) return py::none();
-  }
-  const Storage storage = base.cast<const Tensor&>().storage();
-  if (!storage.defined()) return py::none();
-  const auto start = reinterpret_cast<std::uintptr_t>(storage.data());
-  const auto end = start + storage.nbytes();
-  const auto first = reinterpret_cast<std::uintptr_t>(a.data());
-  std::uintptr_t lo = first, hi = first;
-  bool empty = false;
-  for (py::ssize_t d = 0; d < a.ndim(); ++d) {
-    if (a.shape(d) == 0) empty = true;
-    const py::ssize_t span = (a.shape(d) - 1) * a.strides(d);
-    if (span < 0) lo += span;  // wraps like the address arithmetic it mirrors
-    else hi += span;
-  }
-  if (empty) {
-    if (storage.nbytes() != 0 && (first < start || first > end)) return py::none();
-  } else {
-    hi += a.itemsize();
-    if (lo < start || hi > end) return py::none();
-  }
-  const std::uintptr_t offset = empty && storage.nbytes() == 0 ? 0 : first - start;
-  return py::make_tuple(whole_block(storage), py::int_(offset));
+  std::optional<ArrayStorage> found = array_storage(obj);
+  if (!found) return py::none();
+  return py::make_tuple(whole_block(found->storage), py::int_(found->offset));
 }
 
 // Storages between extension modules (shmtensor._torch): a PyCapsule named kStorageCapsule
@@ -149,6 +109,50 @@ Tensor block_of_capsule(const py::capsule& capsule) {
 }
 
 }  // namespace
+
+// bindings.h says what these are.
+Tensor whole_block(const Storage& storage) {
+  return Tensor::from_storage(storage, 0, {static_cast<std::int64_t>(storage.nbytes())}, {1},
+                              DType::kUInt8);
+}
+
+std::optional<ArrayStorage> array_storage(py::handle obj) {
+  if (!py::isinstance<py::array>(obj)) return std::nullopt;
+  auto a = py::reinterpret_borrow<py::array>(obj);
+  py::handle base = obj;
+  for (int depth = 0; !py::isinstance<Tensor>(base); ++depth) {
+    if (depth > 10000) return std::nullopt;
+    if (py::isinstance<py::array>(base)) {
+      base = py::reinterpret_borrow<py::array>(base).base();
+    } else if (PyMemoryView_Check(base.ptr())) {
+      base = PyMemoryView_GET_BUFFER(base.ptr())->obj;
+    } else {
+      return std::nullopt;
+    }
+    if (!base || base.is_none()) return std::nullopt;
+  }
+  const Storage storage = base.cast<const Tensor&>().storage();
+  if (!storage.defined()) return std::nullopt;
+  const auto start = reinterpret_cast<std::uintptr_t>(storage.data());
+  const auto end = start + storage.nbytes();
+  const auto first = reinterpret_cast<std::uintptr_t>(a.data());
+  std::uintptr_t lo = first, hi = first;
+  bool empty = false;
+  for (py::ssize_t d = 0; d < a.ndim(); ++d) {
+    if (a.shape(d) == 0) empty = true;
+    const py::ssize_t span = (a.shape(d) - 1) * a.strides(d);
+    if (span < 0) lo += span;  // wraps like the address arithmetic it mirrors
+    else hi += span;
+  }
+  if (empty) {
+    if (storage.nbytes() != 0 && (first < start || first > end)) return std::nullopt;
+  } else {
+    hi += a.itemsize();
+    if (lo < start || hi > end) return std::nullopt;
+  }
+  const std::uintptr_t offset = empty && storage.nbytes() == 0 ? 0 : first - start;
+  return ArrayStorage{storage, offset};
+}
 
 void bind_tensor(py::module_& m) {
   bind_errors(m);

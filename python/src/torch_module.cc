@@ -13,6 +13,8 @@
 // Tensors: tensor_parts / tensor_from_block carry an exact torch.Tensor as (block, dtype,
 // offset, sizes, strides), so that shmtensor.torch's tensor reducer and its rebuild are one
 // call each into C++ instead of torch's reduce_tensor/rebuild_tensor and the storage's own.
+// Tensor messages (encoded and decoded by _C, python/src/messages.cc) describe and make their
+// torch tensors through message_describe / message_make, handed to _C at import.
 #define SHMTENSOR_TORCH_COMPAT_PYTHON
 #include <pybind11/pybind11.h>
 #include <ATen/Functions.h>
@@ -25,10 +27,10 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <unordered_set>
 #include <vector>
 
 #include "shmtensor/torch.h"
+#include "shmtensor/internal/message_torch.h"
 #include "shmtensor/internal/torch_compat.h"
 
 namespace py = pybind11;
@@ -406,344 +408,13 @@ py::object stack_shared(const py::handle& batch_obj) {
 
 // ---- tensor messages ------------------------------------------------------------------------
 //
-// A message that is a structure of plain values and tensors already in arenas (what a
-// DataLoader worker sends: (index, batch)), encoded in one call instead of a pickle and
-// decoded in one call into its torch tensors (docs/torch.md, "Tensor messages"). The bytes,
-// little-endian, are kTensorMessageMagic and then one value:
-//   'N' None; 'T' True; 'F' False; 'i' an int64; 'f' a float64;
-//   's' a str: u32 length, UTF-8; 'b' bytes: u32 length, the bytes;
-//   'l' a list, 'u' a tuple: u32 count, the values; 'd' a dict: u32 count, key-value pairs;
-//   'x' a tensor: u32 block index, u8 dtype code, u8 dims, i64 offset, dims x i64 sizes,
-//       u8 0 (contiguous strides) or 1 followed by dims x i64 strides.
-// The blocks travel beside the bytes, as a pickled message's do, each once.
+// shmtensor._C encodes and decodes tensor messages (python/src/messages.cc); a torch.Tensor in
+// one is described and made here (shmtensor/internal/message_torch.h).
 
-static_assert(std::endian::native == std::endian::little, "tensor messages are little-endian");
-
-constexpr char kTensorMessageMagic[4] = {'S', 'T', 'M', '1'};  // a pickle starts with 0x80
-constexpr int kMaxDepth = 64;
-constexpr std::size_t kMaxDims = 64;
-constexpr std::size_t kMaxTensors = 256;   // more: pickled (a linear search dedups blocks)
-constexpr std::size_t kMaxObjects = 4096;  // containers and tensors, checked for repeats
-constexpr std::size_t kMaxBytesWithoutTensor = 64 * 1024;
-
-class TensorMessageEncoder {
- public:
-  // (bytes, [block]) for obj, or None when obj is not what a tensor message holds: a value
-  // of a type other than the exact types above and torch.Tensor, an int beyond int64, a str
-  // that is not UTF-8, a container or tensor that occurs twice (a pickle keeps that
-  // identity), a tensor that plain_cpu_tensor refuses or whose storage is not in an arena
-  // yet, more than kMaxDepth levels, kMaxTensors tensors or kMaxObjects objects, no tensor
-  // in the first kMaxBytesWithoutTensor bytes, or no tensor at all. (A str or bytes object
-  // met twice is written twice; the pickle would name its first copy.)
-  py::object encode(const py::handle& obj) {
-    out_.append(kTensorMessageMagic, sizeof kTensorMessageMagic);
-    if (!value(obj.ptr(), 0) || storages_.empty()) return py::none();
-    return py::make_tuple(py::bytes(out_.data(), static_cast<Py_ssize_t>(out_.size())),
-                          blocks_);
-  }
-
- private:
-  template <class T>
-  void put(T v) {
-    char bytes[sizeof(T)];
-    std::memcpy(bytes, &v, sizeof(T));
-    out_.append(bytes, sizeof(T));
-  }
-
-  // False at the first repeat (the pickle keeps that identity) or past kMaxObjects.
-  bool remember(PyObject* o) {
-    return seen_.size() < kMaxObjects && seen_.insert(o).second;
-  }
-
-  // A message without a tensor in its first kMaxBytesWithoutTensor is pickled: no second
-  // walk of a large plain value.
-  bool still_worth_it() const {
-    return !storages_.empty() || out_.size() <= kMaxBytesWithoutTensor;
-  }
-
-  bool count(char tag, Py_ssize_t n) {
-    if (n < 0 || static_cast<std::uint64_t>(n) > UINT32_MAX) return false;
-    out_ += tag;
-    put(static_cast<std::uint32_t>(n));
-    return true;
-  }
-
-  // Each item is held by a reference of ours while it is encoded.
-  bool sequence(PyObject* o, int depth) {
-    const bool list = PyList_CheckExact(o);
-    const Py_ssize_t n = list ? PyList_GET_SIZE(o) : PyTuple_GET_SIZE(o);
-    if (!remember(o) || !count(list ? 'l' : 'u', n)) return false;
-    for (Py_ssize_t i = 0; i < n; ++i) {
-      if (list && PyList_GET_SIZE(o) != n) return false;  // changed meanwhile
-      py::object item = py::reinterpret_borrow<py::object>(list ? PyList_GET_ITEM(o, i)
-                                                                : PyTuple_GET_ITEM(o, i));
-      if (!value(item.ptr(), depth + 1)) return false;
-    }
-    return !list || PyList_GET_SIZE(o) == n;
-  }
-
-  bool dict(PyObject* o, int depth) {
-    const Py_ssize_t n = PyDict_GET_SIZE(o);
-    if (!remember(o) || !count('d', n)) return false;
-    Py_ssize_t pos = 0, done = 0;
-    PyObject* key = nullptr;
-    PyObject* val = nullptr;
-    while (PyDict_Next(o, &pos, &key, &val)) {
-      py::object k = py::reinterpret_borrow<py::object>(key);
-      py::object v = py::reinterpret_borrow<py::object>(val);
-      if (++done > n || !value(k.ptr(), depth + 1) || !value(v.ptr(), depth + 1)) return false;
-      if (PyDict_GET_SIZE(o) != n) return false;  // changed meanwhile
-    }
-    return done == n;
-  }
-
-  bool tensor(PyObject* o) {
-    const at::Tensor* plain = plain_cpu_tensor(o);
-    if (plain == nullptr || !remember(o)) return false;
-    const at::Tensor& t = *plain;
-    c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
-    const c10::IntArrayRef sizes = t.sizes();
-    const c10::IntArrayRef strides = t.strides();
-    if (impl->nbytes() == 0 || sizes.size() > kMaxDims ||
-        view_error(t.storage_offset(), sizes, strides,
-                   static_cast<std::uint64_t>(t.element_size()), impl->nbytes()) != nullptr)
-      return false;
-    std::size_t index = 0;
-    while (index < storages_.size() && storages_[index].unsafeGetStorageImpl() != impl) ++index;
-    if (index == storages_.size()) {
-      if (storages_.size() >= kMaxTensors) return false;
-      std::optional<Storage> ours = shared_storage_of(*impl);
-      if (!ours) return false;  // not in an arena: the pickle's reducer decides
-      blocks_.append(block_of(*ours));
-      storages_.push_back(t.storage());  // held: its address names it until the end
-    }
-    out_ += 'x';
-    put(static_cast<std::uint32_t>(index));
-    put(static_cast<std::uint8_t>(t.scalar_type()));
-    put(static_cast<std::uint8_t>(sizes.size()));
-    put(static_cast<std::int64_t>(t.storage_offset()));
-    for (std::int64_t size : sizes) put(size);
-    auto contiguous = contiguous_strides(sizes);
-    if (contiguous && c10::IntArrayRef(*contiguous) == strides) {
-      put(std::uint8_t{0});
-    } else {
-      put(std::uint8_t{1});
-      for (std::int64_t stride : strides) put(stride);
-    }
-    return true;
-  }
-
-  bool value(PyObject* o, int depth) {
-    if (depth > kMaxDepth || !still_worth_it()) return false;
-    PyTypeObject* type = Py_TYPE(o);
-    if (o == Py_None) {
-      out_ += 'N';
-    } else if (type == &PyBool_Type) {
-      out_ += o == Py_True ? 'T' : 'F';
-    } else if (type == &PyLong_Type) {
-      int overflow = 0;
-      const long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
-      if (overflow != 0) return false;
-      out_ += 'i';
-      put(static_cast<std::int64_t>(v));
-    } else if (type == &PyFloat_Type) {
-      out_ += 'f';
-      put(PyFloat_AS_DOUBLE(o));
-    } else if (type == &PyUnicode_Type) {
-      Py_ssize_t n = 0;
-      const char* utf8 = PyUnicode_AsUTF8AndSize(o, &n);
-      if (utf8 == nullptr) {
-        PyErr_Clear();  // a lone surrogate: the pickle takes it
-        return false;
-      }
-      if (!count('s', n)) return false;
-      out_.append(utf8, static_cast<std::size_t>(n));
-    } else if (type == &PyBytes_Type) {
-      if (!count('b', PyBytes_GET_SIZE(o))) return false;
-      out_.append(PyBytes_AS_STRING(o), static_cast<std::size_t>(PyBytes_GET_SIZE(o)));
-    } else if (type == &PyList_Type || type == &PyTuple_Type) {
-      return sequence(o, depth);
-    } else if (type == &PyDict_Type) {
-      return dict(o, depth);
-    } else if (type == reinterpret_cast<PyTypeObject*>(THPVariableClass)) {
-      return tensor(o);
-    } else {
-      return false;
-    }
-    return true;
-  }
-
-  std::string out_;
-  std::unordered_set<PyObject*> seen_;
-  std::vector<c10::Storage> storages_;  // of the blocks, in their order
-  py::list blocks_;
-};
-
-py::object encode_tensor_message(const py::handle& obj) { return TensorMessageEncoder{}.encode(obj); }
-
-class TensorMessageDecoder {
- public:
-  TensorMessageDecoder(const char* data, std::size_t size, py::tuple blocks)
-      : p_(data), end_(data + size), blocks_(std::move(blocks)) {
-    storages_.resize(static_cast<std::size_t>(PyTuple_GET_SIZE(blocks_.ptr())));
-  }
-  // The blocks' storages themselves (a queue's item, taken in C++).
-  TensorMessageDecoder(const char* data, std::size_t size, const Storage* storages,
-                       std::size_t count)
-      : p_(data), end_(data + size), storages_(storages, storages + count) {}
-
-  py::object decode() {
-    if (static_cast<std::size_t>(end_ - p_) < sizeof kTensorMessageMagic ||
-        std::memcmp(p_, kTensorMessageMagic, sizeof kTensorMessageMagic) != 0)
-      fail("does not start with its magic");
-    p_ += sizeof kTensorMessageMagic;
-    py::object out = value(0);
-    if (p_ != end_) fail("has bytes after its value");
-    return out;
-  }
-
- private:
-  [[noreturn]] static void fail(const std::string& what) {
-    throw py::value_error("shmtensor: a received tensor message " + what +
-                          " (a corrupt or hostile message)");
-  }
-
-  template <class T>
-  T take() {
-    if (static_cast<std::size_t>(end_ - p_) < sizeof(T)) fail("is truncated");
-    T v;
-    std::memcpy(&v, p_, sizeof(T));
-    p_ += sizeof(T);
-    return v;
-  }
-
-  // A count of things of at least one byte each: no more than the bytes left.
-  std::size_t count() {
-    const std::uint32_t n = take<std::uint32_t>();
-    if (n > static_cast<std::size_t>(end_ - p_)) fail("has a count past its end");
-    return n;
-  }
-
-  const char* bytes(std::size_t n) {
-    if (n > static_cast<std::size_t>(end_ - p_)) fail("is truncated");
-    const char* at = p_;
-    p_ += n;
-    return at;
-  }
-
-  static py::object steal(PyObject* o) {
-    if (o == nullptr) throw py::error_already_set();
-    return py::reinterpret_steal<py::object>(o);
-  }
-
-  py::object tensor() {
-    const std::uint32_t index = take<std::uint32_t>();
-    if (index >= storages_.size()) fail("names a block it does not carry");
-    const c10::ScalarType scalar_type = scalar_type_of(take<std::uint8_t>());
-    const std::size_t dims = take<std::uint8_t>();
-    if (dims > kMaxDims) fail("has too many dimensions");
-    const std::int64_t offset = take<std::int64_t>();
-    std::vector<std::int64_t> sizes(dims);
-    for (std::int64_t& size : sizes) size = take<std::int64_t>();
-    std::vector<std::int64_t> strides;
-    const std::uint8_t strided = take<std::uint8_t>();
-    if (strided == 0) {
-      auto contiguous = contiguous_strides(sizes);
-      if (!contiguous) bad_tensor("overflows");
-      strides = std::move(*contiguous);
-    } else if (strided == 1) {
-      strides.resize(dims);
-      for (std::int64_t& stride : strides) stride = take<std::int64_t>();
-    } else {
-      fail("has a tensor with a bad strides flag");
-    }
-    std::optional<Storage>& storage = storages_[index];
-    if (!storage) storage = storage_of_block(PyTuple_GET_ITEM(blocks_.ptr(), index));
-    return tensor_on(*storage, scalar_type, offset, sizes, strides);
-  }
-
-  py::object value(int depth) {
-    if (depth > kMaxDepth) fail("nests too deep");
-    switch (take<char>()) {
-      case 'N': return py::none();
-      case 'T': return py::bool_(true);
-      case 'F': return py::bool_(false);
-      case 'i': return steal(PyLong_FromLongLong(take<std::int64_t>()));
-      case 'f': return steal(PyFloat_FromDouble(take<double>()));
-      case 's': {
-        const std::size_t n = take<std::uint32_t>();
-        const char* at = bytes(n);
-        PyObject* s = PyUnicode_DecodeUTF8(at, static_cast<Py_ssize_t>(n), "strict");
-        if (s == nullptr) {
-          PyErr_Clear();
-          fail("has a str that is not UTF-8");
-        }
-        return steal(s);
-      }
-      case 'b': {
-        const std::size_t n = take<std::uint32_t>();
-        const char* at = bytes(n);
-        return steal(PyBytes_FromStringAndSize(at, static_cast<Py_ssize_t>(n)));
-      }
-      case 'l':
-      case 'u': {
-        const bool list = p_[-1] == 'l';
-        const std::size_t n = count();
-        py::object seq = steal(list ? PyList_New(static_cast<Py_ssize_t>(n))
-                                    : PyTuple_New(static_cast<Py_ssize_t>(n)));
-        for (std::size_t i = 0; i < n; ++i) {
-          PyObject* item = value(depth + 1).release().ptr();
-          if (list)
-            PyList_SET_ITEM(seq.ptr(), static_cast<Py_ssize_t>(i), item);
-          else
-            PyTuple_SET_ITEM(seq.ptr(), static_cast<Py_ssize_t>(i), item);
-        }
-        return seq;
-      }
-      case 'd': {
-        const std::size_t n = count();
-        py::object d = steal(PyDict_New());
-        for (std::size_t i = 0; i < n; ++i) {
-          py::object key = value(depth + 1);
-          py::object val = value(depth + 1);
-          if (PyDict_SetItem(d.ptr(), key.ptr(), val.ptr()) != 0) {
-            PyErr_Clear();
-            fail("has a dict key that cannot be hashed");
-          }
-        }
-        return d;
-      }
-      case 'x': return tensor();
-      default: fail("has an unknown value tag");
-    }
-  }
-
-  const char* p_;
-  const char* end_;
-  py::tuple blocks_;  // a copy: Python code may run while the message is decoded
-  std::vector<std::optional<Storage>> storages_;
-};
-
-py::object decode_tensor_message(const py::buffer& data, const py::handle& blocks) {
-  py::buffer_info info = data.request();
-  if (info.ndim != 1 || info.itemsize != 1 || (info.size > 1 && info.strides[0] != 1))
-    throw py::type_error("decode_tensor_message: data must be contiguous bytes");
-  if (!PyList_CheckExact(blocks.ptr()) && !PyTuple_CheckExact(blocks.ptr()))
-    throw py::type_error("decode_tensor_message: blocks must be a list or a tuple");
-  auto copy = py::reinterpret_steal<py::tuple>(PySequence_Tuple(blocks.ptr()));
-  if (!copy) throw py::error_already_set();
-  return TensorMessageDecoder(static_cast<const char*>(info.ptr),
-                              static_cast<std::size_t>(info.size), std::move(copy))
-      .decode();
-}
-
-// decode_tensor_message of a message whose blocks are given as their storages, for
-// shmtensor._C's DataLoader iterator (loader_iter.cc, through the capsule _decode_capi): a new
-// reference, or nullptr with the Python error set.
-PyObject* decode_tensor_message_of_storages(const char* data, std::size_t size,
-                                            const Storage* storages, std::size_t count) {
+// The Python error of the exception being handled; -1 or nullptr for the caller to return.
+void set_python_error() {
   try {
-    return TensorMessageDecoder(data, size, storages, count).decode().release().ptr();
+    throw;
   } catch (py::error_already_set& e) {
     e.restore();
   } catch (const py::builtin_exception& e) {
@@ -751,8 +422,52 @@ PyObject* decode_tensor_message_of_storages(const char* data, std::size_t size,
   } catch (const std::exception& e) {
     PyErr_SetString(PyExc_RuntimeError, e.what());
   }
-  return nullptr;
 }
+
+// 1 and *out for a plain CPU tensor (plain_cpu_tensor) whose storage is in an arena already
+// and whose view fits it; 0 for any other (the message is pickled, and the reducer moves it).
+int message_describe(void* obj, internal::MessageTensor* out) noexcept {
+  try {
+    const at::Tensor* plain = plain_cpu_tensor(py::handle(static_cast<PyObject*>(obj)));
+    if (plain == nullptr) return 0;
+    const at::Tensor& t = *plain;
+    c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
+    const c10::IntArrayRef sizes = t.sizes();
+    const c10::IntArrayRef strides = t.strides();
+    if (impl->nbytes() == 0 || sizes.size() > internal::kMessageMaxDims ||
+        view_error(t.storage_offset(), sizes, strides,
+                   static_cast<std::uint64_t>(t.element_size()), impl->nbytes()) != nullptr)
+      return 0;
+    std::optional<Storage> ours = shared_storage_of(*impl);
+    if (!ours) return 0;
+    out->storage = std::move(*ours);
+    out->dtype = static_cast<std::uint8_t>(t.scalar_type());
+    out->dims = static_cast<std::uint8_t>(sizes.size());
+    out->offset = t.storage_offset();
+    std::copy(sizes.begin(), sizes.end(), out->sizes);
+    std::copy(strides.begin(), strides.end(), out->strides);
+    auto contiguous = contiguous_strides(sizes);
+    out->contiguous = contiguous && c10::IntArrayRef(*contiguous) == strides;
+    return 1;
+  } catch (...) {
+    set_python_error();
+    return -1;
+  }
+}
+
+void* message_make(const internal::MessageTensor* t) noexcept {
+  try {
+    return tensor_on(t->storage, scalar_type_of(t->dtype), t->offset,
+                     c10::IntArrayRef(t->sizes, t->dims), c10::IntArrayRef(t->strides, t->dims))
+        .release()
+        .ptr();
+  } catch (...) {
+    set_python_error();
+    return nullptr;
+  }
+}
+
+internal::MessageTorch g_message_torch;
 }  // namespace
 
 }  // namespace shmtensor::python
@@ -767,6 +482,13 @@ PYBIND11_MODULE(_torch, m) {
   sp::g_to_capsule = py::object(c.attr("_storage_capsule")).release();
   sp::g_of_capsule = py::object(c.attr("_block_of_capsule")).release();
   m.attr("torch_version") = TORCH_VERSION;
+  // _C's tensor messages carry torch tensors from now on (where shmtensor.torch's reducer is
+  // installed; messages.cc).
+  sp::g_message_torch.tensor_type = THPVariableClass;
+  sp::g_message_torch.describe = &sp::message_describe;
+  sp::g_message_torch.make = &sp::message_make;
+  c.attr("_set_message_torch")(
+      py::capsule(static_cast<void*>(&sp::g_message_torch), shmtensor::internal::kMessageTorchCapsule));
   m.def("storage_from_block", &sp::storage_from_block, py::arg("block"),
         "A torch.UntypedStorage over the whole shared storage of `block` (a shmtensor._C.Tensor), "
         "without a copy; the torch storage keeps the bytes alive. Within a process, one torch "
@@ -796,23 +518,6 @@ PYBIND11_MODULE(_torch, m) {
         "shmtensor.torch sends itself; None for one torch's reduce_tensor must take (a "
         "subclass, another device, not strided, requires_grad, named, conjugate/negative bit, quantized, an empty storage). A "
         "storage not yet in shared memory is moved in place if `move`, else block is None.");
-  m.def("encode_tensor_message", &sp::encode_tensor_message, py::arg("obj"),
-        "(bytes, [block]) of a message that is a structure of None, bool, int (int64), float, "
-        "str, bytes, list, tuple and dict (exact types, no object twice) holding at least one "
-        "plain CPU torch.Tensor whose storage is in an arena: one call in place of a pickle; "
-        "None for anything else (the caller pickles it).");
-  m.def("decode_tensor_message", &sp::decode_tensor_message, py::arg("data"), py::arg("blocks"),
-        "The value of encode_tensor_message's (bytes, blocks), its tensors on the blocks' "
-        "storages. ValueError for bytes that are not such a message or do not fit the blocks.");
-  // The capsule's function has loader_iter.cc's DecodeOfStorages signature.
-  m.def(
-      "_decode_capi",
-      [] {
-        return py::capsule(reinterpret_cast<void*>(&sp::decode_tensor_message_of_storages),
-                           "shmtensor._torch.decode");
-      },
-      "decode_tensor_message for shmtensor._C's DataLoader iterator: a capsule of the C++ "
-      "function that decodes a message whose blocks are given as their storages.");
   m.def("tensor_from_block", &sp::tensor_from_block, py::arg("block"), py::arg("dtype"),
         py::arg("offset"), py::arg("sizes"), py::arg("strides"),
         "The torch.Tensor of tensor_parts' other values (strides None: contiguous) over `block`'s storage (shared with every "

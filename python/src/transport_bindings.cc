@@ -41,13 +41,6 @@ namespace {
 // array's view of its block; the message carries the storages alone (Codec<Storage>).
 using Item = std::pair<std::string, std::vector<Storage>>;
 
-// A block as Python sees it: a 1-d uint8 Tensor over a whole shared storage (what
-// shmtensor.numpy._block_of returns).
-Tensor block_of_storage(const Storage& storage) {
-  return Tensor::from_storage(storage, 0, {static_cast<std::int64_t>(storage.nbytes())}, {1},
-                              DType::kUInt8);
-}
-
 // The blocks travel as whole storages; what a block tensor views does not matter.
 std::vector<Storage> block_storages(const std::vector<Tensor>& blocks) {
   std::vector<Storage> out;
@@ -63,7 +56,7 @@ std::vector<Storage> block_storages(const std::vector<Tensor>& blocks) {
 std::vector<Tensor> blocks_of_storages(const std::vector<Storage>& storages) {
   std::vector<Tensor> out;
   out.reserve(storages.size());
-  for (const auto& s : storages) out.push_back(block_of_storage(s));
+  for (const auto& s : storages) out.push_back(whole_block(s));
   return out;
 }
 
@@ -314,7 +307,7 @@ void bind_transport(py::module_& m) {
     std::optional<Tensor> block;
     if (t.defined() && t.numel() > 0) {
       if (!t.is_shared()) throw py::value_error("_tensor_parts: share_memory_() first");
-      block = block_of_storage(t.storage());
+      block = whole_block(t.storage());
     }
     return py::make_tuple(block, t.numel() > 0 ? t.storage_offset() : 0, t.sizes().vec(),
                           t.strides().vec(), to_string(t.dtype()), t.device().to_string());

@@ -78,3 +78,15 @@ def own_manager_group(monkeypatch):
     """A manager group of this test's own, as the C++ tests' (its daemon exits by itself)."""
     monkeypatch.setenv("SHMTENSOR_MANAGER_GROUP", "py%d-%d" % (os.getpid(), time.monotonic_ns()))
     monkeypatch.setenv("SHMTENSOR_MANAGER_GRACE_MS", "300")
+
+
+def assert_each_is_pickled(cases, encode):
+    """For each {what: obj} of `cases`: no tensor message (encode(obj) is None), a pickle
+    from reductions.dumps, and an object of obj's type from reductions.loads."""
+    from shmtensor.multiprocessing import reductions  # noqa: PLC0415
+    for what, obj in cases.items():
+        assert encode(obj) is None, what
+        data, blocks = reductions.dumps(obj)
+        assert data[:1] == b"\x80", what  # a pickle starts with PROTO
+        got = reductions.loads(data, blocks)
+        assert type(got) is type(obj), what

@@ -1,6 +1,7 @@
-"""Tensor messages (docs/torch.md, "Tensor messages"): while shmtensor.torch is installed, a
-message that is a structure of plain values and tensors already in arenas is encoded and
-decoded by one call of the C++ bridge instead of a pickle. Exact values and types both ways,
+"""Tensor messages of torch tensors (docs/python.md, "Tensor messages"): while shmtensor.torch
+is installed, a message that is a structure of plain values and tensors already in arenas is
+encoded and decoded by one call of shmtensor._C (the bridge describing and making the tensors)
+instead of a pickle. Exact values and types both ways,
 what stays a pickle, hostile bytes, and real processes (fork, spawn) through the native
 Queue. Skipped, with the reason, where shmtensor._torch is not built."""
 import struct
@@ -16,8 +17,10 @@ except ImportError as e:
 
 import shmtensor.multiprocessing as smp
 import shmtensor.torch as st
+from shmtensor import _C
 from shmtensor.multiprocessing import reductions
-from helpers import start_in_child, torch_strategy, wait_child  # noqa: F401 (fixture `strategy`)
+from helpers import assert_each_is_pickled, start_in_child, wait_child
+from helpers import torch_strategy  # noqa: F401 (fixture `strategy`)
 
 
 @pytest.fixture(name="installed")
@@ -25,6 +28,11 @@ def fixture_installed(strategy):
     st.install()
     yield strategy
     st.uninstall()
+
+
+def encode(obj):
+    """What reductions.dumps sends for obj while installed, or None (a pickle)."""
+    return _C._encode_message(obj, True, True)
 
 
 def shared(values, dtype=torch.float32):
@@ -39,7 +47,7 @@ def test_a_structure_of_values_and_arena_tensors_round_trips_exactly(installed):
     obj = (7, [a, view], {"name": "é", 3: 2.5, (1, None): b"\x00\xff", "flags": [True, False]},
            None, -2**63, 2**63 - 1)
     data, blocks = reductions.dumps(obj)
-    assert data[:4] == b"STM1"
+    assert data[:4] == b"STM2"
     assert len(blocks) == 2  # a's block, and b's once for b and its view
     got = reductions.loads(data, blocks)
     assert type(got) is tuple and type(got[1]) is list and type(got[2]) is dict
@@ -65,7 +73,7 @@ def test_a_structure_of_values_and_arena_tensors_round_trips_exactly(installed):
 def test_every_dtype_keeps_its_values(installed, dtype):
     t = _torch.stack_shared([torch.tensor([0, 1, 1, 0, 1], dtype=torch.int64).to(dtype)])
     data, blocks = reductions.dumps({"x": t})
-    assert data[:4] == b"STM1"
+    assert data[:4] == b"STM2"
     got = reductions.loads(data, blocks)["x"]
     assert got.dtype == dtype and torch.equal(got, t)
 
@@ -98,12 +106,7 @@ def test_what_is_not_a_tensor_message_stays_a_pickle(installed):
         "requires_grad": (a, grad),
         "65 levels": (a, nested(65)),
     }
-    for what, obj in cases.items():
-        assert _torch.encode_tensor_message(obj) is None, what
-        data, blocks = reductions.dumps(obj)
-        assert data[:1] == b"\x80", what  # a pickle
-        got = reductions.loads(data, blocks)
-        assert type(got) is type(obj), what
+    assert_each_is_pickled(cases, encode)
     got = reductions.loads(*reductions.dumps(cases["the same tensor twice"]))
     assert got[0] is got[1]  # the pickle keeps identity
     assert private.is_shared()  # moved by the reducer when it was sent
@@ -112,19 +115,19 @@ def test_what_is_not_a_tensor_message_stays_a_pickle(installed):
 def test_a_large_plain_value_before_any_tensor_is_pickled_without_a_second_walk(installed):
     t = shared([1.0])
     ints = list(range(20000))  # 180,000 bytes as a tensor message
-    assert _torch.encode_tensor_message((ints, t)) is None
-    data, blocks = _torch.encode_tensor_message((t, ints))  # the tensor came first
-    got = _torch.decode_tensor_message(data, blocks)
+    assert encode((ints, t)) is None
+    data, blocks = encode((t, ints))  # the tensor came first
+    got = _C._decode_message(data, blocks)
     assert got[1] == ints and got[0].data_ptr() == t.data_ptr()
 
 
 def test_decode_takes_contiguous_bytes_and_a_list_or_tuple_of_blocks(installed):
-    data, blocks = _torch.encode_tensor_message([shared([1.0])])
+    data, blocks = encode([shared([1.0])])
     with pytest.raises(TypeError, match="contiguous bytes"):
-        _torch.decode_tensor_message(memoryview(data + data)[::2], blocks)
+        _C._decode_message(memoryview(data + data)[::2], blocks)
     with pytest.raises(TypeError, match="a list or a tuple"):
-        _torch.decode_tensor_message(data, iter(blocks))
-    assert _torch.decode_tensor_message(data, tuple(blocks))[0].tolist() == [1.0]
+        _C._decode_message(data, iter(blocks))
+    assert _C._decode_message(data, tuple(blocks))[0].tolist() == [1.0]
 
 
 def test_uninstalled_sends_pickles_and_still_decodes_tensor_messages(strategy):
@@ -132,13 +135,13 @@ def test_uninstalled_sends_pickles_and_still_decodes_tensor_messages(strategy):
     a = shared([5.0, 6.0])
     message = reductions.dumps((1, a))
     st.uninstall()
-    assert reductions.tensor_message_encoder is None  # dumps pickles (torch's reducer then)
+    assert reductions.torch_reducer is None  # dumps pickles (torch's reducer then)
     got = reductions.loads(*message)
     assert got[0] == 1 and got[1].tolist() == [5.0, 6.0] and got[1].data_ptr() == a.data_ptr()
 
 
 def message_bytes(*parts):
-    return b"STM1" + b"".join(parts)
+    return b"STM2\x01" + b"".join(parts)
 
 
 def tensor_entry(index=0, dtype=6, sizes=(4,), offset=0, strides=None):
@@ -168,18 +171,20 @@ def tensor_entry(index=0, dtype=6, sizes=(4,), offset=0, strides=None):
     (message_bytes(tensor_entry(sizes=(2,), strides=(-1,))), "out of range"),
     (message_bytes(tensor_entry()[:-1] + b"\x02"), "a bad strides flag"),
     (message_bytes(tensor_entry(sizes=(1,) * 65)), "has too many dimensions"),
+    (b"STM2\x00" + tensor_entry(), "has a torch tensor its flags do not announce"),
+    (b"STM2\x03" + tensor_entry(), "has unknown flags"),
 ])
 def test_hostile_bytes_are_a_value_error_naming_what_is_wrong(installed, data, message):
-    _, blocks = _torch.encode_tensor_message([shared([1.0, 2.0, 3.0, 4.0])])
+    _, blocks = encode([shared([1.0, 2.0, 3.0, 4.0])])
     with pytest.raises(ValueError, match=message):
-        _torch.decode_tensor_message(data, blocks)
+        _C._decode_message(data, blocks)
 
 
 def test_the_exact_bytes_decode_and_a_well_formed_message_fits_its_block(installed):
     t = shared([1.0, 2.0, 3.0, 4.0])
-    data, blocks = _torch.encode_tensor_message([t])
+    data, blocks = encode([t])
     assert data == message_bytes(b"l" + struct.pack("<I", 1), tensor_entry(dtype=6, sizes=(4,)))
-    assert _torch.decode_tensor_message(data, blocks)[0].tolist() == [1.0, 2.0, 3.0, 4.0]
+    assert _C._decode_message(data, blocks)[0].tolist() == [1.0, 2.0, 3.0, 4.0]
 
 
 def test_a_forked_worker_sends_batches_as_tensor_messages_both_ways(installed):
@@ -189,7 +194,7 @@ def test_a_forked_worker_sends_batches_as_tensor_messages_both_ways(installed):
     def worker():
         for i in range(3):
             batch = _torch.stack_shared([torch.full((2, 3), float(i)), torch.ones(2, 3)])
-            assert reductions.dumps((i, batch))[0][:4] == b"STM1"
+            assert reductions.dumps((i, batch))[0][:4] == b"STM2"
             q.put((i, [batch, {"label": i}]))
         got = back.get(timeout=60)  # the parent's writes, seen here
         assert got.tolist() == [[[-1.0] * 3] * 2, [[1.0] * 3] * 2]
@@ -225,9 +230,3 @@ def test_a_spawned_process_that_never_installed_decodes_them(installed):
     assert p.exitcode == 0
     q.close()
     out.close()
-
-
-def test_native_message_bytes_that_claim_a_tensor_message_are_decoded_as_one():
-    # Never unpickled: a truncated one is the decoder's ValueError.
-    with pytest.raises(ValueError, match="is truncated"):
-        reductions.loads(b"STM1x", [])

@@ -189,21 +189,24 @@ class _Sender:
 _KEEP_PICKLER_UP_TO = 1 << 20
 
 
-# A message that is a structure of plain values and tensors already in arenas (a DataLoader
-# worker's (index, batch)) goes as a tensor message: encoded and decoded by one call of
-# shmtensor.torch's C++ bridge instead of a pickle (docs/torch.md, "Tensor messages").
-# shmtensor.torch sets these while its reducers are installed: encode(obj) -> (bytes,
-# blocks) or None (then obj is pickled), and decode(data, blocks).
-_TENSOR_MESSAGE = b"STM1"  # a pickle starts with PROTO (0x80)
-tensor_message_encoder: Callable[[object], tuple[bytes, list[Tensor]] | None] | None = None
-tensor_message_decoder: Callable[[bytes, Sequence[Tensor]], Any] | None = None
+# A message that is a structure of plain values, NumPy arrays and tensors already in shared
+# blocks (a DataLoader worker's (index, batch), a Broadcast's step) goes as a tensor message:
+# encoded and decoded by one call of shmtensor._C instead of a pickle (docs/python.md, "Tensor
+# messages"). Arrays go so while _reduce_ndarray is ForkingPickler's reducer for them; torch
+# tensors while shmtensor.torch's reducer is installed: shmtensor.torch sets torch_reducer to
+# (torch.Tensor, its reducer) then, and back to None.
+_TENSOR_MESSAGE = b"STM2"  # a pickle starts with PROTO (0x80)
+torch_reducer: tuple[type, Callable[[Any], Any]] | None = None
+_extra_reducers = _mpreduction.ForkingPickler._extra_reducers
 
 
 def dumps(obj: object) -> tuple[bytes, list[Tensor]]:
     """Pickles obj for a native message: (bytes, [Block])."""
-    encode = tensor_message_encoder
-    if encode is not None:
-        message = encode(obj)
+    arrays = _extra_reducers.get(np.ndarray) is _reduce_ndarray
+    torch = torch_reducer
+    torch = torch is not None and _extra_reducers.get(torch[0]) is torch[1]
+    if arrays or torch:
+        message = _C._encode_message(obj, arrays, torch)
         if message is not None:
             return message
     sender = _local.__dict__.get("sender")
@@ -247,15 +250,16 @@ def loads(data: bytes, blocks: Sequence[Tensor]) -> Any:
 
 
 def _decode_tensor_message(data: bytes, blocks: Sequence[Tensor]) -> Any:
-    decode = tensor_message_decoder
-    if decode is None:
-        import shmtensor.torch  # noqa: F401, PLC0415  (sets the decoder where it can)
-        decode = tensor_message_decoder
-        if decode is None:
+    if data[4:5] not in (b"", b"\x00") and not _C._message_torch_ready():
+        # It holds torch tensors: shmtensor.torch loads the bridge where it can.
+        import shmtensor.torch  # noqa: PLC0415
+
+        if not _C._message_torch_ready():
             raise pickle.UnpicklingError(
-                "a shmtensor tensor message needs shmtensor.torch's C++ bridge, which is not "
-                "loaded here: " + str(shmtensor.torch.bridge_unavailable_reason()))
-    return decode(data, blocks)
+                "a shmtensor tensor message of torch tensors needs shmtensor.torch's C++ "
+                "bridge, which is not loaded here: "
+                + str(shmtensor.torch.bridge_unavailable_reason()))
+    return _C._decode_message(data, blocks)
 
 
 def _sending_message():
