@@ -475,7 +475,9 @@ class Decoder {
 
   const char* p_;
   const char* end_;
-  py::tuple blocks_;  // a copy: Python code may run while the message is decoded
+  // The blocks' tuple (a copy: Python code may run while the message is decoded), or null
+  // where the blocks are given as storages.
+  py::object blocks_;
   std::vector<std::optional<Storage>> storages_;
   std::vector<py::object> objects_;  // of the blocks, made on first use
   bool holds_torch_ = false;

@@ -5,6 +5,7 @@ pickle, hostile bytes, and real processes (fork, spawn) through the native Queue
 Broadcast. (test_torch_messages.py: the same with torch tensors.)"""
 import multiprocessing.reduction as mpreduction
 import struct
+import subprocess
 import sys
 
 import numpy as np
@@ -221,3 +222,41 @@ def test_a_spawned_broadcast_reader_decodes_them_without_torch():
     assert a.tolist() == [99, 2, 3]
     b.close()
     out.close()
+
+
+# A fresh interpreter where torch cannot be imported: a message's flags byte decides whether
+# loads imports shmtensor.torch, and a process without torch gets a clear error for one that
+# holds torch tensors, a ValueError for unknown flags.
+WITHOUT_TORCH = r"""
+import pickle, sys
+sys.modules["torch"] = None
+import numpy as np
+import shmtensor.numpy as snp
+from shmtensor.multiprocessing import reductions
+a = snp.zeros(4, np.int64)
+a[:] = [1, 2, 3, 4]
+data, blocks = reductions.dumps([a])
+assert data[:5] == b"STM2\x00"
+assert reductions.loads(data, blocks)[0].tolist() == [1, 2, 3, 4]
+for flags, error in [(b"\x04", ValueError), (b"\x81", ValueError),
+                     (b"\x01", pickle.UnpicklingError)]:
+    try:
+        reductions.loads(data[:4] + flags + data[5:], blocks)
+    except error as e:
+        print(flags.hex(), type(e).__name__, e)
+    print("shmtensor.torch" in sys.modules)
+"""
+
+
+def test_a_process_without_torch_refuses_flags_it_cannot_decode_with_clear_errors():
+    r = subprocess.run([sys.executable, "-c", WITHOUT_TORCH], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == ("04 ValueError shmtensor: a received tensor message has unknown flags "
+                        "(a corrupt or hostile message)")
+    assert lines[2].startswith("81 ValueError shmtensor: a received tensor message has unknown")
+    assert lines[4] == ("01 UnpicklingError a shmtensor tensor message of torch tensors needs "
+                        "torch and shmtensor.torch, which cannot be imported here: import of "
+                        "torch halted; None in sys.modules")
+    assert lines[1::2] == ["False", "False", "False"]

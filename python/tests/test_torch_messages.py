@@ -6,6 +6,7 @@ what stays a pickle, hostile bytes, and real processes (fork, spawn) through the
 Queue. Skipped, with the reason, where shmtensor._torch is not built."""
 import struct
 
+import numpy as np
 import pytest
 
 try:
@@ -16,10 +17,11 @@ except ImportError as e:
                 allow_module_level=True)
 
 import shmtensor.multiprocessing as smp
+import shmtensor.numpy as snp
 import shmtensor.torch as st
 from shmtensor import _C
 from shmtensor.multiprocessing import reductions
-from helpers import assert_each_is_pickled, start_in_child, wait_child
+from helpers import assert_each_is_pickled, run_in_child, start_in_child, wait_child
 from helpers import torch_strategy  # noqa: F401 (fixture `strategy`)
 
 
@@ -230,3 +232,42 @@ def test_a_spawned_process_that_never_installed_decodes_them(installed):
     assert p.exitcode == 0
     q.close()
     out.close()
+
+
+class SharedArrays(torch.utils.data.Dataset):
+    """Samples of NumPy arrays, each on a block of its own (two in a message), and a tensor in an arena."""
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        return {"arrays": [snp.full((2, 3), 10 * i + k, np.int32) for k in range(2)],
+                "t": shared([float(i)])}
+
+
+def _first(batch):
+    return batch[0]
+
+
+def loader_decodes_arrays_on_their_blocks():
+    st.install()
+    try:
+        before = _C._loader_batches()
+        loader = torch.utils.data.DataLoader(SharedArrays(), batch_size=1, num_workers=2,
+                                             collate_fn=_first)
+        got = list(loader)
+        assert _C._loader_batches() - before == 4  # each batch decoded by _loader_next
+    finally:
+        st.uninstall()
+    for i, sample in enumerate(got):
+        assert sample["t"].tolist() == [float(i)]
+        for k, a in enumerate(sample["arrays"]):
+            assert type(a) is np.ndarray and a.dtype == np.int32
+            assert a.tolist() == [[10 * i + k] * 3] * 2
+            # A view of the block that came with the message, which the array keeps alive.
+            assert type(a.base) is _C.Tensor and snp.is_shared(a)
+            assert a.__array_interface__["data"][0] == _C._block_address(a.base)
+
+
+def test_the_loader_decodes_arrays_on_their_blocks_not_copies(strategy):
+    assert run_in_child(loader_decodes_arrays_on_their_blocks) == 0

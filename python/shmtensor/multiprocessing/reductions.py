@@ -250,10 +250,15 @@ def loads(data: bytes, blocks: Sequence[Tensor]) -> Any:
 
 
 def _decode_tensor_message(data: bytes, blocks: Sequence[Tensor]) -> Any:
-    if data[4:5] not in (b"", b"\x00") and not _C._message_torch_ready():
-        # It holds torch tensors: shmtensor.torch loads the bridge where it can.
-        import shmtensor.torch  # noqa: PLC0415
-
+    # Flags 1: it holds torch tensors, and shmtensor.torch loads the bridge where it can. Any
+    # other flags byte is _C's to refuse (a ValueError), with nothing imported for it.
+    if data[4:5] == b"\x01" and not _C._message_torch_ready():
+        try:
+            import shmtensor.torch  # noqa: PLC0415
+        except ImportError as e:
+            raise pickle.UnpicklingError(
+                "a shmtensor tensor message of torch tensors needs torch and shmtensor.torch, "
+                "which cannot be imported here: %s" % e) from e
         if not _C._message_torch_ready():
             raise pickle.UnpicklingError(
                 "a shmtensor tensor message of torch tensors needs shmtensor.torch's C++ "
