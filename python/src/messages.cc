@@ -47,7 +47,7 @@ constexpr std::uint8_t kHoldsTorch = 1;
 constexpr int kMaxDepth = 64;
 constexpr std::size_t kMaxBlocks = 256;    // more: pickled (a linear search dedups blocks)
 constexpr std::size_t kMaxObjects = 4096;  // containers, arrays and tensors, checked for repeats
-constexpr std::size_t kMaxBytesWithoutTensor = 64 * 1024;
+constexpr std::size_t kMaxBytesWithoutTensor = 1024;  // then no second walk of a plain value
 
 // shmtensor._torch's half, from its import on (its capsule is kept for the process's life).
 const MessageTorch* g_torch = nullptr;

@@ -100,6 +100,16 @@ def test_what_is_not_a_tensor_message_stays_a_pickle():
     assert meta.dtype.metadata == {"k": 1}
 
 
+def test_a_plain_value_of_more_than_1_kib_before_any_array_is_pickled_after_a_short_walk():
+    a = snp.zeros(2, np.int16)
+    ints = list(range(200))  # 1,805 bytes as a tensor message
+    assert encode((ints, a)) is None
+    assert reductions.dumps((ints, a))[0][:1] == b"\x80"
+    data, blocks = encode((a, ints))  # the array came first
+    got = _C._decode_message(data, blocks)
+    assert got[1] == ints and got[0].tolist() == [0, 0]
+
+
 def test_another_reducer_for_ndarray_takes_them_as_pickles():
     a = snp.zeros(3, np.int32)
     seen = []
