@@ -29,6 +29,12 @@ stock torch's failures do not poison the next one), under ulimit -n 1024:
             and num_workers=0, each batch dropped as it comes.
   dataset   (--dataset MIB) spawn and forkserver workers of a dataset holding MIB MiB in a
             tensor or a NumPy array: time to the first batch, each process's memory.
+  steps     (--steps N) a blog batch's path under install(), step by step, in one process
+            (no sleep, no wake-up, no other process): the index message put and taken,
+            the worker's fetch (its collate stacks into arena blocks, as in a worker
+            process), the batch's tensor message encoded, put, taken and decoded, and the
+            batch dropped; then the fetch of num_workers=0. Medians of 5 rounds of N
+            batches, µs per batch.
 """
 import argparse
 import json
@@ -301,6 +307,61 @@ def run(*args, timeout=900):
     return json.loads(lines[-1])
 
 
+def steps(n):
+    """--steps: a blog batch's path under install(), step by step, in one process."""
+    import torch  # noqa: F401
+    import shmtensor.torch
+    shmtensor.torch.install()
+    import torch.multiprocessing as tmp
+    from torch.utils.data._utils import worker as torch_worker
+    from torch.utils.data._utils.collate import default_collate
+    from torch.utils.data._utils.fetch import _MapDatasetFetcher
+    from shmtensor.multiprocessing import reductions
+    # torch's collate stacks into shared memory only in a worker: this process says it is one.
+    torch_worker._worker_info = torch_worker.WorkerInfo(id=0, num_workers=1, seed=0,
+                                                        dataset=None)
+    fetcher = _MapDatasetFetcher(Blog(1 << 40), True, default_collate, False)
+    index_q, data_q = tmp.Queue(), tmp.Queue()
+    native = data_q._q
+    names = ("index message", "fetch", "encode", "put", "take", "decode", "drop")
+    rounds = {k: [] for k in names + ("fetch, num_workers=0",)}
+    ns = time.perf_counter_ns
+    for _ in range(5):
+        acc = dict.fromkeys(names, 0)
+        for i in range(n):
+            t0 = ns()
+            index_q.put((i, [i]))
+            idx, index = index_q.get(timeout=5.0)
+            t1 = ns()
+            batch = fetcher.fetch(index)
+            t2 = ns()
+            data, blocks = reductions.dumps((idx, batch))
+            t3 = ns()
+            native.put(data, blocks, 0.0)
+            t4 = ns()
+            item = native.get(5.0)
+            t5 = ns()
+            got = reductions.loads(*item)
+            t6 = ns()
+            del got, item, batch, data, blocks
+            t7 = ns()
+            for k, a, b in zip(names, (t0, t1, t2, t3, t4, t5, t6), (t1, t2, t3, t4, t5, t6, t7)):
+                acc[k] += b - a
+        for k in names:
+            rounds[k].append(acc[k] / n / 1e3)
+    shmtensor.torch.uninstall()
+    torch_worker._worker_info = None
+    for _ in range(5):
+        t0 = ns()
+        for i in range(n):
+            fetcher.fetch([i])
+        rounds["fetch, num_workers=0"].append((ns() - t0) / n / 1e3)
+    for k, v in rounds.items():
+        print("%-22s %6.2f us  (rounds: %s)" % (k, statistics.median(v),
+                                              " ".join("%.2f" % x for x in v)))
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
@@ -324,10 +385,15 @@ def main():
                     help="only spawn and forkserver workers of a dataset holding MIB MiB "
                          "(a tensor, then a NumPy array), stock and install(): time to the "
                          "first batch, and each process's anonymous and shared memory")
+    ap.add_argument("--steps", type=int, default=0, metavar="N",
+                    help="only a blog batch's path under install(), step by step in one "
+                         "process: µs per batch, medians of 5 rounds of N batches")
     ap.add_argument("--child", nargs=argparse.REMAINDER)
     a = ap.parse_args()
     if a.child:
         return child_main(a.child)
+    if a.steps:
+        return steps(a.steps)
     if a.dataset:
         return datasets(a.dataset)
     if a.iterator:
