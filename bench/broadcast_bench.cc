@@ -14,11 +14,24 @@
 //   cadence   one message every 5 ms for 1 s: CPU per reader and p50 latency
 // It also prints the writer's put() time (p50 over the latency phase): the part of the
 // delivery latency spent before any reader could have the message.
+//
+// Before the broadcasts, for each reader count, the OS floor in the same run ("bare
+// FUTEX_WAKE"): N forked processes asleep in FUTEX_WAIT, each on its own word in a shared
+// anonymous mapping; the writer stores its time in each reader's word pair and wakes each
+// with FUTEX_WAKE, 1 ms apart as the latency phase; each reader takes its time when it
+// wakes. No message, no copy: what waking N sleeping processes costs on this machine; and
+// the same with each reader busy for 5 µs after it wakes (about what taking a message
+// costs it), which a reader that shares a CPU with another makes that one wait for. The
+// writer's wake loop (from its clock to its last FUTEX_WAKE's return) is printed as "put".
+#include <linux/futex.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -66,28 +79,107 @@ struct Result {
 void reader_main(shmtensor::Broadcast<Message>::Reader r, int messages,
                  shmtensor::Connection out) {
   Result res;
+  // The CPU clock is read where a phase's CPU time starts or ends only (getrusage is a
+  // system call: read at every message, it would be work of the readers' own that delays
+  // the others on a machine with fewer CPUs than readers).
+  const int latency_messages = messages - 1 - kCadenceMessages;
   double last_cpu = cpu_s(), cad_cpu0 = 0;
   std::int64_t cad_t0 = 0;
   for (int k = 0; k < messages; ++k) {
     auto [phase, t0, tensor] = r.get();
     const std::int64_t t = now_ns();
-    const double c = cpu_s();
     if (tensor.data_ptr<std::uint8_t>()[0] != 7) std::abort();
     if (phase == kLatency) {
       res.latency.push_back(t - t0);
+      if (k == latency_messages - 1) last_cpu = cpu_s();
     } else if (phase == kIdleEnd) {
+      const double c = cpu_s();
       res.idle_cpu_s = c - last_cpu;
       cad_cpu0 = c;
       cad_t0 = t;
     } else {
       res.cadence.push_back(t - t0);
     }
-    last_cpu = c;
   }
   res.cadence_cpu = (cpu_s() - cad_cpu0) / (static_cast<double>(now_ns() - cad_t0) / 1e9);
   out.send(res.latency);
   out.send(res.cadence);
   out.send(std::vector<double>{res.idle_cpu_s, res.cadence_cpu});
+}
+
+// One sleeping reader's words of the bare baseline, a cache line each.
+struct alignas(64) BareSlot {
+  std::atomic<std::uint32_t> seq{0};  // the futex word: messages stored so far
+  std::atomic<std::int64_t> t0{0};    // the writer's time of the latest one
+};
+static_assert(std::atomic<std::uint32_t>::is_always_lock_free &&
+              std::atomic<std::int64_t>::is_always_lock_free);
+
+long futex(std::atomic<std::uint32_t>* word, int op, std::uint32_t value) {
+  return ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), op, value, nullptr,
+                   nullptr, 0);
+}
+
+void bare_reader(BareSlot* slot, int messages, std::int64_t work_ns, shmtensor::Connection out) {
+  std::vector<std::int64_t> latency;
+  for (std::uint32_t k = 0; k < static_cast<std::uint32_t>(messages); ++k) {
+    while (slot->seq.load(std::memory_order_acquire) == k) futex(&slot->seq, FUTEX_WAIT, k);
+    const std::int64_t t = now_ns();
+    latency.push_back(t - slot->t0.load(std::memory_order_relaxed));
+    while (now_ns() < t + work_ns) {
+    }
+  }
+  out.send(latency);
+}
+
+double pct_us(std::vector<std::int64_t> v, double q);
+
+// The bare FUTEX_WAKE floor for `readers` sleeping processes (see the top of the file).
+void bare_baseline(long readers, int messages, std::int64_t work_ns) {
+  void* m = ::mmap(nullptr, sizeof(BareSlot) * static_cast<std::size_t>(readers),
+                   PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (m == MAP_FAILED) std::abort();
+  auto* slots = static_cast<BareSlot*>(m);
+  for (long i = 0; i < readers; ++i) new (&slots[i]) BareSlot();
+  std::vector<shmtensor::Connection> results;
+  std::vector<pid_t> procs;
+  for (long i = 0; i < readers; ++i) {
+    auto [mine, theirs] = shmtensor::pipe();
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      mine.close();
+      bare_reader(&slots[i], messages, work_ns, std::move(theirs));
+      std::_Exit(0);
+    }
+    procs.push_back(pid);
+    results.push_back(std::move(mine));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  auto next = Clock::now();
+  std::vector<std::int64_t> wake_ns;
+  for (int k = 0; k < messages; ++k) {
+    next += std::chrono::milliseconds(1);
+    std::this_thread::sleep_until(next);
+    const std::int64_t t0 = now_ns();
+    for (long i = 0; i < readers; ++i) slots[i].t0.store(t0, std::memory_order_relaxed);
+    for (long i = 0; i < readers; ++i) {
+      slots[i].seq.fetch_add(1, std::memory_order_release);
+      futex(&slots[i].seq, FUTEX_WAKE, 1);
+    }
+    wake_ns.push_back(now_ns() - t0);
+  }
+  std::vector<std::int64_t> lat;
+  for (auto& c : results) {
+    auto l = c.recv<std::vector<std::int64_t>>();
+    lat.insert(lat.end(), l.begin(), l.end());
+  }
+  for (pid_t p : procs) ::waitpid(p, nullptr, 0);
+  ::munmap(m, sizeof(BareSlot) * static_cast<std::size_t>(readers));
+  std::printf("bare FUTEX_WAKE, reader busy %ld us  readers=%ld  put %5.1f us  p50 %7.1f us  "
+              "p99 %8.1f us\n",
+              static_cast<long>(work_ns / 1000), readers, pct_us(wake_ns, 0.5), pct_us(lat, 0.5),
+              pct_us(lat, 0.99));
+  std::fflush(stdout);
 }
 
 double pct_us(std::vector<std::int64_t> v, double q) {
@@ -123,6 +215,8 @@ int main(int argc, char** argv) {
                                           : shmtensor::SharingStrategy::kFileDescriptor);
   }
   const int total = latency_messages + 1 + kCadenceMessages;
+  for (std::int64_t work_ns : {0, 5000})
+    for (long readers : reader_counts) bare_baseline(readers, latency_messages, work_ns);
   for (long bytes : sizes) {
     for (long readers : reader_counts) {
       shmtensor::Broadcast<Message> b(static_cast<int>(readers), 16);

@@ -3,8 +3,11 @@
 // are `shmtensor bench` (docs/benchmarks.md). Run: ./build/bench/micro_bench
 #include <benchmark/benchmark.h>
 
+#include <cstdint>
+#include <tuple>
 #include <vector>
 
+#include "shmtensor/broadcast.h"
 #include "shmtensor/connection.h"
 #include "shmtensor/tensor.h"
 
@@ -52,5 +55,20 @@ void BM_PipeSendRecvPlainData(benchmark::State& state) {
   }
 }
 BENCHMARK(BM_PipeSendRecvPlainData)->Arg(8)->Arg(4096);
+
+// A Broadcast's message as broadcast_bench sends it, put and taken by its one reader in this
+// process (no wake: the reader is not asleep): the writer's and the reader's work per message.
+void BM_BroadcastPutGet(benchmark::State& state) {
+  using Message = std::tuple<std::int64_t, std::int64_t, st::Tensor>;
+  st::Broadcast<Message> b(1, 16);
+  auto reader = b.reader(0);
+  st::Tensor t =
+      st::Tensor::empty_shared({static_cast<std::int64_t>(state.range(0))}, st::DType::kUInt8);
+  for (auto _ : state) {
+    b.put(Message{0, 1, t});
+    benchmark::DoNotOptimize(reader.get());
+  }
+}
+BENCHMARK(BM_BroadcastPutGet)->Arg(4096)->Arg(1 << 20);
 
 }  // namespace

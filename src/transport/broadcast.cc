@@ -108,9 +108,15 @@ bool BroadcastCore::State::attach(int i, const Deadline& deadline) {
   }
   attached[at] = me;
   attached_in[at] = generation;
-  queue(i).set_busy_poll(kBroadcastReaderPoll);
+  // Where the writer and the readers outnumber the CPUs this process may run on, a reader
+  // neither busy-polls nor spins before it sleeps: a reader spinning after its message
+  // keeps a CPU from the next reader being woken (3 readers on 2 CPUs: delivery p50 36.8 ->
+  // 23.4-28.6 µs; docs/benchmarks.md, "Broadcast (1 → N)").
   const int cpus = allowed_cpus();
-  predict.store(cpus == 0 || cpus > readers, std::memory_order_relaxed);
+  const bool spare_cpu = cpus == 0 || cpus > readers;
+  queue(i).set_busy_poll(spare_cpu ? kBroadcastReaderPoll : std::chrono::microseconds(0));
+  queue(i).set_spin_before_sleep(spare_cpu);
+  predict.store(spare_cpu, std::memory_order_relaxed);
   return true;
 }
 

@@ -209,6 +209,10 @@ std::optional<std::chrono::nanoseconds> QueueCore::busy_poll() const noexcept {
   return state_->busy_poll();
 }
 
+void QueueCore::set_spin_before_sleep(bool on) noexcept { state_->ring().set_spin_before_sleep(on); }
+
+bool QueueCore::spins_before_sleep() const noexcept { return state_->ring().spins_before_sleep(); }
+
 namespace {
 
 // The next item off the ring (take_item_polling, with the handle's budget); false when the

@@ -142,6 +142,11 @@ class Ring {
   // with it is not over when the copy is (a queue's marker, until its datagram is taken).
   static constexpr std::uint32_t kHoldNone = 0xffffffffu;
   Popped pop(std::span<std::byte> out, Deadline deadline, std::uint32_t hold_tag = kHoldNone);
+  // Whether this process's pops spin briefly before they sleep (busy_poll.h,
+  // spin_before_sleep; on by default): off for a consumer among more processes than CPUs,
+  // whose spin would keep the CPU from the one being woken.
+  void set_spin_before_sleep(bool on) noexcept;
+  [[nodiscard]] bool spins_before_sleep() const noexcept;
   // Frees a slot that pop() left claimed.
   void release(std::uint64_t pos) noexcept;
   // Gives a message that pop() left claimed back, published as before: the next pop takes

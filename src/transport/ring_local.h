@@ -138,6 +138,7 @@ struct Ring::Local {
   // When this handle last looked for messages hidden behind the head after a sleep with
   // nothing published (steady clock, ns): at most once a second.
   std::atomic<std::int64_t> idle_scan_ns{0};
+  std::atomic<bool> spin_before_sleep{true};  // Ring::set_spin_before_sleep
 };
 
 // The accessors every step of the ring uses, inline in each of its files.

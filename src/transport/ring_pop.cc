@@ -190,7 +190,10 @@ Ring::Popped Ring::pop(std::span<std::byte> out, Deadline deadline, std::uint32_
       // It watches the slot too: a publish between the look at the slot and the read of
       // `seen` above changed the slot, and must not cost the whole spin.
       spun = true;
-      if (const auto until = spin_before_sleep_until(deadline)) {
+      const auto until = local_->spin_before_sleep.load(std::memory_order_relaxed)
+                             ? spin_before_sleep_until(deadline)
+                             : std::nullopt;
+      if (until) {
         (void)spin_while(
             [&] {
               return h->published.load(std::memory_order_acquire) == seen && s->word.load() == w;
@@ -208,6 +211,14 @@ Ring::Popped Ring::pop(std::span<std::byte> out, Deadline deadline, std::uint32_
     if (!in_time) return {Status::kTimeout, 0, 0};
     spins = 0;
   }
+}
+
+void Ring::set_spin_before_sleep(bool on) noexcept {
+  local_->spin_before_sleep.store(on, std::memory_order_relaxed);
+}
+
+bool Ring::spins_before_sleep() const noexcept {
+  return local_->spin_before_sleep.load(std::memory_order_relaxed);
 }
 
 }  // namespace shmtensor::internal

@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -43,6 +44,7 @@ using testing::fork_child;
 using testing::Pipe;
 using testing::run_in_child;
 using testing::wait_child;
+using namespace std::chrono_literals;
 
 class BroadcastTest : public testing::StrategyTest {};
 
@@ -469,6 +471,29 @@ TEST_P(BroadcastTest, ADeadReadersMessagesAreDroppedBeforeItsQueueFills) {
               EXPECT_EQ(held_arena_segments(), 0u);  // reader 1's 2 messages were dropped
             }),
             0);
+}
+
+// A reader among more processes (its broadcast's readers and writer) than the CPUs it may
+// run on neither busy-polls nor spins before it sleeps: its spin would keep a CPU from the
+// next reader being woken. With a CPU to spare it does both, as a Queue's get.
+TEST_P(BroadcastTest, AReaderAmongMoreProcessesThanCpusDoesNotSpin) {
+  cpu_set_t all;
+  ASSERT_EQ(::sched_getaffinity(0, sizeof all, &all), 0);
+  const int cpus = CPU_COUNT(&all);
+  if (cpus < 2 || cpus > 32) GTEST_SKIP() << cpus << " CPUs";
+  for (const int readers : {cpus - 1, cpus}) {
+    Broadcast<int> b(readers, 4);
+    auto r = b.reader(0);
+    EXPECT_EQ(r.try_get(std::chrono::seconds(0)), std::nullopt);  // attaches here
+    internal::QueueCore& q = internal::BroadcastAccess::core(b).queue(0);
+    const bool spare = readers < cpus;
+    EXPECT_EQ(q.busy_poll(), spare ? std::optional<std::chrono::nanoseconds>(50us)
+                                   : std::optional<std::chrono::nanoseconds>(0ns))
+        << readers << " readers on " << cpus << " CPUs";
+    EXPECT_EQ(q.spins_before_sleep(), spare) << readers << " readers on " << cpus << " CPUs";
+    b.put(7);
+    EXPECT_EQ(r.get(), 7);  // and it still gets what is put
+  }
 }
 
 // A queue that had room in the first step and still takes no copy (a peer names a stopped

@@ -103,6 +103,10 @@ class SHMTENSOR_API QueueCore : public std::enable_shared_from_this<QueueCore> {
   // process's. Throws std::invalid_argument outside 0 to 1 second.
   void set_busy_poll(std::optional<std::chrono::nanoseconds> budget);
   [[nodiscard]] std::optional<std::chrono::nanoseconds> busy_poll() const noexcept;
+  // Whether this process's gets spin briefly before they sleep (on by default; a
+  // Broadcast's reader among more processes than CPUs turns it off: broadcast.cc).
+  void set_spin_before_sleep(bool on) noexcept;
+  [[nodiscard]] bool spins_before_sleep() const noexcept;
   // Keeps `error` (the first, if several) for the next get or get_many of this handle.
   void defer_error(std::exception_ptr error) noexcept;
   void close() noexcept;
