@@ -41,9 +41,8 @@ void bind_messages(pybind11::module_& m);
 // a new reference, or nullptr with the Python error set.
 PyObject* decode_message_of_storages(const char* data, std::size_t size,
                                      const Storage* storages, std::size_t count);
-// Whether `data` is a tensor message (starts with its magic), and whether this process can
-// decode it now (one holding torch tensors needs shmtensor._torch loaded).
-bool is_message(const char* data, std::size_t size);
+// Whether `data` is a tensor message (starts with its magic) that this process can decode
+// now (one holding torch tensors needs shmtensor._torch loaded).
 bool message_decodable_here(const char* data, std::size_t size);
 
 // A block as Python names a shared storage: a 1-d uint8 Tensor over the whole of it

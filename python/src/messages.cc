@@ -483,11 +483,11 @@ class Decoder {
   bool holds_torch_ = false;
 };
 
-}  // namespace
-
 bool is_message(const char* data, std::size_t size) {
   return size >= sizeof kMagic && std::memcmp(data, kMagic, sizeof kMagic) == 0;
 }
+
+}  // namespace
 
 bool message_decodable_here(const char* data, std::size_t size) {
   return is_message(data, size) &&

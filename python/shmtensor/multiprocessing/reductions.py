@@ -201,10 +201,11 @@ _extra_reducers = _mpreduction.ForkingPickler._extra_reducers
 
 
 def dumps(obj: object) -> tuple[bytes, list[Tensor]]:
-    """Pickles obj for a native message: (bytes, [Block])."""
+    """obj as a native message, (bytes, [Block]): a tensor message where it can be one, else
+    a pickle."""
     arrays = _extra_reducers.get(np.ndarray) is _reduce_ndarray
-    torch = torch_reducer
-    torch = torch is not None and _extra_reducers.get(torch[0]) is torch[1]
+    reducer = torch_reducer
+    torch = reducer is not None and _extra_reducers.get(reducer[0]) is reducer[1]
     if arrays or torch:
         message = _C._encode_message(obj, arrays, torch)
         if message is not None:
