@@ -30,7 +30,8 @@ stock torch's failures do not poison the next one), under ulimit -n 1024:
   dataset   (--dataset MIB) spawn and forkserver workers of a dataset holding MIB MiB in a
             tensor or a NumPy array: time to the first batch, each process's memory.
   steps     (--steps N) a blog batch's path under install(), step by step, in one process
-            (no sleep, no wake-up, no other process): the index message put and taken,
+            (no sleep, no wake-up, no other process): the index task put on a worker's
+            board and taken (and, for comparison, the index message a queue carried before),
             the worker's fetch (its collate stacks into arena blocks, as in a worker
             process), the batch's tensor message encoded, put, taken and decoded, and the
             batch dropped; then the fetch of num_workers=0. Medians of 5 rounds of N
@@ -321,17 +322,27 @@ def steps(n):
     torch_worker._worker_info = torch_worker.WorkerInfo(id=0, num_workers=1, seed=0,
                                                         dataset=None)
     fetcher = _MapDatasetFetcher(Blog(1 << 40), True, default_collate, False)
+    from shmtensor import _C, _loader
     index_q, data_q = tmp.Queue(), tmp.Queue()
     native = data_q._q
-    names = ("index message", "fetch", "encode", "put", "take", "decode", "drop")
-    rounds = {k: [] for k in names + ("fetch, num_workers=0",)}
+    # A worker's index board as shmtensor's iterator makes it (batch_size 1, prefetch 2): the
+    # main process's put (what _C._loader_next calls) and the worker's get.
+    shape = (4, 16)
+    memory = _C._make_index_board(*shape)
+    board = _C._IndexBoardWriter(memory, *shape)
+    worker_q = _loader._BoardIndexQueue(index_q, _C._IndexBoardReader(memory, *shape))
+    index_native = index_q._q
+    names = ("index task put", "index task taken", "fetch", "encode", "put", "take", "decode",
+             "drop")
+    rounds = {k: [] for k in names + ("index message (queue)", "fetch, num_workers=0")}
     ns = time.perf_counter_ns
     for _ in range(5):
         acc = dict.fromkeys(names, 0)
         for i in range(n):
+            tp = ns()
+            board.put(i, [i], index_native)
             t0 = ns()
-            index_q.put((i, [i]))
-            idx, index = index_q.get(timeout=5.0)
+            idx, index = worker_q.get(timeout=5.0)
             t1 = ns()
             batch = fetcher.fetch(index)
             t2 = ns()
@@ -345,10 +356,16 @@ def steps(n):
             t6 = ns()
             del got, item, batch, data, blocks
             t7 = ns()
-            for k, a, b in zip(names, (t0, t1, t2, t3, t4, t5, t6), (t1, t2, t3, t4, t5, t6, t7)):
+            for k, a, b in zip(names, (tp, t0, t1, t2, t3, t4, t5, t6),
+                               (t0, t1, t2, t3, t4, t5, t6, t7)):
                 acc[k] += b - a
         for k in names:
             rounds[k].append(acc[k] / n / 1e3)
+        t0 = ns()
+        for i in range(n):  # what the index queue carried before the board
+            index_q.put((i, [i]))
+            index_q.get(timeout=5.0)
+        rounds["index message (queue)"].append((ns() - t0) / n / 1e3)
     shmtensor.torch.uninstall()
     torch_worker._worker_info = None
     for _ in range(5):

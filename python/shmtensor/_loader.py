@@ -16,8 +16,16 @@ python/src/loader_iter.cc) is torch's _next_data: it takes the next batch from t
 queue and decodes its tensor message in C++, keeps torch's bookkeeping in torch's attributes
 (_rcvd_idx, _send_idx, _task_info, _tasks_outstanding, _workers_num_tasks, _num_yielded),
 keeps a batch that came out of order in _task_info as torch does and returns it at its turn,
-sends the next index to the next worker as torch's _try_put_index does, and re-raises a
-worker's ExceptionWrapper as torch does. Any other step runs torch's _next_data: the end of
+gives the next index to the next worker as torch's _try_put_index does (on its board,
+below), and re-raises a worker's ExceptionWrapper as torch does.
+
+The tasks of a map-style dataset's workers go on task boards, not as index messages: each
+worker gets a board in shared memory as it starts (_worker_loop_on_board wraps torch's
+_worker_loop, handing it a _BoardIndexQueue), and the main process's index queues are
+_BoardQueues, whose put writes a task (send_idx, index) with an int or a list of ints on the
+board (in C++, also from _C._loader_next) and sends anything else through the queue, numbered
+so that the worker takes everything in the order sent (python/src/loader_iter.cc, "Index
+boards"). Any other step runs torch's _next_data: the end of
 the epoch, a worker no longer active, a closed queue. A failed get of the data queue
 (torch's MP_STATUS_CHECK_INTERVAL passing, an error, a SIGCHLD handler's exception) goes to
 torch's _try_get_data (_get_failed), which checks the workers and raises torch's errors.
@@ -28,18 +36,24 @@ is enabled. The batches themselves come as tensor messages, not pickles, while i
 """
 from __future__ import annotations
 
+import collections
+import functools
 import os
 import queue
+import threading
+import time
 import warnings
 
 import torch
 from torch.utils.data import dataloader as _dl
+from torch.utils.data._utils import worker as _worker
 from torch.utils.data._utils import MP_STATUS_CHECK_INTERVAL
 from torch._utils import ExceptionWrapper
 
 from shmtensor import _C
 from shmtensor.multiprocessing import queues as _queues
 from shmtensor.multiprocessing import reductions as _reductions
+from shmtensor.multiprocessing._native_wait import untimed
 
 _MPIter = _dl._MultiProcessingDataLoaderIter
 _Map = _dl._DatasetKind.Map
@@ -50,15 +64,138 @@ _NEEDED = ("_next_data", "_reset", "_try_get_data", "_try_put_index")
 
 # What _C._loader_next returns when torch's _next_data takes the step.
 _HANDOVER = object()
-_C._loader_setup(_HANDOVER, ExceptionWrapper, queue.Empty, float(MP_STATUS_CHECK_INTERVAL),
-                 _reductions)
-_loader_next = _C._loader_next
 
 
 def _native(q, unbounded: bool) -> bool:
     """Whether q is a shmtensor Queue (its native queue open), unbounded if asked."""
+    if type(q) is _BoardQueue:
+        q = q._queue
     return (type(q) is _queues.Queue and q._q is not None
             and (not unbounded or q._maxsize == 0))
+
+
+# ---- Index boards (python/src/loader_iter.cc, "Index boards") ------------------------------
+
+_WAKE = _C._INDEX_BOARD_WAKE
+_DUE = object()  # what _IndexBoardReader.take returns when a task message comes first
+_torch_worker_loop = _worker._worker_loop
+_WORKER_ID = 10  # where torch 1.13 to 2.13 pass the worker id to _worker_loop (index queue: 2)
+
+
+def _board_shape(loader) -> tuple[int, int]:
+    """(slots, index_words) of each worker's board: twice the tasks torch keeps out per
+    worker, and the batch size clamped to 16..512 (a longer batch goes as a message)."""
+    batch = loader.batch_size
+    if batch is None:
+        batch = getattr(loader.batch_sampler, "batch_size", None)
+    batch = batch if type(batch) is int else 16
+    prefetch = loader.prefetch_factor if type(loader.prefetch_factor) is int else 2
+    return max(2 * prefetch, 4), min(max(batch, 16), 512)
+
+
+class _BoardQueue:
+    """The main process's side of a worker's index queue: a task (send_idx, index) with an
+    int or a list of ints that fits goes on the worker's board; anything else through the
+    queue, as (entries posted before it, object). Every other attribute is the queue's."""
+
+    def __init__(self, q: _queues.Queue, board: _C._IndexBoardWriter) -> None:
+        self._queue = q
+        self._board = board
+
+    def put(self, obj, block: bool = True, timeout=None) -> None:
+        native = self._queue._q
+        if (type(obj) is tuple and len(obj) == 2 and native is not None
+                and self._board.put(obj[0], obj[1], native)):
+            return
+        self._queue.put((self._board.posted, obj), block, timeout)
+        native = self._queue._q
+        if native is not None:
+            self._board.announce(native)
+
+    def __getattr__(self, name: str):
+        return getattr(self._queue, name)
+
+    def __repr__(self) -> str:
+        return "<_BoardQueue of %r>" % (self._queue,)
+
+
+class _BoardIndexQueue:
+    """A worker's index queue: its get() returns the tasks of its board and the objects sent
+    through the queue in the order the main process sent them. torch's _worker_loop calls
+    get(timeout=...) and nothing else."""
+
+    def __init__(self, q: _queues.Queue, board: _C._IndexBoardReader) -> None:
+        self._queue = q
+        self._board = board
+        self._pending: collections.deque = collections.deque()  # (entries before it, object)
+
+    def get(self, block: bool = True, timeout=None):
+        board = self._board
+        pending = self._pending
+        deadline = None
+        while True:
+            if pending and pending[0][0] <= board.taken:
+                return pending.popleft()[1]
+            task = board.take(_DUE)
+            if task is not None and task is not _DUE:
+                return task
+            if task is None and board.about_to_sleep():
+                continue  # a task came meanwhile
+            if deadline is None:
+                deadline = (time.monotonic() + timeout if block and timeout is not None
+                            else None if block else 0.0)
+            wait = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+            native = self._queue._check()
+            try:
+                item = native.get(wait) if wait is not None else untimed(native.get)
+            finally:
+                if task is None:
+                    board.woke()
+            if item is None:
+                raise queue.Empty
+            data, blocks = item
+            if data == _WAKE:
+                continue
+            board.received()
+            pending.append(_reductions.loads(data, blocks))
+
+    def __getattr__(self, name: str):
+        return getattr(self._queue, name)
+
+
+def _worker_loop_on_board(boards, shape, *args):
+    """torch's _worker_loop, its index queue read through the worker's board (`boards`, one
+    per worker, indexed by the worker id)."""
+    q = args[2]
+    if type(q) is _queues.Queue and len(args) > _WORKER_ID:
+        board = _C._IndexBoardReader(boards[args[_WORKER_ID]], *shape)
+        args = args[:2] + (_BoardIndexQueue(q, board),) + args[3:]
+    return _torch_worker_loop(*args)
+
+
+# Held while torch's __init__ starts workers with _worker_loop_on_board as their target.
+_target_lock = threading.Lock()
+
+
+class _BoardTarget:
+    """While active: torch's workers start with _worker_loop_on_board and these boards."""
+
+    def __init__(self, boards, shape) -> None:
+        self.target = functools.partial(_worker_loop_on_board, boards, shape)
+
+    def __enter__(self):
+        _target_lock.acquire()
+        _worker._worker_loop = self.target
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _worker._worker_loop = _torch_worker_loop
+        _target_lock.release()
+
+
+_C._loader_setup(_HANDOVER, ExceptionWrapper, queue.Empty, float(MP_STATUS_CHECK_INTERVAL),
+                 _reductions, _BoardQueue)
+_loader_next = _C._loader_next
 
 
 class _RaisingQueue:
@@ -85,17 +222,34 @@ def unavailable_reason() -> str | None:
 class ShmtensorDataLoaderIter(_MPIter):
     """torch's multiprocessing DataLoader iterator with shmtensor's path per batch."""
 
+    _boards = None  # [(board memory, shape)] per worker, until _reset wraps the queues
+
     def __init__(self, loader):
         # Spawn and forkserver workers each get a pickle of the dataset: its NumPy arrays
         # are copied into shared memory once for all of them (its tensors move there in
         # place at the first pickle, as with torch).
-        with _reductions.one_copy_per_array():
-            super().__init__(loader)
+        if loader._dataset_kind == _Map:
+            shape = _board_shape(loader)
+            boards = [_C._make_index_board(*shape) for _ in range(loader.num_workers)]
+            self._boards = (boards, shape)
+            with _reductions.one_copy_per_array(), _BoardTarget(boards, shape):
+                super().__init__(loader)
+        else:
+            with _reductions.one_copy_per_array():
+                super().__init__(loader)
 
     _warn_length = False  # set by _reset (which torch's __init__ calls)
     _plain = False  # whether __next__ may take the C++ path: set by _reset
 
     def _reset(self, loader, first_iter=False):
+        if self._boards is not None:
+            # Before torch's _reset sends the first tasks: each worker's index queue becomes
+            # its board's (the workers read theirs through their boards since they started).
+            boards, shape = self._boards
+            self._boards = None
+            self._index_queues = [
+                _BoardQueue(q, _C._IndexBoardWriter(b, *shape)) if type(q) is _queues.Queue
+                else q for q, b in zip(self._index_queues, boards)]
         self._warn_length = (self._dataset_kind != _Map
                              and loader._IterableDataset_len_called is not None)
         self._plain = (self._dataset_kind == _Map and not self._pin_memory

@@ -13,7 +13,8 @@
 // RuntimeError).
 //
 // The data queue's item is taken in C++ (native_queue_get) and a tensor message decoded from
-// its storages (messages.cc), without Python objects for the blocks; the next index goes to its worker as a pickle made here (native_queue_try_put).
+// its storages (messages.cc), without Python objects for the blocks; the next task goes on
+// its worker's index board ("Index boards" below).
 // Raw CPython calls, not pybind11's, keep the path short; attribute names are interned once.
 #include <Python.h>
 #include <pybind11/pybind11.h>
@@ -28,6 +29,8 @@
 #include <vector>
 
 #include "bindings.h"
+#include "shmtensor/error.h"
+#include "shmtensor/internal/task_board.h"
 
 namespace py = pybind11;
 
@@ -56,13 +59,12 @@ struct Names {
   PyObject* num_yielded;
   PyObject* get;
   PyObject* put;
-  PyObject* feeder;
-  PyObject* put_here;
-  PyObject* put_unbounded;
   PyObject* try_put_index;
   PyObject* reraise;
   PyObject* get_failed;
   PyObject* loads;
+  PyObject* board;  // a _BoardQueue's writer, and its shmtensor Queue
+  PyObject* queue;
 };
 
 struct Setup {
@@ -70,7 +72,7 @@ struct Setup {
   PyObject* exception_wrapper = nullptr;  // torch's ExceptionWrapper
   PyObject* empty = nullptr;              // queue.Empty
   PyObject* reductions = nullptr;         // shmtensor.multiprocessing.reductions
-  PyObject* no_blocks = nullptr;          // () : an index message carries no block
+  PyObject* board_queue = nullptr;        // shmtensor._loader._BoardQueue, the type
   double interval = 0;                    // torch's MP_STATUS_CHECK_INTERVAL, seconds
   bool ready = false;
   PyObject* rethrow = nullptr;  // _loader_rethrow: a C++ exception made the Python error
@@ -188,24 +190,23 @@ int add_to_item(PyObject* list, Py_ssize_t i, long delta) {
   return PySequence_SetItem(list, i, sum.get());
 }
 
-// ---- The index message: (send_idx, index) as the pickle a shmtensor Queue carries ---------
+// ---- Index boards: torch's tasks on a worker's task board ---------------------------------
 
-void pickle_int(std::string& out, std::int64_t v) {
-  if (v >= 0 && v < 256) {
-    out += 'K';  // BININT1
-    out += static_cast<char>(v);
-  } else if (v >= INT32_MIN && v <= INT32_MAX) {
-    out += 'J';  // BININT, little-endian
-    const auto u = static_cast<std::uint32_t>(static_cast<std::int32_t>(v));
-    for (int i = 0; i < 4; ++i) out += static_cast<char>((u >> (8 * i)) & 0xff);
-  } else {
-    out += '\x8a';  // LONG1: 8 bytes of two's complement, little-endian
-    out += '\x08';
-    const auto u = static_cast<std::uint64_t>(v);
-    for (int i = 0; i < 8; ++i) out += static_cast<char>((u >> (8 * i)) & 0xff);
-  }
-}
+// A worker of shmtensor's iterator for a map-style dataset takes its tasks from a task board
+// (shmtensor/internal/task_board.h) that the main process made for it, not as index
+// messages: _BoardQueue (shmtensor/_loader.py) is the main process's side of a worker's index
+// queue, and _BoardIndexQueue the worker's. A task (send_idx, index) whose index is an int
+// (kEntryScalar) or a list of ints (what torch's samplers and BatchSampler yield) that fits
+// an entry goes on the board; anything else (a longer batch, another index, torch's None and
+// _ResumeIteration) goes through the index queue as (entries posted before it, object), and
+// the board counts it (announce_message), so the worker takes everything in the order sent.
+// A worker asleep in its index queue's get is woken by kWake, a message of its own.
 
+// What wakes a worker asleep in its index queue: not a pickle (which starts with PROTO) nor
+// a tensor message ("STM2").
+constexpr char kWake[] = "STWK";
+
+// An exact int that fits in int64 (no error set when it is not).
 bool exact_int(PyObject* o, std::int64_t& v) {
   if (!PyLong_CheckExact(o)) return false;
   int overflow = 0;
@@ -213,62 +214,115 @@ bool exact_int(PyObject* o, std::int64_t& v) {
   return overflow == 0 && !(v == -1 && PyErr_Occurred());
 }
 
-// The pickle (protocol 2) of (task, index) where index is an int or a list of ints (what
-// torch's samplers and BatchSampler yield); false for any other index.
-bool pickle_task(std::string& out, std::int64_t task, PyObject* index) {
-  out.assign("\x80\x02", 2);  // PROTO 2
-  pickle_int(out, task);
-  std::int64_t v = 0;
-  if (exact_int(index, v)) {
-    pickle_int(out, v);
-  } else if (PyList_CheckExact(index)) {
-    out += ']';  // EMPTY_LIST
-    const Py_ssize_t n = PyList_GET_SIZE(index);
-    if (n > 0) {
-      out += '(';  // MARK
-      for (Py_ssize_t i = 0; i < n; ++i) {
-        if (!exact_int(PyList_GET_ITEM(index, i), v)) return false;
-        pickle_int(out, v);
-      }
-      out += 'e';  // APPENDS
-    }
-  } else {
-    return false;
-  }
-  out += '\x86';  // TUPLE2
-  out += '.';     // STOP
-  return true;
+internal::TaskBoardShape board_shape(std::uint32_t slots, std::uint32_t index_words) {
+  if (slots < 1 || index_words < 1 || index_words > internal::kMaxEntryIndices)
+    throw py::value_error("an index board has 1 or more slots of 1 to " +
+                          std::to_string(internal::kMaxEntryIndices) + " indices");
+  return {slots, index_words};
 }
 
-// index_queue.put((task, index)) as a shmtensor Queue's put does it (torch's index queues are
-// unbounded): straight to the native queue when it has room and nothing of this handle's is
-// waiting in its feeder thread; otherwise the handle's own code.
+class IndexBoardWriter {
+ public:
+  IndexBoardWriter(Tensor memory, std::uint32_t slots, std::uint32_t index_words)
+      : w_(std::move(memory), board_shape(slots, index_words)) {}
+  // The task on the board, the worker woken through `native` (its index queue's native
+  // queue) if it sleeps; false when it does not fit or the board has no room (the caller
+  // sends it as a message then).
+  bool put(PyObject* task, PyObject* index, PyObject* native) {
+    std::int64_t id = 0, v = 0;
+    if (!exact_int(task, id) || id < 0 || !w_.has_room()) return false;
+    indices_.clear();
+    const bool scalar = exact_int(index, v);
+    if (scalar) {
+      indices_.push_back(v);
+    } else if (PyList_CheckExact(index)) {
+      const Py_ssize_t n = PyList_GET_SIZE(index);
+      if (n > static_cast<Py_ssize_t>(w_.index_words())) return false;
+      for (Py_ssize_t i = 0; i < n; ++i) {
+        if (!exact_int(PyList_GET_ITEM(index, i), v)) return false;
+        indices_.push_back(v);
+      }
+    } else {
+      return false;
+    }
+    w_.post(static_cast<std::uint64_t>(id), false, indices_, scalar);
+    if (w_.publish()) wake(native);
+    return true;
+  }
+  // After a task was sent as a message: counted, the worker woken if it sleeps.
+  void announce(PyObject* native) {
+    if (w_.announce_message()) wake(native);
+  }
+  std::uint64_t posted() const { return w_.posted(); }
+
+ private:
+  // Without waiting: a queue too full to take it holds items that keep the worker awake.
+  static void wake(PyObject* native) { native_queue_try_put(native, std::string(kWake, 4)); }
+
+  internal::TaskBoardWriter w_;
+  std::vector<std::int64_t> indices_;
+};
+
+class IndexBoardReader {
+ public:
+  IndexBoardReader(Tensor memory, std::uint32_t slots, std::uint32_t index_words)
+      : r_(std::move(memory), board_shape(slots, index_words)) {}
+  // The next task, (id, index); `due` when a task sent as a message must be received first
+  // (the main process counted more than this worker received); None when there is none.
+  py::object take(py::handle due) {
+    // `published` before `messages`: a message counted before an entry was published is
+    // seen with the entry.
+    const bool ready = r_.ready();
+    if (r_.messages() > received_) return py::reinterpret_borrow<py::object>(due);
+    if (!ready) return py::none();
+    const internal::TaskBoardReader::Taken t = r_.take(indices_);
+    py::object index;
+    if (t.scalar) {
+      index = py::int_(indices_[0]);
+    } else {
+      py::list list(indices_.size());
+      for (std::size_t i = 0; i < indices_.size(); ++i) list[i] = py::int_(indices_[i]);
+      index = std::move(list);
+    }
+    if (t.reset || t.in_message)
+      throw ProtocolError("an index board entry with flags the main process does not write");
+    return py::make_tuple(py::int_(t.id), std::move(index));
+  }
+  std::uint64_t taken() const { return r_.taken(); }
+  void received() { ++received_; }
+  bool about_to_sleep() { return r_.about_to_sleep(); }
+  void woke() { r_.woke(); }
+
+ private:
+  internal::TaskBoardReader r_;
+  std::vector<std::int64_t> indices_;
+  std::uint64_t received_ = 0;
+};
+
+// index_queue.put((task, index)): on the worker's board when the queue is a _BoardQueue
+// and the task fits an entry (the worker woken if it sleeps), else the queue's own put.
 int put_task(PyObject* index_queue, std::int64_t task, PyObject* index) {
-  std::string pickle;
-  Ref native(PyObject_GetAttr(index_queue, names.native));
-  if (!native) return -1;
-  Ref feeder(PyObject_GetAttr(index_queue, names.feeder));
-  if (!feeder) return -1;
-  if (native.get() == Py_None || feeder.get() != Py_None || !pickle_task(pickle, task, index)) {
-    if (PyErr_Occurred()) return -1;
-    Ref t(PyLong_FromLongLong(task));
-    if (!t) return -1;
-    Ref message(PyTuple_Pack(2, t.get(), index));
-    if (!message) return -1;
-    Ref r(PyObject_CallMethodOneArg(index_queue, names.put, message.get()));
-    return r ? 0 : -1;
+  Ref t(PyLong_FromLongLong(task));
+  if (!t) return -1;
+  if (Py_TYPE(index_queue) == reinterpret_cast<PyTypeObject*>(setup.board_queue)) {
+    Ref board(PyObject_GetAttr(index_queue, names.board));
+    if (!board) return -1;
+    Ref queue(PyObject_GetAttr(index_queue, names.queue));
+    if (!queue) return -1;
+    Ref native(PyObject_GetAttr(queue.get(), names.native));
+    if (!native) return -1;
+    if (native.get() != Py_None) {
+      try {
+        if (py::cast<IndexBoardWriter&>(py::handle(board.get())).put(t.get(), index, native.get()))
+          return 0;
+      } catch (...) {
+        return set_error_from_current();
+      }
+    }
   }
-  if (PyObject_SetAttr(index_queue, names.put_here, Py_True) != 0) return -1;
-  try {
-    if (native_queue_try_put(native.get(), pickle)) return 0;
-  } catch (...) {
-    return set_error_from_current();
-  }
-  Ref data(PyBytes_FromStringAndSize(pickle.data(), static_cast<Py_ssize_t>(pickle.size())));
-  if (!data) return -1;
-  PyObject* args2[] = {index_queue, native.get(), data.get(), setup.no_blocks};
-  Ref r(PyObject_VectorcallMethod(names.put_unbounded, args2,
-                                  4 | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr));
+  Ref message(PyTuple_Pack(2, t.get(), index));
+  if (!message) return -1;
+  Ref r(PyObject_CallMethodOneArg(index_queue, names.put, message.get()));
   return r ? 0 : -1;
 }
 
@@ -552,10 +606,10 @@ void bind_loader_iter(py::module_& m) {
                 intern("_worker_queue_idx_cycle"), intern("_index_queues"),
                 intern("_workers_num_tasks"), intern("_num_yielded"),
                 intern("get"),                intern("put"),
-                intern("_feeder"),            intern("_put_here"),
-                intern("_put_unbounded"),     intern("_try_put_index"),
+                intern("_try_put_index"),
                 intern("reraise"),            intern("_get_failed"),
-                intern("loads")};
+                intern("loads"),              intern("_board"),
+                intern("_queue")};
   // Bound to the module, with the module's name as __module__, as CPython binds a module's
   // own functions: a function with no __self__ shows its self as a parameter to signature().
   py::object module_name = m.attr("__name__");
@@ -565,20 +619,58 @@ void bind_loader_iter(py::module_& m) {
   m.def(
       "_loader_setup",
       [](py::object handover, py::object exception_wrapper, py::object empty, double interval,
-         py::object reductions) {
+         py::object reductions, py::object board_queue) {
         const auto keep = [](py::object o) { return o.release().ptr(); };
         setup.handover = keep(std::move(handover));
         setup.exception_wrapper = keep(std::move(exception_wrapper));
         setup.empty = keep(std::move(empty));
         setup.reductions = keep(std::move(reductions));
-        setup.no_blocks = keep(py::tuple());
+        setup.board_queue = keep(std::move(board_queue));
         setup.interval = interval;
         setup.ready = true;
       },
       py::arg("handover"), py::arg("exception_wrapper"), py::arg("empty"), py::arg("interval"),
-      py::arg("reductions"),
+      py::arg("reductions"), py::arg("board_queue"),
       "Gives _loader_next torch's ExceptionWrapper, queue.Empty, torch's "
-      "MP_STATUS_CHECK_INTERVAL and shmtensor's reductions module, and its handover object.");
+      "MP_STATUS_CHECK_INTERVAL, shmtensor's reductions module and _loader._BoardQueue, and "
+      "its handover object.");
+  m.def(
+      "_make_index_board",
+      [](std::uint32_t slots, std::uint32_t index_words) {
+        return internal::make_task_board(board_shape(slots, index_words));
+      },
+      py::arg("slots"), py::arg("index_words"),
+      "A task board for one DataLoader worker (shmtensor/internal/task_board.h): an int64 "
+      "Tensor in shared memory, file_descriptor whatever the strategy.");
+  py::class_<IndexBoardWriter>(m, "_IndexBoardWriter",
+                               "The main process's side of a worker's index board.")
+      .def(py::init<Tensor, std::uint32_t, std::uint32_t>(), py::arg("memory"), py::arg("slots"),
+           py::arg("index_words"))
+      .def(
+          "put",
+          [](IndexBoardWriter& w, py::handle task, py::handle index, py::handle native) {
+            return w.put(task.ptr(), index.ptr(), native.ptr());
+          },
+          py::arg("task"), py::arg("index"), py::arg("native"),
+          "Puts the task (send_idx, index) on the board, waking the worker through `native` "
+          "(its index queue's _Queue) if it sleeps; False when it must go as a message.")
+      .def(
+          "announce", [](IndexBoardWriter& w, py::handle native) { w.announce(native.ptr()); },
+          py::arg("native"), "Counts a task sent as a message; wakes the worker if it sleeps.")
+      .def_property_readonly("posted", &IndexBoardWriter::posted,
+                             "Entries posted so far (a message names it: what comes before it).");
+  py::class_<IndexBoardReader>(m, "_IndexBoardReader", "A worker's side of its index board.")
+      .def(py::init<Tensor, std::uint32_t, std::uint32_t>(), py::arg("memory"), py::arg("slots"),
+           py::arg("index_words"))
+      .def("take", &IndexBoardReader::take, py::arg("due"),
+           "The next task (send_idx, index), `due` when a message must be received first, or "
+           "None.")
+      .def_property_readonly("taken", &IndexBoardReader::taken, "Entries taken so far.")
+      .def("received", &IndexBoardReader::received, "Counts a task message received.")
+      .def("about_to_sleep", &IndexBoardReader::about_to_sleep,
+           "Before a sleep: True when a task came meanwhile (do not sleep then).")
+      .def("woke", &IndexBoardReader::woke, "After a sleep.");
+  m.attr("_INDEX_BOARD_WAKE") = py::bytes(kWake, 4);
   py::cpp_function rethrow(
       [] {
         std::exception_ptr p = pending;

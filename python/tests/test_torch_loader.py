@@ -18,6 +18,7 @@ from torch.utils.data import (BatchSampler, DataLoader, Dataset, IterableDataset
                               RandomSampler, SequentialSampler, get_worker_info)
 from torch.utils.data import dataloader as torch_dataloader  # noqa: E402
 
+import shmtensor.multiprocessing as smp  # noqa: E402
 import shmtensor.torch as st  # noqa: E402
 from helpers import run_in_child, torch_strategy  # noqa: E402,F401 (fixture `strategy`)
 from shmtensor import _C, _loader  # noqa: E402
@@ -493,3 +494,143 @@ def test_a_failed_get_leaves_no_cycle_that_keeps_the_iterator():
     finally:
         if enabled:
             gc.enable()
+
+
+# ---- Index tasks on the workers' boards (python/src/loader_iter.cc, "Index boards") -------
+
+def test_index_tasks_go_on_the_workers_boards(strategy):
+    assert run_in_child(tasks_on_the_boards) == 0
+
+
+def tasks_on_the_boards():
+    """Each task of a map-style loader is an entry of its worker's board, none a message:
+    the boards' posted entries are the epoch's batches, each worker's half."""
+    st.install()
+    try:
+        for options, batches in ((dict(batch_size=4), 10), (dict(batch_size=None), 37)):
+            it = iter(DataLoader(Noisy(), num_workers=2, **options))
+            assert [type(q) for q in it._index_queues] == [_loader._BoardQueue] * 2
+            assert sum(1 for _ in it) == batches
+            assert [q._board.posted for q in it._index_queues] == [
+                (batches + 1) // 2, batches // 2]
+    finally:
+        st.uninstall()
+
+
+class Typed(Noisy):
+    """Samples that say which type of index the worker was given."""
+
+    def __getitem__(self, i):
+        return dict(super().__getitem__(int(i)), index_type=type(i).__name__)
+
+
+class Mixed:
+    """A batch sampler whose batches take the board and the index queue by turns: lists of
+    ints (the board), a list longer than an entry (512 indices), a tuple and NumPy ints
+    (messages, which must reach the worker as they were: a pickle keeps their types)."""
+
+    def __iter__(self):
+        yield [0, 1, 2]
+        yield list(range(3, 603))
+        yield (603, 604)
+        yield [np.int64(605), np.int64(606)]
+        yield [607]
+        yield [608, 609]
+        yield list(range(610, 1200))
+        yield [1200]
+        yield [True, 1201]  # a bool is an int, but not one of an entry
+
+    def __len__(self):
+        return 9
+
+
+def test_tasks_that_are_not_an_entry_come_in_order_with_those_that_are(strategy):
+    assert run_in_child(tasks_in_order) == 0
+
+
+def tasks_in_order():
+    def make():
+        return DataLoader(Typed(1202), num_workers=2, batch_sampler=Mixed(),
+                          persistent_workers=True)
+    stock, ours = stock_and_ours(make, epochs=2)
+    assert same(stock, ours)
+    types = [sorted(set(b["index_type"])) for b in ours[0]]
+    assert types == [["int"], ["int"], ["int"], ["int64"], ["int"], ["int"], ["int"], ["int"],
+                     ["bool", "int"]]
+    assert [len(b["i"]) for b in ours[0]] == [3, 600, 2, 2, 1, 2, 590, 1, 2]
+    st.install()
+    try:
+        it = iter(make())
+        assert sum(1 for _ in it) == 9
+        # Worker 0 had batches 0, 2, 4, 6, 8: two on its board ([0, 1, 2] and [607]); worker 1
+        # had 1, 3, 5, 7: two ([608, 609] and [1200]).
+        assert [q._board.posted for q in it._index_queues] == [2, 2]
+    finally:
+        st.uninstall()
+
+
+def test_an_index_board_in_one_process():
+    shape = (4, 16)
+    memory = _C._make_index_board(*shape)
+    board = _C._IndexBoardWriter(memory, *shape)
+    reader = _C._IndexBoardReader(memory, *shape)
+    q = smp.Queue()
+    try:
+        native = q._q
+        due = object()
+        assert reader.take(due) is None
+        # What fits an entry: an int (a scalar index) or a list of up to 16 ints.
+        assert board.put(0, 7, native) and board.put(1, [], native)
+        assert board.put(2, list(range(16)), native) and board.put(3, [-1, 2**63 - 1], native)
+        # The ring is full (4 slots, none taken): the next goes as a message.
+        assert not board.put(4, [5], native)
+        assert reader.take(due) == (0, 7)
+        assert board.put(4, [5], native)
+        for bad in (list(range(17)), (1, 2), [1.0], [True], np.int64(3), [2**63], None, "1"):
+            assert not board.put(5, bad, native), bad
+        assert not board.put(-1, [1], native) and not board.put(2**64, [1], native)
+        assert board.posted == 5
+        assert reader.take(due) == (1, [])
+        assert reader.take(due) == (2, list(range(16)))
+        board.announce(native)  # a message was sent after 5 entries
+        assert reader.take(due) is due  # received before anything else
+        reader.received()
+        assert reader.take(due) == (3, [-1, 2**63 - 1]) and reader.taken == 4
+        assert reader.take(due) == (4, [5])
+        assert reader.take(due) is None
+        # Nobody slept: no wake-up was sent.
+        assert q._q.get(0.0) is None
+        assert not reader.about_to_sleep()
+        assert board.put(5, [9], native)  # the reader said it sleeps: woken
+        assert q._q.get(0.0) == (_C._INDEX_BOARD_WAKE, [])
+        reader.woke()
+        assert reader.about_to_sleep()  # a task is there: no sleep
+        assert reader.take(due) == (5, [9])
+    finally:
+        q.close()
+        q.join_thread()
+
+
+def test_an_index_board_of_another_shape_is_refused():
+    memory = _C._make_index_board(4, 16)
+    for shape in ((3, 16), (4, 8)):  # no larger than the board: its header tells
+        with pytest.raises(_C.ProtocolError, match="header is not that of a board of"):
+            _C._IndexBoardReader(memory, *shape)
+    with pytest.raises(_C.ProtocolError, match="not a 1-d int64 host tensor of 1216 bytes"):
+        _C._IndexBoardReader(_C._make_index_board(2, 16), 8, 16)
+    with pytest.raises(ValueError, match="1 or more slots of 1 to 512 indices"):
+        _C._make_index_board(4, 513)
+    # An entry the main process does not write (flags, or more indices than an entry holds)
+    # is the reader's ProtocolError.
+    board = _C._IndexBoardWriter(memory, 4, 16)
+    reader = _C._IndexBoardReader(memory, 4, 16)
+    words = np.frombuffer(memory, dtype=np.int64)
+    q = smp.Queue()
+    try:
+        assert board.put(0, [1, 2], q._q)
+        words[8 + 1] = 99 << 32  # entry 0's count (the high half of its second word)
+        with pytest.raises(_C.ProtocolError, match="a task board entry of 99 indices"):
+            reader.take(None)
+    finally:
+        q.close()
+        q.join_thread()

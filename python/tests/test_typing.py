@@ -334,7 +334,8 @@ ALLOWLIST_C = [
     # pybind11's metaclass (pybind11_builtins.pybind11_type), which no stub can name.
     "shmtensor._C.Tensor", "shmtensor._C._Connection", "shmtensor._C._Frame",
     "shmtensor._C._Queue", "shmtensor._C.device", "shmtensor._C._Broadcast",
-    "shmtensor._C._BroadcastReader",
+    "shmtensor._C._BroadcastReader", "shmtensor._C._IndexBoardWriter",
+    "shmtensor._C._IndexBoardReader",
     # Classes without a constructor: pybind11's __init__(self, *args, **kwargs) raises
     # TypeError; the stub declares none.
     "shmtensor._C.Tensor.__init__", "shmtensor._C._Connection.__init__",

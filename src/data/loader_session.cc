@@ -16,7 +16,7 @@
 
 #include "data/loader_errors.h"
 #include "data/spin_wait.h"
-#include "data/task_board.h"
+#include "shmtensor/internal/task_board.h"
 #include "os/clock.h"
 #include "shmtensor/internal/connection_access.h"
 #include "shmtensor/internal/current_exception.h"

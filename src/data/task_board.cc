@@ -1,6 +1,6 @@
-// A DataLoader worker's task board (task_board.h): the worker makes it, the main process
-// writes tasks on it.
-#include "data/task_board.h"
+// A DataLoader worker's task board (shmtensor/internal/task_board.h): the main process
+// writes tasks on it, the worker takes them.
+#include "shmtensor/internal/task_board.h"
 
 #include <algorithm>
 #include <cstring>
@@ -34,24 +34,47 @@ TaskEntry* TaskBoardMemory::entry(std::uint64_t pos) const noexcept {
                                       (pos % shape.slots) * entry_bytes(shape.index_words));
 }
 
-TaskBoardWriter::TaskBoardWriter(Tensor memory, TaskBoardShape shape) : board_{std::move(memory), nullptr, shape} {
-  const Tensor& m = board_.memory;
+TaskBoardMemory TaskBoardMemory::map(Tensor memory, TaskBoardShape shape, bool check_header) {
   const std::size_t bytes = TaskBoardMemory::bytes(shape);
-  if (m.is_cuda() || m.dtype() != DType::kInt64 || m.dim() != 1 || !m.is_contiguous() ||
-      m.nbytes() < bytes)
+  if (memory.is_cuda() || memory.dtype() != DType::kInt64 || memory.dim() != 1 || !memory.is_contiguous() ||
+      memory.nbytes() < bytes)
     throw ProtocolError("the task board is not a 1-d int64 host tensor of " +
                         std::to_string(bytes) + " bytes or more");
-  void* at = board_.memory.raw_data();
+  void* at = memory.raw_data();
   if (reinterpret_cast<std::uintptr_t>(at) % alignof(TaskBoardHeader) != 0)
     throw ProtocolError("the task board is not aligned");
-  board_.header = static_cast<TaskBoardHeader*>(at);
+  auto* header = static_cast<TaskBoardHeader*>(at);
+  if (check_header && (header->magic != kTaskBoardMagic || header->version != kTaskBoardVersion ||
+                       header->slots != shape.slots || header->index_words != shape.index_words))
+    throw ProtocolError("the task board's header is not that of a board of " +
+                        std::to_string(shape.slots) + " slots of " + std::to_string(shape.index_words) +
+                        " indices (layout version " + std::to_string(kTaskBoardVersion) + ")");
+  return {std::move(memory), header, shape};
 }
 
-bool TaskBoardWriter::post(std::uint64_t id, bool reset, std::span<const std::int64_t> indices) noexcept {
+Tensor make_task_board(TaskBoardShape shape) {
+  const std::size_t bytes = TaskBoardMemory::bytes(shape);
+  // A memfd whatever the process's strategy: no /dev/shm space (file_system fallocates a
+  // whole arena segment there) and no name for the manager to track.
+  const auto words = static_cast<std::int64_t>((bytes + sizeof(std::int64_t) - 1) / sizeof(std::int64_t));
+  Storage storage = StorageAccess::make(allocate_shared_storage(
+      static_cast<std::size_t>(words) * sizeof(std::int64_t), SharingStrategy::kFileDescriptor));
+  Tensor memory = Tensor::from_storage(std::move(storage), 0, {words}, {1}, DType::kInt64);
+  void* at = memory.raw_data();
+  std::memset(at, 0, bytes);
+  new (at) TaskBoardHeader{kTaskBoardMagic, kTaskBoardVersion, shape.slots, shape.index_words, {0}, {0}, 0, {0}, {0}, {}};
+  return memory;
+}
+
+TaskBoardWriter::TaskBoardWriter(Tensor memory, TaskBoardShape shape)
+    : board_(TaskBoardMemory::map(std::move(memory), shape, false)) {}
+
+bool TaskBoardWriter::post(std::uint64_t id, bool reset, std::span<const std::int64_t> indices,
+                           bool scalar) noexcept {
   TaskEntry* e = board_.entry(posted_++);
   const bool fits = indices.size() <= board_.shape.index_words;
   e->id = id;
-  e->flags = (reset ? kEntryReset : 0) | (fits ? 0 : kEntryInMessage);
+  e->flags = (reset ? kEntryReset : 0) | (fits ? 0 : kEntryInMessage) | (scalar ? kEntryScalar : 0);
   e->count = fits ? static_cast<std::uint32_t>(indices.size()) : 0;
   if (fits && !indices.empty()) std::memcpy(e + 1, indices.data(), indices.size_bytes());
   return fits;
@@ -65,30 +88,31 @@ bool TaskBoardWriter::publish() noexcept {
          h->asleep.exchange(0, std::memory_order_seq_cst) != 0;
 }
 
-TaskBoardReader::TaskBoardReader(TaskBoardShape shape) {
-  const std::size_t bytes = TaskBoardMemory::bytes(shape);
-  board_.shape = shape;
-  // A memfd whatever the process's strategy: no /dev/shm space (file_system fallocates a
-  // whole arena segment there) and no name for the manager to track.
-  const auto words = static_cast<std::int64_t>((bytes + sizeof(std::int64_t) - 1) / sizeof(std::int64_t));
-  Storage storage = StorageAccess::make(allocate_shared_storage(
-      static_cast<std::size_t>(words) * sizeof(std::int64_t), SharingStrategy::kFileDescriptor));
-  board_.memory = Tensor::from_storage(std::move(storage), 0, {words}, {1}, DType::kInt64);
-  void* at = board_.memory.raw_data();
-  std::memset(at, 0, bytes);
-  board_.header = new (at) TaskBoardHeader{kTaskBoardMagic, kTaskBoardVersion, shape.slots,
-                                           shape.index_words, {0}, {0}, 0, {}};
+bool TaskBoardWriter::announce_message() noexcept {
+  TaskBoardHeader* h = board_.header;
+  h->messages.store(++messages_, std::memory_order_seq_cst);
+  return h->asleep.load(std::memory_order_seq_cst) != 0 &&
+         h->asleep.exchange(0, std::memory_order_seq_cst) != 0;
 }
+
+TaskBoardReader::TaskBoardReader(TaskBoardShape shape) : TaskBoardReader(make_task_board(shape), shape) {}
+
+TaskBoardReader::TaskBoardReader(Tensor memory, TaskBoardShape shape)
+    : board_(TaskBoardMemory::map(std::move(memory), shape, true)) {}
 
 TaskBoardReader::Taken TaskBoardReader::take(std::vector<std::int64_t>& indices) {
   const TaskEntry* e = board_.entry(taken_++);
   const TaskEntry entry = *e;
-  if (entry.count > board_.shape.index_words || (entry.flags & ~(kEntryReset | kEntryInMessage)) != 0)
+  board_.header->taken.store(taken_, std::memory_order_release);
+  if (entry.count > board_.shape.index_words ||
+      (entry.flags & ~(kEntryReset | kEntryInMessage | kEntryScalar)) != 0 ||
+      ((entry.flags & kEntryScalar) != 0 && entry.count != 1))
     throw ProtocolError("DataLoader worker: a task board entry of " + std::to_string(entry.count) +
                         " indices, flags " + std::to_string(entry.flags));
   const auto* first = reinterpret_cast<const std::int64_t*>(e + 1);
   indices.assign(first, first + entry.count);
-  return {entry.id, (entry.flags & kEntryReset) != 0, (entry.flags & kEntryInMessage) != 0};
+  return {entry.id, (entry.flags & kEntryReset) != 0, (entry.flags & kEntryInMessage) != 0,
+          (entry.flags & kEntryScalar) != 0};
 }
 
 bool TaskBoardReader::about_to_sleep() noexcept {

@@ -3,7 +3,7 @@
 #include <deque>
 
 #include "data/spin_wait.h"
-#include "data/task_board.h"
+#include "shmtensor/internal/task_board.h"
 #include "shmtensor/data_loader.h"
 #include "shmtensor/internal/connection_access.h"
 #include "shmtensor/internal/current_exception.h"

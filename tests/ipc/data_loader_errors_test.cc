@@ -18,7 +18,7 @@
 #include <thread>
 #include <typeinfo>
 
-#include "data/task_board.h"
+#include "shmtensor/internal/task_board.h"
 #include "os/unique_fd.h"
 #include "shmtensor/internal/connection_access.h"
 #include "shmtensor/shmtensor.h"
