@@ -29,6 +29,9 @@ stock torch's failures do not poison the next one), under ulimit -n 1024:
             and num_workers=0, each batch dropped as it comes.
   dataset   (--dataset MIB) spawn and forkserver workers of a dataset holding MIB MiB in a
             tensor or a NumPy array: time to the first batch, each process's memory.
+  ready     (--ready ROUNDS) the consumer's next() on blog batches already waiting (2
+            workers, prefetch 64, file_system), stock and install(): µs per call (median)
+            and the consumer's CPU per call (which counts waking a sleeping worker).
   steps     (--steps N) a blog batch's path under install(), step by step, in one process
             (no sleep, no wake-up, no other process): the index task put on a worker's
             board and taken (and, for comparison, the index message a queue carried before),
@@ -249,6 +252,30 @@ def workload(mode, strategy, name, workers):
     return {"per_s": count / (time.perf_counter() - start), "samples": count, "error": error}
 
 
+def ready(mode, strategy):
+    """The consumer's next() on blog batches that are already waiting (2 workers, prefetch
+    64: the workers fill what may be out, then each next() takes one): µs per call (the
+    median) and the consumer's CPU per call (thread time, which also counts waking a worker
+    that sleeps for its next task)."""
+    from torch.utils.data import DataLoader
+    setup(mode, strategy)
+    prefetch, workers = 64, 2
+    it = iter(DataLoader(Blog(1 << 20), num_workers=workers, prefetch_factor=prefetch))
+    next(it)
+    time.sleep(1.5)  # the workers fill what may be out
+    calls = prefetch * workers - 8
+    times = []
+    ns = time.perf_counter_ns
+    cpu = time.thread_time_ns()
+    for _ in range(calls):
+        t0 = ns()
+        batch = next(it)
+        times.append(ns() - t0)
+        del batch
+    cpu = time.thread_time_ns() - cpu
+    return {"median_us": statistics.median(times) / 1e3, "cpu_us": cpu / calls / 1e3}
+
+
 def rss_mib(pid):
     out = {}
     with open("/proc/%d/status" % pid) as f:
@@ -281,6 +308,8 @@ def child_main(args):
     kind = args[0]
     if kind == "dataset":
         out = dataset(args[1], args[2], args[3], int(args[4]))
+    elif kind == "ready":
+        out = ready(args[1], args[2])
     elif kind == "workload":
         out = workload(args[1], args[2], args[3], int(args[4]))
     elif kind == "blog":
@@ -328,9 +357,9 @@ def steps(n):
     # A worker's index board as shmtensor's iterator makes it (batch_size 1, prefetch 2): the
     # main process's put (what _C._loader_next calls) and the worker's get.
     shape = (4, 16)
-    memory = _C._make_index_board(*shape)
-    board = _C._IndexBoardWriter(memory, *shape)
-    worker_q = _loader._BoardIndexQueue(index_q, _C._IndexBoardReader(memory, *shape))
+    memory = _C._make_index_boards(1, *shape)
+    board = _C._IndexBoardWriter(memory, 0, *shape)
+    worker_q = _loader._BoardIndexQueue(index_q, _C._IndexBoardReader(memory, 0, *shape))
     index_native = index_q._q
     names = ("index task put", "index task taken", "fetch", "encode", "put", "take", "decode",
              "drop")
@@ -379,6 +408,22 @@ def steps(n):
     return 0
 
 
+def readies(n):
+    """--ready: the consumer's next() on waiting batches, stock and install() in turn."""
+    got = {"stock": [], "install": []}
+    for _ in range(n):
+        for mode in got:
+            r = run("ready", mode, "file_system")
+            got[mode].append(r)
+            print("%-8s next() %7.2f us  CPU %7.2f us per call" % (
+                mode, r.get("median_us", 0), r.get("cpu_us", 0)), flush=True)
+    for mode, rs in got.items():
+        print("%-8s medians of %d: next() %.2f us, CPU %.2f us per call" % (
+            mode, n, statistics.median(r.get("median_us", 0) for r in rs),
+            statistics.median(r.get("cpu_us", 0) for r in rs)))
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
@@ -405,10 +450,16 @@ def main():
     ap.add_argument("--steps", type=int, default=0, metavar="N",
                     help="only a blog batch's path under install(), step by step in one "
                          "process: µs per batch, medians of 5 rounds of N batches")
+    ap.add_argument("--ready", type=int, default=0, metavar="ROUNDS",
+                    help="only the consumer's next() on blog batches already waiting (2 "
+                         "workers, prefetch 64, file_system), stock and install() in turn: "
+                         "µs per call and the consumer's CPU per call, medians of ROUNDS")
     ap.add_argument("--child", nargs=argparse.REMAINDER)
     a = ap.parse_args()
     if a.child:
         return child_main(a.child)
+    if a.ready:
+        return readies(a.ready)
     if a.steps:
         return steps(a.steps)
     if a.dataset:

@@ -164,11 +164,11 @@ class _BoardIndexQueue:
 
 
 def _worker_loop_on_board(boards, shape, *args):
-    """torch's _worker_loop, its index queue read through the worker's board (`boards`, one
-    per worker, indexed by the worker id)."""
+    """torch's _worker_loop, its index queue read through the worker's board (of `boards`,
+    the workers' boards in one tensor, by the worker id)."""
     q = args[2]
     if type(q) is _queues.Queue and len(args) > _WORKER_ID:
-        board = _C._IndexBoardReader(boards[args[_WORKER_ID]], *shape)
+        board = _C._IndexBoardReader(boards, args[_WORKER_ID], *shape)
         args = args[:2] + (_BoardIndexQueue(q, board),) + args[3:]
     return _torch_worker_loop(*args)
 
@@ -222,7 +222,7 @@ def unavailable_reason() -> str | None:
 class ShmtensorDataLoaderIter(_MPIter):
     """torch's multiprocessing DataLoader iterator with shmtensor's path per batch."""
 
-    _boards = None  # [(board memory, shape)] per worker, until _reset wraps the queues
+    _boards = None  # (the workers' boards, shape), until _reset wraps the queues
 
     def __init__(self, loader):
         # Spawn and forkserver workers each get a pickle of the dataset: its NumPy arrays
@@ -230,7 +230,7 @@ class ShmtensorDataLoaderIter(_MPIter):
         # place at the first pickle, as with torch).
         if loader._dataset_kind == _Map:
             shape = _board_shape(loader)
-            boards = [_C._make_index_board(*shape) for _ in range(loader.num_workers)]
+            boards = _C._make_index_boards(loader.num_workers, *shape)
             self._boards = (boards, shape)
             with _reductions.one_copy_per_array(), _BoardTarget(boards, shape):
                 super().__init__(loader)
@@ -248,8 +248,8 @@ class ShmtensorDataLoaderIter(_MPIter):
             boards, shape = self._boards
             self._boards = None
             self._index_queues = [
-                _BoardQueue(q, _C._IndexBoardWriter(b, *shape)) if type(q) is _queues.Queue
-                else q for q, b in zip(self._index_queues, boards)]
+                _BoardQueue(q, _C._IndexBoardWriter(boards, w, *shape))
+                if type(q) is _queues.Queue else q for w, q in enumerate(self._index_queues)]
         self._warn_length = (self._dataset_kind != _Map
                              and loader._IterableDataset_len_called is not None)
         self._plain = (self._dataset_kind == _Map and not self._pin_memory

@@ -221,10 +221,19 @@ internal::TaskBoardShape board_shape(std::uint32_t slots, std::uint32_t index_wo
   return {slots, index_words};
 }
 
+// Worker `worker`'s board of the boards `memory` holds (_make_index_boards).
+Tensor board_of(const Tensor& memory, std::int64_t worker, internal::TaskBoardShape shape) {
+  const std::int64_t words = internal::task_board_words(shape);
+  if (memory.dim() != 1 || worker < 0 || (worker + 1) * words > memory.numel())
+    throw ProtocolError("the index boards hold no board for worker " + std::to_string(worker));
+  return memory.narrow(0, worker * words, words);
+}
+
 class IndexBoardWriter {
  public:
-  IndexBoardWriter(Tensor memory, std::uint32_t slots, std::uint32_t index_words)
-      : w_(std::move(memory), board_shape(slots, index_words)) {}
+  IndexBoardWriter(const Tensor& memory, std::int64_t worker, std::uint32_t slots,
+                   std::uint32_t index_words)
+      : w_(board_of(memory, worker, board_shape(slots, index_words)), board_shape(slots, index_words)) {}
   // The task on the board, the worker woken through `native` (its index queue's native
   // queue) if it sleeps; false when it does not fit or the board has no room (the caller
   // sends it as a message then).
@@ -265,8 +274,9 @@ class IndexBoardWriter {
 
 class IndexBoardReader {
  public:
-  IndexBoardReader(Tensor memory, std::uint32_t slots, std::uint32_t index_words)
-      : r_(std::move(memory), board_shape(slots, index_words)) {}
+  IndexBoardReader(const Tensor& memory, std::int64_t worker, std::uint32_t slots,
+                   std::uint32_t index_words)
+      : r_(board_of(memory, worker, board_shape(slots, index_words)), board_shape(slots, index_words)) {}
   // The next task, (id, index); `due` when a task sent as a message must be received first
   // (the main process counted more than this worker received); None when there is none.
   py::object take(py::handle due) {
@@ -635,17 +645,17 @@ void bind_loader_iter(py::module_& m) {
       "MP_STATUS_CHECK_INTERVAL, shmtensor's reductions module and _loader._BoardQueue, and "
       "its handover object.");
   m.def(
-      "_make_index_board",
-      [](std::uint32_t slots, std::uint32_t index_words) {
-        return internal::make_task_board(board_shape(slots, index_words));
+      "_make_index_boards",
+      [](std::size_t workers, std::uint32_t slots, std::uint32_t index_words) {
+        return internal::make_task_boards(board_shape(slots, index_words), workers);
       },
-      py::arg("slots"), py::arg("index_words"),
-      "A task board for one DataLoader worker (shmtensor/internal/task_board.h): an int64 "
-      "Tensor in shared memory, file_descriptor whatever the strategy.");
+      py::arg("workers"), py::arg("slots"), py::arg("index_words"),
+      "The task boards of a DataLoader's workers (shmtensor/internal/task_board.h), one after "
+      "the other: an int64 Tensor in shared memory, file_descriptor whatever the strategy.");
   py::class_<IndexBoardWriter>(m, "_IndexBoardWriter",
                                "The main process's side of a worker's index board.")
-      .def(py::init<Tensor, std::uint32_t, std::uint32_t>(), py::arg("memory"), py::arg("slots"),
-           py::arg("index_words"))
+      .def(py::init<const Tensor&, std::int64_t, std::uint32_t, std::uint32_t>(),
+           py::arg("memory"), py::arg("worker"), py::arg("slots"), py::arg("index_words"))
       .def(
           "put",
           [](IndexBoardWriter& w, py::handle task, py::handle index, py::handle native) {
@@ -660,8 +670,8 @@ void bind_loader_iter(py::module_& m) {
       .def_property_readonly("posted", &IndexBoardWriter::posted,
                              "Entries posted so far (a message names it: what comes before it).");
   py::class_<IndexBoardReader>(m, "_IndexBoardReader", "A worker's side of its index board.")
-      .def(py::init<Tensor, std::uint32_t, std::uint32_t>(), py::arg("memory"), py::arg("slots"),
-           py::arg("index_words"))
+      .def(py::init<const Tensor&, std::int64_t, std::uint32_t, std::uint32_t>(),
+           py::arg("memory"), py::arg("worker"), py::arg("slots"), py::arg("index_words"))
       .def("take", &IndexBoardReader::take, py::arg("due"),
            "The next task (send_idx, index), `due` when a message must be received first, or "
            "None.")

@@ -571,9 +571,10 @@ def tasks_in_order():
 
 def test_an_index_board_in_one_process():
     shape = (4, 16)
-    memory = _C._make_index_board(*shape)
-    board = _C._IndexBoardWriter(memory, *shape)
-    reader = _C._IndexBoardReader(memory, *shape)
+    memory = _C._make_index_boards(3, *shape)  # worker 1's board, between two others
+    board = _C._IndexBoardWriter(memory, 1, *shape)
+    reader = _C._IndexBoardReader(memory, 1, *shape)
+    others = [_C._IndexBoardReader(memory, w, *shape) for w in (0, 2)]
     q = smp.Queue()
     try:
         native = q._q
@@ -606,30 +607,37 @@ def test_an_index_board_in_one_process():
         reader.woke()
         assert reader.about_to_sleep()  # a task is there: no sleep
         assert reader.take(due) == (5, [9])
+        assert [r.take(due) for r in others] == [None, None]  # their boards are their own
     finally:
         q.close()
         q.join_thread()
 
 
 def test_an_index_board_of_another_shape_is_refused():
-    memory = _C._make_index_board(4, 16)
+    memory = _C._make_index_boards(2, 4, 16)
     for shape in ((3, 16), (4, 8)):  # no larger than the board: its header tells
         with pytest.raises(_C.ProtocolError, match="header is not that of a board of"):
-            _C._IndexBoardReader(memory, *shape)
-    with pytest.raises(_C.ProtocolError, match="not a 1-d int64 host tensor of 1216 bytes"):
-        _C._IndexBoardReader(_C._make_index_board(2, 16), 8, 16)
+            _C._IndexBoardReader(memory, 1, *shape)
+    with pytest.raises(_C.ProtocolError, match="hold no board for worker 2"):
+        _C._IndexBoardReader(memory, 2, 4, 16)
+    with pytest.raises(_C.ProtocolError, match="hold no board for worker -1"):
+        _C._IndexBoardWriter(memory, -1, 4, 16)
     with pytest.raises(ValueError, match="1 or more slots of 1 to 512 indices"):
-        _C._make_index_board(4, 513)
+        _C._make_index_boards(1, 4, 513)
     # An entry the main process does not write (flags, or more indices than an entry holds)
     # is the reader's ProtocolError.
-    board = _C._IndexBoardWriter(memory, 4, 16)
-    reader = _C._IndexBoardReader(memory, 4, 16)
+    board = _C._IndexBoardWriter(memory, 0, 4, 16)
+    reader = _C._IndexBoardReader(memory, 0, 4, 16)
     words = np.frombuffer(memory, dtype=np.int64)
     q = smp.Queue()
     try:
         assert board.put(0, [1, 2], q._q)
         words[8 + 1] = 99 << 32  # entry 0's count (the high half of its second word)
         with pytest.raises(_C.ProtocolError, match="a task board entry of 99 indices"):
+            reader.take(None)
+        assert board.put(1, [3], q._q)
+        words[8 + 18 + 1] = (1 << 32) | 8  # entry 1: one index, an unknown flag
+        with pytest.raises(_C.ProtocolError, match="a task board entry of 1 indices, flags 8"):
             reader.take(None)
     finally:
         q.close()

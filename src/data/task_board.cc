@@ -52,17 +52,24 @@ TaskBoardMemory TaskBoardMemory::map(Tensor memory, TaskBoardShape shape, bool c
   return {std::move(memory), header, shape};
 }
 
-Tensor make_task_board(TaskBoardShape shape) {
-  const std::size_t bytes = TaskBoardMemory::bytes(shape);
+std::int64_t task_board_words(TaskBoardShape shape) noexcept {
+  return static_cast<std::int64_t>((TaskBoardMemory::bytes(shape) + sizeof(std::int64_t) - 1) /
+                                   sizeof(std::int64_t));
+}
+
+Tensor make_task_boards(TaskBoardShape shape, std::size_t count) {
+  const std::int64_t words = task_board_words(shape);
+  const auto all = words * static_cast<std::int64_t>(std::max<std::size_t>(count, 1));
   // A memfd whatever the process's strategy: no /dev/shm space (file_system fallocates a
   // whole arena segment there) and no name for the manager to track.
-  const auto words = static_cast<std::int64_t>((bytes + sizeof(std::int64_t) - 1) / sizeof(std::int64_t));
   Storage storage = StorageAccess::make(allocate_shared_storage(
-      static_cast<std::size_t>(words) * sizeof(std::int64_t), SharingStrategy::kFileDescriptor));
-  Tensor memory = Tensor::from_storage(std::move(storage), 0, {words}, {1}, DType::kInt64);
-  void* at = memory.raw_data();
-  std::memset(at, 0, bytes);
-  new (at) TaskBoardHeader{kTaskBoardMagic, kTaskBoardVersion, shape.slots, shape.index_words, {0}, {0}, 0, {0}, {0}, {}};
+      static_cast<std::size_t>(all) * sizeof(std::int64_t), SharingStrategy::kFileDescriptor));
+  Tensor memory = Tensor::from_storage(std::move(storage), 0, {all}, {1}, DType::kInt64);
+  auto* first = static_cast<std::int64_t*>(memory.raw_data());
+  std::memset(first, 0, static_cast<std::size_t>(all) * sizeof(std::int64_t));
+  for (std::size_t i = 0; i < std::max<std::size_t>(count, 1); ++i)
+    new (first + static_cast<std::int64_t>(i) * words) TaskBoardHeader{
+        kTaskBoardMagic, kTaskBoardVersion, shape.slots, shape.index_words, {0}, {0}, 0, {0}, {0}, {}};
   return memory;
 }
 

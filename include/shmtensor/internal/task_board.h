@@ -101,9 +101,14 @@ struct SHMTENSOR_API TaskBoardMemory {
   static TaskBoardMemory map(Tensor memory, TaskBoardShape shape, bool check_header);
 };
 
-// A new board of that shape in this process's arena, in a memfd whatever the sharing
-// strategy, its header written. Throws what the arena's allocation throws.
-SHMTENSOR_API Tensor make_task_board(TaskBoardShape shape);
+// `count` new boards of that shape one after the other in one int64 tensor (board i is
+// narrow(0, i * task_board_words(shape), task_board_words(shape))), in this process's arena,
+// in a memfd whatever the sharing strategy, their headers written. Throws what the arena's
+// allocation throws.
+SHMTENSOR_API Tensor make_task_boards(TaskBoardShape shape, std::size_t count);
+inline Tensor make_task_board(TaskBoardShape shape) { return make_task_boards(shape, 1); }
+// The int64 words of a board of that shape.
+SHMTENSOR_API std::int64_t task_board_words(TaskBoardShape shape) noexcept;
 
 // The main process's side of one worker's board.
 class SHMTENSOR_API TaskBoardWriter {
