@@ -82,15 +82,21 @@ _torch_worker_loop = _worker._worker_loop
 _WORKER_ID = 10  # where torch 1.13 to 2.13 pass the worker id to _worker_loop (index queue: 2)
 
 
+# Slots of a board at most: a board is memory the worker's pages touch, 16 + 8 x index_words
+# bytes a slot, and a task that finds its board full goes as a message.
+_MAX_SLOTS = 256
+
+
 def _board_shape(loader) -> tuple[int, int]:
     """(slots, index_words) of each worker's board: twice the tasks torch keeps out per
-    worker, and the batch size clamped to 16..512 (a longer batch goes as a message)."""
+    worker, 4 to _MAX_SLOTS, and the batch size clamped to 16..512 (a longer batch goes as a
+    message)."""
     batch = loader.batch_size
     if batch is None:
         batch = getattr(loader.batch_sampler, "batch_size", None)
     batch = batch if type(batch) is int else 16
     prefetch = loader.prefetch_factor if type(loader.prefetch_factor) is int else 2
-    return max(2 * prefetch, 4), min(max(batch, 16), 512)
+    return min(max(2 * prefetch, 4), _MAX_SLOTS), min(max(batch, 16), 512)
 
 
 class _BoardQueue:
@@ -166,6 +172,7 @@ class _BoardIndexQueue:
 def _worker_loop_on_board(boards, shape, *args):
     """torch's _worker_loop, its index queue read through the worker's board (of `boards`,
     the workers' boards in one tensor, by the worker id)."""
+    _starting.target = None  # a fork child: the thread that started it had it set
     q = args[2]
     if type(q) is _queues.Queue and len(args) > _WORKER_ID:
         board = _C._IndexBoardReader(boards, args[_WORKER_ID], *shape)
@@ -173,24 +180,41 @@ def _worker_loop_on_board(boards, shape, *args):
     return _torch_worker_loop(*args)
 
 
-# Held while torch's __init__ starts workers with _worker_loop_on_board as their target.
-_target_lock = threading.Lock()
+# The target that torch's __init__, on this thread, starts its workers with (_BoardTarget);
+# torch's _worker_loop on any other thread, whose loaders have no boards.
+_starting = threading.local()
+
+
+class _WorkerModule(type(_worker)):
+    """torch's worker module, whose _worker_loop (which torch's __init__ reads as it starts
+    each worker) is _starting.target on a thread that has one, the module's own otherwise."""
+
+    @property
+    def _worker_loop(self):
+        target = getattr(_starting, "target", None)
+        return target if target is not None else self.__dict__["_worker_loop"]
+
+    @_worker_loop.setter
+    def _worker_loop(self, value) -> None:
+        self.__dict__["_worker_loop"] = value
+
+
+_worker.__class__ = _WorkerModule
 
 
 class _BoardTarget:
-    """While active: torch's workers start with _worker_loop_on_board and these boards."""
+    """While active on this thread: the workers torch starts on it run _worker_loop_on_board
+    with these boards (other threads' loaders start torch's _worker_loop meanwhile)."""
 
     def __init__(self, boards, shape) -> None:
         self.target = functools.partial(_worker_loop_on_board, boards, shape)
 
     def __enter__(self):
-        _target_lock.acquire()
-        _worker._worker_loop = self.target
+        _starting.target = self.target
         return self
 
     def __exit__(self, *exc) -> None:
-        _worker._worker_loop = _torch_worker_loop
-        _target_lock.release()
+        _starting.target = None
 
 
 _C._loader_setup(_HANDOVER, ExceptionWrapper, queue.Empty, float(MP_STATUS_CHECK_INTERVAL),

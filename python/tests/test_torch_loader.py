@@ -1,6 +1,7 @@
 """shmtensor's DataLoader iterator (shmtensor/_loader.py): which loaders take it, and the
 same batches, errors and ends as torch's own iterator on the same loader, with real worker
 processes, both strategies, and the leak check after every test."""
+import functools
 import os
 import random
 import re
@@ -642,3 +643,93 @@ def test_an_index_board_of_another_shape_is_refused():
     finally:
         q.close()
         q.join_thread()
+
+
+class Stream(IterableDataset):
+    def __iter__(self):
+        return iter(range(6))
+
+
+class StartsAnother(Dataset):
+    """A map-style dataset whose pickle (made as a spawn worker starts, inside torch's
+    __init__) lets another thread make and run a loader of an iterable dataset meanwhile."""
+
+    others: list = []
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        return i
+
+    def __reduce__(self):
+        if not StartsAnother.others:
+            def other():
+                loader = DataLoader(Stream(), num_workers=1, batch_size=2,
+                                    multiprocessing_context="fork")
+                try:
+                    StartsAnother.others.append([b.tolist() for b in loader])
+                except Exception as e:  # noqa: BLE001 (the test compares it)
+                    StartsAnother.others.append(e)
+            t = threading.Thread(target=other)
+            t.start()
+            t.join()
+        return (StartsAnother, ())
+
+
+def test_a_loader_started_on_another_thread_meanwhile_runs_torchs_worker_loop(strategy):
+    assert run_in_child(another_thread_meanwhile) == 0
+
+
+def another_thread_meanwhile():
+    """The board's worker target is the starting thread's only: a loader another thread
+    starts while a map-style loader's workers start gets torch's worker loop (no board)."""
+    st.install()
+    try:
+        batches = [b.tolist() for b in DataLoader(StartsAnother(), num_workers=1, batch_size=2,
+                                                    multiprocessing_context="spawn")]
+        assert batches == [[0, 1], [2, 3]]
+        assert StartsAnother.others == [[[0, 1], [2, 3], [4, 5]]]
+        from torch.utils.data._utils import worker
+        assert worker._worker_loop is _loader._torch_worker_loop
+    finally:
+        st.uninstall()
+
+
+def test_a_board_has_twice_prefetch_factor_slots_up_to_256():
+    def shape(**options):
+        return _loader._board_shape(DataLoader(Noisy(), num_workers=2, **options))
+    assert shape() == (4, 16)
+    assert shape(batch_size=None, prefetch_factor=1) == (4, 16)
+    assert shape(batch_size=600, prefetch_factor=5) == (10, 512)
+    assert shape(batch_size=20, prefetch_factor=128) == (256, 20)
+    assert shape(batch_size=3, prefetch_factor=10**6) == (256, 16)  # not 2e6 slots (288 MB)
+
+
+def test_more_tasks_out_than_a_boards_slots(strategy):
+    assert run_in_child(more_tasks_than_slots) == 0
+
+
+def more_tasks_than_slots():
+    """prefetch_factor 300: 300 tasks out per worker, a board of 256 slots; the tasks that
+    find it full go as messages, in order."""
+    def make(**options):
+        return DataLoader(Noisy(900), num_workers=2, batch_size=1, prefetch_factor=300,
+                          **options)
+    stock, ours = stock_and_ours(make)
+    assert same(stock, ours)
+    st.install()
+    try:
+        # The workers take nothing before the check (their worker_init_fn waits).
+        go = tmp.get_context("fork").Event()
+        it = iter(make(worker_init_fn=functools.partial(wait_for, go)))
+        # Each worker was given 300 tasks at once: 256 on its board, 44 as messages.
+        assert [q._board.posted for q in it._index_queues] == [256, 256]
+        go.set()
+        assert [b["i"].item() for b in it] == list(range(900))
+    finally:
+        st.uninstall()
+
+
+def wait_for(event, worker_id):
+    event.wait()

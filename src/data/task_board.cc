@@ -110,7 +110,6 @@ TaskBoardReader::TaskBoardReader(Tensor memory, TaskBoardShape shape)
 TaskBoardReader::Taken TaskBoardReader::take(std::vector<std::int64_t>& indices) {
   const TaskEntry* e = board_.entry(taken_++);
   const TaskEntry entry = *e;
-  board_.header->taken.store(taken_, std::memory_order_release);
   if (entry.count > board_.shape.index_words ||
       (entry.flags & ~(kEntryReset | kEntryInMessage | kEntryScalar)) != 0 ||
       ((entry.flags & kEntryScalar) != 0 && entry.count != 1))
@@ -118,6 +117,8 @@ TaskBoardReader::Taken TaskBoardReader::take(std::vector<std::int64_t>& indices)
                         " indices, flags " + std::to_string(entry.flags));
   const auto* first = reinterpret_cast<const std::int64_t*>(e + 1);
   indices.assign(first, first + entry.count);
+  // Only once the entry is copied: `taken` lets torch's main process rewrite its slot.
+  board_.header->taken.store(taken_, std::memory_order_release);
   return {entry.id, (entry.flags & kEntryReset) != 0, (entry.flags & kEntryInMessage) != 0,
           (entry.flags & kEntryScalar) != 0};
 }
