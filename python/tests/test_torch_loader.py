@@ -733,3 +733,35 @@ def more_tasks_than_slots():
 
 def wait_for(event, worker_id):
     event.wait()
+
+
+def test_a_worker_that_reads_a_corrupt_board_entry_is_a_dead_worker(strategy):
+    assert run_in_child(corrupt_entry) == 0
+
+
+def corrupt_entry():
+    """An entry the main process does not write (more indices than an entry holds): the
+    worker's ProtocolError ends it, and next() raises torch's error for a dead worker."""
+    boards = []
+    make_board = _C._make_index_board
+
+    def recorded(*shape):
+        boards.append(make_board(*shape))
+        return boards[-1]
+    _C._make_index_board = recorded
+    st.install()
+    try:
+        go = tmp.get_context("fork").Event()
+        it = iter(DataLoader(Noisy(), num_workers=1, batch_size=2,
+                             worker_init_fn=functools.partial(wait_for, go)))
+        words = np.frombuffer(boards[0], dtype=np.int64)
+        assert words[8:11].tolist() == [0, 2 << 32, 0]  # entry 0: id 0, 2 indices: 0, 1
+        words[9] = 99 << 32
+        go.set()
+        with pytest.raises(RuntimeError, match=r"DataLoader worker \(pid\(s\) \d+\) exited "
+                                               r"unexpectedly$"):
+            next(it)
+        del it
+    finally:
+        st.uninstall()
+        _C._make_index_board = make_board
