@@ -210,11 +210,12 @@ class _BoardTarget:
         self.target = functools.partial(_worker_loop_on_board, boards, shape)
 
     def __enter__(self):
+        self.outer = getattr(_starting, "target", None)  # an iterator made meanwhile (nested)
         _starting.target = self.target
         return self
 
     def __exit__(self, *exc) -> None:
-        _starting.target = None
+        _starting.target = self.outer
 
 
 _C._loader_setup(_HANDOVER, ExceptionWrapper, queue.Empty, float(MP_STATUS_CHECK_INTERVAL),

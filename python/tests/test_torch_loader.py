@@ -677,6 +677,46 @@ class StartsAnother(Dataset):
         return (StartsAnother, ())
 
 
+class StartsOneInside(Dataset):
+    """A map-style dataset whose first pickle (as the first of its spawn workers starts)
+    makes and runs a map-style loader on the same thread, inside torch's __init__."""
+
+    inner: list = []
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return i
+
+    def __reduce__(self):
+        if not StartsOneInside.inner:
+            StartsOneInside.inner.append(None)
+            loader = DataLoader(Noisy(6), num_workers=1, batch_size=4,
+                                multiprocessing_context="fork", timeout=60)
+            StartsOneInside.inner[0] = [b["i"].tolist() for b in loader]
+        return (StartsOneInside, ())
+
+
+def test_a_loader_made_while_another_starts_its_workers_on_the_same_thread(strategy):
+    assert run_in_child(one_inside_another) == 0
+
+
+def one_inside_another():
+    """Both loaders' workers take their tasks from their own boards: the outer one's second
+    worker, started after the inner loader is done, too."""
+    st.install()
+    try:
+        # (A worker reading its index queue without its board would time out.)
+        batches = [b.tolist() for b in DataLoader(StartsOneInside(), num_workers=2,
+                                                    batch_size=2, timeout=60,
+                                                    multiprocessing_context="spawn")]
+        assert batches == [[0, 1], [2, 3], [4, 5], [6, 7]]
+        assert StartsOneInside.inner == [[[0, 1, 2, 3], [4, 5]]]
+    finally:
+        st.uninstall()
+
+
 def test_a_loader_started_on_another_thread_meanwhile_runs_torchs_worker_loop(strategy):
     assert run_in_child(another_thread_meanwhile) == 0
 
