@@ -677,7 +677,7 @@ class StartsAnother(Dataset):
         return (StartsAnother, ())
 
 
-class StartsOneInside(Dataset):
+class StartsOneInside(StartsAnother):
     """A map-style dataset whose first pickle (as the first of its spawn workers starts)
     makes and runs a map-style loader on the same thread, inside torch's __init__."""
 
@@ -685,9 +685,6 @@ class StartsOneInside(Dataset):
 
     def __len__(self):
         return 8
-
-    def __getitem__(self, i):
-        return i
 
     def __reduce__(self):
         if not StartsOneInside.inner:
