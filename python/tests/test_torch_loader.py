@@ -780,18 +780,18 @@ def corrupt_entry():
     """An entry the main process does not write (more indices than an entry holds): the
     worker's ProtocolError ends it, and next() raises torch's error for a dead worker."""
     boards = []
-    make_board = _C._make_index_board
+    make_boards = _C._make_index_boards
 
     def recorded(*shape):
-        boards.append(make_board(*shape))
+        boards.append(make_boards(*shape))
         return boards[-1]
-    _C._make_index_board = recorded
+    _C._make_index_boards = recorded
     st.install()
     try:
         go = tmp.get_context("fork").Event()
         it = iter(DataLoader(Noisy(), num_workers=1, batch_size=2,
                              worker_init_fn=functools.partial(wait_for, go)))
-        words = np.frombuffer(boards[0], dtype=np.int64)
+        words = np.frombuffer(boards[0], dtype=np.int64)  # worker 0's board first
         assert words[8:11].tolist() == [0, 2 << 32, 0]  # entry 0: id 0, 2 indices: 0, 1
         words[9] = 99 << 32
         go.set()
@@ -801,4 +801,4 @@ def corrupt_entry():
         del it
     finally:
         st.uninstall()
-        _C._make_index_board = make_board
+        _C._make_index_boards = make_boards
