@@ -109,14 +109,21 @@ class _BoardQueue:
         self._board = board
 
     def put(self, obj, block: bool = True, timeout=None) -> None:
-        native = self._queue._q
-        if (type(obj) is tuple and len(obj) == 2 and native is not None
+        q = self._queue
+        native = q._check()
+        if (type(obj) is tuple and len(obj) == 2
                 and self._board.put(obj[0], obj[1], native)):
             return
-        self._queue.put((self._board.posted, obj), block, timeout)
-        native = self._queue._q
-        if native is not None:
-            self._board.announce(native)
+        try:
+            data, blocks = _reductions.dumps((self._board.posted, obj))
+        except Exception as e:  # noqa: BLE001 (the queue's put reports it so)
+            # Reported and dropped as the queue's put does, and not counted: the worker
+            # would wait for it before taking a later entry.
+            q._on_queue_feeder_error(e, obj)
+            return
+        q._put_here = True
+        q._put_unbounded(native, data, blocks)  # torch's index queues are unbounded
+        self._board.announce(native)
 
     def __getattr__(self, name: str):
         return getattr(self._queue, name)
@@ -174,7 +181,7 @@ def _worker_loop_on_board(boards, shape, *args):
     the workers' boards in one tensor, by the worker id)."""
     _starting.target = None  # a fork child: the thread that started it had it set
     q = args[2]
-    if type(q) is _queues.Queue and len(args) > _WORKER_ID:
+    if _native(q, True) and len(args) > _WORKER_ID:
         board = _C._IndexBoardReader(boards, args[_WORKER_ID], *shape)
         args = args[:2] + (_BoardIndexQueue(q, board),) + args[3:]
     return _torch_worker_loop(*args)
@@ -274,7 +281,7 @@ class ShmtensorDataLoaderIter(_MPIter):
             self._boards = None
             self._index_queues = [
                 _BoardQueue(q, _C._IndexBoardWriter(boards, w, *shape))
-                if type(q) is _queues.Queue else q for w, q in enumerate(self._index_queues)]
+                if _native(q, True) else q for w, q in enumerate(self._index_queues)]
         self._warn_length = (self._dataset_kind != _Map
                              and loader._IterableDataset_len_called is not None)
         self._plain = (self._dataset_kind == _Map and not self._pin_memory

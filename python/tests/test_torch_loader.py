@@ -453,13 +453,18 @@ def killed_worker_error():
     return plain, n(e.value), n(e.value.__cause__)
 
 
-def killed_worker_as_torch():
-    stock = killed_worker_error()
+def stock_then_installed(fn):
+    """(fn() under torch's iterator, fn() under install())."""
+    stock = fn()
     st.install()
     try:
-        ours = killed_worker_error()
+        return stock, fn()
     finally:
         st.uninstall()
+
+
+def killed_worker_as_torch():
+    stock, ours = stock_then_installed(killed_worker_error)
     assert stock[0] is None and ours[0] is True
     assert ours[1:] == stock[1:]
     assert ours[1:] == (("RuntimeError", "DataLoader worker (pid(s) N) exited unexpectedly"),
@@ -802,3 +807,36 @@ def corrupt_entry():
     finally:
         st.uninstall()
         _C._make_index_boards = make_boards
+
+
+class Unpicklable:
+    """A batch sampler whose second batch cannot be pickled."""
+
+    def __iter__(self):
+        yield [0, 1]
+        yield [2, threading.Lock()]
+        yield [4, 5]
+
+    def __len__(self):
+        return 3
+
+
+def test_an_index_that_cannot_be_pickled_is_lost_as_with_torch(strategy):
+    assert run_in_child(unpicklable_index) == 0
+
+
+def unpicklable_index():
+    """The task that cannot be sent is reported and lost, as by torch's queue: the batches
+    before it come, then torch's timeout (the worker does not wait for it before taking the
+    tasks on its board)."""
+    def outcome():
+        got = []
+        try:
+            for batch in DataLoader(Noisy(6), num_workers=1, batch_sampler=Unpicklable(),
+                                    timeout=2):
+                got.append(batch["i"].tolist())
+        except RuntimeError as e:
+            got.append(str(e))
+        return got
+    stock, ours = stock_then_installed(outcome)
+    assert stock == ours == [[0, 1], "DataLoader timed out after 2 seconds"]
