@@ -82,6 +82,21 @@ _torch_worker_loop = _worker._worker_loop
 _WORKER_ID = 10  # where torch 1.13 to 2.13 pass the worker id to _worker_loop (index queue: 2)
 
 
+def _worker_loop_takes_boards() -> bool:
+    """Whether this torch's _worker_loop takes its index queue and worker id where
+    _worker_loop_on_board looks for them (else no loader gets boards)."""
+    import inspect
+    try:
+        names = list(inspect.signature(_torch_worker_loop).parameters)
+    except (TypeError, ValueError):
+        return False
+    return (len(names) > _WORKER_ID and names[2] == "index_queue"
+            and names[_WORKER_ID] == "worker_id")
+
+
+_BOARDS = _worker_loop_takes_boards()
+
+
 # Slots of a board at most: a board is memory the worker's pages touch, 16 + 8 x index_words
 # bytes a slot, and a task that finds its board full goes as a message.
 _MAX_SLOTS = 256
@@ -260,7 +275,7 @@ class ShmtensorDataLoaderIter(_MPIter):
         # Spawn and forkserver workers each get a pickle of the dataset: its NumPy arrays
         # are copied into shared memory once for all of them (its tensors move there in
         # place at the first pickle, as with torch).
-        if loader._dataset_kind == _Map:
+        if loader._dataset_kind == _Map and _BOARDS:
             shape = _board_shape(loader)
             boards = _C._make_index_boards(loader.num_workers, *shape)
             self._boards = (boards, shape)

@@ -266,7 +266,14 @@ class IndexBoardWriter {
 
  private:
   // Without waiting: a queue too full to take it holds items that keep the worker awake.
-  static void wake(PyObject* native) { native_queue_try_put(native, std::string(kWake, 4)); }
+  // A wake-up that fails (a closed or broken queue) is dropped: the task is on the board,
+  // and a worker not woken takes it when its get's timeout passes (torch's loop gets again).
+  static void wake(PyObject* native) {
+    try {
+      native_queue_try_put(native, std::string(kWake, 4));
+    } catch (...) {
+    }
+  }
 
   internal::TaskBoardWriter w_;
   std::vector<std::int64_t> indices_;
