@@ -17,22 +17,22 @@ queue and decodes its tensor message in C++, keeps torch's bookkeeping in torch'
 (_rcvd_idx, _send_idx, _task_info, _tasks_outstanding, _workers_num_tasks, _num_yielded),
 keeps a batch that came out of order in _task_info as torch does and returns it at its turn,
 gives the next index to the next worker as torch's _try_put_index does (on its board,
-below), and re-raises a worker's ExceptionWrapper as torch does.
+below), and re-raises a worker's ExceptionWrapper as torch does. Any other step runs
+torch's _next_data: the end of the epoch, a worker no longer active, a closed queue. A
+failed get of the data queue (torch's MP_STATUS_CHECK_INTERVAL passing, an error, a SIGCHLD
+handler's exception) goes to torch's _try_get_data (_get_failed), which checks the workers
+and raises torch's errors. Outside the plain case, __next__ is torch's _next_data without
+the record_function scope torch opens for every batch (~6 us; on torch 1.13 it allocates a
+tensor) unless a profiler is enabled. The batches themselves come as tensor messages, not
+pickles, while install() is active (shmtensor.multiprocessing.reductions; docs/torch.md).
 
-The tasks of a map-style dataset's workers go on task boards, not as index messages: each
-worker gets a board in shared memory as it starts (_worker_loop_on_board wraps torch's
-_worker_loop, handing it a _BoardIndexQueue), and the main process's index queues are
-_BoardQueues, whose put writes a task (send_idx, index) with an int or a list of ints on the
-board (in C++, also from _C._loader_next) and sends anything else through the queue, numbered
-so that the worker takes everything in the order sent (python/src/loader_iter.cc, "Index
-boards"). Any other step runs torch's _next_data: the end of
-the epoch, a worker no longer active, a closed queue. A failed get of the data queue
-(torch's MP_STATUS_CHECK_INTERVAL passing, an error, a SIGCHLD handler's exception) goes to
-torch's _try_get_data (_get_failed), which checks the workers and raises torch's errors.
-Outside the plain case, __next__ is torch's _next_data without the record_function scope
-torch opens for every batch (~6 us; on torch 1.13 it allocates a tensor) unless a profiler
-is enabled. The batches themselves come as tensor messages, not pickles, while install() is active
-(shmtensor.multiprocessing.reductions; docs/torch.md).
+The workers' tasks go on task boards, not as index messages: each worker finds its board in
+shared memory as it starts (_worker_loop_on_board wraps torch's _worker_loop, handing it a
+_BoardIndexQueue), and the main process's index queues are _BoardQueues, whose put writes a
+task (send_idx, index) on the board where its index is an int or a list of ints (a map-style
+dataset's) or None or a list of Nones (an IterableDataset's) that fits an entry (in C++, also
+from _C._loader_next), and sends anything else through the queue, numbered so that the
+worker takes everything in the order sent (python/src/loader_iter.cc, "Index boards").
 """
 from __future__ import annotations
 
@@ -275,7 +275,7 @@ class ShmtensorDataLoaderIter(_MPIter):
         # Spawn and forkserver workers each get a pickle of the dataset: its NumPy arrays
         # are copied into shared memory once for all of them (its tensors move there in
         # place at the first pickle, as with torch).
-        if loader._dataset_kind == _Map and _BOARDS:
+        if _BOARDS:
             shape = _board_shape(loader)
             boards = _C._make_index_boards(loader.num_workers, *shape)
             self._boards = (boards, shape)

@@ -192,12 +192,13 @@ int add_to_item(PyObject* list, Py_ssize_t i, long delta) {
 
 // ---- Index boards: torch's tasks on a worker's task board ---------------------------------
 
-// A worker of shmtensor's iterator for a map-style dataset takes its tasks from a task board
+// A worker of shmtensor's iterator takes its tasks from a task board
 // (shmtensor/internal/task_board.h) that the main process made for it, not as index
 // messages: _BoardQueue (shmtensor/_loader.py) is the main process's side of a worker's index
 // queue, and _BoardIndexQueue the worker's. A task (send_idx, index) whose index is an int
 // (kEntryScalar) or a list of ints (what torch's samplers and BatchSampler yield) that fits
-// an entry goes on the board; anything else (a longer batch, another index, torch's None and
+// an entry goes on the board, as does an IterableDataset's None or list of Nones
+// (kEntryNone); anything else (a longer batch, another index, torch's None and
 // _ResumeIteration) goes through the index queue as (entries posted before it, object), and
 // the board counts it (announce_message), so the worker takes everything in the order sent.
 // A worker asleep in its index queue's get is woken by kWake, a message of its own.
@@ -241,20 +242,32 @@ class IndexBoardWriter {
     std::int64_t id = 0, v = 0;
     if (!exact_int(task, id) || id < 0 || !w_.has_room()) return false;
     indices_.clear();
-    const bool scalar = exact_int(index, v);
-    if (scalar) {
+    std::uint32_t flags = 0, nones = 0;
+    if (index == Py_None) {
+      flags = internal::kEntryScalar | internal::kEntryNone;
+      nones = 1;
+    } else if (exact_int(index, v)) {
+      flags = internal::kEntryScalar;
       indices_.push_back(v);
     } else if (PyList_CheckExact(index)) {
       const Py_ssize_t n = PyList_GET_SIZE(index);
       if (n > static_cast<Py_ssize_t>(w_.index_words())) return false;
-      for (Py_ssize_t i = 0; i < n; ++i) {
-        if (!exact_int(PyList_GET_ITEM(index, i), v)) return false;
-        indices_.push_back(v);
+      // Ints, or (an IterableDataset's batch) Nones only.
+      if (n > 0 && PyList_GET_ITEM(index, 0) == Py_None) {
+        for (Py_ssize_t i = 0; i < n; ++i)
+          if (PyList_GET_ITEM(index, i) != Py_None) return false;
+        flags = internal::kEntryNone;
+        nones = static_cast<std::uint32_t>(n);
+      } else {
+        for (Py_ssize_t i = 0; i < n; ++i) {
+          if (!exact_int(PyList_GET_ITEM(index, i), v)) return false;
+          indices_.push_back(v);
+        }
       }
     } else {
       return false;
     }
-    w_.post(static_cast<std::uint64_t>(id), false, indices_, scalar);
+    w_.post(static_cast<std::uint64_t>(id), false, indices_, flags, nones);
     if (w_.publish()) wake(native);
     return true;
   }
@@ -263,6 +276,7 @@ class IndexBoardWriter {
     if (w_.announce_message()) wake(native);
   }
   std::uint64_t posted() const { return w_.posted(); }
+  std::uint64_t messages() const { return w_.messages(); }
 
  private:
   // Without waiting: a queue too full to take it holds items that keep the worker awake.
@@ -294,7 +308,13 @@ class IndexBoardReader {
     if (!ready) return py::none();
     const internal::TaskBoardReader::Taken t = r_.take(indices_);
     py::object index;
-    if (t.scalar) {
+    if (t.none && t.scalar) {
+      index = py::none();
+    } else if (t.none) {
+      py::list list(t.count);
+      for (std::uint32_t i = 0; i < t.count; ++i) list[i] = py::none();
+      index = std::move(list);
+    } else if (t.scalar) {
       index = py::int_(indices_[0]);
     } else {
       py::list list(indices_.size());
@@ -675,7 +695,9 @@ void bind_loader_iter(py::module_& m) {
           "announce", [](IndexBoardWriter& w, py::handle native) { w.announce(native.ptr()); },
           py::arg("native"), "Counts a task sent as a message; wakes the worker if it sleeps.")
       .def_property_readonly("posted", &IndexBoardWriter::posted,
-                             "Entries posted so far (a message names it: what comes before it).");
+                             "Entries posted so far (a message names it: what comes before it).")
+      .def_property_readonly("messages", &IndexBoardWriter::messages,
+                             "Tasks sent through the index queue so far (announced).");
   py::class_<IndexBoardReader>(m, "_IndexBoardReader", "A worker's side of its index board.")
       .def(py::init<const Tensor&, std::int64_t, std::uint32_t, std::uint32_t>(),
            py::arg("memory"), py::arg("worker"), py::arg("slots"), py::arg("index_words"))

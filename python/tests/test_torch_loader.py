@@ -509,8 +509,12 @@ def test_index_tasks_go_on_the_workers_boards(strategy):
 
 
 def tasks_on_the_boards():
-    """Each task of a map-style loader is an entry of its worker's board, none a message:
-    the boards' posted entries are the epoch's batches, each worker's half."""
+    """Each task of a map-style loader is an entry of its worker's board: the boards'
+    posted entries are the epoch's batches, each worker's half, and the one message each
+    worker got is torch's None at the shutdown. An IterableDataset's tasks (None, or a list
+    of Nones) are entries too: each worker's batches, the task its end answered, and maybe
+    more that it ignores after its end (torch sends them before it learns of the end); its
+    one message is the None that marks it done."""
     st.install()
     try:
         for options, batches in ((dict(batch_size=4), 10), (dict(batch_size=None), 37)):
@@ -519,6 +523,22 @@ def tasks_on_the_boards():
             assert sum(1 for _ in it) == batches
             assert [q._board.posted for q in it._index_queues] == [
                 (batches + 1) // 2, batches // 2]
+            assert [q._board.messages for q in it._index_queues] == [1, 1]
+        for batch_size, batches in ((4, [3, 3]), (None, [10, 9])):
+            it = iter(DataLoader(Shards(19, 19), num_workers=2, batch_size=batch_size))
+            assert [type(q) for q in it._index_queues] == [_loader._BoardQueue] * 2
+            got = list(it)
+            expected = [list(range(w, 19, 2)) for w in (0, 1)]
+            if batch_size is None:
+                assert sorted(int(b) for b in got) == list(range(19))
+            else:
+                assert sorted(b.tolist() for b in got) == sorted(
+                    e[k:k + 4] for e in expected for k in range(0, len(e), 4))
+            for q, n in zip(it._index_queues, batches):
+                # At most prefetch_factor x workers tasks out at once, all of them to one
+                # worker once the other ended.
+                assert n + 1 <= q._board.posted <= n + 4
+                assert q._board.messages == 1
     finally:
         st.uninstall()
 
@@ -593,7 +613,8 @@ def test_an_index_board_in_one_process():
         assert not board.put(4, [5], native)
         assert reader.take(due) == (0, 7)
         assert board.put(4, [5], native)
-        for bad in (list(range(17)), (1, 2), [1.0], [True], np.int64(3), [2**63], None, "1"):
+        for bad in (list(range(17)), (1, 2), [1.0], [True], np.int64(3), [2**63], "1",
+                    [None, 1], [1, None], [None] * 17):
             assert not board.put(5, bad, native), bad
         assert not board.put(-1, [1], native) and not board.put(2**64, [1], native)
         assert board.posted == 5
@@ -613,6 +634,10 @@ def test_an_index_board_in_one_process():
         reader.woke()
         assert reader.about_to_sleep()  # a task is there: no sleep
         assert reader.take(due) == (5, [9])
+        # An IterableDataset's indices: None, or a list of Nones.
+        assert board.put(6, None, native) and board.put(7, [None] * 16, native)
+        assert reader.take(due) == (6, None)
+        assert reader.take(due) == (7, [None] * 16)
         assert [r.take(due) for r in others] == [None, None]  # their boards are their own
     finally:
         q.close()
@@ -642,8 +667,8 @@ def test_an_index_board_of_another_shape_is_refused():
         with pytest.raises(_C.ProtocolError, match="a task board entry of 99 indices"):
             reader.take(None)
         assert board.put(1, [3], q._q)
-        words[8 + 18 + 1] = (1 << 32) | 8  # entry 1: one index, an unknown flag
-        with pytest.raises(_C.ProtocolError, match="a task board entry of 1 indices, flags 8"):
+        words[8 + 18 + 1] = (1 << 32) | 16  # entry 1: one index, an unknown flag
+        with pytest.raises(_C.ProtocolError, match="a task board entry of 1 indices, flags 16"):
             reader.take(None)
     finally:
         q.close()

@@ -77,13 +77,15 @@ TaskBoardWriter::TaskBoardWriter(Tensor memory, TaskBoardShape shape)
     : board_(TaskBoardMemory::map(std::move(memory), shape, false)) {}
 
 bool TaskBoardWriter::post(std::uint64_t id, bool reset, std::span<const std::int64_t> indices,
-                           bool scalar) noexcept {
+                           std::uint32_t flags, std::uint32_t nones) noexcept {
   TaskEntry* e = board_.entry(posted_++);
-  const bool fits = indices.size() <= board_.shape.index_words;
+  const bool none = (flags & kEntryNone) != 0;
+  const std::size_t count = none ? nones : indices.size();
+  const bool fits = count <= board_.shape.index_words;
   e->id = id;
-  e->flags = (reset ? kEntryReset : 0) | (fits ? 0 : kEntryInMessage) | (scalar ? kEntryScalar : 0);
-  e->count = fits ? static_cast<std::uint32_t>(indices.size()) : 0;
-  if (fits && !indices.empty()) std::memcpy(e + 1, indices.data(), indices.size_bytes());
+  e->flags = (reset ? kEntryReset : 0) | (fits ? flags & (kEntryScalar | kEntryNone) : kEntryInMessage);
+  e->count = fits ? static_cast<std::uint32_t>(count) : 0;
+  if (fits && !none && !indices.empty()) std::memcpy(e + 1, indices.data(), indices.size_bytes());
   return fits;
 }
 
@@ -111,16 +113,17 @@ TaskBoardReader::Taken TaskBoardReader::take(std::vector<std::int64_t>& indices)
   const TaskEntry* e = board_.entry(taken_++);
   const TaskEntry entry = *e;
   if (entry.count > board_.shape.index_words ||
-      (entry.flags & ~(kEntryReset | kEntryInMessage | kEntryScalar)) != 0 ||
+      (entry.flags & ~(kEntryReset | kEntryInMessage | kEntryScalar | kEntryNone)) != 0 ||
       ((entry.flags & kEntryScalar) != 0 && entry.count != 1))
     throw ProtocolError("DataLoader worker: a task board entry of " + std::to_string(entry.count) +
                         " indices, flags " + std::to_string(entry.flags));
+  const bool none = (entry.flags & kEntryNone) != 0;
   const auto* first = reinterpret_cast<const std::int64_t*>(e + 1);
-  indices.assign(first, first + entry.count);
+  indices.assign(first, first + (none ? 0 : entry.count));
   // Only once the entry is copied: `taken` lets torch's main process rewrite its slot.
   board_.header->taken.store(taken_, std::memory_order_release);
-  return {entry.id, (entry.flags & kEntryReset) != 0, (entry.flags & kEntryInMessage) != 0,
-          (entry.flags & kEntryScalar) != 0};
+  return {entry.id,          (entry.flags & kEntryReset) != 0, (entry.flags & kEntryInMessage) != 0,
+          (entry.flags & kEntryScalar) != 0, none, entry.count};
 }
 
 bool TaskBoardReader::about_to_sleep() noexcept {

@@ -77,6 +77,9 @@ inline constexpr std::uint32_t kTaskBoardVersion = 2;
 inline constexpr std::uint32_t kEntryReset = 1;      // iterable: start the iteration over
 inline constexpr std::uint32_t kEntryInMessage = 2;  // the task is in a kTasks message
 inline constexpr std::uint32_t kEntryScalar = 4;     // one index that is not a batch (count 1)
+// The indices are None (torch's IterableDataset: count Nones, or None itself with
+// kEntryScalar); the entry's words are not read.
+inline constexpr std::uint32_t kEntryNone = 8;
 // Indices an entry holds at most; a longer batch's task travels in a message.
 inline constexpr std::uint32_t kMaxEntryIndices = 512;
 
@@ -118,8 +121,9 @@ class SHMTENSOR_API TaskBoardWriter {
   TaskBoardWriter(Tensor memory, TaskBoardShape shape);
   std::uint32_t slots() const noexcept { return board_.shape.slots; }
   std::uint32_t index_words() const noexcept { return board_.shape.index_words; }
-  // Entries posted so far.
+  // Entries posted so far, and tasks counted as sent in messages (announce_message).
   std::uint64_t posted() const noexcept { return posted_; }
+  std::uint64_t messages() const noexcept { return messages_; }
   // Whether the worker has taken every entry but fewer than `slots` (as `taken` says), so
   // that the next post rewrites none it has not read.
   bool has_room() const noexcept {
@@ -127,9 +131,10 @@ class SHMTENSOR_API TaskBoardWriter {
   }
   // Writes the next entry (not yet visible to the worker). False when the indices do not
   // fit: the entry says kInMessage then, and the caller sends the task in a message before
-  // it publishes. `scalar`: one index that is not a batch (`indices` holds one).
+  // it publishes. `flags`: kEntryScalar (one index that is not a batch, `indices` holds
+  // one), kEntryNone (`nones` indices that are None, `indices` empty).
   bool post(std::uint64_t id, bool reset, std::span<const std::int64_t> indices,
-            bool scalar = false) noexcept;
+            std::uint32_t flags = 0, std::uint32_t nones = 0) noexcept;
   // Makes the entries posted so far visible. True when the worker sleeps (or was about to)
   // and must be woken with a message.
   bool publish() noexcept;
@@ -167,6 +172,8 @@ class SHMTENSOR_API TaskBoardReader {
     bool reset;
     bool in_message;
     bool scalar;
+    bool none;  // `count` indices that are None (`indices` left empty)
+    std::uint32_t count;
   };
   // Takes the next entry (ready() must be true); its indices into `indices`.
   Taken take(std::vector<std::int64_t>& indices);
