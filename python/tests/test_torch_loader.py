@@ -212,6 +212,59 @@ def iterable_as_torch():
     assert len(ours[1]) == 2  # after batches 5 and 6: more than the 4 samples claimed
 
 
+_INIT_MARK = -1  # set in a worker by its worker_init_fn
+
+
+def _mark_worker(worker_id):
+    global _INIT_MARK
+    _INIT_MARK = 100 + worker_id
+
+
+class UnevenShards(IterableDataset):
+    """Worker w yields 2 + 5 * w samples (w, i, its worker_init_fn's mark): its workers end
+    at different times."""
+
+    def __iter__(self):
+        w = get_worker_info().id
+        return iter(torch.tensor([w, i, _INIT_MARK]) for i in range(2 + 5 * w))
+
+
+@pytest.mark.parametrize("batch_size,drop_last", [(None, False), (1, False), (7, False),
+                                                  (7, True)])
+def test_iterable_shards_of_other_lengths_give_torchs_batches(strategy, batch_size, drop_last):
+    assert run_in_child(lambda: uneven_shards_as_torch(batch_size, drop_last)) == 0
+
+
+def uneven_shards_as_torch(batch_size, drop_last):
+    """Tasks None or lists of Nones on the boards: persistent workers over 3 epochs, the
+    first broken off after one batch, and a non-persistent loader."""
+    def epochs(persistent):
+        loader = DataLoader(UnevenShards(), batch_size=batch_size, drop_last=drop_last,
+                            num_workers=3, persistent_workers=persistent,
+                            worker_init_fn=_mark_worker, timeout=60)
+        torch.manual_seed(1234)
+        out = []
+        for e in range(3 if persistent else 1):
+            got = []
+            for batch in loader:
+                got.append(batch)
+                if persistent and e == 0 and len(got) == 1:
+                    break
+            out.append(got)
+        return out
+
+    def run():
+        return epochs(True), epochs(False)
+    stock, ours = stock_then_installed(run)
+    assert same(stock, ours)
+    # 2 + 7 + 12 samples; by 7: 1 + 1 + 2 batches, or 0 + 1 + 1 dropping the last.
+    batches = {None: 21, 1: 21}.get(batch_size, 2 if drop_last else 4)
+    assert [len(e) for e in ours[0]] == [1, batches, batches]
+    assert [len(e) for e in ours[1]] == [batches]
+    marks = {int(m) for e in ours[0] + ours[1] for b in e for m in b.reshape(-1, 3)[:, 2]}
+    assert marks == ({101, 102} if drop_last else {100, 101, 102})
+
+
 class Fails(Dataset):
     def __len__(self):
         return 8
