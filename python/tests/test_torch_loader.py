@@ -855,13 +855,24 @@ def wait_for(event, worker_id):
     event.wait()
 
 
-def test_a_worker_that_reads_a_corrupt_board_entry_is_a_dead_worker(strategy):
-    assert run_in_child(corrupt_entry) == 0
+# An entry's second word: flags (low half) and count (high half).
+CORRUPT_ENTRIES = {
+    "more indices than an entry holds": 99 << 32,
+    "None itself (scalar, none) with a count of 2": (2 << 32) | 4 | 8,
+    "Nones in a message": (2 << 32) | 2 | 8,
+    "Nones and reset": (2 << 32) | 1 | 8,
+    "a flag of no meaning": (2 << 32) | 16,
+}
 
 
-def corrupt_entry():
-    """An entry the main process does not write (more indices than an entry holds): the
-    worker's ProtocolError ends it, and next() raises torch's error for a dead worker."""
+@pytest.mark.parametrize("corrupt", sorted(CORRUPT_ENTRIES))
+def test_a_worker_that_reads_a_corrupt_board_entry_is_a_dead_worker(strategy, corrupt):
+    assert run_in_child(lambda: corrupt_entry(CORRUPT_ENTRIES[corrupt])) == 0
+
+
+def corrupt_entry(word):
+    """An entry the main process does not write (its second word `word`): the worker's
+    ProtocolError ends it, and next() raises torch's error for a dead worker."""
     boards = []
     make_boards = _C._make_index_boards
 
@@ -876,7 +887,7 @@ def corrupt_entry():
                              worker_init_fn=functools.partial(wait_for, go)))
         words = np.frombuffer(boards[0], dtype=np.int64)  # worker 0's board first
         assert words[8:11].tolist() == [0, 2 << 32, 0]  # entry 0: id 0, 2 indices: 0, 1
-        words[9] = 99 << 32
+        words[9] = word
         go.set()
         with pytest.raises(RuntimeError, match=r"DataLoader worker \(pid\(s\) \d+\) exited "
                                                r"unexpectedly$"):
