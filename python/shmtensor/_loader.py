@@ -116,8 +116,9 @@ def _board_shape(loader) -> tuple[int, int]:
 
 class _BoardQueue:
     """The main process's side of a worker's index queue: a task (send_idx, index) with an
-    int or a list of ints that fits goes on the worker's board; anything else through the
-    queue, as (entries posted before it, object). Every other attribute is the queue's."""
+    int, a list of ints, None or a list of Nones that fits goes on the worker's board;
+    anything else through the queue, as (entries posted before it, object). Every other
+    attribute is the queue's."""
 
     def __init__(self, q: _queues.Queue, board: _C._IndexBoardWriter) -> None:
         self._queue = q

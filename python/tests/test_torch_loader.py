@@ -212,6 +212,59 @@ def iterable_as_torch():
     assert len(ours[1]) == 2  # after batches 5 and 6: more than the 4 samples claimed
 
 
+_INIT_MARK = -1  # set in a worker by its worker_init_fn
+
+
+def _mark_worker(worker_id):
+    global _INIT_MARK
+    _INIT_MARK = 100 + worker_id
+
+
+class UnevenShards(IterableDataset):
+    """Worker w yields 2 + 5 * w samples (w, i, its worker_init_fn's mark): its workers end
+    at different times."""
+
+    def __iter__(self):
+        w = get_worker_info().id
+        return iter(torch.tensor([w, i, _INIT_MARK]) for i in range(2 + 5 * w))
+
+
+@pytest.mark.parametrize("batch_size,drop_last", [(None, False), (1, False), (7, False),
+                                                  (7, True)])
+def test_iterable_shards_of_other_lengths_give_torchs_batches(strategy, batch_size, drop_last):
+    assert run_in_child(lambda: uneven_shards_as_torch(batch_size, drop_last)) == 0
+
+
+def uneven_shards_as_torch(batch_size, drop_last):
+    """Tasks None or lists of Nones on the boards: persistent workers over 3 epochs, the
+    first broken off after one batch, and a non-persistent loader."""
+    def epochs(persistent):
+        loader = DataLoader(UnevenShards(), batch_size=batch_size, drop_last=drop_last,
+                            num_workers=3, persistent_workers=persistent,
+                            worker_init_fn=_mark_worker, timeout=60)
+        torch.manual_seed(1234)
+        out = []
+        for e in range(3 if persistent else 1):
+            got = []
+            for batch in loader:
+                got.append(batch)
+                if persistent and e == 0 and len(got) == 1:
+                    break
+            out.append(got)
+        return out
+
+    def run():
+        return epochs(True), epochs(False)
+    stock, ours = stock_then_installed(run)
+    assert same(stock, ours)
+    # 2 + 7 + 12 samples; by 7: 1 + 1 + 2 batches, or 0 + 1 + 1 dropping the last.
+    batches = {None: 21, 1: 21}.get(batch_size, 2 if drop_last else 4)
+    assert [len(e) for e in ours[0]] == [1, batches, batches]
+    assert [len(e) for e in ours[1]] == [batches]
+    marks = {int(m) for e in ours[0] + ours[1] for b in e for m in b.reshape(-1, 3)[:, 2]}
+    assert marks == ({101, 102} if drop_last else {100, 101, 102})
+
+
 class Fails(Dataset):
     def __len__(self):
         return 8
@@ -802,13 +855,24 @@ def wait_for(event, worker_id):
     event.wait()
 
 
-def test_a_worker_that_reads_a_corrupt_board_entry_is_a_dead_worker(strategy):
-    assert run_in_child(corrupt_entry) == 0
+# An entry's second word: flags (low half) and count (high half).
+CORRUPT_ENTRIES = {
+    "more indices than an entry holds": 99 << 32,
+    "None itself (scalar, none) with a count of 2": (2 << 32) | 4 | 8,
+    "Nones in a message": (2 << 32) | 2 | 8,
+    "Nones and reset": (2 << 32) | 1 | 8,
+    "a flag of no meaning": (2 << 32) | 16,
+}
 
 
-def corrupt_entry():
-    """An entry the main process does not write (more indices than an entry holds): the
-    worker's ProtocolError ends it, and next() raises torch's error for a dead worker."""
+@pytest.mark.parametrize("corrupt", sorted(CORRUPT_ENTRIES))
+def test_a_worker_that_reads_a_corrupt_board_entry_is_a_dead_worker(strategy, corrupt):
+    assert run_in_child(lambda: corrupt_entry(CORRUPT_ENTRIES[corrupt])) == 0
+
+
+def corrupt_entry(word):
+    """An entry the main process does not write (its second word `word`): the worker's
+    ProtocolError ends it, and next() raises torch's error for a dead worker."""
     boards = []
     make_boards = _C._make_index_boards
 
@@ -823,7 +887,7 @@ def corrupt_entry():
                              worker_init_fn=functools.partial(wait_for, go)))
         words = np.frombuffer(boards[0], dtype=np.int64)  # worker 0's board first
         assert words[8:11].tolist() == [0, 2 << 32, 0]  # entry 0: id 0, 2 indices: 0, 1
-        words[9] = 99 << 32
+        words[9] = word
         go.set()
         with pytest.raises(RuntimeError, match=r"DataLoader worker \(pid\(s\) \d+\) exited "
                                                r"unexpectedly$"):
