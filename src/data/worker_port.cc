@@ -1,6 +1,7 @@
 // The worker's side of the DataLoader protocol (shmtensor/internal/data_worker.h has the
 // message layout) and what a worker process knows about itself.
 #include <deque>
+#include <string>
 
 #include "data/spin_wait.h"
 #include "shmtensor/internal/task_board.h"
@@ -122,6 +123,10 @@ bool WorkerPort::next_task(Task& task) {
     if (s.stop) return false;
     if (s.board.ready()) {
       const TaskBoardReader::Taken t = s.board.take(task.indices);
+      if (t.scalar || t.none)  // torch's DataLoader's flags: this main process writes neither
+        throw ProtocolError("DataLoader worker: a task board entry with flags " +
+                            std::string(t.scalar ? "scalar" : "none") +
+                            ", which the main process does not write");
       if (t.in_message) {
         // Sent before its entry was published: here already, or on its way.
         while (s.in_messages.empty() && !s.stop) s.receive();
