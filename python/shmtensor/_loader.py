@@ -37,6 +37,7 @@ worker takes everything in the order sent (python/src/loader_iter.cc, "Index boa
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import os
 import queue
@@ -276,15 +277,14 @@ class ShmtensorDataLoaderIter(_MPIter):
         # Spawn and forkserver workers each get a pickle of the dataset: its NumPy arrays
         # are copied into shared memory once for all of them (its tensors move there in
         # place at the first pickle, as with torch).
+        target = contextlib.nullcontext()
         if _BOARDS:
             shape = _board_shape(loader)
             boards = _C._make_index_boards(loader.num_workers, *shape)
             self._boards = (boards, shape)
-            with _reductions.one_copy_per_array(), _BoardTarget(boards, shape):
-                super().__init__(loader)
-        else:
-            with _reductions.one_copy_per_array():
-                super().__init__(loader)
+            target = _BoardTarget(boards, shape)
+        with _reductions.one_copy_per_array(), target:
+            super().__init__(loader)
 
     _warn_length = False  # set by _reset (which torch's __init__ calls)
     _plain = False  # whether __next__ may take the C++ path: set by _reset

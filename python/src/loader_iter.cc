@@ -234,7 +234,9 @@ class IndexBoardWriter {
  public:
   IndexBoardWriter(const Tensor& memory, std::int64_t worker, std::uint32_t slots,
                    std::uint32_t index_words)
-      : w_(board_of(memory, worker, board_shape(slots, index_words)), board_shape(slots, index_words)) {}
+      : IndexBoardWriter(memory, worker, board_shape(slots, index_words)) {}
+  IndexBoardWriter(const Tensor& memory, std::int64_t worker, internal::TaskBoardShape shape)
+      : w_(board_of(memory, worker, shape), shape) {}
   // The task on the board, the worker woken through `native` (its index queue's native
   // queue) if it sleeps; false when it does not fit or the board has no room (the caller
   // sends it as a message then).
@@ -297,7 +299,9 @@ class IndexBoardReader {
  public:
   IndexBoardReader(const Tensor& memory, std::int64_t worker, std::uint32_t slots,
                    std::uint32_t index_words)
-      : r_(board_of(memory, worker, board_shape(slots, index_words)), board_shape(slots, index_words)) {}
+      : IndexBoardReader(memory, worker, board_shape(slots, index_words)) {}
+  IndexBoardReader(const Tensor& memory, std::int64_t worker, internal::TaskBoardShape shape)
+      : r_(board_of(memory, worker, shape), shape) {}
   // The next task, (id, index); `due` when a task sent as a message must be received first
   // (the main process counted more than this worker received); None when there is none.
   py::object take(py::handle due) {
@@ -307,6 +311,8 @@ class IndexBoardReader {
     if (r_.messages() > received_) return py::reinterpret_borrow<py::object>(due);
     if (!ready) return py::none();
     const internal::TaskBoardReader::Taken t = r_.take(indices_);
+    if (t.reset || t.in_message)
+      throw ProtocolError("an index board entry with flags the main process does not write");
     py::object index;
     if (t.none && t.scalar) {
       index = py::none();
@@ -321,8 +327,6 @@ class IndexBoardReader {
       for (std::size_t i = 0; i < indices_.size(); ++i) list[i] = py::int_(indices_[i]);
       index = std::move(list);
     }
-    if (t.reset || t.in_message)
-      throw ProtocolError("an index board entry with flags the main process does not write");
     return py::make_tuple(py::int_(t.id), std::move(index));
   }
   std::uint64_t taken() const { return r_.taken(); }

@@ -59,7 +59,8 @@ std::int64_t task_board_words(TaskBoardShape shape) noexcept {
 
 Tensor make_task_boards(TaskBoardShape shape, std::size_t count) {
   const std::int64_t words = task_board_words(shape);
-  const auto all = words * static_cast<std::int64_t>(std::max<std::size_t>(count, 1));
+  const std::size_t boards = std::max<std::size_t>(count, 1);
+  const auto all = words * static_cast<std::int64_t>(boards);
   // A memfd whatever the process's strategy: no /dev/shm space (file_system fallocates a
   // whole arena segment there) and no name for the manager to track.
   Storage storage = StorageAccess::make(allocate_shared_storage(
@@ -67,7 +68,7 @@ Tensor make_task_boards(TaskBoardShape shape, std::size_t count) {
   Tensor memory = Tensor::from_storage(std::move(storage), 0, {all}, {1}, DType::kInt64);
   auto* first = static_cast<std::int64_t*>(memory.raw_data());
   std::memset(first, 0, static_cast<std::size_t>(all) * sizeof(std::int64_t));
-  for (std::size_t i = 0; i < std::max<std::size_t>(count, 1); ++i)
+  for (std::size_t i = 0; i < boards; ++i)
     new (first + static_cast<std::int64_t>(i) * words) TaskBoardHeader{
         kTaskBoardMagic, kTaskBoardVersion, shape.slots, shape.index_words, {0}, {0}, 0, {0}, {0}, {}};
   return memory;
@@ -90,18 +91,20 @@ bool TaskBoardWriter::post(std::uint64_t id, bool reset, std::span<const std::in
 }
 
 bool TaskBoardWriter::publish() noexcept {
+  board_.header->published.store(posted_, std::memory_order_seq_cst);
+  return take_asleep();
+}
+
+bool TaskBoardWriter::take_asleep() noexcept {
   TaskBoardHeader* h = board_.header;
-  h->published.store(posted_, std::memory_order_seq_cst);
   // A plain look first: the exchange (a locked write) only when the worker sleeps.
   return h->asleep.load(std::memory_order_seq_cst) != 0 &&
          h->asleep.exchange(0, std::memory_order_seq_cst) != 0;
 }
 
 bool TaskBoardWriter::announce_message() noexcept {
-  TaskBoardHeader* h = board_.header;
-  h->messages.store(++messages_, std::memory_order_seq_cst);
-  return h->asleep.load(std::memory_order_seq_cst) != 0 &&
-         h->asleep.exchange(0, std::memory_order_seq_cst) != 0;
+  board_.header->messages.store(++messages_, std::memory_order_seq_cst);
+  return take_asleep();
 }
 
 TaskBoardReader::TaskBoardReader(TaskBoardShape shape) : TaskBoardReader(make_task_board(shape), shape) {}

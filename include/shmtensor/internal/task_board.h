@@ -143,6 +143,9 @@ class SHMTENSOR_API TaskBoardWriter {
   bool announce_message() noexcept;
 
  private:
+  // `asleep` taken back to 0; true when it was set.
+  bool take_asleep() noexcept;
+
   TaskBoardMemory board_;
   std::uint64_t posted_ = 0;
   std::uint64_t messages_ = 0;
