@@ -257,6 +257,11 @@ class _RaisingQueue:
         raise self.error
 
 
+def _usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask)."""
+    return len(os.sched_getaffinity(0))
+
+
 def unavailable_reason() -> str | None:
     """Why torch's own iterator must be used instead, or None."""
     if os.environ.get("SHMTENSOR_DATALOADER_ITERATOR", "shmtensor") == "torch":
@@ -285,6 +290,10 @@ class ShmtensorDataLoaderIter(_MPIter):
             target = _BoardTarget(boards, shape)
         with _reductions.one_copy_per_array(), target:
             super().__init__(loader)
+        if loader.num_workers >= _usable_cpus() and _native(self._worker_result_queue, False):
+            # The workers and this process outnumber the CPUs: a get that polled would keep
+            # a CPU from the worker making the batch it waits for.
+            self._worker_result_queue.set_busy_poll(0)
 
     _warn_length = False  # set by _reset (which torch's __init__ calls)
     _plain = False  # whether __next__ may take the C++ path: set by _reset

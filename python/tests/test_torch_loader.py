@@ -816,6 +816,32 @@ def another_thread_meanwhile():
         st.uninstall()
 
 
+def test_the_batches_get_polls_only_with_a_cpu_to_spare():
+    assert run_in_child(polls_only_with_a_cpu_to_spare) == 0
+
+
+def polls_only_with_a_cpu_to_spare():
+    """The data queue's get polls (install()'s 50 us) while the workers leave a CPU of the
+    process's affinity mask to it; with as many workers as CPUs it sleeps at once, and the
+    batches are the same."""
+    st.install()
+    try:
+        def data_queue_poll(workers):
+            it = iter(DataLoader(Noisy(8), num_workers=workers, batch_size=2))
+            batches = [b["i"].tolist() for b in it]
+            assert batches == [[0, 1], [2, 3], [4, 5], [6, 7]]
+            return it._worker_result_queue._q.busy_poll
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # one CPU
+        assert data_queue_poll(1) == 0
+        assert data_queue_poll(2) == 0
+        if os.cpu_count() >= 2:
+            os.sched_setaffinity(0, set(sorted(range(os.cpu_count()))[:2]))  # two CPUs
+            assert data_queue_poll(1) == pytest.approx(50e-6)
+            assert data_queue_poll(2) == 0
+    finally:
+        st.uninstall()
+
+
 def test_a_board_has_twice_prefetch_factor_slots_up_to_256():
     def shape(**options):
         return _loader._board_shape(DataLoader(Noisy(), num_workers=2, **options))
