@@ -235,7 +235,7 @@ std::string start_daemon(const ManagerLocation& loc) {
       continue;
     }
     UniqueFd report = spawn_detached(
-        path, {"--dir", loc.dir, "--group", loc.group, "--notify-fd",
+        path, {"--detach", "--dir", loc.dir, "--group", loc.group, "--notify-fd",
                std::to_string(kDaemonNotifyFd), "--grace-ms", std::to_string(manager_grace_ms())});
     bool timed_out = false;
     std::string line = read_line(report.get(), kIoTimeoutMs, &timed_out);

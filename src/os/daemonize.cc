@@ -3,17 +3,16 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <spawn.h>
 #include <sys/signalfd.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
-#include <climits>
-#include <cstdint>
 
+#include "os/proc.h"
 #include "os/syscall.h"
 
 extern char** environ;
@@ -22,73 +21,30 @@ namespace shmtensor::internal {
 
 namespace {
 
-// The children of spawn_detached make raw system calls through syscall(2) instead of the
-// libc wrappers (only _Fork stays: it resets libc's own per-thread state in the child).
-// The reason is sanitizers. _Fork, unlike fork(), runs no pthread_atfork handler (see
-// daemonize.h), and so it also skips what a sanitizer runtime does around fork(): GCC 12's
-// TSan intercepts fork() and takes its internal locks across it, but it does not intercept
-// _Fork. A child of a multithreaded caller can then inherit a sanitizer lock that another
-// thread held, and its first intercepted call blocks on it for ever. Seen under `make tsan`:
-// the intermediate child hung in TSan's _exit interceptor, which finalizes and locks the
-// thread registry (ManagerTest.ThreadsCreatingAndForkingConcurrentlyLeaveNothing).
-// open, dup2, close, write and sigprocmask are intercepted too; syscall(2) is not. Without a
-// sanitizer this changes nothing: the wrappers make the same system calls.
-[[noreturn]] void raw_exit(int status) {
-  ::syscall(SYS_exit_group, status);
-  __builtin_unreachable();
-}
+// How long spawn_detached waits for the program it started to fork its daemon and exit
+// (detach_from_starter: an exec and a fork of a small program, a few milliseconds). A
+// program that does not detach is left running, unreaped, after that.
+constexpr int kDetachTimeoutMs = 10000;
 
-// Async-signal-safe: the decimal digits of v into buf (which has room for 24).
-int format_uint(unsigned v, char* buf) {
-  char tmp[24];
-  int n = 0;
-  do {
-    tmp[n++] = static_cast<char>('0' + v % 10);
-    v /= 10;
-  } while (v != 0);
-  for (int i = 0; i < n; ++i) buf[i] = tmp[n - 1 - i];
-  return n;
-}
-
-[[noreturn]] void child_fail(int notify_fd, int err) {
-  char msg[40] = "EXEC ";
-  int n = 5 + format_uint(static_cast<unsigned>(err), msg + 5);
-  msg[n++] = '\n';
-  ::syscall(SYS_write, notify_fd, msg, static_cast<size_t>(n));
-  raw_exit(127);
-}
-
-// In the grandchild: everything here is async-signal-safe, and a raw system call.
-[[noreturn]] void exec_daemon(int notify_w, const char* path, char* const* argv) {
-  // The notify pipe goes to fd 3 (dup3 clears close-on-exec on the copy).
-  if (notify_w == kDaemonNotifyFd) {
-    ::syscall(SYS_fcntl, kDaemonNotifyFd, F_SETFD, 0);
-  } else if (::syscall(SYS_dup3, notify_w, kDaemonNotifyFd, 0) == -1) {
-    child_fail(notify_w, errno);
+// Waits up to timeout_ms for `child` to exit, and reaps it. False if it did not exit in
+// time (it is left as it is).
+bool reap_within(pid_t child, int timeout_ms) {
+  bool unsupported = false;
+  UniqueFd pidfd = open_pidfd(child, &unsupported);
+  if (pidfd) {
+    pollfd p{pidfd.get(), POLLIN, 0};
+    if (retry_eintr([&] { return ::poll(&p, 1, timeout_ms); }) <= 0) return false;
   }
-  // stdio to /dev/null: the daemon must not hold the caller's pipes (a test runner
-  // waiting for EOF on a test's stdout would wait for the daemon's whole life).
-  int null_fd = static_cast<int>(::syscall(SYS_openat, AT_FDCWD, "/dev/null", O_RDWR));
-  if (null_fd < 0) child_fail(kDaemonNotifyFd, errno);
-  for (int fd = 0; fd < 3; ++fd) {
-    if (null_fd != fd && ::syscall(SYS_dup3, null_fd, fd, 0) == -1)
-      child_fail(kDaemonNotifyFd, errno);
-  }
-  // Every other inherited fd (the caller's sockets, pipes, files without O_CLOEXEC).
-  if (::syscall(SYS_close_range, kDaemonNotifyFd + 1, ~0U, 0) == -1) {
-    for (int fd = kDaemonNotifyFd + 1; fd < 65536; ++fd) ::syscall(SYS_close, fd);
-  }
-  // The kernel's sigset_t is _NSIG bits (glibc's is larger); an empty one unblocks all.
-  std::uint64_t none[(_NSIG + 63) / 64] = {};
-  ::syscall(SYS_rt_sigprocmask, SIG_SETMASK, none, nullptr, static_cast<size_t>(_NSIG / 8));
-  ::syscall(SYS_execve, path, argv, environ);
-  child_fail(kDaemonNotifyFd, errno);
+  // Exited (or a kernel without pidfds: wait for it). ECHILD: the caller ignores SIGCHLD
+  // or reaped it already; either way it is gone.
+  int status = 0;
+  retry_eintr([&] { return static_cast<int>(::waitpid(child, &status, 0)); });
+  return true;
 }
 
 }  // namespace
 
 UniqueFd spawn_detached(const std::string& path, const std::vector<std::string>& args) {
-  // Everything the children need is prepared before fork: they may not allocate.
   std::vector<std::string> storage;
   storage.push_back(path);
   storage.insert(storage.end(), args.begin(), args.end());
@@ -101,20 +57,49 @@ UniqueFd spawn_detached(const std::string& path, const std::vector<std::string>&
   UniqueFd read_end(fds[0]);
   UniqueFd write_end(fds[1]);
 
-  pid_t child = ::_Fork();
-  if (child == -1) throw_system_error(errno, "fork", "starting " + path);
-  if (child == 0) {
-    ::syscall(SYS_setsid);
-    pid_t grandchild = ::_Fork();
-    if (grandchild == -1) child_fail(write_end.get(), errno);
-    if (grandchild == 0) exec_daemon(write_end.get(), path.c_str(), argv.data());
-    raw_exit(0);
+  posix_spawn_file_actions_t actions;
+  posix_spawnattr_t attr;
+  if (int err = ::posix_spawn_file_actions_init(&actions))
+    throw_system_error(err, "posix_spawn_file_actions_init", "starting " + path);
+  if (int err = ::posix_spawnattr_init(&attr)) {
+    ::posix_spawn_file_actions_destroy(&actions);
+    throw_system_error(err, "posix_spawnattr_init", "starting " + path);
+  }
+  // The notify pipe at kDaemonNotifyFd (dup2 clears close-on-exec on the copy; a pipe
+  // already there gets its flag cleared by glibc's dup2 of an fd onto itself); stdio on
+  // /dev/null, so the daemon holds none of the caller's pipes (a test runner waiting for EOF
+  // on a test's stdout would wait for the daemon's whole life); every other fd closed (the
+  // caller's sockets, pipes and files without O_CLOEXEC). Signal mask emptied; a session of
+  // its own.
+  sigset_t none;
+  sigemptyset(&none);
+  int err = ::posix_spawn_file_actions_adddup2(&actions, write_end.get(), kDaemonNotifyFd);
+  for (int fd = 0; err == 0 && fd < 3; ++fd)
+    err = ::posix_spawn_file_actions_addopen(&actions, fd, "/dev/null", O_RDWR, 0);
+  if (err == 0) err = ::posix_spawn_file_actions_addclosefrom_np(&actions, kDaemonNotifyFd + 1);
+  if (err == 0) err = ::posix_spawnattr_setsigmask(&attr, &none);
+  if (err == 0)
+    err = ::posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSID);
+  pid_t child = -1;
+  if (err == 0) err = ::posix_spawn(&child, path.c_str(), &actions, &attr, argv.data(), environ);
+  ::posix_spawnattr_destroy(&attr);
+  ::posix_spawn_file_actions_destroy(&actions);
+  if (err == EAGAIN || err == ENOMEM) throw_system_error(err, "posix_spawn", "starting " + path);
+  if (err != 0) {
+    // The program could not be executed (glibc reaped the child): the line its exec's
+    // failure gives, as the daemon's own lines come, for the caller to read.
+    write_all_noexcept(write_end.get(), "EXEC " + std::to_string(err) + "\n");
+    return read_end;
   }
   write_end.reset();
-  int status = 0;
-  // ECHILD: the caller ignores SIGCHLD or reaped it already; either way it is gone.
-  retry_eintr([&] { return static_cast<int>(::waitpid(child, &status, 0)); });
+  reap_within(child, kDetachTimeoutMs);
   return read_end;
+}
+
+void detach_from_starter() {
+  const pid_t child = ::fork();
+  if (child == -1) throw_system_error(errno, "fork", "detaching the daemon from its starter");
+  if (child > 0) ::_exit(0);
 }
 
 std::string read_line(int fd, int timeout_ms, bool* timed_out) {

@@ -100,6 +100,7 @@ TEST_F(ManagerTest, StartsOnFirstUseInASessionOfItsOwnAndExitsWhenIdle) {
     EXPECT_NE(::getsid(daemon), ::getsid(0)) << "the daemon must leave the caller's session";
     EXPECT_NE(::getpgid(daemon), ::getpgid(0)) << "and its process group (Ctrl-C)";
     EXPECT_NE(internal::read_process_status(daemon).parent, ::getpid());
+    EXPECT_NE(::getsid(daemon), daemon) << "nor lead a session (it could take a terminal)";
     struct stat st {};
     ASSERT_EQ(::stat(loc.dir.c_str(), &st), 0);
     EXPECT_EQ(st.st_mode & 0777, 0700u);
@@ -470,6 +471,52 @@ TEST_F(ManagerTest, ReceiverThatOpensANameIsAHolderToo) {
       << "refcount " << seg->header()->refcount.load();
   seg.reset();
   EXPECT_FALSE(name_exists(name));
+}
+
+TEST_F(ManagerTest, StartingTheDaemonLeavesTheStarterNoChild) {
+  int rc = testing::run_in_child([&] {
+    Storage s = Storage::allocate_shared(4096);
+    const pid_t daemon = mgr::connected_daemon_pid();
+    ASSERT_GT(daemon, 0);
+    // The process spawn_detached started exited (the daemon is its child) and was reaped.
+    int status = 0;
+    errno = 0;
+    EXPECT_EQ(::waitpid(-1, &status, WNOHANG), -1);
+    EXPECT_EQ(errno, ECHILD);
+    EXPECT_NE(internal::read_process_status(daemon).parent, ::getpid());
+  });
+  EXPECT_EQ(rc, 0);
+}
+
+TEST_F(ManagerTest, ADaemonProgramThatCannotBeExecutedIsAnErrorSayingWhy) {
+  char dir_template[] = "/tmp/shmtensor-noexec-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir_template), nullptr);
+  const std::string dir = dir_template;
+  const std::string program = dir + "/shmtensor-manager";
+  {
+    std::FILE* f = std::fopen(program.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fputs("#!/bin/sh\nexit 0\n", f);
+    std::fclose(f);
+  }
+  ASSERT_EQ(::chmod(program.c_str(), 0644), 0);  // no execute bit: EACCES, for root too
+  int rc = testing::run_in_child([&] {
+    ::setenv("SHMTENSOR_MANAGER", program.c_str(), 1);
+    try {
+      Storage s = Storage::allocate_shared(4096);
+      ADD_FAILURE() << "created a named segment without a manager";
+    } catch (const Error& e) {
+      std::string what = e.what();
+      EXPECT_NE(what.find(program + " (cannot execute: " + std::strerror(EACCES) + ")"),
+                std::string::npos) << what;
+    }
+    EXPECT_TRUE(testing::shm_names_of(::getpid()).empty()) << "a name was created anyway";
+    int status = 0;
+    EXPECT_EQ(::waitpid(-1, &status, WNOHANG), -1) << "a child was left to reap";
+  });
+  EXPECT_EQ(rc, 0);
+  ::unlink(program.c_str());
+  ::rmdir(dir.c_str());
 }
 
 TEST_F(ManagerTest, DaemonThatCannotBeFoundIsAnErrorSayingWhereItLooked) {

@@ -3,6 +3,10 @@
 // by hand, though it can be, in the foreground, for debugging:
 //
 //   shmtensor-manager [--dir DIR] [--group NAME] [--grace-ms MS] [--notify-fd FD] [--no-sweep]
+//                     [--detach]
+//
+// --detach (what the library passes): fork first, the process started exiting at once, so
+// that the daemon is not its starter's child (os/daemonize.h, spawn_detached).
 //
 // Exit status: 0 after serving, 3 when another daemon already serves the group, 1 when it
 // could not start, 2 for bad arguments.
@@ -22,7 +26,7 @@ namespace {
 int usage(const char* why) {
   std::cerr << "shmtensor-manager: " << why
             << "\nusage: shmtensor-manager [--dir DIR] [--group NAME] [--grace-ms MS] "
-               "[--notify-fd FD] [--no-sweep]\n";
+               "[--notify-fd FD] [--no-sweep] [--detach]\n";
   return 2;
 }
 
@@ -36,12 +40,23 @@ int main(int argc, char** argv) {
   int notify_fd = -1;
   bool sweep = true;
   for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--detach") != 0) continue;
+    try {
+      shmtensor::internal::detach_from_starter();
+    } catch (const shmtensor::Error& e) {
+      std::cerr << "shmtensor-manager: " << e.what() << "\n";
+      return 1;
+    }
+    break;
+  }
+  for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     auto value = [&]() -> const char* { return i + 1 < argc ? argv[++i] : nullptr; };
     if (arg == "--no-sweep") {
       sweep = false;
       continue;
     }
+    if (arg == "--detach") continue;
     const char* v = value();
     if (v == nullptr) return usage(("missing value for " + arg).c_str());
     if (arg == "--dir")
