@@ -257,6 +257,22 @@ class _RaisingQueue:
         raise self.error
 
 
+@contextlib.contextmanager
+def _context_of(loader, context):
+    """Meanwhile, loader.multiprocessing_context (what torch's __init__ starts the workers
+    and makes the queues with) is `context`; None: it stays the loader's."""
+    if context is None:
+        yield
+        return
+    name = "_DataLoader__multiprocessing_context"  # the property's attribute (torch 1.13 to 2.13)
+    saved = loader.__dict__[name]
+    loader.__dict__[name] = context  # not through DataLoader.__setattr__ (no check to pass)
+    try:
+        yield
+    finally:
+        loader.__dict__[name] = saved
+
+
 def _usable_cpus() -> int:
     """The CPUs this process may run on (its affinity mask)."""
     return len(os.sched_getaffinity(0))
@@ -278,7 +294,9 @@ class ShmtensorDataLoaderIter(_MPIter):
 
     _boards = None  # (the workers' boards, shape), until _reset wraps the queues
 
-    def __init__(self, loader):
+    def __init__(self, loader, context=None):
+        """`context`: the multiprocessing context to start the workers and make the queues
+        with in place of the loader's (None: the loader's)."""
         # Spawn and forkserver workers each get a pickle of the dataset: its NumPy arrays
         # are copied into shared memory once for all of them (its tensors move there in
         # place at the first pickle, as with torch).
@@ -288,7 +306,7 @@ class ShmtensorDataLoaderIter(_MPIter):
             boards = _C._make_index_boards(loader.num_workers, *shape)
             self._boards = (boards, shape)
             target = _BoardTarget(boards, shape)
-        with _reductions.one_copy_per_array(), target:
+        with _reductions.one_copy_per_array(), target, _context_of(loader, context):
             super().__init__(loader)
         if loader.num_workers >= _usable_cpus() and _native(self._worker_result_queue, False):
             # The workers and this process outnumber the CPUs: a get that polled would keep

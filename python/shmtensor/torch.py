@@ -448,6 +448,21 @@ def _takes(loader) -> bool:
     return _saved is not None or isinstance(loader.multiprocessing_context, _PollingQueues)
 
 
+# The standard library's contexts, whose queues pickle every batch (through the fd keeper).
+_STDLIB_CONTEXTS = (_mpcontext.ForkContext, _mpcontext.SpawnContext, _mpcontext.ForkServerContext)
+
+
+def _installed_counterpart(loader):
+    """While install() is active, for a loader whose multiprocessing_context is one of the
+    standard library's (a context object given, or a start method named before install()):
+    the installed context of that start method, which carries the batches natively and
+    lets the workers take their tasks from boards. None otherwise."""
+    ctx = loader.multiprocessing_context
+    if _saved is None or type(ctx) not in _STDLIB_CONTEXTS:
+        return None
+    return _get_context(ctx.get_start_method())
+
+
 def _get_iterator(self):
     """DataLoader._get_iterator once install() or context() has run: shmtensor's iterator
     (shmtensor/_loader.py) for a loader with workers that _takes; torch's otherwise, or
@@ -456,7 +471,7 @@ def _get_iterator(self):
         reason = _loader.unavailable_reason()
         if reason is None:
             self.check_worker_number_rationality()
-            return _loader.ShmtensorDataLoaderIter(self)
+            return _loader.ShmtensorDataLoaderIter(self, _installed_counterpart(self))
         _loader.say_torch_iterator(reason)
     return _torch_get_iterator(self)
 

@@ -21,7 +21,8 @@ from torch.utils.data import dataloader as torch_dataloader  # noqa: E402
 
 import shmtensor.multiprocessing as smp  # noqa: E402
 import shmtensor.torch as st  # noqa: E402
-from helpers import run_in_child, torch_strategy  # noqa: E402,F401 (fixture `strategy`)
+from helpers import (forget_inherited_forkserver, run_in_child,  # noqa: E402,F401
+                     torch_strategy)  # (fixture `strategy`)
 from shmtensor import _C, _loader  # noqa: E402
 
 TORCH_2 = int(torch.__version__.split(".")[0]) >= 2
@@ -812,6 +813,45 @@ def another_thread_meanwhile():
         assert StartsAnother.others == [[[0, 1], [2, 3], [4, 5]]]
         from torch.utils.data._utils import worker
         assert worker._worker_loop is _loader._torch_worker_loop
+    finally:
+        st.uninstall()
+
+
+@pytest.mark.parametrize("method", ["fork", "forkserver"])
+def test_a_standard_library_context_takes_the_native_path(strategy, method):
+    assert run_in_child(functools.partial(standard_library_context, method)) == 0
+
+
+def standard_library_context(method):
+    """A DataLoader given a context of the standard library's (an object, or a start method
+    named before install(), which torch resolved then): under install() its workers start by
+    that method and the batches come natively, every one by the C++ path, the same as
+    torch's; the loader keeps its context."""
+    import multiprocessing
+    forget_inherited_forkserver()
+    given = multiprocessing.get_context(method)
+
+    def make():
+        return DataLoader(Noisy(), num_workers=2, batch_size=3, multiprocessing_context=given,
+                          sampler=RandomSampler(range(37), generator=_seeded(5)))
+    stock, ours = stock_and_ours(make)
+    assert same(stock, ours)
+    named_before = DataLoader(Noisy(), num_workers=2, batch_size=3,
+                              multiprocessing_context=method)
+    assert type(named_before.multiprocessing_context) is type(given)
+    st.install()
+    try:
+        for loader in (make(), named_before):
+            before = _C._loader_batches()
+            it = iter(loader)
+            assert _loader._native(it._worker_result_queue, False)
+            assert all(type(q) is _loader._BoardQueue for q in it._index_queues)
+            assert [w._start_method for w in it._workers] == [method, method]
+            assert sum(len(b["i"]) for b in it) == 37
+            assert _C._loader_batches() - before == 13
+            assert loader.multiprocessing_context is (given if loader is not named_before
+                                                      else named_before.multiprocessing_context)
+            assert type(loader.multiprocessing_context) is type(given)
     finally:
         st.uninstall()
 
