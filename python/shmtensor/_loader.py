@@ -257,20 +257,17 @@ class _RaisingQueue:
         raise self.error
 
 
-@contextlib.contextmanager
-def _context_of(loader, context):
-    """Meanwhile, loader.multiprocessing_context (what torch's __init__ starts the workers
-    and makes the queues with) is `context`; None: it stays the loader's."""
-    if context is None:
-        yield
-        return
-    name = "_DataLoader__multiprocessing_context"  # the property's attribute (torch 1.13 to 2.13)
-    saved = loader.__dict__[name]
-    loader.__dict__[name] = context  # not through DataLoader.__setattr__ (no check to pass)
-    try:
-        yield
-    finally:
-        loader.__dict__[name] = saved
+class _WithContext:
+    """A DataLoader as torch's iterator __init__ reads it (attributes only), its
+    multiprocessing_context another: the loader itself is left alone, so another thread's
+    iterator, or the user, never sees the swap."""
+
+    def __init__(self, loader, context):
+        self.__dict__["_loader"] = loader
+        self.__dict__["multiprocessing_context"] = context
+
+    def __getattr__(self, name):
+        return getattr(self.__dict__["_loader"], name)
 
 
 def _usable_cpus() -> int:
@@ -306,8 +303,8 @@ class ShmtensorDataLoaderIter(_MPIter):
             boards = _C._make_index_boards(loader.num_workers, *shape)
             self._boards = (boards, shape)
             target = _BoardTarget(boards, shape)
-        with _reductions.one_copy_per_array(), target, _context_of(loader, context):
-            super().__init__(loader)
+        with _reductions.one_copy_per_array(), target:
+            super().__init__(loader if context is None else _WithContext(loader, context))
         if loader.num_workers >= _usable_cpus() and _native(self._worker_result_queue, False):
             # The workers and this process outnumber the CPUs: a get that polled would keep
             # a CPU from the worker making the batch it waits for.

@@ -491,7 +491,9 @@ def install(*, busy_poll: float | None = None) -> None:
     Pipe, Pool and get_context become shmtensor's native transport, so a DataLoader's
     queues are native ones. A get() on a Queue made through torch.multiprocessing in this
     process polls for up to `busy_poll` seconds (default 50 us, 0: never) before it sleeps
-    (context()). Idempotent; busy_poll given again changes the setting. Without the C++
+    (context()), except the batches' queue of a DataLoader with at least as many workers as
+    the CPUs of this process's affinity mask, which never polls (a poll would keep a CPU
+    from the workers). Idempotent; busy_poll given again changes the setting. Without the C++
     bridge it works, and warns once why (RuntimeWarning; bridge_unavailable_reason())."""
     global _saved
     with _lock:
@@ -707,7 +709,9 @@ def context(method: str = "fork", *, busy_poll: float = _DEFAULT_BUSY_POLL) -> _
     native transport. Nothing changes in the calling process, except that a get() on a
     Queue made by this context polls for up to `busy_poll` seconds (adapting; 50 us by
     default, 0: never) before it sleeps: the DataLoader's main process then takes each
-    batch as it comes instead of being woken for it (Queue.set_busy_poll)."""
+    batch as it comes instead of being woken for it (Queue.set_busy_poll). A DataLoader with
+    at least as many workers as the CPUs of this process's affinity mask never polls for its
+    batches (a poll would keep a CPU from the workers)."""
     cls = _context_classes.get(method)
     if cls is None:
         raise ValueError("cannot find context for %r" % method)

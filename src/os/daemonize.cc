@@ -9,8 +9,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdint>
 
 #include "os/proc.h"
 #include "os/syscall.h"
@@ -26,20 +28,33 @@ namespace {
 // program that does not detach is left running, unreaped, after that.
 constexpr int kDetachTimeoutMs = 10000;
 
-// Waits up to timeout_ms for `child` to exit, and reaps it. False if it did not exit in
-// time (it is left as it is).
+// Waits up to timeout_ms in all for `child` to exit, and reaps it. False if it did not exit
+// in time (it is left as it is). Without a pidfd (a kernel before 5.3, a seccomp filter
+// refusing pidfd_open, no fd left) it looks with WNOHANG every millisecond.
 bool reap_within(pid_t child, int timeout_ms) {
+  using Clock = std::chrono::steady_clock;
+  const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+  auto left_ms = [&] {
+    return static_cast<int>(std::max<std::int64_t>(
+        0, std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()).count()));
+  };
   bool unsupported = false;
   UniqueFd pidfd = open_pidfd(child, &unsupported);
-  if (pidfd) {
-    pollfd p{pidfd.get(), POLLIN, 0};
-    if (retry_eintr([&] { return ::poll(&p, 1, timeout_ms); }) <= 0) return false;
-  }
-  // Exited (or a kernel without pidfds: wait for it). ECHILD: the caller ignores SIGCHLD
-  // or reaped it already; either way it is gone.
   int status = 0;
-  retry_eintr([&] { return static_cast<int>(::waitpid(child, &status, 0)); });
-  return true;
+  for (;;) {
+    // ECHILD: the caller ignores SIGCHLD or another thread reaped it; either way it is gone.
+    const pid_t r = ::waitpid(child, &status, WNOHANG);
+    if (r == child || (r == -1 && errno != EINTR)) return true;
+    if (r == -1) continue;
+    const int left = left_ms();
+    if (left == 0) return false;
+    if (pidfd) {
+      pollfd p{pidfd.get(), POLLIN, 0};
+      ::poll(&p, 1, left);  // EINTR or readiness: look again, with the time left
+    } else {
+      ::usleep(1000);
+    }
+  }
 }
 
 }  // namespace

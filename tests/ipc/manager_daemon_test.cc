@@ -3,6 +3,7 @@
 // when killed (and the new one sweeps), is not displaced by a second daemon, drops only
 // the connection that sends garbage, refuses other uids, and at its open-file limit refuses
 // a new connection saying why.
+#include <dirent.h>
 #include <gmock/gmock.h>
 #include <sys/fsuid.h>
 #include <sys/resource.h>
@@ -486,6 +487,42 @@ TEST_F(ManagerTest, StartingTheDaemonLeavesTheStarterNoChild) {
     EXPECT_NE(internal::read_process_status(daemon).parent, ::getpid());
   });
   EXPECT_EQ(rc, 0);
+}
+
+// The starter's fd 0 closed (the notify pipe's read end takes it, and its write end goes
+// to fd 3 in the process spawned), SIGCHLD ignored (that process is reaped by the kernel),
+// and an fd without close-on-exec open: the daemon starts and reports, has /dev/null as
+// its stdin and stdout and its log as stderr, and holds nothing of the starter's.
+TEST_F(ManagerTest, TheDaemonStartsFromAStarterWithoutStdinIgnoringSigchldAndHoldsNoneOfItsFds) {
+  char marker[] = "/tmp/shmtensor-leak-XXXXXX";
+  const int marker_fd = ::mkstemp(marker);  // no O_CLOEXEC
+  ASSERT_GE(marker_fd, 0);
+  int rc = testing::run_in_child([&] {
+    ::close(STDIN_FILENO);
+    ::signal(SIGCHLD, SIG_IGN);
+    Storage s = Storage::allocate_shared(4096);
+    const pid_t daemon = mgr::connected_daemon_pid();
+    ASSERT_GT(daemon, 0);
+    const std::string fds = "/proc/" + std::to_string(daemon) + "/fd/";
+    for (int fd = 0; fd < 3; ++fd) {
+      char target[256] = {};
+      ASSERT_GT(::readlink((fds + std::to_string(fd)).c_str(), target, sizeof target - 1), 0);
+      // stderr: the daemon's log, which it opens there itself (manager.md, "Where it lives").
+      EXPECT_EQ(target, fd == 2 ? location().log_path : "/dev/null") << "fd " << fd;
+    }
+    DIR* dir = ::opendir(fds.c_str());
+    ASSERT_NE(dir, nullptr);
+    while (dirent* e = ::readdir(dir)) {
+      if (e->d_name[0] == '.') continue;
+      char target[256] = {};
+      ::readlink((fds + e->d_name).c_str(), target, sizeof target - 1);
+      EXPECT_STRNE(target, marker) << "the daemon holds the starter's fd " << e->d_name;
+    }
+    ::closedir(dir);
+  });
+  EXPECT_EQ(rc, 0);
+  ::close(marker_fd);
+  ::unlink(marker);
 }
 
 TEST_F(ManagerTest, ADaemonProgramThatCannotBeExecutedIsAnErrorSayingWhy) {

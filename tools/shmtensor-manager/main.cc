@@ -12,7 +12,6 @@
 // could not start, 2 for bad arguments.
 // All the logic is in src/manager/daemon.cc.
 #include <cstdlib>
-#include <cstring>
 #include <iostream>
 #include <string>
 
@@ -23,11 +22,12 @@
 
 namespace {
 
-int usage(const char* why) {
-  std::cerr << "shmtensor-manager: " << why
-            << "\nusage: shmtensor-manager [--dir DIR] [--group NAME] [--grace-ms MS] "
-               "[--notify-fd FD] [--no-sweep] [--detach]\n";
-  return 2;
+// Says why the daemon cannot start: on stderr and, for a daemon started by the library
+// (whose stderr is /dev/null), on the notify pipe, which the client reports as an error.
+int fail(int notify_fd, const std::string& why, int status) {
+  if (notify_fd >= 0) shmtensor::internal::write_all_noexcept(notify_fd, "ERROR " + why + "\n");
+  std::cerr << "shmtensor-manager: " << why << "\n";
+  return status;
 }
 
 }  // namespace
@@ -39,27 +39,22 @@ int main(int argc, char** argv) {
   int grace_ms = mgr::manager_grace_ms();
   int notify_fd = -1;
   bool sweep = true;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--detach") != 0) continue;
-    try {
-      shmtensor::internal::detach_from_starter();
-    } catch (const shmtensor::Error& e) {
-      std::cerr << "shmtensor-manager: " << e.what() << "\n";
-      return 1;
-    }
-    break;
-  }
-  for (int i = 1; i < argc; ++i) {
+  bool detach = false;
+  std::string bad;
+  for (int i = 1; i < argc && bad.empty(); ++i) {
     std::string arg = argv[i];
-    auto value = [&]() -> const char* { return i + 1 < argc ? argv[++i] : nullptr; };
     if (arg == "--no-sweep") {
       sweep = false;
       continue;
     }
-    if (arg == "--detach") continue;
-    const char* v = value();
-    if (v == nullptr) return usage(("missing value for " + arg).c_str());
-    if (arg == "--dir")
+    if (arg == "--detach") {
+      detach = true;
+      continue;
+    }
+    const char* v = i + 1 < argc ? argv[++i] : nullptr;
+    if (v == nullptr)
+      bad = "missing value for " + arg;
+    else if (arg == "--dir")
       dir = v;
     else if (arg == "--group")
       group = v;
@@ -68,7 +63,19 @@ int main(int argc, char** argv) {
     else if (arg == "--notify-fd")
       notify_fd = std::atoi(v);
     else
-      return usage(("unknown argument " + arg).c_str());
+      bad = "unknown argument " + arg;
+  }
+  if (!bad.empty())
+    return fail(notify_fd,
+                bad + "\nusage: shmtensor-manager [--dir DIR] [--group NAME] [--grace-ms MS] "
+                      "[--notify-fd FD] [--no-sweep] [--detach]",
+                2);
+  if (detach) {
+    try {
+      shmtensor::internal::detach_from_starter();
+    } catch (const shmtensor::Error& e) {
+      return fail(notify_fd, e.what(), 1);
+    }
   }
   if (group.empty()) {
     const char* g = std::getenv("SHMTENSOR_MANAGER_GROUP");
@@ -78,10 +85,7 @@ int main(int argc, char** argv) {
   try {
     options.location = mgr::manager_location(dir, group);
   } catch (const shmtensor::Error& e) {
-    if (notify_fd >= 0)
-      shmtensor::internal::write_all_noexcept(notify_fd, std::string("ERROR ") + e.what() + "\n");
-    std::cerr << "shmtensor-manager: " << e.what() << "\n";
-    return 1;
+    return fail(notify_fd, e.what(), 1);
   }
   options.grace_ms = grace_ms < 0 ? 0 : grace_ms;
   options.notify_fd = notify_fd;
