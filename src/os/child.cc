@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <spawn.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -119,9 +120,23 @@ pid_t fork_process() {
   return checked_fork(::fork(), "fork");
 }
 
-pid_t fork_for_exec() {
+pid_t spawn_self(char* const* argv, char* const* envp, std::initializer_list<int> inherit) {
   std::fflush(nullptr);
-  return checked_fork(::_Fork(), "_Fork");
+  posix_spawn_file_actions_t actions;
+  if (int err = ::posix_spawn_file_actions_init(&actions))
+    throw_system_error(err, "posix_spawn_file_actions_init", "/proc/self/exe");
+  int err = 0;
+  // A dup2 of an fd onto itself clears its close-on-exec flag (glibc 2.29 and later).
+  for (int fd : inherit)
+    if (err == 0) err = ::posix_spawn_file_actions_adddup2(&actions, fd, fd);
+  pid_t pid = -1;
+  if (err == 0) err = ::posix_spawn(&pid, "/proc/self/exe", &actions, nullptr, argv, envp);
+  ::posix_spawn_file_actions_destroy(&actions);
+  if (err != 0)
+    throw_system_error(err, "posix_spawn", "/proc/self/exe",
+                       err == EAGAIN ? "the process limit (ulimit -u) or pid limit is reached"
+                                     : "");
+  return pid;
 }
 
 std::pair<UniqueFd, UniqueFd> make_report_pipe() {
@@ -195,11 +210,6 @@ void die_with_parent(pid_t expected_parent) noexcept {
   if (static_cast<pid_t>(::syscall(SYS_getppid)) != expected_parent) exit_raw(1);
 }
 
-bool clear_cloexec_raw(int fd) noexcept {
-  const long flags = ::syscall(SYS_fcntl, fd, F_GETFD);
-  return flags != -1 && ::syscall(SYS_fcntl, fd, F_SETFD, flags & ~FD_CLOEXEC) != -1;
-}
-
 void write_all_raw(int fd, const char* data, std::size_t n) noexcept {
   while (n > 0) {
     const long w = ::syscall(SYS_write, fd, data, n);
@@ -210,11 +220,6 @@ void write_all_raw(int fd, const char* data, std::size_t n) noexcept {
     data += w;
     n -= static_cast<std::size_t>(w);
   }
-}
-
-int exec_self(char* const* argv, char* const* envp) noexcept {
-  ::syscall(SYS_execve, "/proc/self/exe", argv, envp);
-  return errno;
 }
 
 void exit_raw(int code) noexcept {

@@ -8,6 +8,7 @@
 
 #include <sys/types.h>
 
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <utility>
@@ -68,13 +69,15 @@ class ChildProcess {
 // fork() after flushing this process's stdio (so buffered output is not written twice).
 // Returns 0 in the child, the child's pid in the parent. Throws SystemError.
 pid_t fork_process();
-// The same with _Fork(), which runs no pthread_atfork handler: for a child that only execs.
-// The library's fork handlers would give it a hold of every block and a count of every
-// named segment this process has, which exec drops without giving back (they would stay
-// pinned until the child exits). The child may then make raw system calls only (the
-// functions below): a sanitizer does not see _Fork, so its interceptors could block on a
-// lock another thread of the parent held.
-pid_t fork_for_exec();
+// Starts /proc/self/exe (this program, again) with argv and envp by posix_spawn (glibc's
+// clone with CLONE_VM and CLONE_VFORK): the child copies none of this process's page tables
+// (a fork of a process of a few GB takes tens of milliseconds, and leaves every page this
+// process writes afterwards to a copy-on-write fault) and runs no pthread_atfork handler
+// (the library's would give it a hold of every block and a count of every named segment
+// this process has, which exec drops without giving back). The fds in `inherit` lose
+// close-on-exec in the child only. Returns the child's pid. Throws SystemError when no
+// process could be made or the program could not be executed.
+pid_t spawn_self(char* const* argv, char* const* envp, std::initializer_list<int> inherit);
 
 // A pipe, both ends O_CLOEXEC; the read end is made O_NONBLOCK. {read, write}.
 std::pair<UniqueFd, UniqueFd> make_report_pipe();
@@ -98,17 +101,14 @@ std::vector<std::string> environment();
 // ---- async-signal-safe, for the child side ----------------------------------------------
 
 // These make system calls through syscall(2), never through an intercepted libc wrapper
-// (see fork_for_exec).
+// (a forked child of a multithreaded parent could block on a sanitizer lock another thread
+// of the parent held).
 // PR_SET_PDEATHSIG(SIGKILL), then: if our parent is no longer `expected_parent` (it died
 // before prctl took effect), ends this process with exit_group(1). Kept across execve.
 // Note that the signal comes when the parent *thread* that forked us ends.
 void die_with_parent(pid_t expected_parent) noexcept;
-// FD_CLOEXEC off, without throwing. False on failure.
-bool clear_cloexec_raw(int fd) noexcept;
 // write() all of [data, data + n); gives up on errors other than EINTR.
 void write_all_raw(int fd, const char* data, std::size_t n) noexcept;
-// execve("/proc/self/exe", argv, envp). Returns only on failure, with errno's value.
-int exec_self(char* const* argv, char* const* envp) noexcept;
 // Ends every thread of the process at once (exit_group), running no atexit handler and
 // flushing no stdio buffer: in a forked child those are copies of the parent's.
 [[noreturn]] void exit_raw(int code) noexcept;

@@ -27,6 +27,7 @@ struct ExecChild {
   int args_fd = -1;
   CodeAddress entry;
   CodeAddress fn;
+  pid_t parent = 0;
 };
 
 std::vector<std::string_view> split(std::string_view s, char sep) {
@@ -74,14 +75,16 @@ std::optional<std::string> unhex(std::string_view s) {
 // The variable comes from our parent, but the environment is user-controllable: validate.
 std::optional<ExecChild> parse(std::string_view value) {
   auto f = split(value, ':');
-  if (f.size() != 8 || f[0] != "1") return std::nullopt;
+  if (f.size() != 9 || f[0] != "2") return std::nullopt;
   ExecChild c;
   auto index = parse_int(f[1]), report = parse_int(f[2]), args = parse_int(f[3]);
   auto entry_off = parse_number(f[4], 16), fn_off = parse_number(f[5], 16);
   auto entry_mod = unhex(f[6]), fn_mod = unhex(f[7]);
-  if (!index || !report || !args || !entry_off || !fn_off || !entry_mod || !fn_mod)
+  auto parent = parse_int(f[8]);
+  if (!index || !report || !args || !entry_off || !fn_off || !entry_mod || !fn_mod || !parent)
     return std::nullopt;
-  if (*index < 0 || *report < 0 || *args < -1) return std::nullopt;
+  if (*index < 0 || *report < 0 || *args < -1 || *parent <= 0) return std::nullopt;
+  c.parent = static_cast<pid_t>(*parent);
   c.index = *index;
   c.report_fd = *report;
   c.args_fd = *args;
@@ -113,6 +116,9 @@ bool is_exec_child() noexcept { return std::getenv(internal::kExecChildEnv) != n
 void init(int /*argc*/, char** /*argv*/) {
   auto child = take_exec_child();
   if (!child) return;
+  // This process dies with the thread that started it, as a forked child does (spawn_self
+  // could not set it before the exec); if that thread ended already, it exits now.
+  internal::die_with_parent(child->parent);
   int code = 0;
   try {
     // Our fds stay ours: nothing this function execs should inherit them.

@@ -36,13 +36,15 @@ std::string hex_number(std::uintptr_t v) {
 }
 
 // Format (parsed by init(), process/init.cc):
-//   1:<index>:<report fd>:<args fd>:<entry offset>:<fn offset>:<entry module>:<fn module>
-// offsets in hex, module names hex-encoded (they are paths and may contain ':').
+//   2:<index>:<report fd>:<args fd>:<entry offset>:<fn offset>:<entry module>:<fn module>:<parent>
+// offsets in hex, module names hex-encoded (they are paths and may contain ':'); parent:
+// the pid whose death the child dies with.
 std::string exec_child_value(int index, int report_fd, int args_fd, const CodeAddress& entry,
-                             const CodeAddress& fn) {
-  return "1:" + std::to_string(index) + ":" + std::to_string(report_fd) + ":" +
+                             const CodeAddress& fn, pid_t parent) {
+  return "2:" + std::to_string(index) + ":" + std::to_string(report_fd) + ":" +
          std::to_string(args_fd) + ":" + hex_number(entry.offset) + ":" +
-         hex_number(fn.offset) + ":" + hex(entry.module) + ":" + hex(fn.module);
+         hex_number(fn.offset) + ":" + hex(entry.module) + ":" + hex(fn.module) + ":" +
+         std::to_string(parent);
 }
 
 std::vector<char*> pointers(std::vector<std::string>& strings) {
@@ -74,9 +76,8 @@ std::unique_ptr<ProcessState> ProcessState::start(const LaunchSpec& spec, StartM
         new ProcessState(std::move(child), std::move(report_read), false));
   }
 
-  // kExec. Everything the child needs is built here, before fork: between fork and execve
-  // the child may only make async-signal-safe calls (the parent may have other threads,
-  // one of which could hold the malloc lock at the moment of fork).
+  // kExec: this program again (spawn_self: posix_spawn, no copy of this process's memory,
+  // no fork handler), told by the environment what to run.
   CodeAddress entry = code_address_of(reinterpret_cast<std::uintptr_t>(spec.exec_entry));
   CodeAddress fn = code_address_of(spec.exec_fn);
   std::unique_ptr<ExecArgs> args = spec.exec_args ? spec.exec_args() : nullptr;
@@ -88,33 +89,13 @@ std::unique_ptr<ProcessState> ProcessState::start(const LaunchSpec& spec, StartM
   const std::string prefix = std::string(kExecChildEnv) + "=";
   for (auto& e : environment())
     if (e.compare(0, prefix.size(), prefix) != 0) env_strings.push_back(std::move(e));
-  env_strings.push_back(prefix +
-                        exec_child_value(spec.index, report_write.get(), args_fd, entry, fn));
+  env_strings.push_back(prefix + exec_child_value(spec.index, report_write.get(), args_fd,
+                                                  entry, fn, parent));
   std::vector<char*> argv = pointers(argv_strings);
   std::vector<char*> envp = pointers(env_strings);
-  const std::string exec_failed =
-      std::string(1, kErrorMarker) + "shmtensor::SystemError: execve(/proc/self/exe): errno ";
-  const int report_fd = report_write.get();
-
-  // _Fork: no fork handler runs, so the child, which only execs, takes no hold of our
-  // blocks and no count of our named segments (fork_for_exec).
-  pid_t pid = fork_for_exec();
-  if (pid == 0) {
-    // Raw system calls only from here to execve.
-    die_with_parent(parent);
-    clear_cloexec_raw(report_fd);
-    if (args_fd >= 0) clear_cloexec_raw(args_fd);
-    int err = exec_self(argv.data(), envp.data());
-    write_all_raw(report_fd, exec_failed.data(), exec_failed.size());
-    char digits[16];
-    int n = 0;
-    do {
-      digits[sizeof digits - 1 - n++] = static_cast<char>('0' + err % 10);
-      err /= 10;
-    } while (err > 0 && n < static_cast<int>(sizeof digits));
-    write_all_raw(report_fd, digits + sizeof digits - n, static_cast<std::size_t>(n));
-    exit_raw(127);
-  }
+  const pid_t pid = args_fd >= 0
+                        ? spawn_self(argv.data(), envp.data(), {report_write.get(), args_fd})
+                        : spawn_self(argv.data(), envp.data(), {report_write.get()});
   ChildProcess child(pid);
   report_write.reset();
   std::unique_ptr<ProcessState> state(

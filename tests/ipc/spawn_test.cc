@@ -362,7 +362,8 @@ TEST_P(SpawnTest, CaptureLessLambda) {
 }
 
 // Parent death: a child spawns a grandchild, then the child is SIGKILLed; the grandchild
-// (PR_SET_PDEATHSIG, kept across exec) dies within seconds. torch's _test_nested.
+// (PR_SET_PDEATHSIG: set by a forked child, or by an exec child in init()) dies within
+// seconds. torch's _test_nested.
 TEST_P(SpawnTest, ChildrenDieWithTheirParent) {
   auto shared = shmtensor::internal::Mapping::map_anonymous_shared(4096);
   auto* grandchild_pid = reinterpret_cast<volatile int*>(shared.data());
@@ -434,7 +435,8 @@ TEST_F(SpawnForkTest, ExecChildWithoutInitCannotStartChildren) {
   ::testing::internal::CaptureStderr();
   pid_t pid = shmtensor::testing::fork_child([&] {
     ::close(fds[0]);
-    std::string value = "1:0:" + std::to_string(fds[1]) + ":-1:0:0::";
+    std::string value =
+        "2:0:" + std::to_string(fds[1]) + ":-1:0:0:::" + std::to_string(::getppid());
     ::setenv("SHMTENSOR_EXEC_CHILD", value.c_str(), 1);
     ASSERT_TRUE(shmtensor::is_exec_child());
     shmtensor::spawn(success_func, 1);

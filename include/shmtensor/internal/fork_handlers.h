@@ -12,8 +12,8 @@
 // Handlers run in the forking thread. Child handlers run in a child that has that one
 // thread, before fork() returns there: they must not wait for anything another thread
 // would do. errno is saved across all of them and restored (glibc reports a failed fork
-// through errno after the parent handlers ran). fork_for_exec uses _Fork and
-// spawn_detached posix_spawn, which run no handler (os/child.h says why).
+// through errno after the parent handlers ran). spawn_self and spawn_detached use
+// posix_spawn, which runs no handler (os/child.h says why).
 #pragma once
 
 #include "shmtensor/export.h"
