@@ -58,7 +58,8 @@ class SHMTENSOR_API Process {
   ~Process();
 
   // Starts the child. Throws Error (a callable kExec cannot run, start() called twice) or
-  // SystemError (fork, pipe). Called once.
+  // SystemError (fork, pipe, posix_spawn: for kExec also a program that could not be
+  // executed). Called once.
   void start();
   // Waits until the child ends or `timeout` passes. True if it has ended. Throws Error if
   // the process was never started.

@@ -8,7 +8,7 @@ namespace shmtensor {
 // kFork: the child is a fork of the caller and runs any callable with its captures
 //   (cheap; inherits queues, connections and every other object). Unsafe when the caller
 //   has other threads that hold locks (CUDA, some thread pools): the child has one thread.
-// kExec: the child forks and immediately execs this program again (/proc/self/exe) with the
+// kExec: the child is this program again (/proc/self/exe, started by posix_spawn) with the
 //   same command line; shmtensor::init() at the top of main then runs the function. Only a
 //   plain function or a captureless lambda can run this way (see docs/processes.md), and
 //   its arguments travel as encoded values.

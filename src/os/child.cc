@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <spawn.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -203,12 +204,37 @@ std::vector<std::string> environment() {
   return env;
 }
 
-void die_with_parent(pid_t expected_parent) noexcept {
+void die_with_parent(pid_t expected_parent, pid_t expected_thread) noexcept {
   ::syscall(SYS_prctl, PR_SET_PDEATHSIG, static_cast<unsigned long>(SIGKILL), 0UL, 0UL, 0UL);
   // The parent may have died between fork and prctl; then no signal will ever come and we
   // have been re-parented (to init or a subreaper).
   if (static_cast<pid_t>(::syscall(SYS_getppid)) != expected_parent) exit_raw(1);
+  if (expected_thread <= 0) return;
+  // The thread that started us may have ended before prctl: we were then handed to another
+  // thread of the parent (getppid cannot tell), and the signal would wait for that one. A
+  // thread's /proc entry goes when it ends (threads are reaped at once).
+  char path[64] = "/proc/";  // "/proc/<pid>/task/<tid>", without snprintf (a forked child)
+  std::size_t n = 6;
+  auto append_number = [&](unsigned v) {
+    char digits[16];
+    int k = 0;
+    do {
+      digits[k++] = static_cast<char>('0' + v % 10);
+      v /= 10;
+    } while (v != 0);
+    while (k > 0) path[n++] = digits[--k];
+  };
+  append_number(static_cast<unsigned>(expected_parent));
+  for (char c : {'/', 't', 'a', 's', 'k', '/'}) path[n++] = c;
+  append_number(static_cast<unsigned>(expected_thread));
+  path[n] = '\0';
+  struct stat st {};
+  if (::syscall(SYS_newfstatat, AT_FDCWD, path, &st, 0) != 0 && errno == ENOENT) exit_raw(1);
 }
+
+pid_t own_thread_id() noexcept { return static_cast<pid_t>(::syscall(SYS_gettid)); }
+
+pid_t parent_pid() noexcept { return static_cast<pid_t>(::syscall(SYS_getppid)); }
 
 void write_all_raw(int fd, const char* data, std::size_t n) noexcept {
   while (n > 0) {

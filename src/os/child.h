@@ -105,8 +105,15 @@ std::vector<std::string> environment();
 // of the parent held).
 // PR_SET_PDEATHSIG(SIGKILL), then: if our parent is no longer `expected_parent` (it died
 // before prctl took effect), ends this process with exit_group(1). Kept across execve.
-// Note that the signal comes when the parent *thread* that forked us ends.
-void die_with_parent(pid_t expected_parent) noexcept;
+// Note that the signal comes when the parent *thread* that started us ends; with
+// `expected_thread` (that thread's id), it also ends this process when that thread has
+// ended already (the child was then handed to another thread of the parent, which the
+// signal would follow, and getppid cannot tell).
+void die_with_parent(pid_t expected_parent, pid_t expected_thread = 0) noexcept;
+// The calling thread's id (gettid).
+pid_t own_thread_id() noexcept;
+// This process's parent (getppid).
+pid_t parent_pid() noexcept;
 // write() all of [data, data + n); gives up on errors other than EINTR.
 void write_all_raw(int fd, const char* data, std::size_t n) noexcept;
 // Ends every thread of the process at once (exit_group), running no atexit handler and

@@ -60,8 +60,9 @@ void close_in_forked_child(LaunchSpec& spec, std::vector<int> fds) {
   };
 }
 
-void run_forked_child(const std::function<void()>& body, int report_fd, int parent_pid) noexcept {
-  die_with_parent(parent_pid);
+void run_forked_child(const std::function<void()>& body, int report_fd, int parent_pid,
+                      int parent_thread) noexcept {
+  die_with_parent(parent_pid, parent_thread);
   int code = 0;
   try {
     body();

@@ -26,10 +26,11 @@ void report_error(int report_fd, const std::string& text) noexcept;
 // Flushes C and C++ stdio, which _exit would otherwise drop: a child's output is not lost.
 void flush_stdio() noexcept;
 
-// In a forked child: arms the parent-death signal, runs body, reports an escaped exception,
-// flushes stdio and _exits (0, or 1 after an exception).
+// In a forked child: arms the parent-death signal (for the thread `parent_thread` of
+// `parent_pid`, which forked it), runs body, reports an escaped exception, flushes stdio and
+// _exits (0, or 1 after an exception).
 [[noreturn]] void run_forked_child(const std::function<void()>& body, int report_fd,
-                                   int parent_pid) noexcept;
+                                   int parent_pid, int parent_thread) noexcept;
 
 // Makes a forked child (spec.fork_body) close `fds` before anything else: the parent's ends
 // of the connection to this child and of those to its siblings. A forked child inherits

@@ -28,6 +28,7 @@ struct ExecChild {
   CodeAddress entry;
   CodeAddress fn;
   pid_t parent = 0;
+  pid_t parent_thread = 0;
 };
 
 std::vector<std::string_view> split(std::string_view s, char sep) {
@@ -75,22 +76,42 @@ std::optional<std::string> unhex(std::string_view s) {
 // The variable comes from our parent, but the environment is user-controllable: validate.
 std::optional<ExecChild> parse(std::string_view value) {
   auto f = split(value, ':');
-  if (f.size() != 9 || f[0] != "2") return std::nullopt;
+  if (f.size() != 10 || f[0] != "2") return std::nullopt;
   ExecChild c;
   auto index = parse_int(f[1]), report = parse_int(f[2]), args = parse_int(f[3]);
   auto entry_off = parse_number(f[4], 16), fn_off = parse_number(f[5], 16);
   auto entry_mod = unhex(f[6]), fn_mod = unhex(f[7]);
-  auto parent = parse_int(f[8]);
-  if (!index || !report || !args || !entry_off || !fn_off || !entry_mod || !fn_mod || !parent)
+  auto parent = parse_int(f[8]), parent_thread = parse_int(f[9]);
+  if (!index || !report || !args || !entry_off || !fn_off || !entry_mod || !fn_mod || !parent ||
+      !parent_thread)
     return std::nullopt;
-  if (*index < 0 || *report < 0 || *args < -1 || *parent <= 0) return std::nullopt;
+  if (*index < 0 || *report < 0 || *args < -1 || *parent <= 0 || *parent_thread <= 0)
+    return std::nullopt;
   c.parent = static_cast<pid_t>(*parent);
+  c.parent_thread = static_cast<pid_t>(*parent_thread);
   c.index = *index;
   c.report_fd = *report;
   c.args_fd = *args;
   c.entry = CodeAddress{*entry_mod, static_cast<std::uintptr_t>(*entry_off)};
   c.fn = CodeAddress{*fn_mod, static_cast<std::uintptr_t>(*fn_off)};
   return c;
+}
+
+// An exec child dies with the thread that started it, as a forked child does: armed when
+// the library is loaded, before the program's own static initializers and main (which may
+// take long, or call init() late), so that only the exec and the loader run unarmed. Only
+// in a child of the process the variable names (not in a program it inherited the variable
+// by); init() arms again, and ends a child whose parent is gone. Nothing else happens here:
+// init() removes the variable, and says what is wrong with it.
+[[gnu::constructor(101)]] void die_with_the_starting_thread() noexcept {
+  const char* value = std::getenv(internal::kExecChildEnv);
+  if (value == nullptr) return;
+  try {
+    auto child = parse(value);
+    if (child && internal::parent_pid() == child->parent)
+      internal::die_with_parent(child->parent, child->parent_thread);
+  } catch (...) {  // parse allocates; init() reports what it cannot
+  }
 }
 
 // Reads and removes the variable (so that programs this child runs do not see it).
@@ -116,9 +137,7 @@ bool is_exec_child() noexcept { return std::getenv(internal::kExecChildEnv) != n
 void init(int /*argc*/, char** /*argv*/) {
   auto child = take_exec_child();
   if (!child) return;
-  // This process dies with the thread that started it, as a forked child does (spawn_self
-  // could not set it before the exec); if that thread ended already, it exits now.
-  internal::die_with_parent(child->parent);
+  internal::die_with_parent(child->parent, child->parent_thread);
   int code = 0;
   try {
     // Our fds stay ours: nothing this function execs should inherit them.

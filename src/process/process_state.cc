@@ -36,15 +36,16 @@ std::string hex_number(std::uintptr_t v) {
 }
 
 // Format (parsed by init(), process/init.cc):
-//   2:<index>:<report fd>:<args fd>:<entry offset>:<fn offset>:<entry module>:<fn module>:<parent>
-// offsets in hex, module names hex-encoded (they are paths and may contain ':'); parent:
-// the pid whose death the child dies with.
+//   2:<index>:<report fd>:<args fd>:<entry offset>:<fn offset>:<entry module>:<fn module>:
+//     <parent>:<parent thread>
+// offsets in hex, module names hex-encoded (they are paths and may contain ':'); parent and
+// parent thread: the pid and the thread whose end the child dies with (die_with_parent).
 std::string exec_child_value(int index, int report_fd, int args_fd, const CodeAddress& entry,
-                             const CodeAddress& fn, pid_t parent) {
+                             const CodeAddress& fn, pid_t parent, pid_t parent_thread) {
   return "2:" + std::to_string(index) + ":" + std::to_string(report_fd) + ":" +
          std::to_string(args_fd) + ":" + hex_number(entry.offset) + ":" +
          hex_number(fn.offset) + ":" + hex(entry.module) + ":" + hex(fn.module) + ":" +
-         std::to_string(parent);
+         std::to_string(parent) + ":" + std::to_string(parent_thread);
 }
 
 std::vector<char*> pointers(std::vector<std::string>& strings) {
@@ -68,8 +69,9 @@ std::unique_ptr<ProcessState> ProcessState::start(const LaunchSpec& spec, StartM
   const pid_t parent = own_pid();
 
   if (method == StartMethod::kFork) {
+    const pid_t parent_thread = own_thread_id();
     pid_t pid = fork_process();
-    if (pid == 0) run_forked_child(spec.fork_body, report_write.get(), parent);
+    if (pid == 0) run_forked_child(spec.fork_body, report_write.get(), parent, parent_thread);
     ChildProcess child(pid);
     report_write.reset();  // so that only children hold write ends
     return std::unique_ptr<ProcessState>(
@@ -90,7 +92,7 @@ std::unique_ptr<ProcessState> ProcessState::start(const LaunchSpec& spec, StartM
   for (auto& e : environment())
     if (e.compare(0, prefix.size(), prefix) != 0) env_strings.push_back(std::move(e));
   env_strings.push_back(prefix + exec_child_value(spec.index, report_write.get(), args_fd,
-                                                  entry, fn, parent));
+                                                  entry, fn, parent, own_thread_id()));
   std::vector<char*> argv = pointers(argv_strings);
   std::vector<char*> envp = pointers(env_strings);
   const pid_t pid = args_fd >= 0

@@ -19,8 +19,9 @@ inline constexpr auto kPollInterval = std::chrono::milliseconds(10);
 
 class ProcessState {
  public:
-  // Forks (and for kExec re-executes) a child running `spec`. Throws Error when `method`
-  // cannot run the callable, SystemError when the OS refuses.
+  // Starts a child running `spec`: a fork (kFork), or this program again by posix_spawn
+  // (kExec). Throws Error when `method` cannot run the callable, SystemError when the OS
+  // refuses.
   static std::unique_ptr<ProcessState> start(const LaunchSpec& spec, StartMethod method);
 
   int pid() const noexcept { return child_.pid(); }

@@ -373,7 +373,10 @@ TEST_F(ManagerTest, AtItsOpenFileLimitTheDaemonRefusesSayingWhyAndRecovers) {
     mgr::encode_header(mgr::MessageType::kHello, 1, 0, &h);
     const ssize_t sent = ::send(fd, &h, sizeof h, MSG_NOSIGNAL);
     if (!strict && sent != static_cast<ssize_t>(sizeof h)) return {};
-    EXPECT_EQ(sent, static_cast<ssize_t>(sizeof h)) << std::strerror(errno);
+    // At its limit the daemon may accept, refuse and close before the hello is sent (EPIPE):
+    // its refusal is still there to read.
+    if (sent != static_cast<ssize_t>(sizeof h))
+      EXPECT_TRUE(errno == EPIPE || errno == ECONNRESET) << std::strerror(errno);
     const std::string reply = raw_recv(fd);
     if (reply.size() < sizeof(mgr::MessageHeader)) {
       if (strict) ADD_FAILURE() << "no reply: " << reply;

@@ -93,6 +93,25 @@ TEST_P(ProcessTest, JoinTimeoutIsAliveAndKill) {
   p.kill();  // no-op once ended
 }
 
+// Linux signals a child (PR_SET_PDEATHSIG) when the *thread* that started it ends: a child
+// started by a thread that ends at once ends too, whichever start method, while the
+// Process object lives on: SIGKILLed, or, when the thread ended before the child armed the
+// signal, by exiting with 1 (docs/processes.md).
+TEST_P(ProcessTest, AChildDiesWithTheThreadThatStartedIt) {
+  for (int round = 0; round < 5; ++round) {
+    Process p = make(run_forever);
+    std::thread([&] { p.start(); }).join();
+    const bool ended = p.join(10s);
+    EXPECT_TRUE(ended) << "round " << round << ": the child outlived the thread that started it";
+    if (!ended) {
+      p.kill();
+      p.join();
+      continue;
+    }
+    EXPECT_TRUE(p.exitcode() == -SIGKILL || p.exitcode() == 1) << *p.exitcode();
+  }
+}
+
 TEST_P(ProcessTest, TerminateGivesMinusSigterm) {
   Process p = make(run_forever);
   p.start();

@@ -436,7 +436,8 @@ TEST_F(SpawnForkTest, ExecChildWithoutInitCannotStartChildren) {
   pid_t pid = shmtensor::testing::fork_child([&] {
     ::close(fds[0]);
     std::string value =
-        "2:0:" + std::to_string(fds[1]) + ":-1:0:0:::" + std::to_string(::getppid());
+        "2:0:" + std::to_string(fds[1]) + ":-1:0:0:::" + std::to_string(::getppid()) + ":" +
+        std::to_string(::getppid());
     ::setenv("SHMTENSOR_EXEC_CHILD", value.c_str(), 1);
     ASSERT_TRUE(shmtensor::is_exec_child());
     shmtensor::spawn(success_func, 1);
