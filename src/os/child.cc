@@ -121,7 +121,7 @@ pid_t fork_process() {
   return checked_fork(::fork(), "fork");
 }
 
-pid_t spawn_self(char* const* argv, char* const* envp, std::initializer_list<int> inherit) {
+pid_t spawn_self(char* const* argv, char* const* envp, std::span<const int> inherit) {
   std::fflush(nullptr);
   posix_spawn_file_actions_t actions;
   if (int err = ::posix_spawn_file_actions_init(&actions))
@@ -209,7 +209,6 @@ void die_with_parent(pid_t expected_parent, pid_t expected_thread) noexcept {
   // The parent may have died between fork and prctl; then no signal will ever come and we
   // have been re-parented (to init or a subreaper).
   if (static_cast<pid_t>(::syscall(SYS_getppid)) != expected_parent) exit_raw(1);
-  if (expected_thread <= 0) return;
   // The thread that started us may have ended before prctl: we were then handed to another
   // thread of the parent (getppid cannot tell), and the signal would wait for that one. A
   // thread's /proc entry goes when it ends (threads are reaped at once).

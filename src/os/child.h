@@ -8,8 +8,8 @@
 
 #include <sys/types.h>
 
-#include <initializer_list>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -77,7 +77,7 @@ pid_t fork_process();
 // this process has, which exec drops without giving back). The fds in `inherit` lose
 // close-on-exec in the child only. Returns the child's pid. Throws SystemError when no
 // process could be made or the program could not be executed.
-pid_t spawn_self(char* const* argv, char* const* envp, std::initializer_list<int> inherit);
+pid_t spawn_self(char* const* argv, char* const* envp, std::span<const int> inherit);
 
 // A pipe, both ends O_CLOEXEC; the read end is made O_NONBLOCK. {read, write}.
 std::pair<UniqueFd, UniqueFd> make_report_pipe();
@@ -105,11 +105,11 @@ std::vector<std::string> environment();
 // of the parent held).
 // PR_SET_PDEATHSIG(SIGKILL), then: if our parent is no longer `expected_parent` (it died
 // before prctl took effect), ends this process with exit_group(1). Kept across execve.
-// Note that the signal comes when the parent *thread* that started us ends; with
-// `expected_thread` (that thread's id), it also ends this process when that thread has
-// ended already (the child was then handed to another thread of the parent, which the
-// signal would follow, and getppid cannot tell).
-void die_with_parent(pid_t expected_parent, pid_t expected_thread = 0) noexcept;
+// Note that the signal comes when the parent *thread* that started us ends: it also ends
+// this process when `expected_thread`, that thread's id, has ended already (the child was
+// then handed to another thread of the parent, which the signal would follow, and getppid
+// cannot tell).
+void die_with_parent(pid_t expected_parent, pid_t expected_thread) noexcept;
 // The calling thread's id (gettid).
 pid_t own_thread_id() noexcept;
 // This process's parent (getppid).

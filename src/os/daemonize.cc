@@ -28,10 +28,10 @@ namespace {
 // program that does not detach is left running, unreaped, after that.
 constexpr int kDetachTimeoutMs = 10000;
 
-// Waits up to timeout_ms in all for `child` to exit, and reaps it. False if it did not exit
-// in time (it is left as it is). Without a pidfd (a kernel before 5.3, a seccomp filter
-// refusing pidfd_open, no fd left) it looks with WNOHANG every millisecond.
-bool reap_within(pid_t child, int timeout_ms) {
+// Waits up to timeout_ms in all for `child` to exit, and reaps it; one that does not exit in
+// time is left as it is. Without a pidfd (a kernel before 5.3, a seccomp filter refusing
+// pidfd_open, no fd left) it looks with WNOHANG every millisecond.
+void reap_within(pid_t child, int timeout_ms) {
   using Clock = std::chrono::steady_clock;
   const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
   auto left_ms = [&] {
@@ -44,10 +44,10 @@ bool reap_within(pid_t child, int timeout_ms) {
   for (;;) {
     // ECHILD: the caller ignores SIGCHLD or another thread reaped it; either way it is gone.
     const pid_t r = ::waitpid(child, &status, WNOHANG);
-    if (r == child || (r == -1 && errno != EINTR)) return true;
+    if (r == child || (r == -1 && errno != EINTR)) return;
     if (r == -1) continue;
     const int left = left_ms();
-    if (left == 0) return false;
+    if (left == 0) return;
     if (pidfd) {
       pollfd p{pidfd.get(), POLLIN, 0};
       ::poll(&p, 1, left);  // EINTR or readiness: look again, with the time left

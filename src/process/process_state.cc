@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <span>
 #include <string_view>
 
 #include "os/code_address.h"
@@ -95,9 +96,9 @@ std::unique_ptr<ProcessState> ProcessState::start(const LaunchSpec& spec, StartM
                                                   entry, fn, parent, own_thread_id()));
   std::vector<char*> argv = pointers(argv_strings);
   std::vector<char*> envp = pointers(env_strings);
-  const pid_t pid = args_fd >= 0
-                        ? spawn_self(argv.data(), envp.data(), {report_write.get(), args_fd})
-                        : spawn_self(argv.data(), envp.data(), {report_write.get()});
+  const int inherit[] = {report_write.get(), args_fd};
+  const pid_t pid = spawn_self(argv.data(), envp.data(),
+                               std::span<const int>(inherit, args_fd >= 0 ? 2 : 1));
   ChildProcess child(pid);
   report_write.reset();
   std::unique_ptr<ProcessState> state(
