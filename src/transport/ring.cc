@@ -91,10 +91,9 @@ Ring Ring::create(std::uint32_t slot_count, std::uint32_t slot_bytes) {
   h->slot_bytes = slot_bytes;
   h->slots_offset = kSlotsOffset;
   h->total_bytes = total;
-  Ring r(std::move(fd), std::move(map), slot_count, slot_bytes);
-  for (std::uint64_t pos = 0; pos < slot_count; ++pos)
-    new (r.slot(pos)) SlotHead{{pack(pos, kFree)}, 0, 0};
-  return r;
+  // The slots are left as the memfd made them, zero: free, each for its index's position
+  // (ring_layout.h, index_bias); their pages are allocated when messages reach them.
+  return Ring(std::move(fd), std::move(map), slot_count, slot_bytes);
 }
 
 Ring Ring::attach(UniqueFd fd) {
@@ -138,8 +137,7 @@ Ring::Reservation Ring::reserve(Deadline deadline) {
       if (resync()) continue;
       break_ring();
     }
-    SlotHead* s = head_of(slot(pos));
-    std::uint64_t w = s->word.load();
+    std::uint64_t w = load_word(pos);
     const std::uint64_t wp = pos_of(w);
     if (wp == (pos & kPosMask)) {
       if (state_of(w) != kFree) {  // claimed by another producer: help the hint on
@@ -147,13 +145,13 @@ Ring::Reservation Ring::reserve(Deadline deadline) {
         h->tail.compare_exchange_strong(expected, pos + 1);
         continue;
       }
-      if (!s->word.compare_exchange_strong(w, pack(pos, kWriting, me, epoch))) continue;
+      if (!cas_word(pos, w, pack(pos, kWriting, me, epoch))) continue;
       std::uint64_t expected = pos;
       h->tail.compare_exchange_strong(expected, pos + 1);
       // A close() that came before our claim wins: no message may appear after a consumer
       // found the ring closed and empty (pop reads `closed` before the slot).
       if (h->closed.load()) {
-        s->word.store(pack(pos + slot_count_, kFree));
+        store_word(pos, pack(pos + slot_count_, kFree));
         return {Status::kClosed, 0};
       }
       return {Status::kOk, pos};
@@ -175,7 +173,7 @@ Ring::Reservation Ring::reserve(Deadline deadline) {
       if (wp < (pos & kPosMask) && state_of(w) == kFree) {
         // Free for a lap long gone (a position stepped over, which nobody passed since):
         // nothing was written there; the slot is made free for this position.
-        s->word.compare_exchange_strong(w, pack(pos, kFree));
+        cas_word(pos, w, pack(pos, kFree));
         continue;
       }
       if (wp < (pos & kPosMask) && state_of(w) == kReady) {
@@ -192,7 +190,7 @@ Ring::Reservation Ring::reserve(Deadline deadline) {
         }
         continue;
       }
-      if (!s->word.compare_exchange_strong(w, pack(pos, kFree))) continue;
+      if (!cas_word(pos, w, pack(pos, kFree))) continue;
       corrupt(
           wp > (pos & kPosMask) ? "slot word laps ahead of the tail" : "slot word behind the tail",
           pos, w);
@@ -200,13 +198,13 @@ Ring::Reservation Ring::reserve(Deadline deadline) {
     if (state_of(w) == kFree) {
       // Free for the previous lap while the tail hint is a lap past it: the hint was moved
       // by a peer. Nobody wrote that position: the slot is made free for this one.
-      if (!resync()) s->word.compare_exchange_strong(w, pack(pos, kFree));
+      if (!resync()) cas_word(pos, w, pack(pos, kFree));
       continue;
     }
     // The previous lap's message is still there: the ring is full. A claim by a process
     // that died is freed; otherwise sleep until a consumer frees a slot.
     if ((state_of(w) == kWriting || state_of(w) == kReading) && claimer_dead(w)) {
-      if (s->word.compare_exchange_strong(w, pack(wp + slot_count_, kFree))) {
+      if (cas_word(pos, w, pack(wp + slot_count_, kFree))) {
         h->abandoned.fetch_add(1);
         wake_producers();
       }
@@ -214,7 +212,7 @@ Ring::Reservation Ring::reserve(Deadline deadline) {
     }
     const std::uint32_t seen = h->freed.load();
     h->producers_asleep.fetch_add(1);
-    const bool unchanged = s->word.load() == w && load_hint(h->tail) == pos && !h->closed.load();
+    const bool unchanged = load_word(pos) == w && load_hint(h->tail) == pos && !h->closed.load();
     const bool in_time = !unchanged || sleep_on(&h->freed, seen, deadline);
     h->producers_asleep.fetch_sub(1);
     if (!in_time) return {Status::kTimeout, 0};
@@ -229,7 +227,7 @@ bool Ring::commit(std::uint64_t pos, std::span<const std::span<const std::byte>>
   // Still ours? A claim is taken away only from a claimer judged dead (so not us, unless
   // the judgement was wrong) or by a peer writing over the ring.
   std::uint64_t mine = pack(pos, kWriting, me, epoch);
-  if (s->word.load() != mine) return false;
+  if (load_word(pos) != mine) return false;
   std::size_t total = 0;
   std::byte* to = reinterpret_cast<std::byte*>(s) + kSlotHeaderBytes;
   for (const auto& part : parts) {
@@ -240,8 +238,7 @@ bool Ring::commit(std::uint64_t pos, std::span<const std::span<const std::byte>>
   }
   s->size = static_cast<std::uint32_t>(total);
   std::atomic_ref<std::uint32_t>(s->tag).store(tag, std::memory_order_relaxed);  // pending
-  if (!s->word.compare_exchange_strong(mine, pack(pos, kReady, me, epoch),
-                                       std::memory_order_acq_rel))
+  if (!cas_word(pos, mine, pack(pos, kReady, me, epoch), std::memory_order_acq_rel))
     return false;
   h->published.fetch_add(1);
   if (wake == Wake::kNow) wake_consumers(1);
@@ -260,8 +257,7 @@ void Ring::cancel(std::uint64_t pos) noexcept {
   // ours (see commit).
   const auto [me, epoch] = holder();
   std::uint64_t mine = pack(pos, kWriting, me, epoch);
-  if (!head_of(slot(pos))->word.compare_exchange_strong(mine, pack(pos + slot_count_, kFree),
-                                                        std::memory_order_acq_rel))
+  if (!cas_word(pos, mine, pack(pos + slot_count_, kFree), std::memory_order_acq_rel))
     return;
   RingHeader* h = header();
   h->published.fetch_add(1);
@@ -340,7 +336,7 @@ bool Ring::has_ready() const noexcept {
   std::uint64_t pos = peek_hint(h->head);
   const std::uint64_t tail = peek_hint(h->tail);
   for (std::uint32_t n = 0; pos < tail && n < slot_count_; ++pos, ++n) {
-    const std::uint64_t w = head_of(slot(pos))->word.load();
+    const std::uint64_t w = load_word(pos);
     if (pos_of(w) == (pos & kPosMask) && state_of(w) == kReady) return true;
   }
   return false;
@@ -349,7 +345,7 @@ bool Ring::has_ready() const noexcept {
 std::uint64_t Ring::size() const noexcept {
   std::uint64_t n = 0;
   for (std::uint64_t i = 0; i < slot_count_; ++i)
-    if (state_of(head_of(slot(i))->word.load()) == kReady) ++n;
+    if (state_of(load_word(i)) == kReady) ++n;
   return n;
 }
 

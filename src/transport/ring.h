@@ -224,6 +224,13 @@ class Ring {
   // Defined in ring_local.h (inline in each of the ring's files).
   inline RingHeader* header() const noexcept;
   inline std::byte* slot(std::uint64_t pos) const noexcept;
+  // The word of pos's slot, read, written or compared-and-swapped as a word (ring_layout.h:
+  // it is stored less index_bias of the slot's index).
+  inline std::uint64_t load_word(std::uint64_t pos) const noexcept;
+  inline void store_word(std::uint64_t pos, std::uint64_t word,
+                         std::memory_order order = std::memory_order_seq_cst) noexcept;
+  inline bool cas_word(std::uint64_t pos, std::uint64_t& expected, std::uint64_t desired,
+                       std::memory_order order = std::memory_order_seq_cst) noexcept;
   // This process's holder record (index, epoch), claimed on first use in each process.
   inline std::pair<std::uint32_t, std::uint32_t> holder();
   [[gnu::noinline]] std::pair<std::uint32_t, std::uint32_t> claim_holder_record();

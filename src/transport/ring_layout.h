@@ -13,8 +13,9 @@
 namespace shmtensor::internal {
 
 inline constexpr std::uint64_t kRingMagic = 0x31474e4952545453ULL;  // "STTRING1"
-// 3: `closed` has a broken bit (kRingBroken).
-inline constexpr std::uint32_t kRingVersion = 3;
+// 4: slot words stored less their slot's index (ring_word::index_bias); 3: `closed` has a
+// broken bit (kRingBroken).
+inline constexpr std::uint32_t kRingVersion = 4;
 // Holder records; index kNoHolder marks a claim by a process that found none free (more
 // than 127 live holders): such a claim is never judged abandoned.
 inline constexpr std::uint32_t kHolderRecords = 127;
@@ -47,6 +48,13 @@ inline constexpr std::uint32_t holder_of(std::uint64_t w) {
 inline constexpr std::uint32_t epoch_of(std::uint64_t w) {
   return static_cast<std::uint32_t>(w) & kEpochMask;
 }
+// A slot's word is kept in shared memory less its slot's index in the position bits
+// (stored = word - index_bias(index), modulo 2^64; index = position mod slot_count). A
+// slot nobody wrote holds 0, which reads as "free for the position equal to its index",
+// the word of a new ring's slot: so a new ring writes none of its slots, and only the pages
+// of slots that messages reach are ever allocated. Any stored value reads as some word, and
+// each word has one stored value: a peer can write no more than before.
+inline constexpr std::uint64_t index_bias(std::uint64_t index) { return index << kPosShift; }
 // Positions stay below kPosLimit: 2^50 (what a word keeps) less two laps of the largest
 // ring, so that neither a position nor one a lap on wraps to alias another. An honest ring
 // reaches it after 2^50 - 2^21 messages (3.5 years at 10 M/s); it is then broken.
@@ -92,7 +100,7 @@ static_assert(offsetof(RingHeader, holders) == 384 && offsetof(RingHeader, user)
 static_assert(std::atomic<std::uint64_t>::is_always_lock_free);
 
 struct SlotHead {
-  std::atomic<std::uint64_t> word;
+  std::atomic<std::uint64_t> stored;  // the slot word, less index_bias (Ring::load_word)
   std::uint32_t size;
   std::uint32_t tag;
 };

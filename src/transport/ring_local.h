@@ -150,6 +150,28 @@ inline std::byte* Ring::slot(std::uint64_t pos) const noexcept {
   return map_.data() + slots_offset_ + (pos & (slot_count_ - 1)) * slot_bytes_;
 }
 
+inline std::uint64_t Ring::load_word(std::uint64_t pos) const noexcept {
+  const std::uint64_t bias = ring_word::index_bias(pos & (slot_count_ - 1));
+  return ring_detail::head_of(slot(pos))->stored.load() + bias;
+}
+
+inline void Ring::store_word(std::uint64_t pos, std::uint64_t word,
+                             std::memory_order order) noexcept {
+  const std::uint64_t bias = ring_word::index_bias(pos & (slot_count_ - 1));
+  ring_detail::head_of(slot(pos))->stored.store(word - bias, order);
+}
+
+inline bool Ring::cas_word(std::uint64_t pos, std::uint64_t& expected, std::uint64_t desired,
+                           std::memory_order order) noexcept {
+  const std::uint64_t bias = ring_word::index_bias(pos & (slot_count_ - 1));
+  std::uint64_t stored = expected - bias;
+  if (ring_detail::head_of(slot(pos))->stored.compare_exchange_strong(stored, desired - bias,
+                                                                      order))
+    return true;
+  expected = stored + bias;
+  return false;
+}
+
 inline void Ring::wake_producers() noexcept {
   RingHeader* h = header();
   h->freed.fetch_add(1);

@@ -32,9 +32,8 @@ Ring::Popped Ring::pop(std::span<std::byte> out, Deadline deadline, std::uint32_
   // and this pop says why. Returns (to look again) when the word changed since it was read:
   // a word read before another process moved on is not evidence of anything.
   auto skip_corrupt = [&](const char* what, std::uint64_t pos, std::uint64_t w) {
-    SlotHead* s = head_of(slot(pos));
     std::uint64_t seen = w;
-    if (!s->word.compare_exchange_strong(seen, pack(pos + slot_count_, kFree))) return;
+    if (!cas_word(pos, seen, pack(pos + slot_count_, kFree))) return;
     wake_producers();
     std::uint64_t expected = pos;
     h->head.compare_exchange_strong(expected, pos + 1);
@@ -62,12 +61,12 @@ Ring::Popped Ring::pop(std::span<std::byte> out, Deadline deadline, std::uint32_
       break_ring();
     }
     SlotHead* s = head_of(slot(pos));
-    std::uint64_t w = s->word.load();
+    std::uint64_t w = load_word(pos);
     const std::uint64_t wp = pos_of(w);
     if (wp == (pos & kPosMask)) {
       switch (state_of(w)) {
         case kReady: {
-          if (!s->word.compare_exchange_strong(w, pack(pos, kReading, me, epoch))) continue;
+          if (!cas_word(pos, w, pack(pos, kReading, me, epoch))) continue;
           std::uint64_t expected = pos;
           h->head.compare_exchange_strong(expected, pos + 1);
           const std::uint32_t size = s->size, tag = s->tag;
@@ -75,7 +74,7 @@ Ring::Popped Ring::pop(std::span<std::byte> out, Deadline deadline, std::uint32_
           if (fits && size != 0)
             std::memcpy(out.data(), reinterpret_cast<std::byte*>(s) + kSlotHeaderBytes, size);
           if (fits && tag == hold_tag) return {Status::kOk, tag, size, pos};
-          s->word.store(pack(pos + slot_count_, kFree), std::memory_order_release);
+          store_word(pos, pack(pos + slot_count_, kFree), std::memory_order_release);
           wake_producers();
           if (!fits)  // the slot is free again: the next pop goes on
             corrupt(("message of " + std::to_string(size) + " bytes in a slot of " +
@@ -100,7 +99,7 @@ Ring::Popped Ring::pop(std::span<std::byte> out, Deadline deadline, std::uint32_
           }
           if (claimer_dead(w)) {
             // Its producer died mid-write: the position is skipped.
-            if (s->word.compare_exchange_strong(w, pack(pos + slot_count_, kFree))) {
+            if (cas_word(pos, w, pack(pos + slot_count_, kFree))) {
               h->abandoned.fetch_add(1);
               wake_producers();
             }
@@ -113,7 +112,7 @@ Ring::Popped Ring::pop(std::span<std::byte> out, Deadline deadline, std::uint32_
           // it (a scribbled word made a producer skip it). Only corruption leads here.
           if (const std::uint64_t tail = load_hint(h->tail); tail > pos) {
             // A producer that claimed the slot after we read it moved the tail: look again.
-            if (s->word.load() != w) continue;
+            if (load_word(pos) != w) continue;
             if (resync()) continue;
             // An honest tail is at most a lap past the oldest position not taken: one further
             // was moved by a peer, and stepping to it hole by hole could take 2^50 steps.
@@ -121,7 +120,7 @@ Ring::Popped Ring::pop(std::span<std::byte> out, Deadline deadline, std::uint32_
             // A hole: no producer will write the position (a peer moved the tail hint past
             // it). It is stepped over; nothing was lost there.
             std::uint64_t seen = w;
-            if (s->word.compare_exchange_strong(seen, pack(pos + slot_count_, kFree))) {
+            if (cas_word(pos, seen, pack(pos + slot_count_, kFree))) {
               std::uint64_t expected = pos;
               h->head.compare_exchange_strong(expected, pos + 1);
               wake_producers();
@@ -140,7 +139,7 @@ Ring::Popped Ring::pop(std::span<std::byte> out, Deadline deadline, std::uint32_
     } else if (wp + slot_count_ == (pos & kPosMask)) {
       // The previous lap's message is still being read, so nothing for us is there yet.
       if (state_of(w) == kReading && claimer_dead(w)) {
-        if (s->word.compare_exchange_strong(w, pack(pos, kFree))) {
+        if (cas_word(pos, w, pack(pos, kFree))) {
           h->abandoned.fetch_add(1);
           wake_producers();
         }
@@ -157,7 +156,7 @@ Ring::Popped Ring::pop(std::span<std::byte> out, Deadline deadline, std::uint32_
         // Free for the previous lap: a position the tail stepped over that no consumer
         // passed (the head was moved past it). Nothing was written there: the slot is made
         // free for this position, as a producer does.
-        s->word.compare_exchange_strong(w, pack(pos, kFree));
+        cas_word(pos, w, pack(pos, kFree));
         continue;
       }
       if (was_closed) return closed_and_empty();
@@ -166,7 +165,7 @@ Ring::Popped Ring::pop(std::span<std::byte> out, Deadline deadline, std::uint32_
       if (resync()) continue;
       if (wp < (pos & kPosMask) && state_of(w) == kFree) {
         // Free for a lap long gone: nothing was written there (as one lap behind, below).
-        s->word.compare_exchange_strong(w, pack(pos, kFree));
+        cas_word(pos, w, pack(pos, kFree));
         continue;
       }
       skip_corrupt("slot word from another lap", pos, w);
@@ -178,7 +177,7 @@ Ring::Popped Ring::pop(std::span<std::byte> out, Deadline deadline, std::uint32_
       // make a producer publishing meanwhile call FUTEX_WAKE for nobody, and move the
       // count's cache line between the two CPUs at every poll.
       const bool unchanged =
-          s->word.load() == w && load_hint(h->head) == pos && (h->closed.load() != 0) == was_closed;
+          load_word(pos) == w && load_hint(h->head) == pos && (h->closed.load() != 0) == was_closed;
       if (unchanged) return {Status::kTimeout, 0, 0};
       spins = 0;
       continue;
@@ -196,7 +195,7 @@ Ring::Popped Ring::pop(std::span<std::byte> out, Deadline deadline, std::uint32_
       if (until) {
         (void)spin_while(
             [&] {
-              return h->published.load(std::memory_order_acquire) == seen && s->word.load() == w;
+              return h->published.load(std::memory_order_acquire) == seen && load_word(pos) == w;
             },
             *until);
         continue;  // look again; the next pass sleeps if nothing changed
@@ -204,7 +203,7 @@ Ring::Popped Ring::pop(std::span<std::byte> out, Deadline deadline, std::uint32_
     }
     h->consumers_asleep.fetch_add(1);
     const bool unchanged =
-        s->word.load() == w && load_hint(h->head) == pos && (h->closed.load() != 0) == was_closed;
+        load_word(pos) == w && load_hint(h->head) == pos && (h->closed.load() != 0) == was_closed;
     const bool in_time = !unchanged || sleep_on(&h->published, seen, deadline);
     h->consumers_asleep.fetch_sub(1);
     if (unchanged && h->published.load() == seen) idle_scan();

@@ -119,7 +119,7 @@ bool Ring::resync_hints() noexcept {
   }
   bool any = false;
   for (std::uint64_t i = 0; i < n; ++i) {
-    words[i] = head_of(slot(i))->word.load();
+    words[i] = load_word(i);
     const std::uint64_t p = pos_of(words[i]);
     if ((p & (n - 1)) == i && p < kPosLimit)
       any = true;
@@ -171,8 +171,7 @@ bool Ring::resync_hints() noexcept {
 bool Ring::renumber(std::uint64_t pos, std::uint64_t word, std::uint64_t to) noexcept {
   // The same holder and epoch: only the position changes. A sleeping consumer is woken, as
   // for a publish.
-  if (!head_of(slot(pos))->word.compare_exchange_strong(
-          word, pack(to, kReady, holder_of(word), epoch_of(word))))
+  if (!cas_word(pos, word, pack(to, kReady, holder_of(word), epoch_of(word))))
     return false;
   header()->published.fetch_add(1);
   wake_consumers(1);
@@ -190,11 +189,10 @@ void Ring::break_ring() {
 }
 
 void Ring::release(std::uint64_t pos) noexcept {
-  SlotHead* s = head_of(slot(pos));
-  std::uint64_t w = s->word.load();
+  std::uint64_t w = load_word(pos);
   // Ours unless a peer wrote over it; then whatever is there stays for the checks of pop.
   if (pos_of(w) != (pos & kPosMask) || state_of(w) != kReading) return;
-  if (s->word.compare_exchange_strong(w, pack(pos + slot_count_, kFree))) wake_producers();
+  if (cas_word(pos, w, pack(pos + slot_count_, kFree))) wake_producers();
 }
 
 void Ring::rewind_head(std::uint64_t pos) noexcept {
@@ -205,17 +203,16 @@ void Ring::rewind_head(std::uint64_t pos) noexcept {
 
 void Ring::unread(std::uint64_t pos) noexcept {
   RingHeader* h = header();
-  SlotHead* s = head_of(slot(pos));
-  std::uint64_t w = s->word.load();
+  std::uint64_t w = load_word(pos);
   if (pos_of(w) != (pos & kPosMask) || state_of(w) != kReading) return;
-  if (!s->word.compare_exchange_strong(w, pack(pos, kReady))) return;
+  if (!cas_word(pos, w, pack(pos, kReady))) return;
   rewind_head(pos);
   h->published.fetch_add(1);
   wake_consumers(INT_MAX);  // rare; and a connection's sleepers include poll() callers
 }
 
 Ring::SlotView Ring::inspect(std::uint64_t pos) const noexcept {
-  const std::uint64_t w = head_of(slot(pos))->word.load();
+  const std::uint64_t w = load_word(pos);
   if (pos_of(w) != (pos & kPosMask)) return {};
   switch (state_of(w)) {
     case kWriting:
@@ -231,7 +228,7 @@ Ring::SlotView Ring::inspect(std::uint64_t pos) const noexcept {
 
 bool Ring::pending(std::uint64_t pos, std::uint32_t tag) const noexcept {
   SlotHead* s = head_of(slot(pos));
-  const std::uint64_t w = s->word.load();
+  const std::uint64_t w = load_word(pos);
   // The tag as an atomic: the slot may move on meanwhile and a producer write it.
   return pos_of(w) == (pos & kPosMask) && (state_of(w) == kReading || state_of(w) == kReady) &&
          std::atomic_ref<std::uint32_t>(s->tag).load(std::memory_order_relaxed) == tag;
@@ -243,10 +240,9 @@ bool Ring::test_claim_and_abandon(bool as_consumer) {
   RingHeader* h = header();
   const auto [me, epoch] = holder();
   const std::uint64_t pos = load_hint(as_consumer ? h->head : h->tail);
-  SlotHead* s = head_of(slot(pos));
-  std::uint64_t w = s->word.load();
+  std::uint64_t w = load_word(pos);
   if (pos_of(w) != (pos & kPosMask) || state_of(w) != (as_consumer ? kReady : kFree)) return false;
-  if (!s->word.compare_exchange_strong(w, pack(pos, as_consumer ? kReading : kWriting, me, epoch)))
+  if (!cas_word(pos, w, pack(pos, as_consumer ? kReading : kWriting, me, epoch)))
     return false;
   std::uint64_t expected = pos;
   (as_consumer ? h->head : h->tail).compare_exchange_strong(expected, pos + 1);

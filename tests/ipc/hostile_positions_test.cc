@@ -63,8 +63,10 @@ class RingMemory {
   }
   std::atomic<std::uint64_t>& tail() { return word(Ring::kTailOffset); }
   std::atomic<std::uint64_t>& head() { return word(Ring::kHeadOffset); }
-  std::atomic<std::uint64_t>& slot_word(std::uint64_t pos) {
-    return word(slots_offset_ + (pos % slot_count_) * slot_bytes_);
+  // Writes the word of pos's slot as the ring keeps it (less its index's bias).
+  void store_slot_word(std::uint64_t pos, std::uint64_t w) {
+    const std::uint64_t index = pos % slot_count_;
+    word(slots_offset_ + index * slot_bytes_).store(w - internal::ring_word::index_bias(index));
   }
   std::uint32_t slot_count() const { return slot_count_; }
   std::byte* user() { return map_.data() + offsetof(internal::RingHeader, user); }
@@ -336,7 +338,7 @@ TEST_F(HostilePositionsTest, OneSlotWordForgedFarAheadCostsNoPutAndLosesNothing)
     for (int i = 0; i < 10; ++i) q.put(item(i));
     for (int i = 0; i < 10; ++i) ASSERT_EQ(label(q.try_get(2s)), label(item(i)));
     // Positions 0..9 were used; the word of position 15 now names a position 100 laps on.
-    ring.slot_word(15).store(pack(15 + 100 * n, state));
+    ring.store_slot_word(15, pack(15 + 100 * n, state));
     int got = 0, failed_gets = 0;
     for (int i = 10; i < 1210; ++i) {
       q.put(item(i));
@@ -363,7 +365,7 @@ TEST_F(HostilePositionsTest, OneSlotWordForgedFarAheadCostsNoSendAndLosesNothing
   auto [a, b] = pipe();
   RingMemory ring(pipe_ring_fd(a));
   const std::uint64_t n = ring.slot_count();
-  ring.slot_word(7).store(pack(7 + 1000 * n, kReady));
+  ring.store_slot_word(7, pack(7 + 1000 * n, kReady));
   int got = 0, failed_recvs = 0;
   for (int i = 0; i < 1200; ++i) {
     a.send(item(i));
@@ -432,7 +434,7 @@ TEST_F(HostilePositionsTest, AQueueWhosePositionsRunOutIsBrokenForEveryCaller) {
   RingMemory ring(queue_ring_fd(q));
   const std::uint64_t n = ring.slot_count();
   // Each slot free for its position in the last lap below the limit.
-  for (std::uint64_t i = 0; i < n; ++i) ring.slot_word(i).store(pack(kPosLimit - n + i, kFree));
+  for (std::uint64_t i = 0; i < n; ++i) ring.store_slot_word(i, pack(kPosLimit - n + i, kFree));
   for (std::uint64_t i = 0; i < n; ++i) {
     q.put(item(static_cast<int>(i)));
     ASSERT_EQ(label(q.try_get(2s)), label(item(static_cast<int>(i))));

@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -150,6 +151,42 @@ TEST_F(RingTest, MessagesComeOutInOrderWithTheirTagsAndSizes) {
     if (!m.empty()) EXPECT_EQ(std::memcmp(out.data(), m.data(), m.size()), 0);
   }
   EXPECT_EQ(r.pop(out, Clock::now()).status, Ring::Status::kTimeout);
+}
+
+// A new ring writes its header only: a slot never written, all zeros, is free for its first
+// position. So the memfd's pages behind the slots are allocated as messages reach them, and
+// a ring goes on through its laps from there (positions, not the pages, tell the laps).
+TEST_F(RingTest, ANewRingAllocatesItsSlotsPagesOnlyAsMessagesReachThem) {
+  const long page = ::sysconf(_SC_PAGESIZE);
+  auto allocated_pages = [&](const Ring& r) {
+    struct stat st {};
+    EXPECT_EQ(::fstat(r.fd(), &st), 0);
+    return static_cast<long>(st.st_blocks) * 512 / page;
+  };
+  // A Queue's geometry: 4,096 slots of 512 bytes, 2 MiB behind the header.
+  Ring r = Ring::create(4096, 512);
+  const long header_pages = static_cast<long>((r.slots_offset() + page - 1) / page);
+  EXPECT_EQ(allocated_pages(r), header_pages);
+  // 8 slots of 512 bytes to a page: 16 messages reach two pages of slots.
+  std::vector<std::byte> out(r.max_message());
+  for (std::uint32_t v = 0; v < 16; ++v) {
+    ASSERT_EQ(r.push(bytes_of(&v, 4), v, std::nullopt), Ring::Status::kOk);
+    ASSERT_EQ(r.pop(out, std::nullopt).tag, v);
+  }
+  const long after_16 = allocated_pages(r);
+  EXPECT_GE(after_16, header_pages + 2);
+  EXPECT_LE(after_16, header_pages + 3);  // slots start inside the header's last page
+  // Three laps of a small ring from zero slots: every message in order, none lost.
+  Ring small = Ring::create(4, 64);
+  std::vector<std::byte> small_out(small.max_message());
+  for (std::uint32_t v = 0; v < 12; ++v) {
+    ASSERT_EQ(small.push(bytes_of(&v, 4), v, std::nullopt), Ring::Status::kOk);
+    if (v % 3 != 2) continue;
+    for (std::uint32_t w = v - 2; w <= v; ++w)
+      EXPECT_EQ(small.pop(small_out, std::nullopt).tag, w);
+  }
+  EXPECT_EQ(small.pop(small_out, Clock::now()).status, Ring::Status::kTimeout);
+  EXPECT_EQ(small.abandoned(), 0u);
 }
 
 TEST_F(RingTest, FullRingWaitsUntilAConsumerFreesASlot) {
