@@ -20,9 +20,12 @@ class AdaptiveSpin {
  public:
   using Clock = std::chrono::steady_clock;
   // Longest and shortest spin. Every kProbe-th wait spins the longest, so that a pair whose
-  // spins shrank finds out when spinning would pay again.
+  // spins shrank finds out when spinning would pay again. The shortest outlasts a wake-up by
+  // futex (~15 µs on a 2-vCPU VM): with spins shorter than that, a pair that slept once kept
+  // missing each other (each one's spin ended before the other woke) and slept at every
+  // batch (docs/data_loader.md, "What a batch costs").
   static constexpr std::chrono::nanoseconds kMost = std::chrono::microseconds(50);
-  static constexpr std::chrono::nanoseconds kLeast = std::chrono::microseconds(2);
+  static constexpr std::chrono::nanoseconds kLeast = std::chrono::microseconds(20);
   static constexpr std::uint32_t kProbe = 64;
 
   // Spins on `ends` until one has a message (its index), `deadline` passes or the spin's

@@ -33,19 +33,27 @@ constexpr std::array<DTypeInfo, kNumDTypes> kInfo = {{
 static_assert(sizeof(Half) == 2 && sizeof(BFloat16) == 2);
 static_assert(sizeof(std::complex<double>) == 16);
 
+constexpr bool sizes_agree() {
+  for (std::size_t i = 0; i < kInfo.size(); ++i)
+    if (kInfo[i].size != internal::kElementSizes[i]) return false;
+  return true;
+}
+static_assert(sizes_agree(), "dtype.h's kElementSizes must follow kInfo");
+
 // A DType outside the enum (a caller's cast; the decoder rejects such bytes from other
 // processes itself) is rejected rather than used as an index.
 const DTypeInfo& info(DType dtype) {
   const auto index = static_cast<std::size_t>(dtype);
-  if (index >= kInfo.size()) {
-    throw std::invalid_argument("invalid DType value " + std::to_string(index));
-  }
+  if (index >= kInfo.size()) internal::throw_invalid_dtype(dtype);
   return kInfo[index];
 }
 
 }  // namespace
 
-std::size_t element_size(DType dtype) { return info(dtype).size; }
+void internal::throw_invalid_dtype(DType dtype) {
+  throw std::invalid_argument("invalid DType value " +
+                              std::to_string(static_cast<std::size_t>(dtype)));
+}
 
 std::string to_string(DType dtype) { return std::string(info(dtype).name); }
 

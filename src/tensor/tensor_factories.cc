@@ -3,6 +3,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "shmtensor/internal/tensor_access.h"
 #include "shmtensor/tensor.h"
 #include "tensor/dispatch.h"
 
@@ -10,9 +11,12 @@ namespace shmtensor {
 
 namespace {
 
-Tensor make_contiguous(Storage storage, Dims sizes, DType dtype) {
-  auto strides = internal::contiguous_strides(sizes);
-  return Tensor::from_storage(std::move(storage), 0, std::move(sizes), std::move(strides), dtype);
+// A contiguous tensor over a storage made for it of checked_nbytes(sizes, dtype) bytes
+// (TensorAccess::contiguous: from_storage's checks could not fail).
+Tensor make_contiguous(Storage&& storage, Dims&& sizes, DType dtype) {
+  Dims strides = internal::contiguous_strides(sizes);
+  return internal::TensorAccess::contiguous(std::move(storage), std::move(sizes),
+                                            std::move(strides), dtype);
 }
 
 std::size_t checked_nbytes(std::span<const std::int64_t> sizes, DType dtype) {

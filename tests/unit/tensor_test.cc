@@ -1,9 +1,10 @@
 // Tensor metadata, data_ptr, item, from_storage validation (including hostile values from a
-// peer), and share_memory_() moving every view's bytes in place.
+// peer), share_memory_() moving every view's bytes in place, and DefaultCollate's columns.
 #include "shmtensor/tensor.h"
 
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cstdint>
 #include <iterator>
 #include <limits>
@@ -12,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "shmtensor/collate.h"
 #include "support/expect_error.h"
 #include "support/leak_check.h"
 #include "unit/tensor_test_util.h"
@@ -329,6 +331,33 @@ TEST_F(TensorShareTest, CloneLeavesSharedMemory) {
   EXPECT_FALSE(c.is_shared());
   c.fill_(1);
   EXPECT_EQ(testing::doubles(t), (std::vector<double>{2.5, 2.5, 2.5, 2.5}));
+}
+
+// DefaultCollate takes position i of every sample into one column and collates it; one
+// column buffer serves every position, whatever the previous position's collate did with it
+// (strings are moved out, tensors stacked and left).
+TEST(DefaultCollateTest, EachPositionOfVectorAndArraySamplesIsItsOwnColumn) {
+  std::vector<std::vector<std::string>> words{{"a0", "b0", "c0"}, {"a1", "b1", "c1"}};
+  const auto word_batch = DefaultCollate{}(std::move(words));
+  EXPECT_EQ(word_batch, (std::vector<std::vector<std::string>>{
+                            {"a0", "a1"}, {"b0", "b1"}, {"c0", "c1"}}));
+  std::vector<std::vector<Tensor>> tensors;
+  for (int s = 0; s < 3; ++s)
+    tensors.push_back(
+        {Tensor::full({2}, s, DType::kInt64), Tensor::full({1}, 10 + s, DType::kInt32)});
+  const std::vector<Tensor> stacked = DefaultCollate{}(std::move(tensors));
+  ASSERT_EQ(stacked.size(), 2u);
+  EXPECT_EQ(stacked[0].sizes(), (std::vector<std::int64_t>{3, 2}));
+  EXPECT_EQ(ints(stacked[0]), (std::vector<std::int64_t>{0, 0, 1, 1, 2, 2}));
+  EXPECT_EQ(stacked[1].dtype(), DType::kInt32);
+  EXPECT_EQ(ints(stacked[1]), (std::vector<std::int64_t>{10, 11, 12}));
+  std::vector<std::array<std::string, 2>> pairs{{"x0", "y0"}, {"x1", "y1"}, {"x2", "y2"}};
+  const auto pair_batch = DefaultCollate{}(std::move(pairs));
+  EXPECT_EQ(pair_batch[0], (std::vector<std::string>{"x0", "x1", "x2"}));
+  EXPECT_EQ(pair_batch[1], (std::vector<std::string>{"y0", "y1", "y2"}));
+  std::vector<std::vector<std::string>> ragged{{"a", "b"}, {"c"}};
+  EXPECT_ERROR(DefaultCollate{}(std::move(ragged)), std::invalid_argument,
+               "default collate: each sample's vector must have the same length (2 and 1)");
 }
 
 }  // namespace

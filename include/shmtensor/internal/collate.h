@@ -140,11 +140,12 @@ struct CollateImpl<std::pair<A, B>> {
   }
 };
 
-// Element i of every sample (which must all have `n` elements), collated.
-template <class Seq>
-auto collate_element(std::vector<Seq>& samples, std::size_t i) {
-  using E = std::decay_t<decltype(samples.front()[0])>;
-  std::vector<E> column;
+// Element i of every sample (which must all have `n` elements), collated. `column` is the
+// caller's buffer, reused from element to element (one allocation for all of them): cleared
+// here, whatever the previous collate left in it.
+template <class Seq, class E>
+auto collate_element(std::vector<Seq>& samples, std::size_t i, std::vector<E>& column) {
+  column.clear();
   column.reserve(samples.size());
   for (auto& s : samples) column.push_back(std::move(s[i]));
   return collate_all(std::move(column));
@@ -162,7 +163,8 @@ struct CollateImpl<std::vector<T, A>> {
         throw_collate_mismatch("each sample's vector must have the same length (" +
                                std::to_string(n) + " and " + std::to_string(s.size()) + ")");
     out.reserve(n);
-    for (std::size_t i = 0; i < n; ++i) out.push_back(collate_element(samples, i));
+    std::vector<T> column;
+    for (std::size_t i = 0; i < n; ++i) out.push_back(collate_element(samples, i, column));
     return out;
   }
 };
@@ -172,7 +174,8 @@ struct CollateImpl<std::array<T, N>> {
   using type = std::array<Collated<T>, N>;
   static type collate(std::vector<std::array<T, N>>&& samples) {
     type out;
-    for (std::size_t i = 0; i < N; ++i) out[i] = collate_element(samples, i);
+    std::vector<T> column;
+    for (std::size_t i = 0; i < N; ++i) out[i] = collate_element(samples, i, column);
     return out;
   }
 };

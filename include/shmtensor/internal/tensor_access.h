@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 
 #include "shmtensor/export.h"
 #include "shmtensor/tensor.h"
@@ -18,6 +19,13 @@ struct SHMTENSOR_API TensorAccess {
   static void assign_view(Tensor& out, Storage storage, std::int64_t storage_offset,
                           const std::byte* sizes, const std::byte* strides, std::size_t ndim,
                           DType dtype);
+  // A tensor over the whole of `storage` at offset 0, for a factory that made the storage
+  // for it: `storage` holds exactly numel(sizes) × element_size(dtype) bytes, aligned for
+  // any dtype (operator new's memory, or an arena block: 64 bytes), and `strides` are the
+  // contiguous strides of `sizes`. Nothing is checked: from_storage's checks could not fail.
+  static Tensor contiguous(Storage&& storage, Dims&& sizes, Dims&& strides, DType dtype) noexcept {
+    return Tensor(std::move(storage), 0, std::move(sizes), std::move(strides), dtype);
+  }
 };
 
 }  // namespace shmtensor::internal
