@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <stdexcept>
@@ -285,5 +286,38 @@ TEST_P(ProcessExecTest, ExecChildHoldsNoneOfTheParentsBlocksOrNames) {
 
 INSTANTIATE_TEST_SUITE_P(Strategies, ProcessExecTest, shmtensor::testing::kAllStrategies,
                          shmtensor::testing::strategy_name);
+
+// A program that cannot be started again (here: an environment string longer than the
+// kernel's 128 KiB for one, E2BIG) makes start() throw the SystemError of posix_spawn,
+// naming what it ran; no child is left, no fd of the start (its report pipe) stays open,
+// and the Process can be started once the cause is gone.
+class ProcessExecFailureTest : public shmtensor::testing::LeakCheckedTest {
+ protected:
+  void TearDown() override {
+    ::unsetenv("SHMTENSOR_TEST_TOO_LONG");
+    shmtensor::testing::expect_no_children();
+    LeakCheckedTest::TearDown();
+  }
+};
+
+TEST_F(ProcessExecFailureTest, AStartThatCannotExecuteThrowsSayingWhyAndLeavesNothing) {
+  Process p(exit_with, 7);
+  p.set_start_method(StartMethod::kExec);
+  ASSERT_EQ(::setenv("SHMTENSOR_TEST_TOO_LONG", std::string(200 * 1024, 'x').c_str(), 1), 0);
+  try {
+    p.start();
+    FAIL() << "start() did not throw";
+  } catch (const shmtensor::SystemError& e) {
+    EXPECT_EQ(e.error_code(), E2BIG);
+    EXPECT_EQ(e.syscall(), "posix_spawn");
+    EXPECT_THAT(e.what(), HasSubstr("posix_spawn(/proc/self/exe)"));
+  }
+  EXPECT_FALSE(p.is_alive());
+  EXPECT_EQ(p.exitcode(), std::nullopt);
+  ASSERT_EQ(::unsetenv("SHMTENSOR_TEST_TOO_LONG"), 0);
+  p.start();
+  EXPECT_TRUE(p.join(10s));
+  EXPECT_EQ(p.exitcode(), 7);
+}
 
 }  // namespace process_test
