@@ -16,6 +16,7 @@
 
 #include "data/loader_errors.h"
 #include "data/spin_wait.h"
+#include "os/socket.h"
 #include "shmtensor/internal/task_board.h"
 #include "os/clock.h"
 #include "shmtensor/internal/connection_access.h"
@@ -96,6 +97,9 @@ struct LoaderSession::State {
   [[noreturn]] void died(std::size_t w);
   // In a catch block: the reply being read was not one; the exception says why.
   [[noreturn]] void malformed(std::size_t w);
+  // A reply came without its fds (this process is at its open-file limit). Nothing the
+  // worker did: it is not blamed, but the reply is lost.
+  [[noreturn]] void lost_fds(std::size_t w, const FdsCutError& e);
   std::string loading(std::size_t w) const;
 };
 
@@ -291,6 +295,8 @@ void LoaderSession::State::read(std::size_t w, bool only_ready) {
       died(w);  // it closed its socket by exiting
     } catch (const SystemError&) {
       died(w);  // ECONNRESET: it exited without reading every task we sent
+    } catch (const FdsCutError& e) {
+      lost_fds(w, e);
     } catch (const ProtocolError&) {
       malformed(w);  // a ring slot that is not a message: it writes our shared memory
     }
@@ -298,6 +304,8 @@ void LoaderSession::State::read(std::size_t w, bool only_ready) {
       handle(w, *d);
     } catch (const DataLoaderError&) {
       throw;
+    } catch (const FdsCutError& e) {
+      lost_fds(w, e);  // a segment's fds from the depot
     } catch (...) {
       malformed(w);
     }
@@ -312,6 +320,13 @@ void LoaderSession::State::malformed(std::size_t w) {
                         std::to_string(group.pid(w)) +
                         ") sent a reply that could not be decoded: " +
                         describe_current_exception());
+}
+
+void LoaderSession::State::lost_fds(std::size_t w, const FdsCutError& e) {
+  broken = true;
+  throw DataLoaderError("DataLoader worker " + std::to_string(w) + " (pid " +
+                        std::to_string(group.pid(w)) +
+                        ")'s reply could not be received whole: " + e.what());
 }
 
 void LoaderSession::State::handle(std::size_t w, Decoder& d) {

@@ -89,7 +89,7 @@ Received receive_message(int sock, std::span<std::byte> buffer, bool nonblocking
   // Take ownership of every fd that arrived before judging the message, so none leaks.
   take_passed_fds(msg, r.fds);
   if (msg.msg_flags & MSG_CTRUNC) {
-    throw ProtocolError(
+    throw FdsCutError(
         "a received message lost some of its file descriptors (MSG_CTRUNC): this process is "
         "at its open-file limit. Raise it with `ulimit -n` (see `shmtensor doctor`), or call "
         "set_sharing_strategy(\"file_system\") in the sending process, which passes no fds");

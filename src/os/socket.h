@@ -8,10 +8,20 @@
 #include <vector>
 
 #include "os/unique_fd.h"
+#include "shmtensor/error.h"
 
 struct msghdr;
 
 namespace shmtensor::internal {
+
+// A received message lost file descriptors (MSG_CTRUNC): this process is at its open-file
+// limit. A ProtocolError, as any message that cannot be used, but this process's own
+// condition, not its sender's doing: a receiver that blames senders for messages it cannot
+// decode (a DataLoader's main process) tells the two apart by this type.
+class FdsCutError : public ProtocolError {
+ public:
+  using ProtocolError::ProtocolError;
+};
 
 // The kernel's limit of fds in one SCM_RIGHTS message (SCM_MAX_FD).
 inline constexpr std::size_t kMaxFdsPerMessage = 253;
@@ -33,8 +43,8 @@ struct Received {
   std::vector<UniqueFd> fds;   // owned; received with MSG_CMSG_CLOEXEC
 };
 // Receives one datagram into `buffer`. Throws ProtocolError if it was larger than the
-// buffer (MSG_TRUNC) or its fds were cut (MSG_CTRUNC: names the fd limit and the other
-// strategy); the fds that did arrive are closed.
+// buffer (MSG_TRUNC), FdsCutError if its fds were cut (MSG_CTRUNC: names the fd limit and
+// the other strategy); the fds that did arrive are closed.
 Received receive_message(int sock, std::span<std::byte> buffer, bool nonblocking = false);
 
 // Owns every fd that the SCM_RIGHTS messages of a received (or peeked) `msg` carry,

@@ -157,7 +157,7 @@ FetchedSegment depot_fetch(DepotTable* t, int peek_sock, std::uint64_t uid, bool
       // segment). Anything else is a holder's junk, stepped over.
       const bool ours = p->size == sizeof id && id == uid;
       if (ours && p->fds_cut && p->fds.size() < want)
-        throw ProtocolError(
+        throw FdsCutError(
             "a message names a segment that this process must map from its channel's "
             "depot, and the depot's fd did not arrive (MSG_CTRUNC): this process is at its "
             "open-file limit. Raise it with `ulimit -n`");

@@ -6,6 +6,7 @@
 // except the timeout tests, whose workers block far longer than the timeout.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -16,6 +17,7 @@
 #include <memory>
 #include <optional>
 #include <thread>
+#include <vector>
 #include <typeinfo>
 
 #include "shmtensor/internal/task_board.h"
@@ -507,6 +509,60 @@ TEST_F(DataLoaderErrorsTest, AWorkerWhoseTaskBoardIsTooSmallBreaksTheSession) {
                 ") sent a reply that could not be decoded: shmtensor::ProtocolError: the task "
                 "board is not a 1-d int64 host tensor of 352 bytes or more");
   EXPECT_TRUE(session.broken());
+}
+
+// A worker whose first reply carries a file_descriptor segment's fd (its task board moved
+// into shared memory of that strategy).
+void fd_board_worker(int, internal::WorkerLink link) {
+  set_sharing_strategy(SharingStrategy::kFileDescriptor);
+  Connection& c = *link.connection;
+  Encoder e;
+  e.encode(std::uint64_t{0});
+  e.encode(internal::EntryKind::kBoard);
+  e.encode(Tensor::zeros({64}, DType::kInt64).share_memory_());
+  e.encode(std::uint64_t{0});
+  e.encode(internal::EntryKind::kDone);
+  send_then_wait_for_end(c, std::move(e));
+}
+
+TEST_F(DataLoaderErrorsTest, AReplyWhoseFdsAreCutAtTheFdLimitIsNotBlamedOnTheWorker) {
+#if defined(__SANITIZE_ADDRESS__)
+  // As HostileFramesTest.ReceiverAtItsFdLimitGetsCtruncErrorNamingUlimit: UBSan's vptr
+  // check needs free fds.
+  GTEST_SKIP() << "UBSan's vptr check needs free fds; runs in the plain and TSan builds";
+#endif
+  // The main process (a child here: it lowers its fd limit) fills its fd table after the
+  // session started, so that the worker's reply cannot bring its fd in (MSG_CTRUNC). The
+  // reply is lost and the session broken, but the error says why, not that the worker
+  // sent something that could not be decoded.
+  const int status = testing::run_in_child([] {
+    const auto owned = session_of(&fd_board_worker, [](std::uint64_t, Decoder&, bool) {});
+    internal::LoaderSession& session = *owned;
+    const int pid = session.pids().at(0);
+    const int highest = *testing::open_fds().rbegin();
+    rlimit lim{static_cast<rlim_t>(highest + 1), static_cast<rlim_t>(highest + 1)};
+    ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &lim), 0);
+    std::vector<int> filler;
+    for (int d; (d = ::dup(highest)) >= 0;) filler.push_back(d);
+    ASSERT_EQ(errno, EMFILE);
+    // One slot left: next()'s wait takes it (the connection's epoll fd, made at the first
+    // wait), and none is left for the reply's fd.
+    ASSERT_FALSE(filler.empty());
+    ::close(filler.back());
+    filler.pop_back();
+    const std::string what = next_error(session);
+    for (int d : filler) ::close(d);
+    EXPECT_EQ(what.rfind("DataLoader worker 0 (pid " + std::to_string(pid) +
+                             ")'s reply could not be received whole: ",
+                         0),
+              0u)
+        << what;
+    EXPECT_NE(what.find("MSG_CTRUNC"), std::string::npos) << what;
+    EXPECT_NE(what.find("ulimit -n"), std::string::npos) << what;
+    EXPECT_EQ(what.find("could not be decoded"), std::string::npos) << what;
+    EXPECT_TRUE(session.broken());
+  });
+  EXPECT_EQ(status, 0);
 }
 
 // A worker whose board always says it sleeps and which never reads its connection, but
