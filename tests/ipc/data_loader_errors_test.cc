@@ -486,16 +486,20 @@ TEST_F(DataLoaderErrorsTest, AWorkerThatWritesGarbageIntoItsRingBreaksTheSession
   EXPECT_THROW((void)session.next(), DataLoaderError);
 }
 
-// A worker whose first reply is a task board far smaller than the loader's shape.
-void small_board_worker(int, internal::WorkerLink link) {
-  Connection& c = *link.connection;
+// A worker's first reply: `board` as its task board. Then reads until the end.
+void reply_with_board(internal::WorkerLink link, const Tensor& board) {
   Encoder e;
   e.encode(std::uint64_t{0});
   e.encode(internal::EntryKind::kBoard);
-  e.encode(Tensor::zeros({2}, DType::kInt64).share_memory_());
+  e.encode(board);
   e.encode(std::uint64_t{0});
   e.encode(internal::EntryKind::kDone);
-  send_then_wait_for_end(c, std::move(e));
+  send_then_wait_for_end(*link.connection, std::move(e));
+}
+
+// A worker whose first reply is a task board far smaller than the loader's shape.
+void small_board_worker(int, internal::WorkerLink link) {
+  reply_with_board(link, Tensor::zeros({2}, DType::kInt64).share_memory_());
 }
 
 TEST_F(DataLoaderErrorsTest, AWorkerWhoseTaskBoardIsTooSmallBreaksTheSession) {
@@ -515,14 +519,7 @@ TEST_F(DataLoaderErrorsTest, AWorkerWhoseTaskBoardIsTooSmallBreaksTheSession) {
 // into shared memory of that strategy).
 void fd_board_worker(int, internal::WorkerLink link) {
   set_sharing_strategy(SharingStrategy::kFileDescriptor);
-  Connection& c = *link.connection;
-  Encoder e;
-  e.encode(std::uint64_t{0});
-  e.encode(internal::EntryKind::kBoard);
-  e.encode(Tensor::zeros({64}, DType::kInt64).share_memory_());
-  e.encode(std::uint64_t{0});
-  e.encode(internal::EntryKind::kDone);
-  send_then_wait_for_end(c, std::move(e));
+  reply_with_board(link, Tensor::zeros({64}, DType::kInt64).share_memory_());
 }
 
 TEST_F(DataLoaderErrorsTest, AReplyWhoseFdsAreCutAtTheFdLimitIsNotBlamedOnTheWorker) {
