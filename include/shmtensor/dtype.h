@@ -8,6 +8,7 @@
 #include <string_view>
 
 #include "shmtensor/export.h"
+#include "shmtensor/internal/dtype_table.h"
 
 namespace shmtensor {
 
@@ -28,13 +29,6 @@ enum class DType : std::uint8_t {
 
 inline constexpr int kNumDTypes = 12;
 
-namespace internal {
-// Element sizes by enumerator (dtype.cc checks them against the C++ types).
-inline constexpr std::uint8_t kElementSizes[kNumDTypes] = {1, 1, 1, 2, 4, 8, 2, 2, 4, 8, 8, 16};
-// std::invalid_argument naming a DType value outside the enum (a caller's cast).
-[[noreturn]] SHMTENSOR_API void throw_invalid_dtype(DType dtype);
-}  // namespace internal
-
 // Size in bytes of one element. Throws std::invalid_argument for a value outside the enum.
 inline std::size_t element_size(DType dtype) {
   const auto index = static_cast<std::size_t>(dtype);
@@ -42,6 +36,7 @@ inline std::size_t element_size(DType dtype) {
     internal::throw_invalid_dtype(dtype);
   return internal::kElementSizes[index];
 }
+
 // "bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32",
 // "float64", "complex64", "complex128".
 SHMTENSOR_API std::string to_string(DType dtype);

@@ -33,12 +33,13 @@ constexpr std::array<DTypeInfo, kNumDTypes> kInfo = {{
 static_assert(sizeof(Half) == 2 && sizeof(BFloat16) == 2);
 static_assert(sizeof(std::complex<double>) == 16);
 
+static_assert(std::size(internal::kElementSizes) == kInfo.size());
 constexpr bool sizes_agree() {
   for (std::size_t i = 0; i < kInfo.size(); ++i)
     if (kInfo[i].size != internal::kElementSizes[i]) return false;
   return true;
 }
-static_assert(sizes_agree(), "dtype.h's kElementSizes must follow kInfo");
+static_assert(sizes_agree(), "internal/dtype_table.h's kElementSizes must follow kInfo");
 
 // A DType outside the enum (a caller's cast; the decoder rejects such bytes from other
 // processes itself) is rejected rather than used as an index.
