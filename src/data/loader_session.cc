@@ -11,6 +11,7 @@
 // across epochs; a reply for an id before the current epoch's first is decoded and dropped
 // (persistent workers finish the tasks of an abandoned epoch).
 #include <algorithm>
+#include <cerrno>
 #include <map>
 #include <span>
 
@@ -97,9 +98,10 @@ struct LoaderSession::State {
   [[noreturn]] void died(std::size_t w);
   // In a catch block: the reply being read was not one; the exception says why.
   [[noreturn]] void malformed(std::size_t w);
-  // A reply came without its fds (this process is at its open-file limit). Nothing the
+  // A reply could not be taken whole because this process is at its open-file limit (its
+  // fds were cut, or a named segment of it could not be opened): `e` says which. Nothing the
   // worker did: it is not blamed, but the reply is lost.
-  [[noreturn]] void lost_fds(std::size_t w, const FdsCutError& e);
+  [[noreturn]] void lost_fds(std::size_t w, const std::exception& e);
   std::string loading(std::size_t w) const;
 };
 
@@ -293,10 +295,12 @@ void LoaderSession::State::read(std::size_t w, bool only_ready) {
       if (!d) return;
     } catch (const ConnectionClosed&) {
       died(w);  // it closed its socket by exiting
-    } catch (const SystemError&) {
+    } catch (const SystemError& e) {
+      // This process's fd table is full: a named segment of the reply cannot be opened.
+      if (e.error_code() == EMFILE || e.error_code() == ENFILE) lost_fds(w, e);
       died(w);  // ECONNRESET: it exited without reading every task we sent
     } catch (const FdsCutError& e) {
-      lost_fds(w, e);
+      lost_fds(w, e);  // the reply's fds did not fit this process's fd table (MSG_CTRUNC)
     } catch (const ProtocolError&) {
       malformed(w);  // a ring slot that is not a message: it writes our shared memory
     }
@@ -304,8 +308,6 @@ void LoaderSession::State::read(std::size_t w, bool only_ready) {
       handle(w, *d);
     } catch (const DataLoaderError&) {
       throw;
-    } catch (const FdsCutError& e) {
-      lost_fds(w, e);  // a segment's fds from the depot
     } catch (...) {
       malformed(w);
     }
@@ -322,7 +324,7 @@ void LoaderSession::State::malformed(std::size_t w) {
                         describe_current_exception());
 }
 
-void LoaderSession::State::lost_fds(std::size_t w, const FdsCutError& e) {
+void LoaderSession::State::lost_fds(std::size_t w, const std::exception& e) {
   broken = true;
   throw DataLoaderError("DataLoader worker " + std::to_string(w) + " (pid " +
                         std::to_string(group.pid(w)) +

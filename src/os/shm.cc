@@ -9,6 +9,8 @@
 #include <linux/magic.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <optional>
 #include <string>
 
@@ -44,6 +46,31 @@ UniqueFd create_sealed_memfd(std::size_t size) {
     return ::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
   });
   return fd;
+}
+
+std::vector<std::pair<std::size_t, std::size_t>> data_extents(int fd, std::size_t from,
+                                                               std::size_t to) {
+  std::vector<std::pair<std::size_t, std::size_t>> out;
+  for (std::size_t at = from; at < to;) {
+    const off_t data = ::lseek(fd, static_cast<off_t>(at), SEEK_DATA);
+    if (data < 0) {
+      if (errno == ENXIO) break;  // no data from `at` on
+      out.clear();                // the file system cannot tell
+      out.emplace_back(from, to);
+      break;
+    }
+    if (static_cast<std::size_t>(data) >= to) break;
+    const off_t hole = ::lseek(fd, data, SEEK_HOLE);
+    if (hole < 0) {
+      out.clear();
+      out.emplace_back(from, to);
+      break;
+    }
+    const std::size_t end = std::min(static_cast<std::size_t>(hole), to);
+    out.emplace_back(static_cast<std::size_t>(data), end);
+    at = end;
+  }
+  return out;
 }
 
 FdFacts inspect_fd(int fd) {

@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "os/unique_fd.h"
 
@@ -15,6 +17,15 @@ namespace shmtensor::internal {
 // F_SEAL_SHRINK|F_SEAL_GROW|F_SEAL_SEAL so no holder can make another one SIGBUS.
 // The pages are not reserved: tmpfs-backed memfds are not bound by /dev/shm's size.
 UniqueFd create_sealed_memfd(std::size_t size);
+
+// The byte ranges [first, second) of [from, to) where the file behind `fd` holds data
+// (lseek SEEK_DATA / SEEK_HOLE; pages swapped out count as data), sorted. A hole reads as
+// zeros and holds no memory; looking at it through a mapping of a tmpfs file would
+// allocate its pages. Where the file system cannot tell (an error), the whole range.
+// Moves the open file description's offset (nothing of ours reads these files by offset).
+// Throws std::bad_alloc only.
+std::vector<std::pair<std::size_t, std::size_t>> data_extents(int fd, std::size_t from,
+                                                               std::size_t to);
 
 struct FdFacts {
   std::size_t size = 0;

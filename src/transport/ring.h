@@ -10,6 +10,8 @@
 //
 //   pos (50 bits) | state (2) | holder (7) | epoch (5)
 //
+// (kept less its slot's index in `pos`, so that a slot never written, all zeros, is FREE for
+// its first position: ring_layout.h, index_bias; a new ring writes no slot's page)
 // `pos` is the position (lap * slot_count + index) the slot is for; `state` is FREE (a
 // producer may claim it for pos), WRITING (claimed by a producer), READY (a message for
 // pos) or READING (claimed by a consumer). A claim is one CAS on the word that also names

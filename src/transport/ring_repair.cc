@@ -7,8 +7,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <new>
+#include <utility>
 #include <vector>
 
+#include "os/shm.h"
 #include "transport/ring.h"
 #include "transport/ring_layout.h"
 #include "transport/ring_local.h"
@@ -81,7 +83,7 @@ bool Ring::claimer_dead(std::uint64_t word) const noexcept {
 void Ring::idle_scan() noexcept {
   // A sleep with nothing published: messages a peer hid behind a head hint it moved forward
   // are looked for, with a scan of the slot words, at most once a second per handle (a
-  // scan reads every slot's line).
+  // scan reads every written slot's line).
   const std::int64_t now = Clock::now().time_since_epoch().count();
   std::int64_t last = local_->idle_scan_ns.load(std::memory_order_relaxed);
   if (now - last < std::chrono::nanoseconds(kIdleScanEvery).count()) return;
@@ -112,14 +114,23 @@ bool Ring::resync_hints() noexcept {
   const std::uint64_t tail0 = load_hint(h->tail);
   const std::uint64_t head0 = load_hint(h->head);
   std::vector<std::uint64_t> words;
+  // The memfd's pages that hold data: a slot in a hole was never written (its word is zero,
+  // free for its index's position: ring_layout.h), and is not read, which would allocate
+  // its page (a tmpfs page is allocated on a read fault too).
+  std::vector<std::pair<std::size_t, std::size_t>> extents;
   try {
     words.resize(n);
+    extents = data_extents(fd_.get(), slots_offset_, slots_offset_ + n * slot_bytes_);
   } catch (const std::bad_alloc&) {
     return false;  // no memory: the hints stay; the next call looks again
   }
   bool any = false;
+  auto extent = extents.begin();
   for (std::uint64_t i = 0; i < n; ++i) {
-    words[i] = load_word(i);
+    const std::size_t at = slots_offset_ + i * slot_bytes_;
+    while (extent != extents.end() && extent->second <= at) ++extent;
+    const bool written = extent != extents.end() && extent->first <= at;
+    words[i] = written ? load_word(i) : pack(i, kFree);
     const std::uint64_t p = pos_of(words[i]);
     if ((p & (n - 1)) == i && p < kPosLimit)
       any = true;

@@ -515,35 +515,33 @@ TEST_F(DataLoaderErrorsTest, AWorkerWhoseTaskBoardIsTooSmallBreaksTheSession) {
   EXPECT_TRUE(session.broken());
 }
 
-// A worker whose first reply carries a file_descriptor segment's fd (its task board moved
-// into shared memory of that strategy).
+// Workers whose first reply carries a segment of each strategy: a file_descriptor one's fd
+// travels with the message; a file_system one is opened by name in the main process.
 void fd_board_worker(int, internal::WorkerLink link) {
   set_sharing_strategy(SharingStrategy::kFileDescriptor);
   reply_with_board(link, Tensor::zeros({64}, DType::kInt64).share_memory_());
 }
+void named_board_worker(int, internal::WorkerLink link) {
+  set_sharing_strategy(SharingStrategy::kFileSystem);
+  reply_with_board(link, Tensor::zeros({64}, DType::kInt64).share_memory_());
+}
 
-TEST_F(DataLoaderErrorsTest, AReplyWhoseFdsAreCutAtTheFdLimitIsNotBlamedOnTheWorker) {
-#if defined(__SANITIZE_ADDRESS__)
-  // As HostileFramesTest.ReceiverAtItsFdLimitGetsCtruncErrorNamingUlimit: UBSan's vptr
-  // check needs free fds.
-  GTEST_SKIP() << "UBSan's vptr check needs free fds; runs in the plain and TSan builds";
-#endif
-  // The main process (a child here: it lowers its fd limit) fills its fd table after the
-  // session started, so that the worker's reply cannot bring its fd in (MSG_CTRUNC). The
-  // reply is lost and the session broken, but the error says why, not that the worker
-  // sent something that could not be decoded.
-  const int status = testing::run_in_child([] {
-    const auto owned = session_of(&fd_board_worker, [](std::uint64_t, Decoder&, bool) {});
+// What next() of a session of `worker` says when this process's fd table is full but for
+// the one fd next()'s wait makes (the connection's epoll fd, made at the first wait). Run
+// in a child: it lowers its fd limit.
+void expect_reply_lost_at_the_fd_limit(void (*worker)(int, internal::WorkerLink),
+                                       const std::string& cause) {
+  const int status = testing::run_in_child([&] {
+    const auto owned = session_of(worker, [](std::uint64_t, Decoder&, bool) {});
     internal::LoaderSession& session = *owned;
     const int pid = session.pids().at(0);
+    // The limit one above the highest fd: fd `highest + 1` is the one left free.
     const int highest = *testing::open_fds().rbegin();
-    rlimit lim{static_cast<rlim_t>(highest + 1), static_cast<rlim_t>(highest + 1)};
+    rlimit lim{static_cast<rlim_t>(highest + 2), static_cast<rlim_t>(highest + 2)};
     ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &lim), 0);
     std::vector<int> filler;
     for (int d; (d = ::dup(highest)) >= 0;) filler.push_back(d);
     ASSERT_EQ(errno, EMFILE);
-    // One slot left: next()'s wait takes it (the connection's epoll fd, made at the first
-    // wait), and none is left for the reply's fd.
     ASSERT_FALSE(filler.empty());
     ::close(filler.back());
     filler.pop_back();
@@ -554,12 +552,25 @@ TEST_F(DataLoaderErrorsTest, AReplyWhoseFdsAreCutAtTheFdLimitIsNotBlamedOnTheWor
                          0),
               0u)
         << what;
-    EXPECT_NE(what.find("MSG_CTRUNC"), std::string::npos) << what;
+    EXPECT_NE(what.find(cause), std::string::npos) << what;
     EXPECT_NE(what.find("ulimit -n"), std::string::npos) << what;
     EXPECT_EQ(what.find("could not be decoded"), std::string::npos) << what;
+    EXPECT_EQ(what.find("exited"), std::string::npos) << what;
     EXPECT_TRUE(session.broken());
   });
   EXPECT_EQ(status, 0);
+}
+
+TEST_F(DataLoaderErrorsTest, AReplyLostAtTheFdLimitIsNotBlamedOnTheWorker) {
+#if defined(__SANITIZE_ADDRESS__)
+  // As HostileFramesTest.ReceiverAtItsFdLimitGetsCtruncErrorNamingUlimit: UBSan's vptr
+  // check needs free fds.
+  GTEST_SKIP() << "UBSan's vptr check needs free fds; runs in the plain and TSan builds";
+#endif
+  // The reply is lost and the session broken, but the error says why, not that the worker
+  // sent something that could not be decoded, or died.
+  expect_reply_lost_at_the_fd_limit(&fd_board_worker, "MSG_CTRUNC");
+  expect_reply_lost_at_the_fd_limit(&named_board_worker, "Too many open files");
 }
 
 // A worker whose board always says it sleeps and which never reads its connection, but
