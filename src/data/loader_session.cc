@@ -101,7 +101,7 @@ struct LoaderSession::State {
   // A reply could not be taken whole because this process is at its open-file limit (its
   // fds were cut, or a named segment of it could not be opened): `e` says which. Nothing the
   // worker did: it is not blamed, but the reply is lost.
-  [[noreturn]] void lost_fds(std::size_t w, const std::exception& e);
+  [[noreturn]] void lost_at_fd_limit(std::size_t w, const std::exception& e);
   std::string loading(std::size_t w) const;
 };
 
@@ -297,10 +297,10 @@ void LoaderSession::State::read(std::size_t w, bool only_ready) {
       died(w);  // it closed its socket by exiting
     } catch (const SystemError& e) {
       // This process's fd table is full: a named segment of the reply cannot be opened.
-      if (e.error_code() == EMFILE || e.error_code() == ENFILE) lost_fds(w, e);
+      if (e.error_code() == EMFILE || e.error_code() == ENFILE) lost_at_fd_limit(w, e);
       died(w);  // ECONNRESET: it exited without reading every task we sent
     } catch (const FdsCutError& e) {
-      lost_fds(w, e);  // the reply's fds did not fit this process's fd table (MSG_CTRUNC)
+      lost_at_fd_limit(w, e);  // the reply's fds did not fit this process's fd table (MSG_CTRUNC)
     } catch (const ProtocolError&) {
       malformed(w);  // a ring slot that is not a message: it writes our shared memory
     }
@@ -324,7 +324,7 @@ void LoaderSession::State::malformed(std::size_t w) {
                         describe_current_exception());
 }
 
-void LoaderSession::State::lost_fds(std::size_t w, const std::exception& e) {
+void LoaderSession::State::lost_at_fd_limit(std::size_t w, const std::exception& e) {
   broken = true;
   throw DataLoaderError("DataLoader worker " + std::to_string(w) + " (pid " +
                         std::to_string(group.pid(w)) +

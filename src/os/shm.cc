@@ -53,19 +53,10 @@ std::vector<std::pair<std::size_t, std::size_t>> data_extents(int fd, std::size_
   std::vector<std::pair<std::size_t, std::size_t>> out;
   for (std::size_t at = from; at < to;) {
     const off_t data = ::lseek(fd, static_cast<off_t>(at), SEEK_DATA);
-    if (data < 0) {
-      if (errno == ENXIO) break;  // no data from `at` on
-      out.clear();                // the file system cannot tell
-      out.emplace_back(from, to);
-      break;
-    }
+    if (data < 0 && errno == ENXIO) break;  // no data from `at` on
+    const off_t hole = data < 0 ? -1 : ::lseek(fd, data, SEEK_HOLE);
+    if (hole < 0) return {{from, to}};  // the file system cannot tell
     if (static_cast<std::size_t>(data) >= to) break;
-    const off_t hole = ::lseek(fd, data, SEEK_HOLE);
-    if (hole < 0) {
-      out.clear();
-      out.emplace_back(from, to);
-      break;
-    }
     const std::size_t end = std::min(static_cast<std::size_t>(hole), to);
     out.emplace_back(static_cast<std::size_t>(data), end);
     at = end;
