@@ -631,8 +631,9 @@ def demo(n=20000):
 
 
 def docker_demo():
-    """Docker's 64 MiB /dev/shm, side by side (dev_shm_demo.py's 16 MiB cases), where this
-    machine allows a private mount namespace (root)."""
+    """Docker's 64 MiB /dev/shm, side by side (dev_shm_demo.py's 16 MiB cases: a loop that
+    drops each batch and one that keeps the previous one), where this machine allows a
+    private mount namespace (root)."""
     import dev_shm_demo as d
     print()
     why = d.skip_reason()
@@ -647,9 +648,10 @@ def docker_demo():
         print("  %s" % str(e).strip().splitlines()[-1])
         return
     for o in out:
-        label = "%s, %s" % ("torch as it is" if o["mode"] == "stock"
-                            else "shmtensor.torch.install()", o["strategy"])
-        print("  %-44s %2d of %d batches  %s"
+        label = "%s, %s, %s" % ("torch as it is" if o["mode"] == "stock"
+                                else "shmtensor.torch.install()", o["strategy"],
+                                "keeping the last batch" if o["keep"] else "dropping each")
+        print("  %-68s %2d of %d batches  %s"
               % (label, o["batches"], d.BATCHES, o["error"] or "completed"))
 
 

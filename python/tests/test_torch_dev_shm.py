@@ -1,9 +1,10 @@
 """Docker's 64 MiB /dev/shm (python/bench/dev_shm_demo.py runs it): install() completes
-with every batch exact at 16 MiB under both strategies, and at 32 MiB under file_descriptor
-(memfds are not bound by /dev/shm's size); wherever stock torch completes at 16 MiB, install()
-does; nothing of shmtensor is left in /dev/shm. Stock torch's outcome is printed, not
-asserted: it differs between torch versions and runs. Needs root (a mount namespace and a
-tmpfs); elsewhere it skips, saying why.
+with every batch exact in every case, 16 and 32 MiB batches, a loop that drops each batch
+and one that keeps the previous one, under both strategies (a file_system segment that
+/dev/shm cannot hold becomes a memfd); so wherever stock torch completes, install() does;
+nothing of shmtensor is left in /dev/shm. Stock torch's outcome is printed, not asserted: it
+differs between torch versions and runs. Needs root (a mount namespace and a tmpfs);
+elsewhere it skips, saying why.
 """
 import os
 import sys
@@ -29,24 +30,27 @@ def outcomes():
     print("torch %s, DataLoader in a 64 MiB /dev/shm, %d workers, %d batches:"
           % (torch.__version__, demo.WORKERS, demo.BATCHES))
     for o in out:
-        print("  %-7s %-15s %2d MiB: %2d batches  %s"
-              % (o["mode"], o["strategy"], o["mib"], o["batches"], o["error"] or "completed"))
-    return {(o["mode"], o["strategy"], o["mib"]): o for o in out}
+        print("  %-7s %-15s %2d MiB %-8s: %2d batches  %s"
+              % (o["mode"], o["strategy"], o["mib"], "keeping" if o["keep"] else "dropping",
+                 o["batches"], o["error"] or "completed"))
+    return {(o["mode"], o["strategy"], o["mib"], o["keep"]): o for o in out}
 
 
-@pytest.mark.parametrize("strategy,mib", [("file_system", 16), ("file_descriptor", 16),
-                                          ("file_descriptor", 32)])
-def test_install_completes_in_dockers_dev_shm_with_exact_batches(outcomes, strategy, mib):
-    ours = outcomes["install", strategy, mib]
+INSTALL_CASES = [case[1:] for case in demo.CASES if case[0] == "install"]
+
+
+@pytest.mark.parametrize("strategy,mib,keep", INSTALL_CASES)
+def test_install_completes_in_dockers_dev_shm_with_exact_batches(outcomes, strategy, mib, keep):
+    ours = outcomes["install", strategy, mib, keep]
     assert ours["error"] is None
     assert ours["batches"] == demo.BATCHES
     assert ours["wrong"] == []
     assert ours["left"] == []
 
 
-@pytest.mark.parametrize("strategy", ["file_system", "file_descriptor"])
-def test_install_completes_wherever_stock_completes(outcomes, strategy):
-    stock, ours = outcomes["stock", strategy, 16], outcomes["install", strategy, 16]
+@pytest.mark.parametrize("strategy,mib,keep", [c for c in INSTALL_CASES if c[1] == 16])
+def test_install_completes_wherever_stock_completes(outcomes, strategy, mib, keep):
+    stock, ours = outcomes["stock", strategy, mib, keep], outcomes["install", strategy, mib, keep]
     assert stock["wrong"] == []
     if stock["error"] is None:
         assert (ours["error"], ours["batches"]) == (None, demo.BATCHES)

@@ -4,12 +4,10 @@
 #include <array>
 #include <atomic>
 #include <bit>
-#include <chrono>
 #include <iterator>
 #include <new>
 #include <mutex>
 #include <optional>
-#include <thread>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -37,11 +35,6 @@ constexpr std::uint32_t kMinBlocks = 4;
 // Freed large segments kept for reuse, at most this many and this many bytes.
 constexpr std::size_t kLargeCacheCount = 4;
 constexpr std::size_t kLargeCacheBytes = std::size_t{1} << 30;
-// How long an allocation waits for /dev/shm space that other processes hold, and the
-// longest pause between two looks at it.
-constexpr std::chrono::milliseconds kDevShmWait{10000};
-constexpr std::chrono::milliseconds kDevShmPollMax{16};
-std::atomic<std::int64_t> g_dev_shm_wait_ms{kDevShmWait.count()};
 
 struct SizeClass {
   std::size_t index;
@@ -344,13 +337,10 @@ std::optional<Block> try_large(ArenaKey key, std::size_t nbytes,
 
 namespace {
 
-// /dev/shm could not hold a named segment (`full`): gives back what this process keeps
-// there unused and returns true to try again at once; else, when /dev/shm could hold the
-// segment once others give space back, waits (until *deadline, set on the first wait) for
-// that much to be free and returns true; false when the error stands.
-bool make_room(const SharedMemoryFullError& full,
-               std::optional<std::chrono::steady_clock::time_point>* deadline,
-               std::chrono::milliseconds* pause) {
+// /dev/shm could not hold a named segment: gives back what this process keeps there unused
+// (its free segments, after clearing dead processes' holds, and its receive cache's named
+// segments); true when it gave back any, so that the allocation tries again.
+bool give_back_unused_named() {
   std::vector<std::shared_ptr<Segment>> dropped;  // destroyed after unlocking
   {
     std::lock_guard lock(g_state->mu);
@@ -358,29 +348,21 @@ bool make_room(const SharedMemoryFullError& full,
   }
   const bool gave_back = !dropped.empty();
   dropped.clear();  // the names of segments no receiver maps go now
-  if (Registry::instance().forget_cached_named_segments() > 0 || gave_back) return true;
+  return Registry::instance().forget_cached_named_segments() > 0 || gave_back;
+}
+
+// Whether a named segment that /dev/shm cannot hold now (`full`) would fit an empty /dev/shm
+// (others hold the space: the consumer's batches, made ahead), rather than being larger
+// than /dev/shm itself.
+bool dev_shm_could_hold(const SharedMemoryFullError& full) noexcept {
   const std::optional<ShmSpace> space = dev_shm_limit();
-  if (!space || full.requested() > space->total) return false;
-  const auto now = std::chrono::steady_clock::now();
-  if (!*deadline) *deadline = now + dev_shm_wait();
-  if (now >= **deadline) return false;
-  // Polls with pauses of 1, 2, 4 ... kDevShmPollMax ms: statfs is cheap, and a consumer
-  // that drops a batch gives its space back at once.
-  for (;;) {
-    std::this_thread::sleep_for(*pause);
-    *pause = std::min(*pause * 2, kDevShmPollMax);
-    const std::optional<ShmSpace> now_space = dev_shm_limit();
-    if (!now_space || now_space->free >= full.requested()) return true;
-    if (std::chrono::steady_clock::now() >= **deadline) return false;
-  }
+  return space && full.requested() <= space->total;
 }
 
 Block allocate_in(ArenaKey key, std::size_t nbytes) {
   if (g_inherited.load(std::memory_order_relaxed) != nullptr) drop_inherited();
   const bool large = nbytes > kLargeThreshold;
   const SizeClass sc = large ? SizeClass{0, 0} : size_class(nbytes);
-  std::optional<std::chrono::steady_clock::time_point> deadline;
-  std::chrono::milliseconds pause{1};
   for (;;) {
     NewSegment need;
     {
@@ -396,12 +378,12 @@ Block allocate_in(ArenaKey key, std::size_t nbytes) {
       seg = create_arena_segment(key, &need);
     } catch (const SharedMemoryFullError& full) {
       if (!is_named(key)) throw;
-      if (make_room(full, &deadline, &pause)) continue;
-      if (!deadline) throw;
-      throw SharedMemoryFullError(std::string(full.what()) + " (after waiting " +
-                                      std::to_string(dev_shm_wait().count()) +
-                                      " ms for other processes to give /dev/shm space back)",
-                                  full.requested(), full.available());
+      if (give_back_unused_named()) continue;
+      // Others hold the space (a loop keeping batches while workers make the next ones):
+      // the block goes to a memfd segment, which /dev/shm's size does not limit and which
+      // travels by fd whatever the strategy. A segment larger than /dev/shm is refused.
+      if (!dev_shm_could_hold(full)) throw;
+      return allocate_in({SharingStrategy::kFileDescriptor, key.device}, nbytes);
     }
     std::lock_guard lock(g_state->mu);
     StrategyArena& sa = arena_of(key);
@@ -461,14 +443,6 @@ void arena_block_handed_over(const Segment& segment) noexcept {
 bool may_keep_unused_named_segments() noexcept {
   const std::optional<ShmSpace> space = dev_shm_limit();
   return !space || space->total - std::min(space->free, space->total) <= space->total / 4;
-}
-
-std::chrono::milliseconds dev_shm_wait() noexcept {
-  return std::chrono::milliseconds(g_dev_shm_wait_ms.load(std::memory_order_relaxed));
-}
-
-void set_dev_shm_wait(std::chrono::milliseconds wait) noexcept {
-  g_dev_shm_wait_ms.store(wait.count(), std::memory_order_relaxed);
 }
 
 std::size_t arena_trim() {

@@ -12,7 +12,6 @@
 // Thread-safe: one mutex per process. Lock order: arena, then registry.
 #pragma once
 
-#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -39,14 +38,11 @@ struct Block {
 // file_system, /dev/shm full: first gives back what this process keeps there unused (its
 // free segments and its receive cache's named segments, after clearing the holds of dead
 // processes) and tries again; then, for a segment /dev/shm could hold once others give
-// space back (the consumer dropping batches), waits for that space up to
-// dev_shm_wait() (10 s), polling, and throws SharedMemoryFullError only after that.
-// Waits with no lock held. A segment larger than /dev/shm is refused at once.
+// space back (the consumer's batches), the block is taken from the file_descriptor arena:
+// a memfd segment, not limited by /dev/shm, that travels by fd (its storage's
+// sharing_strategy() says file_descriptor). A segment larger than /dev/shm is refused
+// (SharedMemoryFullError) before a name is made.
 Block arena_allocate(SharingStrategy strategy, std::size_t nbytes);
-
-// How long arena_allocate waits for /dev/shm space others hold. Tests shorten it.
-std::chrono::milliseconds dev_shm_wait() noexcept;
-void set_dev_shm_wait(std::chrono::milliseconds wait) noexcept;
 
 // Whether this process may keep a file_system segment that no storage of it uses (a free
 // dedicated segment, one handed over to receivers, a received one in the receive cache)
