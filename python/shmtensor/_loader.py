@@ -23,7 +23,9 @@ failed get of the data queue (torch's MP_STATUS_CHECK_INTERVAL passing, an error
 handler's exception) goes to torch's _try_get_data (_get_failed), which checks the workers
 and raises torch's errors. Outside the plain case, __next__ is torch's _next_data without
 the record_function scope torch opens for every batch (~6 us; on torch 1.13 it allocates a
-tensor) unless a profiler is enabled. The batches themselves come as tensor messages, not
+tensor) unless a profiler is enabled. A method of torch's that the C++ step does the work of, replaced on
+torch's class after this import (a hook), makes every batch take torch's _next_data, saying
+so once; a _worker_loop put on torch's worker module after it is what the workers run. The batches themselves come as tensor messages, not
 pickles, while install() is active (shmtensor.multiprocessing.reductions; docs/torch.md).
 
 The workers' tasks go on task boards, not as index messages: each worker finds its board in
@@ -66,6 +68,18 @@ _NEEDED = ("_next_data", "_reset", "_try_get_data", "_try_put_index")
 # What _C._loader_next returns when torch's _next_data takes the step.
 _HANDOVER = object()
 
+# torch's methods that the C++ step (_C._loader_next) does the work of, as torch defines them:
+# one replaced on torch's class after this import (a user's hook) makes every batch take
+# torch's _next_data, which calls it.
+_STEP = {name: _MPIter.__dict__.get(name)
+         for name in ("_next_data", "_try_put_index", "_process_data", "_try_get_data",
+                      "_get_data")}
+
+
+def _replaced_step_methods() -> list[str]:
+    """The names of _STEP whose method on torch's iterator class is no longer torch's."""
+    return [name for name, method in _STEP.items() if _MPIter.__dict__.get(name) is not method]
+
 
 def _native(q, unbounded: bool) -> bool:
     """Whether q is a shmtensor Queue (its native queue open), unbounded if asked."""
@@ -79,7 +93,7 @@ def _native(q, unbounded: bool) -> bool:
 
 _WAKE = _C._INDEX_BOARD_WAKE
 _DUE = object()  # what _IndexBoardReader.take returns when a task message comes first
-_torch_worker_loop = _worker._worker_loop
+_torch_worker_loop = _worker._worker_loop  # torch's own, whose signature the boards need
 _WORKER_ID = 10  # where torch 1.13 to 2.13 pass the worker id to _worker_loop (index queue: 2)
 
 
@@ -201,7 +215,9 @@ def _worker_loop_on_board(boards, shape, *args):
     if _native(q, True) and len(args) > _WORKER_ID:
         board = _C._IndexBoardReader(boards, args[_WORKER_ID], *shape)
         args = args[:2] + (_BoardIndexQueue(q, board),) + args[3:]
-    return _torch_worker_loop(*args)
+    # The module's _worker_loop as it is now: a function put there after this module was
+    # imported (a user's wrapper, a profiler's) runs, as it would under torch's iterator.
+    return _worker.__dict__["_worker_loop"](*args)
 
 
 # The target that torch's __init__, on this thread, starts its workers with (_BoardTarget);
@@ -328,6 +344,11 @@ class ShmtensorDataLoaderIter(_MPIter):
                        and not self._timeout > 0 and getattr(self, "_in_order", True)
                        and _native(self._data_queue, False)
                        and all(_native(q, True) for q in self._index_queues))
+        if self._plain and (replaced := _replaced_step_methods()):
+            self._plain = False
+            say_once("torch's %s replaced on _MultiProcessingDataLoaderIter: every batch "
+                     "takes torch's _next_data, which calls it, instead of shmtensor's C++ step"
+                     % ", ".join(replaced))
         super()._reset(loader, first_iter)
 
     def __next__(self):
@@ -365,8 +386,12 @@ _said = set()
 
 def say_torch_iterator(reason: str) -> None:
     """Once per reason and process: a RuntimeWarning that torch's iterator is used, and why."""
-    if reason in _said:
+    say_once("DataLoader workers use torch's own iterator: " + reason, stacklevel=5)
+
+
+def say_once(what: str, stacklevel: int = 4) -> None:
+    """`what`, as a RuntimeWarning from shmtensor.torch, once per process."""
+    if what in _said:
         return
-    _said.add(reason)
-    warnings.warn("shmtensor.torch: DataLoader workers use torch's own iterator: " + reason,
-                  RuntimeWarning, stacklevel=4)
+    _said.add(what)
+    warnings.warn("shmtensor.torch: " + what, RuntimeWarning, stacklevel=stacklevel)

@@ -367,6 +367,71 @@ def test_which_loaders_take_it(monkeypatch):
     assert type(iter(plain)) is torch_dataloader._MultiProcessingDataLoaderIter
 
 
+_HOOKED = []  # in a worker: whether the worker loop a test put on torch's module ran there
+
+
+class SaysHooked(Dataset):
+    def __len__(self):
+        return 6
+
+    def __getitem__(self, i):
+        return torch.tensor([i, len(_HOOKED)])
+
+
+def test_hooks_put_on_torch_after_import_run_as_under_torchs_iterator(strategy):
+    assert run_in_child(hooks_run) == 0
+
+
+def hooks_run():
+    """A worker loop put on torch's worker module and a _try_put_index put on torch's
+    iterator class after shmtensor was imported: both run under shmtensor's iterator, the
+    latter through torch's _next_data (no batch by the C++ step), saying so once."""
+    from torch.utils.data._utils import worker as worker_module
+    it_class = torch_dataloader._MultiProcessingDataLoaderIter
+    original_loop, original_put = worker_module._worker_loop, it_class._try_put_index
+    puts = []
+
+    def marking_loop(*args, **kwargs):
+        _HOOKED.append(True)
+        return original_loop(*args, **kwargs)
+
+    def counting_put(self):
+        puts.append(True)
+        return original_put(self)
+
+    def make():
+        return DataLoader(SaysHooked(), num_workers=2, batch_size=2)
+
+    worker_module._worker_loop = marking_loop
+    it_class._try_put_index = counting_put
+    try:
+        stock = [b.tolist() for b in make()]
+        stock_puts = len(puts)
+        assert stock == [[[0, 1], [1, 1]], [[2, 1], [3, 1]], [[4, 1], [5, 1]]]
+        st.install()
+        _loader._said.clear()
+        del puts[:]
+        before = _C._loader_batches()
+        with pytest.warns(RuntimeWarning, match="torch's _try_put_index replaced on "
+                          "_MultiProcessingDataLoaderIter: every batch takes torch's _next_data"):
+            it = iter(make())
+        assert type(it) is _loader.ShmtensorDataLoaderIter
+        assert [b.tolist() for b in it] == stock
+        assert len(puts) == stock_puts > 0
+        assert _C._loader_batches() == before
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # said once
+            assert [b.tolist() for b in make()] == stock
+        # Both hooks gone: the C++ step again, and torch's worker loop.
+        worker_module._worker_loop, it_class._try_put_index = original_loop, original_put
+        assert [b.tolist() for b in make()] == [[[0, 0], [1, 0]], [[2, 0], [3, 0]],
+                                                [[4, 0], [5, 0]]]
+        assert _C._loader_batches() - before == 3
+    finally:
+        worker_module._worker_loop, it_class._try_put_index = original_loop, original_put
+        st.uninstall()
+
+
 class HoldsArrays(Dataset):
     """A dataset holding a 16 MiB NumPy array and a 4 MiB tensor: what each spawned worker
     unpickles."""
