@@ -13,6 +13,7 @@ readers are on this machine (n_local_reader == n_reader; no ZeroMQ socket for re
 from __future__ import annotations
 
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,7 +36,9 @@ class MessageQueue:
     def __init__(self, n_reader: int, n_local_reader: int | None = None,
                  local_reader_ranks: list[int] | None = None,
                  max_chunk_bytes: int = 1 << 24, max_chunks: int = 10,
-                 connect_ip: str | None = None) -> None:
+                 connect_ip: str | None = None, *, name: str | None = None) -> None:
+        """vLLM's arguments; `name` (shmtensor's): the Broadcast is published under it
+        (Broadcast.open(name) in any process of the user)."""
         if n_local_reader is not None and n_local_reader != n_reader:
             raise ValueError("shmtensor.vllm.MessageQueue: every reader must be local "
                              "(n_local_reader == n_reader)")
@@ -46,10 +49,12 @@ class MessageQueue:
         # max_chunk_bytes has no meaning here (a message is not copied into a chunk).
         self.n_reader = n_reader
         self.n_local_reader = n_reader
-        self._broadcast: Broadcast | None = Broadcast(readers=n_reader, depth=max_chunks)
+        self._broadcast: Broadcast | None = Broadcast(readers=n_reader, name=name,
+                                                      depth=max_chunks)
         self._handle = Handle(list(local_reader_ranks), self._broadcast)
         self._reader: BroadcastReader | None = None
         self._is_writer = True
+        self.name = name  # published under it while it is (create_from_process_group: made)
 
     def export_handle(self) -> Handle:
         return self._handle
@@ -65,6 +70,45 @@ class MessageQueue:
         mq._handle = handle
         mq._reader = handle.broadcast.reader(handle.local_reader_ranks.index(rank))
         mq._is_writer = False
+        mq.name = None
+        return mq
+
+    @staticmethod
+    def create_from_process_group(pg: Any, max_chunk_bytes: int = 1 << 24, max_chunks: int = 10,
+                                  writer_rank: int = 0, **_vllm_options: Any) -> MessageQueue:
+        """vLLM's way to make one for a torch.distributed group `pg`, called by every rank of
+        it: group rank `writer_rank` makes the writer's under a fresh name, which it sends to
+        the others over `pg` (broadcast_object_list); each other rank opens it by name as a
+        reader (its rank among the others, in group order); once all have, the name goes.
+        Every rank must be on the writer's machine (checked: ValueError on every rank).
+        vLLM's other options (extra_writer_handler, blocking) are accepted and ignored."""
+        import torch.distributed as dist  # noqa: PLC0415 (only this method needs torch)
+        rank, world = dist.get_rank(pg), dist.get_world_size(pg)
+        if not 0 <= writer_rank < world:
+            raise ValueError(f"writer_rank {writer_rank} is not a rank of a group of {world}")
+        src = (writer_rank if pg is None or pg is dist.group.WORLD
+               else dist.get_global_rank(pg, writer_rank))
+        machines = [None] * world
+        dist.all_gather_object(machines, _this_machine(), group=pg)
+        if any(m != machines[writer_rank] for m in machines):
+            raise ValueError("shmtensor.vllm.MessageQueue: every rank of the group must be on "
+                             "the writer's machine (ranks %s are not)" % [
+                                 r for r, m in enumerate(machines) if m != machines[writer_rank]])
+        readers = [r for r in range(world) if r != writer_rank]
+        name = [f"vllm_mq_{uuid.uuid4().hex}" if rank == writer_rank else None]
+        if rank == writer_rank:
+            mq = MessageQueue(n_reader=len(readers), local_reader_ranks=readers,
+                              max_chunk_bytes=max_chunk_bytes, max_chunks=max_chunks,
+                              name=name[0])
+            dist.broadcast_object_list(name, src=src, group=pg)
+        else:
+            dist.broadcast_object_list(name, src=src, group=pg)
+            mq = MessageQueue.create_from_handle(
+                Handle(readers, Broadcast.open(name[0])), rank)
+        dist.barrier(group=pg)  # every reader has opened it: the name may go
+        if rank == writer_rank:
+            Broadcast.unlink(name[0])
+        mq.name = name[0]
         return mq
 
     def wait_until_ready(self) -> None:
@@ -99,3 +143,11 @@ class MessageQueue:
             self.enqueue(obj)
             return obj
         return self.dequeue()
+
+
+def _this_machine() -> tuple[str, str]:
+    """What two processes on one machine (one kernel) have alike: the boot id and the
+    hostname."""
+    import socket  # noqa: PLC0415
+    with open("/proc/sys/kernel/random/boot_id") as f:
+        return f.read().strip(), socket.gethostname()

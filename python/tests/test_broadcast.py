@@ -233,6 +233,62 @@ def test_vllm_message_queue_names(method):
         assert p.exitcode == 0
 
 
+def vllm_group_rank(init, rank, world, out):
+    import torch  # noqa: PLC0415 (these ranks alone need torch)
+    import torch.distributed as dist  # noqa: PLC0415
+    import shmtensor.torch  # noqa: PLC0415
+    shmtensor.torch.install()  # torch tensors in messages: one shared block for every reader
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    try:
+        # A subgroup of ranks 1, 2, 3 (rank 0 not in it), writer its group rank 1 (global 2).
+        pg = dist.new_group([1, 2, 3])
+        if rank == 0:
+            out.put((0, None))
+            return
+        mq = MessageQueue.create_from_process_group(pg, 1 << 20, 4, writer_rank=1)
+        if rank == 2:
+            t = torch.zeros(4)
+            mq.enqueue({"step": 7, "t": t}, timeout=30)
+            out.put((rank, mq.broadcast_object(["sched", 1])))
+            # The readers' write, one block for all: wait for both to have written.
+            deadline = time.monotonic() + 30
+            while t[1].item() + t[3].item() != 2 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            out.put((rank, t.tolist()))
+        else:
+            msg = mq.dequeue(timeout=30)
+            msg["t"][1 if rank == 1 else 3] = 1.0
+            out.put((rank, (msg["step"], mq.broadcast_object())))
+        dist.barrier(group=pg)
+        if rank == 2:  # the name went once every reader had opened it
+            with pytest.raises(shmtensor.NameNotFoundError):
+                smp.Broadcast.open(mq.name)
+            out.put((rank, mq.name.startswith("vllm_mq_")))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_vllm_message_queue_from_a_process_group(tmp_path, own_manager_group):
+    """vLLM's create_from_process_group over a gloo subgroup: group rank 1 writes, the others
+    read by the name it sent; a tensor is one block for all; the name is gone afterwards."""
+    pytest.importorskip("torch")
+    import shmtensor.torch  # noqa: PLC0415
+    if not shmtensor.torch.has_bridge():
+        pytest.skip("shmtensor._torch (the C++ bridge) is not built")
+    ctx = smp.get_context("spawn")
+    out = smp.Queue()
+    init = f"file://{tmp_path}/rendezvous"
+    procs = [ctx.Process(target=vllm_group_rank, args=(init, r, 4, out)) for r in range(4)]
+    for p in procs:
+        p.start()
+    got = sorted((out.get(timeout=120) for _ in range(6)), key=repr)
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    assert got == sorted([(0, None), (1, (7, ["sched", 1])), (3, (7, ["sched", 1])),
+                          (2, ["sched", 1]), (2, [0.0, 1.0, 0.0, 1.0]), (2, True)], key=repr)
+
+
 def open_by_name(name, out):
     b = smp.Broadcast.open(name)
     a = b.reader(1).get(timeout=30)
