@@ -196,6 +196,47 @@ def test_a_sigkilled_writers_readers_take_what_was_put_then_queue_closed(method,
         reader.get(timeout=5)
 
 
+def create_named_then_die(strategy, name, conn):
+    smp.set_sharing_strategy(strategy)
+    b = smp.Broadcast(readers=1, name=name)
+    conn.send("made")
+    assert conn.recv() == "put"
+    b.put(snp.full(20000, 4, dtype=np.int32))
+    conn.send("put")
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_a_sigkilled_creators_name_goes_and_its_reader_takes_what_was_put(
+        strategy, own_manager_group):
+    """A named Broadcast's creator (the writer) SIGKILLed: its name goes (the manager
+    removes a dead creator's names), a reader opened by name before takes the message
+    put, then QueueClosed names the dead writer."""
+    name = f"bcast_killed_{os.getpid()}_{strategy}"
+    mine, theirs = smp.Pipe()
+    writer = smp.get_context("spawn").Process(target=create_named_then_die,
+                                              args=(strategy, name, theirs))
+    writer.start()
+    assert mine.recv() == "made"
+    reader = smp.Broadcast.open(name).reader(0)
+    mine.send("put")
+    assert mine.recv() == "put"
+    writer.join(30)
+    assert writer.exitcode == -signal.SIGKILL
+    got = reader.get(timeout=5)
+    assert got.shape == (20000,) and int(got[0]) == 4 and int(got[-1]) == 4
+    with pytest.raises(shmtensor.QueueClosed, match=f"its writer \\(pid {writer.pid}\\) died"):
+        reader.get(timeout=5)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            smp.Broadcast.open(name)
+        except shmtensor.NameNotFoundError:
+            break
+        assert time.monotonic() < deadline, "the dead creator's name is still there"
+        time.sleep(0.05)
+    del got, reader
+
+
 def test_rebuilt_from_its_parts():
     b = smp.Broadcast(readers=1)
     frame = b._parts()

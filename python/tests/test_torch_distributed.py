@@ -8,6 +8,8 @@ import subprocess
 import sys
 import uuid
 
+import ast
+
 import pytest
 
 torch = pytest.importorskip("torch", reason="python3-torch is not installed")
@@ -18,7 +20,10 @@ if os.environ.get("SHMTENSOR_TEST_SANITIZE"):
     pytest.skip("a torchrun job of whole interpreters: the plain build runs it (its processes "
                 "would all preload the sanitizer runtime)", allow_module_level=True)
 
+from helpers import own_manager_group  # noqa: E402,F401 (fixture)
+
 JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ddp_job.py")
+BROADCAST_JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "broadcast_job.py")
 
 
 def free_port():
@@ -105,3 +110,27 @@ def test_two_node_ddp_job_with_install_matches_the_job_without(tmp_path, method)
         for p, q in zip(a["params"], b["params"]):
             assert torch.equal(p, q)
     assert torch.equal(ours[0]["params"][0], ours[1]["params"][0])  # DDP kept them equal
+
+
+@needs_rendezvous
+def test_a_torchrun_nodes_ranks_share_a_named_broadcast(tmp_path, own_manager_group):
+    """docs/python.md's torchrun pattern, run by torchrun (3 ranks on this node,
+    broadcast_job.py): local rank 0 makes the named Broadcast, the others open it by name;
+    every reader gets rank 0's torch tensor as one shared block, and rank 0 sees their
+    writes."""
+    import shmtensor.torch as st  # noqa: PLC0415
+    if not st.has_bridge():
+        pytest.skip("shmtensor._torch (the C++ bridge) is not built")
+    endpoint = "127.0.0.1:%d" % free_port()
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
+                        "--nproc_per_node", "3", "--rdzv_backend", "c10d",
+                        "--rdzv_endpoint", endpoint, "--rdzv_id", uuid.uuid4().hex,
+                        "--max_restarts", "0", "--redirects", "2", "--tee", "2",
+                        "--log_dir", str(tmp_path / "logs"), BROADCAST_JOB, str(tmp_path)],
+                       env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, timeout=240)
+    assert p.returncode == 0, p.stdout.decode(errors="replace")[-4000:]
+    seen = [ast.literal_eval(open(tmp_path / ("rank%d.txt" % r)).read()) for r in range(3)]
+    assert seen[0] == [0.0, 101.0, 102.0, 3.0, 4.0, 5.0, 6.0, 7.0]
+    for r in (1, 2):
+        assert seen[r] == [3, [float(i) for i in range(8)], True]
