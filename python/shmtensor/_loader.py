@@ -10,14 +10,15 @@ timeouts, dead workers and shutdown are torch's code. Spawn and forkserver worke
 dataset's NumPy arrays as one shared copy for all of them (one_copy_per_array), where each
 would unpickle its own.
 
-Per batch, in the plain case (a map-style dataset, no timeout, no pin_memory, in_order, every
+Per batch, in the plain case (a map-style dataset, no pin_memory, in_order, every
 queue shmtensor's native one, no profiler enabled), one C++ call (shmtensor._C._loader_next,
 python/src/loader_iter.cc) is torch's _next_data: it takes the next batch from the data
 queue and decodes its tensor message in C++, keeps torch's bookkeeping in torch's attributes
 (_rcvd_idx, _send_idx, _task_info, _tasks_outstanding, _workers_num_tasks, _num_yielded),
 keeps a batch that came out of order in _task_info as torch does and returns it at its turn,
 gives the next index to the next worker as torch's _try_put_index does (on its board,
-below), and re-raises a worker's ExceptionWrapper as torch does. Any other step runs
+below), re-raises a worker's ExceptionWrapper as torch does, and with a `timeout` raises
+torch's "DataLoader timed out" where torch's _get_data does. Any other step runs
 torch's _next_data: the end of the epoch, a worker no longer active, a closed queue. A
 failed get of the data queue (torch's MP_STATUS_CHECK_INTERVAL passing, an error, a SIGCHLD
 handler's exception) goes to torch's _try_get_data (_get_failed), which checks the workers
@@ -341,7 +342,7 @@ class ShmtensorDataLoaderIter(_MPIter):
         self._warn_length = (self._dataset_kind != _Map
                              and loader._IterableDataset_len_called is not None)
         self._plain = (self._dataset_kind == _Map and not self._pin_memory
-                       and not self._timeout > 0 and getattr(self, "_in_order", True)
+                       and getattr(self, "_in_order", True)
                        and _native(self._data_queue, False)
                        and all(_native(q, True) for q in self._index_queues))
         if self._plain and (replaced := _replaced_step_methods()):

@@ -10,7 +10,9 @@
 // longer active, a closed queue. A failed get of the data queue (its wait reaching torch's
 // MP_STATUS_CHECK_INTERVAL, an error, a signal handler's exception) goes to the iterator's
 // _get_failed, which runs torch's _try_get_data on it (the dead-worker check and its
-// RuntimeError).
+// RuntimeError). With the loader's `timeout`, one get waits that long, and a queue.Empty
+// from it is torch's "DataLoader timed out after T seconds" once _try_get_data found every
+// worker alive, as torch's _get_data does.
 //
 // The data queue's item is taken in C++ (native_queue_get) and a tensor message decoded from
 // its storages (messages.cc), without Python objects for the blocks; the next task goes on
@@ -65,6 +67,7 @@ struct Names {
   PyObject* loads;
   PyObject* board;  // a _BoardQueue's writer, and its shmtensor Queue
   PyObject* queue;
+  PyObject* timeout;
 };
 
 struct Setup {
@@ -440,12 +443,12 @@ PyObject* take_error() {
 #endif
 }
 
-// What the data queue's get(timeout=MP_STATUS_CHECK_INTERVAL) returns, decoded as the
-// shmtensor Queue's get decodes it; nullptr with an error set when the get failed (queue.Empty
-// once the interval passed).
-PyObject* get_once(PyObject* native) {
+// What the data queue's get(timeout=seconds) returns, decoded as the shmtensor Queue's get
+// decodes it; nullptr with an error set when the get failed (queue.Empty once `seconds`
+// passed).
+PyObject* get_once(PyObject* native, double seconds) {
   const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::duration<double>(setup.interval);
+                        std::chrono::duration<double>(seconds);
   std::string data;
   std::vector<Storage> storages;
   while (true) {
@@ -479,16 +482,28 @@ PyObject* get_once(PyObject* native) {
   return PyObject_CallFunctionObjArgs(loads.get(), bytes, blocks, nullptr);
 }
 
-// torch's _get_data for the plain case (no timeout, no pin_memory thread): the data queue's
-// get, a failed one handed to _get_failed (torch's _try_get_data), repeated until it gives.
+// torch's _get_data without a pin_memory thread: the data queue's get, a failed one handed
+// to _get_failed (torch's _try_get_data: a dead worker's RuntimeError, the error itself, or
+// (False, None) for queue.Empty), repeated until it gives; with the loader's timeout, one get
+// of that long, then torch's RuntimeError.
 PyObject* get_data(const Iter& it, PyObject* native) {
+  Ref timeout(attr(it, names.timeout));
+  if (!timeout) return nullptr;
+  const double limit = PyFloat_AsDouble(timeout.get());
+  if (limit == -1.0 && PyErr_Occurred()) return nullptr;
   while (true) {
-    PyObject* got = get_once(native);
+    PyObject* got = get_once(native, limit > 0 ? limit : setup.interval);
     if (got != nullptr) return got;
     if (!PyErr_ExceptionMatches(PyExc_Exception)) return nullptr;  // torch lets these through
     Ref error(take_error());
     Ref r(PyObject_CallMethodOneArg(it.self, names.get_failed, error.get()));
     if (!r) return nullptr;
+    if (limit > 0) {
+      Ref shown(PyObject_Str(timeout.get()));
+      if (!shown) return nullptr;
+      PyErr_Format(PyExc_RuntimeError, "DataLoader timed out after %U seconds", shown.get());
+      return nullptr;
+    }
   }
 }
 
@@ -650,7 +665,7 @@ void bind_loader_iter(py::module_& m) {
                 intern("_try_put_index"),
                 intern("reraise"),            intern("_get_failed"),
                 intern("loads"),              intern("_board"),
-                intern("_queue")};
+                intern("_queue"),             intern("_timeout")};
   // Bound to the module, with the module's name as __module__, as CPython binds a module's
   // own functions: a function with no __self__ shows its self as a parameter to signature().
   py::object module_name = m.attr("__name__");
