@@ -1,14 +1,18 @@
-// libFuzzer harness for a Broadcast's control block (src/transport/broadcast_control.h) as a
-// hostile peer writes it. Each input makes a Broadcast<int64_t> of two readers, both read by
-// this process, and runs a sequence of puts and gets that never wait, with writes of any
-// value over the control block's words (readers, depth, writer, broken, each reader slot,
-// "dropping" words naming this process, a dead one or none among them) between them; then
-// the broadcast is encoded, its control block's words written again, and rebuilt from its
-// parts. Every call must return or throw one of the errors the API names
-// (ProtocolError, BroadcastTimeout, QueueClosed, std::logic_error for a reader slot naming
-// another live process): never crash, overrun or wait. While no word was written, every
-// reader gets every value put, in order (docs/transport.md, "What a peer that writes the
-// shared memory can do").
+// libFuzzer harness for a Broadcast's shared words as a hostile peer writes them: its control
+// block (src/transport/broadcast_control.h) and its readers' queues' words (each reader's
+// Queue: the control block's counts, flags, locks, holder and sending slots, taken_below,
+// src/transport/queue_control.h; its ring's hints, counts, closed word and slot words,
+// src/transport/ring_layout.h). Each input makes a Broadcast<int64_t> of two readers, both
+// read by this process, and runs a sequence of puts and gets that never wait, with writes
+// of any value over those words (a control block's reader slots and "dropping" words naming
+// this process, a dead one or none among them; lock words naming this thread, a dead one or
+// any value) between them; then the broadcast is encoded, its control block's words written
+// again, and rebuilt from its parts. Every call must return or throw one of the errors the
+// API names (ProtocolError, BroadcastTimeout, QueueClosed, std::logic_error for a reader slot
+// naming another live process): never crash, overrun or wait past the lock's grace. While no
+// word was written, every reader gets every value put, in order (docs/transport.md, "What a
+// peer that writes the shared memory can do").
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cstddef>
@@ -22,10 +26,13 @@
 #include <vector>
 
 #include "os/mapping.h"
+#include "os/shared_lock.h"
 #include "shmtensor/broadcast.h"
 #include "fuzz_input.h"
 #include "shmtensor/error.h"
 #include "transport/broadcast_control.h"
+#include "transport/queue_control.h"
+#include "transport/ring_layout.h"
 
 namespace {
 
@@ -58,6 +65,53 @@ void write_word(BroadcastControl* c, Input& in) {
   }
 }
 
+// A value for a lock's state: this thread, a dead one (pids at the top of the kernel's range
+// are not in use here), or any.
+std::uint64_t lock_value(Input& in) {
+  using namespace shmtensor::internal;
+  switch (in.byte() % 3) {
+    case 0:
+      return thread_lock_state(static_cast<std::uint32_t>(::getpid()),
+                               static_cast<std::uint32_t>(::syscall(SYS_gettid)));
+    case 1: return lock_state(0x3ffff0u + (in.byte() & 7), 12345, in.byte());
+    default: return in.u64();
+  }
+}
+
+// One word of reader `r`'s queue: its control block or its ring (header or a slot's word),
+// written with a value near the one there or any.
+void write_queue_word(shmtensor::internal::QueueControl* q, shmtensor::internal::RingHeader* h,
+                      std::byte* slots, std::uint32_t slot_count, std::uint32_t slot_bytes,
+                      Input& in) {
+  using namespace shmtensor::internal;
+  const std::uint8_t which = in.byte() % 16;
+  const std::uint64_t any = in.u64();
+  const std::uint64_t near = in.byte() % 5;  // a small value, or a small step from the word's
+  auto small = [&](std::uint64_t was) { return in.byte() & 1 ? was + near - 2 : any; };
+  switch (which) {
+    case 0: q->count.store(static_cast<std::uint32_t>(small(q->count.load()))); break;
+    case 1: q->closed.store(static_cast<std::uint32_t>(any & 1)); break;
+    case 2: q->in_flight.store(static_cast<std::uint32_t>(small(q->in_flight.load()))); break;
+    case 3: q->overflow.store(static_cast<std::uint32_t>(any & 1)); break;
+    case 4: q->waiters.store(static_cast<std::uint32_t>(small(q->waiters.load()))); break;
+    case 5: q->signalling.store(static_cast<std::uint32_t>(small(q->signalling.load()))); break;
+    case 6: q->taken_below = small(q->taken_below); break;
+    case 7: q->send_lock.state.store(lock_value(in)); break;
+    case 8: q->recv_lock.state.store(lock_value(in)); break;
+    case 9: q->holders[any % kQueueHolderSlots].store(in.u64()); break;
+    case 10: q->sending[any % kQueueHolderSlots].store(static_cast<std::uint32_t>(in.u64())); break;
+    case 11: h->tail.store(small(h->tail.load())); break;
+    case 12: h->head.store(small(h->head.load())); break;
+    case 13: h->closed.store(static_cast<std::uint32_t>(any & 3)); break;
+    case 14: h->consumers_asleep.store(static_cast<std::uint32_t>(small(h->consumers_asleep.load()))); break;
+    default: {  // a slot's stored word
+      auto* head = reinterpret_cast<SlotHead*>(slots + (any % slot_count) * slot_bytes);
+      head->stored.store(in.byte() & 1 ? head->stored.load() + (near << 14) : in.u64());
+      break;
+    }
+  }
+}
+
 template <class F>
 bool allowed(F&& call) {
   try {
@@ -80,6 +134,26 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       shmtensor::internal::BroadcastAccess::core(b).control_fd(), sizeof(BroadcastControl),
       "fuzz");
   auto* c = reinterpret_cast<BroadcastControl*>(control.data());
+  // Each reader's queue: its control block and its ring, mapped as a peer would.
+  std::vector<shmtensor::internal::Mapping> queue_maps;
+  struct QueueWords {
+    shmtensor::internal::QueueControl* control;
+    shmtensor::internal::RingHeader* ring;
+    std::byte* slots;
+    std::uint32_t slot_count, slot_bytes;
+  } queues[2];
+  for (int r = 0; r < 2; ++r) {
+    const auto fds = shmtensor::internal::BroadcastAccess::core(b).queue(r).shared_fds();
+    queue_maps.push_back(shmtensor::internal::Mapping::map_shared(
+        fds.control, sizeof(shmtensor::internal::QueueControl), "fuzz"));
+    auto* q = reinterpret_cast<shmtensor::internal::QueueControl*>(queue_maps.back().data());
+    queue_maps.push_back(shmtensor::internal::Mapping::map_shared(
+        fds.ring, sizeof(shmtensor::internal::RingHeader), "fuzz"));
+    auto* h = reinterpret_cast<shmtensor::internal::RingHeader*>(queue_maps.back().data());
+    queue_maps.push_back(shmtensor::internal::Mapping::map_shared(fds.ring, h->total_bytes, "fuzz"));
+    auto* whole = reinterpret_cast<std::byte*>(queue_maps.back().data());
+    queues[r] = {q, h, whole + h->slots_offset, h->slot_count, h->slot_bytes};
+  }
   bool written = false;
   std::deque<std::int64_t> expected[2];
   std::int64_t next = 0;
@@ -104,8 +178,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
           std::abort();
         }
       }
-    } else {
+    } else if (in.byte() & 1) {
       write_word(c, in);
+      written = true;
+    } else {
+      const QueueWords& q = queues[in.byte() % 2];
+      write_queue_word(q.control, q.ring, q.slots, q.slot_count, q.slot_bytes, in);
       written = true;
     }
   }
