@@ -1,4 +1,6 @@
-"""Fetches torch's own test files for the installed python3-torch from Debian's source package.
+"""Fetches torch's own test files for the installed python3-torch from Debian's source package
+(or, with a suite named, the newest pytorch source package of that Debian release: trixie's
+torch 2.x files for the torch 2.x lane's wheel).
 
 `apt-get source --download-only` runs under a private apt configuration whose every writable
 path lies in the cache directory given (sources list, lists, caches, state), so nothing
@@ -147,12 +149,47 @@ def _sha256(path):
     return h.hexdigest()
 
 
-def _download(cache_dir, package, version, log):
-    uri, suite, signed_by = archive_entry()
+def _source_list(cache_dir, suite=None):
+    """apt's options for the private state under cache_dir, with a sources list holding the
+    deb-src line of the machine's archive for `suite` (default: the release's own)."""
+    uri, own, signed_by = archive_entry()
+    suite = suite or own
     apt_args, source_list, lists = _apt_options(os.path.join(cache_dir, "apt"))
     opts = f" [signed-by={signed_by}]" if signed_by else ""
     with open(source_list, "w") as f:
         f.write(f"deb-src{opts} {uri} {suite} main\n")
+    return apt_args, lists, uri, suite
+
+
+def newest_source(cache_dir, package, suite, log_path):
+    """The newest version of source package `package` in Debian `suite` (apt-get update of a
+    private state, then apt-cache showsrc). Raises SourcesUnavailable."""
+    cache_dir = os.path.abspath(cache_dir)
+    os.makedirs(cache_dir, exist_ok=True)
+    apt_args, lists, uri, suite = _source_list(cache_dir, suite)
+    with open(log_path, "a") as log:
+        r = subprocess.run(["apt-get", *apt_args, "-q", "update"], capture_output=True, text=True,
+                           stdin=subprocess.DEVNULL)
+        log.write(f"$ apt-get update ({uri} {suite})\n{r.stdout}{r.stderr}\n")
+        errors = [l for l in (r.stdout + r.stderr).splitlines()
+                  if "Failed to fetch" in l or l.startswith("E:")]
+        if errors:
+            raise SourcesUnavailable(errors[0])
+        r = subprocess.run(["apt-cache", *apt_args, "showsrc", package], capture_output=True,
+                           text=True, stdin=subprocess.DEVNULL)
+        log.write(f"$ apt-cache showsrc {package}\n{r.stderr}\n")
+    versions = [l.split(None, 1)[1] for l in r.stdout.splitlines() if l.startswith("Version: ")]
+    if not versions:
+        raise SourcesUnavailable(f"Debian {suite} has no source package {package}")
+    newest = versions[0]
+    for v in versions[1:]:
+        if subprocess.run(["dpkg", "--compare-versions", v, "gt", newest]).returncode == 0:
+            newest = v
+    return newest
+
+
+def _download(cache_dir, package, version, log, suite=None):
+    apt_args, lists, uri, suite = _source_list(cache_dir, suite)
     downloads = os.path.join(cache_dir, "downloads")
     os.makedirs(downloads, exist_ok=True)
     print(f"fetching {package} {version} sources from {uri} {suite} (private apt state in "
@@ -197,22 +234,35 @@ def _downloaded(cache_dir, package, version):
     return (orig, digest) if _dsc_sha256(dsc)[os.path.basename(orig)] == digest else None
 
 
-def fetch(cache_dir, wanted, log_path):
+def fetch(cache_dir, wanted, log_path, suite=None):
     """The directory that holds the files `wanted` (paths relative to the source tree's root,
     e.g. "test/test_dataloader.py"), fetching and extracting them unless the stamp says they
-    are there for the installed version. Raises SourcesUnavailable."""
+    are there for the installed version (with `suite`, e.g. "trixie": for pytorch in that
+    Debian release, whose newest version is looked up once and then kept in the stamp).
+    Raises SourcesUnavailable."""
     cache_dir = os.path.abspath(cache_dir)  # apt reads relative Dir:: paths below /etc/apt
-    package, version = installed_source()
     tree = os.path.join(cache_dir, "src")
     stamp_path = os.path.join(cache_dir, STAMP)
     have = open(stamp_path).read().split() if os.path.exists(stamp_path) else []
-    if have[:2] == [package, version] and all(os.path.exists(os.path.join(tree, w)) for w in wanted):
+    if suite is None:
+        package, version = installed_source()
+        key = [package, version]
+    else:
+        key = ["pytorch", "suite=" + suite]
+        if have[:2] == key and len(have) > 2:
+            version = have[2]
+        else:
+            os.makedirs(cache_dir, exist_ok=True)
+            open(log_path, "w").close()
+            version = newest_source(cache_dir, "pytorch", suite, log_path)
+    if have[:len(key)] == key and all(os.path.exists(os.path.join(tree, w)) for w in wanted):
         return tree
+    package = key[0]
     os.makedirs(cache_dir, exist_ok=True)
     found = _downloaded(cache_dir, package, version)
     if found is None:
-        with open(log_path, "w") as log:
-            _download(cache_dir, package, version, log)
+        with open(log_path, "a") as log:
+            _download(cache_dir, package, version, log, suite)
         found = _downloaded(cache_dir, package, version)
         if found is None:
             raise SourcesUnavailable(f"{package} {version}: the orig tarball's SHA-256 differs from the .dsc's")
@@ -231,5 +281,5 @@ def fetch(cache_dir, wanted, log_path):
             with tar.extractfile(members[w]) as src, open(target, "wb") as dst:
                 shutil.copyfileobj(src, dst)
     with open(stamp_path, "w") as f:
-        f.write(f"{package} {version} {digest}\n")
+        f.write(" ".join(key) + (f" {version}" if suite else "") + f" {digest}\n")
     return tree

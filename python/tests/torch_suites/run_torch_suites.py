@@ -2,7 +2,7 @@
 shmtensor.torch.install() active, and reports the tests that pass stock but not installed.
 
     /usr/bin/python3 python/tests/torch_suites/run_torch_suites.py --build-dir build \
-        [--full] [--stock-all] [--python PYTHON --sources DIR]
+        [--full] [--stock-all] [--python PYTHON --package-dir DIR] [--debian-suite SUITE | --sources DIR]
 
 Each file runs installed first; then stock, only the tests that did not pass installed (a
 test that passes installed is no regression, whatever it does stock), or the whole file when
@@ -10,10 +10,11 @@ the installed run ended early or with --stock-all, which also lists the tests th
 and pass installed.
 
 The files come from Debian's source package of the installed python3-torch (fetch_sources.py)
-into BUILD/torch-suites/, where the logs, the per-test results and report.txt go too. With
---sources, from DIR/test/ instead (a pytorch source tree, e.g. the torch 2.6 files a Debian 13
-run fetched), run by --python (e.g. the torch 2.x lane's venv) with the package in
---package-dir: torch's newer suites against another torch.
+into BUILD/torch-suites/, where the logs, the per-test results and report.txt go too; with
+--debian-suite SUITE, from the newest pytorch source package of that Debian release (trixie:
+torch 2.6's files), and with --sources, from DIR/test/ (a pytorch source tree). Either is run
+by --python (e.g. the torch 2.x lane's venv) with the package in --package-dir: torch's
+newer suites against another torch (the torch 2.x lane does so).
 docs/torch.md ("torch's own test suites") says what is stubbed, what the quick subset leaves
 out and why the allow-list holds what it holds.
 
@@ -255,10 +256,15 @@ def main(argv=None):
                         help="the interpreter that runs the suites (default /usr/bin/python3)")
     parser.add_argument("--sources", help="a pytorch source tree holding test/ (default: "
                                           "Debian's source package, fetched)")
+    parser.add_argument("--debian-suite",
+                        help="fetch the test files from the newest pytorch source package of "
+                             "this Debian release (e.g. trixie: torch 2.x's, for the torch 2.x "
+                             "lane's wheel) instead of the installed python3-torch's")
     parser.add_argument("--stock-all", action="store_true",
                         help="run every test stock (default: those that did not pass installed)")
     args = parser.parse_args(argv)
-    PYTHON = args.python
+    # A path (not a name PATH finds) is made absolute: the runs' working directory is the tests'.
+    PYTHON = os.path.abspath(args.python) if os.sep in args.python else args.python
     build_dir = os.path.abspath(args.build_dir)
     package_dir = os.path.abspath(args.package_dir or os.path.join(build_dir, "python"))
     work = os.path.join(build_dir, "torch-suites")
@@ -268,7 +274,7 @@ def main(argv=None):
         return skipped(work, f"{PYTHON} cannot import torch (Debian's python3-torch)")
     try:
         test_root = (os.path.abspath(args.sources) if args.sources
-                     else fetch(work, FILES, os.path.join(work, "fetch.log")))
+                     else fetch(work, FILES, os.path.join(work, "fetch.log"), args.debian_suite))
     except SourcesUnavailable as e:
         return skipped(work, f"the sources cannot be had ({e}; details in {work}/fetch.log)")
     test_dir = os.path.join(test_root, "test")
