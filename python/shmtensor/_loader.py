@@ -10,7 +10,8 @@ timeouts, dead workers and shutdown are torch's code. Spawn and forkserver worke
 dataset's NumPy arrays as one shared copy for all of them (one_copy_per_array), where each
 would unpickle its own.
 
-Per batch, in the plain case (a map-style dataset, no pin_memory, in_order, every
+Per batch, in the plain case (a map-style dataset, or an IterableDataset whose length was not
+asked for; no pin_memory, in_order, every
 queue shmtensor's native one, no profiler enabled), one C++ call (shmtensor._C._loader_next,
 python/src/loader_iter.cc) is torch's _next_data: it takes the next batch from the data
 queue and decodes its tensor message in C++, keeps torch's bookkeeping in torch's attributes
@@ -260,7 +261,7 @@ class _BoardTarget:
 
 
 _C._loader_setup(_HANDOVER, ExceptionWrapper, queue.Empty, float(MP_STATUS_CHECK_INTERVAL),
-                 _reductions, _BoardQueue)
+                 _reductions, _BoardQueue, _worker._IterableDatasetStopIteration)
 _loader_next = _C._loader_next
 
 
@@ -341,8 +342,11 @@ class ShmtensorDataLoaderIter(_MPIter):
                 if _native(q, True) else q for w, q in enumerate(self._index_queues)]
         self._warn_length = (self._dataset_kind != _Map
                              and loader._IterableDataset_len_called is not None)
-        self._plain = (self._dataset_kind == _Map and not self._pin_memory
-                       and getattr(self, "_in_order", True)
+        # An IterableDataset's too, but for one whose length was asked for: torch's __next__
+        # warns when it yields more than that length.
+        self._iterable_step = self._dataset_kind != _Map
+        self._plain = ((self._dataset_kind == _Map or not self._warn_length)
+                       and not self._pin_memory and getattr(self, "_in_order", True)
                        and _native(self._data_queue, False)
                        and all(_native(q, True) for q in self._index_queues))
         if self._plain and (replaced := _replaced_step_methods()):

@@ -1,5 +1,6 @@
 // One __next__ of shmtensor's DataLoader iterator (shmtensor/_loader.py) in the plain case,
-// in one call: torch's _MultiProcessingDataLoaderIter._next_data for a map-style dataset in
+// in one call: torch's _MultiProcessingDataLoaderIter._next_data for a map-style dataset or an
+// IterableDataset (a worker's _IterableDatasetStopIteration included) in
 // order, through shmtensor's native Queues. It reads and writes the attributes torch's
 // _next_data, _process_data and _try_put_index keep (_rcvd_idx, _send_idx, _task_info,
 // _tasks_outstanding, _workers_num_tasks on torch 2.x, _num_yielded) where torch keeps them,
@@ -68,6 +69,10 @@ struct Names {
   PyObject* board;  // a _BoardQueue's writer, and its shmtensor Queue
   PyObject* queue;
   PyObject* timeout;
+  PyObject* iterable_step;  // set by _loader.py's _reset: an IterableDataset's loader
+  PyObject* worker_id;
+  PyObject* persistent_workers;
+  PyObject* mark_unavailable;
 };
 
 struct Setup {
@@ -76,6 +81,7 @@ struct Setup {
   PyObject* empty = nullptr;              // queue.Empty
   PyObject* reductions = nullptr;         // shmtensor.multiprocessing.reductions
   PyObject* board_queue = nullptr;        // shmtensor._loader._BoardQueue, the type
+  PyObject* iterable_stop = nullptr;      // torch's _IterableDatasetStopIteration
   double interval = 0;                    // torch's MP_STATUS_CHECK_INTERVAL, seconds
   bool ready = false;
   PyObject* rethrow = nullptr;  // _loader_rethrow: a C++ exception made the Python error
@@ -546,7 +552,30 @@ PyObject* process_data(const Iter& it, std::int64_t rcvd, PyObject* info, PyObje
   return data;
 }
 
-// torch's _next_data for a map-style dataset, in order, while every step is the plain one.
+// An IterableDataset's worker that ran out (its _IterableDatasetStopIteration `stop` taken
+// from the data queue), as torch's _next_data takes it: a persistent worker marked inactive
+// for the epoch, any other shut down (_mark_worker_as_unavailable); then the next task.
+int worker_stopped(const Iter& it, PyObject* stop) {
+  Ref worker(PyObject_GetAttr(stop, names.worker_id));
+  if (!worker) return -1;
+  Ref persistent(attr(it, names.persistent_workers));
+  if (!persistent) return -1;
+  const int keep = PyObject_IsTrue(persistent.get());
+  if (keep < 0) return -1;
+  if (keep == 1) {
+    Ref status(attr(it, names.workers_status));
+    if (!status || PyObject_SetItem(status.get(), worker.get(), Py_False) != 0) return -1;
+  } else {
+    Ref r(PyObject_CallMethodOneArg(it.self, names.mark_unavailable, worker.get()));
+    if (!r) return -1;
+  }
+  Ref counts(optional_attr(it, names.workers_num_tasks));  // torch 2.x's
+  if (!counts && PyErr_Occurred()) return -1;
+  return try_put_index(it, static_cast<bool>(counts));
+}
+
+// torch's _next_data for a map-style dataset or an IterableDataset (its workers' ends
+// included), in order, while every step is the plain one.
 PyObject* loader_next(PyObject*, PyObject* self) {
   if (!setup.ready) {
     PyErr_SetString(PyExc_RuntimeError, "shmtensor: _loader_setup was not called");
@@ -559,6 +588,9 @@ PyObject* loader_next(PyObject*, PyObject* self) {
   Ref task_info(attr(it, names.task_info));
   if (!task_info) return nullptr;
   if (!PyDict_CheckExact(task_info.get())) return handover();
+  Ref iterable_step(optional_attr(it, names.iterable_step));
+  if (!iterable_step && PyErr_Occurred()) return nullptr;
+  const bool iterable = iterable_step.get() == Py_True;
   while (true) {
     bool error = false;
     std::int64_t rcvd = 0, send = 0, outstanding = 0;
@@ -619,6 +651,12 @@ PyObject* loader_next(PyObject*, PyObject* self) {
     if (set_int(it, names.tasks_outstanding, outstanding - 1) != 0) return nullptr;
     PyObject* idx = PyTuple_GET_ITEM(got.get(), 0);
     PyObject* data = PyTuple_GET_ITEM(got.get(), 1);
+    if (iterable) {
+      const int stop = PyObject_IsInstance(data, setup.iterable_stop);
+      if (stop < 0) return nullptr;
+      if (stop == 1 && worker_stopped(it, data) != 0) return nullptr;
+      if (stop == 1) continue;
+    }
     const int same = PyObject_RichCompareBool(idx, rcvd_key.get(), Py_EQ);
     if (same < 0) return nullptr;
     if (same == 0) {
@@ -665,7 +703,9 @@ void bind_loader_iter(py::module_& m) {
                 intern("_try_put_index"),
                 intern("reraise"),            intern("_get_failed"),
                 intern("loads"),              intern("_board"),
-                intern("_queue"),             intern("_timeout")};
+                intern("_queue"),             intern("_timeout"),
+                intern("_iterable_step"),     intern("worker_id"),
+                intern("_persistent_workers"), intern("_mark_worker_as_unavailable")};
   // Bound to the module, with the module's name as __module__, as CPython binds a module's
   // own functions: a function with no __self__ shows its self as a parameter to signature().
   py::object module_name = m.attr("__name__");
@@ -675,21 +715,22 @@ void bind_loader_iter(py::module_& m) {
   m.def(
       "_loader_setup",
       [](py::object handover, py::object exception_wrapper, py::object empty, double interval,
-         py::object reductions, py::object board_queue) {
+         py::object reductions, py::object board_queue, py::object iterable_stop) {
         const auto keep = [](py::object o) { return o.release().ptr(); };
         setup.handover = keep(std::move(handover));
         setup.exception_wrapper = keep(std::move(exception_wrapper));
         setup.empty = keep(std::move(empty));
         setup.reductions = keep(std::move(reductions));
         setup.board_queue = keep(std::move(board_queue));
+        setup.iterable_stop = keep(std::move(iterable_stop));
         setup.interval = interval;
         setup.ready = true;
       },
       py::arg("handover"), py::arg("exception_wrapper"), py::arg("empty"), py::arg("interval"),
-      py::arg("reductions"), py::arg("board_queue"),
+      py::arg("reductions"), py::arg("board_queue"), py::arg("iterable_stop"),
       "Gives _loader_next torch's ExceptionWrapper, queue.Empty, torch's "
-      "MP_STATUS_CHECK_INTERVAL, shmtensor's reductions module and _loader._BoardQueue, and "
-      "its handover object.");
+      "MP_STATUS_CHECK_INTERVAL, shmtensor's reductions module and _loader._BoardQueue, "
+      "torch's _IterableDatasetStopIteration, and its handover object.");
   m.def(
       "_make_index_boards",
       [](std::size_t workers, std::uint32_t slots, std::uint32_t index_words) {
