@@ -11,7 +11,7 @@ dataset's NumPy arrays as one shared copy for all of them (one_copy_per_array), 
 would unpickle its own.
 
 Per batch, in the plain case (a map-style dataset, or an IterableDataset whose length was not
-asked for; no pin_memory, in_order, every
+asked for; no pin_memory, every
 queue shmtensor's native one, no profiler enabled), one C++ call (shmtensor._C._loader_next,
 python/src/loader_iter.cc) is torch's _next_data: it takes the next batch from the data
 queue and decodes its tensor message in C++, keeps torch's bookkeeping in torch's attributes
@@ -346,7 +346,7 @@ class ShmtensorDataLoaderIter(_MPIter):
         # warns when it yields more than that length.
         self._iterable_step = self._dataset_kind != _Map
         self._plain = ((self._dataset_kind == _Map or not self._warn_length)
-                       and not self._pin_memory and getattr(self, "_in_order", True)
+                       and not self._pin_memory
                        and _native(self._data_queue, False)
                        and all(_native(q, True) for q in self._index_queues))
         if self._plain and (replaced := _replaced_step_methods()):

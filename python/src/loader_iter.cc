@@ -73,6 +73,7 @@ struct Names {
   PyObject* worker_id;
   PyObject* persistent_workers;
   PyObject* mark_unavailable;
+  PyObject* in_order;
 };
 
 struct Setup {
@@ -376,9 +377,19 @@ int put_task(PyObject* index_queue, std::int64_t task, PyObject* index) {
   return r ? 0 : -1;
 }
 
-// torch's _try_put_index for the plain case (in order, every worker's status read as torch
-// reads it). -1 with an error set.
+// torch's _try_put_index (in order: the next active worker of torch's cycle, every worker's
+// status read as torch reads it; in_order=False: torch's method itself). -1 with an error set.
 int try_put_index(const Iter& it, bool num_tasks) {
+  {
+    // in_order=False (torch 2.6's): torch's own, which gives the task to a worker with room
+    // (fewer tasks than its share) rather than to the next in the cycle.
+    Ref in_order(optional_attr(it, names.in_order));
+    if (!in_order && PyErr_Occurred()) return -1;
+    if (in_order.get() == Py_False) {
+      Ref r(PyObject_CallMethodNoArgs(it.self, names.try_put_index));
+      return r ? 0 : -1;
+    }
+  }
   bool error = false;
   std::int64_t outstanding = 0, prefetch = 0, workers = 0, send = 0;
   if (!int_attr(it, names.tasks_outstanding, outstanding, error) ||
@@ -516,9 +527,12 @@ PyObject* get_data(const Iter& it, PyObject* native) {
 // ---- One __next__ --------------------------------------------------------------------------
 
 // The end of a step with a batch for task `task` (its _task_info entry taken out): torch's
-// _process_data (torch 2.x: the worker's count of tasks, from `info`), then __next__'s count.
-PyObject* process_data(const Iter& it, std::int64_t rcvd, PyObject* info, PyObject* data) {
-  if (set_int(it, names.rcvd_idx, rcvd + 1) != 0) return nullptr;
+// _process_data (torch 2.x: the worker's count of tasks, from `info`), then __next__'s count;
+// the batch of _rcvd_idx unless `advance` is false (in_order=False: a later one, returned as
+// it came).
+PyObject* process_data(const Iter& it, std::int64_t rcvd, PyObject* info, PyObject* data,
+                       bool advance = true) {
+  if (advance && set_int(it, names.rcvd_idx, rcvd + 1) != 0) return nullptr;
   Ref counts(optional_attr(it, names.workers_num_tasks));  // torch 2.x's
   const bool num_tasks = static_cast<bool>(counts);
   if (!num_tasks) {
@@ -591,6 +605,9 @@ PyObject* loader_next(PyObject*, PyObject* self) {
   Ref iterable_step(optional_attr(it, names.iterable_step));
   if (!iterable_step && PyErr_Occurred()) return nullptr;
   const bool iterable = iterable_step.get() == Py_True;
+  Ref in_order_attr(optional_attr(it, names.in_order));  // torch 2.6's; in order before
+  if (!in_order_attr && PyErr_Occurred()) return nullptr;
+  const bool in_order = in_order_attr.get() != Py_False;
   while (true) {
     bool error = false;
     std::int64_t rcvd = 0, send = 0, outstanding = 0;
@@ -600,6 +617,11 @@ PyObject* loader_next(PyObject*, PyObject* self) {
     Ref rcvd_key(PyLong_FromLongLong(rcvd));
     if (!rcvd_key) return nullptr;
     PyObject* info = PyDict_GetItemWithError(task_info.get(), rcvd_key.get());  // borrowed
+    if (info == nullptr && !in_order && !PyErr_Occurred()) {
+      // Its batch was returned as it came (in_order=False): torch's loop steps past it.
+      if (set_int(it, names.rcvd_idx, rcvd + 1) != 0) return nullptr;
+      continue;
+    }
     if (info == nullptr) return PyErr_Occurred() ? nullptr : handover();
     if (!PyTuple_CheckExact(info)) return handover();
     if (PyTuple_GET_SIZE(info) == 2) {  // came out of order before: (worker, data)
@@ -659,6 +681,13 @@ PyObject* loader_next(PyObject*, PyObject* self) {
     }
     const int same = PyObject_RichCompareBool(idx, rcvd_key.get(), Py_EQ);
     if (same < 0) return nullptr;
+    if (same == 0 && !in_order) {
+      // in_order=False: returned as it came, its entry taken out (torch 2.6's _next_data).
+      Ref task(PyObject_GetItem(task_info.get(), idx));  // a KeyError, as torch's pop, if none
+      if (!task) return nullptr;
+      if (PyDict_DelItem(task_info.get(), idx) != 0) return nullptr;
+      return process_data(it, rcvd, task.get(), data, /*advance=*/false);
+    }
     if (same == 0) {
       // Out of order: kept beside its worker id, as torch keeps it, until its turn.
       Ref kept(PyObject_GetItem(task_info.get(), idx));
@@ -705,7 +734,8 @@ void bind_loader_iter(py::module_& m) {
                 intern("loads"),              intern("_board"),
                 intern("_queue"),             intern("_timeout"),
                 intern("_iterable_step"),     intern("worker_id"),
-                intern("_persistent_workers"), intern("_mark_worker_as_unavailable")};
+                intern("_persistent_workers"), intern("_mark_worker_as_unavailable"),
+                intern("_in_order")};
   // Bound to the module, with the module's name as __module__, as CPython binds a module's
   // own functions: a function with no __self__ shows its self as a parameter to signature().
   py::object module_name = m.attr("__name__");

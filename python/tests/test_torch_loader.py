@@ -163,12 +163,30 @@ def test_not_in_order_gives_the_same_batches_in_some_order(strategy):
 def same_batches_not_in_order():
     def make():
         return DataLoader(Noisy(), num_workers=2, batch_size=3, in_order=False)
-    stock, ours = stock_and_ours(make, plain=False)  # torch's _next_data for every step
+    stock, ours = stock_and_ours(make)  # every batch by the C++ step
     # Which worker loads a batch depends on timing here (torch gives a task to a worker with
     # room), and so do its random values: the batches' samples are what must agree.
     expected = [list(range(k, min(k + 3, 37))) for k in range(0, 37, 3)]
     assert sorted(b["i"].tolist() for b in stock[0]) == expected
     assert sorted(b["i"].tolist() for b in ours[0]) == expected
+
+    class SlowFirst(Dataset):  # batch 0 is late: the others are returned as they come
+        def __len__(self):
+            return 8
+
+        def __getitem__(self, i):
+            if i == 0:
+                time.sleep(0.5)
+            return i
+    st.install()
+    try:
+        before = _C._loader_batches()
+        got = [b.tolist() for b in DataLoader(SlowFirst(), num_workers=2, in_order=False)]
+        assert _C._loader_batches() - before == 8
+    finally:
+        st.uninstall()
+    # Worker 0 has tasks 0 and 2 while it sleeps; worker 1 takes every later task.
+    assert sorted(got) == [[i] for i in range(8)] and got[-2:] == [[0], [2]]
 
 
 class Shards(IterableDataset):
