@@ -280,7 +280,7 @@ def rss_mib(pid):
     out = {}
     with open("/proc/%d/status" % pid) as f:
         for line in f:
-            if line.startswith(("RssAnon", "RssShmem")):
+            if line.startswith(("RssAnon", "RssShmem", "RssFile", "VmRSS")):
                 key, value = line.split(":")
                 out[key] = int(value.split()[0]) >> 10
     return out
@@ -587,7 +587,8 @@ def iterators(count, n=8000, strategy="file_system"):
 
 def datasets(mib):
     import torch
-    print("torch %s, a dataset of %d MiB, 2 workers, file_descriptor (MiB: RssAnon/RssShmem)"
+    print("torch %s, a dataset of %d MiB, 2 workers, file_descriptor (MiB: each worker's "
+          "VmRSS = RssAnon + RssShmem + RssFile; the main process's RssAnon/RssShmem)"
           % (torch.__version__, mib))
     for kind in ("tensor", "numpy"):
         for method in ("spawn", "forkserver"):
@@ -596,7 +597,8 @@ def datasets(mib):
                 if r.get("error"):
                     print("  %-6s %-10s %-7s %s" % (kind, method, mode, r["error"]))
                     continue
-                workers = "  ".join("%d/%d" % (w["RssAnon"], w["RssShmem"])
+                workers = "  ".join("%d = %d+%d+%d" % (w["VmRSS"], w["RssAnon"], w["RssShmem"],
+                                                        w["RssFile"])
                                     for w in r["workers"])
                 print("  %-6s %-10s %-7s first batch %5.2f s  workers %s  main %d/%d" % (
                     kind, method, mode, r["first_batch_s"], workers, r["main"]["RssAnon"],
