@@ -1,5 +1,5 @@
-"""Tensors between two Ray actors on one node: shmtensor's named Queue against Ray's object
-store, on the same tensors in the same run (docs/benchmarks.md, "Ray").
+"""Tensors between Ray actors on one node: shmtensor's named Queue and named Broadcast against
+Ray's object store, on the same tensors in the same run (docs/benchmarks.md, "Ray").
 
     PYTHONPATH=build-torch2/python build-torch2/venv/bin/python python/bench/bench_ray.py [--rounds 3]
 
@@ -7,8 +7,11 @@ Ray's ways: the consumer actor calls the producer actor, whose method returns th
 serializes it into its object store and the consumer's ray.get maps it); and ray.put of the
 tensor in the producer, ray.get of the refs in the consumer (the two times added). shmtensor's way: the
 producer puts the tensor into a named Queue (an arena tensor: no copy) and the consumer, which
-opened the queue by name, gets it. Both consumers read one element of each tensor. Printed:
-per tensor, microseconds (median of the rounds) and Ray's ÷ shmtensor's.
+opened the queue by name, gets it. Both consumers read one element of each tensor. Then one
+to two consumers: ray.put in the producer and ray.get of the refs in both consumers at once
+(the put's time plus the slower consumer's), against a named Broadcast of two readers (the
+producer puts, each consumer gets from its reader; the slower consumer's time). Printed: per
+tensor, microseconds (median of the rounds) and Ray's ÷ shmtensor's.
 """
 import argparse
 import os
@@ -27,9 +30,10 @@ def setup():
 @ray.remote
 class Producer:
     def __init__(self, name):
-        from shmtensor.multiprocessing import Queue  # noqa: PLC0415
+        from shmtensor.multiprocessing import Broadcast, Queue  # noqa: PLC0415
         torch.multiprocessing.set_sharing_strategy("file_descriptor")
         self.q = Queue(4, name=name)
+        self.b = Broadcast(readers=2, name=name + "_b", depth=4)
         self.t = {}
 
     def tensor(self, nbytes):
@@ -50,13 +54,20 @@ class Producer:
             self.q.put(t)
         return True
 
+    def broadcast(self, n, nbytes):
+        t = self.tensor(nbytes)
+        for _ in range(n):
+            self.b.put(t, timeout=60)
+        return True
+
 
 @ray.remote
 class Consumer:
-    def __init__(self, name):
-        from shmtensor.multiprocessing import Queue  # noqa: PLC0415
+    def __init__(self, name, index=0):
+        from shmtensor.multiprocessing import Broadcast, Queue  # noqa: PLC0415
         torch.multiprocessing.set_sharing_strategy("file_descriptor")
         self.q = Queue.open(name)
+        self.reader = Broadcast.open(name + "_b").reader(index)
 
     def pull_ray(self, producer, n, nbytes):
         start = time.perf_counter()
@@ -79,6 +90,13 @@ class Consumer:
             assert t[0].item() == 1.0
         return (time.perf_counter() - start) / n
 
+    def pull_broadcast(self, n):
+        start = time.perf_counter()
+        for _ in range(n):
+            t = self.reader.get(timeout=60)
+            assert t[0].item() == 1.0
+        return (time.perf_counter() - start) / n
+
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -90,8 +108,9 @@ def main():
     producer = Producer.remote(name)
     ray.get(producer.tensor.remote(4))
     consumer = Consumer.remote(name)
-    print("ray %s, torch %s, 2 actors on one node; per tensor, median of %d rounds"
-          % (ray.__version__, torch.__version__, a.rounds))
+    other = Consumer.remote(name, 1)
+    print("ray %s, torch %s, actors on one node (a cluster of 2 CPUs); per tensor, median of "
+          "%d rounds" % (ray.__version__, torch.__version__, a.rounds))
     for label, nbytes, n in (("4 KiB", 4096, 2000), ("1 MiB", 1 << 20, 500),
                              ("64 MiB", 64 << 20, 20)):
         call_s, store_s, shm_s = [], [], []
@@ -107,6 +126,20 @@ def main():
         print("  %-6s actor call returning it %10.1f us   ray.put + ray.get %10.1f us   "
               "named Queue %7.1f us   (%.0fx, %.0fx)" % (label, c, r, s, c / s, r / s),
               flush=True)
+    for label, nbytes, n in (("4 KiB", 4096, 2000), ("1 MiB", 1 << 20, 500),
+                             ("64 MiB", 64 << 20, 20)):
+        store_s, shm_s = [], []
+        for _ in range(a.rounds):
+            put_s, refs = ray.get(producer.put_refs.remote(n, nbytes))
+            gets = [c.get_refs.remote(refs) for c in (consumer, other)]
+            store_s.append(put_s + max(ray.get(gets)))
+            del refs
+            pushed = producer.broadcast.remote(n, nbytes)
+            shm_s.append(max(ray.get([c.pull_broadcast.remote(n) for c in (consumer, other)])))
+            ray.get(pushed)
+        r, s = (statistics.median(v) * 1e6 for v in (store_s, shm_s))
+        print("  %-6s to 2 consumers: ray.put + 2 ray.get %10.1f us   named Broadcast %7.1f us"
+              "   (%.0fx)" % (label, r, s, r / s), flush=True)
     ray.shutdown()
 
 
