@@ -113,7 +113,8 @@ CASES = [("stock", "file_system", 16, False), ("install", "file_system", 16, Fal
          ("stock", "file_system", 16, True), ("install", "file_system", 16, True),
          ("stock", "file_descriptor", 16, True), ("install", "file_descriptor", 16, True),
          ("stock", "file_system", 32, False), ("install", "file_system", 32, False),
-         ("stock", "file_descriptor", 32, False), ("install", "file_descriptor", 32, False)]
+         ("stock", "file_descriptor", 32, False), ("install", "file_descriptor", 32, False),
+         ("install", "file_system", 32, True), ("install", "file_descriptor", 32, True)]
 
 
 def child_main(cases):

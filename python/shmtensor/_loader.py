@@ -70,17 +70,25 @@ _NEEDED = ("_next_data", "_reset", "_try_get_data", "_try_put_index")
 # What _C._loader_next returns when torch's _next_data takes the step.
 _HANDOVER = object()
 
-# torch's methods that the C++ step (_C._loader_next) does the work of, as torch defines them:
-# one replaced on torch's class after this import (a user's hook) makes every batch take
-# torch's _next_data, which calls it.
-_STEP = {name: _MPIter.__dict__.get(name)
-         for name in ("_next_data", "_try_put_index", "_process_data", "_try_get_data",
-                      "_get_data")}
+# torch's methods that the C++ step (_C._loader_next) does the work of: one that is not
+# torch's own on torch's iterator class (a user's hook, put there before or after this import)
+# makes every batch take torch's _next_data, which calls it.
+_STEP = ("_next_data", "_try_put_index", "_process_data", "_try_get_data", "_get_data")
 
 
 def _replaced_step_methods() -> list[str]:
-    """The names of _STEP whose method on torch's iterator class is no longer torch's."""
-    return [name for name, method in _STEP.items() if _MPIter.__dict__.get(name) is not method]
+    """The names of _STEP whose method on torch's iterator class is not torch's own (its code
+    is not in torch's dataloader.py)."""
+    return [name for name in _STEP
+            if _code_file(_MPIter.__dict__.get(name)) != _TORCH_DATALOADER_FILE]
+
+
+def _code_file(function) -> str | None:
+    code = getattr(function, "__code__", None)
+    return None if code is None else os.path.realpath(code.co_filename)
+
+
+_TORCH_DATALOADER_FILE = _code_file(_MPIter.__init__)
 
 
 def _native(q, unbounded: bool) -> bool:
@@ -209,17 +217,16 @@ class _BoardIndexQueue:
         return getattr(self._queue, name)
 
 
-def _worker_loop_on_board(boards, shape, *args):
-    """torch's _worker_loop, its index queue read through the worker's board (of `boards`,
+def _worker_loop_on_board(boards, shape, loop, *args):
+    """`loop` (the worker module's _worker_loop when the worker was started, a hook put
+    there; None: torch's own), its index queue read through the worker's board (of `boards`,
     the workers' boards in one tensor, by the worker id)."""
     _starting.target = None  # a fork child: the thread that started it had it set
     q = args[2]
     if _native(q, True) and len(args) > _WORKER_ID:
         board = _C._IndexBoardReader(boards, args[_WORKER_ID], *shape)
         args = args[:2] + (_BoardIndexQueue(q, board),) + args[3:]
-    # The module's _worker_loop as it is now: a function put there after this module was
-    # imported (a user's wrapper, a profiler's) runs, as it would under torch's iterator.
-    return _worker.__dict__["_worker_loop"](*args)
+    return (_torch_worker_loop if loop is None else loop)(*args)
 
 
 # The target that torch's __init__, on this thread, starts its workers with (_BoardTarget);
@@ -249,7 +256,14 @@ class _BoardTarget:
     with these boards (other threads' loaders start torch's _worker_loop meanwhile)."""
 
     def __init__(self, boards, shape) -> None:
-        self.target = functools.partial(_worker_loop_on_board, boards, shape)
+        # The module's _worker_loop as it is now, carried to the worker (pickled by name for
+        # spawn and forkserver, as torch's iterator passes it): a function put there after
+        # torch was imported (a user's wrapper, a profiler's) runs, as under torch's iterator.
+        # torch's own goes as None: pickled by name, torch's module would answer with this
+        # very target (_WorkerModule), which is not the function.
+        loop = _worker.__dict__["_worker_loop"]
+        self.target = functools.partial(_worker_loop_on_board, boards, shape,
+                                        None if loop is _torch_worker_loop else loop)
 
     def __enter__(self):
         self.outer = getattr(_starting, "target", None)  # an iterator made meanwhile (nested)

@@ -75,7 +75,8 @@ class MessageQueue:
 
     @staticmethod
     def create_from_process_group(pg: Any, max_chunk_bytes: int = 1 << 24, max_chunks: int = 10,
-                                  writer_rank: int = 0, **_vllm_options: Any) -> MessageQueue:
+                                  writer_rank: int = 0, extra_writer_handler: Any = None,
+                                  blocking: bool = True) -> MessageQueue:
         """vLLM's way to make one for a torch.distributed group `pg`, called by every rank of
         it: group rank `writer_rank` makes the writer's under a fresh name, which it sends to
         the others over `pg` (broadcast_object_list); each other rank opens it by name as a

@@ -1,7 +1,7 @@
 // One __next__ of shmtensor's DataLoader iterator (shmtensor/_loader.py) in the plain case,
 // in one call: torch's _MultiProcessingDataLoaderIter._next_data for a map-style dataset or an
-// IterableDataset (a worker's _IterableDatasetStopIteration included) in
-// order, through shmtensor's native Queues. It reads and writes the attributes torch's
+// IterableDataset (a worker's _IterableDatasetStopIteration included), in order or not
+// (in_order=False: a batch returned as it comes), through shmtensor's native Queues. It reads and writes the attributes torch's
 // _next_data, _process_data and _try_put_index keep (_rcvd_idx, _send_idx, _task_info,
 // _tasks_outstanding, _workers_num_tasks on torch 2.x, _num_yielded) where torch keeps them,
 // so they stay what torch's other code reads. A batch that arrives out of order is kept in
@@ -468,15 +468,15 @@ PyObject* get_once(PyObject* native, double seconds) {
                         std::chrono::duration<double>(seconds);
   std::string data;
   std::vector<Storage> storages;
-  while (true) {
+  for (bool first = true;; first = false) {
     const double left =
         std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count();
-    if (left <= 0) {
+    if (left <= 0 && !first) {  // (an item already there is taken however short the wait)
       PyErr_SetNone(setup.empty);
       return nullptr;
     }
     try {
-      if (native_queue_get(native, std::min(left, kSliceSeconds), data, storages)) break;
+      if (native_queue_get(native, std::clamp(left, 0.0, kSliceSeconds), data, storages)) break;
     } catch (...) {
       set_error_from_current();
       return nullptr;
@@ -589,7 +589,7 @@ int worker_stopped(const Iter& it, PyObject* stop) {
 }
 
 // torch's _next_data for a map-style dataset or an IterableDataset (its workers' ends
-// included), in order, while every step is the plain one.
+// included), in order or not, while every step is the plain one.
 PyObject* loader_next(PyObject*, PyObject* self) {
   if (!setup.ready) {
     PyErr_SetString(PyExc_RuntimeError, "shmtensor: _loader_setup was not called");

@@ -135,9 +135,9 @@ py::object share_storage(const py::handle& storage) {
 }
 
 // A new shared Storage of `nbytes` (> 0) of the process's current strategy, made without
-// the GIL: a full /dev/shm makes it wait for space (arena.h), while this process's other
-// threads (a queue's feeder sending an earlier batch) run. A full /dev/shm is raised as _C's
-// SharedMemoryFullError here (made again through _C, the allocation would wait again);
+// the GIL (a new segment's syscalls, and the manager daemon's start for the first named one,
+// while this process's other threads run: a queue's feeder sending an earlier batch). A
+// SharedMemoryFullError (a segment larger than /dev/shm: arena.h) is raised as _C's here;
 // another failure is made again through _C._empty, which raises shmtensor's Python
 // exception for it, or succeeds if the condition has passed.
 Storage allocate_shared(std::size_t nbytes) {

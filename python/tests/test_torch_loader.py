@@ -178,14 +178,18 @@ def same_batches_not_in_order():
             if i == 0:
                 time.sleep(0.5)
             return i
+    def late_first():
+        return [b.tolist() for b in DataLoader(SlowFirst(), num_workers=2, in_order=False)]
+    stock = late_first()
     st.install()
     try:
         before = _C._loader_batches()
-        got = [b.tolist() for b in DataLoader(SlowFirst(), num_workers=2, in_order=False)]
+        got = late_first()
         assert _C._loader_batches() - before == 8
     finally:
         st.uninstall()
     # Worker 0 has tasks 0 and 2 while it sleeps; worker 1 takes every later task.
+    assert got == stock
     assert sorted(got) == [[i] for i in range(8)] and got[-2:] == [[0], [2]]
 
 
@@ -282,8 +286,10 @@ def uneven_shards_as_torch(batch_size, drop_last):
     stock, ours = stock[:2], ours[:2]
     assert same(stock, ours)
     # By the C++ step: every batch but those torch's _next_data took after a worker ran out
-    # (the step hands over when the next task's worker is no longer active).
-    assert 0 < taken <= sum(len(e) for e in ours[0] + ours[1])
+    # (the step hands over when the next task's worker is no longer active: at most one step
+    # for each task a worker had when it ran out, prefetch 2, 3 workers in 4 epochs).
+    total = sum(len(e) for e in ours[0] + ours[1])
+    assert total - 2 * 3 * 4 <= taken <= total and taken > 0
     # 2 + 7 + 12 samples; by 7: 1 + 1 + 2 batches, or 0 + 1 + 1 dropping the last.
     batches = {None: 21, 1: 21}.get(batch_size, 2 if drop_last else 4)
     assert [len(e) for e in ours[0]] == [1, batches, batches]
@@ -362,9 +368,13 @@ def test_a_timeout_is_torchs_error(timeout):
         assert type(it) is _loader.ShmtensorDataLoaderIter
         before = _C._loader_batches()
         assert [next(it).tolist(), next(it).tolist()] == [[0], [1]]
+
+        def handed_over():
+            raise AssertionError("the C++ step handed the timeout's step to torch's _next_data")
+        it._next_data = handed_over  # what __next__ calls when the C++ step hands over
         with pytest.raises(RuntimeError, match=rf"^DataLoader timed out after {timeout} seconds$"):
             next(it)
-        assert _C._loader_batches() - before == 2  # the C++ step, the timeout included
+        assert _C._loader_batches() - before == 2
         it._shutdown_workers()
     finally:
         st.uninstall()
@@ -405,31 +415,40 @@ class SaysHooked(Dataset):
         return torch.tensor([i, len(_HOOKED)])
 
 
-def test_hooks_put_on_torch_after_import_run_as_under_torchs_iterator(strategy):
-    assert run_in_child(hooks_run) == 0
+from torch.utils.data._utils import worker as _torch_worker_module  # noqa: E402
+
+_TORCH_LOOP = _torch_worker_module._worker_loop  # torch's own, in this process
 
 
-def hooks_run():
+def _marking_loop(*args, **kwargs):
+    """A worker loop put on torch's worker module: it marks the worker, then runs torch's
+    (a module-level function: spawn and forkserver workers get it by name)."""
+    _HOOKED.append(True)
+    return _TORCH_LOOP(*args, **kwargs)
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_hooks_put_on_torch_after_import_run_as_under_torchs_iterator(strategy, method):
+    assert run_in_child(lambda: hooks_run(method)) == 0
+
+
+def hooks_run(method):
     """A worker loop put on torch's worker module and a _try_put_index put on torch's
     iterator class after shmtensor was imported: both run under shmtensor's iterator, the
     latter through torch's _next_data (no batch by the C++ step), saying so once."""
-    from torch.utils.data._utils import worker as worker_module
     it_class = torch_dataloader._MultiProcessingDataLoaderIter
-    original_loop, original_put = worker_module._worker_loop, it_class._try_put_index
+    original_put = it_class._try_put_index
     puts = []
-
-    def marking_loop(*args, **kwargs):
-        _HOOKED.append(True)
-        return original_loop(*args, **kwargs)
 
     def counting_put(self):
         puts.append(True)
         return original_put(self)
 
     def make():
-        return DataLoader(SaysHooked(), num_workers=2, batch_size=2)
+        return DataLoader(SaysHooked(), num_workers=2, batch_size=2,
+                          multiprocessing_context=method)
 
-    worker_module._worker_loop = marking_loop
+    _torch_worker_module._worker_loop = _marking_loop
     it_class._try_put_index = counting_put
     try:
         stock = [b.tolist() for b in make()]
@@ -450,12 +469,12 @@ def hooks_run():
             warnings.simplefilter("error")  # said once
             assert [b.tolist() for b in make()] == stock
         # Both hooks gone: the C++ step again, and torch's worker loop.
-        worker_module._worker_loop, it_class._try_put_index = original_loop, original_put
+        _torch_worker_module._worker_loop, it_class._try_put_index = _TORCH_LOOP, original_put
         assert [b.tolist() for b in make()] == [[[0, 0], [1, 0]], [[2, 0], [3, 0]],
                                                 [[4, 0], [5, 0]]]
         assert _C._loader_batches() - before == 3
     finally:
-        worker_module._worker_loop, it_class._try_put_index = original_loop, original_put
+        _torch_worker_module._worker_loop, it_class._try_put_index = _TORCH_LOOP, original_put
         st.uninstall()
 
 

@@ -308,7 +308,8 @@ OutgoingFrame finish_frame(Encoder&& encoder, const FdElision* elision) {
     throw Error("a message can carry at most 253 fds but this one needs " +
                 std::to_string(st.fds.size()) +
                 " (too many distinct file_descriptor segments): send fewer tensors per "
-                "message, or use set_sharing_strategy(\"file_system\")");
+                "message, or use set_sharing_strategy(\"file_system\") with a /dev/shm "
+                "large enough to hold them (a segment it cannot hold goes by fd)");
   // In-flight counts last: nothing above can fail after them. A block count can fail
   // (65535 messages in flight); the frame's destructor then gives back those added.
   st.in_flight_blocks.reserve(st.storages.size());  // no allocation failure between a

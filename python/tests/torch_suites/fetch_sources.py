@@ -247,6 +247,9 @@ def fetch(cache_dir, wanted, log_path, suite=None):
     if suite is None:
         package, version = installed_source()
         key = [package, version]
+        if have[:2] != key:
+            os.makedirs(cache_dir, exist_ok=True)
+            open(log_path, "w").close()
     else:
         key = ["pytorch", "suite=" + suite]
         if have[:2] == key and len(have) > 2:
@@ -255,6 +258,8 @@ def fetch(cache_dir, wanted, log_path, suite=None):
             os.makedirs(cache_dir, exist_ok=True)
             open(log_path, "w").close()
             version = newest_source(cache_dir, "pytorch", suite, log_path)
+    # newest_source's indexes (20 MB) are needed again only to look the version up again.
+    shutil.rmtree(os.path.join(cache_dir, "apt", "lists"), ignore_errors=True)
     if have[:len(key)] == key and all(os.path.exists(os.path.join(tree, w)) for w in wanted):
         return tree
     package = key[0]
