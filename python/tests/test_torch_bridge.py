@@ -132,6 +132,22 @@ def test_share_storage_moves_in_place_and_views_follow():
         base.resize_(1000)
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_a_large_storage_moved_by_several_threads_keeps_every_byte(threads):
+    """share_storage_ copies 8 MiB or more with as many threads as torch's intra-op setting
+    allows (1, 2, 3: parts of a 41 MiB and an odd size, so the last part is short)."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        n = (41 << 20) // 8 + 3
+        base = torch.arange(n, dtype=torch.int64)
+        block = _torch.share_storage_(untyped(base))
+        assert base.data_ptr() == address(block)
+        assert torch.equal(base, torch.arange(n, dtype=torch.int64))
+    finally:
+        torch.set_num_threads(old)
+
+
 def test_share_storage_leaves_empty_and_foreign_devices_alone():
     empty = untyped(torch.empty(0))
     assert _torch.share_storage_(empty) is None

@@ -1,16 +1,22 @@
 // Torch storages over shmtensor Storages: our DataPtr, the cache that gives one
 // c10::StorageImpl per shmtensor Storage, and moving a torch storage into shared memory.
 #include <chrono>
+#include <cstddef>
+#include <cstdint>
 #include <cstring>
+#include <algorithm>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
 #include <vector>
+
+#include <ATen/Parallel.h>
 
 #include "shmtensor/internal/fork_handlers.h"
 #include "shmtensor/internal/storage_access.h"
@@ -40,6 +46,32 @@ struct CacheEntry {
   c10::weak_intrusive_ptr<c10::StorageImpl> impl{c10::intrusive_ptr<c10::StorageImpl>()};
 };
 std::mutex g_cache_mu;
+// Bytes a thread copies at least when share_memory_ splits its copy.
+constexpr std::size_t kParallelCopyGrain = std::size_t{8} << 20;
+
+// `n` bytes copied by as many threads as torch's intra-op setting allows (at::get_num_threads:
+// one in a DataLoader worker), each at least kParallelCopyGrain, as torch's own share_memory_
+// copies with its intra-op threads: most of such a copy is the kernel allocating the new
+// shared pages at first touch, which the threads do side by side (1 GiB on 2 CPUs, torch 2.13:
+// 0.73-0.77 s with one memcpy, torch's own 0.47-0.49 s). A thread that cannot be started
+// leaves its part to this one.
+void copy_in_parallel(std::byte* to, const std::byte* from, std::size_t n) {
+  const std::size_t threads = std::clamp<std::size_t>(
+      n / kParallelCopyGrain, 1, static_cast<std::size_t>(std::max(1, at::get_num_threads())));
+  const std::size_t part = (n / threads + 4095) & ~std::size_t{4095};
+  std::vector<std::thread> helpers;
+  for (std::size_t at = part; at < n; at += part) {
+    const std::size_t len = std::min(part, n - at);
+    try {
+      helpers.emplace_back([=] { std::memcpy(to + at, from + at, len); });
+    } catch (const std::system_error&) {
+      std::memcpy(to + at, from + at, len);
+    }
+  }
+  std::memcpy(to, from, std::min(part, n));
+  for (std::thread& t : helpers) t.join();
+}
+
 std::mutex g_share_mu;  // share_memory_ checks and swaps under it (its copy runs without: moving())
 
 // The storages whose bytes a share_memory_ is copying, without g_share_mu (under it when read
@@ -255,10 +287,12 @@ std::optional<Storage> share_memory_(c10::StorageImpl& storage,
         moving().erase(impl);
       }
     } unmark{share_lock, &storage};
-    if (on_cuda)
+    if (on_cuda) {
       copy_device_bytes(target, from, nbytes);
-    else
-      std::memcpy(target.data(), from, nbytes);
+    } else {
+      copy_in_parallel(static_cast<std::byte*>(target.data()),
+                       static_cast<const std::byte*>(from), nbytes);
+    }
   }
   c10::DataPtr ptr = make_data_ptr(target);
   {
