@@ -10,25 +10,26 @@ timeouts, dead workers and shutdown are torch's code. Spawn and forkserver worke
 dataset's NumPy arrays as one shared copy for all of them (one_copy_per_array), where each
 would unpickle its own.
 
-Per batch, in the plain case (a map-style dataset, or an IterableDataset whose length was not
-asked for; no pin_memory, every
-queue shmtensor's native one, no profiler enabled), one C++ call (shmtensor._C._loader_next,
-python/src/loader_iter.cc) is torch's _next_data: it takes the next batch from the data
-queue and decodes its tensor message in C++, keeps torch's bookkeeping in torch's attributes
-(_rcvd_idx, _send_idx, _task_info, _tasks_outstanding, _workers_num_tasks, _num_yielded),
-keeps a batch that came out of order in _task_info as torch does and returns it at its turn,
-gives the next index to the next worker as torch's _try_put_index does (on its board,
-below), re-raises a worker's ExceptionWrapper as torch does, and with a `timeout` raises
-torch's "DataLoader timed out" where torch's _get_data does. Any other step runs
-torch's _next_data: the end of the epoch, a worker no longer active, a closed queue. A
-failed get of the data queue (torch's MP_STATUS_CHECK_INTERVAL passing, an error, a SIGCHLD
-handler's exception) goes to torch's _try_get_data (_get_failed), which checks the workers
-and raises torch's errors. Outside the plain case, __next__ is torch's _next_data without
-the record_function scope torch opens for every batch (~6 us; on torch 1.13 it allocates a
-tensor) unless a profiler is enabled. A method of torch's that the C++ step does the work of, replaced on
-torch's class after this import (a hook), makes every batch take torch's _next_data, saying
-so once; a _worker_loop put on torch's worker module after it is what the workers run. The batches themselves come as tensor messages, not
-pickles, while install() is active (shmtensor.multiprocessing.reductions; docs/torch.md).
+Per batch, in the plain case (a map-style dataset, or an IterableDataset whose length was
+not asked for; no pin_memory; every queue shmtensor's native one; no profiler enabled), one
+C++ call (shmtensor._C._loader_next, python/src/loader_iter.cc) is torch's _next_data: it
+takes the next batch from the data queue and decodes its tensor message in C++, keeps
+torch's bookkeeping in torch's attributes (_rcvd_idx, _send_idx, _task_info,
+_tasks_outstanding, _workers_num_tasks, _num_yielded), keeps a batch that came out of order
+in _task_info as torch does and returns it at its turn, gives the next index to the next
+worker as torch's _try_put_index does (on its board, below), re-raises a worker's
+ExceptionWrapper as torch does, and with a `timeout` raises torch's "DataLoader timed out"
+where torch's _get_data does. Any other step runs torch's _next_data: the end of the epoch,
+a worker no longer active, a closed queue. A failed get of the data queue (torch's
+MP_STATUS_CHECK_INTERVAL passing, an error, a SIGCHLD handler's exception) goes to torch's
+_try_get_data (_get_failed), which checks the workers and raises torch's errors. Outside the
+plain case, __next__ is torch's _next_data without the record_function scope torch opens for
+every batch (~6 us; on torch 1.13 it allocates a tensor) unless a profiler is enabled. A
+method of torch's that the C++ step does the work of, not torch's own on torch's class (a
+hook), makes every batch take torch's _next_data, saying so once; a _worker_loop put on
+torch's worker module is what the workers run. The batches themselves come as tensor
+messages, not pickles, while install() is active (shmtensor.multiprocessing.reductions;
+docs/torch.md).
 
 The workers' tasks go on task boards, not as index messages: each worker finds its board in
 shared memory as it starts (_worker_loop_on_board wraps torch's _worker_loop, handing it a

@@ -1,19 +1,19 @@
-// One __next__ of shmtensor's DataLoader iterator (shmtensor/_loader.py) in the plain case,
-// in one call: torch's _MultiProcessingDataLoaderIter._next_data for a map-style dataset or an
+// One __next__ of shmtensor's DataLoader iterator (shmtensor/_loader.py) in the plain case, in
+// one call: torch's _MultiProcessingDataLoaderIter._next_data for a map-style dataset or an
 // IterableDataset (a worker's _IterableDatasetStopIteration included), in order or not
-// (in_order=False: a batch returned as it comes), through shmtensor's native Queues. It reads and writes the attributes torch's
-// _next_data, _process_data and _try_put_index keep (_rcvd_idx, _send_idx, _task_info,
-// _tasks_outstanding, _workers_num_tasks on torch 2.x, _num_yielded) where torch keeps them,
-// so they stay what torch's other code reads. A batch that arrives out of order is kept in
-// _task_info as torch keeps it, and returned from there at its turn. Whatever else is not the
-// plain case returns the handover object, having changed nothing since the last batch kept,
-// and the caller runs torch's _next_data for the step: the end of the epoch, a worker no
-// longer active, a closed queue. A failed get of the data queue (its wait reaching torch's
-// MP_STATUS_CHECK_INTERVAL, an error, a signal handler's exception) goes to the iterator's
-// _get_failed, which runs torch's _try_get_data on it (the dead-worker check and its
-// RuntimeError). With the loader's `timeout`, one get waits that long, and a queue.Empty
-// from it is torch's "DataLoader timed out after T seconds" once _try_get_data found every
-// worker alive, as torch's _get_data does.
+// (in_order=False: a batch returned as it comes), through shmtensor's native Queues. It reads
+// and writes the attributes torch's _next_data, _process_data and _try_put_index keep
+// (_rcvd_idx, _send_idx, _task_info, _tasks_outstanding, _workers_num_tasks on torch 2.x,
+// _num_yielded) where torch keeps them, so they stay what torch's other code reads. A batch that
+// arrives out of order is kept in _task_info as torch keeps it, and returned from there at its
+// turn. Whatever else is not the plain case returns the handover object, having changed nothing
+// since the last batch kept, and the caller runs torch's _next_data for the step: the end of the
+// epoch, a worker no longer active, a closed queue. A failed get of the data queue (its wait
+// reaching torch's MP_STATUS_CHECK_INTERVAL, an error, a signal handler's exception) goes to the
+// iterator's _get_failed, which runs torch's _try_get_data on it (the dead-worker check and its
+// RuntimeError). With the loader's `timeout`, one get waits that long, and a queue.Empty from it
+// is torch's "DataLoader timed out after T seconds" once _try_get_data found every worker alive,
+// as torch's _get_data does.
 //
 // The data queue's item is taken in C++ (native_queue_get) and a tensor message decoded from
 // its storages (messages.cc), without Python objects for the blocks; the next task goes on

@@ -1,10 +1,10 @@
 // Torch storages over shmtensor Storages: our DataPtr, the cache that gives one
 // c10::StorageImpl per shmtensor Storage, and moving a torch storage into shared memory.
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <algorithm>
 #include <memory>
 #include <mutex>
 #include <stdexcept>

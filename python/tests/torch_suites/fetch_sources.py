@@ -168,16 +168,10 @@ def newest_source(cache_dir, package, suite, log_path):
     os.makedirs(cache_dir, exist_ok=True)
     apt_args, lists, uri, suite = _source_list(cache_dir, suite)
     with open(log_path, "a") as log:
-        r = subprocess.run(["apt-get", *apt_args, "-q", "update"], capture_output=True, text=True,
-                           stdin=subprocess.DEVNULL)
-        log.write(f"$ apt-get update ({uri} {suite})\n{r.stdout}{r.stderr}\n")
-        errors = [l for l in (r.stdout + r.stderr).splitlines()
-                  if "Failed to fetch" in l or l.startswith("E:")]
-        if errors:
-            raise SourcesUnavailable(errors[0])
-        r = subprocess.run(["apt-cache", *apt_args, "showsrc", package], capture_output=True,
-                           text=True, stdin=subprocess.DEVNULL)
-        log.write(f"$ apt-cache showsrc {package}\n{r.stderr}\n")
+        error, _ = _apt(["apt-get", *apt_args, "-q", "update"], cache_dir, log)
+        if error:
+            raise SourcesUnavailable(error)
+        _, r = _apt(["apt-cache", *apt_args, "showsrc", package], cache_dir, log)
     versions = [l.split(None, 1)[1] for l in r.stdout.splitlines() if l.startswith("Version: ")]
     if not versions:
         raise SourcesUnavailable(f"Debian {suite} has no source package {package}")
@@ -188,28 +182,32 @@ def newest_source(cache_dir, package, suite, log_path):
     return newest
 
 
+def _apt(cmd, cwd, log):
+    """Runs an apt command, logged: (the first "Failed to fetch" or "E:" line or "", the
+    result). apt-get update exits 0 when an index cannot be fetched (no network): that line is
+    the reason to give."""
+    r = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    log.write(f"$ {' '.join(cmd)}\n{r.stdout}{r.stderr}\n")
+    errors = [l for l in (r.stdout + r.stderr).splitlines()
+              if "Failed to fetch" in l or l.startswith("E:")]
+    return (errors[0] if errors else ""), r
+
+
 def _download(cache_dir, package, version, log, suite=None):
     apt_args, lists, uri, suite = _source_list(cache_dir, suite)
     downloads = os.path.join(cache_dir, "downloads")
     os.makedirs(downloads, exist_ok=True)
     print(f"fetching {package} {version} sources from {uri} {suite} (private apt state in "
           f"{os.path.join(cache_dir, 'apt')})", flush=True)
-    steps = [(["apt-get", *apt_args, "-q", "update"], cache_dir),
-             (["apt-get", *apt_args, "-q", "source", "--download-only", f"{package}={version}"], downloads)]
-    # apt-get update exits 0 when an index cannot be fetched (no network): its first "Failed
-    # to fetch" is the reason to give, and the source step is not tried.
-    reason = ""
-    for cmd, cwd in steps:
-        r = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
-        log.write(f"$ {' '.join(cmd)}\n{r.stdout}{r.stderr}\n")
-        errors = [l for l in (r.stdout + r.stderr).splitlines()
-                  if "Failed to fetch" in l or l.startswith("E:")]
-        reason = reason or (errors[0] if errors else "")
-        if cmd[-1] == "update" and errors:
-            break
-    # apt-get exits non-zero when any file of the source package fails; only the .dsc and the
-    # orig tarball are needed (a mirror that lacks the debian tarball is enough).
-    shutil.rmtree(lists, ignore_errors=True)  # 20 MB of indexes, needed again only to re-fetch
+    # The indexes, unless newest_source fetched them just now; an update that failed is the
+    # reason to give, and the source step is not tried.
+    indexed = any(n not in ("partial", "lock") for n in os.listdir(lists))
+    reason = "" if indexed else _apt(["apt-get", *apt_args, "-q", "update"], cache_dir, log)[0]
+    if not reason:
+        # apt-get exits non-zero when any file of the source package fails; only the .dsc and
+        # the orig tarball are needed (a mirror that lacks the debian tarball is enough).
+        reason = _apt(["apt-get", *apt_args, "-q", "source", "--download-only",
+                       f"{package}={version}"], downloads, log)[0]
     dsc, orig = _paths(cache_dir, package, version)
     if not os.path.exists(dsc) or orig is None or not os.path.exists(orig):
         raise SourcesUnavailable(f"apt-get source {package}={version} failed: {reason or 'see the log'}")
@@ -258,33 +256,35 @@ def fetch(cache_dir, wanted, log_path, suite=None):
             os.makedirs(cache_dir, exist_ok=True)
             open(log_path, "w").close()
             version = newest_source(cache_dir, "pytorch", suite, log_path)
-    # newest_source's indexes (20 MB) are needed again only to look the version up again.
-    shutil.rmtree(os.path.join(cache_dir, "apt", "lists"), ignore_errors=True)
-    if have[:len(key)] == key and all(os.path.exists(os.path.join(tree, w)) for w in wanted):
-        return tree
-    package = key[0]
-    os.makedirs(cache_dir, exist_ok=True)
-    found = _downloaded(cache_dir, package, version)
-    if found is None:
-        with open(log_path, "a") as log:
-            _download(cache_dir, package, version, log, suite)
+    try:
+        if have[:len(key)] == key and all(os.path.exists(os.path.join(tree, w)) for w in wanted):
+            return tree
+        package = key[0]
         found = _downloaded(cache_dir, package, version)
         if found is None:
-            raise SourcesUnavailable(f"{package} {version}: the orig tarball's SHA-256 differs from the .dsc's")
-    orig, digest = found
-    name = os.path.basename(orig)
-    shutil.rmtree(tree, ignore_errors=True)
-    with tarfile.open(orig) as tar:
-        # The tarball has one top directory (pytorch-1.13.1/); members are matched below it.
-        members = {m.name.split("/", 1)[1]: m for m in tar.getmembers() if "/" in m.name}
-        missing = [w for w in wanted if w not in members]
-        if missing:
-            raise SourcesUnavailable(f"{name} lacks {', '.join(missing)}")
-        for w in wanted:
-            target = os.path.join(tree, w)
-            os.makedirs(os.path.dirname(target), exist_ok=True)
-            with tar.extractfile(members[w]) as src, open(target, "wb") as dst:
-                shutil.copyfileobj(src, dst)
-    with open(stamp_path, "w") as f:
-        f.write(" ".join(key) + (f" {version}" if suite else "") + f" {digest}\n")
-    return tree
+            with open(log_path, "a") as log:
+                _download(cache_dir, package, version, log, suite)
+            found = _downloaded(cache_dir, package, version)
+            if found is None:
+                raise SourcesUnavailable(
+                    f"{package} {version}: the orig tarball's SHA-256 differs from the .dsc's")
+        orig, digest = found
+        name = os.path.basename(orig)
+        shutil.rmtree(tree, ignore_errors=True)
+        with tarfile.open(orig) as tar:
+            # The tarball has one top directory (pytorch-1.13.1/); members are matched below it.
+            members = {m.name.split("/", 1)[1]: m for m in tar.getmembers() if "/" in m.name}
+            missing = [w for w in wanted if w not in members]
+            if missing:
+                raise SourcesUnavailable(f"{name} lacks {', '.join(missing)}")
+            for w in wanted:
+                target = os.path.join(tree, w)
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                with tar.extractfile(members[w]) as src, open(target, "wb") as dst:
+                    shutil.copyfileobj(src, dst)
+        with open(stamp_path, "w") as f:
+            f.write(" ".join(key) + (f" {version}" if suite else "") + f" {digest}\n")
+        return tree
+    finally:
+        # The indexes (20 MB) are needed again only to look a version up or fetch again.
+        shutil.rmtree(os.path.join(cache_dir, "apt", "lists"), ignore_errors=True)
