@@ -26,6 +26,7 @@ ProcessStatus parse_stat(const char* buf) {
   if (p == nullptr || p[1] != ' ') return st;
   char state = p[2];
   if (state == 'Z' || state == 'X' || state == 'x') return st;  // exited, not reaped
+  st.stopped = state == 'T' || state == 't';
   int field = 2;
   for (++p; *p != '\0'; ++p) {
     if (*p != ' ') continue;

@@ -36,6 +36,7 @@ struct ProcessStatus {
   std::uint64_t start_time = 0;  // clock ticks since boot
   pid_t parent = 0;
   pid_t process_group = 0;
+  bool stopped = false;          // by a signal (SIGSTOP) or a tracer: state T or t
 };
 // Everything false / 0 when the process does not exist or is a zombie.
 ProcessStatus read_process_status(pid_t pid) noexcept;

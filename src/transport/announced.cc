@@ -195,6 +195,8 @@ std::optional<Datagram> take_announced(const AnnouncedPath& p, std::uint64_t pos
                          "wrote the marker, or took the datagram)");
   };
   for (;;) {
+    // The earlier marker whose consumer this one waits for, when it is held (kEarlier).
+    std::optional<std::uint64_t> behind;
     Locked locked;
     try {
       locked = lock_shared(*p.recv_lock, until, LockHold::kBrief, p.names->recv_lock);
@@ -251,7 +253,10 @@ std::optional<Datagram> take_announced(const AnnouncedPath& p, std::uint64_t pos
         if (!head && cut) std::rethrow_exception(cut);
         if (!head) throw missing();
         const HeadOwner owner = owner_of(*p.ring, *head, pos);
-        if (owner == HeadOwner::kEarlier) break;  // its consumer waits for the lock
+        if (owner == HeadOwner::kEarlier) {  // its consumer waits for the lock
+          behind = **head;
+          break;
+        }
         if (owner == HeadOwner::kEarlierFree) {
           // Given back by a consumer that gave up: ours goes back too, and the caller's
           // next pop takes the earlier one (the head is on it).
@@ -284,7 +289,16 @@ std::optional<Datagram> take_announced(const AnnouncedPath& p, std::uint64_t pos
         }
       }
     }
-    // An earlier marker's consumer takes its datagram first (or the lock was not had).
+    // An earlier marker's consumer takes its datagram first (or the lock was not had). A
+    // claim of it that a peer wrote is reported; ours goes back to the ring.
+    if (behind) {
+      try {
+        p.ring->watch_claim(*behind);
+      } catch (...) {
+        release.give_back = true;
+        throw;
+      }
+    }
     if (until && std::chrono::steady_clock::now() >= *until) {
       release.give_back = true;
       return std::nullopt;

@@ -118,6 +118,14 @@ Ring Ring::attach(UniqueFd fd) {
 }
 
 Ring::Reservation Ring::reserve(Deadline deadline) {
+  const Reservation r = claim_tail(deadline);
+  // Counted as held while waiting until commit or cancel: the caller sends a datagram, and
+  // may wait for room, in between (HolderRecord::waiting).
+  if (r.status == Status::kOk) waiting_count(holder().first).fetch_add(1);
+  return r;
+}
+
+Ring::Reservation Ring::claim_tail(Deadline deadline) {
   RingHeader* h = header();
   const auto [me, epoch] = holder();
   // Hints are put back where the slot words say at most once a call: words a peer keeps
@@ -202,13 +210,18 @@ Ring::Reservation Ring::reserve(Deadline deadline) {
       continue;
     }
     // The previous lap's message is still there: the ring is full. A claim by a process
-    // that died is freed; otherwise sleep until a consumer frees a slot.
-    if ((state_of(w) == kWriting || state_of(w) == kReading) && claimer_dead(w)) {
-      if (cas_word(pos, w, pack(wp + slot_count_, kFree))) {
-        h->abandoned.fetch_add(1);
-        wake_producers();
+    // that died is freed; one a peer wrote is reported (watch_claim); otherwise sleep until
+    // a consumer frees a slot.
+    if (state_of(w) == kWriting || state_of(w) == kReading) {
+      const Claimer claimer = look_at_claimer(w);
+      if (claimer == Claimer::kGone) {
+        if (cas_word(pos, w, pack(wp + slot_count_, kFree))) {
+          h->abandoned.fetch_add(1);
+          wake_producers();
+        }
+        continue;
       }
-      continue;
+      watch_claim(pos, w, claimer);
     }
     const std::uint32_t seen = h->freed.load();
     h->producers_asleep.fetch_add(1);
@@ -221,6 +234,12 @@ Ring::Reservation Ring::reserve(Deadline deadline) {
 
 bool Ring::commit(std::uint64_t pos, std::span<const std::span<const std::byte>> parts,
                   std::uint32_t tag, Wake wake) noexcept {
+  stop_waiting();
+  return publish(pos, parts, tag, wake);
+}
+
+bool Ring::publish(std::uint64_t pos, std::span<const std::span<const std::byte>> parts,
+                   std::uint32_t tag, Wake wake) noexcept {
   RingHeader* h = header();
   const auto [me, epoch] = holder();
   SlotHead* s = head_of(slot(pos));
@@ -253,6 +272,7 @@ void Ring::wake_consumers(int n) noexcept {
 }
 
 void Ring::cancel(std::uint64_t pos) noexcept {
+  stop_waiting();
   // As an abandoned claim: consumers step over the position. Only if the claim is still
   // ours (see commit).
   const auto [me, epoch] = holder();
@@ -273,9 +293,9 @@ Ring::Status Ring::push_parts(std::span<const std::span<const std::byte>> parts,
     throw std::invalid_argument("Ring::push: a message of " + std::to_string(total) +
                                 " bytes does not fit a slot of " + std::to_string(max_message()));
   for (;;) {
-    const Reservation r = reserve(deadline);
+    const Reservation r = claim_tail(deadline);
     // A claim taken away from us (judged dead, wrongly) was not published: claim again.
-    if (r.status != Status::kOk || commit(r.pos, parts, tag, wake)) return r.status;
+    if (r.status != Status::kOk || publish(r.pos, parts, tag, wake)) return r.status;
   }
 }
 

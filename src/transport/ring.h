@@ -36,10 +36,12 @@
 // position a slot word keeps (positions stay below kPosLimit), so no value of a hint
 // aliases a position. The highest slot word leads, however far above the others: a peer
 // that moves hints leaves honest words laps apart, which a forged word cannot be told from.
-// A ring whose positions run out (kPosLimit) is broken, and says so to every caller. A live
-// peer that claims a slot and never finishes it stalls the positions behind it, as a live
-// peer that holds a lock would; that is not detectable, and not a crash either. Layout:
-// transport/ring_layout.h.
+// A ring whose positions run out (kPosLimit) is broken, and says so to every caller. A claim
+// lasts a copy, or as long as its claimer waits with it (a queue's marker: reserve, and a
+// held pop), which the claimer's holder record counts: a claim that names a live process
+// that is neither stopped nor counted as waiting, standing for kClaimStuckAfter while a
+// thread waits behind it, was written by a peer, and that thread's calls throw
+// ProtocolError (watch_claim) until the word changes. Layout: transport/ring_layout.h.
 #pragma once
 
 #include <chrono>
@@ -117,8 +119,10 @@ class Ring {
   // A push in two steps, for a message whose place in the order must be taken before it
   // can be written (a queue's marker, whose datagram is sent in between): reserve() claims
   // the next position (waiting like push), then commit() writes and publishes it, or
-  // cancel() gives it up (consumers step over it). A process killed in between leaves an
-  // abandoned claim, found and skipped as any other. The parts must fit max_message().
+  // cancel() gives it up (consumers step over it). The claim counts as held while waiting
+  // (HolderRecord::waiting) until then: the caller may wait in between. A process killed in
+  // between leaves an abandoned claim, found and skipped as any other. The parts must fit
+  // max_message().
   struct Reservation {
     Status status = Status::kTimeout;
     std::uint64_t pos = 0;  // kOk
@@ -140,8 +144,10 @@ class Ring {
   // ring is empty, until `deadline`. kClosed once the ring is closed and nothing is left.
   // Throws ProtocolError for a corrupt word or a message size larger than its slot (that
   // slot is freed first: the next pop goes on). A message whose tag is `hold_tag` stays
-  // claimed (READING, in this process's name) until release(pos): what the caller does
-  // with it is not over when the copy is (a queue's marker, until its datagram is taken).
+  // claimed (READING, in this process's name, counted as held while waiting) until
+  // release(pos) or unread(pos): what the caller does with it is not over when the copy is
+  // (a queue's marker, until its datagram is taken). A pop that waits behind a claim of a
+  // live process throws ProtocolError once watch_claim judges it a peer's.
   static constexpr std::uint32_t kHoldNone = 0xffffffffu;
   Popped pop(std::span<std::byte> out, Deadline deadline, std::uint32_t hold_tag = kHoldNone);
   // Whether this process's pops spin briefly before they sleep (busy_poll.h,
@@ -172,6 +178,17 @@ class Ring {
   // read: for a scan on every message). A queue's marker so is one whose datagram may
   // still be in the socket (unread() gives a marker back READY).
   [[nodiscard]] bool pending(std::uint64_t pos, std::uint32_t tag) const noexcept;
+  // For a thread that waits behind the claim of `pos` (WRITING or READING) outside the
+  // ring's own waits (a queue's consumer whose datagram is behind an earlier marker's).
+  // How long a live claim has stood while its claimer was neither stopped nor counted as
+  // waiting (HolderRecord::waiting) is added up per thread and position, a look at most
+  // kClaimWatchStep of it; once that is kClaimStuckAfter, the claim is a peer's and this
+  // throws ProtocolError (and again at each later look, until the word changes). Nothing
+  // for a slot that holds no live claim for `pos`. The ring's pops and pushes watch the
+  // claims they wait behind so too.
+  static constexpr std::chrono::milliseconds kClaimStuckAfter{1000};
+  static constexpr std::chrono::milliseconds kClaimWatchStep{100};
+  void watch_claim(std::uint64_t pos);
   // Every later push returns kClosed; pops return what is left, then kClosed; every
   // sleeper wakes.
   void close() noexcept;
@@ -237,6 +254,21 @@ class Ring {
   inline std::pair<std::uint32_t, std::uint32_t> holder();
   [[gnu::noinline]] std::pair<std::uint32_t, std::uint32_t> claim_holder_record();
   bool claimer_dead(std::uint64_t word) const noexcept;
+  // The claimer a WRITING or READING word names, with one read of /proc: gone (dead, or
+  // its record moved on), stopped, waiting with a claim counted, or none of those
+  // (running: a claim it holds should end within a copy).
+  enum class Claimer { kGone, kStopped, kWaiting, kRunning };
+  Claimer look_at_claimer(std::uint64_t word) const noexcept;
+  // watch_claim for a word already read and judged.
+  void watch_claim(std::uint64_t pos, std::uint64_t word, Claimer claimer);
+  // The count of claims held while waiting (HolderRecord::waiting) of holder record `who`
+  // (kNoHolder: RingHeader::nobody_waiting); taken back without going below zero.
+  inline std::atomic<std::uint32_t>& waiting_count(std::uint32_t who) const noexcept;
+  void stop_waiting() noexcept;
+  // reserve() and commit() without the count of claims held while waiting (push_parts).
+  Reservation claim_tail(Deadline deadline);
+  bool publish(std::uint64_t pos, std::span<const std::span<const std::byte>> parts,
+               std::uint32_t tag, Wake wake) noexcept;
   void free_holder() noexcept;
   inline void wake_producers() noexcept;
   // Moves a hint that is further from the slot words than any honest ring puts it back to

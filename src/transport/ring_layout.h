@@ -13,11 +13,13 @@
 namespace shmtensor::internal {
 
 inline constexpr std::uint64_t kRingMagic = 0x31474e4952545453ULL;  // "STTRING1"
-// 4: slot words stored less their slot's index (ring_word::index_bias); 3: `closed` has a
-// broken bit (kRingBroken).
-inline constexpr std::uint32_t kRingVersion = 4;
+// 5: holder records and the header count the claims held while their claimer waits
+// (HolderRecord::waiting, RingHeader::nobody_waiting); 4: slot words stored less their slot's
+// index (ring_word::index_bias); 3: `closed` has a broken bit (kRingBroken).
+inline constexpr std::uint32_t kRingVersion = 5;
 // Holder records; index kNoHolder marks a claim by a process that found none free (more
-// than 127 live holders): such a claim is never judged abandoned.
+// than 127 live holders): such a claim is never judged abandoned (it may be judged a peer's:
+// Ring::watch_claim).
 inline constexpr std::uint32_t kHolderRecords = 127;
 inline constexpr std::uint32_t kNoHolder = 127;
 
@@ -70,7 +72,12 @@ inline constexpr std::uint32_t kRingBroken = 2;
 struct HolderRecord {
   std::atomic<std::uint64_t> owner;  // slot_owner(pid, start time); 0 = free
   std::atomic<std::uint32_t> epoch;  // bumped whenever the record gets a new owner
-  std::uint32_t pad;
+  // Claims of the owner held while it waits for something (a reserved marker's position
+  // while its datagram waits for room, a taken marker while its datagram is behind another
+  // consumer's): Ring::reserve and a held pop count one, commit/cancel and release/unread
+  // take it back. A live claim whose record counts none, held for a second, was not made
+  // by the protocol (Ring::watch_claim).
+  std::atomic<std::uint32_t> waiting;
 };
 
 struct RingHeader {
@@ -87,14 +94,19 @@ struct RingHeader {
   alignas(64) std::atomic<std::uint32_t> freed;  // futex word of sleeping producers
   std::atomic<std::uint32_t> producers_asleep;
   alignas(64) std::atomic<std::uint32_t> closed;  // kRingClosed | kRingBroken
+  // HolderRecord::waiting of the processes that found no record (their claims name kNoHolder).
+  std::atomic<std::uint32_t> nobody_waiting;
   std::atomic<std::uint64_t> abandoned;  // claims of dead processes freed (diagnostics)
   alignas(64) HolderRecord holders[kHolderRecords];
   // The user's (Ring::user_area): zero in a new ring.
   alignas(64) std::byte user[Ring::kUserBytes];
 };
 static_assert(std::is_standard_layout_v<RingHeader>);
+static_assert(sizeof(HolderRecord) == 16);
 static_assert(offsetof(RingHeader, tail) == Ring::kTailOffset);
 static_assert(offsetof(RingHeader, head) == Ring::kHeadOffset);
+static_assert(offsetof(RingHeader, closed) == 320 && offsetof(RingHeader, nobody_waiting) == 324 &&
+              offsetof(RingHeader, abandoned) == 328 && offsetof(HolderRecord, waiting) == 12);
 static_assert(offsetof(RingHeader, holders) == 384 && offsetof(RingHeader, user) == 2432 &&
               sizeof(RingHeader) == 3456);  // docs/shm_layout.md
 static_assert(std::atomic<std::uint64_t>::is_always_lock_free);

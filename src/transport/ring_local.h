@@ -178,6 +178,11 @@ inline void Ring::wake_producers() noexcept {
   if (h->producers_asleep.load() != 0) futex_wake(&h->freed, 1);
 }
 
+inline std::atomic<std::uint32_t>& Ring::waiting_count(std::uint32_t who) const noexcept {
+  RingHeader* h = header();
+  return who < kHolderRecords ? h->holders[who].waiting : h->nobody_waiting;
+}
+
 inline std::pair<std::uint32_t, std::uint32_t> Ring::holder() {
   // Every push and pop asks: the claim made, a load and a compare (inlined), else the claim.
   const std::uint64_t seen = local_->claim.load(std::memory_order_acquire);

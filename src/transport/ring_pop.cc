@@ -73,7 +73,11 @@ Ring::Popped Ring::pop(std::span<std::byte> out, Deadline deadline, std::uint32_
           const bool fits = size <= max_message();
           if (fits && size != 0)
             std::memcpy(out.data(), reinterpret_cast<std::byte*>(s) + kSlotHeaderBytes, size);
-          if (fits && tag == hold_tag) return {Status::kOk, tag, size, pos};
+          if (fits && tag == hold_tag) {
+            // Held until release or unread, while the caller may wait (HolderRecord::waiting).
+            waiting_count(me).fetch_add(1);
+            return {Status::kOk, tag, size, pos};
+          }
           store_word(pos, pack(pos + slot_count_, kFree), std::memory_order_release);
           wake_producers();
           if (!fits)  // the slot is free again: the next pop goes on
@@ -97,16 +101,17 @@ Ring::Popped Ring::pop(std::span<std::byte> out, Deadline deadline, std::uint32_
             pause_cpu();
             continue;
           }
-          if (claimer_dead(w)) {
-            // Its producer died mid-write: the position is skipped.
-            if (cas_word(pos, w, pack(pos + slot_count_, kFree))) {
-              h->abandoned.fetch_add(1);
-              wake_producers();
-            }
-            spins = 0;
-            continue;
+          if (const Claimer claimer = look_at_claimer(w); claimer != Claimer::kGone) {
+            watch_claim(pos, w, claimer);  // throws for a claim a peer wrote
+            break;                         // a slow producer: sleep until it publishes
           }
-          break;  // a slow producer: sleep until it publishes
+          // Its producer died mid-write: the position is skipped.
+          if (cas_word(pos, w, pack(pos + slot_count_, kFree))) {
+            h->abandoned.fetch_add(1);
+            wake_producers();
+          }
+          spins = 0;
+          continue;
         case kFree:
           // Free for this position while the tail has passed it: nobody will ever write
           // it (a scribbled word made a producer skip it). Only corruption leads here.

@@ -7,10 +7,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <new>
+#include <string>
 #include <utility>
 #include <vector>
 
+#include "os/proc.h"
 #include "os/shm.h"
+#include "shmtensor/error.h"
 #include "transport/ring.h"
 #include "transport/ring_layout.h"
 #include "transport/ring_local.h"
@@ -23,6 +26,29 @@ using namespace ring_detail;
 namespace {
 // How often a consumer that sleeps with nothing published looks for hidden messages.
 constexpr auto kIdleScanEvery = std::chrono::seconds(1);
+
+// What a thread has seen of the claim it waits behind (Ring::watch_claim): which ring and
+// position, when it last looked, and for how long in all the claimer was running.
+struct ClaimWatch {
+  const void* ring = nullptr;
+  std::uint64_t pos = 0;
+  Clock::time_point last{};
+  Clock::duration stood{};
+};
+thread_local ClaimWatch t_claim_watch;
+
+[[noreturn]] void stuck_claim(std::uint64_t pos, std::uint64_t word, std::uint64_t owner) {
+  const std::string by = holder_of(word) >= kHolderRecords
+                             ? "a process with no holder record"
+                             : "process " + std::to_string(owner >> 32);
+  throw ProtocolError(
+      "message ring: the slot of position " + std::to_string(pos) + " has been claimed " +
+      (state_of(word) == kWriting ? "for writing" : "for reading") + " by " + by +
+      " for more than " + std::to_string(Ring::kClaimStuckAfter.count() / 1000) +
+      " s while this thread waited behind it, and that process was neither stopped nor "
+      "waiting, as every claim held longer than a copy is: another process wrote over the "
+      "ring's shared memory");
+}
 }  // namespace
 
 std::pair<std::uint32_t, std::uint32_t> Ring::claim_holder_record() {
@@ -46,6 +72,8 @@ std::pair<std::uint32_t, std::uint32_t> Ring::claim_holder_record() {
     if (dead == 0 || slot_owner_alive(dead)) continue;
     if (h->holders[i].owner.compare_exchange_strong(dead, owner)) found = i;
   }
+  // A record taken over counts none of its new owner's claims as waiting yet.
+  if (found != kNoHolder) h->holders[found].waiting.store(0);
   const std::uint32_t epoch =
       found == kNoHolder ? 0 : (h->holders[found].epoch.fetch_add(1) + 1) & kEpochMask;
   const std::uint64_t mine = pack_claim(me, found, epoch);
@@ -78,6 +106,61 @@ bool Ring::claimer_dead(std::uint64_t word) const noexcept {
   if ((r.epoch.load() & kEpochMask) != epoch_of(word)) return true;  // the record moved on
   const std::uint64_t owner = r.owner.load();
   return owner == 0 || !slot_owner_alive(owner);
+}
+
+Ring::Claimer Ring::look_at_claimer(std::uint64_t word) const noexcept {
+  const std::uint32_t who = holder_of(word);
+  // No record: no process to look at; counted as waiting while any process without one is.
+  if (who >= kHolderRecords)
+    return header()->nobody_waiting.load() != 0 ? Claimer::kWaiting : Claimer::kRunning;
+  const HolderRecord& r = header()->holders[who];
+  if ((r.epoch.load() & kEpochMask) != epoch_of(word)) return Claimer::kGone;
+  const std::uint64_t owner = r.owner.load();
+  const auto pid = static_cast<pid_t>(owner >> 32);
+  if (owner == 0 || pid <= 0) return Claimer::kGone;
+  const ProcessStatus st = read_process_status(pid);
+  // Not known (this process cannot read /proc now: its fd limit): alive, and waited for.
+  if (st.unknown) return Claimer::kStopped;
+  if (st.start_time == 0 || (st.start_time & 0xffffffffu) != (owner & 0xffffffffu))
+    return Claimer::kGone;
+  if (st.stopped) return Claimer::kStopped;
+  return r.waiting.load() != 0 ? Claimer::kWaiting : Claimer::kRunning;
+}
+
+void Ring::watch_claim(std::uint64_t pos, std::uint64_t word, Claimer claimer) {
+  // A look at most kClaimWatchStep of time apart from the last counts that long: the time
+  // between two calls of a caller that returned in between is not watched time.
+  ClaimWatch& watch = t_claim_watch;
+  const auto now = Clock::now();
+  if (watch.ring != header() || watch.pos != pos) {
+    watch = {header(), pos, now, {}};
+    return;
+  }
+  const Clock::duration step = std::min<Clock::duration>(now - watch.last, kClaimWatchStep);
+  watch.last = now;
+  if (claimer == Claimer::kRunning) watch.stood += step;
+  if (watch.stood >= kClaimStuckAfter)
+    stuck_claim(pos, word,
+                holder_of(word) < kHolderRecords ? header()->holders[holder_of(word)].owner.load()
+                                                 : 0);
+}
+
+void Ring::watch_claim(std::uint64_t pos) {
+  const std::uint64_t w = load_word(pos);
+  if (pos_of(w) != (pos & kPosMask) || (state_of(w) != kWriting && state_of(w) != kReading))
+    return;
+  if (const Claimer claimer = look_at_claimer(w); claimer != Claimer::kGone)
+    watch_claim(pos, w, claimer);
+}
+
+void Ring::stop_waiting() noexcept {
+  const std::uint64_t c = local_->claim.load(std::memory_order_acquire);
+  if (claim_generation(c) != fork_generation()) return;
+  // Never below zero: a peer may have written the count.
+  std::atomic<std::uint32_t>& n = waiting_count(claim_holder(c));
+  std::uint32_t v = n.load();
+  while (v != 0 && !n.compare_exchange_weak(v, v - 1)) {
+  }
 }
 
 void Ring::idle_scan() noexcept {
@@ -200,6 +283,7 @@ void Ring::break_ring() {
 }
 
 void Ring::release(std::uint64_t pos) noexcept {
+  stop_waiting();
   std::uint64_t w = load_word(pos);
   // Ours unless a peer wrote over it; then whatever is there stays for the checks of pop.
   if (pos_of(w) != (pos & kPosMask) || state_of(w) != kReading) return;
@@ -213,6 +297,7 @@ void Ring::rewind_head(std::uint64_t pos) noexcept {
 }
 
 void Ring::unread(std::uint64_t pos) noexcept {
+  stop_waiting();
   RingHeader* h = header();
   std::uint64_t w = load_word(pos);
   if (pos_of(w) != (pos & kPosMask) || state_of(w) != kReading) return;

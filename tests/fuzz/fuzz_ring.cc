@@ -3,9 +3,12 @@
 // two games:
 //   - Everything: the input is laid over the tail and head hints, every slot's word, size
 //     and tag of a small ring, and a lock in the ring's user area (where a connection keeps
-//     its locks); then a sequence of pushes, pops, lock/unlock pairs that never wait, and
-//     writes of any of those words between them. Every call must return or throw
-//     ProtocolError: never crash, overrun or spin without end.
+//     its locks); then a sequence of pushes, pops, two-step pushes (reserve, then commit or
+//     cancel), pops that hold their message (then release or unread), lock/unlock pairs,
+//     none of which waits, and writes between them of any of those words and of the holder
+//     records' (owner, epoch, count of claims held while waiting) and the count of claimers
+//     with no record. Every call must return or throw ProtocolError: never crash, overrun
+//     or spin without end.
 //   - Hints and locks only: the slot words stay the ring's own, a hint takes any value
 //     between two calls (moved by a multiple of 2^50, which slot words cannot tell apart, by
 //     a little, anywhere, near the last position a ring uses), as often as the input says,
@@ -30,6 +33,7 @@
 #include <span>
 #include <vector>
 
+#include "os/proc.h"
 #include "os/shared_lock.h"
 #include "fuzz_input.h"
 #include "shmtensor/error.h"
@@ -98,6 +102,37 @@ void forge_lock(Input& in, SharedLock& lock) {
   }
 }
 
+// Writes a word of a holder record, or the count of claimers with no record, as a peer
+// might: any value, the fuzzing process's own owner value, or a count bumped or cleared.
+void forge_holder(Input& in, const Memory& mem) {
+  using shmtensor::internal::HolderRecord;
+  using shmtensor::internal::RingHeader;
+  const std::uint8_t b = in.byte();
+  if (b % 8 == 7) {
+    auto& n = *reinterpret_cast<std::atomic<std::uint32_t>*>(
+        mem.base + offsetof(RingHeader, nobody_waiting));
+    n.store(b & 0x80 ? 0 : in.byte());
+    return;
+  }
+  auto& r = reinterpret_cast<HolderRecord*>(mem.base + offsetof(RingHeader, holders))
+      [in.byte() % shmtensor::internal::kHolderRecords];
+  switch (b % 8) {
+    case 0:
+      r.owner.store(in.u64());
+      break;
+    case 1:
+      r.owner.store(shmtensor::internal::current_slot_owner());
+      break;
+    case 2:
+    case 3:
+      r.epoch.store(b % 8 == 2 ? in.byte() : r.epoch.load() + 1);
+      break;
+    default:
+      r.waiting.store(b & 0x80 ? 0 : in.byte());
+      break;
+  }
+}
+
 void lock_once(Input& in, SharedLock& lock) {
   using namespace shmtensor::internal;
   const auto got = lock_shared(lock, std::chrono::steady_clock::now(),
@@ -127,17 +162,42 @@ void everything(Input& in, Ring& ring, const Memory& mem) {
   for (int op = 0; op < 64 && !in.done(); ++op) {
     const std::uint8_t b = in.byte();
     try {
-      switch (b % 6) {
+      switch (b % 8) {
         case 0:
           lock_once(in, *lock);
           break;
-        case 1: {  // a word written between calls: a hint, a slot word, size or tag
-          const std::uint8_t which = in.byte() % (2 + kSlots);
+        case 1: {  // a word written between calls: a hint, a slot word, size or tag, or a
+                   // holder record's word
+          const std::uint8_t which = in.byte() % (3 + kSlots);
           if (which < 2) {
             auto& hint = mem.u64(which == 0 ? Ring::kTailOffset : Ring::kHeadOffset);
             hint.store(forged_hint(in, hint.load()));
+          } else if (which == 2) {
+            forge_holder(in, mem);
           } else {
-            mem.u64(ring.slots_offset() + (which - 2) * kSlotBytes + (b & 8)).store(in.u64());
+            mem.u64(ring.slots_offset() + (which - 3) * kSlotBytes + (b & 8)).store(in.u64());
+          }
+          break;
+        }
+        case 6: {  // a message held, then released or given back
+          const auto p = ring.pop(out, now(), b & 0x70);
+          if (p.status == Ring::Status::kOk && p.tag == (b & 0x70u)) {
+            if (b & 0x80)
+              ring.unread(p.pos);
+            else
+              ring.release(p.pos);
+          }
+          break;
+        }
+        case 7: {  // a position reserved, then committed or cancelled
+          const Ring::Reservation r = ring.reserve(now());
+          if (r.status != Ring::Status::kOk) break;
+          if (b & 0x80) {
+            ring.cancel(r.pos);
+          } else {
+            std::byte msg[8] = {};
+            const std::span<const std::byte> part(msg, b % 9);
+            (void)ring.commit(r.pos, std::span(&part, 1), b);
           }
           break;
         }

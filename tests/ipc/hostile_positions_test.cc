@@ -30,6 +30,7 @@
 #include "shmtensor/queue.h"
 #include "support/expect_error.h"
 #include "support/leak_check.h"
+#include "support/pipe.h"
 #include "transport/link_control.h"
 #include "transport/queue_control.h"
 #include "transport/ring.h"
@@ -70,6 +71,21 @@ class RingMemory {
   }
   std::uint32_t slot_count() const { return slot_count_; }
   std::byte* user() { return map_.data() + offsetof(internal::RingHeader, user); }
+  internal::HolderRecord& holder(std::uint32_t i) {
+    return reinterpret_cast<internal::HolderRecord*>(
+        map_.data() + offsetof(internal::RingHeader, holders))[i];
+  }
+  // A claim of `pos` in `state` that names the holder record of process `pid` with its
+  // epoch, as the protocol writes one (pid 0: a process with no record, kNoHolder).
+  std::uint64_t claim_by(pid_t pid, std::uint64_t pos, internal::ring_word::State state) {
+    using namespace internal::ring_word;
+    if (pid == 0) return pack(pos, state, internal::kNoHolder, 0);
+    for (std::uint32_t i = 0; i < internal::kHolderRecords; ++i)
+      if (holder(i).owner.load() >> 32 == static_cast<std::uint64_t>(pid))
+        return pack(pos, state, i, holder(i).epoch.load());
+    ADD_FAILURE() << "process " << pid << " holds no record of the ring";
+    return 0;
+  }
 
  private:
   std::atomic<std::uint64_t>& word(std::size_t offset) {
@@ -557,6 +573,146 @@ TEST_F(HostilePositionsTest, APipesRecvWithoutDeadlineFailsWhileAPeerForgesTheLo
   }
   link->recv_lock.state.store(0);
   EXPECT_EQ(label(b.recv<std::string>()), label(item(0)));
+}
+
+// Item 6 of the channels issue: a slot word forged as a claim (WRITING or READING) that
+// names a live process's holder record, or "nobody", kept a get() or recv() without a
+// deadline waiting for as long as the word stood. A claim lasts a copy, or as long as its
+// claimer waits with it counted in its record; one that names a process neither stopped
+// nor waiting is reported once a waiter has stood behind it for 1 s in all
+// (Ring::watch_claim). The bound checked is a generous 5 s, as for the locks above.
+
+// A live process that holds a record of the ring (it looked at the ring once) and waits in
+// pause(): a claim naming it is neither finished nor waiting.
+class Claimant {
+ public:
+  explicit Claimant(int ring_fd) {
+    testing::Pipe ready;
+    pid_ = fork_child([&] {
+      Ring r = Ring::attach(internal::dup_cloexec(ring_fd));
+      std::vector<std::byte> out(r.max_message());
+      if (r.pop(out, Ring::kNoWait).status != Ring::Status::kTimeout) std::_Exit(2);
+      ready.send();
+      for (;;) ::pause();
+    });
+    EXPECT_EQ(ready.receive(), 'x');
+  }
+  Claimant(const Claimant&) = delete;
+  Claimant& operator=(const Claimant&) = delete;
+  ~Claimant() {
+    ::kill(pid_, SIGKILL);
+    (void)wait_child(pid_);
+  }
+  pid_t pid() const { return pid_; }
+  void stop() {
+    int status = 0;
+    ASSERT_EQ(::kill(pid_, SIGSTOP), 0);
+    ASSERT_EQ(::waitpid(pid_, &status, WUNTRACED), pid_);
+    ASSERT_TRUE(WIFSTOPPED(status));
+  }
+  void resume() { ASSERT_EQ(::kill(pid_, SIGCONT), 0); }
+
+ private:
+  pid_t pid_ = 0;
+};
+
+// `call` throws ProtocolError saying a claim of `what` was reported, within the bound.
+template <class Call>
+void expect_reported_claim(Call&& call, const std::string& what) {
+  const auto start = Clock::now();
+  EXPECT_ERROR(call(), ProtocolError, "has been claimed " + what);
+  EXPECT_LT(Clock::now() - start, 5s);
+}
+
+// The claim at a queue's head names each kind of live claimer in turn: a get() without a
+// deadline reports it, in a thread of its own; the items put behind it arrive, in order,
+// once the peer writes the word back.
+TEST_F(HostilePositionsTest, AGetWithoutDeadlineReportsAClaimForgedForALiveProcessOrNobody) {
+  using namespace internal::ring_word;
+  for (const char* who : {"another process", "this process", "nobody"}) {
+    SCOPED_TRACE(who);
+    Queue<std::string> q;
+    RingMemory ring(queue_ring_fd(q));
+    Claimant other(queue_ring_fd(q));
+    const std::uint64_t n = ring.slot_count();
+    q.put(item(1));
+    EXPECT_EQ(label(q.try_get(2s)), label(item(1)));  // this process holds a record now
+    const pid_t named = std::string(who) == "another process" ? other.pid()
+                        : std::string(who) == "this process"  ? ::getpid()
+                                                              : 0;
+    ring.store_slot_word(1, ring.claim_by(named, 1, kWriting));
+    for (int i = 2; i <= 4; ++i) q.put(item(i));  // at positions 2, 3, 4
+    std::thread([&] {
+      expect_reported_claim([&] { (void)q.get(); }, "for writing by " +
+                                                         (named == 0 ? std::string("a process with no holder record")
+                                                                     : "process " + std::to_string(named)));
+    }).join();
+    ring.store_slot_word(1, pack(1 + n, kFree));  // the peer gives the position up
+    for (int i = 2; i <= 4; ++i) EXPECT_EQ(label(q.try_get(2s)), label(item(i)));
+    EXPECT_EQ(q.try_get(20ms), std::nullopt);
+  }
+}
+
+// A stopped claimer is waited for (a debugger, SIGSTOP), and so is one counted as waiting
+// (a queue's producer that holds a marker's position while it waits for room); running
+// again and counting nothing, its claim is reported.
+TEST_F(HostilePositionsTest, AClaimOfAStoppedOrWaitingProcessIsWaitedFor) {
+  using namespace internal::ring_word;
+  Queue<std::string> q;
+  RingMemory ring(queue_ring_fd(q));
+  Claimant other(queue_ring_fd(q));
+  ring.store_slot_word(0, ring.claim_by(other.pid(), 0, kWriting));
+  q.put(item(1));
+  internal::HolderRecord* record = nullptr;
+  for (std::uint32_t i = 0; i < internal::kHolderRecords; ++i)
+    if (ring.holder(i).owner.load() >> 32 == static_cast<std::uint64_t>(other.pid()))
+      record = &ring.holder(i);
+  ASSERT_NE(record, nullptr);
+  std::thread([&] {
+    other.stop();
+    EXPECT_EQ(q.try_get(1500ms), std::nullopt);  // no error: stopped time does not count
+    other.resume();
+    record->waiting.store(1);
+    EXPECT_EQ(q.try_get(1500ms), std::nullopt);  // no error: it waits with its claim
+    record->waiting.store(0);
+    expect_reported_claim([&] { (void)q.get(); }, "for writing by process " +
+                                                       std::to_string(other.pid()));
+  }).join();
+  ring.store_slot_word(0, pack(0 + ring.slot_count(), kFree));
+  EXPECT_EQ(label(q.try_get(2s)), label(item(1)));
+}
+
+TEST_F(HostilePositionsTest, ARecvWithoutDeadlineReportsAClaimForgedForALiveProcess) {
+  using namespace internal::ring_word;
+  auto [a, b] = pipe();
+  RingMemory ring(pipe_ring_fd(a));
+  Claimant other(pipe_ring_fd(a));
+  ring.store_slot_word(0, ring.claim_by(other.pid(), 0, kWriting));
+  for (int i = 1; i <= 3; ++i) a.send(item(i));
+  expect_reported_claim([&] { (void)b.recv<std::string>(); },
+                        "for writing by process " + std::to_string(other.pid()));
+  ring.store_slot_word(0, pack(0 + ring.slot_count(), kFree));
+  for (int i = 1; i <= 3; ++i) EXPECT_EQ(label(b.recv<std::string>()), label(item(i)));
+  EXPECT_FALSE(b.poll());
+}
+
+// The claim forged over a published marker, as a consumer's that takes its datagram: the
+// consumer of the next marker waits for it behind that datagram (take_announced) and reports
+// it; its own marker goes back, and both items arrive once the peer writes the word back.
+TEST_F(HostilePositionsTest, AConsumerBehindAMarkerForgedAsTakenReportsIt) {
+  using namespace internal::ring_word;
+  Queue<std::string> q;
+  RingMemory ring(queue_ring_fd(q));
+  Claimant other(queue_ring_fd(q));
+  q.put(item(0));  // big: a marker at position 0, its datagram first in the socket
+  q.put(item(3));  // at 1
+  ring.store_slot_word(0, ring.claim_by(other.pid(), 0, kReading));
+  expect_reported_claim([&] { (void)q.get(); },
+                        "for reading by process " + std::to_string(other.pid()));
+  ring.store_slot_word(0, pack(0, kReady));
+  EXPECT_EQ(label(q.try_get(2s)), label(item(0)));
+  EXPECT_EQ(label(q.try_get(2s)), label(item(3)));
+  EXPECT_EQ(q.try_get(20ms), std::nullopt);
 }
 
 }  // namespace

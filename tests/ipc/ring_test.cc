@@ -380,6 +380,80 @@ TEST_F(RingTest, APollWaitsForALiveClaimerAndSkipsADeadOne) {
   EXPECT_EQ(r.pop(out, Ring::kNoWait).status, Ring::Status::kTimeout);
 }
 
+// A claim held while its claimer waits (a reserved position, a held pop: counted in its
+// holder record) is waited for however long it lasts, by a pop and by a push without a
+// deadline; the same claims held by a running process that counts none (left so by
+// test_claim_and_abandon) are reported once a waiter has stood behind them for 1 s in all.
+TEST_F(RingTest, AClaimHeldWhileItsClaimerWaitsIsWaitedForAndOneHeldOtherwiseIsReported) {
+  constexpr std::uint32_t kHold = 9;
+  std::vector<std::byte> out(64);
+  std::uint32_t v = 1;
+  {
+    SCOPED_TRACE("a position reserved for 1.5 s, a pop behind it");
+    Ring r = Ring::create(4, 64);
+    Pipe reserved;
+    const pid_t producer = fork_child([&] {
+      const Ring::Reservation res = r.reserve(std::nullopt);
+      if (res.status != Ring::Status::kOk) std::_Exit(2);
+      reserved.send();
+      std::this_thread::sleep_for(1500ms);
+      const std::span<const std::byte> part = bytes_of(&v, 4);
+      if (!r.commit(res.pos, std::span(&part, 1), 5)) std::_Exit(3);
+    });
+    EXPECT_EQ(reserved.receive(), 'x');
+    const Ring::Popped p = r.pop(out, std::nullopt);
+    EXPECT_EQ(p.status, Ring::Status::kOk);
+    EXPECT_EQ(p.tag, 5u);
+    EXPECT_EQ(wait_child(producer), 0);
+  }
+  {
+    SCOPED_TRACE("a message held for 1.5 s in a full ring, a push behind it");
+    Ring r = Ring::create(4, 64);
+    for (std::uint32_t i = 0; i < 4; ++i)
+      ASSERT_EQ(r.push(bytes_of(&i, 4), i == 0 ? kHold : 1, std::nullopt), Ring::Status::kOk);
+    Pipe held;
+    const pid_t consumer = fork_child([&] {
+      const Ring::Popped p = r.pop(out, std::nullopt, kHold);
+      if (p.status != Ring::Status::kOk || p.tag != kHold) std::_Exit(2);
+      held.send();
+      std::this_thread::sleep_for(1500ms);
+      r.release(p.pos);
+    });
+    EXPECT_EQ(held.receive(), 'x');
+    EXPECT_EQ(r.push(bytes_of(&v, 4), 1, std::nullopt), Ring::Status::kOk);
+    EXPECT_EQ(wait_child(consumer), 0);
+  }
+  for (const bool as_consumer : {false, true}) {
+    SCOPED_TRACE(as_consumer ? "a message taken and kept, a push behind it"
+                             : "a position claimed and kept, a pop behind it");
+    Ring r = Ring::create(4, 64);
+    if (as_consumer)
+      for (std::uint32_t i = 0; i < 4; ++i)
+        ASSERT_EQ(r.push(bytes_of(&i, 4), 1, std::nullopt), Ring::Status::kOk);
+    Pipe claimed;
+    const pid_t claimer = fork_child([&] {
+      if (!r.test_claim_and_abandon(as_consumer)) std::_Exit(2);
+      claimed.send();
+      for (;;) ::pause();
+    });
+    EXPECT_EQ(claimed.receive(), 'x');
+    const auto start = Clock::now();
+    const std::string what = std::string(as_consumer ? "for reading" : "for writing") +
+                             " by process " + std::to_string(claimer);
+    if (as_consumer)
+      EXPECT_ERROR((void)r.push(bytes_of(&v, 4), 1, std::nullopt), ProtocolError, what);
+    else
+      EXPECT_ERROR((void)r.pop(out, std::nullopt), ProtocolError, what);
+    EXPECT_LT(Clock::now() - start, 5s);
+    ::kill(claimer, SIGKILL);
+    EXPECT_EQ(wait_child(claimer), 128 + SIGKILL);
+    // Its claimer dead, the claim is freed as any other: the ring goes on.
+    EXPECT_EQ(r.push(bytes_of(&v, 4), 6, Clock::now() + 5s), Ring::Status::kOk);
+    if (!as_consumer) EXPECT_EQ(r.pop(out, Clock::now() + 5s).tag, 6u);
+    EXPECT_EQ(r.abandoned(), 1u);
+  }
+}
+
 // A consumer killed after its claim: producers get the slot back when the ring is full.
 TEST_F(RingTest, ClaimOfAConsumerThatDiedIsFreed) {
   Ring r = Ring::create(4, 64);
