@@ -1,8 +1,11 @@
 """Named queues (docs/python.md, "Named queues"): Queue(name=...) opened with Queue.open(name)
 by a process shmtensor did not start (a subprocess.Popen of a script), under both
-strategies; taken and missing names; a SIGKILLed creator; another uid."""
+strategies; taken and missing names; a SIGKILLed creator; another uid; a peer that opens
+the name and writes a claim over the queue's ring (docs/transport.md, "A claim a peer
+wrote")."""
 
 import os
+import queue
 import signal
 import shutil
 import subprocess
@@ -154,6 +157,80 @@ def test_a_sigkilled_creators_name_goes_and_its_opener_keeps_the_queue(strategy)
     assert q.get(timeout=10).tolist() == [7.0, 7.0, 7.0]
     q.put(snp.full(2, 4.0))
     assert q.get(timeout=10).tolist() == [4.0, 4.0]
+
+
+# The hostile opener: finds the queue's ring among its memfds (its magic), and forges the
+# slot of the next position as claimed for writing by the process argv[2] names (its holder
+# record and epoch, as the protocol writes a claim: docs/shm_layout.md, "Message ring");
+# says "forged", and on a line from stdin writes the word back as the position's, given up.
+FORGER = textwrap.dedent("""
+    import mmap, os, struct, sys
+    from shmtensor.multiprocessing import Queue
+    q = Queue.open(sys.argv[1])
+    victim = int(sys.argv[2])
+    ring = None
+    for fd in map(int, os.listdir("/proc/self/fd")):
+        try:
+            if os.readlink("/proc/self/fd/%d" % fd).startswith("/memfd:shmtensor") and \
+                    os.pread(fd, 8, 0) == b"STTRING1":
+                ring = mmap.mmap(fd, os.fstat(fd).st_size)
+                break
+        except OSError:
+            pass
+    version, count, slot_bytes, slots_offset = struct.unpack_from("<IIII", ring, 8)
+    assert version == 5, version
+    tail = struct.unpack_from("<Q", ring, 64)[0]
+    holder = [i for i in range(127)
+              if struct.unpack_from("<Q", ring, 384 + 16 * i)[0] >> 32 == victim][0]
+    epoch = struct.unpack_from("<I", ring, 384 + 16 * holder + 8)[0] & 31
+    index = tail % count
+    at = slots_offset + index * slot_bytes
+
+    def store(pos, state, who=0, ep=0):  # the word, kept less its slot's index (<< 14)
+        word = (pos << 14) | (state << 12) | (who << 5) | ep
+        struct.pack_into("<Q", ring, at, (word - (index << 14)) % (1 << 64))
+
+    store(tail, 1, holder, epoch)  # WRITING, by the victim
+    print("forged", tail, flush=True)
+    sys.stdin.readline()
+    store(tail + count, 0)  # FREE for the next lap: the position is given up
+    print("restored", flush=True)
+""")
+
+
+def test_a_claim_a_peer_forges_over_a_named_queue_is_reported_to_a_get_without_timeout(strategy):
+    name = _name("forged")
+    q = Queue(name=name)
+    q.put(0)
+    assert q.get(timeout=10) == 0  # this process holds a record of the ring now
+    peer = subprocess.Popen([sys.executable, "-c", FORGER, name, str(os.getpid())],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=os.environ.copy())
+    try:
+        line = peer.stdout.readline().split()
+        assert line[0] == b"forged"
+        q.put(1)
+        q.put(snp.full(3, 2.0))  # behind the forged position
+        start = time.monotonic()
+        with pytest.raises(shmtensor.ProtocolError,
+                           match="position %d has been claimed for writing by process %d for "
+                                 "more than 1 s" % (int(line[1]), os.getpid())):
+            q.get()
+        assert time.monotonic() - start < 5
+        peer.stdin.write(b"go\n")
+        peer.stdin.flush()
+        assert peer.stdout.readline() == b"restored\n"
+        assert peer.wait(timeout=60) == 0
+    finally:
+        if peer.poll() is None:
+            peer.kill()
+            peer.wait()
+        peer.stdin.close()
+        peer.stdout.close()
+    # Nothing was lost: both items, in order.
+    assert q.get(timeout=10) == 1
+    assert q.get(timeout=10).tolist() == [2.0, 2.0, 2.0]
+    with pytest.raises(queue.Empty):
+        q.get(timeout=0.05)
 
 
 def test_another_uid_is_refused(monkeypatch):
