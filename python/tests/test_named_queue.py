@@ -181,8 +181,8 @@ FORGER = textwrap.dedent("""
     assert version == 5, version
     tail = struct.unpack_from("<Q", ring, 64)[0]
     holder = [i for i in range(127)
-              if struct.unpack_from("<Q", ring, 384 + 16 * i)[0] >> 32 == victim][0]
-    epoch = struct.unpack_from("<I", ring, 384 + 16 * holder + 8)[0] & 31
+              if struct.unpack_from("<Q", ring, 384 + 32 * i)[0] >> 32 == victim][0]
+    epoch = struct.unpack_from("<I", ring, 384 + 32 * holder + 8)[0] & 31
     index = tail % count
     at = slots_offset + index * slot_bytes
 

@@ -289,8 +289,12 @@ std::optional<Datagram> take_announced(const AnnouncedPath& p, std::uint64_t pos
         }
       }
     }
-    // An earlier marker's consumer takes its datagram first (or the lock was not had). A
-    // claim of it that a peer wrote is reported; ours goes back to the ring.
+    // An earlier marker's consumer takes its datagram first (or the lock was not had).
+    if (until && std::chrono::steady_clock::now() >= *until) {
+      release.give_back = true;
+      return std::nullopt;
+    }
+    // A claim of that marker that a peer wrote is reported; ours goes back to the ring.
     if (behind) {
       try {
         p.ring->watch_claim(*behind);
@@ -298,10 +302,6 @@ std::optional<Datagram> take_announced(const AnnouncedPath& p, std::uint64_t pos
         release.give_back = true;
         throw;
       }
-    }
-    if (until && std::chrono::steady_clock::now() >= *until) {
-      release.give_back = true;
-      return std::nullopt;
     }
     std::this_thread::sleep_for(pause);
     pause = std::min(pause * 2, std::chrono::microseconds(5000));

@@ -189,7 +189,13 @@ bool recv_tensor_ringed(ConnectionCore& c, const Deadline& deadline, Tensor& out
           const SegmentFetcher depot = c.in.depot().fetcher();
           if (parse_tensor_frame(std::span(slot, p->size), &depot, out)) return true;
         }
-        auto buffer = receive_buffer();
+        std::shared_ptr<std::byte[]> buffer;
+        try {
+          buffer = receive_buffer();
+        } catch (...) {
+          if (p->tag == kRingMarkerTag) c.in.ring().unread(p->pos);  // taken, not received
+          throw;
+        }
         std::memcpy(buffer.get(), slot, p->size);
         std::byte* data = buffer.get();
         std::optional<Decoder> d = c.in.receive(std::move(buffer), data, *p, deadline);

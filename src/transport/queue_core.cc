@@ -268,10 +268,12 @@ std::vector<Decoder> QueueCore::get_many(std::size_t max_items,
         buffer.reset(new std::byte[kPerBuffer * stride]);
         used = 0;
       }
+      // Room first: nothing may fail between taking an item and receiving it (a marker
+      // taken stays claimed in our name until it is received).
+      if (out.size() == out.capacity()) out.reserve(out.size() * 2);
       TakenItem t = take_item(state_->ring(), no_wait, buffer, buffer.get() + used * stride);
       if (t.status != Ring::Status::kOk) break;  // empty now (or closed: the next get says so)
       ++used;
-      if (out.size() == out.capacity()) out.reserve(out.size() * 2);
       std::optional<Decoder> next = receive_taken(*state_, std::move(t), no_wait);
       if (!next) break;  // behind another consumer's: the next get takes it
       out.push_back(std::move(*next));

@@ -128,7 +128,15 @@ void drain(QueueCore::State& st) noexcept {
           st.ring().release(t.pos);
           continue;
         }
-        std::optional<Datagram> d = take_announced(path, t.pos, until);
+        std::optional<Datagram> d;
+        try {
+          d = take_announced(path, t.pos, until);
+        } catch (const ProtocolError&) {
+          // Behind a marker a peer claimed (its marker given back: the next pop takes it
+          // again), or its datagram missing: the rest go with the socket below.
+          markers_stuck = true;
+          continue;
+        }
         if (!d) {
           markers_stuck = std::chrono::steady_clock::now() >= *until;
           continue;

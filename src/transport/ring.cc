@@ -119,9 +119,9 @@ Ring Ring::attach(UniqueFd fd) {
 
 Ring::Reservation Ring::reserve(Deadline deadline) {
   const Reservation r = claim_tail(deadline);
-  // Counted as held while waiting until commit or cancel: the caller sends a datagram, and
-  // may wait for room, in between (HolderRecord::waiting).
-  if (r.status == Status::kOk) waiting_count(holder().first).fetch_add(1);
+  // Held while waiting until commit or cancel: the caller sends a datagram, and may wait
+  // for room, in between (HolderRecord::waiting).
+  if (r.status == Status::kOk) start_waiting(holder().first, r.pos);
   return r;
 }
 
@@ -213,7 +213,7 @@ Ring::Reservation Ring::claim_tail(Deadline deadline) {
     // that died is freed; one a peer wrote is reported (watch_claim); otherwise sleep until
     // a consumer frees a slot.
     if (state_of(w) == kWriting || state_of(w) == kReading) {
-      const Claimer claimer = look_at_claimer(w);
+      const Claimer claimer = look_at_claimer(pos - slot_count_, w);
       if (claimer == Claimer::kGone) {
         if (cas_word(pos, w, pack(wp + slot_count_, kFree))) {
           h->abandoned.fetch_add(1);
@@ -221,7 +221,7 @@ Ring::Reservation Ring::claim_tail(Deadline deadline) {
         }
         continue;
       }
-      watch_claim(pos, w, claimer);
+      watch_claim(pos - slot_count_, w, claimer);
     }
     const std::uint32_t seen = h->freed.load();
     h->producers_asleep.fetch_add(1);
@@ -234,7 +234,7 @@ Ring::Reservation Ring::claim_tail(Deadline deadline) {
 
 bool Ring::commit(std::uint64_t pos, std::span<const std::span<const std::byte>> parts,
                   std::uint32_t tag, Wake wake) noexcept {
-  stop_waiting();
+  stop_waiting(pos);
   return publish(pos, parts, tag, wake);
 }
 
@@ -272,7 +272,7 @@ void Ring::wake_consumers(int n) noexcept {
 }
 
 void Ring::cancel(std::uint64_t pos) noexcept {
-  stop_waiting();
+  stop_waiting(pos);
   // As an abandoned claim: consumers step over the position. Only if the claim is still
   // ours (see commit).
   const auto [me, epoch] = holder();

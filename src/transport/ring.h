@@ -180,12 +180,13 @@ class Ring {
   [[nodiscard]] bool pending(std::uint64_t pos, std::uint32_t tag) const noexcept;
   // For a thread that waits behind the claim of `pos` (WRITING or READING) outside the
   // ring's own waits (a queue's consumer whose datagram is behind an earlier marker's).
-  // How long a live claim has stood while its claimer was neither stopped nor counted as
-  // waiting (HolderRecord::waiting) is added up per thread and position, a look at most
-  // kClaimWatchStep of it; once that is kClaimStuckAfter, the claim is a peer's and this
-  // throws ProtocolError (and again at each later look, until the word changes). Nothing
-  // for a slot that holds no live claim for `pos`. The ring's pops and pushes watch the
-  // claims they wait behind so too.
+  // How long a live claim has stood while its claimer was neither stopped nor waiting with
+  // it (its holder record names `pos`: HolderRecord::waiting) is added up per thread, ring
+  // handle and position, a look at most kClaimWatchStep of it; once that is
+  // kClaimStuckAfter, the claim is a peer's and this throws ProtocolError (and again at each
+  // later look that finds the claimer running, while the thread waits at that position).
+  // Nothing for a slot that holds no live claim for `pos`. The ring's pops and pushes watch
+  // the claims they wait behind so too.
   static constexpr std::chrono::milliseconds kClaimStuckAfter{1000};
   static constexpr std::chrono::milliseconds kClaimWatchStep{100};
   void watch_claim(std::uint64_t pos);
@@ -254,17 +255,19 @@ class Ring {
   inline std::pair<std::uint32_t, std::uint32_t> holder();
   [[gnu::noinline]] std::pair<std::uint32_t, std::uint32_t> claim_holder_record();
   bool claimer_dead(std::uint64_t word) const noexcept;
-  // The claimer a WRITING or READING word names, with one read of /proc: gone (dead, or
-  // its record moved on), stopped, waiting with a claim counted, or none of those
-  // (running: a claim it holds should end within a copy).
+  // The claimer of the WRITING or READING word `word` of `pos`, with one read of /proc:
+  // gone (dead, or its record moved on), stopped, waiting with this claim (its record names
+  // `pos`, or has more such claims than it can name), or none of those (running: a claim
+  // it holds should end within a copy).
   enum class Claimer { kGone, kStopped, kWaiting, kRunning };
-  Claimer look_at_claimer(std::uint64_t word) const noexcept;
+  Claimer look_at_claimer(std::uint64_t pos, std::uint64_t word) const noexcept;
   // watch_claim for a word already read and judged.
   void watch_claim(std::uint64_t pos, std::uint64_t word, Claimer claimer);
-  // The count of claims held while waiting (HolderRecord::waiting) of holder record `who`
-  // (kNoHolder: RingHeader::nobody_waiting); taken back without going below zero.
-  inline std::atomic<std::uint32_t>& waiting_count(std::uint32_t who) const noexcept;
-  void stop_waiting() noexcept;
+  // This process's claim of `pos` is held while it waits from now on (start_waiting: entered
+  // in its holder record `who`, HolderRecord::waiting), or no longer (stop_waiting). Counts
+  // never go below zero: a peer may have written them.
+  void start_waiting(std::uint32_t who, std::uint64_t pos) noexcept;
+  void stop_waiting(std::uint64_t pos) noexcept;
   // reserve() and commit() without the count of claims held while waiting (push_parts).
   Reservation claim_tail(Deadline deadline);
   bool publish(std::uint64_t pos, std::span<const std::span<const std::byte>> parts,

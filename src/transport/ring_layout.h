@@ -13,9 +13,10 @@
 namespace shmtensor::internal {
 
 inline constexpr std::uint64_t kRingMagic = 0x31474e4952545453ULL;  // "STTRING1"
-// 5: holder records and the header count the claims held while their claimer waits
-// (HolderRecord::waiting, RingHeader::nobody_waiting); 4: slot words stored less their slot's
-// index (ring_word::index_bias); 3: `closed` has a broken bit (kRingBroken).
+// 5: holder records (32 bytes) name their claims held while waiting, and the header counts
+// those of claimers with no record (HolderRecord::waiting, RingHeader::nobody_waiting); 4:
+// slot words stored less their slot's index (ring_word::index_bias); 3: `closed` has a
+// broken bit (kRingBroken).
 inline constexpr std::uint32_t kRingVersion = 5;
 // Holder records; index kNoHolder marks a claim by a process that found none free (more
 // than 127 live holders): such a claim is never judged abandoned (it may be judged a peer's:
@@ -69,15 +70,22 @@ inline constexpr std::uint64_t kPosLimit = kPosMask + 1 - 2 * std::uint64_t{Ring
 inline constexpr std::uint32_t kRingClosed = 1;
 inline constexpr std::uint32_t kRingBroken = 2;
 
+// How many claims held while waiting a holder record names by position (more are counted
+// in `overflow`).
+inline constexpr std::uint32_t kWaitingSlots = 2;
+
 struct HolderRecord {
   std::atomic<std::uint64_t> owner;  // slot_owner(pid, start time); 0 = free
   std::atomic<std::uint32_t> epoch;  // bumped whenever the record gets a new owner
-  // Claims of the owner held while it waits for something (a reserved marker's position
-  // while its datagram waits for room, a taken marker while its datagram is behind another
-  // consumer's): Ring::reserve and a held pop count one, commit/cancel and release/unread
-  // take it back. A live claim whose record counts none, held for a second, was not made
-  // by the protocol (Ring::watch_claim).
-  std::atomic<std::uint32_t> waiting;
+  // Claims of the owner held while it waits that `waiting` has no room for.
+  std::atomic<std::uint32_t> overflow;
+  // Positions + 1 (0: none) of the owner's claims held while it waits for something: a
+  // reserved marker's position while its datagram waits for room, a taken marker while its
+  // datagram is behind another consumer's. Ring::reserve and a held pop enter one,
+  // commit/cancel and release/unread take it out. A live claim at a position its record
+  // does not name (and no overflow), held for a second, was not made by the protocol
+  // (Ring::watch_claim).
+  std::atomic<std::uint64_t> waiting[kWaitingSlots];
 };
 
 struct RingHeader {
@@ -94,7 +102,8 @@ struct RingHeader {
   alignas(64) std::atomic<std::uint32_t> freed;  // futex word of sleeping producers
   std::atomic<std::uint32_t> producers_asleep;
   alignas(64) std::atomic<std::uint32_t> closed;  // kRingClosed | kRingBroken
-  // HolderRecord::waiting of the processes that found no record (their claims name kNoHolder).
+  // Claims held while waiting by the processes that found no record (their claims name
+  // kNoHolder), counted: such claims cannot be told apart by position.
   std::atomic<std::uint32_t> nobody_waiting;
   std::atomic<std::uint64_t> abandoned;  // claims of dead processes freed (diagnostics)
   alignas(64) HolderRecord holders[kHolderRecords];
@@ -102,13 +111,14 @@ struct RingHeader {
   alignas(64) std::byte user[Ring::kUserBytes];
 };
 static_assert(std::is_standard_layout_v<RingHeader>);
-static_assert(sizeof(HolderRecord) == 16);
+static_assert(sizeof(HolderRecord) == 32 && offsetof(HolderRecord, overflow) == 12 &&
+              offsetof(HolderRecord, waiting) == 16);
 static_assert(offsetof(RingHeader, tail) == Ring::kTailOffset);
 static_assert(offsetof(RingHeader, head) == Ring::kHeadOffset);
 static_assert(offsetof(RingHeader, closed) == 320 && offsetof(RingHeader, nobody_waiting) == 324 &&
-              offsetof(RingHeader, abandoned) == 328 && offsetof(HolderRecord, waiting) == 12);
-static_assert(offsetof(RingHeader, holders) == 384 && offsetof(RingHeader, user) == 2432 &&
-              sizeof(RingHeader) == 3456);  // docs/shm_layout.md
+              offsetof(RingHeader, abandoned) == 328);
+static_assert(offsetof(RingHeader, holders) == 384 && offsetof(RingHeader, user) == 4480 &&
+              sizeof(RingHeader) == 5504);  // docs/shm_layout.md
 static_assert(std::atomic<std::uint64_t>::is_always_lock_free);
 
 struct SlotHead {

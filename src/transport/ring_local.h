@@ -133,7 +133,15 @@ constexpr std::uint32_t claim_epoch(std::uint64_t c) { return c & 0xff; }
 // os/proc.h, fork_generation; 0: none) so that threads agree on it without a lock: a mutex
 // here could be inherited locked by a child forked while another thread claimed, whose
 // first push or pop would then hang.
+inline std::uint64_t next_handle_id() noexcept {
+  static std::atomic<std::uint64_t> next{1};
+  return next.fetch_add(1, std::memory_order_relaxed);
+}
+
 struct Ring::Local {
+  // Which handle this is, unique in the process: what a thread's watch of a claim is kept
+  // for (Ring::watch_claim; a ring mapped where a dropped one was is another handle).
+  const std::uint64_t id = next_handle_id();
   std::atomic<std::uint64_t> claim{0};
   // When this handle last looked for messages hidden behind the head after a sleep with
   // nothing published (steady clock, ns): at most once a second.
@@ -176,11 +184,6 @@ inline void Ring::wake_producers() noexcept {
   RingHeader* h = header();
   h->freed.fetch_add(1);
   if (h->producers_asleep.load() != 0) futex_wake(&h->freed, 1);
-}
-
-inline std::atomic<std::uint32_t>& Ring::waiting_count(std::uint32_t who) const noexcept {
-  RingHeader* h = header();
-  return who < kHolderRecords ? h->holders[who].waiting : h->nobody_waiting;
 }
 
 inline std::pair<std::uint32_t, std::uint32_t> Ring::holder() {

@@ -75,7 +75,7 @@ Ring::Popped Ring::pop(std::span<std::byte> out, Deadline deadline, std::uint32_
             std::memcpy(out.data(), reinterpret_cast<std::byte*>(s) + kSlotHeaderBytes, size);
           if (fits && tag == hold_tag) {
             // Held until release or unread, while the caller may wait (HolderRecord::waiting).
-            waiting_count(me).fetch_add(1);
+            start_waiting(me, pos);
             return {Status::kOk, tag, size, pos};
           }
           store_word(pos, pack(pos + slot_count_, kFree), std::memory_order_release);
@@ -101,7 +101,7 @@ Ring::Popped Ring::pop(std::span<std::byte> out, Deadline deadline, std::uint32_
             pause_cpu();
             continue;
           }
-          if (const Claimer claimer = look_at_claimer(w); claimer != Claimer::kGone) {
+          if (const Claimer claimer = look_at_claimer(pos, w); claimer != Claimer::kGone) {
             watch_claim(pos, w, claimer);  // throws for a claim a peer wrote
             break;                         // a slow producer: sleep until it publishes
           }

@@ -27,10 +27,10 @@ namespace {
 // How often a consumer that sleeps with nothing published looks for hidden messages.
 constexpr auto kIdleScanEvery = std::chrono::seconds(1);
 
-// What a thread has seen of the claim it waits behind (Ring::watch_claim): which ring and
-// position, when it last looked, and for how long in all the claimer was running.
+// What a thread has seen of the claim it waits behind (Ring::watch_claim): which ring handle
+// and position, when it last looked, and for how long in all the claimer was running.
 struct ClaimWatch {
-  const void* ring = nullptr;
+  std::uint64_t handle = 0;
   std::uint64_t pos = 0;
   Clock::time_point last{};
   Clock::duration stood{};
@@ -72,8 +72,11 @@ std::pair<std::uint32_t, std::uint32_t> Ring::claim_holder_record() {
     if (dead == 0 || slot_owner_alive(dead)) continue;
     if (h->holders[i].owner.compare_exchange_strong(dead, owner)) found = i;
   }
-  // A record taken over counts none of its new owner's claims as waiting yet.
-  if (found != kNoHolder) h->holders[found].waiting.store(0);
+  // A record taken over names none of its new owner's claims as waiting yet.
+  if (found != kNoHolder) {
+    for (auto& w : h->holders[found].waiting) w.store(0);
+    h->holders[found].overflow.store(0);
+  }
   const std::uint32_t epoch =
       found == kNoHolder ? 0 : (h->holders[found].epoch.fetch_add(1) + 1) & kEpochMask;
   const std::uint64_t mine = pack_claim(me, found, epoch);
@@ -108,9 +111,9 @@ bool Ring::claimer_dead(std::uint64_t word) const noexcept {
   return owner == 0 || !slot_owner_alive(owner);
 }
 
-Ring::Claimer Ring::look_at_claimer(std::uint64_t word) const noexcept {
+Ring::Claimer Ring::look_at_claimer(std::uint64_t pos, std::uint64_t word) const noexcept {
   const std::uint32_t who = holder_of(word);
-  // No record: no process to look at; counted as waiting while any process without one is.
+  // No record: no process to look at; taken as waiting while any process without one waits.
   if (who >= kHolderRecords)
     return header()->nobody_waiting.load() != 0 ? Claimer::kWaiting : Claimer::kRunning;
   const HolderRecord& r = header()->holders[who];
@@ -124,7 +127,9 @@ Ring::Claimer Ring::look_at_claimer(std::uint64_t word) const noexcept {
   if (st.start_time == 0 || (st.start_time & 0xffffffffu) != (owner & 0xffffffffu))
     return Claimer::kGone;
   if (st.stopped) return Claimer::kStopped;
-  return r.waiting.load() != 0 ? Claimer::kWaiting : Claimer::kRunning;
+  for (const auto& w : r.waiting)
+    if (w.load() == (pos & kPosMask) + 1) return Claimer::kWaiting;
+  return r.overflow.load() != 0 ? Claimer::kWaiting : Claimer::kRunning;
 }
 
 void Ring::watch_claim(std::uint64_t pos, std::uint64_t word, Claimer claimer) {
@@ -132,13 +137,14 @@ void Ring::watch_claim(std::uint64_t pos, std::uint64_t word, Claimer claimer) {
   // between two calls of a caller that returned in between is not watched time.
   ClaimWatch& watch = t_claim_watch;
   const auto now = Clock::now();
-  if (watch.ring != header() || watch.pos != pos) {
-    watch = {header(), pos, now, {}};
+  if (watch.handle != local_->id || watch.pos != pos) {
+    watch = {local_->id, pos, now, {}};
     return;
   }
   const Clock::duration step = std::min<Clock::duration>(now - watch.last, kClaimWatchStep);
   watch.last = now;
-  if (claimer == Claimer::kRunning) watch.stood += step;
+  if (claimer != Claimer::kRunning) return;
+  watch.stood += step;
   if (watch.stood >= kClaimStuckAfter)
     stuck_claim(pos, word,
                 holder_of(word) < kHolderRecords ? header()->holders[holder_of(word)].owner.load()
@@ -149,18 +155,46 @@ void Ring::watch_claim(std::uint64_t pos) {
   const std::uint64_t w = load_word(pos);
   if (pos_of(w) != (pos & kPosMask) || (state_of(w) != kWriting && state_of(w) != kReading))
     return;
-  if (const Claimer claimer = look_at_claimer(w); claimer != Claimer::kGone)
+  if (const Claimer claimer = look_at_claimer(pos, w); claimer != Claimer::kGone)
     watch_claim(pos, w, claimer);
 }
 
-void Ring::stop_waiting() noexcept {
-  const std::uint64_t c = local_->claim.load(std::memory_order_acquire);
-  if (claim_generation(c) != fork_generation()) return;
-  // Never below zero: a peer may have written the count.
-  std::atomic<std::uint32_t>& n = waiting_count(claim_holder(c));
+namespace {
+void decrement_to_zero(std::atomic<std::uint32_t>& n) noexcept {
   std::uint32_t v = n.load();
   while (v != 0 && !n.compare_exchange_weak(v, v - 1)) {
   }
+}
+}  // namespace
+
+void Ring::start_waiting(std::uint32_t who, std::uint64_t pos) noexcept {
+  RingHeader* h = header();
+  if (who >= kHolderRecords) {
+    h->nobody_waiting.fetch_add(1);
+    return;
+  }
+  HolderRecord& r = h->holders[who];
+  for (auto& w : r.waiting) {
+    std::uint64_t none = 0;
+    if (w.compare_exchange_strong(none, (pos & kPosMask) + 1)) return;
+  }
+  r.overflow.fetch_add(1);  // more threads of ours wait with claims than the record names
+}
+
+void Ring::stop_waiting(std::uint64_t pos) noexcept {
+  const std::uint64_t c = local_->claim.load(std::memory_order_acquire);
+  if (claim_generation(c) != fork_generation()) return;
+  RingHeader* h = header();
+  if (claim_holder(c) >= kHolderRecords) {
+    decrement_to_zero(h->nobody_waiting);
+    return;
+  }
+  HolderRecord& r = h->holders[claim_holder(c)];
+  for (auto& w : r.waiting) {
+    std::uint64_t mine = (pos & kPosMask) + 1;
+    if (w.compare_exchange_strong(mine, 0)) return;
+  }
+  decrement_to_zero(r.overflow);
 }
 
 void Ring::idle_scan() noexcept {
@@ -283,7 +317,7 @@ void Ring::break_ring() {
 }
 
 void Ring::release(std::uint64_t pos) noexcept {
-  stop_waiting();
+  stop_waiting(pos);
   std::uint64_t w = load_word(pos);
   // Ours unless a peer wrote over it; then whatever is there stays for the checks of pop.
   if (pos_of(w) != (pos & kPosMask) || state_of(w) != kReading) return;
@@ -297,7 +331,7 @@ void Ring::rewind_head(std::uint64_t pos) noexcept {
 }
 
 void Ring::unread(std::uint64_t pos) noexcept {
-  stop_waiting();
+  stop_waiting(pos);
   RingHeader* h = header();
   std::uint64_t w = load_word(pos);
   if (pos_of(w) != (pos & kPosMask) || state_of(w) != kReading) return;

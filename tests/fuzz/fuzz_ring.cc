@@ -5,10 +5,10 @@
 //     and tag of a small ring, and a lock in the ring's user area (where a connection keeps
 //     its locks); then a sequence of pushes, pops, two-step pushes (reserve, then commit or
 //     cancel), pops that hold their message (then release or unread), lock/unlock pairs,
-//     none of which waits, and writes between them of any of those words and of the holder
-//     records' (owner, epoch, count of claims held while waiting) and the count of claimers
-//     with no record. Every call must return or throw ProtocolError: never crash, overrun
-//     or spin without end.
+//     none of which waits, and writes between them of any of those words, of the holder
+//     records' (owner, epoch, positions and count of claims held while waiting) and of the
+//     count of claimers with no record. Every call must return or throw ProtocolError: never
+//     crash, overrun or spin without end.
 //   - Hints and locks only: the slot words stay the ring's own, a hint takes any value
 //     between two calls (moved by a multiple of 2^50, which slot words cannot tell apart, by
 //     a little, anywhere, near the last position a ring uses), as often as the input says,
@@ -103,7 +103,8 @@ void forge_lock(Input& in, SharedLock& lock) {
 }
 
 // Writes a word of a holder record, or the count of claimers with no record, as a peer
-// might: any value, the fuzzing process's own owner value, or a count bumped or cleared.
+// might: any value, the fuzzing process's own owner value, an epoch moved on, a count or a
+// position held while waiting set or cleared.
 void forge_holder(Input& in, const Memory& mem) {
   using shmtensor::internal::HolderRecord;
   using shmtensor::internal::RingHeader;
@@ -127,8 +128,11 @@ void forge_holder(Input& in, const Memory& mem) {
     case 3:
       r.epoch.store(b % 8 == 2 ? in.byte() : r.epoch.load() + 1);
       break;
-    default:
-      r.waiting.store(b & 0x80 ? 0 : in.byte());
+    case 4:
+      r.overflow.store(b & 0x80 ? 0 : in.byte());
+      break;
+    default:  // a position named as held while waiting: any, one near the tail, or none
+      r.waiting[b & 1].store(b & 0x80 ? 0 : (b & 0x40 ? in.u64() : in.byte()));
       break;
   }
 }

@@ -653,9 +653,10 @@ TEST_F(HostilePositionsTest, AGetWithoutDeadlineReportsAClaimForgedForALiveProce
   }
 }
 
-// A stopped claimer is waited for (a debugger, SIGSTOP), and so is one counted as waiting
-// (a queue's producer that holds a marker's position while it waits for room); running
-// again and counting nothing, its claim is reported.
+// A stopped claimer is waited for (a debugger, SIGSTOP), and so is one whose record names
+// the claim's position as held while it waits (a queue's producer that holds a marker's
+// position while it waits for room); running again, its record naming another position
+// only, its claim is reported.
 TEST_F(HostilePositionsTest, AClaimOfAStoppedOrWaitingProcessIsWaitedFor) {
   using namespace internal::ring_word;
   Queue<std::string> q;
@@ -672,9 +673,9 @@ TEST_F(HostilePositionsTest, AClaimOfAStoppedOrWaitingProcessIsWaitedFor) {
     other.stop();
     EXPECT_EQ(q.try_get(1500ms), std::nullopt);  // no error: stopped time does not count
     other.resume();
-    record->waiting.store(1);
+    record->waiting[1].store(0 + 1);             // position 0
     EXPECT_EQ(q.try_get(1500ms), std::nullopt);  // no error: it waits with its claim
-    record->waiting.store(0);
+    record->waiting[1].store(7 + 1);             // a claim of position 7: not this one
     expect_reported_claim([&] { (void)q.get(); }, "for writing by process " +
                                                        std::to_string(other.pid()));
   }).join();
@@ -699,20 +700,53 @@ TEST_F(HostilePositionsTest, ARecvWithoutDeadlineReportsAClaimForgedForALiveProc
 // The claim forged over a published marker, as a consumer's that takes its datagram: the
 // consumer of the next marker waits for it behind that datagram (take_announced) and reports
 // it; its own marker goes back, and both items arrive once the peer writes the word back.
+// Named as the consumer's own process too, whose record names the marker it holds while it
+// waits: the forged one is not that one.
 TEST_F(HostilePositionsTest, AConsumerBehindAMarkerForgedAsTakenReportsIt) {
   using namespace internal::ring_word;
-  Queue<std::string> q;
-  RingMemory ring(queue_ring_fd(q));
-  Claimant other(queue_ring_fd(q));
-  q.put(item(0));  // big: a marker at position 0, its datagram first in the socket
-  q.put(item(3));  // at 1
-  ring.store_slot_word(0, ring.claim_by(other.pid(), 0, kReading));
-  expect_reported_claim([&] { (void)q.get(); },
-                        "for reading by process " + std::to_string(other.pid()));
-  ring.store_slot_word(0, pack(0, kReady));
-  EXPECT_EQ(label(q.try_get(2s)), label(item(0)));
-  EXPECT_EQ(label(q.try_get(2s)), label(item(3)));
-  EXPECT_EQ(q.try_get(20ms), std::nullopt);
+  for (const bool by_itself : {false, true}) {
+    SCOPED_TRACE(by_itself ? "named as the consumer's process" : "named as another process");
+    Queue<std::string> q;
+    RingMemory ring(queue_ring_fd(q));
+    Claimant other(queue_ring_fd(q));
+    q.put(item(0));  // big: a marker at position 0, its datagram first in the socket
+    q.put(item(3));  // at 1
+    const pid_t named = by_itself ? ::getpid() : other.pid();
+    ring.store_slot_word(0, ring.claim_by(named, 0, kReading));
+    std::thread([&] {  // a thread of its own: no watch carried over from another test
+      expect_reported_claim([&] { (void)q.get(); },
+                            "for reading by process " + std::to_string(named));
+    }).join();
+    ring.store_slot_word(0, pack(0, kReady));
+    EXPECT_EQ(label(q.try_get(2s)), label(item(0)));
+    EXPECT_EQ(label(q.try_get(2s)), label(item(3)));
+    EXPECT_EQ(q.try_get(20ms), std::nullopt);
+  }
+}
+
+// The last handle's drop drains the queue, waiting at most 1 s for markers: behind a marker
+// forged as taken by a live process, or by nobody, it returns all the same, and leaves
+// nothing behind (the leak check).
+TEST_F(HostilePositionsTest, TheLastDropOfAQueueBehindAMarkerForgedAsTakenReturns) {
+  using namespace internal::ring_word;
+  for (const bool nobody : {false, true}) {
+    SCOPED_TRACE(nobody ? "nobody" : "a live process");
+    const pid_t dropper = fork_child([nobody] {
+      auto start = Clock::now();
+      {
+        Queue<std::string> q;
+        RingMemory ring(queue_ring_fd(q));
+        Claimant other(queue_ring_fd(q));
+        q.put(item(0));
+        q.put(item(3));
+        q.put(item(6));
+        ring.store_slot_word(0, ring.claim_by(nobody ? 0 : other.pid(), 0, kReading));
+        start = Clock::now();
+      }
+      std::_Exit(Clock::now() - start < 5s ? 0 : 3);
+    });
+    EXPECT_EQ(wait_child_within(dropper, 30s), 0) << "-1: the drop did not return";
+  }
 }
 
 }  // namespace
