@@ -178,7 +178,7 @@ FORGER = textwrap.dedent("""
         except OSError:
             pass
     version, count, slot_bytes, slots_offset = struct.unpack_from("<IIII", ring, 8)
-    assert version == 5, version
+    assert version == 6, version
     tail = struct.unpack_from("<Q", ring, 64)[0]
     holder = [i for i in range(127)
               if struct.unpack_from("<Q", ring, 384 + 32 * i)[0] >> 32 == victim][0]

@@ -13,11 +13,11 @@
 namespace shmtensor::internal {
 
 inline constexpr std::uint64_t kRingMagic = 0x31474e4952545453ULL;  // "STTRING1"
-// 5: holder records (32 bytes) name their claims held while waiting, and the header counts
-// those of claimers with no record (HolderRecord::waiting, RingHeader::nobody_waiting); 4:
-// slot words stored less their slot's index (ring_word::index_bias); 3: `closed` has a
-// broken bit (kRingBroken).
-inline constexpr std::uint32_t kRingVersion = 5;
+// 6: holder records (32 bytes) name their claims held while waiting, and the header counts
+// those of claimers with no record (HolderRecord::waiting, RingHeader::nobody_waiting); 5
+// counted them in 16-byte records; 4: slot words stored less their slot's index
+// (ring_word::index_bias); 3: `closed` has a broken bit (kRingBroken).
+inline constexpr std::uint32_t kRingVersion = 6;
 // Holder records; index kNoHolder marks a claim by a process that found none free (more
 // than 127 live holders): such a claim is never judged abandoned (it may be judged a peer's:
 // Ring::watch_claim).

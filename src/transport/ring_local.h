@@ -129,10 +129,7 @@ constexpr std::uint32_t claim_epoch(std::uint64_t c) { return c & 0xff; }
 
 }  // namespace ring_detail
 
-// This process's claim, packed into one word (fork generation << 32 | holder << 8 | epoch:
-// os/proc.h, fork_generation; 0: none) so that threads agree on it without a lock: a mutex
-// here could be inherited locked by a child forked while another thread claimed, whose
-// first push or pop would then hang.
+// A number for each ring handle made in this process (Ring::Local::id).
 inline std::uint64_t next_handle_id() noexcept {
   static std::atomic<std::uint64_t> next{1};
   return next.fetch_add(1, std::memory_order_relaxed);
@@ -142,6 +139,10 @@ struct Ring::Local {
   // Which handle this is, unique in the process: what a thread's watch of a claim is kept
   // for (Ring::watch_claim; a ring mapped where a dropped one was is another handle).
   const std::uint64_t id = next_handle_id();
+  // This process's claim, packed into one word (fork generation << 32 | holder << 8 |
+  // epoch: os/proc.h, fork_generation; 0: none) so that threads agree on it without a lock:
+  // a mutex here could be inherited locked by a child forked while another thread claimed,
+  // whose first push or pop would then hang.
   std::atomic<std::uint64_t> claim{0};
   // When this handle last looked for messages hidden behind the head after a sleep with
   // nothing published (steady clock, ns): at most once a second.

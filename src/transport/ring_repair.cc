@@ -28,12 +28,14 @@ namespace {
 constexpr auto kIdleScanEvery = std::chrono::seconds(1);
 
 // What a thread has seen of the claim it waits behind (Ring::watch_claim): which ring handle
-// and position, when it last looked, and for how long in all the claimer was running.
+// and position, when it last looked, for how long in all the claimer was running, and the
+// word it reported (0: none yet).
 struct ClaimWatch {
   std::uint64_t handle = 0;
   std::uint64_t pos = 0;
   Clock::time_point last{};
   Clock::duration stood{};
+  std::uint64_t reported = 0;
 };
 thread_local ClaimWatch t_claim_watch;
 
@@ -135,20 +137,26 @@ Ring::Claimer Ring::look_at_claimer(std::uint64_t pos, std::uint64_t word) const
 void Ring::watch_claim(std::uint64_t pos, std::uint64_t word, Claimer claimer) {
   // A look at most kClaimWatchStep of time apart from the last counts that long: the time
   // between two calls of a caller that returned in between is not watched time.
+  // The time adds up across words until a report (a peer may swap the process a forged
+  // claim names); after one, another word there (the reported one written back, or
+  // replaced) starts afresh: a later honest claim there is not judged by the forged one's
+  // time.
   ClaimWatch& watch = t_claim_watch;
   const auto now = Clock::now();
-  if (watch.handle != local_->id || watch.pos != pos) {
-    watch = {local_->id, pos, now, {}};
+  if (watch.handle != local_->id || watch.pos != pos ||
+      (watch.reported != 0 && watch.reported != word)) {
+    watch = {local_->id, pos, now, {}, 0};
     return;
   }
   const Clock::duration step = std::min<Clock::duration>(now - watch.last, kClaimWatchStep);
   watch.last = now;
   if (claimer != Claimer::kRunning) return;
   watch.stood += step;
-  if (watch.stood >= kClaimStuckAfter)
-    stuck_claim(pos, word,
-                holder_of(word) < kHolderRecords ? header()->holders[holder_of(word)].owner.load()
-                                                 : 0);
+  if (watch.stood < kClaimStuckAfter) return;
+  watch.reported = word;
+  stuck_claim(pos, word,
+              holder_of(word) < kHolderRecords ? header()->holders[holder_of(word)].owner.load()
+                                               : 0);
 }
 
 void Ring::watch_claim(std::uint64_t pos) {

@@ -725,28 +725,64 @@ TEST_F(HostilePositionsTest, AConsumerBehindAMarkerForgedAsTakenReportsIt) {
 }
 
 // The last handle's drop drains the queue, waiting at most 1 s for markers: behind a marker
-// forged as taken by a live process, or by nobody, it returns all the same, and leaves
-// nothing behind (the leak check).
-TEST_F(HostilePositionsTest, TheLastDropOfAQueueBehindAMarkerForgedAsTakenReturns) {
+// forged as taken by a live process, or by nobody, or a head forged as being written whose
+// claim the dropping thread has had reported already (its pops throw at every look), it
+// returns all the same, and leaves nothing behind (the leak check).
+TEST_F(HostilePositionsTest, TheLastDropOfAQueueBehindAForgedClaimReturns) {
   using namespace internal::ring_word;
-  for (const bool nobody : {false, true}) {
-    SCOPED_TRACE(nobody ? "nobody" : "a live process");
-    const pid_t dropper = fork_child([nobody] {
+  for (const int kind : {0, 1, 2}) {
+    SCOPED_TRACE(kind == 0 ? "a marker, a live process" : kind == 1 ? "a marker, nobody"
+                                                                    : "the head, reported");
+    const pid_t dropper = fork_child([kind] {
       auto start = Clock::now();
       {
         Queue<std::string> q;
         RingMemory ring(queue_ring_fd(q));
         Claimant other(queue_ring_fd(q));
+        if (kind == 2) ring.store_slot_word(0, ring.claim_by(other.pid(), 0, kWriting));
         q.put(item(0));
         q.put(item(3));
         q.put(item(6));
-        ring.store_slot_word(0, ring.claim_by(nobody ? 0 : other.pid(), 0, kReading));
+        if (kind == 2) {
+          try {
+            (void)q.get();
+            std::_Exit(4);
+          } catch (const ProtocolError&) {
+          }
+        } else {
+          ring.store_slot_word(0, ring.claim_by(kind == 1 ? 0 : other.pid(), 0, kReading));
+        }
         start = Clock::now();
       }
       std::_Exit(Clock::now() - start < 5s ? 0 : 3);
     });
     EXPECT_EQ(wait_child_within(dropper, 30s), 0) << "-1: the drop did not return";
   }
+}
+
+// A reported claim that the peer writes over with another forged claim: the time starts
+// afresh (what a thread saw of the first is not held against a later word there: an
+// honest claim made there later would be judged by it), and the new one is reported
+// within the bound in its turn.
+TEST_F(HostilePositionsTest, AReportedClaimWrittenOverIsJudgedAfresh) {
+  using namespace internal::ring_word;
+  Queue<std::string> q;
+  RingMemory ring(queue_ring_fd(q));
+  Claimant other(queue_ring_fd(q));
+  q.put(item(1));
+  EXPECT_EQ(label(q.try_get(2s)), label(item(1)));  // this process holds a record
+  ring.store_slot_word(1, ring.claim_by(other.pid(), 1, kWriting));
+  q.put(item(2));
+  std::thread([&] {
+    expect_reported_claim([&] { (void)q.get(); },
+                          "for writing by process " + std::to_string(other.pid()));
+    ring.store_slot_word(1, ring.claim_by(::getpid(), 1, kWriting));
+    EXPECT_EQ(q.try_get(500ms), std::nullopt);  // no error: half a second of a new word
+    expect_reported_claim([&] { (void)q.get(); },
+                          "for writing by process " + std::to_string(::getpid()));
+  }).join();
+  ring.store_slot_word(1, pack(1 + ring.slot_count(), kFree));
+  EXPECT_EQ(label(q.try_get(2s)), label(item(2)));
 }
 
 }  // namespace
