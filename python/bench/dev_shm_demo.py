@@ -79,8 +79,9 @@ def shmtensor_names(wait=False):
         time.sleep(0.02)
 
 
-def run_forked(*args):
-    """scenario(*args) in a forked child; its result through a pipe."""
+def run_forked(mode, strategy, mib, keep):
+    """scenario(...) in a forked child; its result through a pipe. What escaped the scenario,
+    or killed the child, is the case's error ("crash: ...")."""
     r, w = os.pipe()
     sys.stdout.flush()
     sys.stderr.flush()
@@ -89,22 +90,26 @@ def run_forked(*args):
         os.close(r)
         code = 0
         try:
-            out = json.dumps(scenario(*args)).encode()
+            out = json.dumps(scenario(mode, strategy, mib, keep)).encode()
         except BaseException as e:
-            out = json.dumps({"crash": repr(e)}).encode()
+            out = json.dumps({"crash": "%s: %s" % (type(e).__name__, e)}).encode()
             code = 1
         os.write(w, out)
         os._exit(code)
     os.close(w)
     with os.fdopen(r, "rb") as f:
         out = f.read()
-    os.waitpid(pid, 0)
+    _, status = os.waitpid(pid, 0)
+    got = json.loads(out) if out else {"crash": "the child died (wait status %d)" % status}
+    if "crash" in got:
+        got = {"mode": mode, "strategy": strategy, "mib": mib, "keep": keep, "batches": 0,
+               "wrong": [], "error": "crash: " + got["crash"], "left": []}
     # What stock torch left (a worker killed by SIGBUS leaves its files): gone before the
     # next case, so that each starts with an empty /dev/shm. This tmpfs is private.
     for name in os.listdir("/dev/shm"):
         if name.startswith("torch_"):
             os.unlink(os.path.join("/dev/shm", name))
-    return json.loads(out)
+    return got
 
 
 # (mode, strategy, MiB per batch, keeping the previous batch)
