@@ -38,10 +38,10 @@
 // that moves hints leaves honest words laps apart, which a forged word cannot be told from.
 // A ring whose positions run out (kPosLimit) is broken, and says so to every caller. A claim
 // lasts a copy, or as long as its claimer waits with it (a queue's marker: reserve, and a
-// held pop), which the claimer's holder record counts: a claim that names a live process
-// that is neither stopped nor counted as waiting, standing for kClaimStuckAfter while a
-// thread waits behind it, was written by a peer, and that thread's calls throw
-// ProtocolError (watch_claim) until the word changes. Layout: transport/ring_layout.h.
+// held pop), whose position the claimer's holder record then names: a claim of a live
+// process that is neither stopped nor waiting with it, standing for kClaimStuckAfter while
+// a thread waits behind it, was written by a peer, and that thread's calls throw
+// ProtocolError (watch_claim) while the word stands. Layout: transport/ring_layout.h.
 #pragma once
 
 #include <chrono>
@@ -119,8 +119,8 @@ class Ring {
   // A push in two steps, for a message whose place in the order must be taken before it
   // can be written (a queue's marker, whose datagram is sent in between): reserve() claims
   // the next position (waiting like push), then commit() writes and publishes it, or
-  // cancel() gives it up (consumers step over it). The claim counts as held while waiting
-  // (HolderRecord::waiting) until then: the caller may wait in between. A process killed in
+  // cancel() gives it up (consumers step over it). Until then the claim is named as held
+  // while waiting (HolderRecord::waiting): the caller may wait in between. A process killed in
   // between leaves an abandoned claim, found and skipped as any other. The parts must fit
   // max_message().
   struct Reservation {
@@ -144,7 +144,7 @@ class Ring {
   // ring is empty, until `deadline`. kClosed once the ring is closed and nothing is left.
   // Throws ProtocolError for a corrupt word or a message size larger than its slot (that
   // slot is freed first: the next pop goes on). A message whose tag is `hold_tag` stays
-  // claimed (READING, in this process's name, counted as held while waiting) until
+  // claimed (READING, in this process's name, named as held while waiting) until
   // release(pos) or unread(pos): what the caller does with it is not over when the copy is
   // (a queue's marker, until its datagram is taken). A pop that waits behind a claim of a
   // live process throws ProtocolError once watch_claim judges it a peer's.
@@ -254,6 +254,7 @@ class Ring {
   // This process's holder record (index, epoch), claimed on first use in each process.
   inline std::pair<std::uint32_t, std::uint32_t> holder();
   [[gnu::noinline]] std::pair<std::uint32_t, std::uint32_t> claim_holder_record();
+  // Whether the claimer a WRITING or READING word names is gone (look_at_claimer).
   bool claimer_dead(std::uint64_t word) const noexcept;
   // The claimer of the WRITING or READING word `word` of `pos`, with one read of /proc:
   // gone (dead, or its record moved on), stopped, waiting with this claim (its record names
@@ -264,11 +265,11 @@ class Ring {
   // watch_claim for a word already read and judged.
   void watch_claim(std::uint64_t pos, std::uint64_t word, Claimer claimer);
   // This process's claim of `pos` is held while it waits from now on (start_waiting: entered
-  // in its holder record `who`, HolderRecord::waiting), or no longer (stop_waiting). Counts
-  // never go below zero: a peer may have written them.
+  // in its holder record `who`, HolderRecord::waiting), or no longer (stop_waiting). The
+  // counts of claims not named never go below zero: a peer may have written them.
   void start_waiting(std::uint32_t who, std::uint64_t pos) noexcept;
   void stop_waiting(std::uint64_t pos) noexcept;
-  // reserve() and commit() without the count of claims held while waiting (push_parts).
+  // reserve() and commit() without naming the claim as held while waiting (push_parts).
   Reservation claim_tail(Deadline deadline);
   bool publish(std::uint64_t pos, std::span<const std::span<const std::byte>> parts,
                std::uint32_t tag, Wake wake) noexcept;

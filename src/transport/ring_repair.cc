@@ -105,12 +105,7 @@ void Ring::free_holder() noexcept {
 }
 
 bool Ring::claimer_dead(std::uint64_t word) const noexcept {
-  const std::uint32_t who = holder_of(word);
-  if (who >= kHolderRecords) return false;  // no record: never judged
-  const HolderRecord& r = header()->holders[who];
-  if ((r.epoch.load() & kEpochMask) != epoch_of(word)) return true;  // the record moved on
-  const std::uint64_t owner = r.owner.load();
-  return owner == 0 || !slot_owner_alive(owner);
+  return look_at_claimer(pos_of(word), word) == Claimer::kGone;
 }
 
 Ring::Claimer Ring::look_at_claimer(std::uint64_t pos, std::uint64_t word) const noexcept {
